@@ -1,0 +1,39 @@
+"""peft_layerfusion: layer fusion (DWAtt, Concat and baselines) as PEFT tuner types.
+
+Importing the package registers every method with peft::
+
+    import peft_layerfusion
+    from peft import get_peft_model
+    model = get_peft_model(base_model, peft_layerfusion.DWAttConfig())
+"""
+
+from .average import AverageConfig
+from .concat import ConcatConfig
+from .config import LayerFusionConfig
+from .discovery import EncoderBlocks, find_encoder_blocks
+from .dwatt import DWAttConfig
+from .extra_layers import ExtraLayersConfig
+from .hooks import count_hooks
+from .registration import METHODS, register_all
+from .scalar_mix import ScalarMixConfig
+from .tuner import LayerFusionLayer, LayerFusionModel
+
+register_all()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "METHODS",
+    "AverageConfig",
+    "ConcatConfig",
+    "DWAttConfig",
+    "EncoderBlocks",
+    "ExtraLayersConfig",
+    "LayerFusionConfig",
+    "LayerFusionLayer",
+    "LayerFusionModel",
+    "ScalarMixConfig",
+    "count_hooks",
+    "find_encoder_blocks",
+    "register_all",
+]

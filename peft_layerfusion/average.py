@@ -1,0 +1,38 @@
+r"""Average: the plain mean of the fused layers' outputs (no parameters).
+
+.. math::
+
+    h = \frac{1}{K} \sum_n z_n
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .config import LayerFusionConfig
+from .fusion import FusionModule, stack_layers
+from .hooks import Capture
+
+
+@dataclass
+class AverageConfig(LayerFusionConfig):
+    """Configuration of the Average baseline (no new parameters).
+
+    Args:
+        (every option of :class:`LayerFusionConfig` and of LoRA)
+
+    Example:
+        >>> model = get_peft_model(base_model, AverageConfig(modules_to_save=["classifier"]))
+    """
+
+    PEFT_TYPE: ClassVar[str] = "AVERAGE"
+
+
+class Average(FusionModule):
+    """``h = mean_n z_n``."""
+
+    def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
+        return stack_layers(states).mean(dim=0)  # (K, batch, seq, d) -> (batch, seq, d)

@@ -1,0 +1,46 @@
+r"""Concat: one learned linear map of every fused layer's output.
+
+ElNokrashy et al. 2024 (the DWAtt paper's second method). Per token:
+
+.. math::
+
+    h = \sum_n W_n z_n + b = W \, [z_1; \dots; z_L] + b \qquad W: K d \to d
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from .config import LayerFusionConfig
+from .fusion import FusionContext, FusionModule
+from .hooks import Capture
+
+
+@dataclass
+class ConcatConfig(LayerFusionConfig):
+    """Configuration of Concat (a linear map of the concatenated layer outputs).
+
+    Args:
+        (every option of :class:`LayerFusionConfig` and of LoRA)
+
+    Example:
+        >>> from peft import get_peft_model
+        >>> model = get_peft_model(base_model, ConcatConfig(modules_to_save=["classifier"]))
+    """
+
+    PEFT_TYPE: ClassVar[str] = "CONCAT"
+
+
+class Concat(FusionModule):
+    """``h = W [z_1; ...; z_K] + b``."""
+
+    def __init__(self, config: ConcatConfig, context: FusionContext) -> None:
+        super().__init__(config, context)
+        self.proj = nn.Linear(context.num_fused * context.hidden_size, context.hidden_size)
+
+    def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
+        return self.proj(torch.cat(states, dim=-1))  # (batch, seq, K*d) -> (batch, seq, d)

@@ -1,0 +1,142 @@
+"""Layer discovery: find the encoder's block list and the module that runs it.
+
+Every fusion method needs two places in a model:
+
+* the **blocks**: the ``nn.ModuleList`` of transformer blocks whose outputs are fused
+  (``bert.encoder.layer``, ``distilbert.transformer.layer``, ``model.encoder.block``...);
+* the **container**: the module that owns the blocks and returns the encoder's last
+  hidden state (``bert.encoder``, ``model.encoder``, ``ModernBertModel``...).
+
+The container's output is what every head sees, so replacing its last hidden state is
+enough to feed the fused representation to any head without touching model code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torch import nn
+
+# Suffixes of the block list, per `config.model_type`. Checked first.
+KNOWN_BLOCK_PATHS: dict[str, str] = {
+    "bert": "encoder.layer",
+    "roberta": "encoder.layer",
+    "xlm-roberta": "encoder.layer",
+    "camembert": "encoder.layer",
+    "electra": "encoder.layer",
+    "deberta": "encoder.layer",
+    "deberta-v2": "encoder.layer",
+    "mpnet": "encoder.layer",
+    "distilbert": "transformer.layer",
+    "modernbert": "layers",
+    "bart": "encoder.layers",
+    "mbart": "encoder.layers",
+    "marian": "encoder.layers",
+    "t5": "encoder.block",
+    "mt5": "encoder.block",
+}
+
+# Generic suffixes tried, in this order, for any other model type.
+GENERIC_BLOCK_SUFFIXES: tuple[str, ...] = (
+    "encoder.layer",
+    "encoder.layers",
+    "encoder.block",
+    "transformer.layer",
+    "layers",
+)
+
+
+@dataclass(frozen=True)
+class EncoderBlocks:
+    """Where the blocks of an encoder live.
+
+    Args:
+        blocks_name: Qualified name of the ``nn.ModuleList`` of blocks inside the model.
+        blocks: The block list itself.
+        container_name: Qualified name of the module owning ``blocks`` ("" for the root).
+        container: The module whose output's last hidden state the fusion replaces.
+    """
+
+    blocks_name: str
+    blocks: nn.ModuleList
+    container_name: str
+    container: nn.Module
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+
+def _matches_suffix(name: str, suffix: str) -> bool:
+    return name == suffix or name.endswith("." + suffix)
+
+
+def _block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+
+
+def _resolve(model: nn.Module, blocks_name: str, blocks: nn.ModuleList) -> EncoderBlocks:
+    container_name = blocks_name.rpartition(".")[0]
+    container = model.get_submodule(container_name) if container_name else model
+    return EncoderBlocks(blocks_name, blocks, container_name, container)
+
+
+def _search_order(model: nn.Module) -> tuple[str, ...]:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    known = KNOWN_BLOCK_PATHS.get(model_type)
+    return ((known,) if known else ()) + GENERIC_BLOCK_SUFFIXES
+
+
+def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> EncoderBlocks:
+    """Locate the encoder blocks of ``model``.
+
+    Args:
+        model: A transformers model (any head) or a bare encoder.
+        blocks_path: Optional name of the ``nn.ModuleList`` holding the blocks, either the
+            full qualified name (``"roberta.encoder.layer"``) or a suffix of it
+            (``"encoder.layer"``). When omitted, the model type's known path is tried, then
+            the generic suffixes in ``GENERIC_BLOCK_SUFFIXES``.
+
+    Returns:
+        An :class:`EncoderBlocks` record.
+
+    Raises:
+        ValueError: if nothing is found, naming what was searched and how to set
+            ``blocks_path``.
+
+    Example:
+        >>> from transformers import BertConfig, BertModel
+        >>> found = find_encoder_blocks(BertModel(BertConfig(num_hidden_layers=2)))
+        >>> found.blocks_name, found.num_blocks
+        ('encoder.layer', 2)
+    """
+    lists = _block_lists(model)
+    suffixes = (blocks_path,) if blocks_path else _search_order(model)
+    for suffix in suffixes:
+        # The shallowest match wins: in encoder-decoder models `encoder.layers` is matched
+        # before anything under the decoder because the suffix names the encoder.
+        matches = [(n, m) for n, m in lists if _matches_suffix(n, suffix)]
+        if matches:
+            name, blocks = min(matches, key=lambda nm: nm[0].count("."))
+            return _resolve(model, name, blocks)
+    candidates = [n for n, _ in lists if not re.search(r"\.\d+(\.|$)", n)][:10]
+    searched = f"blocks_path={blocks_path!r}" if blocks_path else f"the suffixes {list(suffixes)}"
+    raise ValueError(
+        f"Could not find the encoder blocks of {type(model).__name__}: searched for an nn.ModuleList "
+        f"named by {searched}. Name the block list yourself with the config field `blocks_path` "
+        f"(e.g. blocks_path='encoder.layer'). Non-empty ModuleLists in this model: {candidates}."
+    )
+
+
+def hidden_size_of(model: nn.Module) -> int:
+    """The width ``d`` of the encoder's hidden states, read from the model config."""
+    config = getattr(model, "config", None)
+    for attr in ("hidden_size", "d_model", "dim"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError(
+        f"Could not read the hidden size of {type(model).__name__}: its config has none of "
+        "`hidden_size`, `d_model`, `dim`."
+    )

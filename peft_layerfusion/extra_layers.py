@@ -1,0 +1,99 @@
+r"""R+n, the "deeper baseline": ``n`` extra blocks of the base model's own kind on top.
+
+.. math::
+
+    h = B_n(\dots B_1(z_L))  \qquad B_i \text{: fresh, randomly initialised copies of the last block}
+
+Each extra block is called with exactly the arguments the model's last block received
+(attention mask, position bias, rotary embeddings...), so any block type works. By
+default ``n`` is chosen so that the extra blocks match Concat's budget (``L d^2``): 1 for
+12-layer bases, 2 for 24-layer bases.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional
+
+import torch
+from torch import nn
+
+from .config import LayerFusionConfig, invalid
+from .fusion import FusionContext, FusionModule
+from .hooks import Capture
+
+
+@dataclass
+class ExtraLayersConfig(LayerFusionConfig):
+    """Configuration of R+n: ``n`` randomly initialised extra blocks on top of ``z_L``.
+
+    Args:
+        num_extra_layers: ``n``. ``None`` (default) picks the ``n >= 1`` whose size is closest
+            to Concat's on the same model (1 for 12-layer bases, 2 for 24-layer bases).
+        (every option of :class:`LayerFusionConfig` and of LoRA; ``layers`` only sizes the
+        Concat budget that the default ``n`` matches)
+
+    Example:
+        >>> model = get_peft_model(base_model, ExtraLayersConfig(modules_to_save=["classifier"]))
+    """
+
+    PEFT_TYPE: ClassVar[str] = "EXTRA_LAYERS"
+
+    num_extra_layers: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Number n of extra blocks. None picks the n >= 1 closest to Concat's parameter budget "
+            "(1 for 12-layer, 2 for 24-layer bases)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.num_extra_layers
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise invalid("num_extra_layers", n, "None or an int >= 1")
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def matched_num_extra_layers(block: nn.Module, num_fused: int, hidden_size: int) -> int:
+    """The ``n >= 1`` whose ``n`` blocks come closest to Concat's ``K d^2 + d`` parameters."""
+    concat_budget = num_fused * hidden_size * hidden_size + hidden_size
+    return max(1, round(concat_budget / count_parameters(block)))
+
+
+def fresh_copy(block: nn.Module, model: nn.Module) -> nn.Module:
+    """A copy of ``block`` with every weight re-drawn by the model's own initialiser."""
+    new = copy.deepcopy(block)
+    for tensor in [*new.parameters(), *new.buffers()]:
+        if getattr(tensor, "_is_hf_initialized", False):
+            tensor._is_hf_initialized = False  # transformers skips tensors flagged as loaded
+    init_weights = getattr(model, "_init_weights", None)
+    with torch.no_grad():
+        for sub in new.modules():
+            if init_weights is not None:
+                init_weights(sub)
+            elif hasattr(sub, "reset_parameters"):
+                sub.reset_parameters()
+    return new
+
+
+class ExtraLayers(FusionModule):
+    """``h = B_n(... B_1(z_L))`` with blocks of the base model's own class."""
+
+    def __init__(self, config: ExtraLayersConfig, context: FusionContext) -> None:
+        super().__init__(config, context)
+        last_block = context.located.blocks[-1]
+        n = config.num_extra_layers or matched_num_extra_layers(
+            last_block, context.num_fused, context.hidden_size
+        )
+        self.blocks = nn.ModuleList(fresh_copy(last_block, context.model) for _ in range(n))
+
+    def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
+        hidden = capture.states[-1]  # z_L: (batch, seq, d)
+        for block in self.blocks:
+            hidden = capture.call_like_last_block(block, hidden)
+        return hidden

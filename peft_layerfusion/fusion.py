@@ -1,0 +1,69 @@
+"""What every fusion module shares: its inputs, its build context, its interface.
+
+A fusion module receives the ``K`` selected hidden states and the full :class:`Capture`
+of one encoder forward, and returns the new last hidden state ``h`` ``(batch, seq, d)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import LayerFusionConfig
+from .discovery import EncoderBlocks
+from .hooks import Capture
+
+
+@dataclass(frozen=True)
+class FusionContext:
+    """What a fusion module needs to know about the model it is built for.
+
+    Args:
+        model: The (base) model the fusion is attached to.
+        located: Its encoder blocks and their container.
+        hidden_size: Width ``d`` of the hidden states.
+        layers: Indices of the fused hidden states in ``z_0 .. z_L``.
+    """
+
+    model: nn.Module
+    located: EncoderBlocks
+    hidden_size: int
+    layers: tuple[int, ...]
+
+    @property
+    def num_fused(self) -> int:
+        return len(self.layers)
+
+
+class FusionModule(nn.Module):
+    """Base class: ``forward(states, capture) -> h``.
+
+    Args:
+        config: The method's config.
+        context: See :class:`FusionContext`.
+    """
+
+    def __init__(self, config: LayerFusionConfig, context: FusionContext) -> None:
+        super().__init__()
+        self.num_fused = context.num_fused
+        self.hidden_size = context.hidden_size
+
+    def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:  # noqa: D102
+        raise NotImplementedError
+
+
+def stack_layers(states: list[torch.Tensor]) -> torch.Tensor:
+    """``K`` tensors ``(batch, seq, d)`` -> one ``(K, batch, seq, d)`` tensor."""
+    return torch.stack(states, dim=0)
+
+
+def linear_init_(weight: torch.Tensor, bias: torch.Tensor | None, fan_in: int) -> None:
+    """`nn.Linear`'s default init, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, for stacked weights."""
+    bound = 1.0 / math.sqrt(fan_in)
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+        if bias is not None:
+            bias.uniform_(-bound, bound)

@@ -1,0 +1,164 @@
+"""Hook plumbing: capture every block's hidden state and replace the encoder output.
+
+One :class:`BlockCapture` per model. It registers
+
+* a forward pre-hook on the **container** that opens a capture for this forward,
+* a forward pre-hook on **every block** that stores the block's input hidden state
+  (the input of block ``i`` is ``z_i``: the embedding output for ``i = 0``, the output of
+  block ``i`` otherwise) and, for the last block, its call arguments,
+* a forward hook on the **container** that reads ``z_L`` from the container's output
+  (exactly what a head would have seen), calls ``fuse`` and puts the result in place of
+  the last hidden state, then closes the capture.
+
+Why inputs instead of outputs: the input of block ``i + 1`` is the tensor the model
+really carries on (with its autograd history), also under re-entrant gradient
+checkpointing where a block's own forward runs under ``no_grad``. Captures are stored by
+index (never appended), so the re-run of a block during a checkpointed backward pass
+(which happens outside any capture) is ignored, and nothing outlives the forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .discovery import EncoderBlocks
+
+_HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x", "hidden")
+
+
+@dataclass
+class Capture:
+    """What one forward of the encoder exposed to the fusion.
+
+    Args:
+        states: ``z_0 .. z_L``, each ``(batch, seq, d)``.
+        last_block_args: Positional arguments of the last block's call, hidden state
+            first (re-used to run extra blocks of the same kind).
+        last_block_kwargs: Keyword arguments of that call.
+    """
+
+    states: list[torch.Tensor]
+    last_block_args: tuple
+    last_block_kwargs: dict[str, Any]
+
+    def call_like_last_block(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """Run ``block`` on ``hidden`` with the arguments the last block received."""
+        args, kwargs = _replace_hidden(self.last_block_args, self.last_block_kwargs, hidden)
+        return first_tensor(block(*args, **kwargs))
+
+
+FuseFn = Callable[[Capture], "torch.Tensor | None"]
+
+
+def first_tensor(output: Any) -> torch.Tensor:
+    """The hidden state in a block or encoder output (tensor, tuple or ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "last_hidden_state"):
+        return output.last_hidden_state
+    return output[0]
+
+
+def _hidden_from_call(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
+    if args:
+        return args[0]
+    for key in _HIDDEN_KWARGS:
+        if key in kwargs:
+            return kwargs[key]
+    raise RuntimeError(f"Cannot find the hidden state among the block's arguments {list(kwargs)}")
+
+
+def _replace_hidden(args: tuple, kwargs: dict[str, Any], hidden: torch.Tensor) -> tuple[tuple, dict]:
+    if args:
+        return (hidden, *args[1:]), kwargs
+    key = next(k for k in _HIDDEN_KWARGS if k in kwargs)
+    return args, {**kwargs, key: hidden}
+
+
+def _with_hidden(output: Any, hidden: torch.Tensor) -> Any:
+    """``output`` (tensor, tuple or ModelOutput) with its last hidden state replaced."""
+    if isinstance(output, torch.Tensor):
+        return hidden
+    if hasattr(output, "last_hidden_state"):
+        output.last_hidden_state = hidden  # ModelOutput keeps dict and tuple views in sync
+        return output
+    return (hidden, *output[1:])
+
+
+class BlockCapture:
+    """Hooks that capture ``z_0 .. z_L`` and swap in ``fuse(capture)``.
+
+    Args:
+        located: Where the blocks and their container are (see ``discovery``).
+        fuse: Called once per encoder forward with the :class:`Capture`; returns the new
+            last hidden state, or ``None`` to leave the output untouched.
+
+    Example:
+        >>> capture = BlockCapture(find_encoder_blocks(model), lambda c: c.states[-1] * 2)
+        >>> capture.remove()  # every hook gone
+    """
+
+    def __init__(self, located: EncoderBlocks, fuse: FuseFn) -> None:
+        self.located = located
+        self.fuse = fuse
+        self._open: list[torch.Tensor | None] | None = None
+        self._last_call: tuple[tuple, dict] = ((), {})
+        self.handles: list[RemovableHandle] = []
+        self._register()
+
+    def _register(self) -> None:
+        container, blocks = self.located.container, self.located.blocks
+        self.handles.append(container.register_forward_pre_hook(self._open_capture))
+        for index, block in enumerate(blocks):
+            self.handles.append(
+                block.register_forward_pre_hook(self._capture_input(index), with_kwargs=True)
+            )
+        self.handles.append(container.register_forward_hook(self._close_capture))
+
+    def _open_capture(self, module: nn.Module, args: tuple) -> None:
+        self._open = [None] * (self.located.num_blocks + 1)
+
+    def _capture_input(self, index: int) -> Callable:
+        is_last = index == self.located.num_blocks - 1
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self._open is None:  # a checkpointed re-run during backward
+                return None
+            self._open[index] = _hidden_from_call(args, kwargs)
+            if is_last:
+                self._last_call = (args, kwargs)
+            return None
+
+        return hook
+
+    def _close_capture(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        states, self._open = self._open, None
+        (last_args, last_kwargs), self._last_call = self._last_call, ((), {})
+        if states is None or any(s is None for s in states[:-1]):
+            return None  # blocks did not run as expected (e.g. a cached decoder step)
+        states[-1] = first_tensor(output)
+        fused = self.fuse(Capture(states, last_args, last_kwargs))
+        return None if fused is None else _with_hidden(output, fused)
+
+    @property
+    def num_hooks(self) -> int:
+        return len(self.handles)
+
+    def remove(self) -> None:
+        """Remove every hook this capture registered."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def count_hooks(model: nn.Module) -> int:
+    """Number of forward and forward-pre hooks registered anywhere in ``model``."""
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()
+    )
