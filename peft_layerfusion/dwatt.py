@@ -12,9 +12,9 @@ Data-Efficient Classification", LREC-COLING 2024 (arXiv 2209.15168). Per token:
     a_n   &= \mathrm{softmax}_n(q \cdot k_n / \tau)  \qquad \tau = 1 \text{ in the paper} \\
     h     &= z_L + \textstyle\sum_n a_n v_n
 
-The per-layer value MLPs are stored as stacked weights ``(K, d, γd)`` and run as one
-batched matrix product over the ``K`` fused layers; mathematically they are ``K``
-independent MLPs (nothing shared).
+The per-layer value MLPs are stored as stacked weights ``(K, d, γd)``; each layer uses its
+own slice, so they are ``K`` independent MLPs (nothing shared). The sum over layers is
+accumulated one layer at a time, so no ``(K, tokens, d)`` stack is ever built.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import LayerFusionConfig, invalid
-from .fusion import FusionContext, FusionModule, linear_init_, stack_layers
+from .fusion import FusionContext, FusionModule, linear_init_
 from .hooks import Capture
 
 
@@ -84,7 +84,7 @@ class DWAttConfig(LayerFusionConfig):
 
 
 class StackedBottleneckMLP(nn.Module):
-    """``K`` independent bottleneck MLPs ``f_k(x) = W_k LN_k(gelu(U_k x))`` run as one batch.
+    """``K`` independent bottleneck MLPs ``f_k(x) = W_k LN_k(gelu(U_k x))``, weights stacked.
 
     Args:
         num_mlps: ``K``.
@@ -95,20 +95,20 @@ class StackedBottleneckMLP(nn.Module):
     def __init__(self, num_mlps: int, hidden_size: int, bottleneck: int) -> None:
         super().__init__()
         k, d, h = num_mlps, hidden_size, bottleneck
-        self.up_weight = nn.Parameter(torch.empty(k, d, h))
-        self.up_bias = nn.Parameter(torch.empty(k, 1, h))
-        self.norm_weight = nn.Parameter(torch.ones(k, 1, h))
-        self.norm_bias = nn.Parameter(torch.zeros(k, 1, h))
-        self.down_weight = nn.Parameter(torch.empty(k, h, d))
-        self.down_bias = nn.Parameter(torch.empty(k, 1, d))
+        self.up_weight = nn.Parameter(torch.empty(k, d, h))  # U_k, stored transposed
+        self.up_bias = nn.Parameter(torch.empty(k, h))
+        self.norm_weight = nn.Parameter(torch.ones(k, h))
+        self.norm_bias = nn.Parameter(torch.zeros(k, h))
+        self.down_weight = nn.Parameter(torch.empty(k, h, d))  # W_k, stored transposed
+        self.down_bias = nn.Parameter(torch.empty(k, d))
         linear_init_(self.up_weight, self.up_bias, fan_in=d)
         linear_init_(self.down_weight, self.down_bias, fan_in=h)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (K, tokens, d)
-        inner = F.gelu(torch.baddbmm(self.up_bias, x, self.up_weight))  # (K, tokens, γd)
-        inner = F.layer_norm(inner, inner.shape[-1:]) * self.norm_weight + self.norm_bias
-        return torch.baddbmm(self.down_bias, inner, self.down_weight)  # (K, tokens, d)
+    def forward(self, x: torch.Tensor, index: int = 0) -> torch.Tensor:
+        """``f_index(x)`` for ``x`` of shape ``(tokens, d)``."""
+        inner = F.gelu(torch.addmm(self.up_bias[index], x, self.up_weight[index]))  # (tokens, γd)
+        inner = F.layer_norm(inner, inner.shape[-1:], self.norm_weight[index], self.norm_bias[index])
+        return torch.addmm(self.down_bias[index], inner, self.down_weight[index])  # (tokens, d)
 
 
 class DWAtt(FusionModule):
@@ -120,26 +120,35 @@ class DWAtt(FusionModule):
         self.score_temperature = float(config.score_temperature)
         self.query_mlp = StackedBottleneckMLP(1, d, bottleneck_width(d, config.query_bottleneck))
         self.value_mlps = StackedBottleneckMLP(k, d, bottleneck_width(d, config.value_bottleneck))
-        self.value_norm_weight = nn.Parameter(torch.ones(k, 1, d))
-        self.value_norm_bias = nn.Parameter(torch.zeros(k, 1, d))
-        self.key_proj = nn.Linear(config.d_pos, d)
+        self.value_norm_weight = nn.Parameter(torch.ones(k, d))  # LN_n, one per layer
+        self.value_norm_bias = nn.Parameter(torch.zeros(k, d))
+        self.key_proj = nn.Linear(config.d_pos, d)  # W_K
         self.register_buffer("depth_embeddings", torch.rand(k, config.d_pos))  # p_n ~ U(0, 1), fixed
         self.attention_dropout = nn.Dropout(config.attention_dropout)
 
     def depth_attention(self, last: torch.Tensor) -> torch.Tensor:
-        """The weights ``a_n`` ``(batch, seq, K)`` for the last hidden state ``z_L``."""
-        tokens = last.reshape(1, -1, last.shape[-1])  # (1, batch*seq, d)
-        query = 1.0 + F.elu(last + self.query_mlp(tokens).view_as(last))  # (batch, seq, d)
+        """The weights ``a_n`` ``(..., K)`` for last hidden states ``z_L`` of shape ``(..., d)``."""
+        tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
+        query = 1.0 + F.elu(tokens + self.query_mlp(tokens))  # (tokens, d), every entry > 0
         keys = self.key_proj(self.depth_embeddings)  # (K, d)
-        scores = query @ keys.T / self.score_temperature  # (batch, seq, K)
-        return torch.softmax(scores, dim=-1)
+        scores = query @ keys.T / self.score_temperature  # (tokens, K)
+        return torch.softmax(scores, dim=-1).view(*last.shape[:-1], -1)
+
+    def value(self, index: int, state: torch.Tensor) -> torch.Tensor:
+        """``v_n = LN_n(f^V_n(z_n))`` for ``state`` of shape ``(tokens, d)``."""
+        d = state.shape[-1]
+        return F.layer_norm(
+            self.value_mlps(state, index), (d,), self.value_norm_weight[index], self.value_norm_bias[index]
+        )
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         last = capture.states[-1]  # z_L: (batch, seq, d)
-        weights = self.attention_dropout(self.depth_attention(last))  # (batch, seq, K)
-        stacked = stack_layers(states)  # (K, batch, seq, d)
-        k, d = stacked.shape[0], stacked.shape[-1]
-        values = self.value_mlps(stacked.view(k, -1, d))  # (K, batch*seq, d)
-        values = F.layer_norm(values, (d,)) * self.value_norm_weight + self.value_norm_bias
-        mixed = torch.einsum("nk,knd->nd", weights.reshape(-1, k), values)  # (batch*seq, d)
-        return last + mixed.view_as(last)
+        tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
+        weights = self.attention_dropout(self.depth_attention(tokens))  # (tokens, K)
+        # h = z_L + sum_n a_n v_n, accumulated layer by layer: no (K, tokens, d) stack is built.
+        fused = tokens
+        for index, state in enumerate(states):
+            value = self.value(index, state.reshape(tokens.shape))  # (tokens, d)
+            contribution = weights[:, index : index + 1]  # (tokens, 1)
+            fused = torch.addcmul(fused, contribution, value) if index == 0 else fused.addcmul_(contribution, value)
+        return fused.view_as(last)
