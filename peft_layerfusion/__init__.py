@@ -8,14 +8,17 @@ Importing the package registers every method with peft::
 """
 
 from .average import AverageConfig
+from .bitfit import BitFitConfig
 from .concat import ConcatConfig
 from .config import LayerFusionConfig
 from .discovery import EncoderBlocks, find_encoder_blocks
 from .dwatt import DWAttConfig
+from .encoder_fusion import EncoderFusionConfig
 from .extra_layers import ExtraLayersConfig
 from .hooks import count_hooks
 from .registration import METHODS, register_all
 from .scalar_mix import ScalarMixConfig
+from .surface_fusion import SurfaceFusionConfig
 from .tuner import LayerFusionLayer, LayerFusionModel
 
 register_all()
@@ -25,14 +28,17 @@ __version__ = "0.1.0"
 __all__ = [
     "METHODS",
     "AverageConfig",
+    "BitFitConfig",
     "ConcatConfig",
     "DWAttConfig",
     "EncoderBlocks",
+    "EncoderFusionConfig",
     "ExtraLayersConfig",
     "LayerFusionConfig",
     "LayerFusionLayer",
     "LayerFusionModel",
     "ScalarMixConfig",
+    "SurfaceFusionConfig",
     "count_hooks",
     "find_encoder_blocks",
     "register_all",

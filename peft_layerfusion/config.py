@@ -99,7 +99,8 @@ class LayerFusionConfig(LoraConfig):
         resolved = []
         for index in self.layers:
             if not -(num_blocks + 1) <= index <= num_blocks:
-                raise invalid("layers", self.layers, f"indices in -{num_blocks + 1}..{num_blocks} for {num_blocks} blocks")
+                allowed = f"indices in -{num_blocks + 1}..{num_blocks} for {num_blocks} blocks"
+                raise invalid("layers", self.layers, allowed)
             resolved.append(index % (num_blocks + 1))
         if len(set(resolved)) != len(resolved):
             raise invalid("layers", self.layers, "indices naming distinct hidden states")

@@ -129,14 +129,40 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
     )
 
 
-def hidden_size_of(model: nn.Module) -> int:
-    """The width ``d`` of the encoder's hidden states, read from the model config."""
+def hidden_size_of(model: nn.Module, located: EncoderBlocks | None = None) -> int:
+    """The width ``d`` of the encoder's hidden states.
+
+    Read from the model config (``hidden_size``, ``d_model`` or ``dim``); for a model without
+    one (a custom encoder), from the last block: the width of its last ``LayerNorm`` or the
+    output width of its last ``Linear``.
+
+    Args:
+        model: The model.
+        located: Its encoder blocks, for the fallback.
+
+    Example:
+        >>> hidden_size_of(BertModel(BertConfig(hidden_size=64, num_attention_heads=4)))
+        64
+    """
     config = getattr(model, "config", None)
     for attr in ("hidden_size", "d_model", "dim"):
         value = getattr(config, attr, None)
         if isinstance(value, int):
             return value
+    width = _output_width(located.blocks[-1]) if located is not None else None
+    if width is not None:
+        return width
     raise ValueError(
         f"Could not read the hidden size of {type(model).__name__}: its config has none of "
-        "`hidden_size`, `d_model`, `dim`."
+        "`hidden_size`, `d_model`, `dim`, and its last block has no nn.LayerNorm or nn.Linear."
     )
+
+
+def _output_width(block: nn.Module) -> int | None:
+    """The width of the last ``LayerNorm`` (or output width of the last ``Linear``) in ``block``."""
+    for module in reversed(list(block.modules())):
+        if isinstance(module, nn.LayerNorm):
+            return module.normalized_shape[-1]
+        if isinstance(module, nn.Linear):
+            return module.out_features
+    return None

@@ -62,7 +62,9 @@ class DWAttConfig(LayerFusionConfig):
     value_bottleneck: float = field(
         default=0.5, metadata={"help": "Bottleneck ratio γ of each per-layer value MLP f^V_n (paper: 0.5)."}
     )
-    d_pos: int = field(default=24, metadata={"help": "Size of the fixed random depth embeddings p_n (paper: 24)."})
+    d_pos: int = field(
+        default=24, metadata={"help": "Size of the fixed random depth embeddings p_n (paper: 24)."}
+    )
     score_temperature: float = field(
         default=1.0,
         metadata={"help": "Depth-attention scores are q·k_n / score_temperature. 1.0 reproduces the paper."},

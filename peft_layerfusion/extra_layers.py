@@ -65,9 +65,26 @@ def matched_num_extra_layers(block: nn.Module, num_fused: int, hidden_size: int)
     return max(1, round(concat_budget / count_parameters(block)))
 
 
+def _strip_tuner_layers(block: nn.Module) -> None:
+    """Replace peft layers (e.g. LoRA injected before the fusion) by their base layers, in place."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, sub in list(block.named_modules()):
+        if name and isinstance(sub, BaseTunerLayer) and "base_layer" in sub._modules:
+            parent_name, _, child = name.rpartition(".")
+            setattr(block.get_submodule(parent_name) if parent_name else block, child, sub.get_base_layer())
+
+
 def fresh_copy(block: nn.Module, model: nn.Module) -> nn.Module:
     """A copy of ``block`` with every weight re-drawn by the model's own initialiser."""
     new = copy.deepcopy(block)
+    for sub in new.modules():  # deepcopy copies hooks too (ours, transformers' output recorders): drop them
+        for hooks in (sub._forward_hooks, sub._forward_pre_hooks, sub._backward_hooks):
+            hooks.clear()
+        sub._backward_pre_hooks.clear()
+        sub._forward_hooks_with_kwargs.clear()
+        sub._forward_pre_hooks_with_kwargs.clear()
+    _strip_tuner_layers(new)
     for tensor in [*new.parameters(), *new.buffers()]:
         if getattr(tensor, "_is_hf_initialized", False):
             tensor._is_hf_initialized = False  # transformers skips tensors flagged as loaded

@@ -7,10 +7,12 @@ of one encoder forward, and returns the new last hidden state ``h`` ``(batch, se
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .config import LayerFusionConfig
 from .discovery import EncoderBlocks
@@ -53,6 +55,19 @@ class FusionModule(nn.Module):
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:  # noqa: D102
         raise NotImplementedError
+
+    def register_model_hooks(self, model: nn.Module, is_active: Callable[[], bool]) -> list[RemovableHandle]:
+        """Hooks this method needs outside the encoder (default: none).
+
+        Methods that act elsewhere than on the encoder output (e.g. on the decoder of a
+        seq2seq model) register them here; the tuner removes them on ``unload`` and
+        ``delete_adapter``. Each hook must do nothing unless ``is_active()``.
+
+        Args:
+            model: The base model the fusion is attached to.
+            is_active: True while this adapter is the active, enabled fusion adapter.
+        """
+        return []
 
 
 def stack_layers(states: list[torch.Tensor]) -> torch.Tensor:

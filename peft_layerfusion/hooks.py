@@ -86,7 +86,12 @@ def _with_hidden(output: Any, hidden: torch.Tensor) -> Any:
     if isinstance(output, torch.Tensor):
         return hidden
     if hasattr(output, "last_hidden_state"):
+        last = output.last_hidden_state
         output.last_hidden_state = hidden  # ModelOutput keeps dict and tuple views in sync
+        states = getattr(output, "hidden_states", None)
+        if isinstance(states, tuple) and states and states[-1] is last:
+            # some models (DeBERTa) read the last entry of all hidden states instead
+            output.hidden_states = (*states[:-1], hidden)
         return output
     return (hidden, *output[1:])
 
@@ -157,8 +162,32 @@ class BlockCapture:
         self.handles.clear()
 
 
-def count_hooks(model: nn.Module) -> int:
-    """Number of forward and forward-pre hooks registered anywhere in ``model``."""
+def count_hooks(model: nn.Module, package: str | None = "peft_layerfusion") -> int:
+    """Number of forward and forward-pre hooks in ``model`` whose function comes from ``package``.
+
+    transformers registers hooks of its own (e.g. to record ``output_hidden_states``), so by
+    default only the hooks defined by this package are counted: after ``unload()`` there
+    must be none.
+
+    Args:
+        model: Any module; every submodule is inspected.
+        package: Count hooks whose function is defined in this package (or a submodule of
+            it); ``None`` counts every hook.
+
+    Example:
+        >>> unloaded = peft_model.unload()
+        >>> count_hooks(unloaded)
+        0
+    """
+
+    def counted(hook: Callable) -> bool:
+        if package is None:
+            return True
+        owner = getattr(hook, "__module__", None) or getattr(getattr(hook, "func", None), "__module__", "")
+        return owner == package or owner.startswith(package + ".")
+
     return sum(
-        len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()
+        counted(hook)
+        for m in model.modules()
+        for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
     )

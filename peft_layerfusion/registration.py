@@ -16,12 +16,15 @@ from peft.utils import peft_types
 from peft.utils.peft_types import PeftType
 
 from .average import Average, AverageConfig
+from .bitfit import BitFitConfig, BitFitModel
 from .concat import Concat, ConcatConfig
 from .config import LayerFusionConfig
 from .dwatt import DWAtt, DWAttConfig
+from .encoder_fusion import EncoderFusion, EncoderFusionConfig
 from .extra_layers import ExtraLayers, ExtraLayersConfig
 from .fusion import FusionModule
 from .scalar_mix import ScalarMix, ScalarMixConfig
+from .surface_fusion import SurfaceFusion, SurfaceFusionConfig
 from .tuner import LayerFusionModel
 
 
@@ -44,9 +47,14 @@ METHODS: tuple[Method, ...] = (
     Method("average", AverageConfig, Average),
     Method("scalar_mix", ScalarMixConfig, ScalarMix),
     Method("extra_layers", ExtraLayersConfig, ExtraLayers),
+    Method("surface_fusion", SurfaceFusionConfig, SurfaceFusion),
+    Method("encoder_fusion", EncoderFusionConfig, EncoderFusion),
 )
 
 TUNER_CLASSES: dict[str, type[LayerFusionModel]] = {}
+
+# PEFT types that are not fusion methods (no fusion module): (name, config class, tuner class).
+BASELINE_TYPES: tuple[tuple[str, type, type], ...] = (("bitfit", BitFitConfig, BitFitModel),)
 
 
 def fusion_module_class(config: LayerFusionConfig) -> type[FusionModule]:
@@ -101,16 +109,17 @@ def register_all() -> None:
 
     if not hasattr(peft_types, "register_peft_method"):
         raise _peft_internals_error("peft.utils.peft_types.register_peft_method is missing")
-    for method in METHODS:
-        peft_type = add_peft_type(method.name.upper())
+    entries = [(method.name, method.config_cls, _tuner_class(method)) for method in METHODS]
+    for name, config_cls, model_cls in entries + list(BASELINE_TYPES):
+        peft_type = add_peft_type(name.upper())
         registered = PEFT_TYPE_TO_CONFIG_MAPPING.get(peft_type)
         if registered is not None:
-            if registered.__qualname__ != method.config_cls.__qualname__:
+            if registered.__qualname__ != config_cls.__qualname__:
                 raise RuntimeError(f"PEFT type {peft_type.value} is already registered by {registered!r}.")
             continue
         peft_types.register_peft_method(
-            name=method.name,
-            config_cls=method.config_cls,
-            model_cls=_tuner_class(method),
-            prefix=method.prefix,
+            name=name,
+            config_cls=config_cls,
+            model_cls=model_cls,
+            prefix=f"{name}_",
         )

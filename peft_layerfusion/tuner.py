@@ -18,6 +18,7 @@ treat it like any LoRA layer.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils.constants import DUMMY_TARGET_MODULES
 from peft.utils.integrations import init_empty_weights
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .config import LayerFusionConfig
 from .discovery import EncoderBlocks, find_encoder_blocks, hidden_size_of
@@ -56,6 +58,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self.merged_adapters: list[str] = []
         self.located = located
         self.capture = BlockCapture(located, self.fuse)
+        self.model_hooks: dict[str, list[RemovableHandle]] = {}  # per adapter, outside the encoder
 
     # BaseTunerLayer looks for these on a base layer; a fusion layer wraps none.
     @property
@@ -73,6 +76,23 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
     def update_layer(self, adapter_name: str, module: FusionModule, layers: tuple[int, ...]) -> None:
         self.fusion_modules[adapter_name] = module
         self.fused_layers[adapter_name] = layers
+
+    def set_model_hooks(self, adapter_name: str, handles: list[RemovableHandle]) -> None:
+        """Own the hooks an adapter's module registered outside the encoder (replacing older ones)."""
+        self._remove_model_hooks(adapter_name)
+        self.model_hooks[adapter_name] = list(handles)
+
+    def is_active_fn(self, adapter_name: str) -> Callable[[], bool]:
+        """A callable telling whether ``adapter_name`` is the active, enabled fusion adapter."""
+        return lambda: not self.disable_adapters and self._active_fusion() == adapter_name
+
+    def _remove_model_hooks(self, adapter_name: str) -> None:
+        for handle in self.model_hooks.pop(adapter_name, []):
+            handle.remove()
+
+    def delete_adapter(self, adapter_name: str) -> None:
+        self._remove_model_hooks(adapter_name)
+        super().delete_adapter(adapter_name)
 
     def _active_fusion(self) -> Optional[str]:
         active = [name for name in self.active_adapters if name in self.fusion_modules]
@@ -106,6 +126,8 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
 
     def remove_hooks(self) -> None:
         self.capture.remove()
+        for adapter_name in list(self.model_hooks):
+            self._remove_model_hooks(adapter_name)
 
 
 def merge_error() -> NotImplementedError:
@@ -147,7 +169,7 @@ class LayerFusionModel(LoraModel):
         # Everything that can fail on a bad config is checked before the model is touched.
         located = find_encoder_blocks(model, config.blocks_path)
         context = FusionContext(
-            model, located, hidden_size_of(model), tuple(config.resolve_layers(located.num_blocks))
+            model, located, hidden_size_of(model, located), tuple(config.resolve_layers(located.num_blocks))
         )
         lora_targets = config.target_modules
         if not lora_targets:
@@ -175,14 +197,21 @@ class LayerFusionModel(LoraModel):
         located = context.located
         layer = fusion_layer_of(context.model, located)
         if layer is None:
-            layer = LayerFusionLayer(located, self.prefix)
+            layer = LayerFusionLayer(located, self.prefix).train(located.container.training)
             located.container.add_module(LAYER_NAME, layer)
         if low_cpu_mem_usage:  # built on the meta device; the checkpoint fills it in
             with init_empty_weights(include_buffers=True):
                 module = fusion_module_class(config)(config, context)
         else:
-            module = fusion_module_class(config)(config, context).to(_device_of(located.container))
+            module = fusion_module_class(config)(config, context)
+            # under peft's own init_empty_weights (from_pretrained(low_cpu_mem_usage=True)) the
+            # parameters are on the meta device until the checkpoint is assigned: leave them there
+            if not any(p.is_meta for p in module.parameters()):
+                module = module.to(_device_of(located.container))
+        module.train(located.container.training)  # a new module follows the model's train/eval mode
         layer.update_layer(adapter_name, module, context.layers)
+        hooks = module.register_model_hooks(context.model, layer.is_active_fn(adapter_name))
+        layer.set_model_hooks(adapter_name, hooks)
         return layer
 
     # ---------------------------------------------------------------- lifecycle

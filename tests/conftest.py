@@ -1,12 +1,19 @@
-"""Tiny random models for the tests: built from configs, no download."""
+"""Tiny random models and shared helpers for the tests: built from configs, no download."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from peft import PeftModel, get_peft_model
+from torch import nn
 from transformers import BertConfig, BertForTokenClassification
 
 import peft_layerfusion  # noqa: F401  (registers the PEFT types)
+from peft_layerfusion.config import LayerFusionConfig
+from peft_layerfusion.fusion import FusionModule
+from peft_layerfusion.tuner import fusion_layer_of
 
 TINY = dict(
     vocab_size=99,
@@ -16,12 +23,82 @@ TINY = dict(
     intermediate_size=48,
     max_position_embeddings=64,
 )
+torch.set_num_threads(1)  # tiny models: one thread is fastest and leaves the other core free
+
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def tiny_bert(num_labels: int = 5, seed: int = 0, **overrides) -> BertForTokenClassification:
     """A 3-block, width-32 BERT token classifier in eval mode."""
     torch.manual_seed(seed)
     return BertForTokenClassification(BertConfig(**{**TINY, **overrides}, num_labels=num_labels)).eval()
+
+
+def attach(
+    config: LayerFusionConfig, base: nn.Module | None = None, seed: int = 0
+) -> tuple[PeftModel, nn.Module]:
+    """``(peft_model, untouched copy of the base)``; the fusion is built with seed ``seed``."""
+    base = tiny_bert() if base is None else base
+    reference = copy.deepcopy(base)
+    torch.manual_seed(seed)
+    return get_peft_model(base, config), reference
+
+
+def fusion_of(model: nn.Module, adapter: str = "default") -> FusionModule:
+    """The fusion module of ``adapter`` inside a PeftModel (or a model holding one)."""
+    return fusion_layer_of(model).fusion_modules[adapter]
+
+
+def perturb_(module: nn.Module, scale: float = 0.3, seed: int = 123) -> None:
+    """Add noise to every parameter so no test relies on a special init (ones, zeros)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            param.add_(scale * noise.to(param.dtype))
+
+
+class ToyBlock(nn.Module):
+    """A block that returns a tuple ``(hidden, extra)``, as T5 and older BERTs do."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+
+    def forward(self, hidden: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        out = hidden + torch.tanh(self.linear(hidden)) * scale
+        return out, out.mean()
+
+
+class ToyEncoder(nn.Module):
+    """``embed -> stack.blocks -> head``: a model no discovery rule knows (needs ``blocks_path``)."""
+
+    def __init__(
+        self, vocab: int = 20, d: int = 16, num_blocks: int = 3, num_labels: int = 4, by_keyword: bool = False
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.stack = ToyStack(d, num_blocks, by_keyword)
+        self.head = nn.Linear(d, num_labels)
+
+    def forward(self, input_ids: torch.Tensor, output_hidden_states: bool = False):
+        hidden, states = self.stack(self.embed(input_ids))
+        logits = self.head(hidden)
+        return (logits, states) if output_hidden_states else logits
+
+
+class ToyStack(nn.Module):
+    def __init__(self, d: int, num_blocks: int, by_keyword: bool = False) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ToyBlock(d) for _ in range(num_blocks))
+        self.by_keyword = by_keyword  # call blocks as block(hidden=..., scale=...)
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        states = [hidden]
+        for block in self.blocks:
+            hidden = block(hidden=hidden, scale=0.5)[0] if self.by_keyword else block(hidden, scale=0.5)[0]
+            states.append(hidden)
+        return hidden, states
 
 
 @pytest.fixture
@@ -33,3 +110,10 @@ def bert() -> BertForTokenClassification:
 def input_ids() -> torch.Tensor:
     generator = torch.Generator().manual_seed(1)
     return torch.randint(1, TINY["vocab_size"], (2, 7), generator=generator)
+
+
+@pytest.fixture
+def attention_mask() -> torch.Tensor:
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0  # the second sequence is padded
+    return mask

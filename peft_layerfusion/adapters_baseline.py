@@ -1,0 +1,89 @@
+"""AdapterHub bottleneck adapters as a budget-matched baseline (optional extra ``adapters``).
+
+``pip install "peft_layerfusion[adapters]"`` pins transformers 4.57.x (``adapters`` 1.3
+requires it), so this module imports ``adapters`` lazily and only here. The baselines are
+reachable through the regime names of :func:`peft_layerfusion.regimes.apply_regime`,
+for the method ``"none"`` (AdapterHub cannot host a fusion module):
+
+* ``adapter_seqbn``: Pfeiffer adapters (``SeqBnConfig``), one per block;
+* ``adapter_double_seqbn``: Houlsby adapters (``DoubleSeqBnConfig``), two per block.
+
+Size them with ``reduction_factor`` or with ``match_params`` (a target count, e.g. DWAtt's
+from :func:`peft_layerfusion.audit.audit`), which picks the reduction factor through
+:func:`peft_layerfusion.budget.match_bottleneck`. The base is frozen; the adapters and
+the task head train.
+
+Example:
+    >>> model = apply_regime(bert, "none", "adapter_seqbn", match_params=26_353_152)
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Optional
+
+from torch import nn
+
+from .budget import BOTTLENECK_KINDS, match_bottleneck
+from .config import invalid
+
+ADAPTER_NAME = "bottleneck"
+CONFIG_CLASSES = {"seqbn": "SeqBnConfig", "double_seqbn": "DoubleSeqBnConfig"}
+
+
+def require_adapters() -> ModuleType:
+    """Import AdapterHub's ``adapters``, or fail saying how to install it.
+
+    Example:
+        >>> adapters = require_adapters()
+    """
+    try:
+        return importlib.import_module("adapters")
+    except ImportError as error:
+        raise ImportError(
+            "The bottleneck-adapter baseline needs AdapterHub's `adapters` package, which pins "
+            "transformers 4.57.x: install it in a fresh environment with "
+            '`pip install "peft_layerfusion[adapters]"`.'
+        ) from error
+
+
+def apply_bottleneck_adapters(
+    model: nn.Module,
+    kind: str = "seqbn",
+    *,
+    reduction_factor: Optional[float] = None,
+    match_params: Optional[int] = None,
+    head_modules: Sequence[str] = ("classifier",),
+) -> nn.Module:
+    """Add one trainable bottleneck adapter setup to ``model`` and freeze everything else.
+
+    Args:
+        model: A transformers model of a type AdapterHub supports (modified in place).
+        kind: ``"seqbn"`` (Pfeiffer) or ``"double_seqbn"`` (Houlsby).
+        reduction_factor: Bottleneck width is ``d // reduction_factor`` (default 16).
+        match_params: Instead of ``reduction_factor``: size the adapters to this count.
+        head_modules: Modules that train besides the adapters (the task head).
+
+    Returns:
+        ``model`` itself, with adapters active and trainable.
+
+    Example:
+        >>> apply_bottleneck_adapters(bert, "double_seqbn", reduction_factor=8)
+    """
+    if kind not in BOTTLENECK_KINDS:
+        raise invalid("kind", kind, f"one of {list(BOTTLENECK_KINDS)}")
+    if reduction_factor is not None and match_params is not None:
+        raise invalid("reduction_factor", reduction_factor, "None when `match_params` is given")
+    if match_params is not None:
+        reduction_factor = match_bottleneck(model, match_params, kind).value
+    adapters = require_adapters()
+    adapters.init(model)
+    config = getattr(adapters, CONFIG_CLASSES[kind])(reduction_factor=reduction_factor or 16)
+    model.add_adapter(ADAPTER_NAME, config=config)
+    model.train_adapter(ADAPTER_NAME)
+    for name, param in model.named_parameters():  # exactly: adapters + head
+        is_head = any(name == h or name.startswith(f"{h}.") for h in head_modules)
+        param.requires_grad_(is_head or f".{ADAPTER_NAME}." in name)
+    return model

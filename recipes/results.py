@@ -1,0 +1,60 @@
+"""The results file of a sweep: one JSON line per finished cell, appended atomically.
+
+Each record is written with a single ``write`` of one complete line to a file opened in
+append mode, then flushed and fsync'ed, so a killed sweep leaves every finished cell on disk
+and at worst no partial line. A torn last line (e.g. power loss) is ignored when reading,
+so that cell simply runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line (write + flush + fsync).
+
+    Example:
+        >>> append_record("results.jsonl", {"key": "dwatt|fe|8|25|0", "best_f1": 0.61})
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_size and not _ends_with_newline(path):
+            line = b"\n" + line  # never glue a record to a torn line
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every complete record of a results file (missing file: empty list; torn lines skipped)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "key" in record:
+            records.append(record)
+    return records
+
+
+def finished_keys(path: str | os.PathLike) -> set[str]:
+    """Keys of the cells already in the results file."""
+    return {record["key"] for record in read_records(path)}

@@ -1,0 +1,198 @@
+"""The training loop of the recipes: AdamW, LR linear from max to zero, dev F1 per epoch.
+
+Runs through :class:`accelerate.Accelerator`, so ``accelerate launch -m peft_layerfusion.cli ner ...``
+(or ``accelerate launch $(which layerfusion) ner ...``) runs the same loop on several GPUs or
+nodes; on one CPU it is a plain torch loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from seqeval.metrics import f1_score
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .cache import FeatureCache
+from .data import IGNORE_INDEX, collate
+from .models import eval_frozen_subtrees, trainable_parameters
+
+
+@dataclass
+class TrainSettings:
+    """Optimisation settings of one run.
+
+    Args:
+        epochs: Max epochs; the LR decays linearly from ``lr`` to zero over them.
+        lr: Max learning rate of AdamW.
+        batch_size: Sentences per step (16 for NER in the paper).
+        eval_every: Evaluate on dev every ``k`` epochs (and after the last one).
+        weight_decay: AdamW weight decay.
+        seed: Seed of the shuffling and of dropout (the model's init is seeded by the caller).
+        eval_batch_size: Sentences per evaluation batch.
+    """
+
+    epochs: int = 20
+    lr: float = 1e-3
+    batch_size: int = 16
+    eval_every: int = 1
+    weight_decay: float = 0.0
+    seed: int = 0
+    eval_batch_size: int = 64
+
+
+@dataclass
+class RunResult:
+    """Best dev score, its epoch, and the curve ``[{"epoch", "step", "dev_f1"}, ...]``."""
+
+    best_f1: float
+    best_epoch: int
+    curve: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def micro_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
+    """seqeval's entity-level micro-F1 (0..1).
+
+    Example:
+        >>> micro_f1([["B-PER", "I-PER", "O"]], [["B-PER", "I-PER", "O"]])
+        1.0
+    """
+    return float(f1_score(gold, predicted, average="micro", zero_division=0))
+
+
+class TokenClassifierRunner:
+    """Forward passes of a token classifier, through a feature cache or not.
+
+    Args:
+        model: The model (already wrapped by its regime).
+        located: Its encoder blocks (needed with ``cache``).
+        cache: A :class:`FeatureCache` of the same frozen encoder, or ``None``.
+    """
+
+    def __init__(self, model: nn.Module, located=None, cache: FeatureCache | None = None) -> None:
+        self.model, self.located, self.cache = model, located, cache
+
+    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(batch, seq, labels)`` logits and ``(batch, seq)`` labels of a list of features."""
+        batch = {k: v.to(device) for k, v in collate(features).items()}
+        replay = (
+            self.cache.replay(self.located, self.cache.batch_states(features))
+            if self.cache
+            else nullcontext()
+        )
+        with replay:
+            output = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        return output.logits, batch["labels"]
+
+
+def _tags(logits: torch.Tensor, labels: torch.Tensor, id2label: dict[int, str]) -> tuple[list, list]:
+    predicted = logits.argmax(-1)
+    gold, pred = [], []
+    for row_pred, row_gold in zip(predicted.tolist(), labels.tolist(), strict=True):
+        keep = [i for i, g in enumerate(row_gold) if g != IGNORE_INDEX]
+        gold.append([id2label[row_gold[i]] for i in keep])
+        pred.append([id2label[row_pred[i]] for i in keep])
+    return gold, pred
+
+
+@torch.no_grad()
+def evaluate_f1(
+    runner: TokenClassifierRunner,
+    features: Sequence[dict],
+    id2label: dict[int, str],
+    batch_size: int,
+    device: torch.device,
+) -> float:
+    """Dev micro-F1 of ``runner``'s model (eval mode during the call)."""
+    was_training = runner.model.training
+    runner.model.eval()
+    gold, pred = [], []
+    try:
+        for start in range(0, len(features), batch_size):
+            logits, labels = runner.logits(features[start : start + batch_size], device)
+            g, p = _tags(logits, labels, id2label)
+            gold += g
+            pred += p
+    finally:
+        if was_training:
+            eval_frozen_subtrees(runner.model)
+    return micro_f1(gold, pred)
+
+
+def train_token_classifier(
+    runner: TokenClassifierRunner,
+    train: Sequence[dict],
+    dev: Sequence[dict],
+    id2label: dict[int, str],
+    settings: TrainSettings,
+    on_epoch: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Train ``runner.model`` on ``train``; dev F1 every ``eval_every`` epochs; best score kept.
+
+    Frozen sub-trees of the model (e.g. the encoder in FE) stay in eval mode (no dropout).
+
+    Args:
+        runner: Model (+ optional feature cache).
+        train: Encoded training sentences (see ``data.encode_ner``).
+        dev: Encoded dev sentences.
+        id2label: Label names.
+        settings: See :class:`TrainSettings`.
+        on_epoch: Called with the epoch number after each epoch (tests, progress).
+
+    Example:
+        >>> runner = TokenClassifierRunner(model)
+        >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings())
+        >>> result.best_f1, result.curve[-1]
+    """
+    from accelerate import Accelerator
+    from transformers import get_linear_schedule_with_warmup
+
+    start = time.perf_counter()
+    torch.manual_seed(settings.seed)  # dropout draws do not depend on what ran before
+    accelerator = Accelerator()
+    model = runner.model
+    optimizer = torch.optim.AdamW(
+        trainable_parameters(model), lr=settings.lr, weight_decay=settings.weight_decay
+    )
+    loader = DataLoader(
+        list(range(len(train))),
+        batch_size=settings.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(settings.seed),
+        collate_fn=lambda idx: idx,
+    )
+    total_steps = settings.epochs * len(loader)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, total_steps)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    runner = copy.copy(runner)
+    runner.model = model
+    eval_frozen_subtrees(model)
+    result, step = RunResult(best_f1=-1.0, best_epoch=0), 0
+    for epoch in range(1, settings.epochs + 1):
+        for indices in loader:
+            logits, labels = runner.logits([train[i] for i in indices], accelerator.device)
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            step += 1
+        if epoch % settings.eval_every == 0 or epoch == settings.epochs:
+            f1 = evaluate_f1(runner, dev, id2label, settings.eval_batch_size, accelerator.device)
+            result.curve.append({"epoch": epoch, "step": step, "dev_f1": f1})
+            if f1 > result.best_f1:
+                result.best_f1, result.best_epoch = f1, epoch
+        if on_epoch is not None:
+            on_epoch(epoch)
+    result.seconds = time.perf_counter() - start
+    return result

@@ -1,0 +1,95 @@
+"""Readers, malformed files, sub-word label alignment."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.data import (
+    IGNORE_INDEX,
+    DataFormatError,
+    NerSentence,
+    align_labels,
+    collate,
+    encode_ner,
+    load_ner,
+    read_ner_file,
+    read_text,
+    split_sentences,
+)
+from recipes.toy import write_tiny_model
+
+
+def test_conll_columns_skip_docstart(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\nPeter NNP B-NP B-PER\n")
+    sentences = read_ner_file(path)
+    assert sentences == [NerSentence(("EU", "rejects"), ("B-ORG", "O")), NerSentence(("Peter",), ("B-PER",))]
+
+
+def test_wikiann_prefix_stripped_and_plain_tab(tmp_path):
+    path = tmp_path / "dev"
+    path.write_text("en:Sioux\tB-ORG\nen:Falls\tI-ORG\n\nhttp://x.y\tO\nParis\tB-LOC\n\n\n")
+    sentences = read_ner_file(path)
+    assert sentences[0] == NerSentence(("Sioux", "Falls"), ("B-ORG", "I-ORG"))
+    assert sentences[1] == NerSentence(("http://x.y", "Paris"), ("O", "B-LOC"))
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "problem"),
+    [
+        ("a\tO\nb\tO\tX\n", 2, "3 TAB-separated fields"),
+        ("a\tO\n\nlonely\n", 3, "expected `token tag`"),
+        ("a\tO\nb\tPERSON\n", 2, "tag 'PERSON'"),
+        ("\n\n", 0, "no sentence"),
+    ],
+)
+def test_malformed_file_names_file_line_problem(tmp_path, text, line, problem):
+    path = tmp_path / "bad.txt"
+    path.write_text(text)
+    with pytest.raises(DataFormatError) as error:
+        read_ner_file(path)
+    assert error.value.line == line
+    assert str(path) in str(error.value) and f"line {line}" in str(error.value) and problem in str(error.value)
+
+
+def test_load_directory_with_valid_and_language(tmp_path):
+    folder = tmp_path / "wikiann" / "de"
+    folder.mkdir(parents=True)
+    for name in ("train", "valid", "test"):
+        (folder / name).write_text("de:Berlin\tB-LOC\nde:ist\tO\n")
+    data = load_ner(str(tmp_path / "wikiann"), language="de")
+    assert (len(data.train), len(data.dev), len(data.test)) == (1, 1, 1)
+    assert data.labels == ["O", "B-LOC"] and data.entity_types == ["LOC"]
+
+
+def test_single_file_split_is_fixed_and_disjoint(tmp_path):
+    sentences = [NerSentence((f"w{i}",), ("O",)) for i in range(50)]
+    train, dev, test = split_sentences(sentences, seed=0)
+    assert (len(train), len(dev), len(test)) == (30, 10, 10)
+    assert len({s.tokens for s in train + dev + test}) == 50
+    assert split_sentences(sentences, seed=0) == (train, dev, test)
+    assert split_sentences(sentences, seed=1)[1] != dev
+
+
+def test_align_labels_first_subtoken_only():
+    assert align_labels([None, 0, 0, 1, 2, 2, 2, None], [3, 5, 7]) == [-100, 3, -100, 5, 7, -100, -100, -100]
+
+
+def test_encode_ner_with_fast_tokenizer_and_pre_split_words(tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(write_tiny_model(tmp_path / "tiny"))
+    sentence = NerSentence(("alice", "walks", "to", "paris"), ("B-PER", "O", "O", "B-LOC"))
+    (feature,) = encode_ner(tokenizer, [sentence], {"O": 0, "B-PER": 1, "B-LOC": 2})
+    tokens = tokenizer.convert_ids_to_tokens(feature["input_ids"])
+    assert tokens == ["[CLS]", "alice", "w", "##a", "##l", "##k", "##s", "to", "paris", "[SEP]"]
+    assert feature["labels"] == [-100, 1, 0, -100, -100, -100, -100, 0, 2, -100]
+    batch = collate([feature, {k: v[:3] for k, v in feature.items()}])
+    assert batch["labels"].shape == (2, 10) and batch["labels"][1, 3:].eq(IGNORE_INDEX).all()
+    assert batch["attention_mask"].sum().item() == 13
+
+
+def test_read_text_drops_blank_lines(tmp_path):
+    path = tmp_path / "valid.txt"
+    path.write_text(" = Heading = \n\n Some text .\n")
+    assert read_text(path) == ["= Heading =", "Some text ."]

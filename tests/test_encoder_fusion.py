@@ -1,0 +1,141 @@
+"""EncoderFusion (transparent attention) on tiny random BART and T5."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import PeftModel, get_peft_model
+from test_surface_fusion import BUILDERS, batch, tiny_bart
+from transformers.modeling_outputs import BaseModelOutput
+
+from peft_layerfusion import EncoderFusionConfig, count_hooks
+from peft_layerfusion.tuner import fusion_layer_of
+
+
+def adapted(base, **options) -> PeftModel:
+    return get_peft_model(copy.deepcopy(base), EncoderFusionConfig(**options)).eval()
+
+
+def fusion_module(model: PeftModel):
+    return fusion_layer_of(model.base_model.model).fusion_modules["default"]
+
+
+def reference_logits(base, inputs: dict, weights: torch.Tensor, layers: list[int], norm) -> torch.Tensor:
+    """Every decoder layer reads the same LN(Σ w_i x_i): feed it as the encoder output."""
+    with torch.no_grad():
+        states = base.get_encoder()(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], output_hidden_states=True
+        ).hidden_states  # x_0 .. x_L (x_L after the encoder's final norm)
+        encoder = base.get_encoder()
+        x_last = encoder(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
+        ).last_hidden_state
+        states = (*states[:-1], x_last)
+        mixed = norm(sum(w * states[i] for w, i in zip(weights, layers, strict=True)))
+        return base(encoder_outputs=BaseModelOutput(last_hidden_state=mixed), **{
+            k: v for k, v in inputs.items() if k != "input_ids"
+        }).logits  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+@pytest.mark.parametrize("include_embeddings", [False, True])
+def test_decoder_reads_the_layer_normed_mix(family, include_embeddings):
+    base = BUILDERS[family]()
+    model = adapted(base, include_embeddings=include_embeddings)
+    module = fusion_module(model)
+    layers = [0, 1, 2] if include_embeddings else [1, 2]
+    assert module.layer_logits.shape == (2, len(layers))
+    logits = torch.randn(len(layers), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        module.layer_logits.copy_(logits.expand(2, -1))  # the same mix for both decoder layers
+        for norm in module.norms:
+            norm.weight.fill_(1.5)
+            norm.bias.fill_(0.1)
+        inputs = batch()
+        out = model(**inputs).logits
+        plain = base(**inputs).logits
+    expected = reference_logits(base, inputs, torch.softmax(logits, 0), layers, module.norms[0])
+    torch.testing.assert_close(out, expected, atol=2e-4, rtol=1e-4)
+    assert (out - plain).abs().max() > 1e-2
+
+
+def test_each_decoder_layer_has_its_own_mix():
+    base = tiny_bart()
+    model = adapted(base)
+    module = fusion_module(model)
+    inputs = batch()
+    with torch.no_grad():
+        uniform = model(**inputs).logits
+        module.layer_logits[1] = torch.tensor([3.0, -3.0])  # only decoder layer 1 changes
+        changed = model(**inputs).logits
+        expected_first_layer_only = reference_logits(base, inputs, torch.softmax(torch.zeros(2), 0), [1, 2],
+                                                     module.norms[0])  # fmt: skip
+    assert (changed - uniform).abs().max() > 1e-3
+    torch.testing.assert_close(uniform, expected_first_layer_only, atol=1e-5, rtol=1e-5)
+
+
+def test_generate_with_cache_matches_full_forwards():
+    base = tiny_bart()
+    model = adapted(base, include_embeddings=True)
+    with torch.no_grad():
+        fusion_module(model).layer_logits.normal_(0, 2)
+    inputs = {k: v for k, v in batch().items() if k != "labels"}
+    with torch.no_grad():
+        greedy = model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        logits = model(**inputs, decoder_input_ids=greedy[:, :-1]).logits
+        beams = model.generate(**inputs, max_new_tokens=4, num_beams=3, do_sample=False)
+        plain = base.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert torch.equal(greedy[:, 1:], logits.argmax(-1))  # cached cross-attention used the mix
+    assert beams.shape[0] == 2
+    assert not torch.equal(greedy, plain)
+
+
+def test_gradients_reach_the_mix_and_the_norms():
+    model = get_peft_model(tiny_bart(), EncoderFusionConfig(include_embeddings=True))
+    model(**batch()).loss.backward()
+    module = fusion_module(model)
+    assert module.layer_logits.grad.abs().min() > 0
+    assert all(norm.weight.grad.abs().sum() > 0 for norm in module.norms)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 2 * 3 + 2 * 2 * 16
+
+
+def test_lifecycle_save_load_disable_unload_merge(tmp_path):
+    base = tiny_bart()
+    hooks_before = count_hooks(base)
+    inputs = batch()
+    with torch.no_grad():
+        plain = base(**inputs).logits
+    model = adapted(base, include_embeddings=True)
+    with torch.no_grad():
+        fusion_module(model).layer_logits.normal_()
+        fused = model(**inputs).logits
+        with model.disable_adapter():
+            assert torch.equal(model(**inputs).logits, plain)
+    model.save_pretrained(tmp_path)
+    loaded = PeftModel.from_pretrained(tiny_bart(), tmp_path).eval()
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).logits, fused)
+    with pytest.raises(NotImplementedError, match="cannot be folded"):
+        loaded.merge_and_unload()
+    unloaded = loaded.unload()
+    assert count_hooks(unloaded) == hooks_before
+    with torch.no_grad():
+        assert torch.equal(unloaded(**inputs).logits, plain)
+
+
+def test_encoder_only_models_are_refused():
+    from conftest import tiny_bert
+
+    with pytest.raises(ValueError, match="not an encoder-decoder"):
+        get_peft_model(tiny_bert(), EncoderFusionConfig())
+
+
+def test_parameter_audit_counts_each_component():
+    from peft_layerfusion.audit import trainable_components
+
+    model = get_peft_model(tiny_bart(), EncoderFusionConfig(include_embeddings=True))
+    assert trainable_components(model) == {"layer_logits": 2 * 3, "norms": 2 * 2 * 16}

@@ -1,0 +1,206 @@
+"""BlockCapture: what it captures, tuple vs tensor blocks, and that nothing outlives a forward."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from conftest import ToyEncoder, attach, fusion_of, perturb_, tiny_bert
+from peft import get_peft_model
+from transformers import T5Config, T5EncoderModel
+
+from peft_layerfusion import DWAttConfig, ExtraLayersConfig, ScalarMixConfig, count_hooks, find_encoder_blocks
+from peft_layerfusion.hooks import BlockCapture, first_tensor
+from peft_layerfusion.tuner import fusion_layer_of
+
+
+def test_capture_sees_every_hidden_state_and_replaces_the_output(bert, input_ids):
+    seen = []
+
+    def fuse(capture):
+        seen.append([s.clone() for s in capture.states])
+        return capture.states[-1] * 2.0
+
+    with torch.no_grad():
+        expected = bert(input_ids=input_ids, output_hidden_states=True)
+        capture = BlockCapture(find_encoder_blocks(bert), fuse)
+        assert capture.num_hooks == 2 + 3  # container pre/post + one per block
+        assert count_hooks(bert) == 5
+        got = bert.bert(input_ids=input_ids).last_hidden_state
+    assert len(seen) == 1 and len(seen[0]) == 4
+    for mine, theirs in zip(seen[0], expected.hidden_states, strict=True):
+        assert torch.equal(mine, theirs)
+    assert torch.equal(got, expected.hidden_states[-1] * 2.0)
+    capture.remove()
+    assert count_hooks(bert) == 0 and capture.num_hooks == 0
+    with torch.no_grad():
+        assert torch.equal(bert.bert(input_ids=input_ids).last_hidden_state, expected.hidden_states[-1])
+
+
+def test_fuse_returning_none_leaves_output_untouched(bert, input_ids):
+    capture = BlockCapture(find_encoder_blocks(bert), lambda c: None)
+    with torch.no_grad():
+        out = bert(input_ids=input_ids).logits
+    capture.remove()
+    with torch.no_grad():
+        assert torch.equal(out, bert(input_ids=input_ids).logits)
+
+
+def test_first_tensor_handles_tensor_tuple_and_model_output():
+    from transformers.modeling_outputs import BaseModelOutput
+
+    x = torch.randn(2, 3)
+    assert first_tensor(x) is x
+    assert first_tensor((x, None)) is x
+    assert first_tensor(BaseModelOutput(last_hidden_state=x)) is x
+
+
+# ----------------------------------------------------------------------------- tuple-returning blocks
+def test_custom_encoder_with_tuple_blocks(input_ids):
+    torch.manual_seed(0)
+    model = ToyEncoder()
+    ids = input_ids % 20
+    with torch.no_grad():
+        base_logits, states = model(ids, output_hidden_states=True)
+        model = get_peft_model(model, ScalarMixConfig(blocks_path="stack.blocks", modules_to_save=["head"]))
+        module = fusion_of(model)
+        perturb_(module)
+        got = model(ids)
+        weights = torch.softmax(module.layer_logits, 0)
+        mixed = sum(w * s for w, s in zip(weights, states[1:], strict=True))
+        expected = model.base_model.model.head(module.gamma * mixed)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+    assert (got - base_logits).abs().max() > 1e-3
+    with model.disable_adapter(), torch.no_grad():
+        assert torch.equal(model(ids), base_logits)
+
+
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])
+def test_extra_layers_reuse_the_last_block_call(by_keyword, input_ids):
+    torch.manual_seed(0)
+    ids = input_ids % 20
+    model = ToyEncoder(by_keyword=by_keyword)
+    model = get_peft_model(model, ExtraLayersConfig(num_extra_layers=2, blocks_path="blocks"))
+    extra = fusion_of(model).blocks
+    with torch.no_grad():
+        got = model(ids)
+        with model.disable_adapter():
+            _, states = model(ids, output_hidden_states=True)
+        hidden = states[-1]
+        for block in extra:
+            hidden = block(hidden, scale=0.5)[0]  # the same `scale` the model's blocks received
+        expected = model.base_model.model.head(hidden)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+    assert not torch.equal(extra[0].linear.weight, model.base_model.model.stack.blocks[-1].linear.weight)
+
+
+def test_t5_encoder_blocks_return_tuples(input_ids):
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4)
+    base = T5EncoderModel(config).eval()
+    block_output = base.encoder.block[0](base.shared(input_ids))
+    assert isinstance(block_output, tuple)  # the case this test is about
+    model, reference = attach(DWAttConfig(), base=base)
+    perturb_(fusion_of(model))
+    with torch.no_grad():
+        fused = model(input_ids=input_ids).last_hidden_state
+        z = reference(input_ids=input_ids, output_hidden_states=True).hidden_states
+        module = fusion_of(model)
+        # DWAtt recomputed from the module's own pieces on the reference states (z_L: after final norm)
+        last = z[-1].reshape(-1, 32)
+        weights = module.depth_attention(last)
+        expected = last + sum(
+            weights[:, n : n + 1] * module.value(n, z[n + 1].reshape(-1, 32)) for n in range(2)
+        )
+    torch.testing.assert_close(fused, expected.view_as(fused), atol=1e-5, rtol=0)
+    assert (fused - z[-1]).abs().max() > 1e-3
+
+
+def t5_grads(use_reentrant, input_ids) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, dropout_rate=0.0
+    )
+    model, _ = attach(DWAttConfig(), base=T5EncoderModel(config), seed=1)
+    for name, param in model.named_parameters():
+        if ".block.1." in name:
+            param.requires_grad_(True)  # part of the encoder trains too
+    if use_reentrant is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+        assert model.base_model.model.encoder.block[0].gradient_checkpointing
+    model.train()
+    target = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0))
+    (model(input_ids=input_ids).last_hidden_state * target).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_t5_gradient_checkpointing_with_tuple_blocks(use_reentrant, input_ids):
+    plain, checkpointed = t5_grads(None, input_ids), t5_grads(use_reentrant, input_ids)
+    assert plain.keys() == checkpointed.keys() and any(".block.1." in n for n in plain)
+    for name, grad in plain.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+# ----------------------------------------------------------------------------- nothing kept alive
+def test_no_growth_over_many_forwards(input_ids):
+    model, _ = attach(DWAttConfig())
+    capture = fusion_layer_of(model).capture
+    with torch.no_grad():
+        for _ in range(20):  # warm-up: caches, lazy imports
+            model(input_ids=input_ids)
+        gc.collect()
+        objects_before = len(gc.get_objects())
+        for _ in range(1000):
+            model(input_ids=input_ids)
+            assert capture._open is None
+            assert capture._last_call == ((), {})
+        gc.collect()
+        objects_after = len(gc.get_objects())
+    assert objects_after - objects_before < 50, (objects_before, objects_after)
+
+
+def test_captured_tensors_die_after_forward(input_ids):
+    model, _ = attach(DWAttConfig())
+    capture = fusion_layer_of(model).capture
+    captured = []
+    original_fuse = capture.fuse
+
+    def fuse(c):
+        captured.extend(weakref.ref(s) for s in c.states)
+        return original_fuse(c)
+
+    capture.fuse = fuse
+    with torch.no_grad():
+        for _ in range(5):
+            model(input_ids=input_ids)
+    out = model(input_ids=input_ids).logits  # with autograd: the graph holds them while `out` lives
+    assert len(captured) == 6 * 4
+    del out
+    gc.collect()
+    assert all(ref() is None for ref in captured)
+
+
+def test_capture_closed_after_an_exception_inside_fuse(input_ids):
+    bert = tiny_bert()
+    calls = []
+
+    def fuse(capture):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return None
+
+    capture = BlockCapture(find_encoder_blocks(bert), fuse)
+    try:
+        bert(input_ids=input_ids)
+    except RuntimeError:
+        pass
+    assert capture._open is None and capture._last_call == ((), {})
+    with torch.no_grad():
+        bert(input_ids=input_ids)
+    assert len(calls) == 2
+    capture.remove()

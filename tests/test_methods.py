@@ -1,0 +1,310 @@
+"""Each fusion method against an independent recomputation of the METHODS.md formulas.
+
+The reference takes ``z_0 .. z_L`` from ``output_hidden_states`` of an untouched copy of the
+base model, applies the formula written out layer by layer from the fusion module's own
+parameters, and sends the result through the head; the PeftModel's logits must match.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import NO_DROPOUT, attach, fusion_of, perturb_, tiny_bert
+
+from peft_layerfusion import (
+    AverageConfig,
+    ConcatConfig,
+    DWAttConfig,
+    ExtraLayersConfig,
+    ScalarMixConfig,
+)
+
+ATOL = 1e-5
+
+
+# ----------------------------------------------------------------------------- references
+def bottleneck_ref(x: torch.Tensor, mlp: torch.nn.Module, n: int) -> torch.Tensor:
+    """``W_n LN_n(gelu(U_n x))`` for the ``n``-th MLP of a stacked bottleneck, written out."""
+    inner = F.gelu(x @ mlp.up_weight[n] + vector(mlp.up_bias, n))  # (batch, seq, γd)
+    mean = inner.mean(-1, keepdim=True)
+    var = inner.var(-1, unbiased=False, keepdim=True)
+    inner = (inner - mean) / torch.sqrt(var + 1e-5) * vector(mlp.norm_weight, n) + vector(mlp.norm_bias, n)
+    return inner @ mlp.down_weight[n] + vector(mlp.down_bias, n)  # (batch, seq, d)
+
+
+def vector(stacked: torch.Tensor, n: int) -> torch.Tensor:
+    """Row ``n`` of a per-layer stacked vector parameter, ``(K, width)`` or ``(K, 1, width)``."""
+    return stacked[n].reshape(-1)
+
+
+def dwatt_ref(z: tuple[torch.Tensor, ...], layers: list[int], module, weights_hook=None) -> torch.Tensor:
+    last = z[-1]  # (batch, seq, d)
+    query = 1.0 + F.elu(last + bottleneck_ref(last, module.query_mlp, 0))
+    scores, values = [], []
+    for n, index in enumerate(layers):
+        key = module.key_proj.weight @ module.depth_embeddings[n] + module.key_proj.bias  # (d,)
+        scores.append((query * key).sum(-1) / module.score_temperature)  # (batch, seq)
+        value = bottleneck_ref(z[index], module.value_mlps, n)
+        norm_weight, norm_bias = vector(module.value_norm_weight, n), vector(module.value_norm_bias, n)
+        values.append(F.layer_norm(value, value.shape[-1:], norm_weight, norm_bias))
+    weights = torch.softmax(torch.stack(scores, -1), dim=-1)  # (batch, seq, K)
+    if weights_hook is not None:
+        weights = weights_hook(weights)
+    return last + sum(weights[..., n : n + 1] * v for n, v in enumerate(values))
+
+
+def concat_ref(z, layers, module) -> torch.Tensor:
+    d = z[-1].shape[-1]
+    weight, bias = module.proj.weight, module.proj.bias  # (d, K*d)
+    return sum(z[index] @ weight[:, n * d : (n + 1) * d].T for n, index in enumerate(layers)) + bias
+
+
+def average_ref(z, layers, module) -> torch.Tensor:
+    return sum(z[index] for index in layers) / len(layers)
+
+
+def scalar_mix_ref(z, layers, module) -> torch.Tensor:
+    logits = module.layer_logits
+    exp = [torch.exp(logits[n] - logits.max()) for n in range(len(layers))]
+    return module.gamma * sum(e * z[index] for e, index in zip(exp, layers, strict=True)) / sum(exp)
+
+
+REFERENCES = {
+    DWAttConfig: dwatt_ref,
+    ConcatConfig: concat_ref,
+    AverageConfig: average_ref,
+    ScalarMixConfig: scalar_mix_ref,
+}
+
+
+def reference_logits(reference, input_ids, attention_mask, fuse) -> torch.Tensor:
+    """Logits of the untouched base with ``fuse(z_0..z_L)`` in place of ``z_L``."""
+    with torch.no_grad():
+        out = reference(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return reference.classifier(fuse(out.hidden_states))
+
+
+def peft_logits(model, input_ids, attention_mask) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+# ----------------------------------------------------------------------------- forward values
+@pytest.mark.parametrize("config_cls", list(REFERENCES))
+@pytest.mark.parametrize(
+    "options, layers",
+    [
+        ({}, [1, 2, 3]),
+        ({"include_embeddings": True}, [0, 1, 2, 3]),
+        ({"layers": [0, 2, -1]}, [0, 2, 3]),
+    ],
+    ids=["default", "include_embeddings", "explicit_layers"],
+)
+def test_forward_matches_reference(config_cls, options, layers, input_ids, attention_mask):
+    model, reference = attach(config_cls(modules_to_save=["classifier"], **options))
+    module = fusion_of(model)
+    perturb_(module)
+    assert module.num_fused == len(layers)
+    expected = reference_logits(
+        reference, input_ids, attention_mask, lambda z: REFERENCES[config_cls](z, layers, module)
+    )
+    got = peft_logits(model, input_ids, attention_mask)
+    base = reference_logits(reference, input_ids, attention_mask, lambda z: z[-1])
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    if config_cls is not AverageConfig or options:  # Average of all blocks still differs from z_L
+        assert (got - base).abs().max() > 1e-3
+
+
+def test_dwatt_score_temperature(input_ids, attention_mask):
+    model, reference = attach(DWAttConfig(score_temperature=7.5))
+    module = fusion_of(model)
+    perturb_(module)
+    assert module.score_temperature == 7.5
+    fuse = lambda z: dwatt_ref(z, [1, 2, 3], module)  # noqa: E731
+    expected = reference_logits(reference, input_ids, attention_mask, fuse)
+    torch.testing.assert_close(peft_logits(model, input_ids, attention_mask), expected, atol=ATOL, rtol=0)
+    # the temperature changes the result: the same weights at temperature 1 give other logits
+    module.score_temperature = 1.0
+    assert (peft_logits(model, input_ids, attention_mask) - expected).abs().max() > 1e-4
+
+
+def test_dwatt_bottleneck_and_d_pos_shapes():
+    model, _ = attach(DWAttConfig(query_bottleneck=0.25, value_bottleneck=1.0, d_pos=5))
+    module = fusion_of(model)
+    assert tuple(module.query_mlp.up_weight.shape) == (1, 32, 8)
+    assert tuple(module.value_mlps.up_weight.shape) == (3, 32, 32)
+    assert tuple(module.depth_embeddings.shape) == (3, 5)
+    assert tuple(module.key_proj.weight.shape) == (32, 5)
+    # p_n ~ U(0, 1), a buffer (not trained)
+    assert 0 <= module.depth_embeddings.min() and module.depth_embeddings.max() <= 1
+    assert "depth_embeddings" not in dict(module.named_parameters())
+
+
+def test_dwatt_attention_dropout_only_in_train_mode(input_ids, attention_mask):
+    model, reference = attach(DWAttConfig(attention_dropout=0.5), base=tiny_bert(**NO_DROPOUT))
+    module = fusion_of(model)
+    perturb_(module)
+    fuse = lambda z: dwatt_ref(z, [1, 2, 3], module)  # noqa: E731
+    no_dropout = reference_logits(reference, input_ids, attention_mask, fuse)
+    # eval: no dropout, twice the same
+    torch.testing.assert_close(peft_logits(model, input_ids, attention_mask), no_dropout, atol=ATOL, rtol=0)
+
+    # train: the weights a_n are dropped; capture what the dropout produced and recompute
+    dropped = {}
+    handle = module.attention_dropout.register_forward_hook(
+        lambda mod, args, out: dropped.update(inp=args[0].detach(), out=out.detach())
+    )
+    model.train()
+    train_logits = peft_logits(model, input_ids, attention_mask)
+    handle.remove()
+    inp, out = dropped["inp"], dropped["out"]
+    kept = out != 0
+    assert 0.2 < kept.float().mean() < 0.8  # about half the weights dropped
+    torch.testing.assert_close(out[kept], inp[kept] / 0.5, atol=1e-6, rtol=0)  # the rest scaled by 1/(1-p)
+    reference.train()
+    fuse = lambda z: dwatt_ref(z, [1, 2, 3], module, lambda w: out.view_as(w))  # noqa: E731
+    expected = reference_logits(reference, input_ids, attention_mask, fuse)
+    torch.testing.assert_close(train_logits, expected, atol=ATOL, rtol=0)
+    assert (train_logits - no_dropout).abs().max() > 1e-3
+
+
+def extended_mask(reference, input_ids, attention_mask) -> torch.Tensor:
+    """The attention mask BERT's blocks receive (the model's own conversion)."""
+    embedding = reference.bert.embeddings(input_ids=input_ids)
+    return reference.bert._create_attention_masks(
+        attention_mask=attention_mask,
+        encoder_attention_mask=None,
+        embedding_output=embedding,
+        encoder_hidden_states=None,
+        past_key_values=None,
+    )[0]
+
+
+@pytest.mark.parametrize("num_extra_layers", [1, 2])
+def test_extra_layers_match_reference(num_extra_layers, input_ids, attention_mask):
+    model, reference = attach(ExtraLayersConfig(num_extra_layers=num_extra_layers))
+    module = fusion_of(model)
+    assert len(module.blocks) == num_extra_layers
+    assert type(module.blocks[0]) is type(reference.bert.encoder.layer[-1])
+    # freshly initialised, not a copy of the last block's weights
+    fresh = module.blocks[0].intermediate.dense.weight
+    assert not torch.equal(fresh, reference.bert.encoder.layer[-1].intermediate.dense.weight)
+    assert abs(fresh.std().item() - reference.config.initializer_range) < 0.005  # the model's own init
+    assert torch.all(module.blocks[0].intermediate.dense.bias == 0)
+    mask = extended_mask(reference, input_ids, attention_mask)
+
+    def stack(z):
+        hidden = z[-1]
+        for block in module.blocks:
+            hidden = block(hidden, attention_mask=mask)
+        return hidden
+
+    expected = reference_logits(reference, input_ids, attention_mask, stack)
+    got = peft_logits(model, input_ids, attention_mask)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    # the padding mask is passed on: without it the extra block would give other values
+    unmasked = reference_logits(reference, input_ids, attention_mask, lambda z: module.blocks[0](z[-1]))
+    if num_extra_layers == 1:
+        assert (unmasked[0] - got[0]).abs().max() < ATOL  # row 0 has no padding
+        assert (unmasked[1] - got[1]).abs().max() > 1e-4
+
+
+def test_extra_layers_default_matches_concat_budget():
+    # a block of width d=32 (intermediate 48) has 4*(32*32+32) + 2*(32*48) + 48 + 32 + 2*2*32 params = 7504;
+    # Concat over 3 layers is 3*32*32 + 32 = 3104 -> n = 1; over 12 layers 12320 -> n = 2.
+    model, _ = attach(ExtraLayersConfig())
+    assert len(fusion_of(model).blocks) == 1
+    model, _ = attach(ExtraLayersConfig(), base=tiny_bert(num_hidden_layers=12))
+    assert len(fusion_of(model).blocks) == 2
+
+
+# ----------------------------------------------------------------------------- gradients
+ALL_CONFIGS = [DWAttConfig, ConcatConfig, ScalarMixConfig, ExtraLayersConfig, AverageConfig]
+
+
+def loss_of(model, input_ids, attention_mask) -> torch.Tensor:
+    labels = torch.arange(input_ids.numel()).view_as(input_ids) % 5
+    return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+
+
+@pytest.mark.parametrize("config_cls", ALL_CONFIGS)
+def test_feature_extraction_trains_only_fusion_and_head(config_cls, input_ids, attention_mask):
+    model, _ = attach(config_cls(modules_to_save=["classifier"]), base=tiny_bert(**NO_DROPOUT))
+    model.train()
+    loss_of(model, input_ids, attention_mask).backward()
+    fusion_params = dict(fusion_of(model).named_parameters())
+    head = model.base_model.model.classifier.modules_to_save["default"]
+    head_params = set(map(id, head.parameters()))
+    trainable = {id(p) for p in fusion_params.values()} | head_params
+    for name, param in model.named_parameters():
+        if id(param) in trainable:
+            assert param.requires_grad, name
+            assert param.grad is not None and param.grad.abs().sum() > 0, name
+        else:
+            assert not param.requires_grad, name
+            assert param.grad is None or param.grad.abs().sum() == 0, name
+    for name, param in fusion_params.items():  # every per-layer slice of a stacked weight learns too
+        if param.dim() == 3 and config_cls is DWAttConfig:
+            per_layer = param.grad.abs().flatten(1).sum(1)
+            assert (per_layer > 0).all(), (name, per_layer)
+    assert len(head_params) == 2
+    assert len(fusion_params) == {DWAttConfig: 16, ConcatConfig: 2, ScalarMixConfig: 2, AverageConfig: 0}.get(
+        config_cls, len(fusion_params)
+    )
+
+
+def grads_with_checkpointing(config_cls, use_reentrant, train_encoder, input_ids, attention_mask):
+    model, _ = attach(config_cls(modules_to_save=["classifier"]), base=tiny_bert(**NO_DROPOUT), seed=3)
+    if train_encoder:
+        for name, param in model.named_parameters():
+            if "bert.encoder.layer." in name or "bert.embeddings" in name:
+                param.requires_grad_(True)
+    if use_reentrant is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+        assert model.base_model.model.bert.encoder.layer[0].gradient_checkpointing
+    model.train()
+    runs = []  # a module inside block 0: re-run during backward when the block is checkpointed
+    model.base_model.model.bert.encoder.layer[0].intermediate.register_forward_hook(lambda *a: runs.append(1))
+    loss_of(model, input_ids, attention_mask).backward()
+    assert len(runs) == (1 if use_reentrant is None else 2)
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("config_cls", [DWAttConfig, ExtraLayersConfig])
+@pytest.mark.parametrize("use_reentrant", [True, False])
+@pytest.mark.parametrize("train_encoder", [False, True], ids=["frozen", "unfrozen"])
+def test_gradient_checkpointing_gives_same_gradients(
+    config_cls, use_reentrant, train_encoder, input_ids, attention_mask
+):
+    plain = grads_with_checkpointing(config_cls, None, train_encoder, input_ids, attention_mask)
+    checkpointed = grads_with_checkpointing(
+        config_cls, use_reentrant, train_encoder, input_ids, attention_mask
+    )
+    assert plain.keys() == checkpointed.keys()
+    assert any("fusion" in n for n in plain)
+    assert any("encoder.layer.0." in n for n in plain) == train_encoder
+    for name, grad in plain.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+# ----------------------------------------------------------------------------- dtypes
+@pytest.mark.parametrize("config_cls", [DWAttConfig, ConcatConfig, ScalarMixConfig, ExtraLayersConfig])
+@pytest.mark.parametrize("when", ["before", "after"], ids=["bf16_base", "bf16_peft_model"])
+def test_bf16_model_runs_and_stays_close(config_cls, when, input_ids, attention_mask):
+    model, _ = attach(config_cls(modules_to_save=["classifier"]))
+    perturb_(fusion_of(model), scale=0.1)
+    fp32 = peft_logits(model, input_ids, attention_mask)
+    if when == "before":  # a bf16 base model gets an adapter; fusion weights stay in fp32
+        state = {k: v.clone() for k, v in fusion_of(model).state_dict().items()}
+        base = tiny_bert().to(torch.bfloat16)
+        model = attach(config_cls(modules_to_save=["classifier"]), base=base)[0]
+        fusion_of(model).load_state_dict(state)
+    else:
+        model = model.to(torch.bfloat16)
+        assert all(p.dtype == torch.bfloat16 for p in fusion_of(model).parameters())
+    bf16 = peft_logits(model, input_ids, attention_mask)
+    assert bf16.dtype == torch.bfloat16
+    assert torch.isfinite(bf16).all()
+    torch.testing.assert_close(bf16.float(), fp32, atol=0.15, rtol=0.05)

@@ -1,0 +1,66 @@
+"""The NER training loop: seqeval micro-F1, LR schedule, per-epoch curve, learning on toy data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recipes.experiment import Cell, Experiment, ExperimentSettings, sample_seed
+from recipes.toy import toy_dataset, write_tiny_model
+from recipes.training import TokenClassifierRunner, TrainSettings, micro_f1, train_token_classifier
+
+
+def test_micro_f1_is_entity_level_seqeval():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    assert micro_f1(gold, gold) == 1.0
+    # 2 of 3 gold entities found, 1 spurious (a truncated PER span is wrong): P = 2/4, R = 2/3
+    predicted = [["B-PER", "O", "O", "B-LOC"], ["B-ORG", "B-LOC"]]
+    assert micro_f1(gold, predicted) == pytest.approx(2 * (1 / 2) * (2 / 3) / (1 / 2 + 2 / 3))
+    assert micro_f1(gold, [["O"] * 4, ["O"] * 2]) == 0.0
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return Experiment(
+        ExperimentSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=60)
+    )
+
+
+def test_lr_decays_linearly_to_zero_and_curve_every_k_epochs(experiment):
+    model, located = experiment.build(Cell("concat", "fe", 4, 6, 0))
+    train = experiment.train_sample(4, 0)  # 12 sentences, batch 4: 3 steps per epoch
+    lrs = []
+    original_step = torch.optim.AdamW.step
+
+    def recording_step(self, *args, **kwargs):
+        lrs.append(self.param_groups[0]["lr"])
+        return original_step(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = recording_step
+    try:
+        settings = TrainSettings(epochs=6, lr=0.06, batch_size=4, eval_every=4)
+        result = train_token_classifier(
+            TokenClassifierRunner(model, located), train, experiment.dev, experiment.id2label, settings
+        )
+    finally:
+        torch.optim.AdamW.step = original_step
+    assert lrs == pytest.approx([0.06 * (1 - i / 18) for i in range(18)])
+    assert [(p["epoch"], p["step"]) for p in result.curve] == [(4, 12), (6, 18)]
+    assert result.best_f1 == max(p["dev_f1"] for p in result.curve)
+
+
+def test_run_learns_toy_entities_and_records_everything(experiment):
+    record = experiment.run(Cell("dwatt", "fe", shots=8, epochs=8, trial=0))
+    assert record["train_sentences"] == 24 and record["key"] == "dwatt|fe|8|8|0"
+    assert record["best_f1"] > 0.6, record["curve"]
+    assert len(record["curve"]) == 8 and record["cached"]
+    assert len(record["depth_attention"]) == 3 and sum(record["depth_attention"]) == pytest.approx(1.0)
+    assert record["fused_layers"] == [1, 2, 3]
+
+
+def test_trials_draw_new_samples_and_methods_share_them(experiment):
+    assert sample_seed(8, 0) != sample_seed(8, 1)
+    first = experiment.train_sample(8, 0)
+    assert first == experiment.train_sample(8, 0)
+    assert first != experiment.train_sample(8, 1)

@@ -1,0 +1,99 @@
+"""Sweep: grid, atomic results, resume after an interruption (nothing lost, nothing redone)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from recipes.experiment import Cell, Experiment, ExperimentSettings
+from recipes.options import add_experiment_arguments, resolve
+from recipes.results import append_record, finished_keys, read_records
+from recipes.sweep import grid_cells, run_cells
+from recipes.toy import toy_dataset, write_tiny_model
+
+GRID = {"methods": ["none", "concat"], "regimes": ["fe"], "shots": [2, 4], "epochs": [2], "trials": 2}
+
+
+def test_grid_cells_cover_the_product_once():
+    cells = grid_cells(GRID)
+    assert len(cells) == 8 and len({c.key for c in cells}) == 8
+    assert cells[0] == Cell("none", "fe", 2, 2, 0) and cells[1] == Cell("none", "fe", 2, 2, 1)
+
+
+def test_torn_last_line_is_ignored_and_not_glued(tmp_path):
+    path = tmp_path / "results.jsonl"
+    append_record(path, {"key": "a", "best_f1": 0.5})
+    with open(path, "a") as handle:
+        handle.write('{"key": "b", "best_')  # killed mid-write
+    append_record(path, {"key": "c", "best_f1": 0.25})
+    assert [r["key"] for r in read_records(path)] == ["a", "c"]
+    assert finished_keys(tmp_path / "missing.jsonl") == set()
+
+
+class CountingExperiment(Experiment):
+    def __init__(self, *args, stop_after: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ran: list[str] = []
+        self.stop_after = stop_after
+
+    def run(self, cell, use_cache=None):
+        if self.stop_after is not None and len(self.ran) == self.stop_after:
+            raise KeyboardInterrupt  # killed while this cell runs
+        self.ran.append(cell.key)
+        return super().run(cell, use_cache)
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory):
+    return ExperimentSettings(
+        model=write_tiny_model(tmp_path_factory.mktemp("tiny") / "m"), data="toy", lr=3e-2
+    )
+
+
+def test_interrupt_then_resume_loses_and_redoes_nothing(tmp_path, settings):
+    results = tmp_path / "results.jsonl"
+    cells = grid_cells(GRID)
+    first = CountingExperiment(settings, toy_dataset(), stop_after=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_cells(cells, results, settings, progress=False, experiment=first)
+    assert first.ran == [c.key for c in cells[:3]]
+    assert [r["key"] for r in read_records(results)] == first.ran  # every finished cell is on disk
+    second = CountingExperiment(settings, toy_dataset())
+    records = run_cells(cells, results, settings, progress=False, experiment=second)
+    assert second.ran == [c.key for c in cells[3:]]  # nothing redone
+    assert sorted(r["key"] for r in records) == sorted(c.key for c in cells)
+    third = CountingExperiment(settings, toy_dataset())
+    run_cells(cells, results, settings, progress=False, experiment=third)
+    assert third.ran == []
+    assert len(results.read_text().splitlines()) == 8
+
+
+def test_yaml_config_and_flags(tmp_path):
+    config = tmp_path / "grid.yaml"
+    config.write_text(
+        "model: some/model\ndata: data/dir\nshots: [8, 16]\ntrials: 2\nlr: 0.01\nmethod_options: {d_pos: 8}\n"
+    )
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    settings, grid = resolve(
+        parser.parse_args(["--config", str(config), "--trials", "3", "--output", str(tmp_path)])
+    )
+    assert (settings.model, settings.data, settings.lr) == ("some/model", "data/dir", 0.01)
+    assert settings.method_options == {"d_pos": 8} and settings.dev_limit is None
+    assert grid["shots"] == [8, 16] and grid["trials"] == 3  # the flag wins
+    assert grid["epochs"] == [25, 50, 75, 100] and grid["results"] == str(tmp_path / "results.jsonl")
+    config.write_text("shots: [8]\nshot: 3\n")
+    with pytest.raises(ValueError, match="shot"):
+        resolve(parser.parse_args(["--config", str(config)]))
+
+
+def test_workers_run_cells_in_other_processes(tmp_path, settings):
+    from recipes.toy import write_toy_data
+
+    worker_settings = ExperimentSettings(**{**settings.__dict__, "data": write_toy_data(tmp_path / "data")})
+    cells = grid_cells({**GRID, "methods": ["none"], "shots": [2], "trials": 2})
+    records = run_cells(cells, tmp_path / "r.jsonl", worker_settings, workers=2, progress=False)
+    assert sorted(r["key"] for r in records) == sorted(c.key for c in cells)
+    assert all(json.loads(line)["pid"] for line in (tmp_path / "r.jsonl").read_text().splitlines())
