@@ -20,16 +20,23 @@ Example:
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import tempfile
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Optional
 
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .budget import BOTTLENECK_KINDS, match_bottleneck
 from .config import invalid
 
 ADAPTER_NAME = "bottleneck"
+SPEC_ATTR = "layerfusion_bottleneck"  # set on the model: what `load_bottleneck` must rebuild
+SPEC_FILE = "bottleneck_adapters.json"
+WEIGHTS_FILE = "bottleneck_adapters.safetensors"  # the trainable tensors: adapters + head
 CONFIG_CLASSES = {"seqbn": "SeqBnConfig", "double_seqbn": "DoubleSeqBnConfig"}
 
 
@@ -86,4 +93,57 @@ def apply_bottleneck_adapters(
     for name, param in model.named_parameters():  # exactly: adapters + head
         is_head = any(name == h or name.startswith(f"{h}.") for h in head_modules)
         param.requires_grad_(is_head or f".{ADAPTER_NAME}." in name)
+    spec = {
+        "kind": kind,
+        "reduction_factor": float(config["reduction_factor"]),
+        "head_modules": list(head_modules),
+    }
+    setattr(model, SPEC_ATTR, spec)
     return model
+
+
+def _write_atomically(directory: str | os.PathLike, name: str, write) -> None:
+    handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, os.path.join(directory, name))
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def save_bottleneck(model: nn.Module, directory: str | os.PathLike) -> None:
+    """Save the adapters and the head of a model from :func:`apply_bottleneck_adapters`.
+
+    Writes ``SPEC_FILE`` (kind, reduction factor, head) and ``WEIGHTS_FILE`` (every
+    trainable tensor), each atomically.
+
+    Example:
+        >>> save_bottleneck(model, "out/seqbn")
+    """
+    spec = getattr(model, SPEC_ATTR, None)
+    if spec is None:
+        raise ValueError("This model has no bottleneck adapters from `apply_bottleneck_adapters`.")
+    os.makedirs(directory, exist_ok=True)
+    tensors = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    _write_atomically(directory, WEIGHTS_FILE, lambda path: save_file(tensors, path))
+    _write_atomically(directory, SPEC_FILE, lambda path: open(path, "w").write(json.dumps(spec)))
+
+
+def load_bottleneck(base_model: nn.Module, directory: str | os.PathLike) -> nn.Module:
+    """Rebuild on ``base_model`` (the same pretrained model) what :func:`save_bottleneck` wrote.
+
+    Example:
+        >>> model = load_bottleneck(AutoModelForTokenClassification.from_pretrained(name), "out/seqbn")
+    """
+    with open(os.path.join(directory, SPEC_FILE)) as handle:
+        spec = json.load(handle)
+    model = apply_bottleneck_adapters(
+        base_model, spec["kind"], reduction_factor=spec["reduction_factor"], head_modules=spec["head_modules"]
+    )
+    saved = load_file(os.path.join(directory, WEIGHTS_FILE))
+    unexpected = model.load_state_dict(saved, strict=False).unexpected_keys
+    if unexpected:
+        raise ValueError(f"{directory} holds tensors this model does not have: {unexpected[:5]}")
+    return model.eval()  # `train_adapter` switched to training mode; loading is for inference

@@ -169,9 +169,10 @@ def match_report(
 ) -> dict[str, Any]:
     """Every candidate's trainable parameters next to baselines sized to ``match``'s budget.
 
-    Rows: every fusion method and ``none`` under ``regime``; LoRA with its rank matched;
-    R+n with ``n`` matched (plus the regime's own parameters); Pfeiffer and Houlsby
-    bottleneck adapters with their reduction factor matched. Pairs of budget-sized rows
+    Rows: every fusion method and ``none`` under ``regime``; then, named ``+...``, baselines
+    added on top of what the regime trains anyway (the ``none`` row) and sized to the new
+    parameters ``match`` adds: LoRA (rank), R+n (``n``), Pfeiffer and Houlsby bottleneck
+    adapters (reduction factor). Pairs of budget-sized rows
     (all but ``none``, ``average``, ``scalar_mix``) more than ``tolerance`` apart are flagged.
 
     Returns:
@@ -179,7 +180,7 @@ def match_report(
 
     Example:
         >>> report = match_report("roberta-large.json", "fe", "dwatt")
-        >>> report["rows"]["lora (r=...)"]
+        >>> report["rows"]["+lora (r=14)"]["total"]  # tiny BERT: 14 x 384
     """
     config = load_model_config(config_or_path)
     base = meta_model(config)
@@ -188,17 +189,21 @@ def match_report(
     if match not in rows:
         raise ValueError(f"`match`={match!r} is not allowed: expected one of {list(rows)}.")
     target = rows[match]["total"]
-    regime_own = rows["none"]["total"]  # LoRA r / biases / base the regime trains anyway
-    lora = match_lora_rank(base, target, default_lora_targets(config.model_type))
-    extra = match_extra_layers(base, target - regime_own)
+    # Baselines are sized to the NEW parameters (what `match` adds to the regime) and sit on top
+    # of what the regime trains anyway (its LoRA, biases or base weights: the "none" row).
+    own = rows["none"]["components"]
+    new_params = target - rows["none"]["total"]
+    lora = match_lora_rank(base, new_params, default_lora_targets(config.model_type))
+    extra = match_extra_layers(base, new_params)
     matched = {
-        f"lora (r={lora.value})": ({"lora": lora.params}, lora),
-        f"extra_layers (n={extra.value})": ({"blocks": extra.params, **rows["none"]["components"]}, extra),
+        f"+lora (r={lora.value})": ("lora", lora),
+        f"+extra_layers (n={extra.value})": ("blocks", extra),
     }
     for name in ADAPTER_REGIME_NAMES:
-        bottleneck = match_bottleneck(base, target, name.removeprefix("adapter_"))
-        matched[f"{name} (rf={bottleneck.value:.4g})"] = ({"adapters": bottleneck.params}, bottleneck)
-    for name, (components, found) in matched.items():
+        bottleneck = match_bottleneck(base, new_params, name.removeprefix("adapter_"))
+        matched[f"+{name} (rf={bottleneck.value:.4g})"] = ("adapters", bottleneck)
+    for name, (component, found) in matched.items():
+        components = {**own, component: own.get(component, 0) + found.params}
         rows[name] = _entry(components, base_params, knob=found.knob, value=found.value)
     for entry in rows.values():
         entry["vs_target"] = (entry["total"] - target) / target if target else 0.0

@@ -84,6 +84,9 @@ class LayerFusionConfig(LoraConfig):
             self.layers = list(self.layers)
         if not isinstance(self.include_embeddings, bool):
             raise invalid("include_embeddings", self.include_embeddings, "True or False")
+        if self.include_embeddings and self.layers is not None:
+            allowed = f"False when `layers`={self.layers!r} is given (put 0 in `layers`)"
+            raise invalid("include_embeddings", True, allowed)
         if self.blocks_path is not None and (not isinstance(self.blocks_path, str) or not self.blocks_path):
             raise invalid("blocks_path", self.blocks_path, "None or a dotted module name")
 

@@ -152,5 +152,8 @@ class DWAtt(FusionModule):
         for index, state in enumerate(states):
             value = self.value(index, state.reshape(tokens.shape))  # (tokens, d)
             contribution = weights[:, index : index + 1]  # (tokens, 1)
-            fused = torch.addcmul(fused, contribution, value) if index == 0 else fused.addcmul_(contribution, value)
+            if index == 0:  # a new tensor: z_L itself is never written to
+                fused = torch.addcmul(fused, contribution, value)
+            else:
+                fused.addcmul_(contribution, value)
         return fused.view_as(last)

@@ -232,7 +232,8 @@ def save_trained(model: nn.Module, directory: str | os.PathLike) -> None:
 
     A PeftModel writes its adapter (``save_pretrained``: fusion, LoRA, biases, head). When
     base weights train too (regime ``ft``), every weight of the model is also written to
-    ``FULL_STATE_FILE`` (atomically).
+    ``FULL_STATE_FILE`` (atomically). AdapterHub regimes write their adapters and head
+    (:func:`adapters_baseline.save_bottleneck`).
 
     Args:
         model: What :func:`apply_regime` returned, after training.
@@ -241,6 +242,11 @@ def save_trained(model: nn.Module, directory: str | os.PathLike) -> None:
     Example:
         >>> save_trained(model, "out/ft-dwatt")
     """
+    from . import adapters_baseline
+
+    if hasattr(model, adapters_baseline.SPEC_ATTR):  # AdapterHub regimes
+        adapters_baseline.save_bottleneck(model, directory)
+        return
     os.makedirs(directory, exist_ok=True)
     if isinstance(model, PeftModel):
         model.save_pretrained(directory)
@@ -269,6 +275,10 @@ def load_trained(
     Example:
         >>> model = load_trained(AutoModelForTokenClassification.from_pretrained(name), "out/ft-dwatt")
     """
+    from . import adapters_baseline
+
+    if os.path.exists(os.path.join(directory, adapters_baseline.SPEC_FILE)):  # AdapterHub regimes
+        return adapters_baseline.load_bottleneck(base_model, directory)
     model: nn.Module = base_model
     if os.path.exists(os.path.join(directory, "adapter_config.json")):
         model = PeftModel.from_pretrained(base_model, directory, is_trainable=is_trainable)

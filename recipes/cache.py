@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from peft_layerfusion.discovery import EncoderBlocks
 from peft_layerfusion.hooks import BlockCapture, Capture
@@ -61,6 +62,7 @@ class FeatureCache:
         self.key = hashlib.sha1(f"{model_name}|{max_length}|{located.num_blocks}".encode()).hexdigest()[:16]
         self.path = Path(directory) / f"features-{self.key}.pt" if directory else None
         self.states: dict[tuple[int, ...], torch.Tensor] = {}  # ids -> (L+1, seq, d)
+        self._padded: dict[tuple, torch.Tensor] = {}  # memo of padded evaluation batches
         self.block_output_len: int | None = None  # None: blocks return a tensor; n: a tuple of n
         if self.path is not None and self.path.exists():
             saved = torch.load(self.path)
@@ -115,13 +117,19 @@ class FeatureCache:
         torch.save({"states": merged, "block_output_len": self.block_output_len}, temp)
         os.replace(temp, self.path)
 
-    def batch_states(self, features: Sequence[dict[str, list[int]]]) -> torch.Tensor:
-        """Cached states of a batch, zero-padded: ``(L+1, batch, seq, d)``."""
-        tensors = [self.states[tuple(f["input_ids"])] for f in features]
-        width = max(t.shape[1] for t in tensors)
-        out = tensors[0].new_zeros(tensors[0].shape[0], len(tensors), width, tensors[0].shape[-1])
-        for row, tensor in enumerate(tensors):
-            out[:, row, : tensor.shape[1]] = tensor
+    def batch_states(self, features: Sequence[dict[str, list[int]]], memo: bool = False) -> torch.Tensor:
+        """Cached states of a batch, zero-padded: ``(L+1, batch, seq, d)``.
+
+        With ``memo`` the padded tensor is kept for the next call with the same sentences
+        (evaluation batches, identical every epoch and every run).
+        """
+        key = tuple(tuple(f["input_ids"]) for f in features)
+        if memo and key in self._padded:
+            return self._padded[key]
+        tensors = [self.states[tuple(f["input_ids"])].transpose(0, 1) for f in features]  # (seq, L+1, d)
+        out = pad_sequence(tensors, batch_first=True).permute(2, 0, 1, 3)  # (L+1, batch, seq, d), one copy
+        if memo:
+            self._padded[key] = out
         return out
 
     @contextmanager

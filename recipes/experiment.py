@@ -113,7 +113,11 @@ class Experiment:
         self.id2label = dict(enumerate(self.labels))
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
         dev = self.data.dev[: settings.dev_limit] if settings.dev_limit else self.data.dev
-        self.dev = encode_ner(self.tokenizer, dev, self.label2id, settings.max_length)
+        # sorted by length: less padding in evaluation batches (micro-F1 does not depend on order)
+        self.dev = sorted(
+            encode_ner(self.tokenizer, dev, self.label2id, settings.max_length),
+            key=lambda f: len(f["input_ids"]),
+        )
         self._cache: FeatureCache | None = None
 
     @property

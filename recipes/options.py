@@ -109,6 +109,12 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         help="Worker processes on this machine (each uses "
         "cores/workers threads). For GPUs/nodes use `accelerate launch` with --workers 1.",
     )
+    out.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads of this process (default: torch's choice; with --workers: "
+        "cores/workers each). 1 is often fastest on a busy machine.",
+    )
     out.add_argument("--quiet", action="store_true", default=None, help="No progress bar.")
 
 
@@ -138,7 +144,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     Grid defaults: :data:`~recipes.demo.DEMO_GRID` without --model/--data, else :data:`PAPER_GRID`.
 
     Returns:
-        ``(settings, grid)``; ``grid`` also carries ``output``, ``results``, ``workers``, ``quiet``.
+        ``(settings, grid)``; ``grid`` also carries ``output``, ``results``, ``workers``, ``quiet``, ``threads``.
 
     Example:
         >>> settings, grid = resolve(parser.parse_args(["--shots", "8"]))
@@ -181,6 +187,6 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         dev_limit=pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None),
         method_options=dict(loaded.get("method_options", {})),
     )
-    grid = {key: pick(key) for key in (*GRID_KEYS, "output", "results", "workers", "quiet")}
+    grid = {key: pick(key) for key in (*GRID_KEYS, "output", "results", "workers", "quiet", "threads")}
     grid["results"] = grid["results"] or str(Path(grid["output"]) / "results.jsonl")
     return settings, grid

@@ -212,7 +212,8 @@ def decode(tokenizer, rows: Sequence[list[int]]) -> list[str]:
     for row in rows:
         row = list(row)
         row = row[: row.index(EOS)] if EOS in row else row
-        texts.append(" ".join(tokenizer.id_to_token(i) for i in row if i not in (PAD, BOS) and i >= 0))
+        words = (tokenizer.id_to_token(i) or "<unk>" for i in row if i not in (PAD, BOS) and i >= 0)
+        texts.append(" ".join(words))
     return texts
 
 

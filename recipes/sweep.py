@@ -96,7 +96,7 @@ def run_cells(
     )
     try:
         if todo and workers > 1:
-            threads = max(1, (os.cpu_count() or 1) // workers)
+            threads = max(1, torch.get_num_threads() // workers)
             context = multiprocessing.get_context("spawn")
             with context.Pool(workers, _init_worker, (settings, threads)) as pool:
                 for record in pool.imap_unordered(_run_in_worker, todo):
@@ -124,6 +124,8 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
     from .plot import markdown_table, summarize, write_report
 
     settings, grid = resolve(args)
+    if grid["threads"]:
+        torch.set_num_threads(grid["threads"])
     records = run_cells(
         grid_cells(grid), grid["results"], settings, workers=grid["workers"], progress=not grid["quiet"]
     )

@@ -60,6 +60,18 @@ class RunResult:
         return asdict(self)
 
 
+def adamw_linear_decay(model: nn.Module, lr: float, total_steps: int, weight_decay: float = 0.0):
+    """AdamW on the trainable parameters and a schedule taking the LR linearly from ``lr`` to 0.
+
+    Example:
+        >>> optimizer, scheduler = adamw_linear_decay(model, 1e-3, total_steps=100)
+    """
+    from transformers import get_linear_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, 0, total_steps)
+
+
 def micro_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
     """seqeval's entity-level micro-F1 (0..1).
 
@@ -82,11 +94,16 @@ class TokenClassifierRunner:
     def __init__(self, model: nn.Module, located=None, cache: FeatureCache | None = None) -> None:
         self.model, self.located, self.cache = model, located, cache
 
-    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(batch, seq, labels)`` logits and ``(batch, seq)`` labels of a list of features."""
+    def logits(
+        self, features: Sequence[dict], device: torch.device, memo: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(batch, seq, labels)`` logits and ``(batch, seq)`` labels of a list of features.
+
+        ``memo``: keep the padded cached states of this batch (evaluation batches repeat).
+        """
         batch = {k: v.to(device) for k, v in collate(features).items()}
         replay = (
-            self.cache.replay(self.located, self.cache.batch_states(features))
+            self.cache.replay(self.located, self.cache.batch_states(features, memo))
             if self.cache
             else nullcontext()
         )
@@ -119,7 +136,7 @@ def evaluate_f1(
     gold, pred = [], []
     try:
         for start in range(0, len(features), batch_size):
-            logits, labels = runner.logits(features[start : start + batch_size], device)
+            logits, labels = runner.logits(features[start : start + batch_size], device, memo=True)
             g, p = _tags(logits, labels, id2label)
             gold += g
             pred += p
@@ -155,15 +172,11 @@ def train_token_classifier(
         >>> result.best_f1, result.curve[-1]
     """
     from accelerate import Accelerator
-    from transformers import get_linear_schedule_with_warmup
 
     start = time.perf_counter()
     torch.manual_seed(settings.seed)  # dropout draws do not depend on what ran before
     accelerator = Accelerator()
     model = runner.model
-    optimizer = torch.optim.AdamW(
-        trainable_parameters(model), lr=settings.lr, weight_decay=settings.weight_decay
-    )
     loader = DataLoader(
         list(range(len(train))),
         batch_size=settings.batch_size,
@@ -171,8 +184,9 @@ def train_token_classifier(
         generator=torch.Generator().manual_seed(settings.seed),
         collate_fn=lambda idx: idx,
     )
-    total_steps = settings.epochs * len(loader)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, total_steps)
+    optimizer, scheduler = adamw_linear_decay(
+        model, settings.lr, settings.epochs * len(loader), settings.weight_decay
+    )
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     runner = copy.copy(runner)
     runner.model = model

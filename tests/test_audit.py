@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -9,8 +10,23 @@ import pytest
 from conftest import TINY
 from transformers import BertConfig
 
-from peft_layerfusion.audit import audit, audit_totals, component_of, load_model_config, match_report
-from peft_layerfusion.cli import main
+from peft_layerfusion.audit import (
+    add_parser,
+    audit,
+    audit_totals,
+    component_of,
+    load_model_config,
+    match_report,
+)
+
+
+def main(argv: list[str]) -> int:
+    """``layerfusion audit ...`` through this module's own sub-parser (other sub-commands not imported)."""
+    parser = argparse.ArgumentParser(prog="layerfusion")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
 
 SHARED_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "configs"
 
@@ -78,7 +94,7 @@ def test_cli_table_and_match(tiny_config, tmp_path, capsys):
     assert "value_mlps=3312" in capsys.readouterr().out
     assert main(["audit", str(tmp_path), "--regime", "fe", "--match", "dwatt"]) == 0
     out = capsys.readouterr().out
-    assert "lora (r=14)" in out and "adapter_seqbn" in out  # 5408 / 384 per rank
+    assert "+lora (r=14)" in out and "adapter_seqbn" in out  # 5408 / 384 per rank
     assert "FLAG: dwatt and concat" in out  # 5408 vs 3104 on a tiny model
     assert "FLAG: average" not in out  # reference rows are never flagged
 
@@ -86,10 +102,10 @@ def test_cli_table_and_match(tiny_config, tmp_path, capsys):
 def test_match_report_residuals(tiny_config):
     report = match_report(tiny_config, "fe", "dwatt")
     rows = report["rows"]
-    assert rows["lora (r=14)"]["total"] == 14 * 384
-    assert rows["lora (r=14)"]["vs_target"] == pytest.approx((14 * 384 - 5408) / 5408)
+    assert rows["+lora (r=14)"]["total"] == 14 * 384
+    assert rows["+lora (r=14)"]["vs_target"] == pytest.approx((14 * 384 - 5408) / 5408)
     assert all(
-        abs(row["vs_target"]) < 0.05 for name, row in rows.items() if name.startswith(("lora", "adapter"))
+        abs(row["vs_target"]) < 0.05 for name, row in rows.items() if name.startswith(("+lora", "+adapter"))
     )
     flagged = {(a, b) for a, b, _ in report["flagged"]}
     assert ("dwatt", "concat") in flagged and not any("average" in pair for pair in flagged)
@@ -109,3 +125,11 @@ def test_component_names():
     )
     assert component_of("base_model.model.encoder.layer.0.output.dense.bias") == "bias"
     assert component_of("base_model.model.classifier.modules_to_save.default.weight") is None
+
+
+def test_matched_baselines_sit_on_top_of_the_regime(tiny_config):
+    rows = match_report(tiny_config, "bitfit", "dwatt")["rows"]
+    biases = 32 + 3 * 272 + 32
+    assert rows["dwatt"]["total"] == 5408 + biases
+    assert rows["+lora (r=14)"]["components"] == {"bias": biases, "lora": 14 * 384}
+    assert rows["+extra_layers (n=1)"]["components"] == {"bias": biases, "blocks": TINY_BLOCK}

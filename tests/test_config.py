@@ -75,6 +75,11 @@ def test_layers_naming_one_state_twice_fail_at_injection():
         get_peft_model(tiny_bert(), DWAttConfig(layers=[3, -1]))  # z_3 is z_-1 for 3 blocks
 
 
+def test_include_embeddings_conflicts_with_explicit_layers():
+    with pytest.raises(ValueError, match=r"`include_embeddings`=True .*`layers`=\[1, 2\]"):
+        DWAttConfig(include_embeddings=True, layers=[1, 2])
+
+
 def test_resolve_layers():
     assert DWAttConfig().resolve_layers(3) == [1, 2, 3]
     assert DWAttConfig(include_embeddings=True).resolve_layers(3) == [0, 1, 2, 3]

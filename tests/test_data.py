@@ -49,7 +49,8 @@ def test_malformed_file_names_file_line_problem(tmp_path, text, line, problem):
     with pytest.raises(DataFormatError) as error:
         read_ner_file(path)
     assert error.value.line == line
-    assert str(path) in str(error.value) and f"line {line}" in str(error.value) and problem in str(error.value)
+    message = str(error.value)
+    assert str(path) in message and f"line {line}" in message and problem in message
 
 
 def test_load_directory_with_valid_and_language(tmp_path):

@@ -9,7 +9,7 @@ from conftest import ToyEncoder, attach, perturb_
 from peft import get_peft_model
 from torch import nn
 
-from peft_layerfusion import DWAttConfig, find_encoder_blocks
+from peft_layerfusion import DWAttConfig, ExtraLayersConfig, find_encoder_blocks
 from peft_layerfusion.discovery import hidden_size_of
 
 D, LAYERS, HEADS, FF, VOCAB = 32, 2, 4, 48, 99
@@ -92,8 +92,9 @@ def main_output(output) -> torch.Tensor:
     return output.logits
 
 
+@pytest.mark.parametrize("config_cls", [DWAttConfig, ExtraLayersConfig])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_discovery_and_dwatt_on_every_family(family):
+def test_discovery_and_fusion_on_every_family(family, config_cls):
     base = build(family)
     found = find_encoder_blocks(base)
     expected_name = FAMILIES[family][2]
@@ -106,7 +107,7 @@ def test_discovery_and_dwatt_on_every_family(family):
     batch = inputs_for(family)
     with torch.no_grad():
         base_out = main_output(base(**batch))
-    model, _ = attach(DWAttConfig(), base=base)
+    model, _ = attach(config_cls(), base=base)
     perturb_(model.base_model.model.get_submodule(found.container_name).layer_fusion)
     with torch.no_grad():
         fused = main_output(model(**batch))

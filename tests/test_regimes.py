@@ -52,6 +52,7 @@ def test_gradients_reach_exactly_what_the_regime_names(method, regime, input_ids
     with_grad = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert set(trainable_parameter_names(model)) == named
     assert with_grad == named
+    assert not any("lora_" in n and ".layer_fusion." in n for n in named)  # R+n blocks: no LoRA copies
     if regime == "lora":  # 3 blocks x query, value x (A: 2x32 + B: 32x2)
         assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) == 3 * 2 * 128
     if regime == "bitfit":
@@ -145,3 +146,25 @@ def test_adapter_regimes_train_adapters_and_head_only(regime, per_block, input_i
         p.numel() for n, p in model.named_parameters() if n in names and not n.startswith("classifier.")
     )
     assert new == per_block * 3 * (2 * 32 * 8 + 8 + 32)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("adapters") is None, reason="AdapterHub `adapters` not installed"
+)
+@pytest.mark.parametrize("regime", ["adapter_seqbn", "adapter_double_seqbn"])
+def test_adapter_regimes_save_and_load_bitwise(regime, input_ids, tmp_path):
+    model = apply_regime(tiny_bert(), "none", regime, reduction_factor=4)
+    perturb_trainable_(model)
+    with torch.no_grad():
+        expected = model.eval()(input_ids=input_ids).logits
+    save_trained(model, tmp_path)
+    loaded = load_trained(tiny_bert(), tmp_path)
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=input_ids).logits, expected)
+        assert not torch.equal(tiny_bert()(input_ids=input_ids).logits, expected)
+
+
+def test_make_config_default_lora_pattern_finds_query_and_value():
+    model = get_peft_model(tiny_bert(), make_config("dwatt", "lora", lora_r=2))
+    lora_layers = [n for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+    assert len(lora_layers) == 6 and all(n.endswith(("self.query", "self.value")) for n in lora_layers)

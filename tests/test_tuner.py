@@ -20,6 +20,7 @@ from peft_layerfusion import (
     ScalarMixConfig,
     count_hooks,
 )
+from peft_layerfusion.tuner import fusion_layer_of
 
 ALL_CONFIGS = [DWAttConfig, ConcatConfig, AverageConfig, ScalarMixConfig, ExtraLayersConfig]
 
@@ -98,9 +99,37 @@ def test_several_named_adapters(input_ids, tmp_path):
     model.delete_adapter("other")
     assert "other" not in layer.fusion_modules and "other" not in model.peft_config
     assert not any(".other." in n for n, _ in model.named_parameters())
+    assert "other" not in model.base_model.model.classifier.modules_to_save
     assert torch.equal(logits(model, input_ids), first)
     with model.disable_adapter():
         assert torch.equal(logits(model, input_ids), logits(reference, input_ids))
+
+
+def test_deleting_the_active_adapter_switches_to_the_other(input_ids):
+    model, reference = trained(ConcatConfig(modules_to_save=["classifier"]))
+    model.add_adapter("other", ConcatConfig(layers=[0], modules_to_save=["classifier"]))
+    model.set_adapter("other")
+    other = logits(model, input_ids)
+    model.set_adapter("default")
+    with pytest.warns(UserWarning, match="Setting active adapter to other"):
+        model.delete_adapter("default")
+    assert model.active_adapters == ["other"]
+    assert set(fusion_layer_of(model).fusion_modules) == {"other"}
+    assert torch.equal(logits(model, input_ids), other)
+
+
+@pytest.mark.parametrize("config_cls", [DWAttConfig, ExtraLayersConfig])
+def test_task_type_token_cls(config_cls, tmp_path, input_ids):
+    model, _ = attach(config_cls(task_type="TOKEN_CLS"))
+    assert type(model).__name__ == "PeftModelForTokenClassification"
+    head = model.base_model.model.classifier
+    assert all(p.requires_grad for p in head.modules_to_save["default"].parameters())
+    perturb_(head.modules_to_save["default"])
+    perturb_(fusion_of(model))
+    expected = logits(model, input_ids)
+    model.save_pretrained(tmp_path)
+    loaded = PeftModel.from_pretrained(tiny_bert(), tmp_path).eval()
+    assert torch.equal(logits(loaded, input_ids), expected)
 
 
 def test_adapters_of_another_type_are_refused():
@@ -180,7 +209,19 @@ def test_extra_blocks_carry_no_hooks_of_the_copied_block(input_ids):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in extra.modules())
     with torch.no_grad():
         out = model(input_ids=input_ids, output_hidden_states=True)
-    assert len(out.hidden_states) == 4  # z_0..z_3: the extra block is not recorded as a layer
+    assert torch.equal(out.logits, logits(model, input_ids))
+
+
+@pytest.mark.parametrize("config_cls", [DWAttConfig, ExtraLayersConfig])
+def test_output_hidden_states_last_is_what_the_head_sees(config_cls, input_ids):
+    model, reference = trained(config_cls(modules_to_save=["classifier"]))
+    with torch.no_grad():
+        out = model(input_ids=input_ids, output_hidden_states=True)
+        base_states = reference(input_ids=input_ids, output_hidden_states=True).hidden_states
+    head = model.base_model.model.classifier
+    assert torch.equal(out.logits, head(out.hidden_states[-1]))
+    for index in (0, 2):  # the states below z_L are the base model's own
+        assert torch.equal(out.hidden_states[index], base_states[index])
 
 
 def test_merge_and_unload_raises_clear_error():

@@ -1,0 +1,292 @@
+"""``layerfusion mlm``: masked-LM perplexity (WikiText-2) with a fusion method and a regime.
+
+The fused state ``h`` replaces ``z_L`` as the input of the model's LM head. In FE the encoder
+is frozen and the fusion module trains with the LM head (the "vocabulary module"; an encoder
+without an MLM head, like the demo's, gets a fresh random one). AdamW with the LR linear to
+zero, batch 8 (paper), 15% of the tokens masked (80/10/10, BERT), evaluation masks fixed by a
+seed. Reported: test perplexity ``exp(mean masked-token cross-entropy)`` of the checkpoint
+with the best validation loss.
+
+Data: ``--data`` is a folder with ``train.txt``/``valid.txt``/``test.txt`` (one paragraph a
+line, WikiText style) or a Hub name (``wikitext-2-raw-v1``, online only). Offline there is
+no train split (``../shared/data/wikitext-2`` has valid/test only): the recipe then trains on
+the first 90% of ``valid.txt``, selects the checkpoint on its last 10%, reports on
+``test.txt`` and says so in its output. Scales with ``accelerate launch`` like ``ner``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import IGNORE_INDEX, read_text
+from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees
+from .training import adamw_linear_decay
+
+
+@dataclass
+class TextSplits:
+    """Paragraphs of train / validation / test, and how they were obtained."""
+
+    train: list[str]
+    valid: list[str]
+    test: list[str]
+    note: str
+
+
+def load_text_splits(source: str, holdout: float = 0.1) -> TextSplits:
+    """Text splits from a folder (``train``/``valid``/``test`` ``.txt``) or a Hub name.
+
+    Without a train file the first ``1 - holdout`` of ``valid`` trains and the rest validates.
+
+    Example:
+        >>> splits = load_text_splits("../shared/data/wikitext-2")
+        >>> splits.note  # 'no train split: trained on valid.txt[:90%], ...'
+    """
+    folder = Path(source)
+    if folder.is_dir():
+        valid, test = read_text(folder / "valid.txt"), read_text(folder / "test.txt")
+        if (folder / "train.txt").is_file():
+            return TextSplits(
+                read_text(folder / "train.txt"), valid, test, "train.txt / valid.txt / test.txt"
+            )
+        cut = max(1, round(len(valid) * (1 - holdout)))
+        note = (
+            f"no train split in {folder}: trained on valid.txt[:{100 * (1 - holdout):.0f}%], "
+            f"checkpoint chosen on valid.txt[{100 * (1 - holdout):.0f}%:], perplexity reported on test.txt"
+        )
+        return TextSplits(valid[:cut], valid[cut:], test, note)
+    import datasets
+
+    raw = datasets.load_dataset("wikitext", source)
+
+    def lines(split: str) -> list[str]:
+        return [t.strip() for t in raw[split]["text"] if t.strip()]
+
+    return TextSplits(
+        lines("train"), lines("validation"), lines("test"), f"Hub {source}: train/validation/test"
+    )
+
+
+def make_blocks(tokenizer, paragraphs: list[str], block_size: int, limit: int | None = None) -> torch.Tensor:
+    """Concatenate the token ids and cut into ``[CLS] ... [SEP]`` blocks: ``(blocks, block_size)``."""
+    ids: list[int] = []
+    for paragraph in paragraphs:
+        ids += tokenizer(paragraph, add_special_tokens=False)["input_ids"]
+        if limit is not None and len(ids) >= limit * (block_size - 2):
+            break
+    body = block_size - 2
+    count = len(ids) // body if limit is None else min(limit, len(ids) // body)
+    if count == 0:
+        raise ValueError(f"not enough text for one block of {block_size} tokens")
+    chunks = torch.tensor(ids[: count * body]).view(count, body)
+    cls = torch.full((count, 1), tokenizer.cls_token_id)
+    sep = torch.full((count, 1), tokenizer.sep_token_id)
+    return torch.cat([cls, chunks, sep], dim=1)
+
+
+def mask_tokens(
+    ids: torch.Tensor, tokenizer, probability: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking: ``probability`` of the non-special tokens predicted (80% [MASK], 10% random, 10% kept).
+
+    Returns ``(inputs, labels)`` with ``labels = -100`` where nothing is predicted.
+    """
+    special = torch.tensor(
+        [[t in tokenizer.all_special_ids for t in row] for row in ids.tolist()], dtype=torch.bool
+    )
+    chosen = (torch.rand(ids.shape, generator=generator) < probability) & ~special
+    labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE_INDEX))
+    roll = torch.rand(ids.shape, generator=generator)
+    inputs = ids.clone()
+    inputs[chosen & (roll < 0.8)] = tokenizer.mask_token_id
+    random_ids = torch.randint(len(tokenizer), ids.shape, generator=generator)
+    swap = chosen & (roll >= 0.8) & (roll < 0.9)
+    inputs[swap] = random_ids[swap]
+    return inputs, labels
+
+
+def lm_head_modules(model: nn.Module) -> list[str]:
+    """Top-level modules outside the base model: the LM head ("vocabulary module")."""
+    return [name for name, _ in model.named_children() if name != getattr(model, "base_model_prefix", "")]
+
+
+@torch.no_grad()
+def masked_loss(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int, device
+) -> float:
+    """Mean cross-entropy over the predicted tokens (the log of the perplexity)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(inputs), batch_size):
+        x, y = inputs[start : start + batch_size].to(device), labels[start : start + batch_size].to(device)
+        logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits
+        total += F.cross_entropy(
+            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        ).item()
+        count += int((y != IGNORE_INDEX).sum())
+    if was_training:
+        eval_frozen_subtrees(model)
+    return total / max(count, 1)
+
+
+def run_mlm(args: argparse.Namespace) -> dict:
+    """Train and evaluate; returns the result record (also written to ``--output``)."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    from .demo import demo_model_path
+
+    model_name = args.model or demo_model_path()
+    splits = load_text_splits(args.data, args.holdout)
+    tokenizer = AutoTokenizer.from_pretrained(model_name)
+    train = make_blocks(tokenizer, splits.train, args.block_size, args.max_train_blocks)
+    valid = make_blocks(tokenizer, splits.valid, args.block_size, args.max_eval_blocks)
+    test = make_blocks(tokenizer, splits.test, args.block_size, args.max_eval_blocks)
+    eval_masks = torch.Generator().manual_seed(args.seed + 12345)
+    valid_xy = mask_tokens(valid, tokenizer, args.mlm_probability, eval_masks)
+    test_xy = mask_tokens(test, tokenizer, args.mlm_probability, eval_masks)
+
+    torch.manual_seed(args.seed)
+    model = AutoModelForMaskedLM.from_pretrained(model_name)
+    heads = args.head_modules or lm_head_modules(model)
+    model = apply_regime(model, args.method, args.regime, head_modules=tuple(heads))
+    accelerator = Accelerator()
+    steps_per_epoch = math.ceil(len(train) / args.batch_size)
+    lr = args.lr if args.lr is not None else (1e-3 if args.regime == "fe" else 5e-5)
+    optimizer, scheduler = adamw_linear_decay(model, lr, args.epochs * steps_per_epoch)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    device = accelerator.device
+    masks = torch.Generator().manual_seed(args.seed)
+    curve, best_loss, best_state = [], math.inf, None
+    eval_frozen_subtrees(model)
+    for epoch in range(1, args.epochs + 1):
+        order = torch.randperm(len(train), generator=masks)
+        for start in range(0, len(train), args.batch_size):
+            inputs, labels = mask_tokens(
+                train[order[start : start + args.batch_size]], tokenizer, args.mlm_probability, masks
+            )
+            logits = model(
+                input_ids=inputs.to(device), attention_mask=torch.ones_like(inputs).to(device)
+            ).logits
+            loss = F.cross_entropy(
+                logits.flatten(0, 1), labels.to(device).flatten(), ignore_index=IGNORE_INDEX
+            )
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        valid_loss = masked_loss(model, *valid_xy, args.batch_size, device)
+        curve.append({"epoch": epoch, "step": epoch * steps_per_epoch, "valid_ppl": math.exp(valid_loss)})
+        if valid_loss < best_loss:
+            best_loss = valid_loss
+            best_state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if best_state is not None and name in best_state:
+                param.copy_(best_state[name])
+    test_ppl = math.exp(masked_loss(model, *test_xy, args.batch_size, device))
+    record = {
+        "model": model_name,
+        "method": args.method,
+        "regime": args.regime,
+        "epochs": args.epochs,
+        "lr": lr,
+        "best_valid_ppl": math.exp(best_loss),
+        "test_ppl": test_ppl,
+        "curve": curve,
+        "data": splits.note,
+        "train_blocks": len(train),
+        "block_size": args.block_size,
+        "head_modules": heads,
+    }
+    _write_json(Path(args.output) / f"mlm-{args.method}-{args.regime}.json", record)
+    return record
+
+
+def _write_json(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        json.dump(record, stream, indent=1)
+    os.replace(temp, path)
+
+
+def mlm_main(args: argparse.Namespace) -> int:
+    record = run_mlm(args)
+    print(f"data: {record['data']}")
+    print(f"{record['method']} ({record['regime']}): best valid perplexity {record['best_valid_ppl']:.3f}")
+    print(f"test perplexity of that checkpoint: {record['test_ppl']:.3f}")
+    print(f"written to {Path(args.output) / f'mlm-{args.method}-{args.regime}.json'}")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``layerfusion mlm``."""
+    parser = subparsers.add_parser(
+        "mlm",
+        help="Masked-LM perplexity (WikiText-2) with a fusion method.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="Folder with valid.txt/test.txt (and train.txt if any), "
+        "e.g. ../shared/data/wikitext-2, or a Hub config such as wikitext-2-raw-v1 (online).",
+    )
+    parser.add_argument(
+        "--model",
+        help="Masked-LM model name or path (default: the demo encoder; its missing MLM head starts random).",
+    )
+    parser.add_argument(
+        "--method",
+        default="dwatt",
+        choices=METHOD_NAMES,
+        help="Fusion method (default dwatt; `none` = plain last layer).",
+    )
+    parser.add_argument(
+        "--regime",
+        default="fe",
+        choices=REGIME_NAMES,
+        help="Training regime (default fe: frozen encoder, fusion + LM head train).",
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=3, help="Epochs; LR linear from max to zero (default 3)."
+    )
+    parser.add_argument("--lr", type=float, help="Max LR (default 1e-3 for fe, 5e-5 otherwise).")
+    parser.add_argument("--batch-size", type=int, default=8, help="Blocks per step (paper: 8).")
+    parser.add_argument(
+        "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
+    )
+    parser.add_argument(
+        "--mlm-probability", type=float, default=0.15, help="Share of tokens predicted (0.15)."
+    )
+    parser.add_argument(
+        "--holdout",
+        type=float,
+        default=0.1,
+        help="Without a train split: share of valid.txt kept for checkpoint selection (0.1).",
+    )
+    parser.add_argument("--max-train-blocks", type=int, help="Use at most this many training blocks (speed).")
+    parser.add_argument("--max-eval-blocks", type=int, help="Use at most this many validation/test blocks.")
+    parser.add_argument(
+        "--head-modules",
+        nargs="+",
+        help="LM head modules trained with the fusion (default: "
+        "every top-level module outside the base model, e.g. `cls` for BERT).",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Seed of init, order and masks (default 0).")
+    parser.add_argument("--output", default="layerfusion-results", help="Folder for mlm-METHOD-REGIME.json.")
+    parser.set_defaults(func=mlm_main)
+    return parser

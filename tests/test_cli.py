@@ -1,0 +1,81 @@
+"""`layerfusion ner|sweep|plot|mlm`: help for every option, smoke runs on a tiny random model."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from peft_layerfusion.cli import build_parser, main
+from recipes.results import read_records
+from recipes.toy import write_tiny_model, write_toy_data
+
+RECIPES = ("ner", "sweep", "plot", "mlm")
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_option_has_help(name, capsys):
+    parser = _subparsers()[name]
+    for action in parser._actions:
+        assert action.help and len(action.help) > 10, (name, action.dest)
+    with pytest.raises(SystemExit) as exit_info:
+        main([name, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: layerfusion " + name in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    return write_tiny_model(root / "model"), write_toy_data(root / "data", train=30, dev=8, test=8)
+
+
+def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys):
+    model, data = tiny
+    argv = [
+        "ner",
+        "--model",
+        model,
+        "--data",
+        data,
+        "--methods",
+        "none",
+        "dwatt",
+        "--shots",
+        "2",
+        "--epochs",
+        "2",
+        "--trials",
+        "2",
+        "--lr",
+        "0.03",
+        "--output",
+        str(tmp_path),
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| regime | epochs | shots | none | dwatt |" in out and "(n=2)" in out
+    assert len(read_records(tmp_path / "results.jsonl")) == 4
+    for name in ("table.md", "f1_vs_shots.png", "dev_curves.png", "dwatt_attention.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert main(argv) == 0  # resumed: nothing to run
+    assert len(read_records(tmp_path / "results.jsonl")) == 4
+    assert main(["plot", str(tmp_path / "results.jsonl"), "--output", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "f1_vs_shots.png").exists()
+
+
+def test_sweep_from_yaml(tiny, tmp_path, capsys):
+    model, data = tiny
+    config = tmp_path / "grid.yaml"
+    config.write_text(
+        f"model: {model}\ndata: {data}\nmethods: [average]\nshots: [2, 3]\nepochs: [1]\ntrials: 1\n"
+    )
+    assert main(["sweep", "--config", str(config), "--results", str(tmp_path / "r.jsonl"), "--quiet"]) == 0
+    assert sorted(r["shots"] for r in read_records(tmp_path / "r.jsonl")) == [2, 3]
+    assert "average" in capsys.readouterr().out

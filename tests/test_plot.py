@@ -1,0 +1,58 @@
+"""Summary table, confidence intervals and figures from a results file."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.plot import markdown_table, summarize, write_report
+from recipes.stats import mean_ci
+
+
+def test_mean_ci_uses_student_t():
+    mean, half = mean_ci([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3**0.5, rel=1e-3)  # t(0.975, 2) = 4.303
+    assert mean_ci([0.7]) == (0.7, 0.0)
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def _records():
+    records = []
+    for method, base in (("none", 0.4), ("dwatt", 0.6)):
+        for shots in (2, 4):
+            for trial, noise in enumerate((-0.1, 0.0, 0.1)):
+                record = {
+                    "key": f"{method}|fe|{shots}|5|{trial}",
+                    "method": method,
+                    "regime": "fe",
+                    "shots": shots,
+                    "epochs": 5,
+                    "trial": trial,
+                    "best_f1": base + noise + shots / 100,
+                    "curve": [{"epoch": e, "step": 3 * e, "dev_f1": base * e / 5} for e in range(1, 6)],
+                }
+                if method == "dwatt":
+                    record["depth_attention"] = [0.2, 0.3, 0.5]
+                    record["fused_layers"] = [1, 2, 3]
+                records.append(record)
+    return records
+
+
+def test_summarize_and_table_numbers():
+    rows = summarize(_records())
+    assert [(r["method"], r["shots"]) for r in rows] == [("none", 2), ("dwatt", 2), ("none", 4), ("dwatt", 4)]
+    assert rows[0]["mean"] == pytest.approx(42.0) and rows[0]["n"] == 3
+    assert rows[0]["ci"] == pytest.approx(4.303 * 10 / 3**0.5, rel=1e-3)
+    table = markdown_table(rows)
+    assert "| regime | epochs | shots | none | dwatt |" in table
+    assert "| fe | 5 | 4 | 44.0 ± 24.8 (n=3) | 64.0 ± 24.8 (n=3) |" in table
+
+
+def test_write_report_writes_pngs(tmp_path):
+    paths = write_report(_records(), tmp_path)
+    assert set(paths) == {"table", "f1_vs_shots", "dev_curves", "dwatt_attention"}
+    for name in ("f1_vs_shots", "dev_curves", "dwatt_attention"):
+        assert paths[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[name].stat().st_size > 5000
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob("tmp*"))
+    no_dwatt = [r for r in _records() if r["method"] == "none"]
+    assert "dwatt_attention" not in write_report(no_dwatt, tmp_path / "b")
