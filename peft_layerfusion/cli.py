@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Layer fusion for PEFT: parameter audits and the paper's experiments.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module_name in SUBCOMMANDS.items():
+    for module_name in SUBCOMMANDS.values():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:

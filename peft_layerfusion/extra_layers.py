@@ -99,7 +99,14 @@ def fresh_copy(block: nn.Module, model: nn.Module) -> nn.Module:
 
 
 class ExtraLayers(FusionModule):
-    """``h = B_n(... B_1(z_L))`` with blocks of the base model's own class."""
+    """``h = B_n(... B_1(z_L))`` with blocks of the base model's own class.
+
+    The blocks are copies of the model's own, so ``gradient_checkpointing_enable`` reaches
+    them too. Re-entrant checkpointing gives no gradient to a block's weights when its input
+    does not require one (a frozen encoder on transformers 4.x, whose
+    ``gradient_checkpointing_enable`` leaves the embeddings' output without grad), so
+    ``z_L`` then enters the stack as a leaf that requires grad.
+    """
 
     def __init__(self, config: ExtraLayersConfig, context: FusionContext) -> None:
         super().__init__(config, context)
@@ -111,6 +118,15 @@ class ExtraLayers(FusionModule):
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         hidden = capture.states[-1]  # z_L: (batch, seq, d)
+        if self._needs_input_grad(hidden):
+            hidden = hidden.detach().requires_grad_(True)
         for block in self.blocks:
             hidden = capture.call_like_last_block(block, hidden)
         return hidden
+
+    def _needs_input_grad(self, hidden: torch.Tensor) -> bool:
+        """Whether ``z_L`` must be made to require grad so checkpointed blocks get gradients."""
+        if not torch.is_grad_enabled() or hidden.requires_grad:
+            return False
+        checkpointed = any(getattr(block, "gradient_checkpointing", False) for block in self.blocks)
+        return checkpointed and self.training and any(p.requires_grad for p in self.blocks.parameters())

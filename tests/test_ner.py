@@ -64,3 +64,18 @@ def test_trials_draw_new_samples_and_methods_share_them(experiment):
     first = experiment.train_sample(8, 0)
     assert first == experiment.train_sample(8, 0)
     assert first != experiment.train_sample(8, 1)
+
+
+@pytest.mark.parametrize("regime", ["lora", "ft"])
+def test_other_regimes_train_the_encoder_without_cache(experiment, regime):
+    record = experiment.run(Cell("concat", regime, shots=4, epochs=2, trial=0))
+    assert not record["cached"] and record["lr"] == 3e-2  # the settings' LR wins over the regime default
+    assert len(record["curve"]) == 2 and 0.0 <= record["best_f1"] <= 1.0
+    model, _ = experiment.build(Cell("concat", regime, shots=4, epochs=2, trial=0))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any("lora_" in n for n in trainable) == (regime == "lora")
+    assert any(
+        "encoder.layer.0.attention.self.query.base_layer.weight" in n
+        or "encoder.layer.0.attention.self.query.weight" in n
+        for n in trainable
+    ) == (regime == "ft")
