@@ -7,7 +7,7 @@ registered PEFT type is ``BITFIT``. With ``bias="none"`` it trains ``modules_to_
 only: the "frozen encoder + head" baseline (regime ``fe`` without fusion).
 
 The tuner reuses LoRA's machinery (marking biases trainable, wrapping
-``modules_to_save``, saving biases) with LoRA matching no module.
+``modules_to_save``, saving biases) through ``tuner.inject_lora`` with no LoRA target.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import ClassVar, Literal, Optional
 import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraModel
-from peft.utils.constants import DUMMY_TARGET_MODULES
 from peft.utils.peft_types import PeftType
 from torch import nn
 
 from .config import invalid
+from .tuner import inject_lora
 
 BITFIT_BIAS_OPTIONS = ("all", "none")
 
@@ -90,17 +90,14 @@ class BitFitModel(LoraModel):
         config = self.peft_config[adapter_name]
         if not isinstance(config, BitFitConfig):
             raise TypeError(f"BitFitModel needs a BitFitConfig, got {type(config).__name__}.")
-        config.target_modules = DUMMY_TARGET_MODULES  # LoRA matches nothing, on purpose
-        try:
-            super().inject_adapter(
-                model,
-                adapter_name,
-                autocast_adapter_dtype=autocast_adapter_dtype,
-                low_cpu_mem_usage=low_cpu_mem_usage,
-                state_dict=state_dict,
-            )
-        finally:
-            config.target_modules = []
+        inject_lora(
+            self,
+            model,
+            adapter_name,
+            autocast_adapter_dtype=autocast_adapter_dtype,
+            low_cpu_mem_usage=low_cpu_mem_usage,
+            state_dict=state_dict,
+        )
 
     def merge_and_unload(self, *args, **kwargs) -> nn.Module:
         """BitFit changes the base biases in place: the base model is the merged model."""

@@ -170,21 +170,16 @@ class LayerFusionModel(LoraModel):
         context = FusionContext(
             model, located, hidden_size_of(model, located), tuple(config.resolve_layers(located.num_blocks))
         )
-        lora_targets = config.target_modules
-        if not lora_targets:
-            config.target_modules = DUMMY_TARGET_MODULES  # LoRA matches nothing, on purpose
-        try:
-            # LoRA layers, trainability of the base, modules_to_save. The fusion layer is added
-            # afterwards so that peft treats this first injection as the first adapter.
-            super().inject_adapter(
-                model,
-                adapter_name,
-                autocast_adapter_dtype=autocast_adapter_dtype,
-                low_cpu_mem_usage=low_cpu_mem_usage,
-                state_dict=state_dict,
-            )
-        finally:
-            config.target_modules = lora_targets
+        # LoRA layers, trainability of the base, modules_to_save. The fusion layer is added
+        # afterwards so that peft treats this first injection as the first adapter.
+        inject_lora(
+            self,
+            model,
+            adapter_name,
+            autocast_adapter_dtype=autocast_adapter_dtype,
+            low_cpu_mem_usage=low_cpu_mem_usage,
+            state_dict=state_dict,
+        )
         layer = self._attach_fusion(config, context, adapter_name, low_cpu_mem_usage)
         layer.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
 
@@ -240,6 +235,28 @@ class LayerFusionModel(LoraModel):
         pattern = rf"(\.{LAYER_NAME}\.[A-Za-z0-9_]*{FUSION_SUFFIX})\.{re.escape(adapter_name)}(\.|$)"
         new_key, found = re.subn(pattern, r"\1\2", key, count=1)
         return new_key if found else super()._remove_adapter_name_from_key(key, adapter_name)
+
+
+def inject_lora(tuner: LoraModel, model: nn.Module, adapter_name: str, **kwargs: Any) -> None:
+    """Run LoRA's ``inject_adapter`` for ``tuner``; empty ``target_modules`` injects no LoRA layer.
+
+    LoRA's machinery still freezes the base, makes biases trainable per ``bias`` and wraps
+    ``modules_to_save``: with no targets, peft's dummy target lets it match nothing.
+
+    Args:
+        tuner: A tuner deriving from ``LoraModel`` whose ``peft_config[adapter_name]`` is set.
+        model: The model being adapted.
+        adapter_name: The adapter to inject.
+        **kwargs: Passed on to ``LoraModel.inject_adapter``.
+    """
+    config = tuner.peft_config[adapter_name]
+    targets = config.target_modules
+    if not targets:
+        config.target_modules = DUMMY_TARGET_MODULES  # LoRA matches nothing, on purpose
+    try:
+        LoraModel.inject_adapter(tuner, model, adapter_name, **kwargs)
+    finally:
+        config.target_modules = targets
 
 
 def fusion_layer_of(model: nn.Module, located: Optional[EncoderBlocks] = None) -> Optional[LayerFusionLayer]:

@@ -11,6 +11,7 @@ from torch import nn
 from transformers import BertConfig, BertForTokenClassification
 
 import peft_layerfusion  # noqa: F401  (registers the PEFT types)
+from peft_layerfusion import count_hooks
 from peft_layerfusion.config import LayerFusionConfig
 from peft_layerfusion.fusion import FusionModule
 from peft_layerfusion.tuner import fusion_layer_of
@@ -99,6 +100,34 @@ class ToyStack(nn.Module):
             hidden = block(hidden=hidden, scale=0.5)[0] if self.by_keyword else block(hidden, scale=0.5)[0]
             states.append(hidden)
         return hidden, states
+
+def check_lifecycle(model: PeftModel, fresh_base: nn.Module, inputs: dict, tmp_path, plain: torch.Tensor,
+                    hooks_before: int) -> None:
+    """The PEFT lifecycle of an adapted model, on its logits.
+
+    The adapter changes the logits; ``disable_adapter()`` gives exactly ``plain`` (the
+    base logits); a save/load round trip onto ``fresh_base`` restores every tensor and the
+    logits bitwise; ``merge_and_unload`` raises; ``unload()`` leaves ``hooks_before`` hooks
+    and the base logits.
+    """
+    with torch.no_grad():
+        fused = model(**inputs).logits
+        assert not torch.allclose(fused, plain), "the adapter must change the output"
+        with model.disable_adapter():
+            assert torch.equal(model(**inputs).logits, plain)
+    model.save_pretrained(tmp_path)
+    loaded = PeftModel.from_pretrained(fresh_base, tmp_path).eval()
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).logits, fused)
+    with pytest.raises(NotImplementedError, match="cannot be folded"):
+        loaded.merge_and_unload()
+    unloaded = loaded.unload()
+    assert count_hooks(unloaded) == hooks_before
+    with torch.no_grad():
+        assert torch.equal(unloaded(**inputs).logits, plain)
+
 
 
 @pytest.fixture

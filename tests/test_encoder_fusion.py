@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from conftest import check_lifecycle
 from peft import PeftModel, get_peft_model
 from test_surface_fusion import BUILDERS, batch, tiny_bart
 from transformers.modeling_outputs import BaseModelOutput
@@ -110,21 +111,7 @@ def test_lifecycle_save_load_disable_unload_merge(tmp_path):
     model = adapted(base, include_embeddings=True)
     with torch.no_grad():
         fusion_module(model).layer_logits.normal_()
-        fused = model(**inputs).logits
-        with model.disable_adapter():
-            assert torch.equal(model(**inputs).logits, plain)
-    model.save_pretrained(tmp_path)
-    loaded = PeftModel.from_pretrained(tiny_bart(), tmp_path).eval()
-    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
-    with torch.no_grad():
-        assert torch.equal(loaded(**inputs).logits, fused)
-    with pytest.raises(NotImplementedError, match="cannot be folded"):
-        loaded.merge_and_unload()
-    unloaded = loaded.unload()
-    assert count_hooks(unloaded) == hooks_before
-    with torch.no_grad():
-        assert torch.equal(unloaded(**inputs).logits, plain)
+    check_lifecycle(model, tiny_bart(), inputs, tmp_path, plain, hooks_before)
 
 
 def test_encoder_only_models_are_refused():

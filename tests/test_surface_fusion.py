@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import check_lifecycle
 from peft import PeftModel, get_peft_model
 from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
@@ -243,22 +244,7 @@ def test_lifecycle_save_load_disable_unload_merge(tmp_path):
     with torch.no_grad():
         plain = base(**inputs).logits
     model = adapted(base, fusion="soft")
-    with torch.no_grad():
-        fused = model(**inputs).logits
-        with model.disable_adapter():
-            assert torch.equal(model(**inputs).logits, plain)
-    model.save_pretrained(tmp_path)
-    loaded = PeftModel.from_pretrained(tiny_bart(), tmp_path).eval()
-    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
-    with torch.no_grad():
-        assert torch.equal(loaded(**inputs).logits, fused)
-    with pytest.raises(NotImplementedError, match="cannot be folded"):
-        loaded.merge_and_unload()
-    unloaded = loaded.unload()
-    assert count_hooks(unloaded) == hooks_before
-    with torch.no_grad():
-        assert torch.equal(unloaded(**inputs).logits, plain)
+    check_lifecycle(model, tiny_bart(), inputs, tmp_path, plain, hooks_before)
 
 
 def test_stale_encoder_outputs_are_refused():
