@@ -19,7 +19,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import subprocess
@@ -97,7 +96,9 @@ def peak_memory(method: str, batch: int, seq: int, threads: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=128)
