@@ -34,10 +34,18 @@ via a pre-hook on the encoder); pre-hooks on the decoder and on ``lm_head`` reco
 decoder's ``encoder_hidden_states``/mask and ``s_t``; a forward hook on the top-level
 model replaces ``logits`` by the fused log-probabilities and, when ``labels`` are given,
 ``loss`` by their negative log-likelihood (mean over labels ``!= -100``). ``generate()``
-then decodes with them. Caveat: transformers' beam search applies ``log_softmax`` to the
-logits it gets, so with *hard* fusion (not normalised) beams are ranked by the
-renormalised fused distribution ``log p - logsumexp(log p)``; greedy search and soft
-fusion are unaffected.
+then decodes with them.
+
+Beam search: transformers' beam search applies ``log_softmax`` to the logits it gets,
+which would rank the beams of *hard* fusion (not normalised: ``logsumexp(log p) <= 0``)
+by the renormalised distribution. While the adapter is attached, the model's
+``generate`` is wrapped so that, whenever ``num_beams > 1``, a :class:`FusedBeamScores`
+logits processor is appended to the caller's: it adds back each row's normaliser
+``logsumexp(log p)`` recorded at the last forward, so the beam scores are exactly the
+fused log-probabilities (plus the other processors' masks, e.g. ``-inf`` for
+``min_new_tokens``; processors that rescale the scores, such as a repetition penalty, see
+the renormalised values since they run before it). Greedy search needs no correction.
+``unload()`` removes the wrapper with the hooks.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from .config import LayerFusionConfig, invalid
 from .discovery import find_encoder_blocks
@@ -199,6 +208,7 @@ class SurfaceFusion(FusionModule):
             )
         self.memory = EncoderMemory()
         self._calls: dict[str, Any] = {}  # per forward: source ids, decoder call, s_t
+        self.last_normaliser: Optional[torch.Tensor] = None  # (batch,) logsumexp of the last fused row
 
     # -------------------------------------------------------------- encoder side
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
@@ -277,7 +287,7 @@ class SurfaceFusion(FusionModule):
             self._calls["s"] = args[0]
 
         def fuse_output(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            calls, self._calls = self._calls, {}
+            calls, self._calls, self.last_normaliser = self._calls, {}, None
             if not is_active() or "s" not in calls or calls.get("decoder", (None,))[0] is None:
                 return None
             return self._fused_output(output, calls, kwargs.get("labels"))
@@ -287,6 +297,7 @@ class SurfaceFusion(FusionModule):
             parts.decoder.register_forward_pre_hook(keep_decoder_call, with_kwargs=True),
             parts.lm_head.register_forward_pre_hook(keep_state),
             model.register_forward_hook(fuse_output, with_kwargs=True),
+            wrap_generate(model, FusedBeamScores(self)),
         ]
 
     def _fused_output(self, output: Any, calls: dict[str, Any], labels: Optional[torch.Tensor]) -> Any:
@@ -300,7 +311,64 @@ class SurfaceFusion(FusionModule):
             logits.to(dtype), calls["s"].to(dtype), x_last.to(dtype), x0, source_mask
         )  # (batch, tgt, vocab)
         output.logits = fused.to(logits.dtype)
+        self.last_normaliser = fused[:, -1].detach().float().logsumexp(-1)  # (batch,)
         if labels is not None:
             labels = labels.to(fused.device)
             output.loss = F.nll_loss(fused.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         return output
+
+
+class FusedBeamScores(LogitsProcessor):
+    """Beam-search processor: adds back the fused normaliser, so scores are the fused log-probabilities.
+
+    Beam search hands processors ``log_softmax(logits)``; with ``logits = log p`` (fused) that is
+    ``log p - logsumexp(log p)``, so adding the recorded ``logsumexp`` per row restores ``log p``.
+
+    Example:
+        >>> model.generate(**inputs, num_beams=4)  # appended automatically by the adapter
+    """
+
+    def __init__(self, fusion: SurfaceFusion) -> None:
+        self.fusion = fusion
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        normaliser = self.fusion.last_normaliser  # None when the adapter was inactive at this step
+        if normaliser is None or normaliser.shape[0] != scores.shape[0]:
+            return scores
+        return scores + normaliser.to(scores.device, scores.dtype)[:, None]  # (rows, vocab)
+
+
+class GenerateWrapper:
+    """Handle of :func:`wrap_generate`: ``remove()`` restores the model's own ``generate``."""
+
+    def __init__(self, model: nn.Module, wrapped: Callable) -> None:
+        self.model, self.wrapped = model, wrapped
+
+    def remove(self) -> None:
+        if self.model.__dict__.get("generate") is self.wrapped:
+            del self.model.__dict__["generate"]
+
+
+def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapper:
+    """Make ``model.generate`` append ``processor`` to the logits processors when ``num_beams > 1``.
+
+    Args:
+        model: A transformers model with ``generate`` (the instance is patched, not its class).
+        processor: The processor to append.
+
+    Example:
+        >>> handle = wrap_generate(model, FusedBeamScores(fusion))
+        >>> handle.remove()  # model.generate is the class's again
+    """
+    original = model.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("generation_config") or model.generation_config
+        if (kwargs.get("num_beams") or config.num_beams or 1) > 1:
+            kwargs["logits_processor"] = LogitsProcessorList(
+                [*(kwargs.get("logits_processor") or []), processor]
+            )
+        return original(*args, **kwargs)
+
+    model.__dict__["generate"] = generate
+    return GenerateWrapper(model, generate)

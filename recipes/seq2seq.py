@@ -30,7 +30,7 @@ import random
 import re
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,35 +49,40 @@ METHOD_NAMES = ("vanilla", "encoder_fusion", "surface_hard", "surface_soft")
 class Seq2SeqSettings:
     """One run of the comparison (every field is a command-line option)."""
 
-    train_sentences: int = 4000
-    test_sentences: int = 300
-    max_words: int = 14
+    train_sentences: int = 12000
+    test_sentences: int = 500
+    max_words: int = 10
+    vocab_size: int = 2000
     noise: float = 0.15
     width: int = 128
     layers: int = 2
-    epochs: int = 8
-    batch_size: int = 32
-    learning_rate: float = 1e-3
+    epochs: int = 6
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    warmup: float = 0.05
     beams: int = 1
     seed: int = 0
 
 
 # ----------------------------------------------------------------------------- data
 def sentences_of(paragraphs: Sequence[str], max_words: int) -> list[str]:
-    """Sentences (split after `` . ``) of 4..``max_words`` words, headings skipped.
+    """Sentences (split after `` . ``) cut into pieces of at most ``max_words`` words, headings skipped.
+
+    A longer sentence gives consecutive pieces of ``max_words`` words; pieces (and
+    sentences) shorter than 4 words are dropped.
 
     Example:
-        >>> sentences_of(["It is big . It is red .", " = Title = "], 10)
-        ['It is big .', 'It is red .']
+        >>> sentences_of(["It is big . It is red and round .", " = Title = "], 4)
+        ['It is big .', 'It is red and']
     """
     found = []
     for paragraph in paragraphs:
-        if paragraph.startswith("="):
+        if paragraph.lstrip().startswith("="):
             continue
         for sentence in re.split(r"(?<= \.) ", paragraph):
             words = sentence.split()
-            if 4 <= len(words) <= max_words:
-                found.append(" ".join(words))
+            pieces = (words[start : start + max_words] for start in range(0, len(words), max_words))
+            found += [" ".join(piece) for piece in pieces if len(piece) >= 4]
     return found
 
 
@@ -105,15 +110,21 @@ def corrupt(words: list[str], vocabulary: Sequence[str], noise: float, rng: rand
     return out
 
 
-def build_tokenizer(sentences: Sequence[str]):
-    """A word-level ``tokenizers.Tokenizer`` over words seen at least twice."""
+def build_tokenizer(sentences: Sequence[str], vocab_size: int = 2000):
+    """A word-level ``tokenizers.Tokenizer``: the ``vocab_size`` most frequent words seen at least twice.
+
+    Example:
+        >>> build_tokenizer(["a b .", "a c ."]).encode("a c").ids
+        [5, 3]
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.train_from_iterator(
-        sentences, trainers.WordLevelTrainer(min_frequency=2, special_tokens=list(SPECIALS))
+    trainer = trainers.WordLevelTrainer(
+        vocab_size=vocab_size + len(SPECIALS), min_frequency=2, special_tokens=list(SPECIALS)
     )
+    tokenizer.train_from_iterator(sentences, trainer)
     return tokenizer
 
 
@@ -184,18 +195,30 @@ def with_method(model: nn.Module, method: str) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- train / evaluate
-def train(model: nn.Module, pairs: list, settings: Seq2SeqSettings) -> float:
-    """AdamW, LR linear to zero; returns the last epoch's mean loss."""
+def warmup_then_linear(steps: int, warmup: float) -> Callable[[int], float]:
+    """LR factor: linear from 0 to 1 over the first ``warmup`` fraction of ``steps``, then linear to 0.
+
+    Example:
+        >>> [round(warmup_then_linear(10, 0.2)(s), 2) for s in (0, 1, 2, 6, 10)]
+        [0.0, 0.5, 1.0, 0.5, 0.0]
+    """
+    warm = max(1, round(warmup * steps))
+    return lambda step: step / warm if step < warm else max(0.0, (steps - step) / max(1, steps - warm))
+
+
+def train(model: nn.Module, epoch_pairs: Callable[[int], list], settings: Seq2SeqSettings) -> float:
+    """AdamW with warmup then linear decay; ``epoch_pairs(epoch)`` gives each epoch's (freshly
+    corrupted) pairs. Returns the last epoch's mean loss."""
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate
     )
-    steps = settings.epochs * -(-len(pairs) // settings.batch_size)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / steps))
+    steps = settings.epochs * -(-len(epoch_pairs(0)) // settings.batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear(steps, settings.warmup))
     rng = random.Random(settings.seed)
     model.train()
-    for _ in range(settings.epochs):
+    for epoch in range(settings.epochs):
         losses = []
-        for batch in batches(pairs, settings.batch_size, rng):
+        for batch in batches(epoch_pairs(epoch), settings.batch_size, rng):
             loss = model(**batch).loss
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -263,22 +286,21 @@ def run_comparison(
     test_sentences = sentences_of(test_text, settings.max_words)[: settings.test_sentences]
     if not train_sentences or not test_sentences:
         raise ValueError(f"No sentences of 4..{settings.max_words} words found in the training or test text.")
-    tokenizer = build_tokenizer(train_sentences)
+    tokenizer = build_tokenizer(train_sentences, settings.vocab_size)
 
     def encoded(sentences: Sequence[str], seed: int) -> list:
         pairs = denoising_pairs(sentences, settings, seed)
         sources, targets = encode(tokenizer, [s for s, _ in pairs]), encode(tokenizer, [t for _, t in pairs])
         return list(zip(sources, targets, strict=True))
 
-    train_pairs, test_pairs = (
-        encoded(train_sentences, settings.seed),
-        encoded(test_sentences, settings.seed + 1),
-    )
+    # Training sentences are corrupted afresh each epoch (seed + 1000·epoch); the test once (seed + 1).
+    epochs = [encoded(train_sentences, settings.seed + 1000 * epoch) for epoch in range(settings.epochs)]
+    test_pairs = encoded(test_sentences, settings.seed + 1)
     records = []
     for method in methods:
         started = time.perf_counter()
         model = with_method(build_model(max(tokenizer.get_vocab().values()) + 1, settings), method)
-        loss = train(model, train_pairs, settings)
+        loss = train(model, epochs.__getitem__, settings)
         scores = evaluate(model, tokenizer, test_pairs, settings)
         records.append(
             {"method": method, "train_loss": loss, **scores, "seconds": time.perf_counter() - started}

@@ -112,7 +112,10 @@ def run_cells(
 
 
 def _finish(results, record: dict[str, Any], bar, on_record) -> None:
-    append_record(results, record)
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:  # under `accelerate launch` every process runs the cell
+        append_record(results, record)
     bar.set_postfix_str(f"{record['method']} N={record['shots']} F1={record['best_f1']:.3f}")
     bar.update(1)
     if on_record is not None:

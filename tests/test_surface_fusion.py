@@ -159,19 +159,24 @@ def test_beam_search_scores_are_the_fused_distribution(family, fusion):
     with torch.no_grad():
         generated = model.generate(
             **inputs, num_beams=beams, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+            length_penalty=0.0,
             output_scores=True, output_logits=True, return_dict_in_generate=True,
         )  # fmt: skip
         start = torch.full((2, 1), base.config.decoder_start_token_id)
         expected = reference_log_probs(base, fusion_module(model), inputs, start, {"fusion": fusion})[:, -1]
     # Step 0: every beam of a row sees the same prefix; the model's output is the fused log p.
     torch.testing.assert_close(generated.logits[0][::beams], expected, atol=1e-5, rtol=1e-5)
-    # Beam search ranks by log_softmax of it: identical for soft fusion, renormalised for hard.
+    # ... and so are the beam scores (hard fusion is not normalised: log_softmax alone would shift them).
+    normaliser = expected.logsumexp(-1)
+    assert (
+        (normaliser < -1e-3).all()
+        if fusion == "hard"
+        else torch.allclose(normaliser, torch.zeros(2), atol=1e-5)
+    )
     scores = generated.scores[0][::beams]
     allowed = torch.isfinite(scores)  # min_new_tokens masks EOS with -inf
     assert allowed.sum() == scores.numel() - 2
-    torch.testing.assert_close(
-        scores[allowed], torch.log_softmax(expected, -1)[allowed], atol=1e-5, rtol=1e-5
-    )
+    torch.testing.assert_close(scores[allowed], expected[allowed], atol=1e-5, rtol=1e-5)
     assert generated.sequences.shape == (2, 4)
     # Later steps (cached decoder, beams expanded) agree with a full forward over the chosen prefix.
     with torch.no_grad():
@@ -180,6 +185,12 @@ def test_beam_search_scores_are_the_fused_distribution(family, fusion):
     torch.testing.assert_close(
         full.logits[::beams, -1], _beam_logits_of(generated, beams), atol=1e-4, rtol=1e-4
     )
+    # The final beam score (length_penalty 0: the sum) is the fused log p of the chosen tokens.
+    sequences = generated.sequences
+    with torch.no_grad():
+        teacher_forced = model(**inputs, decoder_input_ids=sequences[:, :-1]).logits  # (batch, 3, vocab)
+    chosen = teacher_forced.gather(-1, sequences[:, 1:, None]).squeeze(-1).sum(-1)  # (batch,)
+    torch.testing.assert_close(generated.sequences_scores, chosen, atol=1e-4, rtol=1e-4)
 
 
 def _beam_logits_of(generated, beams: int) -> torch.Tensor:
