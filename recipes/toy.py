@@ -42,15 +42,14 @@ def write_tiny_model(directory: str | os.PathLike, seed: int = 0, layers: int = 
         >>> path = write_tiny_model(tmp_path / "tiny")
         >>> AutoModelForTokenClassification.from_pretrained(path, num_labels=5)
     """
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertConfig, BertModel
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *"abcdefghijklmnopqrstuvwxyz"]
     vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
     vocab = list(dict.fromkeys(vocab))
-    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}).save_pretrained(directory)
+    wordpiece_tokenizer(vocab).save_pretrained(directory)
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=len(dict.fromkeys(vocab)),
@@ -62,6 +61,38 @@ def write_tiny_model(directory: str | os.PathLike, seed: int = 0, layers: int = 
     )
     BertModel(config).save_pretrained(directory)
     return str(directory)
+
+
+def wordpiece_tokenizer(vocab: list[str]):
+    """A lower-casing BERT-style WordPiece fast tokenizer over ``vocab``, built with ``tokenizers``.
+
+    Built from parts rather than ``BertTokenizerFast(vocab=...)``, whose vocabulary arguments
+    differ between transformers 4.57 and 5.x.
+
+    Example:
+        >>> tokenizer = wordpiece_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "paris"])
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    ids = {token: i for i, token in enumerate(vocab)}
+    backend = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
 def toy_sentence(rng: random.Random) -> NerSentence:
