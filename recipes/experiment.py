@@ -62,6 +62,8 @@ class ExperimentSettings:
         head_modules: Modules of the head that train with the fusion (``modules_to_save``).
         method_options: Extra options of the fusion configs.
         dev_limit: Evaluate on at most this many dev sentences (``None``: all).
+        train_sentences: Sample exactly this many training sentences per trial instead of
+            ``N * C`` (e.g. a fixed 100-sentence budget); ``None``: the N-shot protocol.
     """
 
     model: str
@@ -77,6 +79,7 @@ class ExperimentSettings:
     head_modules: tuple[str, ...] = ("classifier",)
     method_options: dict[str, Any] = field(default_factory=dict)
     dev_limit: int | None = None
+    train_sentences: int | None = None
 
     def lr_for(self, regime: str) -> float:
         if self.lr is not None:
@@ -125,7 +128,11 @@ class Experiment:
         return len(self.data.entity_types)
 
     def train_sample(self, shots: int, trial: int) -> list[dict]:
-        sample = sample_shots(self.data.train, shots, self.num_types, sample_seed(shots, trial))
+        if self.settings.train_sentences:  # a fixed sentence budget: K sentences = "K shots" of 1 type
+            size, types = self.settings.train_sentences, 1
+        else:
+            size, types = shots, self.num_types
+        sample = sample_shots(self.data.train, size, types, sample_seed(shots, trial))
         return encode_ner(self.tokenizer, sample, self.label2id, self.settings.max_length)
 
     def cache(self) -> FeatureCache:

@@ -34,6 +34,12 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="Evaluate on the first N dev sentences only (default: all; the demo uses 300).",
     )
+    data.add_argument(
+        "--train-sentences",
+        type=int,
+        help="Sample exactly this many training sentences per trial instead of N*C (the "
+        "shots value then only seeds the sample), e.g. 100 for a fixed budget.",
+    )
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
     train.add_argument(
         "--lr",
@@ -185,6 +191,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         cache_dir=pick("cache_dir"),
         head_modules=tuple(pick("head_modules")),
         dev_limit=pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None),
+        train_sentences=pick("train_sentences"),
         method_options=dict(loaded.get("method_options", {})),
     )
     grid = {key: pick(key) for key in (*GRID_KEYS, "output", "results", "workers", "quiet", "threads")}

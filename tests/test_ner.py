@@ -79,3 +79,12 @@ def test_other_regimes_train_the_encoder_without_cache(experiment, regime):
         or "encoder.layer.0.attention.self.query.weight" in n
         for n in trainable
     ) == (regime == "ft")
+
+
+def test_train_sentences_fixes_the_sample_size_instead_of_n_times_c(experiment):
+    fixed = Experiment(
+        ExperimentSettings(model=experiment.settings.model, data="toy", train_sentences=10), experiment.data
+    )
+    assert len(experiment.train_sample(4, 0)) == 4 * experiment.num_types
+    assert len(fixed.train_sample(4, 0)) == 10 and len(fixed.train_sample(4, 1)) == 10
+    assert fixed.train_sample(4, 0) != fixed.train_sample(4, 1)  # a new sample per trial

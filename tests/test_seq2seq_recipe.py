@@ -18,6 +18,7 @@ from recipes.seq2seq import (
     denoising_pairs,
     score,
     sentences_of,
+    warmup_then_linear,
 )
 
 WORDS = "the a cat dog sat ran on under mat tree red big small house".split()
@@ -31,9 +32,21 @@ def synthetic_text(paragraphs: int, seed: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_sentences_skip_headings_and_respect_the_length_limits():
-    text = [" = Title = ", "one two three four . one two . a b c d e f g h ."]
-    assert sentences_of(text, max_words=6) == ["one two three four ."]
+def test_sentences_skip_headings_and_long_ones_are_cut_into_pieces():
+    text = [" = Title = ", "one two three four . one two . a b c d e f g h i j k ."]
+    # "one two ." is too short; the 12-word sentence gives two 6-word pieces and a 0-word rest
+    assert sentences_of(text, max_words=6) == ["one two three four .", "a b c d e f", "g h i j k ."]
+    assert sentences_of(text, max_words=5) == ["one two three four .", "a b c d e", "f g h i j"]
+
+
+def test_tokenizer_keeps_the_most_frequent_words():
+    tokenizer = build_tokenizer(["a a a b b c .", "a b c d d e ."], vocab_size=2)  # a: 4, b: 3, others <= 2
+    assert tokenizer.encode("a b c d").tokens == ["a", "b", "<unk>", "<unk>"]
+
+
+def test_warmup_then_linear_schedule():
+    factor = warmup_then_linear(10, 0.2)
+    assert [factor(step) for step in (0, 1, 2, 6, 10)] == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
 
 
 def test_corruption_rates():

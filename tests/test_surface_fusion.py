@@ -255,7 +255,9 @@ def test_lifecycle_save_load_disable_unload_merge(tmp_path):
     with torch.no_grad():
         plain = base(**inputs).logits
     model = adapted(base, fusion="soft")
+    assert "generate" in vars(model.base_model.model)  # the beam-score wrapper, see FusedBeamScores
     check_lifecycle(model, tiny_bart(), inputs, tmp_path, plain, hooks_before)
+    assert "generate" not in vars(model.unload())  # unload() restores the class's generate
 
 
 def test_stale_encoder_outputs_are_refused():
