@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from .options import add_experiment_arguments
+from .options import add_experiment_parser
 from .sweep import sweep_main
 
 
@@ -26,12 +26,6 @@ def ner_main(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``layerfusion ner``."""
-    parser = subparsers.add_parser(
-        "ner",
-        help="Few-shot NER comparison (offline demo by default).",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    return add_experiment_parser(
+        subparsers, "ner", "Few-shot NER comparison (offline demo by default).", __doc__, ner_main
     )
-    add_experiment_arguments(parser)
-    parser.set_defaults(func=ner_main)
-    return parser

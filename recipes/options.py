@@ -12,6 +12,22 @@ from .models import METHOD_NAMES, REGIME_NAMES
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 
 
+def add_experiment_parser(
+    subparsers: argparse._SubParsersAction, name: str, summary: str, description: str, func
+) -> argparse.ArgumentParser:
+    """Add the sub-command ``name`` with every experiment option, running ``func(args)``.
+
+    Example:
+        >>> add_experiment_parser(subparsers, "ner", "Few-shot NER.", __doc__, ner_main)
+    """
+    parser = subparsers.add_parser(
+        name, help=summary, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_experiment_arguments(parser)
+    parser.set_defaults(func=func)
+    return parser
+
+
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, data, optimisation, grid and output options (every one with its help)."""
     data = parser.add_argument_group("model and data")

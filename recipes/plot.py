@@ -77,6 +77,15 @@ def _pyplot():
     return plt
 
 
+def _finish_panels(plt, figure, axes, path: str | os.PathLike) -> Path:
+    """Label the first panel's y axis, put the legend on the last, save the PNG and close it."""
+    axes[0][0].set_ylabel("dev micro-F1")
+    axes[0][-1].legend(fontsize=8)
+    saved = _save(figure, Path(path))
+    plt.close(figure)
+    return saved
+
+
 def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
     """F1 vs shots with CI bands per method, one panel per (regime, max epochs)."""
     plt = _pyplot()
@@ -98,11 +107,7 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
         ax.set_xscale("log", base=2)
         ax.set_title(f"{regime}, max {epochs} epochs")
         ax.set_xlabel("shots N")
-    axes[0][0].set_ylabel("dev micro-F1")
-    axes[0][-1].legend(fontsize=8)
-    path = _save(figure, Path(path))
-    plt.close(figure)
-    return path
+    return _finish_panels(plt, figure, axes, path)
 
 
 def plot_dev_curves(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
@@ -123,11 +128,7 @@ def plot_dev_curves(records: Sequence[dict[str, Any]], path: str | os.PathLike) 
             ax.plot(steps, mean, label=method)
         ax.set_title("{}, {} epochs, N={}".format(*panel))
         ax.set_xlabel("training steps")
-    axes[0][0].set_ylabel("dev micro-F1")
-    axes[0][-1].legend(fontsize=8)
-    path = _save(figure, Path(path))
-    plt.close(figure)
-    return path
+    return _finish_panels(plt, figure, axes, path)
 
 
 def plot_depth_attention(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:

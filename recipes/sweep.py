@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .experiment import Cell, Experiment, ExperimentSettings
-from .options import add_experiment_arguments, resolve
+from .options import add_experiment_parser, resolve
 from .results import append_record, finished_keys, read_records
 
 
@@ -144,12 +144,10 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``layerfusion sweep``."""
-    parser = subparsers.add_parser(
+    return add_experiment_parser(
+        subparsers,
         "sweep",
-        help="Grid of few-shot NER runs (methods x regimes x shots x epochs x trials), resumable.",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "Grid of few-shot NER runs (methods x regimes x shots x epochs x trials), resumable.",
+        __doc__,
+        sweep_main,
     )
-    add_experiment_arguments(parser)
-    parser.set_defaults(func=sweep_main)
-    return parser
