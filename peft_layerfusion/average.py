@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 
 from .config import LayerFusionConfig
-from .fusion import FusionModule, stack_layers
+from .fusion import FusionModule, weighted_sum
 from .hooks import Capture
 
 
@@ -35,4 +35,5 @@ class Average(FusionModule):
     """``h = mean_n z_n``."""
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
-        return stack_layers(states).mean(dim=0)  # (K, batch, seq, d) -> (batch, seq, d)
+        weights = states[0].new_full((len(states),), 1.0 / len(states))  # (K,)
+        return weighted_sum(zip(states, weights, strict=True))  # (batch, seq, d)

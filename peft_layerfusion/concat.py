@@ -43,4 +43,12 @@ class Concat(FusionModule):
         self.proj = nn.Linear(context.num_fused * context.hidden_size, context.hidden_size)
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
-        return self.proj(torch.cat(states, dim=-1))  # (batch, seq, K*d) -> (batch, seq, d)
+        # h = b + sum_n W_n z_n with W_n = proj.weight[:, n*d:(n+1)*d], one product per layer:
+        # the same map as proj(cat(states)), without the (batch, seq, K*d) concatenated copy.
+        d = self.hidden_size
+        tokens = [state.reshape(-1, d) for state in states]  # each (tokens, d)
+        weight = self.proj.weight  # (d, K*d)
+        fused = torch.addmm(self.proj.bias, tokens[0], weight[:, :d].T)  # (tokens, d)
+        for n in range(1, len(tokens)):
+            fused = fused.addmm_(tokens[n], weight[:, n * d : (n + 1) * d].T)
+        return fused.view_as(states[0])

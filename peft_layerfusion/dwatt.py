@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import LayerFusionConfig, invalid
-from .fusion import FusionContext, FusionModule, linear_init_
+from .fusion import FusionContext, FusionModule, linear_init_, weighted_sum
 from .hooks import Capture
 
 
@@ -147,13 +147,8 @@ class DWAtt(FusionModule):
         last = capture.states[-1]  # z_L: (batch, seq, d)
         tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
         weights = self.attention_dropout(self.depth_attention(tokens))  # (tokens, K)
-        # h = z_L + sum_n a_n v_n, accumulated layer by layer: no (K, tokens, d) stack is built.
-        fused = tokens
-        for index, state in enumerate(states):
-            value = self.value(index, state.reshape(tokens.shape))  # (tokens, d)
-            contribution = weights[:, index : index + 1]  # (tokens, 1)
-            if index == 0:  # a new tensor: z_L itself is never written to
-                fused = torch.addcmul(fused, contribution, value)
-            else:
-                fused.addcmul_(contribution, value)
+        # h = z_L + sum_n a_n v_n; each v_n is made just before it is added (no stack).
+        values = (self.value(n, state.reshape(tokens.shape)) for n, state in enumerate(states))
+        columns = (weights[:, n : n + 1] for n in range(len(states)))  # each (tokens, 1)
+        fused = weighted_sum(zip(values, columns, strict=True), start=tokens)  # (tokens, d)
         return fused.view_as(last)

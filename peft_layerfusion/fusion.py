@@ -7,7 +7,7 @@ of one encoder forward, and returns the new last hidden state ``h`` ``(batch, se
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +73,31 @@ class FusionModule(nn.Module):
 def stack_layers(states: list[torch.Tensor]) -> torch.Tensor:
     """``K`` tensors ``(batch, seq, d)`` -> one ``(K, batch, seq, d)`` tensor."""
     return torch.stack(states, dim=0)
+
+
+def weighted_sum(
+    pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], start: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``start + Σ_n weight_n · state_n`` over ``(state, weight)`` pairs, accumulated in place.
+
+    No ``(K, batch, seq, d)`` stack is built, and with a generator each state can be made
+    just before it is added. Weights broadcast against states (a scalar per layer, or a
+    ``(tokens, 1)`` column per layer).
+
+    Example:
+        >>> weighted_sum(zip(states, torch.softmax(logits, 0)))
+    """
+    fused = start
+    for state, weight in pairs:
+        if fused is None:
+            fused = state * weight
+        elif fused is start:
+            fused = torch.addcmul(start, state, weight)  # never write into the caller's tensor
+        else:
+            fused = fused.addcmul_(state, weight)
+    if fused is None:
+        raise ValueError("weighted_sum needs at least one (state, weight) pair")
+    return fused
 
 
 def linear_init_(weight: torch.Tensor, bias: torch.Tensor | None, fan_in: int) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .config import LayerFusionConfig
-from .fusion import FusionContext, FusionModule, stack_layers
+from .fusion import FusionContext, FusionModule, weighted_sum
 from .hooks import Capture
 
 
@@ -45,5 +45,5 @@ class ScalarMix(FusionModule):
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = torch.softmax(self.layer_logits, dim=0)  # (K,)
-        mixed = torch.einsum("k,kbsd->bsd", weights, stack_layers(states))  # (batch, seq, d)
+        mixed = weighted_sum(zip(states, weights, strict=True))  # (batch, seq, d)
         return self.gamma * mixed

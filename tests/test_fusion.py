@@ -1,0 +1,45 @@
+"""The shared pieces of the fusion modules (fusion.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from peft_layerfusion.fusion import linear_init_, stack_layers, weighted_sum
+
+
+def test_weighted_sum_matches_the_stacked_formula_and_leaves_start_alone():
+    generator = torch.Generator().manual_seed(0)
+    states = [torch.randn(2, 5, 8, generator=generator) for _ in range(4)]
+    weights = torch.softmax(torch.randn(4, generator=generator), dim=0)
+    start = torch.randn(2, 5, 8, generator=generator)
+    start_before = start.clone()
+
+    reference = torch.einsum("k,kbsd->bsd", weights, stack_layers(states))
+    torch.testing.assert_close(weighted_sum(zip(states, weights, strict=True)), reference)
+    with_start = weighted_sum(zip(states, weights, strict=True), start=start)
+    torch.testing.assert_close(with_start, start + reference)
+    assert torch.equal(start, start_before)
+
+
+def test_weighted_sum_takes_per_token_columns_and_passes_gradients():
+    states = [torch.randn(6, 3, requires_grad=True) for _ in range(3)]
+    columns = torch.rand(6, 3, requires_grad=True)  # (tokens, K)
+    pairs = ((state, columns[:, n : n + 1]) for n, state in enumerate(states))
+    weighted_sum(pairs).sum().backward()
+    for n, state in enumerate(states):
+        torch.testing.assert_close(state.grad, columns[:, n : n + 1].detach().expand(6, 3))
+        torch.testing.assert_close(columns.grad[:, n], state.detach().sum(-1))
+
+
+def test_weighted_sum_of_nothing_is_an_error():
+    with pytest.raises(ValueError, match="at least one"):
+        weighted_sum([])
+
+
+def test_linear_init_bounds_follow_fan_in():
+    weight, bias = torch.empty(3, 64, 32), torch.empty(3, 32)
+    linear_init_(weight, bias, fan_in=64)
+    bound = 64**-0.5
+    assert weight.abs().max() <= bound and bias.abs().max() <= bound
+    assert weight.abs().max() > 0.9 * bound  # really drawn over the whole range
