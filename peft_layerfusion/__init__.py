@@ -16,6 +16,7 @@ from .dwatt import DWAttConfig
 from .encoder_fusion import EncoderFusionConfig
 from .extra_layers import ExtraLayersConfig
 from .hooks import count_hooks
+from .positions import fused_positions
 from .registration import METHODS, register_all
 from .scalar_mix import ScalarMixConfig
 from .surface_fusion import SurfaceFusionConfig
@@ -41,5 +42,6 @@ __all__ = [
     "SurfaceFusionConfig",
     "count_hooks",
     "find_encoder_blocks",
+    "fused_positions",
     "register_all",
 ]

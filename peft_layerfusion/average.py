@@ -34,6 +34,8 @@ class AverageConfig(LayerFusionConfig):
 class Average(FusionModule):
     """``h = mean_n z_n``."""
 
+    token_wise = True
+
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = states[0].new_full((len(states),), 1.0 / len(states))  # (K,)
         return weighted_sum(zip(states, weights, strict=True))  # (batch, seq, d)

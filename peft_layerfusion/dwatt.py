@@ -116,6 +116,8 @@ class StackedBottleneckMLP(nn.Module):
 class DWAtt(FusionModule):
     """Depth-wise attention (see the module docstring for the formula)."""
 
+    token_wise = True
+
     def __init__(self, config: DWAttConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         k, d = context.num_fused, context.hidden_size
@@ -134,7 +136,7 @@ class DWAtt(FusionModule):
         query = 1.0 + F.elu(tokens + self.query_mlp(tokens))  # (tokens, d), every entry > 0
         keys = self.key_proj(self.depth_embeddings)  # (K, d)
         scores = query @ keys.T / self.score_temperature  # (tokens, K)
-        return torch.softmax(scores, dim=-1).view(*last.shape[:-1], -1)
+        return torch.softmax(scores, dim=-1).view(*last.shape[:-1], keys.shape[0])
 
     def value(self, index: int, state: torch.Tensor) -> torch.Tensor:
         """``v_n = LN_n(f^V_n(z_n))`` for ``state`` of shape ``(tokens, d)``."""

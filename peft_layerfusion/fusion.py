@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -47,6 +48,10 @@ class FusionModule(nn.Module):
         config: The method's config.
         context: See :class:`FusionContext`.
     """
+
+    # True when h at a position depends only on z_0 .. z_L at that position (no mixing along
+    # the sequence): such a module may be run on a subset of the positions (``positions.py``).
+    token_wise: ClassVar[bool] = False
 
     def __init__(self, config: LayerFusionConfig, context: FusionContext) -> None:
         super().__init__()

@@ -38,6 +38,8 @@ class ScalarMixConfig(LayerFusionConfig):
 class ScalarMix(FusionModule):
     """``h = γ Σ_n softmax(w)_n z_n``."""
 
+    token_wise = True
+
     def __init__(self, config: ScalarMixConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         self.layer_logits = nn.Parameter(torch.zeros(context.num_fused))

@@ -33,6 +33,7 @@ from .config import LayerFusionConfig
 from .discovery import EncoderBlocks, find_encoder_blocks, hidden_size_of
 from .fusion import FusionContext, FusionModule
 from .hooks import BlockCapture, Capture
+from .positions import scatter_positions, select_positions
 
 LAYER_NAME = "layer_fusion"  # attribute of the container holding the LayerFusionLayer
 FUSION_SUFFIX = "fusion"  # the per-adapter ModuleDict is named f"{prefix}{FUSION_SUFFIX}"
@@ -58,6 +59,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self.located = located
         self.capture = BlockCapture(located, self.fuse)
         self.model_hooks: dict[str, list[RemovableHandle]] = {}  # per adapter, outside the encoder
+        self.positions: Optional[torch.Tensor] = None  # (batch, seq) bool, set by positions.fused_positions
 
     # BaseTunerLayer looks for these on a base layer; a fusion layer wraps none.
     @property
@@ -114,8 +116,15 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         module_dtype = next((p.dtype for p in module.parameters()), output_dtype)
         if module_dtype != output_dtype:  # e.g. fp32 adapter on a bf16 model (masks cast too)
             capture = capture.to(module_dtype)
+        last = capture.states[-1]  # z_L: (batch, seq, d)
+        positions = self.positions if module.token_wise else None
+        if positions is not None:  # fuse only where it is read; z_L elsewhere
+            capture = select_positions(capture, positions)
         states = [capture.states[i] for i in self.fused_layers[name]]
-        return module(states, capture).to(output_dtype)
+        fused = module(states, capture)
+        if positions is not None:
+            fused = scatter_positions(fused, last, positions)
+        return fused.to(output_dtype)
 
     def merge(self, safe_merge: bool = False, adapter_names: Optional[list[str]] = None) -> None:
         raise merge_error()

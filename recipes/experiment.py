@@ -195,6 +195,8 @@ class Experiment:
             "data": self.data.name,
             "pid": os.getpid(),
         }
+        if self.settings.method_options:
+            record["method_options"] = dict(self.settings.method_options)  # e.g. {"lora_r": 114}
         layer = fusion_layer_of(model)
         if cell.method == "dwatt" and layer is not None:
             record["depth_attention"] = depth_attention_profile(
@@ -225,11 +227,13 @@ def depth_attention_profile(
     try:
         for start in range(0, len(features), batch_size):
             _, labels = runner.logits(features[start : start + batch_size], torch.device("cpu"))
-            weights = module.depth_attention(seen.pop())  # (batch, seq, K)
-            keep = labels != IGNORE_INDEX  # (batch, seq)
-            summed = weights[keep].sum(0)  # (K,)
+            # the runner fuses the labelled positions only: the module saw exactly those
+            weights = module.depth_attention(seen.pop()).flatten(0, -2)  # (labelled tokens, K)
+            if weights.shape[0] != int((labels != IGNORE_INDEX).sum()):
+                raise RuntimeError("depth attention was not computed on the labelled tokens only")
+            summed = weights.sum(0)  # (K,)
             total = summed if total is None else total + summed
-            count += int(keep.sum())
+            count += weights.shape[0]
     finally:
         handle.remove()
         runner.model.train(was_training)

@@ -21,12 +21,16 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from peft_layerfusion.positions import fused_positions
 
 from .data import IGNORE_INDEX, read_text
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees, load_pretrained
@@ -120,6 +124,49 @@ def lm_head_modules(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_children() if name != getattr(model, "base_model_prefix", "")]
 
 
+@contextmanager
+def head_on_positions(model: nn.Module, mask: torch.Tensor) -> Iterator[None]:
+    """Inside, only the ``mask`` positions reach the LM head (and the fusion runs only there).
+
+    The loss reads 15% of the positions; the vocabulary projection (``d x |V|`` per position)
+    is the largest cost of a masked-LM step, so the other 85% are dropped at the backbone's
+    output. Logits then come out as ``(1, selected, vocab)``, in the order of ``mask.nonzero()``.
+
+    Example:
+        >>> with head_on_positions(model, labels != -100):
+        ...     logits = model(input_ids=inputs).logits[0]  # (selected, vocab)
+        >>> loss = F.cross_entropy(logits, labels[labels != -100])
+    """
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = hf_model.base_model  # e.g. BertForMaskedLM.bert
+
+    def selected(module: nn.Module, args: tuple, output):
+        if isinstance(output, torch.Tensor):
+            return output[mask].unsqueeze(0)
+        first = output[0][mask].unsqueeze(0)  # (1, selected, d)
+        if isinstance(output, tuple):
+            return (first, *output[1:])
+        output["last_hidden_state"] = first  # a ModelOutput
+        return output
+
+    handle = backbone.register_forward_hook(selected)
+    try:
+        with fused_positions(model, mask):
+            yield
+    finally:
+        handle.remove()
+
+
+def masked_logits(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(selected, vocab)`` logits at the predicted positions and their ``(selected,)`` targets."""
+    mask = labels != IGNORE_INDEX  # (batch, seq)
+    with head_on_positions(model, mask):
+        logits = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits
+    return logits[0], labels[mask]
+
+
 @torch.no_grad()
 def masked_loss(
     model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int, device
@@ -130,11 +177,9 @@ def masked_loss(
     total, count = 0.0, 0
     for start in range(0, len(inputs), batch_size):
         x, y = inputs[start : start + batch_size].to(device), labels[start : start + batch_size].to(device)
-        logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits
-        total += F.cross_entropy(
-            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-        ).item()
-        count += int((y != IGNORE_INDEX).sum())
+        logits, targets = masked_logits(model, x, y)  # (selected, vocab), (selected,)
+        total += F.cross_entropy(logits, targets, reduction="sum").item()
+        count += len(targets)
     if was_training:
         eval_frozen_subtrees(model)
     return total / max(count, 1)
@@ -175,12 +220,10 @@ def run_mlm(args: argparse.Namespace) -> dict:
             inputs, labels = mask_tokens(
                 train[order[start : start + args.batch_size]], tokenizer, args.mlm_probability, masks
             )
-            logits = model(
-                input_ids=inputs.to(device), attention_mask=torch.ones_like(inputs).to(device)
-            ).logits
-            loss = F.cross_entropy(
-                logits.flatten(0, 1), labels.to(device).flatten(), ignore_index=IGNORE_INDEX
-            )
+            if not (labels != IGNORE_INDEX).any():  # nothing to predict in this batch
+                continue
+            logits, targets = masked_logits(model, inputs.to(device), labels.to(device))
+            loss = F.cross_entropy(logits, targets)
             accelerator.backward(loss)
             optimizer.step()
             scheduler.step()

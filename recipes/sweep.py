@@ -96,6 +96,8 @@ def run_cells(
     )
     try:
         if todo and workers > 1:
+            # longest first (steps grow with epochs x shots): the workers finish together
+            todo.sort(key=lambda cell: cell.epochs * cell.shots, reverse=True)
             threads = max(1, torch.get_num_threads() // workers)
             context = multiprocessing.get_context("spawn")
             with context.Pool(workers, _init_worker, (settings, threads)) as pool:

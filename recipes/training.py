@@ -19,6 +19,8 @@ from seqeval.metrics import f1_score
 from torch import nn
 from torch.utils.data import DataLoader
 
+from peft_layerfusion.positions import fused_positions
+
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, collate
 from .models import eval_frozen_subtrees, trainable_parameters
@@ -85,6 +87,10 @@ def micro_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
 class TokenClassifierRunner:
     """Forward passes of a token classifier, through a feature cache or not.
 
+    Only the labelled positions (first sub-words) are read, by the loss and by seqeval, so
+    token-wise fusion modules run on those alone (:func:`~peft_layerfusion.fused_positions`):
+    same numbers there, about a quarter of the fusion work on CoNLL-2003.
+
     Args:
         model: The model (already wrapped by its regime).
         located: Its encoder blocks (needed with ``cache``).
@@ -107,7 +113,7 @@ class TokenClassifierRunner:
             if self.cache
             else nullcontext()
         )
-        with replay:
+        with replay, fused_positions(self.model, batch["labels"] != IGNORE_INDEX):
             output = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         return output.logits, batch["labels"]
 

@@ -76,3 +76,24 @@ def test_mlm_cli_trains_fusion_and_lm_head(tiny, tmp_path, capsys):
     assert best == min(p["valid_ppl"] for p in record["curve"])
     assert math.isfinite(record["test_ppl"]) and record["test_ppl"] < 20 < 76  # vocabulary of 76: chance ~76
     assert best <= first
+
+
+@pytest.mark.parametrize("method", ["dwatt", "concat", "extra_layers", "none"])
+def test_masked_logits_equal_the_full_logits_at_the_predicted_positions(tiny, method):
+    from transformers import AutoModelForMaskedLM
+
+    from recipes.mlm import masked_logits
+    from recipes.models import apply_regime
+
+    torch.manual_seed(0)
+    model = apply_regime(AutoModelForMaskedLM.from_pretrained(tiny[0]), method, "fe", head_modules=("cls",))
+    model.eval()
+    generator = torch.Generator().manual_seed(3)
+    inputs = torch.randint(5, 40, (3, 9), generator=generator)
+    labels = torch.where(torch.rand(3, 9, generator=generator) < 0.3, inputs, torch.full_like(inputs, -100))
+    with torch.no_grad():
+        full = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits  # (3, 9, vocab)
+        logits, targets = masked_logits(model, inputs, labels)
+    chosen = labels != -100
+    assert logits.shape == (int(chosen.sum()), full.shape[-1]) and torch.equal(targets, labels[chosen])
+    torch.testing.assert_close(logits, full[chosen], atol=1e-5, rtol=1e-5)

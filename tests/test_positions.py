@@ -1,0 +1,130 @@
+"""``fused_positions``: fusing only the read positions gives the same numbers there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import NO_DROPOUT, attach, fusion_of, perturb_, tiny_bert
+
+from peft_layerfusion import (
+    AverageConfig,
+    ConcatConfig,
+    DWAttConfig,
+    ExtraLayersConfig,
+    ScalarMixConfig,
+    fused_positions,
+)
+from peft_layerfusion.tuner import fusion_layer_of
+
+TOKEN_WISE = [DWAttConfig, ConcatConfig, AverageConfig, ScalarMixConfig]
+
+
+@pytest.fixture
+def selected() -> torch.Tensor:
+    mask = torch.zeros(2, 7, dtype=torch.bool)
+    mask[0, [1, 2, 5]] = True
+    mask[1, [0, 3]] = True
+    return mask
+
+
+def fused_and_grads(model, input_ids, attention_mask, labels, mask=None):
+    model.zero_grad()
+    if mask is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    else:
+        with fused_positions(model, mask):
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), grads
+
+
+@pytest.mark.parametrize("config_class", TOKEN_WISE)
+def test_selected_positions_match_full_fusion(config_class, input_ids, attention_mask, selected):
+    model, _ = attach(config_class(modules_to_save=["classifier"]), tiny_bert(**NO_DROPOUT))
+    perturb_(fusion_of(model))
+    labels = torch.where(selected, torch.arange(14).view(2, 7) % 5, torch.full_like(input_ids, -100))
+    full_logits, full_grads = fused_and_grads(model, input_ids, attention_mask, labels)
+    part_logits, part_grads = fused_and_grads(model, input_ids, attention_mask, labels, selected)
+
+    torch.testing.assert_close(part_logits[selected], full_logits[selected], atol=1e-5, rtol=1e-5)
+    has_params = any(True for _ in fusion_of(model).parameters())
+    assert full_grads.keys() == part_grads.keys()
+    assert any("fusion" in name for name in full_grads) == has_params
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(part_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_other_positions_get_the_last_block_output(input_ids, attention_mask, selected):
+    model, reference = attach(DWAttConfig(), tiny_bert(**NO_DROPOUT))
+    perturb_(fusion_of(model))
+    seen = []
+    handle = fusion_layer_of(model).located.container.register_forward_hook(
+        lambda module, args, output: seen.append(output if isinstance(output, torch.Tensor) else output[0])
+    )
+    with torch.no_grad(), fused_positions(model, selected):
+        model(input_ids=input_ids, attention_mask=attention_mask)
+    handle.remove()
+    plain = reference(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    last = plain.hidden_states[-1]  # z_L of the untouched base
+    torch.testing.assert_close(seen[0][~selected], last[~selected])
+    assert not torch.allclose(seen[0][selected], last[selected], atol=1e-3)  # fused there
+
+
+@pytest.mark.parametrize("config_class", TOKEN_WISE)
+def test_an_empty_selection_gives_the_unfused_model(config_class, input_ids, attention_mask):
+    model, reference = attach(config_class(), tiny_bert(**NO_DROPOUT))
+    with torch.no_grad(), fused_positions(model, torch.zeros(2, 7, dtype=torch.bool)):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    with torch.no_grad():
+        plain = reference(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(logits, plain)
+
+
+def test_position_mixing_methods_ignore_the_mask(input_ids, attention_mask, selected):
+    model, _ = attach(ExtraLayersConfig(num_extra_layers=1), tiny_bert(**NO_DROPOUT))
+    with torch.no_grad():
+        full = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        with fused_positions(model, selected):
+            part = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    assert torch.equal(full, part)
+
+
+def test_the_restriction_ends_with_the_block_even_on_error(input_ids, selected):
+    model, _ = attach(DWAttConfig())
+    layer = fusion_layer_of(model)
+    with pytest.raises(RuntimeError, match="boom"), fused_positions(model, selected):
+        assert layer.positions is selected
+        raise RuntimeError("boom")
+    assert layer.positions is None
+
+
+def test_a_model_without_fusion_is_left_alone(input_ids, selected):
+    model = tiny_bert()
+    with torch.no_grad(), fused_positions(model, selected):
+        inside = model(input_ids=input_ids).logits
+    assert torch.equal(inside, model(input_ids=input_ids).logits)
+
+
+@pytest.mark.parametrize(
+    "mask, expected",
+    [
+        (torch.ones(2, 7, dtype=torch.long), "boolean"),
+        (torch.ones(14, dtype=torch.bool), "boolean"),
+        ([[True]], "boolean"),
+    ],
+)
+def test_bad_masks_are_refused(mask, expected):
+    model, _ = attach(DWAttConfig())
+    with pytest.raises(ValueError, match=expected), fused_positions(model, mask):
+        pass
+
+
+def test_a_mask_of_another_batch_is_refused(input_ids):
+    model, _ = attach(DWAttConfig())
+    with pytest.raises(ValueError, match=r"\(3, 7\).*\(2, 7\)"), fused_positions(
+        model, torch.ones(3, 7, dtype=torch.bool)
+    ):
+        model(input_ids=input_ids)
