@@ -3,10 +3,11 @@
 A 12-block, width-768 random BERT (BERT-base shape), batch 16 x 128 tokens, eval mode,
 ``torch.no_grad``. For every method the script prints
 
-* ``latency``: forward time relative to the base model, best and median over rounds; the
-  models are timed in interleaved rounds (base, dwatt, concat, ..., base, dwatt, ...), so
-  slow spells of a busy machine hit all of them alike (and the best of the rounds is
-  the least disturbed);
+* ``latency``: forward time relative to the base model; the models are timed in
+  interleaved rounds (base, dwatt, concat, ..., base, dwatt, ...). Two estimators: the
+  best time of each model over the rounds (noise only ever adds time), and the median over
+  rounds of the ratio to the base timed in the same round (paired: a slow spell that lasts
+  a round hits both sides of its ratio);
 * ``peak mem``: peak bytes of tensors alive during one forward, relative to the base's
   (the torch profiler's allocator events: deterministic, unaffected by machine noise);
 * ``FLOP bound``: the ratio of counted floating-point operations
@@ -87,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -108,15 +109,20 @@ def main() -> None:
 
     best = {name: min(values) for name, values in times.items()}  # noise only ever adds time
     median = {name: statistics.median(values) for name, values in times.items()}
+    paired = {  # median over rounds of (method / base of the same round)
+        name: statistics.median(t / b for t, b in zip(values, times["base"], strict=True))
+        for name, values in times.items()
+    }
     print(f"BERT-base shape (12 x 768), batch {args.batch} x {args.seq} tokens, {args.threads} threads, "
           f"{args.rounds} interleaved rounds, torch {torch.__version__}")
     print(f"base forward: {best['base'] * 1000:.0f} ms best, {median['base'] * 1000:.0f} ms median, "
           f"{flops['base'] / 1e9:.1f} GFLOP, "
           f"peak tensor memory {memory['base'] / 2**20:.0f} MiB")
-    print("| method | latency / base (best) | latency / base (median) | peak mem / base | FLOP bound |")
+    print("| method | latency / base (best) | latency / base (median of paired rounds) | peak mem / base "
+          "| FLOP bound |")
     print("|---|---|---|---|---|")
     for name in args.methods:
-        print(f"| {name} | {best[name] / best['base']:.3f}x | {median[name] / median['base']:.3f}x | "
+        print(f"| {name} | {best[name] / best['base']:.3f}x | {paired[name]:.3f}x | "
               f"{memory[name] / memory['base']:.3f}x | {flops[name] / flops['base']:.3f}x |")
 
 

@@ -64,6 +64,8 @@ class ExperimentSettings:
         dev_limit: Evaluate on at most this many dev sentences (``None``: all).
         train_sentences: Sample exactly this many training sentences per trial instead of
             ``N * C`` (e.g. a fixed 100-sentence budget); ``None``: the N-shot protocol.
+        fixed_sample: Every trial trains on trial 0's sample (only init and order change);
+            the paper's WikiANN protocol. ``False``: a new sample each trial.
     """
 
     model: str
@@ -80,6 +82,7 @@ class ExperimentSettings:
     method_options: dict[str, Any] = field(default_factory=dict)
     dev_limit: int | None = None
     train_sentences: int | None = None
+    fixed_sample: bool = False
 
     def lr_for(self, regime: str) -> float:
         if self.lr is not None:
@@ -132,7 +135,8 @@ class Experiment:
             size, types = self.settings.train_sentences, 1
         else:
             size, types = shots, self.num_types
-        sample = sample_shots(self.data.train, size, types, sample_seed(shots, trial))
+        sample_trial = 0 if self.settings.fixed_sample else trial
+        sample = sample_shots(self.data.train, size, types, sample_seed(shots, sample_trial))
         return encode_ner(self.tokenizer, sample, self.label2id, self.settings.max_length)
 
     def cache(self) -> FeatureCache:

@@ -56,6 +56,14 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         help="Sample exactly this many training sentences per trial instead of N*C (the "
         "shots value then only seeds the sample), e.g. 100 for a fixed budget.",
     )
+    parser.add_argument(
+        "--fixed-sample",
+        action="store_true",
+        default=None,
+        help="Draw the training sample once (trial 0's) and train every trial on it; trials then "
+        "differ only by initialisation and order (the paper's WikiANN protocol). Default: a new "
+        "sample each trial.",
+    )
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
     train.add_argument(
         "--lr",
@@ -153,6 +161,7 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 1,
     "seed": 0,
     "no_cache": False,
+    "fixed_sample": False,
     "head_modules": ["classifier"],
     "output": "layerfusion-results",
     "workers": 1,
@@ -208,6 +217,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         head_modules=tuple(pick("head_modules")),
         dev_limit=pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None),
         train_sentences=pick("train_sentences"),
+        fixed_sample=bool(pick("fixed_sample")),
         method_options=dict(loaded.get("method_options", {})),
     )
     grid = {key: pick(key) for key in (*GRID_KEYS, "output", "results", "workers", "quiet", "threads")}

@@ -88,3 +88,28 @@ def test_train_sentences_fixes_the_sample_size_instead_of_n_times_c(experiment):
     assert len(experiment.train_sample(4, 0)) == 4 * experiment.num_types
     assert len(fixed.train_sample(4, 0)) == 10 and len(fixed.train_sample(4, 1)) == 10
     assert fixed.train_sample(4, 0) != fixed.train_sample(4, 1)  # a new sample per trial
+
+
+def test_fixed_sample_reuses_trial_zeros_sentences_in_every_trial(experiment):
+    fixed = Experiment(
+        ExperimentSettings(
+            model=experiment.settings.model, data="toy", train_sentences=10, fixed_sample=True
+        ),
+        experiment.data,
+    )
+    assert fixed.train_sample(4, 0) == fixed.train_sample(4, 1) == fixed.train_sample(4, 2)
+    assert experiment.train_sample(4, 0) != experiment.train_sample(4, 1)
+
+
+def test_fixed_sample_is_read_from_flags_and_yaml(tmp_path):
+    import argparse
+
+    from recipes.options import add_experiment_arguments, resolve
+
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    assert resolve(parser.parse_args(["--data", "x", "--model", "m"]))[0].fixed_sample is False
+    assert resolve(parser.parse_args(["--data", "x", "--model", "m", "--fixed-sample"]))[0].fixed_sample
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("data: x\nmodel: m\nfixed_sample: true\n")
+    assert resolve(parser.parse_args(["--config", str(grid)]))[0].fixed_sample
