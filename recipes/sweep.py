@@ -41,6 +41,17 @@ def grid_cells(grid: dict[str, Any]) -> list[Cell]:
     ]
 
 
+def longest_first(cells: Iterable[Cell]) -> list[Cell]:
+    """``cells`` by decreasing training steps (epochs x shots; stable otherwise), so that
+    parallel workers do not end with one long cell running alone.
+
+    Example:
+        >>> [c.shots for c in longest_first([Cell("none", "fe", 8, 25, 0), Cell("none", "fe", 128, 25, 0)])]
+        [128, 8]
+    """
+    return sorted(cells, key=lambda cell: cell.epochs * cell.shots, reverse=True)
+
+
 _WORKER: Experiment | None = None
 
 
@@ -96,8 +107,7 @@ def run_cells(
     )
     try:
         if todo and workers > 1:
-            # longest first (steps grow with epochs x shots): the workers finish together
-            todo.sort(key=lambda cell: cell.epochs * cell.shots, reverse=True)
+            todo = longest_first(todo)
             threads = max(1, torch.get_num_threads() // workers)
             context = multiprocessing.get_context("spawn")
             with context.Pool(workers, _init_worker, (settings, threads)) as pool:

@@ -113,3 +113,17 @@ def test_fixed_sample_is_read_from_flags_and_yaml(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text("data: x\nmodel: m\nfixed_sample: true\n")
     assert resolve(parser.parse_args(["--config", str(grid)]))[0].fixed_sample
+
+
+def test_method_options_reach_the_model_and_the_record(experiment):
+    from dataclasses import replace
+
+    from peft_layerfusion.regimes import trainable_parameter_names
+
+    options = Experiment(replace(experiment.settings, method_options={"lora_r": 3}), experiment.data)
+    model, _ = options.build(Cell("none", "lora", 4, 1, 0))
+    ranks = {p.shape[0] for n, p in model.named_parameters() if "lora_A" in n}
+    assert ranks == {3} and any("lora_A" in n for n in trainable_parameter_names(model))
+    record = options.run(Cell("none", "lora", 4, 1, 0))
+    assert record["method_options"] == {"lora_r": 3}
+    assert "method_options" not in experiment.run(Cell("none", "fe", 4, 1, 0))

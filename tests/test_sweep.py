@@ -11,7 +11,7 @@ import pytest
 from recipes.experiment import Cell, Experiment, ExperimentSettings
 from recipes.options import add_experiment_arguments, resolve
 from recipes.results import append_record, finished_keys, read_records
-from recipes.sweep import grid_cells, run_cells
+from recipes.sweep import grid_cells, longest_first, run_cells
 from recipes.toy import toy_dataset, write_tiny_model
 
 GRID = {"methods": ["none", "concat"], "regimes": ["fe"], "shots": [2, 4], "epochs": [2], "trials": 2}
@@ -99,3 +99,15 @@ def test_workers_run_cells_in_other_processes(tmp_path, settings):
     assert sorted(r["key"] for r in records) == sorted(c.key for c in cells)
     pids = {json.loads(line)["pid"] for line in (tmp_path / "r.jsonl").read_text().splitlines()}
     assert os.getpid() not in pids
+
+
+def test_longest_cells_go_first_and_ties_keep_grid_order():
+    grid = {"methods": ["none", "dwatt"], "regimes": ["fe"], "shots": [8, 128], "epochs": [25, 100]}
+    grid["trials"] = 1
+    ordered = [(c.epochs, c.shots, c.method) for c in longest_first(grid_cells(grid))]
+    assert ordered == [
+        (100, 128, "none"), (100, 128, "dwatt"),  # 12800 epoch-shots
+        (25, 128, "none"), (25, 128, "dwatt"),  # 3200
+        (100, 8, "none"), (100, 8, "dwatt"),  # 800
+        (25, 8, "none"), (25, 8, "dwatt"),  # 200
+    ]  # fmt: skip
