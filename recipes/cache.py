@@ -3,7 +3,9 @@
 In FE every pretrained weight is frozen and (with the encoder in eval mode) the block outputs
 ``z_0 .. z_L`` of a sentence never change, so they are computed once per sentence and kept,
 keyed by model + max length + the sentence's token ids (shared by every method, trial and
-shot size of a sweep; optionally persisted to a directory so that sweep workers share it).
+shot size of a sweep; optionally persisted to a directory so that sweep workers share it:
+each fill appends one shard file with the sentences it added, written atomically, and every
+fill first reads the shards other workers wrote since, so nothing is computed or written twice).
 
 Training then *replays* the cache through the real model: inside :meth:`FeatureCache.replay`
 every encoder block returns its cached output instead of computing it. The embeddings, the
@@ -17,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,7 +43,7 @@ class FeatureCache:
         located: Its encoder blocks (``find_encoder_blocks(base_model)``).
         model_name: Name or path of the model (part of the cache key).
         max_length: Tokenizer max length (part of the cache key).
-        directory: Optional folder where the cache is persisted (``<key>.pt``).
+        directory: Optional folder where the cache is persisted (shards under ``features-<key>/``).
 
     Example:
         >>> cache = FeatureCache(base, find_encoder_blocks(base), "minilm", 128)
@@ -60,14 +63,12 @@ class FeatureCache:
         self.base_model = base_model
         self.located = located
         self.key = hashlib.sha1(f"{model_name}|{max_length}|{located.num_blocks}".encode()).hexdigest()[:16]
-        self.path = Path(directory) / f"features-{self.key}.pt" if directory else None
+        self.path = Path(directory) / f"features-{self.key}" if directory else None  # shard folder
         self.states: dict[tuple[int, ...], torch.Tensor] = {}  # ids -> (L+1, seq, d)
         self._padded: dict[tuple, torch.Tensor] = {}  # memo of padded evaluation batches
+        self._read_shards: set[str] = set()
         self.block_output_len: int | None = None  # None: blocks return a tensor; n: a tuple of n
-        if self.path is not None and self.path.exists():
-            saved = torch.load(self.path)
-            self.states.update(saved["states"])
-            self.block_output_len = saved["block_output_len"]
+        self.refresh()
 
     def __len__(self) -> int:
         return len(self.states)
@@ -75,6 +76,7 @@ class FeatureCache:
     @torch.no_grad()
     def fill(self, features: Sequence[dict[str, list[int]]], batch_size: int = 64) -> int:
         """Compute the states of every sentence not cached yet; returns how many were added."""
+        self.refresh()  # another worker may have computed some of them meanwhile
         missing = list(
             {tuple(f["input_ids"]): f for f in features if tuple(f["input_ids"]) not in self.states}.values()
         )
@@ -98,24 +100,36 @@ class FeatureCache:
             capture.remove()
             handle.remove()
             self.base_model.train(was_training)
-        self.save()
+        self._write_shard([tuple(f["input_ids"]) for f in missing])
         return len(missing)
 
     def _record_output_kind(self, module: nn.Module, args: tuple, output: object) -> None:
         self.block_output_len = None if isinstance(output, torch.Tensor) else len(output)
 
-    def save(self) -> None:
-        """Merge into the persisted file (atomic: temp file + ``os.replace``)."""
-        if self.path is None:
+    def refresh(self) -> int:
+        """Read the shards written (by any worker) since the last call; returns how many."""
+        if self.path is None or not self.path.is_dir():
+            return 0
+        new = sorted(p for p in self.path.glob("*.pt") if p.name not in self._read_shards)
+        for shard in new:
+            saved = torch.load(shard)
+            self.states.update(saved["states"])
+            self.block_output_len = saved["block_output_len"]
+            self._read_shards.add(shard.name)
+        return len(new)
+
+    def _write_shard(self, keys: Sequence[tuple[int, ...]]) -> None:
+        """Persist the states of ``keys`` as one new shard (atomic: temp file + ``os.replace``)."""
+        if self.path is None or not keys:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        merged = dict(self.states)
-        if self.path.exists():  # another worker may have added sentences meanwhile
-            merged = {**torch.load(self.path)["states"], **merged}
-        handle, temp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        self.path.mkdir(parents=True, exist_ok=True)
+        name = f"shard-{uuid.uuid4().hex}.pt"
+        handle, temp = tempfile.mkstemp(dir=self.path, suffix=".tmp")
         os.close(handle)
-        torch.save({"states": merged, "block_output_len": self.block_output_len}, temp)
-        os.replace(temp, self.path)
+        states = {key: self.states[key] for key in keys}
+        torch.save({"states": states, "block_output_len": self.block_output_len}, temp)
+        os.replace(temp, self.path / name)
+        self._read_shards.add(name)
 
     def batch_states(self, features: Sequence[dict[str, list[int]]], memo: bool = False) -> torch.Tensor:
         """Cached states of a batch, zero-padded: ``(L+1, batch, seq, d)``.

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from seqeval.metrics import f1_score
+from seqeval.metrics.sequence_labeling import get_entities
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -84,6 +85,43 @@ def micro_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
     return float(f1_score(gold, predicted, average="micro", zero_division=0))
 
 
+class EntityScorer:
+    """seqeval's entity-level micro-F1 against a fixed gold set whose entities are parsed once.
+
+    Evaluating a run scores the same dev set again and again; ``f1_score`` re-parses the gold
+    tags every time. This keeps the gold entities and parses only the predictions, with
+    seqeval's own parser and arithmetic, so the number equals :func:`micro_f1` exactly.
+
+    Args:
+        gold: Gold tag sequences, one list per sentence.
+
+    Example:
+        >>> scorer = EntityScorer([["B-PER", "I-PER", "O"]])
+        >>> scorer.f1([["B-PER", "I-PER", "O"]])
+        1.0
+    """
+
+    def __init__(self, gold: list[list[str]]) -> None:
+        self.lengths = [len(tags) for tags in gold]
+        self.gold = set(get_entities(gold))  # {(type, start, end)} over the joined sentences
+
+    def f1(self, predicted: list[list[str]]) -> float:
+        """Micro-F1 (0..1) of ``predicted`` (same sentences and lengths as the gold)."""
+        lengths = [len(tags) for tags in predicted]
+        if lengths != self.lengths:
+            raise ValueError(
+                f"predicted has {len(lengths)} sentences / {sum(lengths)} tags, the gold "
+                f"{len(self.lengths)} / {sum(self.lengths)}: score the same sentences"
+            )
+        predicted_entities = set(get_entities(predicted))
+        correct = len(self.gold & predicted_entities)
+        # seqeval's arithmetic (zero_division=0): P, R, then F = 2PR / (P + R)
+        precision = correct / len(predicted_entities) if predicted_entities else 0.0
+        recall = correct / len(self.gold) if self.gold else 0.0
+        denominator = precision + recall
+        return 2.0 * precision * recall / (denominator if denominator else 1.0)
+
+
 class TokenClassifierRunner:
     """Forward passes of a token classifier, through a feature cache or not.
 
@@ -118,14 +156,17 @@ class TokenClassifierRunner:
         return output.logits, batch["labels"]
 
 
-def _tags(logits: torch.Tensor, labels: torch.Tensor, id2label: dict[int, str]) -> tuple[list, list]:
-    predicted = logits.argmax(-1)
-    gold, pred = [], []
-    for row_pred, row_gold in zip(predicted.tolist(), labels.tolist(), strict=True):
-        keep = [i for i, g in enumerate(row_gold) if g != IGNORE_INDEX]
-        gold.append([id2label[row_gold[i]] for i in keep])
-        pred.append([id2label[row_pred[i]] for i in keep])
-    return gold, pred
+def gold_tags(features: Sequence[dict], id2label: dict[int, str]) -> list[list[str]]:
+    """The gold tags of encoded sentences, one per labelled position (first sub-words)."""
+    return [[id2label[label] for label in f["labels"] if label != IGNORE_INDEX] for f in features]
+
+
+def _predicted_tags(logits: torch.Tensor, labels: torch.Tensor, id2label: dict[int, str]) -> list[list[str]]:
+    predicted = logits.argmax(-1)  # (batch, seq)
+    return [
+        [id2label[p] for p, g in zip(row_pred, row_gold, strict=True) if g != IGNORE_INDEX]
+        for row_pred, row_gold in zip(predicted.tolist(), labels.tolist(), strict=True)
+    ]
 
 
 @torch.no_grad()
@@ -135,21 +176,24 @@ def evaluate_f1(
     id2label: dict[int, str],
     batch_size: int,
     device: torch.device,
+    scorer: EntityScorer | None = None,
 ) -> float:
-    """Dev micro-F1 of ``runner``'s model (eval mode during the call)."""
+    """Dev micro-F1 of ``runner``'s model (eval mode during the call).
+
+    ``scorer``: an :class:`EntityScorer` of ``features`` (made once per run; built here if omitted).
+    """
+    scorer = scorer or EntityScorer(gold_tags(features, id2label))
     was_training = runner.model.training
     runner.model.eval()
-    gold, pred = [], []
+    predicted = []
     try:
         for start in range(0, len(features), batch_size):
             logits, labels = runner.logits(features[start : start + batch_size], device, memo=True)
-            g, p = _tags(logits, labels, id2label)
-            gold += g
-            pred += p
+            predicted += _predicted_tags(logits, labels, id2label)
     finally:
         if was_training:
             eval_frozen_subtrees(runner.model)
-    return micro_f1(gold, pred)
+    return scorer.f1(predicted)
 
 
 def train_token_classifier(
@@ -197,6 +241,7 @@ def train_token_classifier(
     runner = copy.copy(runner)
     runner.model = model
     eval_frozen_subtrees(model)
+    scorer = EntityScorer(gold_tags(dev, id2label))
     result, step = RunResult(best_f1=-1.0, best_epoch=0), 0
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
@@ -208,7 +253,7 @@ def train_token_classifier(
             optimizer.zero_grad()
             step += 1
         if epoch % settings.eval_every == 0 or epoch == settings.epochs:
-            f1 = evaluate_f1(runner, dev, id2label, settings.eval_batch_size, accelerator.device)
+            f1 = evaluate_f1(runner, dev, id2label, settings.eval_batch_size, accelerator.device, scorer)
             result.curve.append({"epoch": epoch, "step": step, "dev_f1": f1})
             if f1 > result.best_f1:
                 result.best_f1, result.best_epoch = f1, epoch

@@ -89,3 +89,19 @@ def test_cache_fills_once_and_persists(tmp_path, experiment):
     torch.testing.assert_close(reloaded.states[key], cache.states[key], atol=0, rtol=0)
     other = FeatureCache(base, located, experiment.settings.model, 64, directory=tmp_path)
     assert len(other) == 0  # max_length is part of the key
+
+
+def test_workers_share_shards_and_never_recompute(tmp_path, experiment):
+    from recipes.models import load_token_classifier
+
+    base = load_token_classifier(experiment.settings.model, 5, seed=0)
+    located = find_encoder_blocks(base)
+    first = FeatureCache(base, located, experiment.settings.model, 128, directory=tmp_path)
+    second = FeatureCache(base, located, experiment.settings.model, 128, directory=tmp_path)  # a 2nd worker
+    assert first.fill(experiment.dev[:5]) == 5
+    (first.path / "crashed-writer.tmp").write_bytes(b"half a file")  # an interrupted write is ignored
+    assert second.fill(experiment.dev[:7]) == 2  # read the first worker's shard, computed the rest
+    assert first.fill(experiment.dev[:7]) == 0 and len(first) == 7
+    assert sorted(p.suffix for p in first.path.iterdir()) == [".pt", ".pt", ".tmp"]  # one shard per fill
+    key = tuple(experiment.dev[6]["input_ids"])
+    torch.testing.assert_close(first.states[key], second.states[key], atol=0, rtol=0)

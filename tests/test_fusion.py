@@ -43,3 +43,25 @@ def test_linear_init_bounds_follow_fan_in():
     bound = 64**-0.5
     assert weight.abs().max() <= bound and bias.abs().max() <= bound
     assert weight.abs().max() > 0.9 * bound  # really drawn over the whole range
+
+
+def test_fusion_modules_realign_tensors_loaded_with_assign():
+    from conftest import attach, fusion_of
+
+    from peft_layerfusion import DWAttConfig
+
+    model, _ = attach(DWAttConfig())
+    module = fusion_of(model)
+    state = module.state_dict()
+    # what low_cpu_mem_usage loads: views into one file buffer, at offsets BLAS kernels treat differently
+    size = sum(t.numel() for t in state.values())
+    buffer, offset, views = torch.empty(size + 2 * len(state)), 1, {}
+    for name, tensor in state.items():
+        views[name] = buffer[offset : offset + tensor.numel()].view_as(tensor).copy_(tensor)
+        offset += tensor.numel() + 1
+    assert any(v.data_ptr() % 64 for v in views.values())
+    module.load_state_dict(views, assign=True)
+    loaded = [*module.parameters(), *module.buffers()]
+    assert len(loaded) == len(state) and all(t.data_ptr() % 64 == 0 for t in loaded)
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(tensor, state[name]), name

@@ -149,7 +149,9 @@ def test_t5_gradient_checkpointing_with_tuple_blocks(use_reentrant, input_ids):
     assert plain.keys() == checkpointed.keys() and any(".block.1." in n for n in plain)
     for name, grad in plain.items():
         assert grad.abs().sum() > 0, name
-        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+        # recomputation rounds differently on some CPUs (seen: 4e-6 on gradients of size 12);
+        # a lost or doubled gradient path is off by O(1)
+        torch.testing.assert_close(checkpointed[name], grad, atol=2e-5, rtol=1e-5, msg=name)
 
 
 # ----------------------------------------------------------------------------- nothing kept alive
