@@ -57,24 +57,25 @@ def fused_positions(model: nn.Module, mask: torch.Tensor) -> Iterator[None]:
         layer.positions = previous
 
 
-def _flat_indices(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Indices of the True entries of ``mask`` in its flattened ``(batch * seq)`` order."""
-    return mask.to(device).flatten().nonzero().squeeze(1)  # (selected,)
+def position_index(mask: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """Flat ``(batch * seq)`` indices of the selected positions of ``last`` ``(batch, seq, d)``.
 
-
-def select_positions(capture: Capture, mask: torch.Tensor) -> Capture:
-    """``capture`` with each state reduced to the selected positions: ``(1, selected, d)``.
-
-    The flat indices are found once and every state is gathered with ``index_select``
-    (about 2.5x faster than boolean indexing, which searches the mask again per state).
+    Found once per forward and used by both :func:`select_positions` and :func:`scatter_positions`.
     """
-    last = capture.states[-1]  # (batch, seq, d)
     if tuple(mask.shape) != tuple(last.shape[:2]):
         raise ValueError(
             f"fused_positions mask has shape {tuple(mask.shape)}, the encoder states "
             f"{tuple(last.shape[:2])} (batch, seq): pass the mask of this batch"
         )
-    index = _flat_indices(mask, last.device)
+    return mask.to(last.device).flatten().nonzero().squeeze(1)  # (selected,)
+
+
+def select_positions(capture: Capture, index: torch.Tensor) -> Capture:
+    """``capture`` with each state reduced to the positions ``index``: ``(1, selected, d)``.
+
+    Gathered with ``index_select`` (about 2.5x faster than boolean indexing, which searches
+    the mask again per state).
+    """
     return Capture(
         states=[state.flatten(0, 1).index_select(0, index).unsqueeze(0) for state in capture.states],
         last_block_args=capture.last_block_args,
@@ -82,8 +83,7 @@ def select_positions(capture: Capture, mask: torch.Tensor) -> Capture:
     )  # each state (1, selected, d)
 
 
-def scatter_positions(fused: torch.Tensor, last: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``z_L`` with the selected positions replaced by ``fused`` ``(1, selected, d)``."""
-    index = _flat_indices(mask, last.device)
+def scatter_positions(fused: torch.Tensor, last: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``z_L`` with the positions ``index`` replaced by ``fused`` ``(1, selected, d)``."""
     out = last.flatten(0, 1).index_copy(0, index, fused.squeeze(0).to(last.dtype))  # (batch * seq, d)
     return out.view_as(last)

@@ -33,7 +33,7 @@ from .config import LayerFusionConfig
 from .discovery import EncoderBlocks, find_encoder_blocks, hidden_size_of
 from .fusion import FusionContext, FusionModule
 from .hooks import BlockCapture, Capture
-from .positions import scatter_positions, select_positions
+from .positions import position_index, scatter_positions, select_positions
 
 LAYER_NAME = "layer_fusion"  # attribute of the container holding the LayerFusionLayer
 FUSION_SUFFIX = "fusion"  # the per-adapter ModuleDict is named f"{prefix}{FUSION_SUFFIX}"
@@ -118,12 +118,13 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
             capture = capture.to(module_dtype)
         last = capture.states[-1]  # z_L: (batch, seq, d)
         positions = self.positions if module.token_wise else None
-        if positions is not None:  # fuse only where it is read; z_L elsewhere
-            capture = select_positions(capture, positions)
+        index = None if positions is None else position_index(positions, last)
+        if index is not None:  # fuse only where it is read; z_L elsewhere
+            capture = select_positions(capture, index)
         states = [capture.states[i] for i in self.fused_layers[name]]
         fused = module(states, capture)
-        if positions is not None:
-            fused = scatter_positions(fused, last, positions)
+        if index is not None:
+            fused = scatter_positions(fused, last, index)
         return fused.to(output_dtype)
 
     def merge(self, safe_merge: bool = False, adapter_names: Optional[list[str]] = None) -> None:

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from seqeval.metrics import f1_score
 
 from recipes.experiment import Cell, Experiment, ExperimentSettings, sample_seed
 from recipes.toy import toy_dataset, write_tiny_model
@@ -28,6 +29,10 @@ def test_micro_f1_is_entity_level_seqeval():
 
 
 def test_entity_scorer_equals_seqeval_exactly():
+    def seqeval_f1(gold, predicted):
+        return float(f1_score(gold, predicted, average="micro", zero_division=0))
+
+
     rng = random.Random(0)
     # I-ORG never follows B-ORG: seqeval's lenient parse opens an entity there; ours must too
     tags = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-ORG"]
@@ -35,10 +40,11 @@ def test_entity_scorer_equals_seqeval_exactly():
     scorer = EntityScorer(gold)
     for _ in range(20):
         predicted = [[rng.choice(tags) if rng.random() < 0.4 else g for g in row] for row in gold]
-        assert scorer.f1(predicted) == micro_f1(gold, predicted)  # bitwise, not approx
+        assert scorer.f1(predicted) == seqeval_f1(gold, predicted)  # bitwise, not approx
+        assert micro_f1(gold, predicted) == scorer.f1(predicted)
     assert scorer.f1(gold) == 1.0
     nothing = [["O"] * len(row) for row in gold]
-    assert scorer.f1(nothing) == 0.0 == micro_f1(gold, nothing)
+    assert scorer.f1(nothing) == 0.0 == seqeval_f1(gold, nothing)
     assert EntityScorer([["O", "O"]]).f1([["O", "O"]]) == 0.0
     with pytest.raises(ValueError, match="same sentences"):
         scorer.f1(gold[:-1])
