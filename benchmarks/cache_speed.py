@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 import torch
-
-from recipes.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
-from recipes.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
+from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
 
 
 def parse_shape(text: str) -> tuple[int, int]:

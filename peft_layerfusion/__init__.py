@@ -5,22 +5,28 @@ Importing the package registers every method with peft::
     import peft_layerfusion
     from peft import get_peft_model
     model = get_peft_model(base_model, peft_layerfusion.DWAttConfig())
+
+The house: plumbing at the top (``discovery`` finds the blocks, ``hooks`` captures their
+states, ``fusion`` is the method interface, ``layer`` the tuner layer, ``model`` the tuner,
+``registration`` THE list of methods), one file per method in ``methods/``, the
+sequence-to-sequence methods in ``seq2seq/``, fair comparisons in ``comparison/``.
 """
 
-from .average import AverageConfig
-from .bitfit import BitFitConfig
-from .concat import ConcatConfig
+from .bitfit import BitFitConfig, BitFitModel
 from .config import LayerFusionConfig
 from .discovery import EncoderBlocks, find_encoder_blocks
-from .dwatt import DWAttConfig
-from .encoder_fusion import EncoderFusionConfig
-from .extra_layers import ExtraLayersConfig
+from .fusion import FusionContext, FusionModule
 from .hooks import count_hooks
-from .positions import fused_positions
-from .registration import METHODS, register_all
-from .scalar_mix import ScalarMixConfig
-from .surface_fusion import SurfaceFusionConfig
-from .tuner import LayerFusionLayer, LayerFusionModel
+from .layer import LayerFusionLayer, active_fusion_module, fused_positions
+from .methods.average import AverageConfig, AverageModel
+from .methods.concat import ConcatConfig, ConcatModel
+from .methods.dwatt import DWAttConfig, DWAttModel
+from .methods.extra_layers import ExtraLayersConfig, ExtraLayersModel
+from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
+from .model import LayerFusionModel
+from .registration import METHODS, Method, method_named, register_all
+from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
+from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
 
 register_all()
 
@@ -29,19 +35,32 @@ __version__ = "0.1.0"
 __all__ = [
     "METHODS",
     "AverageConfig",
+    "AverageModel",
     "BitFitConfig",
+    "BitFitModel",
     "ConcatConfig",
+    "ConcatModel",
     "DWAttConfig",
+    "DWAttModel",
     "EncoderBlocks",
     "EncoderFusionConfig",
+    "EncoderFusionModel",
     "ExtraLayersConfig",
+    "ExtraLayersModel",
+    "FusionContext",
+    "FusionModule",
     "LayerFusionConfig",
     "LayerFusionLayer",
     "LayerFusionModel",
+    "Method",
     "ScalarMixConfig",
+    "ScalarMixModel",
     "SurfaceFusionConfig",
+    "SurfaceFusionModel",
+    "active_fusion_module",
     "count_hooks",
     "find_encoder_blocks",
     "fused_positions",
+    "method_named",
     "register_all",
 ]

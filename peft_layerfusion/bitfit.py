@@ -7,7 +7,7 @@ registered PEFT type is ``BITFIT``. With ``bias="none"`` it trains ``modules_to_
 only: the "frozen encoder + head" baseline (regime ``fe`` without fusion).
 
 The tuner reuses LoRA's machinery (marking biases trainable, wrapping
-``modules_to_save``, saving biases) through ``tuner.inject_lora`` with no LoRA target.
+``modules_to_save``, saving biases) through ``model.inject_lora`` with no LoRA target.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from peft.utils.peft_types import PeftType
 from torch import nn
 
 from .config import invalid
-from .tuner import inject_lora
+from .model import inject_lora
 
 BITFIT_BIAS_OPTIONS = ("all", "none")
 

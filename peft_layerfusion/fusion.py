@@ -52,6 +52,11 @@ class FusionModule(nn.Module):
     # True when h at a position depends only on z_0 .. z_L at that position (no mixing along
     # the sequence): such a module may be run on a subset of the positions (``positions.py``).
     token_wise: ClassVar[bool] = False
+    # True for sequence-to-sequence methods, which act on the decoder (need an encoder-decoder model).
+    seq2seq: ClassVar[bool] = False
+    # False for methods with (almost) no parameters (Average, ScalarMix): budget audits use them as
+    # references and never size or flag them against the parameter-heavy methods.
+    sized_to_budget: ClassVar[bool] = True
 
     def __init__(self, config: LayerFusionConfig, context: FusionContext) -> None:
         super().__init__()
@@ -62,7 +67,9 @@ class FusionModule(nn.Module):
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:  # noqa: D102
         raise NotImplementedError
 
-    def register_model_hooks(self, model: nn.Module, is_active: Callable[[], bool]) -> list[RemovableHandle]:
+    def register_model_hooks(
+        self, context: FusionContext, is_active: Callable[[], bool]
+    ) -> list[RemovableHandle]:
         """Hooks this method needs outside the encoder (default: none).
 
         Methods that act elsewhere than on the encoder output (e.g. on the decoder of a
@@ -70,7 +77,7 @@ class FusionModule(nn.Module):
         ``delete_adapter``. Each hook must do nothing unless ``is_active()``.
 
         Args:
-            model: The base model the fusion is attached to.
+            context: The model and its located encoder, as the module was built with.
             is_active: True while this adapter is the active, enabled fusion adapter.
         """
         return []

@@ -1,10 +1,15 @@
-"""Registration of the fusion methods as PEFT types, in one place.
+"""THE list of methods, and their registration as PEFT types.
+
+:data:`METHODS` is the one place that names the fusion methods; everything else (regimes,
+the audit, the command line, benchmarks, tests) derives its lists from it. Adding a method
+is one file in ``methods/`` (its config, its module, its ``XxxModel``) and one line here.
 
 peft keeps its method types in the closed str-Enum ``PeftType`` and refuses to register a
 name that is not a member. :func:`register_all` adds the members (``DWATT``, ``CONCAT``,
 ...), then calls ``peft.utils.peft_types.register_peft_method`` for each. It is
 idempotent (importing the package twice, or reloading it, changes nothing) and fails with
-a message naming the installed peft version if peft's internals moved.
+a message naming the installed peft version if peft's internals moved. Nothing inside the
+library imports this module back (only ``__init__`` and ``comparison/``, which sit above it).
 """
 
 from __future__ import annotations
@@ -12,57 +17,87 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import peft
+from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
 from peft.utils import peft_types
 from peft.utils.peft_types import PeftType
 
-from .average import Average, AverageConfig
 from .bitfit import BitFitConfig, BitFitModel
-from .concat import Concat, ConcatConfig
 from .config import LayerFusionConfig
-from .dwatt import DWAtt, DWAttConfig
-from .encoder_fusion import EncoderFusion, EncoderFusionConfig
-from .extra_layers import ExtraLayers, ExtraLayersConfig
 from .fusion import FusionModule
-from .scalar_mix import ScalarMix, ScalarMixConfig
-from .surface_fusion import SurfaceFusion, SurfaceFusionConfig
-from .tuner import LayerFusionModel
+from .methods.average import AverageConfig, AverageModel
+from .methods.concat import ConcatConfig, ConcatModel
+from .methods.dwatt import DWAttConfig, DWAttModel
+from .methods.extra_layers import ExtraLayersConfig, ExtraLayersModel
+from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
+from .model import LayerFusionModel
+from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
+from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
 
 
 @dataclass(frozen=True)
 class Method:
-    """One registered fusion method."""
+    """One registered fusion method.
 
-    name: str  # lower case, e.g. "dwatt"; the PEFT type is name.upper()
+    Args:
+        name: Lower case, e.g. ``"dwatt"``; the PEFT type is ``name.upper()``.
+        config_cls: Its PEFT config.
+        model_cls: Its PEFT tuner (a :class:`LayerFusionModel` naming its fusion module).
+    """
+
+    name: str
     config_cls: type[LayerFusionConfig]
-    module_cls: type[FusionModule]
+    model_cls: type[LayerFusionModel]
 
     @property
     def prefix(self) -> str:
         return f"{self.name}_"
 
+    @property
+    def module_cls(self) -> type[FusionModule]:
+        return self.model_cls.fusion_module_cls
+
+    @property
+    def token_wise(self) -> bool:
+        """``h`` at a position depends on that position only (may run on selected positions)."""
+        return self.module_cls.token_wise
+
+    @property
+    def seq2seq(self) -> bool:
+        """Acts on a decoder: needs an encoder-decoder model."""
+        return self.module_cls.seq2seq
+
 
 METHODS: tuple[Method, ...] = (
-    Method("dwatt", DWAttConfig, DWAtt),
-    Method("concat", ConcatConfig, Concat),
-    Method("average", AverageConfig, Average),
-    Method("scalar_mix", ScalarMixConfig, ScalarMix),
-    Method("extra_layers", ExtraLayersConfig, ExtraLayers),
-    Method("surface_fusion", SurfaceFusionConfig, SurfaceFusion),
-    Method("encoder_fusion", EncoderFusionConfig, EncoderFusion),
+    Method("dwatt", DWAttConfig, DWAttModel),
+    Method("concat", ConcatConfig, ConcatModel),
+    Method("average", AverageConfig, AverageModel),
+    Method("scalar_mix", ScalarMixConfig, ScalarMixModel),
+    Method("extra_layers", ExtraLayersConfig, ExtraLayersModel),
+    Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel),
+    Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel),
 )
 
-TUNER_CLASSES: dict[str, type[LayerFusionModel]] = {}
+ENCODER_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if not m.seq2seq)  # any encoder
+SEQ2SEQ_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if m.seq2seq)  # encoder-decoder only
 
 # PEFT types that are not fusion methods (no fusion module): (name, config class, tuner class).
 BASELINE_TYPES: tuple[tuple[str, type, type], ...] = (("bitfit", BitFitConfig, BitFitModel),)
 
 
-def fusion_module_class(config: LayerFusionConfig) -> type[FusionModule]:
-    """The fusion module class for a config."""
+def method_named(name: str) -> Method:
+    """The registered :class:`Method` called ``name``.
+
+    Raises:
+        ValueError: naming the known methods when there is none of that name.
+
+    Example:
+        >>> method_named("dwatt").config_cls.__name__
+        'DWAttConfig'
+    """
     for method in METHODS:
-        if isinstance(config, method.config_cls):
-            return method.module_cls
-    raise TypeError(f"No fusion method is registered for {type(config).__name__}.")
+        if method.name == name:
+            return method
+    raise ValueError(f"method={name!r} is not registered; allowed: {[m.name for m in METHODS]}")
 
 
 def _peft_internals_error(what: str) -> RuntimeError:
@@ -96,20 +131,11 @@ def add_peft_type(value: str) -> PeftType:
     return member
 
 
-def _tuner_class(method: Method) -> type[LayerFusionModel]:
-    if method.name not in TUNER_CLASSES:
-        class_name = method.config_cls.__name__.removesuffix("Config") + "Model"
-        TUNER_CLASSES[method.name] = type(class_name, (LayerFusionModel,), {"prefix": method.prefix})
-    return TUNER_CLASSES[method.name]
-
-
 def register_all() -> None:
-    """Register every fusion method with peft (idempotent)."""
-    from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
-
+    """Register every fusion method (and BitFit) with peft (idempotent)."""
     if not hasattr(peft_types, "register_peft_method"):
         raise _peft_internals_error("peft.utils.peft_types.register_peft_method is missing")
-    entries = [(method.name, method.config_cls, _tuner_class(method)) for method in METHODS]
+    entries = [(method.name, method.config_cls, method.model_cls) for method in METHODS]
     for name, config_cls, model_cls in entries + list(BASELINE_TYPES):
         peft_type = add_peft_type(name.upper())
         registered = PEFT_TYPE_TO_CONFIG_MAPPING.get(peft_type)

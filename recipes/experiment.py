@@ -1,7 +1,7 @@
 """One experiment (model + data) and the runs of its cells: method x regime x shots x epochs x trial.
 
 The :class:`Experiment` loads the tokenizer, encodes the dev split once and, for the FE
-regime, owns the :class:`~recipes.cache.FeatureCache` shared by every cell. :meth:`Experiment.run`
+regime, owns the :class:`~layerfusion_recipes.cache.FeatureCache` shared by every cell. :meth:`Experiment.run`
 trains one cell and returns a JSON-ready record. Seeds: trial ``t`` draws its N-shot sample
 from seed ``(t, shots)`` (so every method sees the same sample in a trial: paired comparison)
 and initialises the head and fusion module from seed ``seed + t``.
@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from peft_layerfusion.discovery import find_encoder_blocks
-from peft_layerfusion.tuner import fusion_layer_of
+from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
+from peft_layerfusion.utils import eval_mode
 
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, NerDataset, encode_ner
@@ -221,24 +222,21 @@ def depth_attention_profile(
     Example:
         >>> depth_attention_profile(TokenClassifierRunner(model), dev_features)  # e.g. [0.1, 0.05, ..., 0.4]
     """
-    layer = fusion_layer_of(runner.model)
-    module = layer.fusion_modules[layer._active_fusion()]
+    module = active_fusion_module(runner.model)
     seen: list[torch.Tensor] = []
     handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[1].states[-1]))
-    was_training = runner.model.training
-    runner.model.eval()
     total, count = None, 0
-    try:
-        for start in range(0, len(features), batch_size):
-            _, labels = runner.logits(features[start : start + batch_size], torch.device("cpu"))
-            # the runner fuses the labelled positions only: the module saw exactly those
-            weights = module.depth_attention(seen.pop()).flatten(0, -2)  # (labelled tokens, K)
-            if weights.shape[0] != int((labels != IGNORE_INDEX).sum()):
-                raise RuntimeError("depth attention was not computed on the labelled tokens only")
-            summed = weights.sum(0)  # (K,)
-            total = summed if total is None else total + summed
-            count += weights.shape[0]
-    finally:
-        handle.remove()
-        runner.model.train(was_training)
+    with eval_mode(runner.model):
+        try:
+            for start in range(0, len(features), batch_size):
+                _, labels = runner.logits(features[start : start + batch_size], torch.device("cpu"))
+                # the runner fuses the labelled positions only: the module saw exactly those
+                weights = module.depth_attention(seen.pop()).flatten(0, -2)  # (labelled tokens, K)
+                if weights.shape[0] != int((labels != IGNORE_INDEX).sum()):
+                    raise RuntimeError("depth attention was not computed on the labelled tokens only")
+                summed = weights.sum(0)  # (K,)
+                total = summed if total is None else total + summed
+                count += weights.shape[0]
+        finally:
+            handle.remove()
     return (total / max(count, 1)).tolist()

@@ -17,10 +17,7 @@ the first 90% of ``valid.txt``, selects the checkpoint on its last 10%, reports 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peft_layerfusion.positions import fused_positions
+from peft_layerfusion.layer import fused_positions
+from peft_layerfusion.utils import atomic_write_json, eval_mode
 
 from .data import IGNORE_INDEX, read_text
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees, load_pretrained
@@ -172,16 +170,14 @@ def masked_loss(
     model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int, device
 ) -> float:
     """Mean cross-entropy over the predicted tokens (the log of the perplexity)."""
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    for start in range(0, len(inputs), batch_size):
-        x, y = inputs[start : start + batch_size].to(device), labels[start : start + batch_size].to(device)
-        logits, targets = masked_logits(model, x, y)  # (selected, vocab), (selected,)
-        total += F.cross_entropy(logits, targets, reduction="sum").item()
-        count += len(targets)
-    if was_training:
-        eval_frozen_subtrees(model)
+    with eval_mode(model):
+        for start in range(0, len(inputs), batch_size):
+            rows = slice(start, start + batch_size)
+            x, y = inputs[rows].to(device), labels[rows].to(device)
+            logits, targets = masked_logits(model, x, y)  # (selected, vocab), (selected,)
+            total += F.cross_entropy(logits, targets, reduction="sum").item()
+            count += len(targets)
     return total / max(count, 1)
 
 
@@ -252,16 +248,8 @@ def run_mlm(args: argparse.Namespace) -> dict:
         "block_size": args.block_size,
         "head_modules": heads,
     }
-    _write_json(Path(args.output) / f"mlm-{args.method}-{args.regime}.json", record)
+    atomic_write_json(Path(args.output) / f"mlm-{args.method}-{args.regime}.json", record)
     return record
-
-
-def _write_json(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(handle, "w") as stream:
-        json.dump(record, stream, indent=1)
-    os.replace(temp, path)
 
 
 def mlm_main(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """Models of the recipes: load an encoder with its head, apply a method and regime, train modes.
 
-Method and regime names and :func:`apply_regime` come from ``peft_layerfusion.regimes``
+Method and regime names and :func:`apply_regime` come from ``peft_layerfusion.comparison.regimes``
 (methods ``none`` (plain last-layer head), ``dwatt``, ``concat``, ``average``, ``scalar_mix``,
 ``extra_layers``; regimes ``fe``, ``ft``, ``lora``, ``bitfit``).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from peft_layerfusion.regimes import METHOD_NAMES, REGIME_NAMES, apply_regime
+from peft_layerfusion.comparison.regimes import METHOD_NAMES, REGIME_NAMES, apply_regime
 
 
 def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> nn.Module:

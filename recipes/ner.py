@@ -8,7 +8,7 @@ micro-F1 on dev every k epochs, best dev score per run, mean and 95% t-CI over t
 (each with a new seed and a new sample). Results go to OUTPUT/results.jsonl (resumable:
 re-running skips finished cells), OUTPUT/table.md and PNG figures.
 
-Scaling: the loop runs on accelerate; ``accelerate launch -m peft_layerfusion.cli ner ...``
+Scaling: the loop runs on accelerate; ``accelerate launch -m layerfusion_recipes.cli ner ...``
 uses every GPU/node accelerate is configured for (keep --workers 1 then).
 """
 

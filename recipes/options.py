@@ -172,7 +172,8 @@ DEFAULTS: dict[str, Any] = {
 def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any]]:
     """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over defaults.
 
-    Grid defaults: :data:`~recipes.demo.DEMO_GRID` without --model/--data, else :data:`PAPER_GRID`.
+    Grid defaults: :data:`~layerfusion_recipes.demo.DEMO_GRID` without --model/--data, else
+    :data:`PAPER_GRID`.
 
     Returns:
         ``(settings, grid)``; ``grid`` also carries output, results, workers, quiet and threads.

@@ -27,11 +27,8 @@ and ``--test-file``. Results: OUTPUT/results.json (written atomically) and a tab
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import re
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -40,6 +37,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import get_linear_schedule_with_warmup
+
+from peft_layerfusion.utils import atomic_write_json
 
 from .data import read_text
 
@@ -203,25 +203,15 @@ def with_method(model: nn.Module, method: str) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- train / evaluate
-def warmup_then_linear(steps: int, warmup: float) -> Callable[[int], float]:
-    """LR factor: linear from 0 to 1 over the first ``warmup`` fraction of ``steps``, then linear to 0.
-
-    Example:
-        >>> [round(warmup_then_linear(10, 0.2)(s), 2) for s in (0, 1, 2, 6, 10)]
-        [0.0, 0.5, 1.0, 0.5, 0.0]
-    """
-    warm = max(1, round(warmup * steps))
-    return lambda step: step / warm if step < warm else max(0.0, (steps - step) / max(1, steps - warm))
-
-
 def train(model: nn.Module, epoch_pairs: Callable[[int], list], settings: Seq2SeqSettings) -> float:
-    """AdamW with warmup then linear decay; ``epoch_pairs(epoch)`` gives each epoch's (freshly
-    corrupted) pairs. Returns the last epoch's mean loss."""
+    """AdamW with linear warm-up then linear decay to zero (transformers' schedule);
+    ``epoch_pairs(epoch)`` gives each epoch's (freshly corrupted) pairs.
+    Returns the last epoch's mean loss."""
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate
     )
     steps = settings.epochs * -(-len(epoch_pairs(0)) // settings.batch_size)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_linear(steps, settings.warmup))
+    schedule = get_linear_schedule_with_warmup(optimizer, max(1, round(settings.warmup * steps)), steps)
     rng = random.Random(settings.seed)
     model.train()
     for epoch in range(settings.epochs):
@@ -329,15 +319,6 @@ def _row(record: dict[str, Any]) -> str:
     )
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` atomically (temp file in the same folder + ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as stream:
-        json.dump(payload, stream, indent=2)
-    os.replace(temp, path)
-
-
 # ----------------------------------------------------------------------------- command line
 def seq2seq_main(args: argparse.Namespace) -> int:
     data = Path(args.data) if args.data else None
@@ -354,7 +335,7 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     print(_row(records[-1]))
     output = Path(args.output) / "results.json"
     files = {"train_file": str(train_file), "test_file": str(test_file)}
-    write_json(output, {"settings": asdict(settings), **files, "records": records})
+    atomic_write_json(output, {"settings": asdict(settings), **files, "records": records})
     print(f"results: {output}")
     return 0
 

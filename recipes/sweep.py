@@ -2,7 +2,7 @@
 
 Grid: methods x regimes x shots x max-epochs x trials, from a YAML file (``--config``) or
 flags. Every finished cell is appended atomically to the results file (one JSON line, see
-``recipes.results``); re-running the same command skips the cells already there, so a
+``layerfusion_recipes.results``); re-running the same command skips the cells already there, so a
 killed sweep loses nothing and redoes nothing (a cell interrupted mid-way runs again).
 ``--workers N`` runs N processes on this machine (spawned; each rebuilds the experiment, and
 they share the feature cache through ``--cache-dir``).

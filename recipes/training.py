@@ -1,6 +1,6 @@
 """The training loop of the recipes: AdamW, LR linear from max to zero, dev F1 per epoch.
 
-Runs through :class:`accelerate.Accelerator`, so ``accelerate launch -m peft_layerfusion.cli ner ...``
+Runs through :class:`accelerate.Accelerator`, so ``accelerate launch -m layerfusion_recipes.cli ner ...``
 (or ``accelerate launch $(which layerfusion) ner ...``) runs the same loop on several GPUs or
 nodes; on one CPU it is a plain torch loop.
 """
@@ -19,7 +19,8 @@ from seqeval.metrics.sequence_labeling import get_entities
 from torch import nn
 from torch.utils.data import DataLoader
 
-from peft_layerfusion.positions import fused_positions
+from peft_layerfusion.layer import fused_positions
+from peft_layerfusion.utils import eval_mode
 
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, collate
@@ -183,16 +184,11 @@ def evaluate_f1(
     ``scorer``: an :class:`EntityScorer` of ``features`` (made once per run; built here if omitted).
     """
     scorer = scorer or EntityScorer(gold_tags(features, id2label))
-    was_training = runner.model.training
-    runner.model.eval()
     predicted = []
-    try:
+    with eval_mode(runner.model):
         for start in range(0, len(features), batch_size):
             logits, labels = runner.logits(features[start : start + batch_size], device, memo=True)
             predicted += _predicted_tags(logits, labels, id2label)
-    finally:
-        if was_training:
-            eval_frozen_subtrees(runner.model)
     return scorer.f1(predicted)
 
 

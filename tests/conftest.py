@@ -14,7 +14,7 @@ import peft_layerfusion  # noqa: F401  (registers the PEFT types)
 from peft_layerfusion import count_hooks
 from peft_layerfusion.config import LayerFusionConfig
 from peft_layerfusion.fusion import FusionModule
-from peft_layerfusion.tuner import fusion_layer_of
+from peft_layerfusion.layer import fusion_layer_of
 
 TINY = dict(
     vocab_size=99,

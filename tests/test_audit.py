@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import pytest
 from conftest import TINY
-from transformers import BertConfig
+from transformers import BertConfig, RobertaConfig
 
-from peft_layerfusion.audit import (
-    add_parser,
+from layerfusion_recipes.audit import add_parser
+from peft_layerfusion.comparison.audit import (
     audit,
     audit_totals,
     component_of,
@@ -28,7 +27,17 @@ def main(argv: list[str]) -> int:
     return args.func(args)
 
 
-SHARED_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "configs"
+# RoBERTa-large's shape (its published config.json, the fields that size the model).
+ROBERTA_LARGE = dict(
+    vocab_size=50265,
+    hidden_size=1024,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    intermediate_size=4096,
+    max_position_embeddings=514,
+    type_vocab_size=1,
+    pad_token_id=1,
+)
 
 # Tiny BERT, d=32, L=3, γd=16. One bottleneck MLP: 32*16+16 + LN 2*16 + 16*32+32 = 1104.
 TINY_DWATT = {"query_mlp": 1104, "value_mlps": 3 * 1104, "value_norm": 3 * 64, "key_proj": 24 * 32 + 32}
@@ -63,10 +72,7 @@ def test_regimes_add_their_own_components(tiny_config):
 
 
 def test_paper_table_2_roberta_large():
-    path = SHARED_CONFIGS / "roberta-large.json"
-    if not path.exists():
-        pytest.skip("../shared/configs is absent")
-    totals = audit_totals(path)
+    totals = audit_totals(RobertaConfig(**ROBERTA_LARGE))  # meta device: no weights, no download
     paper = {"extra_layers": 25.19e6, "concat": 25.18e6, "dwatt": 26.33e6}
     for method, expected in paper.items():
         assert abs(totals[method] - expected) / expected < 0.005, (method, totals[method])

@@ -8,7 +8,7 @@ import pytest
 from conftest import tiny_bert
 from peft import LoraConfig, get_peft_model
 
-from peft_layerfusion.budget import (
+from peft_layerfusion.comparison.budget import (
     BudgetMatch,
     bottleneck_params,
     lora_params_per_rank,
@@ -89,7 +89,7 @@ def test_mismatched_pairs_flags_gaps_over_tolerance():
 )
 @pytest.mark.parametrize("kind", ["seqbn", "double_seqbn"])
 def test_bottleneck_count_matches_adapterhub(kind):
-    from peft_layerfusion.adapters_baseline import apply_bottleneck_adapters
+    from peft_layerfusion.comparison.adapters_baseline import apply_bottleneck_adapters
 
     match = match_bottleneck(tiny_bert(), 5000, kind)
     model = apply_bottleneck_adapters(tiny_bert(), kind, match_params=5000)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layerfusion_recipes.cache import FeatureCache
+from layerfusion_recipes.data import collate
+from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.toy import toy_dataset, write_tiny_model
+from layerfusion_recipes.training import TokenClassifierRunner, TrainSettings, train_token_classifier
 
 from peft_layerfusion.discovery import find_encoder_blocks
-from recipes.cache import FeatureCache
-from recipes.data import collate
-from recipes.experiment import Cell, Experiment, ExperimentSettings
-from recipes.toy import toy_dataset, write_tiny_model
-from recipes.training import TokenClassifierRunner, TrainSettings, train_token_classifier
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_replay_skips_blocks_and_restores_them(experiment):
 
 
 def test_cache_fills_once_and_persists(tmp_path, experiment):
-    from recipes.models import load_token_classifier
+    from layerfusion_recipes.models import load_token_classifier
 
     base = load_token_classifier(experiment.settings.model, 5, seed=0)
     located = find_encoder_blocks(base)
@@ -92,7 +92,7 @@ def test_cache_fills_once_and_persists(tmp_path, experiment):
 
 
 def test_workers_share_shards_and_never_recompute(tmp_path, experiment):
-    from recipes.models import load_token_classifier
+    from layerfusion_recipes.models import load_token_classifier
 
     base = load_token_classifier(experiment.settings.model, 5, seed=0)
     located = find_encoder_blocks(base)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
-from peft_layerfusion.cli import build_parser, main
-from recipes.results import read_records
-from recipes.toy import write_tiny_model, write_toy_data
+from layerfusion_recipes.cli import build_parser, main
+from layerfusion_recipes.results import read_records
+from layerfusion_recipes.toy import write_tiny_model, write_toy_data
 
 RECIPES = ("ner", "sweep", "plot", "mlm")
 

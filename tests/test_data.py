@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from recipes.data import (
+from layerfusion_recipes.data import (
     IGNORE_INDEX,
     DataFormatError,
     NerSentence,
@@ -16,7 +15,7 @@ from recipes.data import (
     read_text,
     split_sentences,
 )
-from recipes.toy import write_tiny_model
+from layerfusion_recipes.toy import write_tiny_model
 
 
 def test_conll_columns_skip_docstart(tmp_path):

@@ -12,7 +12,7 @@ from test_surface_fusion import BUILDERS, batch, tiny_bart
 from transformers.modeling_outputs import BaseModelOutput
 
 from peft_layerfusion import EncoderFusionConfig, count_hooks
-from peft_layerfusion.tuner import fusion_layer_of
+from peft_layerfusion.layer import fusion_layer_of
 
 
 def adapted(base, **options) -> PeftModel:
@@ -122,7 +122,7 @@ def test_encoder_only_models_are_refused():
 
 
 def test_parameter_audit_counts_each_component():
-    from peft_layerfusion.audit import trainable_components
+    from peft_layerfusion.comparison.audit import trainable_components
 
     model = get_peft_model(tiny_bart(), EncoderFusionConfig(include_embeddings=True))
     assert trainable_components(model) == {"layer_logits": 2 * 3, "norms": 2 * 2 * 16}

@@ -13,7 +13,7 @@ from transformers import T5Config, T5EncoderModel
 
 from peft_layerfusion import DWAttConfig, ExtraLayersConfig, ScalarMixConfig, count_hooks, find_encoder_blocks
 from peft_layerfusion.hooks import BlockCapture, first_tensor
-from peft_layerfusion.tuner import fusion_layer_of
+from peft_layerfusion.layer import fusion_layer_of
 
 
 def test_capture_sees_every_hidden_state_and_replaces_the_output(bert, input_ids):

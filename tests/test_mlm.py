@@ -7,10 +7,9 @@ import math
 
 import pytest
 import torch
-
-from peft_layerfusion.cli import main
-from recipes.mlm import load_text_splits, make_blocks, mask_tokens
-from recipes.toy import write_tiny_model
+from layerfusion_recipes.cli import main
+from layerfusion_recipes.mlm import load_text_splits, make_blocks, mask_tokens
+from layerfusion_recipes.toy import write_tiny_model
 
 TEXT = " = Heading = \n\n" + "\n".join(
     "alice went to paris and bob met alice in london today ." for _ in range(60)
@@ -80,10 +79,9 @@ def test_mlm_cli_trains_fusion_and_lm_head(tiny, tmp_path, capsys):
 
 @pytest.mark.parametrize("method", ["dwatt", "concat", "extra_layers", "none"])
 def test_masked_logits_equal_the_full_logits_at_the_predicted_positions(tiny, method):
+    from layerfusion_recipes.mlm import masked_logits
+    from layerfusion_recipes.models import apply_regime
     from transformers import AutoModelForMaskedLM
-
-    from recipes.mlm import masked_logits
-    from recipes.models import apply_regime
 
     torch.manual_seed(0)
     model = apply_regime(AutoModelForMaskedLM.from_pretrained(tiny[0]), method, "fe", head_modules=("cls",))

@@ -6,17 +6,16 @@ import random
 
 import pytest
 import torch
-from seqeval.metrics import f1_score
-
-from recipes.experiment import Cell, Experiment, ExperimentSettings, sample_seed
-from recipes.toy import toy_dataset, write_tiny_model
-from recipes.training import (
+from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings, sample_seed
+from layerfusion_recipes.toy import toy_dataset, write_tiny_model
+from layerfusion_recipes.training import (
     EntityScorer,
     TokenClassifierRunner,
     TrainSettings,
     micro_f1,
     train_token_classifier,
 )
+from seqeval.metrics import f1_score
 
 
 def test_micro_f1_is_entity_level_seqeval():
@@ -135,7 +134,7 @@ def test_fixed_sample_reuses_trial_zeros_sentences_in_every_trial(experiment):
 def test_fixed_sample_is_read_from_flags_and_yaml(tmp_path):
     import argparse
 
-    from recipes.options import add_experiment_arguments, resolve
+    from layerfusion_recipes.options import add_experiment_arguments, resolve
 
     parser = argparse.ArgumentParser()
     add_experiment_arguments(parser)
@@ -149,7 +148,7 @@ def test_fixed_sample_is_read_from_flags_and_yaml(tmp_path):
 def test_method_options_reach_the_model_and_the_record(experiment):
     from dataclasses import replace
 
-    from peft_layerfusion.regimes import trainable_parameter_names
+    from peft_layerfusion.comparison.regimes import trainable_parameter_names
 
     options = Experiment(replace(experiment.settings, method_options={"lora_r": 3}), experiment.data)
     model, _ = options.build(Cell("none", "lora", 4, 1, 0))

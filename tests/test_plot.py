@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from recipes.plot import markdown_table, summarize, write_report
-from recipes.stats import mean_ci
+from layerfusion_recipes.plot import markdown_table, summarize, write_report
+from layerfusion_recipes.stats import mean_ci
 
 
 def test_mean_ci_uses_student_t():

@@ -15,7 +15,7 @@ from peft_layerfusion import (
     ScalarMixConfig,
     fused_positions,
 )
-from peft_layerfusion.tuner import fusion_layer_of
+from peft_layerfusion.layer import fusion_layer_of
 
 TOKEN_WISE = [DWAttConfig, ConcatConfig, AverageConfig, ScalarMixConfig]
 

@@ -12,16 +12,14 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 
 from peft_layerfusion import BitFitConfig, ConcatConfig, DWAttConfig
-from peft_layerfusion.regimes import (
+from peft_layerfusion.comparison.checkpoints import FULL_STATE_FILE, load_trained, save_trained
+from peft_layerfusion.comparison.regimes import (
     ANY_QUERY_VALUE_PATTERN,
-    FULL_STATE_FILE,
     METHOD_NAMES,
     REGIME_NAMES,
     apply_regime,
     default_lora_targets,
-    load_trained,
     make_config,
-    save_trained,
     trainable_parameter_names,
 )
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
-from recipes.sampling import sample_shots
+from layerfusion_recipes.sampling import sample_shots
 
 
 def test_size_is_shots_times_types_without_replacement():

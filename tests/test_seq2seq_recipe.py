@@ -6,9 +6,8 @@ import json
 import random
 
 import pytest
-
-from peft_layerfusion.cli import main
-from recipes.seq2seq import (
+from layerfusion_recipes.cli import main
+from layerfusion_recipes.seq2seq import (
     EOS,
     PAD,
     Seq2SeqSettings,
@@ -18,7 +17,6 @@ from recipes.seq2seq import (
     denoising_pairs,
     score,
     sentences_of,
-    warmup_then_linear,
 )
 
 WORDS = "the a cat dog sat ran on under mat tree red big small house".split()
@@ -42,11 +40,6 @@ def test_sentences_skip_headings_and_long_ones_are_cut_into_pieces():
 def test_tokenizer_keeps_the_most_frequent_words():
     tokenizer = build_tokenizer(["a a a b b c .", "a b c d d e ."], vocab_size=2)  # a: 4, b: 3, others <= 2
     assert tokenizer.encode("a b c d").tokens == ["a", "b", "<unk>", "<unk>"]
-
-
-def test_warmup_then_linear_schedule():
-    factor = warmup_then_linear(10, 0.2)
-    assert [factor(step) for step in (0, 1, 2, 6, 10)] == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
 
 
 def test_corruption_rates():

@@ -13,7 +13,7 @@ from peft import PeftModel, get_peft_model
 from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
 from peft_layerfusion import SurfaceFusionConfig, count_hooks
-from peft_layerfusion.tuner import fusion_layer_of
+from peft_layerfusion.layer import fusion_layer_of
 
 VOCAB = 40
 
@@ -284,7 +284,7 @@ def test_untied_models_and_bad_options_are_refused():
 
 
 def test_parameter_audit_counts_each_component():
-    from peft_layerfusion.audit import trainable_components
+    from peft_layerfusion.comparison.audit import trainable_components
 
     model = get_peft_model(tiny_bart(), SurfaceFusionConfig(learn_lambda=True))
     d, f = 16, 64

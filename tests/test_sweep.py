@@ -7,12 +7,11 @@ import json
 import os
 
 import pytest
-
-from recipes.experiment import Cell, Experiment, ExperimentSettings
-from recipes.options import add_experiment_arguments, resolve
-from recipes.results import append_record, finished_keys, read_records
-from recipes.sweep import grid_cells, longest_first, run_cells
-from recipes.toy import toy_dataset, write_tiny_model
+from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.options import add_experiment_arguments, resolve
+from layerfusion_recipes.results import append_record, finished_keys, read_records
+from layerfusion_recipes.sweep import grid_cells, longest_first, run_cells
+from layerfusion_recipes.toy import toy_dataset, write_tiny_model
 
 GRID = {"methods": ["none", "concat"], "regimes": ["fe"], "shots": [2, 4], "epochs": [2], "trials": 2}
 
@@ -91,7 +90,7 @@ def test_yaml_config_and_flags(tmp_path):
 
 
 def test_workers_run_cells_in_other_processes(tmp_path, settings):
-    from recipes.toy import write_toy_data
+    from layerfusion_recipes.toy import write_toy_data
 
     worker_settings = ExperimentSettings(**{**settings.__dict__, "data": write_toy_data(tmp_path / "data")})
     cells = grid_cells({**GRID, "methods": ["none"], "shots": [2], "trials": 2})

@@ -20,7 +20,7 @@ from peft_layerfusion import (
     ScalarMixConfig,
     count_hooks,
 )
-from peft_layerfusion.tuner import fusion_layer_of
+from peft_layerfusion.layer import fusion_layer_of
 
 ALL_CONFIGS = [DWAttConfig, ConcatConfig, AverageConfig, ScalarMixConfig, ExtraLayersConfig]
 

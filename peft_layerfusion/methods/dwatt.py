@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import LayerFusionConfig, invalid
-from .fusion import FusionContext, FusionModule, linear_init_, weighted_sum
-from .hooks import Capture
+from ..config import LayerFusionConfig, invalid
+from ..fusion import FusionContext, FusionModule, linear_init_, weighted_sum
+from ..hooks import Capture
+from ..model import LayerFusionModel
 
 
 def bottleneck_width(hidden_size: int, ratio: float) -> int:
@@ -154,3 +155,16 @@ class DWAtt(FusionModule):
         columns = (weights[:, n : n + 1] for n in range(len(states)))  # each (tokens, 1)
         fused = weighted_sum(zip(values, columns, strict=True), start=tokens)  # (tokens, d)
         return fused.view_as(last)
+
+
+class DWAttModel(LayerFusionModel):
+    """The PEFT tuner of ``DWATT``: what ``get_peft_model(model, DWAttConfig())`` builds.
+
+    Example:
+        >>> peft_model = get_peft_model(base_model, DWAttConfig())
+        >>> type(peft_model.base_model).__name__
+        'DWAttModel'
+    """
+
+    prefix = "dwatt_"
+    fusion_module_cls = DWAtt

@@ -15,9 +15,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .config import LayerFusionConfig
-from .fusion import FusionContext, FusionModule
-from .hooks import Capture
+from ..config import LayerFusionConfig
+from ..fusion import FusionContext, FusionModule
+from ..hooks import Capture
+from ..model import LayerFusionModel
 
 
 @dataclass
@@ -54,3 +55,16 @@ class Concat(FusionModule):
         for n in range(1, len(tokens)):
             fused = fused.addmm_(tokens[n], weight[:, n * d : (n + 1) * d].T)
         return fused.view_as(states[0])
+
+
+class ConcatModel(LayerFusionModel):
+    """The PEFT tuner of ``CONCAT``: what ``get_peft_model(model, ConcatConfig())`` builds.
+
+    Example:
+        >>> peft_model = get_peft_model(base_model, ConcatConfig())
+        >>> type(peft_model.base_model).__name__
+        'ConcatModel'
+    """
+
+    prefix = "concat_"
+    fusion_module_cls = Concat

@@ -61,11 +61,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from .config import LayerFusionConfig, invalid
-from .discovery import find_encoder_blocks
-from .fusion import FusionContext, FusionModule
-from .hooks import Capture
-from .seq2seq_hooks import (
+from ..config import LayerFusionConfig, invalid
+from ..fusion import FusionContext, FusionModule
+from ..hooks import Capture
+from ..model import LayerFusionModel
+from .hooks import (
     ENCODER_MASK_ARG,
     ENCODER_STATES_ARG,
     EncoderMemory,
@@ -175,6 +175,8 @@ class SurfaceFusion(FusionModule):
     ``use_ffn``), ``lambda_gate`` (when ``learn_lambda``).
     """
 
+    seq2seq = True
+
     def __init__(self, config: SurfaceFusionConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         d = context.hidden_size
@@ -184,11 +186,7 @@ class SurfaceFusion(FusionModule):
                 "SurfaceFusion needs tied input and output embeddings (config.tie_word_embeddings=True): "
                 f"{type(context.model).__name__} has an untied lm_head."
             )
-        self.fusion, self.temperature, self.blocks_path = (
-            config.fusion,
-            config.temperature,
-            config.blocks_path,
-        )
+        self.fusion, self.temperature = config.fusion, config.temperature
         model_type = getattr(getattr(context.model, "config", None), "model_type", None)
         default_scale = 1.0 if model_type in UNSCALED_EMBEDDING_TYPES else math.sqrt(d)
         self.source_scale = config.source_scale if config.source_scale is not None else default_scale
@@ -269,10 +267,12 @@ class SurfaceFusion(FusionModule):
     def _embedding_weight(self) -> torch.Tensor:
         return self._weight_ref[0]
 
-    def register_model_hooks(self, model: nn.Module, is_active: Callable[[], bool]) -> list[RemovableHandle]:
-        parts = find_seq2seq_parts(model)
+    def register_model_hooks(
+        self, context: FusionContext, is_active: Callable[[], bool]
+    ) -> list[RemovableHandle]:
+        parts = find_seq2seq_parts(context.model)
         self._weight_ref = [parts.lm_head.weight]  # a list: not registered (and not saved) as ours
-        encoder = find_encoder_blocks(model, self.blocks_path).container
+        encoder = context.located.container
 
         def keep_source(ids: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> None:
             self._calls["source_ids"] = ids
@@ -296,8 +296,8 @@ class SurfaceFusion(FusionModule):
             encoder.register_forward_pre_hook(encoder_input_ids_hook(keep_source), with_kwargs=True),
             parts.decoder.register_forward_pre_hook(keep_decoder_call, with_kwargs=True),
             parts.lm_head.register_forward_pre_hook(keep_state),
-            model.register_forward_hook(fuse_output, with_kwargs=True),
-            wrap_generate(model, FusedBeamScores(self)),
+            context.model.register_forward_hook(fuse_output, with_kwargs=True),
+            wrap_generate(context.model, FusedBeamScores(self)),
         ]
 
     def _fused_output(self, output: Any, calls: dict[str, Any], labels: Optional[torch.Tensor]) -> Any:
@@ -372,3 +372,16 @@ def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapp
 
     model.__dict__["generate"] = generate
     return GenerateWrapper(model, generate)
+
+
+class SurfaceFusionModel(LayerFusionModel):
+    """The PEFT tuner of ``SURFACE_FUSION``: what ``get_peft_model(model, SurfaceFusionConfig())`` builds.
+
+    Example:
+        >>> peft_model = get_peft_model(base_model, SurfaceFusionConfig())
+        >>> type(peft_model.base_model).__name__
+        'SurfaceFusionModel'
+    """
+
+    prefix = "surface_fusion_"
+    fusion_module_cls = SurfaceFusion

@@ -16,9 +16,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .config import LayerFusionConfig
-from .fusion import FusionContext, FusionModule, weighted_sum
-from .hooks import Capture
+from ..config import LayerFusionConfig
+from ..fusion import FusionContext, FusionModule, weighted_sum
+from ..hooks import Capture
+from ..model import LayerFusionModel
 
 
 @dataclass
@@ -39,6 +40,7 @@ class ScalarMix(FusionModule):
     """``h = γ Σ_n softmax(w)_n z_n``."""
 
     token_wise = True
+    sized_to_budget = False
 
     def __init__(self, config: ScalarMixConfig, context: FusionContext) -> None:
         super().__init__(config, context)
@@ -49,3 +51,16 @@ class ScalarMix(FusionModule):
         weights = torch.softmax(self.layer_logits, dim=0)  # (K,)
         mixed = weighted_sum(zip(states, weights, strict=True))  # (batch, seq, d)
         return self.gamma * mixed
+
+
+class ScalarMixModel(LayerFusionModel):
+    """The PEFT tuner of ``SCALAR_MIX``: what ``get_peft_model(model, ScalarMixConfig())`` builds.
+
+    Example:
+        >>> peft_model = get_peft_model(base_model, ScalarMixConfig())
+        >>> type(peft_model.base_model).__name__
+        'ScalarMixModel'
+    """
+
+    prefix = "scalar_mix_"
+    fusion_module_cls = ScalarMix

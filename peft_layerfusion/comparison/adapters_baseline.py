@@ -2,15 +2,15 @@
 
 ``pip install "peft_layerfusion[adapters]"`` pins transformers 4.57.x (``adapters`` 1.3
 requires it), so this module imports ``adapters`` lazily and only here. The baselines are
-reachable through the regime names of :func:`peft_layerfusion.regimes.apply_regime`,
+reachable through the regime names of :func:`peft_layerfusion.comparison.regimes.apply_regime`,
 for the method ``"none"`` (AdapterHub cannot host a fusion module):
 
 * ``adapter_seqbn``: Pfeiffer adapters (``SeqBnConfig``), one per block;
 * ``adapter_double_seqbn``: Houlsby adapters (``DoubleSeqBnConfig``), two per block.
 
 Size them with ``reduction_factor`` or with ``match_params`` (a target count, e.g. DWAtt's
-from :func:`peft_layerfusion.audit.audit`), which picks the reduction factor through
-:func:`peft_layerfusion.budget.match_bottleneck`. The base is frozen; the adapters and
+from :func:`peft_layerfusion.comparison.audit.audit`), which picks the reduction factor through
+:func:`peft_layerfusion.comparison.budget.match_bottleneck`. The base is frozen; the adapters and
 the task head train.
 
 Example:
@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Optional
@@ -30,8 +29,9 @@ from typing import Optional
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..config import invalid
+from ..utils import atomic_write, atomic_write_json
 from .budget import BOTTLENECK_KINDS, match_bottleneck
-from .config import invalid
 
 ADAPTER_NAME = "bottleneck"
 SPEC_ATTR = "layerfusion_bottleneck"  # set on the model: what `load_bottleneck` must rebuild
@@ -102,17 +102,6 @@ def apply_bottleneck_adapters(
     return model
 
 
-def _write_atomically(directory: str | os.PathLike, name: str, write) -> None:
-    handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    os.close(handle)
-    try:
-        write(temporary)
-        os.replace(temporary, os.path.join(directory, name))
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-
 def save_bottleneck(model: nn.Module, directory: str | os.PathLike) -> None:
     """Save the adapters and the head of a model from :func:`apply_bottleneck_adapters`.
 
@@ -127,8 +116,8 @@ def save_bottleneck(model: nn.Module, directory: str | os.PathLike) -> None:
         raise ValueError("This model has no bottleneck adapters from `apply_bottleneck_adapters`.")
     os.makedirs(directory, exist_ok=True)
     tensors = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-    _write_atomically(directory, WEIGHTS_FILE, lambda path: save_file(tensors, path))
-    _write_atomically(directory, SPEC_FILE, lambda path: open(path, "w").write(json.dumps(spec)))
+    atomic_write(os.path.join(directory, WEIGHTS_FILE), lambda path: save_file(tensors, path))
+    atomic_write_json(os.path.join(directory, SPEC_FILE), spec, indent=None)
 
 
 def load_bottleneck(base_model: nn.Module, directory: str | os.PathLike) -> nn.Module:

@@ -7,17 +7,15 @@ Components are the top-level parts of the fusion module (``query_mlp``, ``value_
 ``value_norm``, ``key_proj``, ``proj``, ``blocks``...), plus ``lora``, ``bias`` (BitFit) and
 ``base`` (fine-tuned pretrained weights) where the regime trains them.
 
-Command line::
+The command line (``layerfusion audit``) lives in the recipes.
 
-    layerfusion audit roberta-large.json            # readable table
-    layerfusion audit roberta-large.json --json     # {"dwatt": 26353152, "concat": ...}
-    layerfusion audit DIR --regime lora --match dwatt  # budget-matched baselines, flags > 5%
+Example:
+    >>> audit("roberta-large.json")["dwatt"]["total"]
+    26353152
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +24,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
+from ..layer import FUSION_SUFFIX, LAYER_NAME
+from ..registration import ENCODER_METHODS
 from .budget import (
     DEFAULT_TOLERANCE,
     count_parameters,
@@ -34,11 +34,14 @@ from .budget import (
     match_lora_rank,
     mismatched_pairs,
 )
-from .regimes import ADAPTER_REGIME_NAMES, REGIME_NAMES, apply_regime, default_lora_targets
-from .tuner import FUSION_SUFFIX, LAYER_NAME
+from .regimes import ADAPTER_REGIME_NAMES, apply_regime, default_lora_targets
 
-AUDITED_METHODS = ("dwatt", "concat", "extra_layers", "average", "scalar_mix")
-REFERENCE_METHODS = ("none", "average", "scalar_mix")  # not sized to a budget: never flagged
+AUDITED_METHODS: tuple[str, ...] = tuple(method.name for method in ENCODER_METHODS)
+# Not sized to a budget, never flagged: the plain head and the methods (nearly) without parameters.
+REFERENCE_METHODS: tuple[str, ...] = (
+    "none",
+    *(method.name for method in ENCODER_METHODS if not method.module_cls.sized_to_budget),
+)
 HEAD_MARKERS = (".modules_to_save.", ".original_module.")
 
 
@@ -228,43 +231,3 @@ def format_table(rows: dict[str, dict[str, Any]], reference: str | None = None) 
         versus = f"{row['vs_target']:>+10.2%} " if reference else ""
         lines.append(f"{name:<{width}}{row['total']:>12,}{row['percent_of_base']:>8.2f}%  {versus}{parts}")
     return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    """The ``layerfusion audit`` command."""
-    if args.match:
-        report = match_report(args.config, args.regime, args.match, args.tolerance)
-        if args.json:
-            print(json.dumps({name: row["total"] for name, row in report["rows"].items()}))
-            return 0
-        print(
-            f"regime {args.regime}; baselines sized to {args.match} ({report['rows'][args.match]['total']:,})"
-        )
-        print(format_table(report["rows"], reference=args.match))
-        for first, second, gap in report["flagged"]:
-            print(f"FLAG: {first} and {second} differ by {gap:.1%} (> {args.tolerance:.0%})")
-        return 0
-    report = audit(args.config, args.regime)
-    if args.json:
-        print(json.dumps({method: entry["total"] for method, entry in report.items()}))
-    else:
-        print(format_table(report))
-    return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``audit`` sub-command."""
-    parser = subparsers.add_parser(
-        "audit",
-        help="Count each method's new trainable parameters (meta device, no weights).",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "config", metavar="CONFIG", help="config.json path, model directory or cached Hub name"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object {method: params}")
-    parser.add_argument("--regime", default="fe", choices=REGIME_NAMES, help="training regime (default: fe)")
-    parser.add_argument("--match", choices=AUDITED_METHODS, help="size LoRA / R+n / adapters to this method")
-    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="flag pairs further apart")
-    parser.set_defaults(func=run)

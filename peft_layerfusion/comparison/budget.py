@@ -26,8 +26,8 @@ from peft import LoraConfig
 from peft.tuners.tuners_utils import check_target_module_exists
 from torch import nn
 
-from .config import invalid
-from .discovery import find_encoder_blocks, hidden_size_of
+from ..config import invalid
+from ..discovery import find_encoder_blocks, hidden_size_of
 
 BOTTLENECK_KINDS: dict[str, int] = {"seqbn": 1, "double_seqbn": 2}  # adapters per block
 DEFAULT_TOLERANCE = 0.05  # pairs further apart than this are flagged

@@ -31,10 +31,11 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .config import LayerFusionConfig
-from .fusion import FusionContext, FusionModule, stack_layers
-from .hooks import Capture
-from .seq2seq_hooks import ENCODER_STATES_ARG, EncoderMemory, argument, find_seq2seq_parts, with_argument
+from ..config import LayerFusionConfig
+from ..fusion import FusionContext, FusionModule, stack_layers
+from ..hooks import Capture
+from ..model import LayerFusionModel
+from .hooks import ENCODER_STATES_ARG, EncoderMemory, argument, find_seq2seq_parts, with_argument
 
 
 @dataclass
@@ -58,6 +59,8 @@ class EncoderFusion(FusionModule):
     Parameters: ``layer_logits`` ``(J, K)``, ``norms.{j}`` (one LayerNorm per decoder layer).
     """
 
+    seq2seq = True
+
     def __init__(self, config: EncoderFusionConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         self.num_decoder_layers = len(find_seq2seq_parts(context.model).decoder_layers)
@@ -75,8 +78,10 @@ class EncoderFusion(FusionModule):
         weights = torch.softmax(self.layer_logits[decoder_layer], dim=0)  # (K,)
         return self.norms[decoder_layer](torch.einsum("k,kbsd->bsd", weights, stacked))  # (batch, src, d)
 
-    def register_model_hooks(self, model: nn.Module, is_active: Callable[[], bool]) -> list[RemovableHandle]:
-        layers = find_seq2seq_parts(model).decoder_layers
+    def register_model_hooks(
+        self, context: FusionContext, is_active: Callable[[], bool]
+    ) -> list[RemovableHandle]:
+        layers = find_seq2seq_parts(context.model).decoder_layers
         return [
             layer.register_forward_pre_hook(self._swap_hook(j, is_active), with_kwargs=True)
             for j, layer in enumerate(layers)
@@ -93,3 +98,16 @@ class EncoderFusion(FusionModule):
             return with_argument(module, ENCODER_STATES_ARG, args, kwargs, mixed)
 
         return hook
+
+
+class EncoderFusionModel(LayerFusionModel):
+    """The PEFT tuner of ``ENCODER_FUSION``: what ``get_peft_model(model, EncoderFusionConfig())`` builds.
+
+    Example:
+        >>> peft_model = get_peft_model(base_model, EncoderFusionConfig())
+        >>> type(peft_model.base_model).__name__
+        'EncoderFusionModel'
+    """
+
+    prefix = "encoder_fusion_"
+    fusion_module_cls = EncoderFusion

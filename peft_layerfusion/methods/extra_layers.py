@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
-from .config import LayerFusionConfig, invalid
-from .fusion import FusionContext, FusionModule
-from .hooks import Capture
+from ..config import LayerFusionConfig, invalid
+from ..fusion import FusionContext, FusionModule
+from ..hooks import Capture
+from ..model import LayerFusionModel
 
 
 @dataclass
@@ -67,8 +69,6 @@ def matched_num_extra_layers(block: nn.Module, num_fused: int, hidden_size: int)
 
 def _strip_tuner_layers(block: nn.Module) -> None:
     """Replace peft layers (e.g. LoRA injected before the fusion) by their base layers, in place."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
     for name, sub in list(block.named_modules()):
         if name and isinstance(sub, BaseTunerLayer) and "base_layer" in sub._modules:
             parent_name, _, child = name.rpartition(".")
@@ -130,3 +130,16 @@ class ExtraLayers(FusionModule):
             return False
         checkpointed = any(getattr(block, "gradient_checkpointing", False) for block in self.blocks)
         return checkpointed and self.training and any(p.requires_grad for p in self.blocks.parameters())
+
+
+class ExtraLayersModel(LayerFusionModel):
+    """The PEFT tuner of ``EXTRA_LAYERS``: what ``get_peft_model(model, ExtraLayersConfig())`` builds.
+
+    Example:
+        >>> peft_model = get_peft_model(base_model, ExtraLayersConfig())
+        >>> type(peft_model.base_model).__name__
+        'ExtraLayersModel'
+    """
+
+    prefix = "extra_layers_"
+    fusion_module_cls = ExtraLayers

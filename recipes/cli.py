@@ -11,12 +11,12 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, str] = {
-    "audit": "peft_layerfusion.audit",
-    "ner": "recipes.ner",
-    "mlm": "recipes.mlm",
-    "sweep": "recipes.sweep",
-    "plot": "recipes.plot",
-    "seq2seq": "recipes.seq2seq",
+    "audit": "layerfusion_recipes.audit",
+    "ner": "layerfusion_recipes.ner",
+    "mlm": "layerfusion_recipes.mlm",
+    "sweep": "layerfusion_recipes.sweep",
+    "plot": "layerfusion_recipes.plot",
+    "seq2seq": "layerfusion_recipes.seq2seq",
 }
 
 

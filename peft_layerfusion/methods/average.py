@@ -12,9 +12,10 @@ from typing import ClassVar
 
 import torch
 
-from .config import LayerFusionConfig
-from .fusion import FusionModule, weighted_sum
-from .hooks import Capture
+from ..config import LayerFusionConfig
+from ..fusion import FusionModule, weighted_sum
+from ..hooks import Capture
+from ..model import LayerFusionModel
 
 
 @dataclass
@@ -35,7 +36,21 @@ class Average(FusionModule):
     """``h = mean_n z_n``."""
 
     token_wise = True
+    sized_to_budget = False
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = states[0].new_full((len(states),), 1.0 / len(states))  # (K,)
         return weighted_sum(zip(states, weights, strict=True))  # (batch, seq, d)
+
+
+class AverageModel(LayerFusionModel):
+    """The PEFT tuner of ``AVERAGE``: what ``get_peft_model(model, AverageConfig())`` builds.
+
+    Example:
+        >>> peft_model = get_peft_model(base_model, AverageConfig())
+        >>> type(peft_model.base_model).__name__
+        'AverageModel'
+    """
+
+    prefix = "average_"
+    fusion_module_cls = Average

@@ -8,8 +8,8 @@ to the head); a *regime* says which pretrained weights train next to it:
           Without fusion: a frozen encoder with a trainable head
           (``BitFitConfig(bias="none")``).
 ``ft``    fine-tuning: every weight trains. With fusion: the PeftModel with every base
-          weight unfrozen (save it with :func:`save_trained`, which also writes the base
-          weights); without fusion: the plain model.
+          weight unfrozen (save it with :func:`.checkpoints.save_trained`, which also writes
+          the base weights); without fusion: the plain model.
 ``lora``  LoRA on the encoder (default targets: the attention query/value linears of
           the model type, from peft's own mapping) + fusion + head, in ONE adapter.
 ``bitfit`` every bias of the base (``bias="all"``) + fusion + head; without fusion the
@@ -17,7 +17,7 @@ to the head); a *regime* says which pretrained weights train next to it:
 ========  =====================================================================
 
 AdapterHub bottleneck adapters (``adapter_seqbn``, ``adapter_double_seqbn``, see
-:mod:`peft_layerfusion.adapters_baseline`) are regimes of :func:`apply_regime` for the
+:mod:`.adapters_baseline`) are regimes of :func:`apply_regime` for the
 method ``"none"`` only; they are not PEFT configs, so :func:`make_config` refuses them.
 
 Example:
@@ -27,28 +27,20 @@ Example:
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
 from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-from safetensors.torch import load_model, save_model
 from torch import nn
 
-from .bitfit import BitFitConfig
-from .config import invalid
-from .registration import METHODS
+from ..bitfit import BitFitConfig
+from ..config import invalid
+from ..registration import ENCODER_METHODS, method_named
+from .adapters_baseline import apply_bottleneck_adapters
 
-METHOD_NAMES = (
-    "none",
-    "dwatt",
-    "concat",
-    "average",
-    "scalar_mix",
-    "extra_layers",
-)  # "none" = plain last-layer head
+# "none" = the plain last-layer head; then every encoder method of the registry.
+METHOD_NAMES: tuple[str, ...] = ("none", *(method.name for method in ENCODER_METHODS))
 REGIME_NAMES = ("fe", "ft", "lora", "bitfit")
 ADAPTER_REGIME_NAMES = ("adapter_seqbn", "adapter_double_seqbn")  # AdapterHub, method "none" only
 
@@ -64,13 +56,6 @@ EXTRA_LORA_TARGETS: dict[str, list[str]] = {
 # Used by `make_config` when no model (type) is known: any module named like a query/value
 # linear of a known encoder. `apply_regime` uses the exact list of the model's type instead.
 ANY_QUERY_VALUE_PATTERN = r".*\.(query|value|q_lin|v_lin|q|v|q_proj|v_proj|query_proj|value_proj|Wqkv)"
-
-FULL_STATE_FILE = "full_model.safetensors"  # every weight, written by `save_trained` for `ft`
-
-
-def _config_class(method: str) -> type[PeftConfig]:
-    return next(m.config_cls for m in METHODS if m.name == method)
-
 
 def _check_names(method: str, regime: str, *, adapters_ok: bool = False) -> None:
     if method not in METHOD_NAMES:
@@ -158,7 +143,7 @@ def make_config(
         options.update(lora)
     elif regime == "bitfit":
         options["bias"] = "all"
-    return _config_class(method)(**options)
+    return method_named(method).config_cls(**options)
 
 
 def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> nn.Module:
@@ -180,8 +165,6 @@ def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> n
     """
     _check_names(method, regime, adapters_ok=True)
     if regime in ADAPTER_REGIME_NAMES:
-        from .adapters_baseline import apply_bottleneck_adapters
-
         return apply_bottleneck_adapters(model, regime.removeprefix("adapter_"), **kwargs)
     if regime == "lora" and kwargs.get("lora_target_modules") is None:
         kwargs["lora_target_modules"] = default_lora_targets(model.config.model_type)
@@ -214,76 +197,3 @@ def trainable_parameter_names(model: nn.Module) -> list[str]:
         ['base_model.model.classifier.modules_to_save.default.weight', ...]
     """
     return [name for name, param in model.named_parameters() if param.requires_grad]
-
-
-def _trains_base_weights(model: nn.Module) -> bool:
-    """True when pretrained weights (not only adapters, biases, heads) train: regime ``ft``."""
-    if not isinstance(model, PeftModel):
-        return True
-    adapter_markers = ("lora_", ".layer_fusion.", ".modules_to_save.")
-    return any(
-        param.requires_grad and not name.endswith("bias") and not any(m in name for m in adapter_markers)
-        for name, param in model.named_parameters()
-    )
-
-
-def save_trained(model: nn.Module, directory: str | os.PathLike) -> None:
-    """Save what :func:`load_trained` needs to rebuild exactly this trained model.
-
-    A PeftModel writes its adapter (``save_pretrained``: fusion, LoRA, biases, head). When
-    base weights train too (regime ``ft``), every weight of the model is also written to
-    ``FULL_STATE_FILE`` (atomically). AdapterHub regimes write their adapters and head
-    (:func:`adapters_baseline.save_bottleneck`).
-
-    Args:
-        model: What :func:`apply_regime` returned, after training.
-        directory: Output directory (created).
-
-    Example:
-        >>> save_trained(model, "out/ft-dwatt")
-    """
-    from . import adapters_baseline
-
-    if hasattr(model, adapters_baseline.SPEC_ATTR):  # AdapterHub regimes
-        adapters_baseline.save_bottleneck(model, directory)
-        return
-    os.makedirs(directory, exist_ok=True)
-    if isinstance(model, PeftModel):
-        model.save_pretrained(directory)
-    if _trains_base_weights(model):
-        target = model.get_base_model() if isinstance(model, PeftModel) else model
-        handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        os.close(handle)
-        try:
-            save_model(target, temporary)
-            os.replace(temporary, os.path.join(directory, FULL_STATE_FILE))
-        finally:
-            if os.path.exists(temporary):
-                os.remove(temporary)
-
-
-def load_trained(
-    base_model: nn.Module, directory: str | os.PathLike, is_trainable: bool = False
-) -> nn.Module:
-    """Rebuild a model saved by :func:`save_trained` on a freshly built ``base_model``.
-
-    Args:
-        base_model: The same architecture as when saved (weights are overwritten as needed).
-        directory: What :func:`save_trained` wrote.
-        is_trainable: Load the adapter for further training.
-
-    Example:
-        >>> model = load_trained(AutoModelForTokenClassification.from_pretrained(name), "out/ft-dwatt")
-    """
-    from . import adapters_baseline
-
-    if os.path.exists(os.path.join(directory, adapters_baseline.SPEC_FILE)):  # AdapterHub regimes
-        return adapters_baseline.load_bottleneck(base_model, directory)
-    model: nn.Module = base_model
-    if os.path.exists(os.path.join(directory, "adapter_config.json")):
-        model = PeftModel.from_pretrained(base_model, directory, is_trainable=is_trainable)
-    full_state = os.path.join(directory, FULL_STATE_FILE)
-    if os.path.exists(full_state):
-        target: Optional[nn.Module] = model.get_base_model() if isinstance(model, PeftModel) else model
-        load_model(target, full_state, strict=True)
-    return model

@@ -1,0 +1,215 @@
+"""The tuner layer: one module inside the model that owns the hooks and the fusion modules.
+
+``get_peft_model`` attaches one :class:`LayerFusionLayer` to the encoder's block container
+(``<container>.layer_fusion``). It is a peft ``BaseTunerLayer``, so peft's own ``set_adapter``,
+``delete_adapter``, ``disable_adapter()``, dtype casting, saving and loading treat it like a
+LoRA layer. It holds one fusion module per adapter name and a :class:`~.hooks.BlockCapture`
+whose callback (:meth:`LayerFusionLayer.fuse`) runs the active adapter's module.
+
+Also here, the two public ways to reach it from a model:
+
+* :func:`active_fusion_module` -- the fusion module that runs in the next forward;
+* :func:`fused_positions` -- run token-wise modules only at the positions a loss reads.
+
+Fusing only where the loss reads
+--------------------------------
+
+A token-classification loss reads one position per word (the first sub-word) and a masked-LM
+loss only the masked positions; padding is read by nothing. For a token-wise fusion module
+(DWAtt, Concat, Average, ScalarMix: ``h`` at a position depends on that position's
+``z_0 .. z_L`` only) the fused state at a position does not depend on the other positions, so
+computing it only where it is read gives the same numbers there (and the same gradients) for
+a fraction of the work. :func:`fused_positions` does that for the duration of a ``with`` block:
+
+* selected positions: the fused state ``h``, exactly as without the restriction;
+* every other position: the last block's output ``z_L`` (what the model would see without
+  fusion), so heads still get a full ``(batch, seq, d)`` tensor.
+
+Modules that mix positions (R+n's extra blocks, the seq2seq methods) ignore the restriction
+and fuse everywhere, which is also exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Optional
+
+import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .discovery import EncoderBlocks
+from .fusion import FusionModule
+from .hooks import BlockCapture, Capture, position_index, scatter_positions, select_positions
+
+LAYER_NAME = "layer_fusion"  # attribute of the container holding the LayerFusionLayer
+FUSION_SUFFIX = "fusion"  # the per-adapter ModuleDict is named f"{prefix}{FUSION_SUFFIX}"
+
+
+class LayerFusionLayer(nn.Module, BaseTunerLayer):
+    """The tuner layer: hooks on the encoder plus one fusion module per adapter.
+
+    Args:
+        located: The encoder blocks and their container.
+        prefix: The PEFT method's prefix (names the ModuleDict of fusion modules).
+    """
+
+    other_param_names: tuple[str, ...] = ()
+
+    def __init__(self, located: EncoderBlocks, prefix: str) -> None:
+        nn.Module.__init__(self)
+        self.adapter_layer_names = (f"{prefix}{FUSION_SUFFIX}",)
+        self.add_module(self.adapter_layer_names[0], nn.ModuleDict())
+        self.fused_layers: dict[str, tuple[int, ...]] = {}
+        self._active_adapter: list[str] = []
+        self.merged_adapters: list[str] = []
+        self.located = located
+        self.capture = BlockCapture(located, self.fuse)
+        self.model_hooks: dict[str, list[RemovableHandle]] = {}  # per adapter, outside the encoder
+        self.positions: Optional[torch.Tensor] = None  # (batch, seq) bool, set by positions.fused_positions
+
+    # BaseTunerLayer looks for these on a base layer; a fusion layer wraps none.
+    @property
+    def weight(self) -> torch.Tensor:
+        raise AttributeError("A LayerFusionLayer has no base layer and no `weight`.")
+
+    @property
+    def bias(self) -> torch.Tensor:
+        raise AttributeError("A LayerFusionLayer has no base layer and no `bias`.")
+
+    @property
+    def fusion_modules(self) -> nn.ModuleDict:
+        return getattr(self, self.adapter_layer_names[0])
+
+    def update_layer(self, adapter_name: str, module: FusionModule, layers: tuple[int, ...]) -> None:
+        self.fusion_modules[adapter_name] = module
+        self.fused_layers[adapter_name] = layers
+
+    def set_model_hooks(self, adapter_name: str, handles: list[RemovableHandle]) -> None:
+        """Own the hooks an adapter's module registered outside the encoder (replacing older ones)."""
+        self._remove_model_hooks(adapter_name)
+        self.model_hooks[adapter_name] = list(handles)
+
+    def is_active_fn(self, adapter_name: str) -> Callable[[], bool]:
+        """A callable telling whether ``adapter_name`` is the active, enabled fusion adapter."""
+        return lambda: not self.disable_adapters and self.active_fusion_name() == adapter_name
+
+    def _remove_model_hooks(self, adapter_name: str) -> None:
+        for handle in self.model_hooks.pop(adapter_name, []):
+            handle.remove()
+
+    def delete_adapter(self, adapter_name: str) -> None:
+        self._remove_model_hooks(adapter_name)
+        super().delete_adapter(adapter_name)
+
+    def active_fusion_name(self) -> Optional[str]:
+        active = [name for name in self.active_adapters if name in self.fusion_modules]
+        if len(active) > 1:
+            raise ValueError(
+                f"Layer fusion cannot combine several active fusion adapters {active}: each replaces the "
+                "encoder output. Activate one with `set_adapter(name)`."
+            )
+        return active[0] if active else None
+
+    def fuse(self, capture: Capture) -> Optional[torch.Tensor]:
+        """The hook's callback: the active adapter's fused state, or ``None`` (pass-through)."""
+        if self.disable_adapters:
+            return None
+        name = self.active_fusion_name()
+        if name is None:
+            return None
+        module = self.fusion_modules[name]
+        output_dtype = capture.states[-1].dtype
+        module_dtype = next((p.dtype for p in module.parameters()), output_dtype)
+        if module_dtype != output_dtype:  # e.g. fp32 adapter on a bf16 model (masks cast too)
+            capture = capture.to(module_dtype)
+        last = capture.states[-1]  # z_L: (batch, seq, d)
+        positions = self.positions if module.token_wise else None
+        index = None if positions is None else position_index(positions, last)
+        if index is not None:  # fuse only where it is read; z_L elsewhere
+            capture = select_positions(capture, index)
+        states = [capture.states[i] for i in self.fused_layers[name]]
+        fused = module(states, capture)
+        if index is not None:
+            fused = scatter_positions(fused, last, index)
+        return fused.to(output_dtype)
+
+    def merge(self, safe_merge: bool = False, adapter_names: Optional[list[str]] = None) -> None:
+        raise merge_error()
+
+    def unmerge(self) -> None:
+        return None
+
+    def remove_hooks(self) -> None:
+        self.capture.remove()
+        for adapter_name in list(self.model_hooks):
+            self._remove_model_hooks(adapter_name)
+
+
+def merge_error() -> NotImplementedError:
+    return NotImplementedError(
+        "A layer-fusion module reads every block's output and cannot be folded into the base weights. "
+        "Use `unload()` to get the base model back, or keep the PeftModel for inference."
+    )
+
+
+def fusion_layer_of(model: nn.Module, located: Optional[EncoderBlocks] = None) -> Optional[LayerFusionLayer]:
+    """The :class:`LayerFusionLayer` attached to ``model``, if any."""
+    containers = [located.container] if located is not None else list(model.modules())
+    for container in containers:
+        layer = container._modules.get(LAYER_NAME)
+        if isinstance(layer, LayerFusionLayer):
+            return layer
+    return None
+
+
+def active_fusion_module(model: nn.Module) -> Optional[FusionModule]:
+    """The fusion module that runs in ``model``'s next forward (``None``: no fusion runs).
+
+    ``None`` when the model has no fusion layer, the adapters are disabled, or the active
+    adapter is not a fusion adapter.
+
+    Args:
+        model: A ``PeftModel`` with a layer-fusion adapter, or its tuned base model.
+
+    Example:
+        >>> module = active_fusion_module(get_peft_model(base, DWAttConfig()))
+        >>> type(module).__name__
+        'DWAtt'
+    """
+    layer = fusion_layer_of(model)
+    if layer is None or layer.disable_adapters:
+        return None
+    name = layer.active_fusion_name()
+    return None if name is None else layer.fusion_modules[name]
+
+
+@contextmanager
+def fused_positions(model: nn.Module, mask: torch.Tensor) -> Iterator[None]:
+    """Inside the block, token-wise fusion modules of ``model`` run only where ``mask`` is True.
+
+    Args:
+        model: A model with a layer-fusion adapter (a ``PeftModel`` or the tuned base model).
+            Without one the block does nothing.
+        mask: Boolean ``(batch, seq)``, the positions whose fused state is used (e.g.
+            ``labels != -100``). Its shape must match the inputs of every forward inside.
+
+    Example:
+        >>> with fused_positions(model, labels != -100):
+        ...     logits = model(input_ids=ids, attention_mask=attention).logits
+        >>> loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    """
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 2:
+        described = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else repr(mask)
+        raise ValueError(f"mask must be a boolean (batch, seq) tensor, got {described}")
+    layer = fusion_layer_of(model)
+    if layer is None:
+        yield
+        return
+    previous, layer.positions = layer.positions, mask
+    try:
+        yield
+    finally:
+        layer.positions = previous
