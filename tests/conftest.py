@@ -15,6 +15,11 @@ from peft_layerfusion import count_hooks
 from peft_layerfusion.config import LayerFusionConfig
 from peft_layerfusion.fusion import FusionModule
 from peft_layerfusion.layer import fusion_layer_of
+from peft_layerfusion.registration import ENCODER_METHODS
+
+# The test matrices derive from the registry, never from a list of their own.
+ENCODER_CONFIGS = [method.config_cls for method in ENCODER_METHODS]
+TOKEN_WISE_CONFIGS = [method.config_cls for method in ENCODER_METHODS if method.token_wise]
 
 TINY = dict(
     vocab_size=99,

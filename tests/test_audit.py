@@ -7,9 +7,9 @@ import json
 
 import pytest
 from conftest import TINY
+from layerfusion_recipes.audit import add_parser
 from transformers import BertConfig, RobertaConfig
 
-from layerfusion_recipes.audit import add_parser
 from peft_layerfusion.comparison.audit import (
     audit,
     audit_totals,

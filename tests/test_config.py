@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import tiny_bert
+from conftest import ENCODER_CONFIGS, tiny_bert
 from peft import LoraConfig, PeftConfig, get_peft_model
 from peft.utils.peft_types import PeftType
 
@@ -21,7 +21,7 @@ from peft_layerfusion import (
 )
 
 LORA_FIELDS = {f.name for f in dataclasses.fields(LoraConfig)}
-ALL_CONFIGS = [DWAttConfig, ConcatConfig, AverageConfig, ScalarMixConfig, ExtraLayersConfig]
+ALL_CONFIGS = ENCODER_CONFIGS
 
 BAD_VALUES = [
     (DWAttConfig, "d_pos", -3),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -40,6 +41,39 @@ def reference_logits(base, inputs: dict, weights: torch.Tensor, layers: list[int
         }).logits  # fmt: skip
 
 
+def per_layer_reference_logits(base, module, inputs: dict, layers: list[int]) -> torch.Tensor:
+    """(BART) Decoder layer ``j`` reads ``LN_j(Σ_i softmax(W_j)_i x_i)``, each mix computed from the formula.
+
+    The encoder states come from ``output_hidden_states`` of the untouched ``base``; each mix is
+    handed to its decoder layer as ``encoder_hidden_states`` (the argument cross-attention reads).
+    """
+    with torch.no_grad():
+        encoder = base.get_encoder()
+        states = encoder(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                         output_hidden_states=True).hidden_states  # fmt: skip
+        mixes = [
+            norm(sum(w * states[i] for w, i in zip(torch.softmax(logits, 0), layers, strict=True)))
+            for logits, norm in zip(module.layer_logits, module.norms, strict=True)
+        ]  # one (batch, src, d) per decoder layer
+
+        def reads_its_mix(j):
+            def hook(layer, args, kwargs):
+                bound = inspect.signature(layer.forward).bind(*args, **kwargs)
+                bound.arguments["encoder_hidden_states"] = mixes[j]  # positional or keyword alike
+                return bound.args, bound.kwargs
+
+            return hook
+
+        decoder_layers = base.get_decoder().layers  # BART's decoder layers
+        handles = [layer.register_forward_pre_hook(reads_its_mix(j), with_kwargs=True)
+                   for j, layer in enumerate(decoder_layers)]  # fmt: skip
+        try:
+            return base(**inputs).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
 @pytest.mark.parametrize("family", ["bart", "t5"])
 @pytest.mark.parametrize("include_embeddings", [False, True])
 def test_decoder_reads_the_layer_normed_mix(family, include_embeddings):
@@ -68,13 +102,16 @@ def test_each_decoder_layer_has_its_own_mix():
     module = fusion_module(model)
     inputs = batch()
     with torch.no_grad():
-        uniform = model(**inputs).logits
-        module.layer_logits[1] = torch.tensor([3.0, -3.0])  # only decoder layer 1 changes
-        changed = model(**inputs).logits
-        expected_first_layer_only = reference_logits(base, inputs, torch.softmax(torch.zeros(2), 0), [1, 2],
-                                                     module.norms[0])  # fmt: skip
-    assert (changed - uniform).abs().max() > 1e-3
-    torch.testing.assert_close(uniform, expected_first_layer_only, atol=1e-5, rtol=1e-5)
+        module.layer_logits.copy_(torch.tensor([[3.0, -3.0], [-3.0, 3.0]]))  # opposite mixes
+        module.norms[1].weight.fill_(0.5)  # and different norms
+        got = model(**inputs).logits
+    expected = per_layer_reference_logits(base, module, inputs, layers=[1, 2])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    # one shared mix (layer 0's, or layer 1's, for every decoder layer) gives other logits
+    for shared in (0, 1):
+        shared_logits = reference_logits(base, inputs, torch.softmax(module.layer_logits[shared], 0), [1, 2],
+                                         module.norms[shared])  # fmt: skip
+        assert (shared_logits - got).abs().max() > 1e-3
 
 
 def test_generate_with_cache_matches_full_forwards():

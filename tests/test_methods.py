@@ -12,7 +12,7 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import NO_DROPOUT, attach, fusion_of, perturb_, tiny_bert
+from conftest import ENCODER_CONFIGS, NO_DROPOUT, attach, fusion_of, perturb_, tiny_bert
 
 from peft_layerfusion import (
     AverageConfig,
@@ -191,6 +191,19 @@ def extended_mask(reference, input_ids, attention_mask) -> torch.Tensor:
     return seen["attention_mask"]
 
 
+def extra_layers_reference(reference, module, input_ids, attention_mask) -> torch.Tensor:
+    """Logits of ``reference`` with R+n's blocks run on ``z_L`` under the last block's own mask."""
+    mask = extended_mask(reference, input_ids, attention_mask)
+
+    def stack(z):
+        hidden = z[-1]
+        for block in module.blocks:
+            hidden = first_tensor(block(hidden, attention_mask=mask))  # a tuple on transformers 4.x
+        return hidden
+
+    return reference_logits(reference, input_ids, attention_mask, stack)
+
+
 @pytest.mark.parametrize("num_extra_layers", [1, 2])
 def test_extra_layers_match_reference(num_extra_layers, input_ids, attention_mask):
     model, reference = attach(ExtraLayersConfig(num_extra_layers=num_extra_layers))
@@ -202,15 +215,7 @@ def test_extra_layers_match_reference(num_extra_layers, input_ids, attention_mas
     assert not torch.equal(fresh, reference.bert.encoder.layer[-1].intermediate.dense.weight)
     assert abs(fresh.std().item() - reference.config.initializer_range) < 0.005  # the model's own init
     assert torch.all(module.blocks[0].intermediate.dense.bias == 0)
-    mask = extended_mask(reference, input_ids, attention_mask)
-
-    def stack(z):
-        hidden = z[-1]
-        for block in module.blocks:
-            hidden = first_tensor(block(hidden, attention_mask=mask))  # a tuple on transformers 4.x
-        return hidden
-
-    expected = reference_logits(reference, input_ids, attention_mask, stack)
+    expected = extra_layers_reference(reference, module, input_ids, attention_mask)
     got = peft_logits(model, input_ids, attention_mask)
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     # the padding mask is passed on: without it the extra block would give other values
@@ -232,7 +237,7 @@ def test_extra_layers_default_matches_concat_budget():
 
 
 # ----------------------------------------------------------------------------- gradients
-ALL_CONFIGS = [DWAttConfig, ConcatConfig, ScalarMixConfig, ExtraLayersConfig, AverageConfig]
+ALL_CONFIGS = ENCODER_CONFIGS
 
 
 def loss_of(model, input_ids, attention_mask) -> torch.Tensor:
@@ -262,9 +267,11 @@ def test_feature_extraction_trains_only_fusion_and_head(config_cls, input_ids, a
         per_layer = fusion_params[name].grad.abs().flatten(1).sum(1)
         assert per_layer.shape == (3,) and (per_layer > 0).all(), (name, per_layer)
     assert len(head_params) == 2
-    assert len(fusion_params) == {DWAttConfig: 16, ConcatConfig: 2, ScalarMixConfig: 2, AverageConfig: 0}.get(
-        config_cls, len(fusion_params)
-    )
+    # one R+1 block of BERT: q, k, v, attention output + LN, intermediate, output + LN (weights and biases)
+    expected_count = {
+        DWAttConfig: 16, ConcatConfig: 2, ScalarMixConfig: 2, AverageConfig: 0, ExtraLayersConfig: 16
+    }  # fmt: skip
+    assert len(fusion_params) == expected_count[config_cls]
 
 
 def grads_with_checkpointing(

@@ -5,19 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import NO_DROPOUT, attach, fusion_of, perturb_, tiny_bert
+from conftest import NO_DROPOUT, TOKEN_WISE_CONFIGS, attach, fusion_of, perturb_, tiny_bert
 
 from peft_layerfusion import (
-    AverageConfig,
-    ConcatConfig,
     DWAttConfig,
     ExtraLayersConfig,
-    ScalarMixConfig,
+    count_hooks,
     fused_positions,
 )
 from peft_layerfusion.layer import fusion_layer_of
 
-TOKEN_WISE = [DWAttConfig, ConcatConfig, AverageConfig, ScalarMixConfig]
+TOKEN_WISE = TOKEN_WISE_CONFIGS
 
 
 @pytest.fixture
@@ -101,11 +99,25 @@ def test_the_restriction_ends_with_the_block_even_on_error(input_ids, selected):
     assert layer.positions is None
 
 
-def test_a_model_without_fusion_is_left_alone(input_ids, selected):
+def test_a_disabled_adapter_gives_the_base_outputs_everywhere(input_ids, selected):
+    model, reference = attach(DWAttConfig())
+    perturb_(fusion_of(model))
+    with torch.no_grad():
+        plain = reference(input_ids=input_ids).logits
+        with model.disable_adapter(), fused_positions(model, selected):
+            disabled = model(input_ids=input_ids).logits
+        with fused_positions(model, selected):
+            enabled = model(input_ids=input_ids).logits
+    assert torch.equal(disabled, plain)
+    assert (enabled[selected] - plain[selected]).abs().max() > 1e-3  # fused where selected ...
+    assert torch.equal(enabled[~selected], plain[~selected])  # ... z_L elsewhere
+
+
+def test_a_model_without_fusion_layer_is_accepted(input_ids, selected):
     model = tiny_bert()
-    with torch.no_grad(), fused_positions(model, selected):
+    with torch.no_grad(), fused_positions(model, selected):  # no layer to restrict: no error
         inside = model(input_ids=input_ids).logits
-    assert torch.equal(inside, model(input_ids=input_ids).logits)
+    assert inside.shape == (2, 7, 5) and count_hooks(model) == 0
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import attach, fusion_of, perturb_, tiny_bert
+from conftest import ENCODER_CONFIGS, attach, fusion_of, perturb_, tiny_bert
 from peft import PeftModel
 
 from peft_layerfusion import (
@@ -22,7 +22,7 @@ from peft_layerfusion import (
 )
 from peft_layerfusion.layer import fusion_layer_of
 
-ALL_CONFIGS = [DWAttConfig, ConcatConfig, AverageConfig, ScalarMixConfig, ExtraLayersConfig]
+ALL_CONFIGS = ENCODER_CONFIGS
 
 
 def logits(model, input_ids) -> torch.Tensor:
