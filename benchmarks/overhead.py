@@ -33,15 +33,9 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertModel
 
-import peft_layerfusion as plf
+from peft_layerfusion.registration import ENCODER_METHODS
 
-METHODS = {
-    "dwatt": plf.DWAttConfig,
-    "concat": plf.ConcatConfig,
-    "scalar_mix": plf.ScalarMixConfig,
-    "average": plf.AverageConfig,
-    "extra_layers": plf.ExtraLayersConfig,
-}
+METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}  # every encoder method
 
 
 def base_model() -> BertModel:
