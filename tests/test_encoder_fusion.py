@@ -7,12 +7,11 @@ import inspect
 
 import pytest
 import torch
-from conftest import check_lifecycle
 from peft import PeftModel, get_peft_model
 from test_surface_fusion import BUILDERS, batch, tiny_bart
 from transformers.modeling_outputs import BaseModelOutput
 
-from peft_layerfusion import EncoderFusionConfig, count_hooks
+from peft_layerfusion import EncoderFusionConfig
 from peft_layerfusion.layer import fusion_layer_of
 
 
@@ -137,18 +136,6 @@ def test_gradients_reach_the_mix_and_the_norms():
     assert module.layer_logits.grad.abs().min() > 0
     assert all(norm.weight.grad.abs().sum() > 0 for norm in module.norms)
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 2 * 3 + 2 * 2 * 16
-
-
-def test_lifecycle_save_load_disable_unload_merge(tmp_path):
-    base = tiny_bart()
-    hooks_before = count_hooks(base)
-    inputs = batch()
-    with torch.no_grad():
-        plain = base(**inputs).logits
-    model = adapted(base, include_embeddings=True)
-    with torch.no_grad():
-        fusion_module(model).layer_logits.normal_()
-    check_lifecycle(model, tiny_bart(), inputs, tmp_path, plain, hooks_before)
 
 
 def test_encoder_only_models_are_refused():

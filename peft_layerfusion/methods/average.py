@@ -44,13 +44,7 @@ class Average(FusionModule):
 
 
 class AverageModel(LayerFusionModel):
-    """The PEFT tuner of ``AVERAGE``: what ``get_peft_model(model, AverageConfig())`` builds.
-
-    Example:
-        >>> peft_model = get_peft_model(base_model, AverageConfig())
-        >>> type(peft_model.base_model).__name__
-        'AverageModel'
-    """
+    """The PEFT tuner of ``AVERAGE``: ``get_peft_model(model, AverageConfig())`` builds it."""
 
     prefix = "average_"
     fusion_module_cls = Average

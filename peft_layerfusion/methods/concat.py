@@ -58,13 +58,7 @@ class Concat(FusionModule):
 
 
 class ConcatModel(LayerFusionModel):
-    """The PEFT tuner of ``CONCAT``: what ``get_peft_model(model, ConcatConfig())`` builds.
-
-    Example:
-        >>> peft_model = get_peft_model(base_model, ConcatConfig())
-        >>> type(peft_model.base_model).__name__
-        'ConcatModel'
-    """
+    """The PEFT tuner of ``CONCAT``: ``get_peft_model(model, ConcatConfig())`` builds it."""
 
     prefix = "concat_"
     fusion_module_cls = Concat

@@ -158,13 +158,7 @@ class DWAtt(FusionModule):
 
 
 class DWAttModel(LayerFusionModel):
-    """The PEFT tuner of ``DWATT``: what ``get_peft_model(model, DWAttConfig())`` builds.
-
-    Example:
-        >>> peft_model = get_peft_model(base_model, DWAttConfig())
-        >>> type(peft_model.base_model).__name__
-        'DWAttModel'
-    """
+    """The PEFT tuner of ``DWATT``: ``get_peft_model(model, DWAttConfig())`` builds it."""
 
     prefix = "dwatt_"
     fusion_module_cls = DWAtt

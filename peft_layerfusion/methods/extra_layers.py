@@ -133,13 +133,7 @@ class ExtraLayers(FusionModule):
 
 
 class ExtraLayersModel(LayerFusionModel):
-    """The PEFT tuner of ``EXTRA_LAYERS``: what ``get_peft_model(model, ExtraLayersConfig())`` builds.
-
-    Example:
-        >>> peft_model = get_peft_model(base_model, ExtraLayersConfig())
-        >>> type(peft_model.base_model).__name__
-        'ExtraLayersModel'
-    """
+    """The PEFT tuner of ``EXTRA_LAYERS``: ``get_peft_model(model, ExtraLayersConfig())`` builds it."""
 
     prefix = "extra_layers_"
     fusion_module_cls = ExtraLayers

@@ -54,13 +54,7 @@ class ScalarMix(FusionModule):
 
 
 class ScalarMixModel(LayerFusionModel):
-    """The PEFT tuner of ``SCALAR_MIX``: what ``get_peft_model(model, ScalarMixConfig())`` builds.
-
-    Example:
-        >>> peft_model = get_peft_model(base_model, ScalarMixConfig())
-        >>> type(peft_model.base_model).__name__
-        'ScalarMixModel'
-    """
+    """The PEFT tuner of ``SCALAR_MIX``: ``get_peft_model(model, ScalarMixConfig())`` builds it."""
 
     prefix = "scalar_mix_"
     fusion_module_cls = ScalarMix

@@ -101,13 +101,7 @@ class EncoderFusion(FusionModule):
 
 
 class EncoderFusionModel(LayerFusionModel):
-    """The PEFT tuner of ``ENCODER_FUSION``: what ``get_peft_model(model, EncoderFusionConfig())`` builds.
-
-    Example:
-        >>> peft_model = get_peft_model(base_model, EncoderFusionConfig())
-        >>> type(peft_model.base_model).__name__
-        'EncoderFusionModel'
-    """
+    """The PEFT tuner of ``ENCODER_FUSION``: ``get_peft_model(model, EncoderFusionConfig())`` builds it."""
 
     prefix = "encoder_fusion_"
     fusion_module_cls = EncoderFusion

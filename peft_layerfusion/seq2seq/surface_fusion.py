@@ -375,13 +375,7 @@ def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapp
 
 
 class SurfaceFusionModel(LayerFusionModel):
-    """The PEFT tuner of ``SURFACE_FUSION``: what ``get_peft_model(model, SurfaceFusionConfig())`` builds.
-
-    Example:
-        >>> peft_model = get_peft_model(base_model, SurfaceFusionConfig())
-        >>> type(peft_model.base_model).__name__
-        'SurfaceFusionModel'
-    """
+    """The PEFT tuner of ``SURFACE_FUSION``: ``get_peft_model(model, SurfaceFusionConfig())`` builds it."""
 
     prefix = "surface_fusion_"
     fusion_module_cls = SurfaceFusion
