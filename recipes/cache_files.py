@@ -51,7 +51,7 @@ def weights_fingerprint(model: nn.Module) -> str:
 
     The backbone is ``model.base_model`` for a transformers model (the encoder without its task
     head, whose random init does not change the block outputs); the whole model otherwise.
-    Cost: one pass over the weights (about 0.1 s for a 22M-parameter MiniLM on one CPU core).
+    Cost: one pass over the weights (0.05 s for MiniLM-L6's 90 MB on one CPU core).
 
     Example:
         >>> len(weights_fingerprint(BertModel(BertConfig(num_hidden_layers=2))))  # hex SHA-256
@@ -166,7 +166,10 @@ def read_shard(
         raise CorruptShardError(
             path, f"not a shard of key {key} (format {metadata.get('format')!r}, key {metadata.get('key')!r})"
         )
-    count = int(metadata.get("count", -1))
+    try:
+        count, block_output_len = int(metadata["count"]), json.loads(metadata["block_output_len"])
+    except (KeyError, ValueError) as error:
+        raise CorruptShardError(path, f"bad metadata {metadata}") from error
     if names != {f"{kind}.{i}" for kind in ("ids", "states") for i in range(count)}:
         raise CorruptShardError(path, f"expected {count} sentences, found tensors {sorted(names)[:4]}...")
     states = {}
@@ -179,7 +182,7 @@ def read_shard(
                 f"expected ({num_blocks + 1}, {ids.numel()}, d)",
             )
         states[tuple(ids.tolist())] = value
-    return states, json.loads(metadata["block_output_len"])
+    return states, block_output_len
 
 
 def remove_stale_temp_files(folder: Path, max_age: float = STALE_TEMP_SECONDS) -> list[Path]:
