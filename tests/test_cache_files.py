@@ -180,6 +180,7 @@ def uninterrupted(tmp_path_factory, model_path):
     return experiment.run(CELL), experiment.cache().states
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the driver forks the processes it kills")
 def test_kill_9_while_filling_then_restart_gives_the_uninterrupted_features_and_results(
     tmp_path, model_path, uninterrupted
 ):
