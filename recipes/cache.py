@@ -2,10 +2,13 @@
 
 In FE every pretrained weight is frozen and (with the encoder in eval mode) the block outputs
 ``z_0 .. z_L`` of a sentence never change, so they are computed once per sentence and kept,
-keyed by model + max length + the sentence's token ids (shared by every method, trial and
-shot size of a sweep; optionally persisted to a directory so that sweep workers share it:
-each fill appends one shard file with the sentences it added, written atomically, and every
-fill first reads the shards other workers wrote since, so nothing is computed or written twice).
+keyed by the encoder's content (weights, config, tokenizer: see
+:func:`~layerfusion_recipes.cache_files.feature_key`) + max length + the sentence's token ids (shared by
+every method, trial and shot size of a sweep; optionally persisted to a directory so that sweep
+workers share it: each fill appends one safetensors shard with the sentences it added, written
+atomically, and every fill first reads the shards other workers wrote since, so nothing is
+computed or written twice; a damaged shard is reported, removed and recomputed, and temporary
+files of crashed writers are removed: see :mod:`layerfusion_recipes.cache_files`).
 
 Training then *replays* the cache through the real model: inside :meth:`FeatureCache.replay`
 every encoder block returns its cached output instead of computing it. The embeddings, the
@@ -16,10 +19,9 @@ uncached one minus the encoder's blocks.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +33,14 @@ from torch.nn.utils.rnn import pad_sequence
 from peft_layerfusion.discovery import EncoderBlocks
 from peft_layerfusion.hooks import BlockCapture, Capture
 
+from .cache_files import (
+    SHARD_SUFFIX,
+    CorruptShardError,
+    feature_key,
+    read_shard,
+    remove_stale_temp_files,
+    write_shard,
+)
 from .data import collate
 
 
@@ -41,12 +51,13 @@ class FeatureCache:
         base_model: The pretrained model (before any regime/fusion is applied); its blocks
             compute the features. Only its encoder is used.
         located: Its encoder blocks (``find_encoder_blocks(base_model)``).
-        model_name: Name or path of the model (part of the cache key).
+        model_name: Name or path of the model (for messages; the key hashes the weights instead).
         max_length: Tokenizer max length (part of the cache key).
         directory: Optional folder where the cache is persisted (shards under ``features-<key>/``).
+        tokenizer: The tokenizer that made the token ids (part of the cache key).
 
     Example:
-        >>> cache = FeatureCache(base, find_encoder_blocks(base), "minilm", 128)
+        >>> cache = FeatureCache(base, find_encoder_blocks(base), "minilm", 128, tokenizer=tokenizer)
         >>> cache.fill(train_features + dev_features)
         >>> with cache.replay(located_of_trained_model, batch_states):
         ...     logits = model(input_ids=ids, attention_mask=mask).logits
@@ -59,10 +70,12 @@ class FeatureCache:
         model_name: str,
         max_length: int,
         directory: str | os.PathLike | None = None,
+        tokenizer=None,
     ) -> None:
         self.base_model = base_model
         self.located = located
-        self.key = hashlib.sha1(f"{model_name}|{max_length}|{located.num_blocks}".encode()).hexdigest()[:16]
+        self.model_name = model_name
+        self.key = feature_key(base_model, tokenizer, max_length, located.num_blocks)
         self.path = Path(directory) / f"features-{self.key}" if directory else None  # shard folder
         self.states: dict[tuple[int, ...], torch.Tensor] = {}  # ids -> (L+1, seq, d)
         self._padded: dict[tuple, torch.Tensor] = {}  # memo of padded evaluation batches
@@ -107,28 +120,42 @@ class FeatureCache:
         self.block_output_len = None if isinstance(output, torch.Tensor) else len(output)
 
     def refresh(self) -> int:
-        """Read the shards written (by any worker) since the last call; returns how many."""
+        """Read the shards written (by any worker) since the last call; returns how many.
+
+        A shard that cannot be read (empty, truncated, foreign) is reported with its file name
+        (``RuntimeWarning``) and removed: its sentences are computed again by the next fill.
+        Temporary files of writers that died are removed (see ``remove_stale_temp_files``).
+        """
         if self.path is None or not self.path.is_dir():
             return 0
-        new = sorted(p for p in self.path.glob("*.pt") if p.name not in self._read_shards)
+        remove_stale_temp_files(self.path)
+        new = sorted(p for p in self.path.glob(f"*{SHARD_SUFFIX}") if p.name not in self._read_shards)
+        read = 0
         for shard in new:
-            saved = torch.load(shard)
-            self.states.update(saved["states"])
-            self.block_output_len = saved["block_output_len"]
+            try:
+                states, block_output_len = read_shard(shard, self.key, self.located.num_blocks)
+            except CorruptShardError as error:
+                warnings.warn(
+                    f"feature cache: removing {error}; its sentences will be recomputed",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                shard.unlink(missing_ok=True)
+                continue
+            self.states.update(states)
+            self.block_output_len = block_output_len
             self._read_shards.add(shard.name)
-        return len(new)
+            read += 1
+        return read
 
     def _write_shard(self, keys: Sequence[tuple[int, ...]]) -> None:
         """Persist the states of ``keys`` as one new shard (atomic: temp file + ``os.replace``)."""
         if self.path is None or not keys:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        name = f"shard-{uuid.uuid4().hex}.pt"
-        handle, temp = tempfile.mkstemp(dir=self.path, suffix=".tmp")
-        os.close(handle)
+        name = f"shard-{uuid.uuid4().hex}{SHARD_SUFFIX}"
         states = {key: self.states[key] for key in keys}
-        torch.save({"states": states, "block_output_len": self.block_output_len}, temp)
-        os.replace(temp, self.path / name)
+        write_shard(self.path / name, states, self.block_output_len, self.key)
         self._read_shards.add(name)
 
     def batch_states(self, features: Sequence[dict[str, list[int]]], memo: bool = False) -> torch.Tensor:

@@ -241,7 +241,10 @@ def encode_ner(
 ) -> list[dict[str, list[int]]]:
     """Tokenize pre-split sentences (fast tokenizer, ``is_split_into_words``) and align labels.
 
-    Returns one dict per sentence with ``input_ids``, ``attention_mask``, ``labels``.
+    Returns one dict per sentence with ``input_ids``, ``attention_mask``, ``labels`` (what the
+    model sees, truncated to ``max_length``), and the full gold for scoring: ``word_labels`` (the
+    label id of every word of the sentence, also words past ``max_length`` or with no sub-word)
+    and ``labelled_words`` (the word index of each labelled position, in order).
 
     Example:
         >>> features = encode_ner(tokenizer, data.train, {"O": 0, "B-PER": 1, "I-PER": 2})
@@ -254,11 +257,16 @@ def encode_ner(
     features = []
     for index, sentence in enumerate(sentences):
         word_labels = [label2id[tag] for tag in sentence.tags]
+        word_ids = encoded.word_ids(index)
+        labels = align_labels(word_ids, word_labels)
+        labelled_words = [w for w, label in zip(word_ids, labels, strict=True) if label != IGNORE_INDEX]
         features.append(
             {
                 "input_ids": encoded["input_ids"][index],
                 "attention_mask": encoded["attention_mask"][index],
-                "labels": align_labels(encoded.word_ids(index), word_labels),
+                "labels": labels,
+                "word_labels": word_labels,
+                "labelled_words": labelled_words,
             }
         )
     return features

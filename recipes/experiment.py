@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,6 +24,7 @@ from peft_layerfusion.utils import eval_mode
 
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, NerDataset, encode_ner
+from .gold import GoldReach, gold_reach
 from .models import apply_regime, load_token_classifier
 from .sampling import sample_shots
 from .training import TokenClassifierRunner, TrainSettings, train_token_classifier
@@ -91,6 +94,39 @@ class ExperimentSettings:
         return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
 
 
+def sample_size(settings: ExperimentSettings, shots: int, num_types: int) -> int:
+    """Training sentences a trial of ``shots`` asks for: ``train_sentences`` if set, else ``N * C``."""
+    return settings.train_sentences or shots * num_types
+
+
+def check_sample_sizes(
+    settings: ExperimentSettings, shots: Iterable[int], train_size: int, num_types: int
+) -> None:
+    """Refuse shot sizes the train split cannot give (instead of silently training on less).
+
+    Raises:
+        ValueError: naming the option, the value, what it asks for and the largest allowed.
+
+    Example:
+        >>> check_sample_sizes(settings, [8, 64], train_size=100, num_types=4)  # 64 * 4 > 100
+        Traceback (most recent call last):
+        ValueError: --shots 64 asks for 64 x 4 entity types = 256 training sentences, ...
+    """
+    for n in sorted(set(shots)):
+        wanted = sample_size(settings, n, num_types)
+        if wanted <= train_size:
+            continue
+        if settings.train_sentences:
+            raise ValueError(
+                f"--train-sentences {wanted} asks for more training sentences than the train split "
+                f"has ({train_size}); use --train-sentences <= {train_size}"
+            )
+        raise ValueError(
+            f"--shots {n} asks for {n} x {num_types} entity types = {wanted} training sentences, the "
+            f"train split has {train_size}; use --shots <= {train_size // num_types}"
+        )
+
+
 def sample_seed(shots: int, trial: int) -> int:
     """Seed of the N-shot sample of a trial (stable across processes and Python versions)."""
     return int(hashlib.sha1(f"{shots}|{trial}".encode()).hexdigest()[:8], 16)
@@ -119,19 +155,39 @@ class Experiment:
         self.label2id = {label: i for i, label in enumerate(self.labels)}
         self.id2label = dict(enumerate(self.labels))
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
+        special = self.tokenizer.num_special_tokens_to_add()
+        if settings.max_length <= special:
+            raise ValueError(
+                f"--max-length {settings.max_length} leaves no room for a word: the tokenizer adds "
+                f"{special} special tokens; use --max-length > {special}"
+            )
         dev = self.data.dev[: settings.dev_limit] if settings.dev_limit else self.data.dev
         # sorted by length: less padding in evaluation batches (micro-F1 does not depend on order)
         self.dev = sorted(
             encode_ner(self.tokenizer, dev, self.label2id, settings.max_length),
             key=lambda f: len(f["input_ids"]),
         )
+        self.dev_reach = self._check_reach(gold_reach(self.dev, self.id2label))
         self._cache: FeatureCache | None = None
+
+    def _check_reach(self, reach: GoldReach) -> GoldReach:
+        """Say how many dev gold entities the model cannot see; refuse when it sees none."""
+        if reach.out_of_reach:
+            print(f"layerfusion: {reach.message('dev', self.settings.max_length)}", file=sys.stderr)
+        if reach.entities and reach.out_of_reach == reach.entities:
+            raise ValueError(
+                f"--max-length {self.settings.max_length}: none of the {reach.entities} dev gold entities "
+                "is within the model's reach, every F1 would be 0; raise --max-length"
+            )
+        return reach
 
     @property
     def num_types(self) -> int:
         return len(self.data.entity_types)
 
     def train_sample(self, shots: int, trial: int) -> list[dict]:
+        """The encoded training sentences of a trial (raises if the train split is too small)."""
+        check_sample_sizes(self.settings, [shots], len(self.data.train), self.num_types)
         if self.settings.train_sentences:  # a fixed sentence budget: K sentences = "K shots" of 1 type
             size, types = self.settings.train_sentences, 1
         else:
@@ -150,6 +206,7 @@ class Experiment:
                 self.settings.model,
                 self.settings.max_length,
                 self.settings.cache_dir,
+                tokenizer=self.tokenizer,
             )
             self._cache.fill(self.dev)
         return self._cache
@@ -194,6 +251,8 @@ class Experiment:
             **asdict(cell),
             **result.to_dict(),
             "train_sentences": len(train),
+            "dev_entities": self.dev_reach.entities,
+            "dev_entities_out_of_reach": self.dev_reach.out_of_reach,
             "lr": settings.lr,
             "cached": cache is not None,
             "model": self.settings.model,

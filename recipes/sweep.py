@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .experiment import Cell, Experiment, ExperimentSettings
+from .experiment import Cell, Experiment, ExperimentSettings, check_sample_sizes
 from .options import add_experiment_parser, resolve
 from .results import append_record, finished_keys, read_records
 
@@ -135,14 +135,30 @@ def _finish(results, record: dict[str, Any], bar, on_record) -> None:
 
 
 def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
-    """Resolve options, run the grid, print the summary table (and write figures)."""
+    """Resolve options, run the grid, print the summary table (and write figures).
+
+    Options that the data or the tokenizer refuse (``--shots`` beyond the train split, a
+    ``--max-length`` that leaves no gold entity in reach, a malformed data file) stop here with
+    one line on stderr and exit code 2, before any cell runs.
+    """
     from .plot import markdown_table, summarize, write_report
 
-    settings, grid = resolve(args)
+    try:
+        settings, grid = resolve(args)
+        experiment = Experiment(settings)  # loads and checks the data, the tokenizer, the dev gold
+        check_sample_sizes(settings, grid["shots"], len(experiment.data.train), experiment.num_types)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"layerfusion {getattr(args, 'command', 'sweep')}: error: {error}", file=sys.stderr)
+        return 2
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
     records = run_cells(
-        grid_cells(grid), grid["results"], settings, workers=grid["workers"], progress=not grid["quiet"]
+        grid_cells(grid),
+        grid["results"],
+        settings,
+        workers=grid["workers"],
+        progress=not grid["quiet"],
+        experiment=experiment,
     )
     if figures:
         paths = write_report(records, grid["output"])

@@ -24,6 +24,7 @@ from peft_layerfusion.utils import eval_mode
 
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, collate
+from .gold import spread_to_words, word_label_ids
 from .models import eval_frozen_subtrees, trainable_parameters
 
 
@@ -39,6 +40,9 @@ class TrainSettings:
         weight_decay: AdamW weight decay.
         seed: Seed of the shuffling and of dropout (the model's init is seeded by the caller).
         eval_batch_size: Sentences per evaluation batch.
+
+    Raises:
+        ValueError: ``epochs``, ``batch_size``, ``eval_every`` or ``eval_batch_size`` below 1.
     """
 
     epochs: int = 20
@@ -48,6 +52,12 @@ class TrainSettings:
     weight_decay: float = 0.0
     seed: int = 0
     eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainSettings.{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass
@@ -158,16 +168,27 @@ class TokenClassifierRunner:
 
 
 def gold_tags(features: Sequence[dict], id2label: dict[int, str]) -> list[list[str]]:
-    """The gold tags of encoded sentences, one per labelled position (first sub-words)."""
-    return [[id2label[label] for label in f["labels"] if label != IGNORE_INDEX] for f in features]
+    """The full gold tags of encoded sentences: one per word, also the words the model cannot see
+    (past ``max_length``, or with no sub-word); see :mod:`layerfusion_recipes.gold`."""
+    return [[id2label[label] for label in word_label_ids(f)] for f in features]
 
 
-def _predicted_tags(logits: torch.Tensor, labels: torch.Tensor, id2label: dict[int, str]) -> list[list[str]]:
+def _predicted_tags(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    id2label: dict[int, str],
+    features: Sequence[dict] | None = None,
+) -> list[list[str]]:
+    """Predicted tags of the labelled positions; with ``features`` (the batch's), one per word of
+    each sentence as :func:`gold_tags` has them, unseen words ``O``."""
     predicted = logits.argmax(-1)  # (batch, seq)
-    return [
+    tags = [
         [id2label[p] for p, g in zip(row_pred, row_gold, strict=True) if g != IGNORE_INDEX]
         for row_pred, row_gold in zip(predicted.tolist(), labels.tolist(), strict=True)
     ]
+    if features is None:
+        return tags
+    return [spread_to_words(row, feature) for row, feature in zip(tags, features, strict=True)]
 
 
 @torch.no_grad()
@@ -179,16 +200,19 @@ def evaluate_f1(
     device: torch.device,
     scorer: EntityScorer | None = None,
 ) -> float:
-    """Dev micro-F1 of ``runner``'s model (eval mode during the call).
+    """Dev micro-F1 of ``runner``'s model (eval mode during the call), against the full gold.
 
-    ``scorer``: an :class:`EntityScorer` of ``features`` (made once per run; built here if omitted).
+    Every word of every sentence is scored: words the model cannot see count as predicted ``O``.
+    ``scorer``: an :class:`EntityScorer` of ``gold_tags(features)`` (made once per run; built here
+    if omitted).
     """
     scorer = scorer or EntityScorer(gold_tags(features, id2label))
     predicted = []
     with eval_mode(runner.model):
         for start in range(0, len(features), batch_size):
-            logits, labels = runner.logits(features[start : start + batch_size], device, memo=True)
-            predicted += _predicted_tags(logits, labels, id2label)
+            batch = features[start : start + batch_size]
+            logits, labels = runner.logits(batch, device, memo=True)
+            predicted += _predicted_tags(logits, labels, id2label, batch)
     return scorer.f1(predicted)
 
 

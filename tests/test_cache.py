@@ -102,6 +102,6 @@ def test_workers_share_shards_and_never_recompute(tmp_path, experiment):
     (first.path / "crashed-writer.tmp").write_bytes(b"half a file")  # an interrupted write is ignored
     assert second.fill(experiment.dev[:7]) == 2  # read the first worker's shard, computed the rest
     assert first.fill(experiment.dev[:7]) == 0 and len(first) == 7
-    assert sorted(p.suffix for p in first.path.iterdir()) == [".pt", ".pt", ".tmp"]  # one shard per fill
+    assert sorted(p.suffix for p in first.path.iterdir()) == [".safetensors", ".safetensors", ".tmp"]
     key = tuple(experiment.dev[6]["input_ids"])
     torch.testing.assert_close(first.states[key], second.states[key], atol=0, rtol=0)
