@@ -33,6 +33,8 @@ from torch import nn
 from peft_layerfusion.positions import fused_positions
 
 from .data import IGNORE_INDEX, read_text
+from .datasets_io import looks_like_hub_name
+from .errors import DataSourceError
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees, load_pretrained
 from .training import adamw_linear_decay
 
@@ -58,6 +60,12 @@ def load_text_splits(source: str, holdout: float = 0.1) -> TextSplits:
     """
     folder = Path(source)
     if folder.is_dir():
+        missing = [name for name in ("valid.txt", "test.txt") if not (folder / name).is_file()]
+        if missing:
+            raise DataSourceError(
+                f"{folder}: needs valid.txt and test.txt (train.txt optional), missing {missing}, "
+                f"found {sorted(os.listdir(folder))}"
+            )
         valid, test = read_text(folder / "valid.txt"), read_text(folder / "test.txt")
         if (folder / "train.txt").is_file():
             return TextSplits(
@@ -69,9 +77,17 @@ def load_text_splits(source: str, holdout: float = 0.1) -> TextSplits:
             f"checkpoint chosen on valid.txt[{100 * (1 - holdout):.0f}%:], perplexity reported on test.txt"
         )
         return TextSplits(valid[:cut], valid[cut:], test, note)
+    if not looks_like_hub_name(source):
+        raise DataSourceError(f"--data {source!r}: no such file or directory")
     import datasets
 
-    raw = datasets.load_dataset("wikitext", source)
+    try:
+        raw = datasets.load_dataset("wikitext", source)
+    except Exception as error:  # offline, unknown config...
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DataSourceError(
+            f"--data {source!r}: no such directory, and not a loadable wikitext config of the Hub ({reason})"
+        ) from error
 
     def lines(split: str) -> list[str]:
         return [t.strip() for t in raw[split]["text"] if t.strip()]
