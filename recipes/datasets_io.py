@@ -140,10 +140,11 @@ def _tag_namer(feature: Any, column: str, label_names: tuple[str, ...] | None, w
                 f"{where}: column {column!r} holds integer tags without names; give --label-names "
                 "(e.g. O B-PER I-PER) or store the column as a ClassLabel"
             )
-        if tags and not 0 <= max(tags) < len(names) or tags and min(tags) < 0:
+        if tags and (min(tags) < 0 or max(tags) >= len(names)):
+            shown = list(names) if len(names) <= 5 else [*names[:5], "..."]
             raise NerColumnError(
                 f"{where}: tag ids {min(tags)}..{max(tags)} of column {column!r} outside the "
-                f"{len(names)} label names {list(names)[:5]}..."
+                f"{len(names)} label names {shown}"
             )
         return [names[tag] for tag in tags]
 
@@ -372,6 +373,7 @@ def assemble(
         what = "one split only" if "all" in splits else "no dev split"
         notes.append(f"{name}: {what}: cut into {parts} with seed {split_seed}")
         test = cut_test if test is None else test
+    test = test or []
     if not train:
         raise DataSourceError(f"{name}: no training sentence found")
     tags, note = to_iob2([s.tags for part in (train, dev, test) for s in part], tag_scheme)

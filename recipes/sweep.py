@@ -52,16 +52,21 @@ def longest_first(cells: Iterable[Cell]) -> list[Cell]:
     return sorted(cells, key=lambda cell: cell.epochs * cell.shots, reverse=True)
 
 
-_WORKER: Experiment | None = None
+_WORKER: Experiment | Exception | None = None
 
 
 def _init_worker(settings: ExperimentSettings, threads: int) -> None:
     global _WORKER
     torch.set_num_threads(threads)
-    _WORKER = Experiment(settings)
+    try:
+        _WORKER = Experiment(settings)
+    except Exception as error:  # a failing initializer is respawned forever: fail the first cell instead
+        _WORKER = error
 
 
 def _run_in_worker(cell: Cell) -> dict[str, Any]:
+    if isinstance(_WORKER, Exception):
+        raise _WORKER  # e.g. bad --data: reaches the parent, which shows it as one line
     assert _WORKER is not None
     return _WORKER.run(cell)
 
