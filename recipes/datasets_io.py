@@ -116,13 +116,16 @@ def parse_list_cell(cell: Any) -> list:
     if not text.startswith("["):
         return text.split()
     items, sign = [], 1
-    for token in tokenize.generate_tokens(io.StringIO(text).readline):  # literal by literal: no
-        if token.type in (tokenize.STRING, tokenize.NUMBER):  # implicit concatenation of 'a' 'b'
-            value = ast.literal_eval(token.string)
-            items.append(sign * value if token.type == tokenize.NUMBER else value)
-        elif token.type == tokenize.NAME:  # unquoted words inside brackets: [EU rejects]
-            items.append(token.string)
-        sign = -1 if token.string == "-" else 1
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):  # literal by literal: no
+            if token.type in (tokenize.STRING, tokenize.NUMBER):  # implicit concatenation of 'a' 'b'
+                value = ast.literal_eval(token.string)
+                items.append(sign * value if token.type == tokenize.NUMBER else value)
+            elif token.type == tokenize.NAME:  # unquoted words inside brackets: [EU rejects]
+                items.append(token.string)
+            sign = -1 if token.string == "-" else 1
+    except (tokenize.TokenError, SyntaxError) as error:
+        raise ValueError(f"cannot read a list from {cell[:60]!r} ({error})") from None
     return items
 
 
@@ -160,8 +163,8 @@ def dataset_sentences(dataset: Any, columns: NerColumns, where: str) -> list[Ner
         where: Names the data in error messages, e.g. ``data/ [validation]``.
 
     Raises:
-        NerColumnError: A column is missing, tags cannot be named, or a row has as many
-            tokens as tags; the message names ``where``, the row and the problem.
+        NerColumnError: A column is missing, a cell is no list, tags cannot be named, or a row
+            has more tokens than tags or fewer; the message names ``where``, the row and the problem.
 
     Example:
         >>> dataset_sentences(Dataset.from_dict({"tokens": [["EU"]], "tags": [["B-ORG"]]}), NerColumns(), "x")
@@ -175,7 +178,12 @@ def dataset_sentences(dataset: Any, columns: NerColumns, where: str) -> list[Ner
     for row, (token_cell, tag_cell) in enumerate(
         zip(dataset[token_column], dataset[tag_column], strict=True)
     ):
-        tokens, tags = [str(t) for t in parse_list_cell(token_cell)], name_tags(tag_cell)
+        try:
+            tokens, tags = [str(t) for t in parse_list_cell(token_cell)], name_tags(tag_cell)
+        except ValueError as error:
+            if isinstance(error, NerColumnError):
+                raise
+            raise NerColumnError(f"{where}, row {row}: {error}") from error
         if len(tokens) != len(tags):
             raise NerColumnError(f"{where}, row {row}: {len(tokens)} tokens but {len(tags)} tags")
         bad = [tag for tag in tags if not is_valid_tag(tag)]

@@ -266,3 +266,41 @@ def test_directory_without_train_lists_what_it_found(tmp_path):
 def test_bad_column_options(kwargs, problem):
     with pytest.raises(ValueError, match=problem):
         NerColumns(**kwargs)
+
+
+def test_unreadable_list_cell_names_file_and_row(tmp_path):
+    path = tmp_path / "ner.jsonl"
+    rows = [{"tokens": "Bob runs", "ner_tags": "B-PER O"}, {"tokens": "['EU", "ner_tags": "B-ORG"}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(
+        NerColumnError, match=f'^{re.escape(str(path))}, row 1: cannot read a list from "\\[\'EU"'
+    ):
+        load_ner(str(path))
+
+
+def test_cli_reads_a_saved_dataset_with_named_columns(tmp_path, capsys):
+    from peft_layerfusion.cli import main
+    from recipes.results import read_records
+    from recipes.toy import toy_dataset, write_tiny_model
+
+    toy = toy_dataset(train=12, dev=4, test=0)
+    names = sorted({tag for s in toy.train + toy.dev for tag in s.tags})
+
+    def table(sentences):
+        return datasets.Dataset.from_dict(
+            {
+                "words": [list(s.tokens) for s in sentences],
+                "ner": [[names.index(t) for t in s.tags] for s in sentences],
+            }
+        )
+
+    datasets.DatasetDict(train=table(toy.train), val=table(toy.dev)).save_to_disk(tmp_path / "data")
+    argv = ["ner", "--model", write_tiny_model(tmp_path / "model"), "--data", str(tmp_path / "data")]
+    argv += ["--tokens-column", "words", "--tags-column", "ner", "--methods", "none", "--quiet"]
+    argv += ["--shots", "1", "--epochs", "1", "--trials", "1"]
+    assert main([*argv, "--label-names", *names, "--output", str(tmp_path / "out")]) == 0
+    (record,) = read_records(tmp_path / "out" / "results.jsonl")
+    assert record["data"] == str(tmp_path / "data") and 0 <= record["best_f1"] <= 1
+    assert record["train_sentences"] == 3  # 1 shot x C = 3 entity types (PER, LOC, ORG)
+    assert main([*argv, "--output", str(tmp_path / "o2")]) == 2  # integer tags, no names
+    assert "holds integer tags without names; give --label-names" in capsys.readouterr().err
