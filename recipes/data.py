@@ -91,33 +91,38 @@ def _decoded_lines(path: str | os.PathLike) -> list[str]:
     return [line.rstrip("\r") for line in text.split("\n")]
 
 
-def _sentence_blocks(lines: Sequence[str]) -> list[list[tuple[int, str]]]:
-    """Numbered non-blank lines grouped by sentence (blank lines and ``-DOCSTART-`` lines end one)."""
-    blocks: list[list[tuple[int, str]]] = [[]]
+@dataclass(frozen=True)
+class _Block:
+    """The lines of one sentence; they are consecutive in the file, the first is line ``start``."""
+
+    start: int
+    lines: list[str]
+
+    def without_comments(self) -> _Block:
+        """Without the ``#`` lines that open it (CoNLL-U ``# sent_id = 1``, ``# text = ...``)."""
+        skip = next((i for i, line in enumerate(self.lines) if not line.startswith("#")), len(self.lines))
+        return _Block(self.start + skip, self.lines[skip:])
+
+
+def _sentence_blocks(lines: Sequence[str]) -> list[_Block]:
+    """Non-blank lines grouped by sentence (blank lines and ``-DOCSTART-`` lines end one)."""
+    blocks: list[_Block] = []
+    current: list[str] = []
     for number, raw in enumerate(lines, start=1):
         line = raw.rstrip()
-        if not line or line.split(maxsplit=1)[0] == "-DOCSTART-":
-            if blocks[-1]:
-                blocks.append([])
-            continue
-        blocks[-1].append((number, line))
-    return [block for block in blocks if block]
+        if line and not (line.startswith("-DOCSTART-") and line.split(maxsplit=1)[0] == "-DOCSTART-"):
+            if not current:
+                blocks.append(_Block(number, current))
+            current.append(line)
+        elif current:
+            current = []
+    return blocks
 
 
-def _leading_comments(block: Sequence[tuple[int, str]]) -> list[int]:
-    """Numbers of the ``#`` lines that open a sentence (CoNLL-U ``# sent_id = 1``, ``# text = ...``)."""
-    numbers = []
-    for number, line in block:
-        if not line.startswith("#"):
-            break
-        numbers.append(number)
-    return numbers
-
-
-def _is_index_column(blocks: Sequence[Sequence[Sequence[str]]]) -> bool:
+def _is_index_column(blocks: Sequence[_Block], tab: bool) -> bool:
     """Whether the first field counts the words of each sentence (``1 EU B-ORG``, CoNLL-U style)."""
     for block in blocks:
-        first = [fields[0] for fields in block]
+        first = [line.split("\t" if tab else None, 1)[0] for line in block.lines]
         if not all(f.isdigit() for f in first):
             return False
         start = int(first[0])
@@ -126,55 +131,50 @@ def _is_index_column(blocks: Sequence[Sequence[Sequence[str]]]) -> bool:
     return True
 
 
-def _split_fields(
-    path: str | os.PathLike, blocks: list[list[tuple[int, str]]]
-) -> tuple[list[list[tuple[int, list[str]]]], int]:
-    """Fields of each line and the token column; one separator and one column count per file.
+def _column_layout(blocks: list[_Block]) -> tuple[bool, int, list[_Block], int]:
+    """``(tab, width, blocks, token_column)``: one separator and one column count per file.
 
     A file whose lines mostly contain a TAB is TAB-separated (a token may contain spaces, e.g.
     ``New York<TAB>B-LOC``); otherwise any whitespace separates columns (a stray TAB in a CoNLL
-    line is a separator). A line with another column count stops with its number.
+    line is a separator). ``#`` lines opening a sentence are CoNLL-U comments if the other lines
+    start with a word index (``1<TAB>EU<TAB>B-ORG``); the token is then the second column.
     """
-    data = [line for block in blocks for _, line in block]
-    tab = 2 * sum("\t" in line for line in data) >= len(data)
-    kind = "TAB" if tab else "space"
-    comments = {number for block in blocks for number in _leading_comments(block)}
-    for drop in (comments, set()):  # CoNLL-U comments only if the rest has an index column
-        split = [
-            [(number, line.split("\t") if tab else line.split()) for number, line in block]
-            for block in ([entry for entry in block if entry[0] not in drop] for block in blocks)
-            if block
-        ]
-        width = Counter(len(fields) for block in split for _, fields in block).most_common(1)[0][0]
-        index = width >= 3 and _is_index_column([[fields for _, fields in block] for block in split])
-        if index or not drop:
-            break
-    if width < 2:
-        raise DataFormatError(path, split[0][0][0], "expected `token tag` columns (TAB- or space-separated)")
-    for block in split:
-        for number, fields in block:
-            if tab and len(fields) == 1:
-                raise DataFormatError(
-                    path, number, "expected `token<TAB>tag` like the file's other lines, found no TAB"
-                )
-            if len(fields) != width:
-                hint = "a stray TAB?" if tab else "a token with a space? TAB-separate the columns"
-                raise DataFormatError(
-                    path,
-                    number,
-                    f"{len(fields)} {kind}-separated fields where the file's lines have {width} ({hint})",
-                )
-    return split, 1 if index else 0
+    tabbed = sum("\t" in line for block in blocks for line in block.lines)
+    tab = 2 * tabbed >= sum(len(block.lines) for block in blocks)
+    count = (lambda line: line.count("\t") + 1) if tab else (lambda line: len(line.split()))
+    candidates = [blocks]
+    if any(block.lines[0].startswith("#") for block in blocks):
+        uncommented = [block.without_comments() for block in blocks]
+        candidates.insert(0, [block for block in uncommented if block.lines])
+    for candidate in candidates:  # the last one is `blocks`
+        width = Counter(count(line) for block in candidate for line in block.lines).most_common(1)[0][0]
+        if width >= 3 and _is_index_column(candidate, tab):
+            return tab, width, candidate, 1
+    return tab, width, blocks, 0
 
 
 def _strip_wikiann_prefix(sentences: list[NerSentence]) -> list[NerSentence]:
     """Drop the ``lang:`` prefix of WikiANN tokens, only if every token of the file has the same one."""
-    matches = [_LANG_PREFIX.match(token) for s in sentences for token in s.tokens]
-    prefixes = {match.group() if match else None for match in matches}
-    if len(prefixes) != 1 or None in prefixes:
+    first = _LANG_PREFIX.match(sentences[0].tokens[0])
+    prefix = first.group() if first else None
+    if prefix is None or not all(
+        token.startswith(prefix) and len(token) > len(prefix) for s in sentences for token in s.tokens
+    ):
         return sentences
-    cut = len(prefixes.pop())
-    return [NerSentence(tuple(token[cut:] for token in s.tokens), s.tags) for s in sentences]
+    return [NerSentence(tuple(token[len(prefix) :] for token in s.tokens), s.tags) for s in sentences]
+
+
+def _line_problem(fields: list[str], tab: bool, width: int) -> str:
+    """What is wrong with the fields of a line that does not fit the file's layout."""
+    if width < 2:
+        return "expected `token tag` columns (TAB- or space-separated)"
+    if len(fields) == width:
+        return f"tag {fields[-1]!r} is not {TAG_RULE}"
+    if tab and len(fields) == 1:
+        return "expected `token<TAB>tag` like the file's other lines, found no TAB"
+    hint = "a stray TAB?" if tab else "a token with a space? TAB-separate the columns"
+    kind = "TAB" if tab else "space"
+    return f"{len(fields)} {kind}-separated fields where the file's lines have {width} ({hint})"
 
 
 def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
@@ -199,14 +199,18 @@ def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
     blocks = _sentence_blocks(_decoded_lines(path))
     if not blocks:
         raise DataFormatError(path, 0, "no sentence found (empty file?)")
-    split, token_column = _split_fields(path, blocks)
+    tab, width, blocks, token_column = _column_layout(blocks)
+    separator = "\t" if tab else None
     sentences = []
-    for block in split:
-        for number, fields in block:
-            if not is_valid_tag(fields[-1]):
-                raise DataFormatError(path, number, f"tag {fields[-1]!r} is not {TAG_RULE}")
-        tokens = tuple(fields[token_column] for _, fields in block)
-        sentences.append(NerSentence(tokens, tuple(fields[-1] for _, fields in block)))
+    for block in blocks:
+        tokens, tags = [], []
+        for offset, line in enumerate(block.lines):
+            fields = line.split(separator)
+            if len(fields) != width or width < 2 or not is_valid_tag(fields[-1]):
+                raise DataFormatError(path, block.start + offset, _line_problem(fields, tab, width))
+            tokens.append(fields[token_column])
+            tags.append(fields[-1])
+        sentences.append(NerSentence(tuple(tokens), tuple(tags)))
     return _strip_wikiann_prefix(sentences)
 
 
