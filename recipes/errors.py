@@ -2,8 +2,9 @@
 
 A *user error* is a problem with what the user gave: a missing path, a file in a format the
 recipes cannot read, a bad option value. :class:`UserError` marks those raised by the recipes;
-``ValueError`` (the convention for bad input in this code base), missing or unreadable paths and
-YAML syntax errors count as well. :func:`run_command` runs a sub-command and turns them into
+``ValueError`` (the convention for bad input in this code base), ``OSError`` (missing or
+unreadable paths; transformers' "not a local folder and not a valid model identifier") and YAML
+syntax errors count as well. :func:`run_command` runs a sub-command and turns them into
 ``layerfusion ner: error: <what and where>`` and exit code 2 (as ``argparse`` does for bad flags);
 ``--debug`` re-raises them with the full traceback.
 """
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from typing import TextIO
 
 USER_EXIT_CODE = 2  # argparse's exit code for bad command lines
-_PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 class UserError(Exception):
@@ -47,7 +47,7 @@ def is_user_error(error: BaseException) -> bool:
         >>> is_user_error(ValueError("--epochs 0: must be at least 1")), is_user_error(KeyError("x"))
         (True, False)
     """
-    if isinstance(error, (UserError, ValueError, *_PATH_ERRORS)):
+    if isinstance(error, (UserError, ValueError, OSError)):  # OSError: paths, also transformers' model ones
         return True
     yaml = sys.modules.get("yaml")  # only loaded if a YAML config was read
     return yaml is not None and isinstance(error, yaml.YAMLError)

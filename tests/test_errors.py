@@ -72,6 +72,21 @@ def test_bugs_keep_their_traceback():
     assert run_command(lambda args: 3, argparse.Namespace()) == 3
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError("model is not a local folder and is not a valid model identifier"),
+        PermissionError(13, "denied"),
+    ],
+)
+def test_os_errors_are_user_errors(error, capsys):
+    def fails(args):
+        raise error
+
+    assert run_command(fails, argparse.Namespace()) == 2
+    assert capsys.readouterr().err == f"layerfusion: error: {error}\n"
+
+
 def test_user_error_message_is_one_line(capsys):
     def fails(args):
         raise UserError("first\n  second")
