@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import NerDataset, NerSentence, read_ner_file, split_sentences
-from .errors import DataSourceError, UserError
+from .errors import DataSourceError, UserError, first_line
 from .tags import TAG_RULE, TAG_SCHEMES, is_valid_tag, to_iob2
 
 TABULAR_BUILDERS = {
@@ -233,8 +233,9 @@ def load_saved(path: Path) -> Any:
     try:
         return datasets.load_from_disk(str(path))
     except Exception as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise DataSourceError(f"{path}: not a readable save_to_disk directory ({reason})") from error
+        raise DataSourceError(
+            f"{path}: not a readable save_to_disk directory ({first_line(error)})"
+        ) from error
 
 
 def read_tabular(path: Path, columns: NerColumns, split: str = "train") -> list[NerSentence]:
@@ -251,7 +252,7 @@ def read_tabular(path: Path, columns: NerColumns, split: str = "train") -> list[
             table = datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
     except Exception as error:  # pyarrow/json decode errors: unreadable as `builder`
         raise NerColumnError(
-            f"{path}: not readable as {builder} ({type(error).__name__}: {str(error).splitlines()[0]})"
+            f"{path}: not readable as {builder} ({type(error).__name__}: {first_line(error)})"
         ) from error
     return dataset_sentences(table, columns, str(path))
 
@@ -291,7 +292,9 @@ def _dataset_splits(
             ignored.append(name)
             continue
         splits[split] = dataset_sentences(raw[name], columns, f"{where} [{name}]")
-    notes = [f"{where}: split(s) {ignored} ignored (not train/dev/val/validation/test)"] if ignored else []
+    notes = (
+        [f"{where}: split(s) {ignored} ignored (no train/dev/test alias, or a second one)"] if ignored else []
+    )
     if not splits:
         raise DataSourceError(f"{where}: no split named train/dev/val/validation/test in {list(raw)}")
     return splits, notes
@@ -317,10 +320,9 @@ def load_hub(
     try:
         raw = datasets.load_dataset(name, language) if language else datasets.load_dataset(name)
     except Exception as error:  # offline, unknown name...
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise DataSourceError(
             f"--data {name!r}: no such file or directory, and not loadable from the Hugging Face Hub "
-            f"({reason})"
+            f"({first_line(error)})"
         ) from error
     return _dataset_splits(raw, columns, name)
 

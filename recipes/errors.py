@@ -64,6 +64,17 @@ def one_line(error: BaseException) -> str:
     return " / ".join(parts) or type(error).__name__
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type name if empty), for messages that wrap it.
+
+    Example:
+        >>> first_line(ConnectionError("Couldn't reach 'x' on the Hub\\nRetrying in 1s"))
+        "Couldn't reach 'x' on the Hub"
+    """
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def run_command(
     func: Callable[[argparse.Namespace], int | None],
     args: argparse.Namespace,

@@ -34,7 +34,7 @@ from peft_layerfusion.positions import fused_positions
 
 from .data import IGNORE_INDEX, read_text
 from .datasets_io import looks_like_hub_name
-from .errors import DataSourceError
+from .errors import DataSourceError, first_line
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees, load_pretrained
 from .training import adamw_linear_decay
 
@@ -84,9 +84,9 @@ def load_text_splits(source: str, holdout: float = 0.1) -> TextSplits:
     try:
         raw = datasets.load_dataset("wikitext", source)
     except Exception as error:  # offline, unknown config...
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise DataSourceError(
-            f"--data {source!r}: no such directory, and not a loadable wikitext config of the Hub ({reason})"
+            f"--data {source!r}: no such directory, and not a loadable wikitext config of the Hub "
+            f"({first_line(error)})"
         ) from error
 
     def lines(split: str) -> list[str]:

@@ -304,3 +304,20 @@ def test_cli_reads_a_saved_dataset_with_named_columns(tmp_path, capsys):
     assert record["train_sentences"] == 3  # 1 shot x C = 3 entity types (PER, LOC, ORG)
     assert main([*argv, "--output", str(tmp_path / "o2")]) == 2  # integer tags, no names
     assert "holds integer tags without names; give --label-names" in capsys.readouterr().err
+
+
+def test_unreadable_tabular_file_is_one_error(tmp_path):
+    path = tmp_path / "ner.parquet"
+    path.write_text("EU\tB-ORG\n")
+    with pytest.raises(NerColumnError, match=f"^{re.escape(str(path))}: not readable as parquet \\("):
+        load_ner(str(path))
+
+
+def test_other_splits_of_a_dataset_dict_are_ignored_and_said(tmp_path):
+    splits = {"train": "train", "validation": "validation", "val": "test", "extra": "test"}
+    datasets.DatasetDict({name: _table(ROWS[split]) for name, split in splits.items()}).save_to_disk(tmp_path)
+    data = load_ner(str(tmp_path))
+    assert data.dev == _sentences("validation") and data.test == []
+    assert data.notes == [
+        f"{tmp_path}: split(s) ['val', 'extra'] ignored (no train/dev/test alias, or a second one)"
+    ]
