@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from .errors import run_command
+
 SUBCOMMANDS: dict[str, str] = {
     "audit": "layerfusion_recipes.audit",
     "ner": "layerfusion_recipes.ner",
@@ -18,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "plot": "layerfusion_recipes.plot",
     "seq2seq": "layerfusion_recipes.seq2seq",
 }
+DEBUG_HELP = "Show the full traceback of a user error (bad path, data or value) instead of one line."
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="layerfusion",
         description="Layer fusion for PEFT: parameter audits and the paper's experiments.",
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in SUBCOMMANDS.values():
         try:
@@ -34,12 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # sub-command not available in this installation
         module.add_parser(subparsers)
+    for subparser in subparsers.choices.values():  # `layerfusion ner ... --debug` works too
+        subparser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    return run_command(args.func, args, debug=args.debug, prog=f"layerfusion {args.command}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Data for the recipes: NER readers, label alignment to sub-words, plain text for MLM.
 
-Local formats (one token a line, a blank line between sentences):
+NER text formats (one token a line, a blank line between sentences, the tag last):
 
 * CoNLL-2003 columns: ``token POS chunk TAG`` separated by spaces, ``-DOCSTART-`` lines skipped;
-* WikiANN: ``lang:token<TAB>TAG`` (the ``lang:`` prefix is stripped);
-* plain: ``token<TAB>TAG``.
+* WikiANN: ``lang:token<TAB>TAG`` (the prefix is stripped when every token of the file has it);
+* plain: ``token<TAB>TAG``; with an index column: ``1<TAB>token<TAB>TAG`` (CoNLL-U style).
 
-Hub names (``conll2003``, ``wikiann``) are loaded with ``datasets`` and only work online.
+``datasets`` formats (``save_to_disk`` directories, json/jsonl/csv/parquet/arrow files, Hub
+names online) are read by :mod:`layerfusion_recipes.datasets_io`, which :func:`load_ner` uses.
 A malformed file stops with :class:`DataFormatError` naming file, line and problem.
 """
 
@@ -15,24 +16,33 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from .errors import UserError
+
+if TYPE_CHECKING:
+    from .datasets_io import NerColumns
+from .tags import TAG_RULE, is_valid_tag
+
 IGNORE_INDEX = -100  # label of sub-tokens after the first and of special tokens
-_LANG_PREFIX = re.compile(r"^[a-z]{2,3}:")
-_SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "valid", "validation"), "test": ("test",)}
-_FILE_SUFFIXES = ("", ".txt", ".conll", ".tsv")
+_LANG_PREFIX = re.compile(r"^[a-z]{2,3}:(?=.)")
 
 
-class DataFormatError(ValueError):
-    """A data file that cannot be read, with the file, the line and the problem."""
+class DataFormatError(UserError, ValueError):
+    """A data file that cannot be read, with the file, the line (0: the whole file) and the problem."""
 
     def __init__(self, path: str | os.PathLike, line: int, problem: str) -> None:
-        super().__init__(f"{path}, line {line}: {problem}")
+        super().__init__(f"{path}, line {line}: {problem}" if line else f"{path}: {problem}")
         self.path, self.line, self.problem = str(path), line, problem
+
+    def __reduce__(self):  # picklable (sweep workers hand errors to the parent)
+        return type(self), (self.path, self.line, self.problem)
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class NerDataset:
     dev: list[NerSentence]
     test: list[NerSentence]
     name: str = ""
+    notes: list[str] = field(default_factory=list)  # what loading derived or converted (dev cut, IOB1...)
 
     @property
     def labels(self) -> list[str]:
@@ -63,31 +74,120 @@ class NerDataset:
         return sorted({label.split("-", 1)[1] for label in self.labels if "-" in label})
 
 
-def _parse_line(line: str) -> tuple[str, str] | str:
-    """``(token, tag)`` of one non-blank line, or a string describing the problem."""
-    if "\t" in line:
-        fields = line.split("\t")
-        if len(fields) != 2:
-            return f"expected `token<TAB>tag`, found {len(fields)} TAB-separated fields"
-        token, tag = fields
-        token = (
-            _LANG_PREFIX.sub("", token, count=1) if _LANG_PREFIX.match(token) and len(token) > 3 else token
-        )
-    else:
-        fields = line.split()
-        if len(fields) < 2:
-            return "expected `token tag` (TAB-separated) or CoNLL columns `token POS chunk tag`"
-        token, tag = fields[0], fields[-1]
-    if tag != "O" and not re.fullmatch(r"[BIES]-\S+", tag):
-        return f"tag {tag!r} is not O or B-/I-/E-/S-<type>"
-    return token, tag
+def _decoded_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 file (a leading BOM dropped); undecodable bytes stop with file and line."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - data.rfind(b"\n", 0, error.start)
+        raise DataFormatError(
+            path,
+            line,
+            f"not UTF-8 text (byte 0x{data[error.start]:02x} at column {column}); convert the file "
+            "to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or give a .jsonl/.csv/.parquet/.arrow suffix",
+        ) from None
+    return [line.rstrip("\r") for line in text.split("\n")]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """The lines of one sentence; they are consecutive in the file, the first is line ``start``."""
+
+    start: int
+    lines: list[str]
+
+    def without_comments(self) -> _Block:
+        """Without the ``#`` lines that open it (CoNLL-U ``# sent_id = 1``, ``# text = ...``)."""
+        skip = next((i for i, line in enumerate(self.lines) if not line.startswith("#")), len(self.lines))
+        return _Block(self.start + skip, self.lines[skip:])
+
+
+def _sentence_blocks(lines: Sequence[str]) -> list[_Block]:
+    """Non-blank lines grouped by sentence (blank lines and ``-DOCSTART-`` lines end one)."""
+    blocks: list[_Block] = []
+    current: list[str] = []
+    for number, raw in enumerate(lines, start=1):
+        line = raw.rstrip()
+        if line and not (line.startswith("-DOCSTART-") and line.split(maxsplit=1)[0] == "-DOCSTART-"):
+            if not current:
+                blocks.append(_Block(number, current))
+            current.append(line)
+        elif current:
+            current = []
+    return blocks
+
+
+def _is_index_column(blocks: Sequence[_Block], tab: bool) -> bool:
+    """Whether the first field counts the words of each sentence (``1 EU B-ORG``, CoNLL-U style)."""
+    for block in blocks:
+        first = [line.split("\t" if tab else None, 1)[0] for line in block.lines]
+        if not all(f.isdigit() for f in first):
+            return False
+        start = int(first[0])
+        if start not in (0, 1) or [int(f) for f in first] != list(range(start, start + len(first))):
+            return False
+    return True
+
+
+def _column_layout(blocks: list[_Block]) -> tuple[bool, int, list[_Block], int]:
+    """``(tab, width, blocks, token_column)``: one separator and one column count per file.
+
+    A file whose lines mostly contain a TAB is TAB-separated (a token may contain spaces, e.g.
+    ``New York<TAB>B-LOC``); otherwise any whitespace separates columns (a stray TAB in a CoNLL
+    line is a separator). ``#`` lines opening a sentence are CoNLL-U comments if the other lines
+    start with a word index (``1<TAB>EU<TAB>B-ORG``); the token is then the second column.
+    """
+    tabbed = sum("\t" in line for block in blocks for line in block.lines)
+    tab = 2 * tabbed >= sum(len(block.lines) for block in blocks)
+    count = (lambda line: line.count("\t") + 1) if tab else (lambda line: len(line.split()))
+    candidates = [blocks]
+    if any(block.lines[0].startswith("#") for block in blocks):
+        uncommented = [block.without_comments() for block in blocks]
+        candidates.insert(0, [block for block in uncommented if block.lines])
+    for candidate in candidates:  # the last one is `blocks`
+        width = Counter(count(line) for block in candidate for line in block.lines).most_common(1)[0][0]
+        if width >= 3 and _is_index_column(candidate, tab):
+            return tab, width, candidate, 1
+    return tab, width, blocks, 0
+
+
+def _strip_wikiann_prefix(sentences: list[NerSentence]) -> list[NerSentence]:
+    """Drop the ``lang:`` prefix of WikiANN tokens, only if every token of the file has the same one."""
+    first = _LANG_PREFIX.match(sentences[0].tokens[0])
+    prefix = first.group() if first else None
+    if prefix is None or not all(
+        token.startswith(prefix) and len(token) > len(prefix) for s in sentences for token in s.tokens
+    ):
+        return sentences
+    return [NerSentence(tuple(token[len(prefix) :] for token in s.tokens), s.tags) for s in sentences]
+
+
+def _line_problem(fields: list[str], tab: bool, width: int) -> str:
+    """What is wrong with the fields of a line that does not fit the file's layout."""
+    if width < 2:
+        return "expected `token tag` columns (TAB- or space-separated)"
+    if len(fields) == width:
+        return f"tag {fields[-1]!r} is not {TAG_RULE}"
+    if tab and len(fields) == 1:
+        return "expected `token<TAB>tag` like the file's other lines, found no TAB"
+    hint = "a stray TAB?" if tab else "a token with a space? TAB-separate the columns"
+    kind = "TAB" if tab else "space"
+    return f"{len(fields)} {kind}-separated fields where the file's lines have {width} ({hint})"
 
 
 def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
-    """Read one NER file in any of the supported column formats (detected per line).
+    """Read one NER text file: one token a line, a blank line between sentences, the tag last.
+
+    Columns: ``token<TAB>tag``; CoNLL-2003 ``token POS chunk tag`` (space-separated,
+    ``-DOCSTART-`` lines skipped); ``index<TAB>token<TAB>tag`` (CoNLL-U style, ``#`` comments
+    skipped); WikiANN ``lang:token<TAB>tag`` (the prefix is stripped when every token has it).
+    Nothing is edited silently: an undecodable byte, a line with another separator or column
+    count, or a bad tag stops with :class:`DataFormatError` (file, line, cause).
 
     Args:
-        path: The file.
+        path: The file (UTF-8, a BOM is allowed).
 
     Returns:
         The sentences, in file order.
@@ -96,33 +196,22 @@ def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
         >>> sentences = read_ner_file("conll2003/valid.txt")
         >>> sentences[0].tokens[:2], sentences[0].tags[:2]
     """
-    sentences: list[NerSentence] = []
-    tokens: list[str] = []
-    tags: list[str] = []
-
-    def flush() -> None:
-        if tokens:
-            sentences.append(NerSentence(tuple(tokens), tuple(tags)))
-            tokens.clear()
-            tags.clear()
-
-    with open(path, encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
-            line = raw.rstrip("\r\n")
-            if not line.strip():
-                flush()
-                continue
-            if line.startswith("-DOCSTART-"):
-                continue
-            parsed = _parse_line(line)
-            if isinstance(parsed, str):
-                raise DataFormatError(path, number, parsed)
-            tokens.append(parsed[0])
-            tags.append(parsed[1])
-    flush()
-    if not sentences:
+    blocks = _sentence_blocks(_decoded_lines(path))
+    if not blocks:
         raise DataFormatError(path, 0, "no sentence found (empty file?)")
-    return sentences
+    tab, width, blocks, token_column = _column_layout(blocks)
+    separator = "\t" if tab else None
+    sentences = []
+    for block in blocks:
+        tokens, tags = [], []
+        for offset, line in enumerate(block.lines):
+            fields = line.split(separator)
+            if len(fields) != width or width < 2 or not is_valid_tag(fields[-1]):
+                raise DataFormatError(path, block.start + offset, _line_problem(fields, tab, width))
+            tokens.append(fields[token_column])
+            tags.append(fields[-1])
+        sentences.append(NerSentence(tuple(tokens), tuple(tags)))
+    return _strip_wikiann_prefix(sentences)
 
 
 def split_sentences(
@@ -140,65 +229,40 @@ def split_sentences(
     return pick[n_dev + n_test :], pick[:n_dev], pick[n_dev : n_dev + n_test]
 
 
-def _find_split(directory: Path, split: str) -> Path | None:
-    for name in _SPLIT_NAMES[split]:
-        for suffix in _FILE_SUFFIXES:
-            if (directory / f"{name}{suffix}").is_file():
-                return directory / f"{name}{suffix}"
-    return None
-
-
-def load_ner(source: str, language: str | None = None, split_seed: int = 0) -> NerDataset:
-    """Load an NER dataset from a directory, a single file, or a Hub name (online only).
+def load_ner(
+    source: str,
+    language: str | None = None,
+    split_seed: int = 0,
+    columns: NerColumns | None = None,
+) -> NerDataset:
+    """Load an NER dataset (IOB2 tags) from a directory, a file, a saved dataset or a Hub name.
 
     Args:
-        source: A directory with ``train``/``dev`` (or ``valid``)/``test`` files (``.txt``,
-            ``.conll``, ``.tsv`` or no suffix), optionally under a ``language`` sub-folder; a single
-            file (split 60/20/20 with ``split_seed``); or ``conll2003`` / ``wikiann``.
+        source: A ``save_to_disk`` directory; a directory with ``train``/``dev`` (``val``,
+            ``valid``, ``validation``)/``test`` files (NER text, ``.jsonl``, ``.csv``,
+            ``.parquet``, ``.arrow``), optionally under a ``language`` sub-folder; a single such
+            file (split 60/20/20 with ``split_seed``); or a Hub name (online only). See
+            :mod:`layerfusion_recipes.datasets_io`.
         language: WikiANN language (sub-folder or Hub config).
-        split_seed: Seed of the split of a single file.
+        split_seed: Seed of the dev/test cut when there is no dev split.
+        columns: Token/tag columns, label names and tag scheme of tabular data.
 
     Example:
         >>> data = load_ner("../shared/data/wikiann", language="de")
         >>> len(data.train), data.entity_types
     """
-    path = Path(source)
-    if path.is_dir() and language and (path / language).is_dir():
-        path = path / language
-    if path.is_dir():
-        found = {split: _find_split(path, split) for split in _SPLIT_NAMES}
-        if found["train"] is None or found["dev"] is None:
-            raise FileNotFoundError(
-                f"{path}: needs a train and a dev (or valid) file, found {sorted(os.listdir(path))}"
-            )
-        test = read_ner_file(found["test"]) if found["test"] else []
-        return NerDataset(read_ner_file(found["train"]), read_ner_file(found["dev"]), test, name=str(path))
-    if path.is_file():
-        return NerDataset(*split_sentences(read_ner_file(path), seed=split_seed), name=str(path))
-    return load_hub_ner(source, language)
+    from .datasets_io import load_ner_dataset
+
+    return load_ner_dataset(source, language, split_seed, columns)
 
 
 def load_hub_ner(name: str, language: str | None = None) -> NerDataset:
-    """``conll2003`` or ``wikiann`` (+ language) from the Hugging Face Hub (needs a connection)."""
-    import datasets
+    """A Hub dataset such as ``conll2003`` or ``wikiann`` (+ language); needs a connection.
 
-    try:
-        raw = datasets.load_dataset(name, language) if language else datasets.load_dataset(name)
-    except Exception as error:  # offline, unknown name...
-        raise FileNotFoundError(
-            f"{name!r} is neither a local file/directory nor a loadable Hub dataset ({error})"
-        ) from error
-    names = raw["train"].features["ner_tags"].feature.names
-
-    def convert(split: str) -> list[NerSentence]:
-        rows = raw[split]
-        return [
-            NerSentence(tuple(r["tokens"]), tuple(names[t] for t in r["ner_tags"]))
-            for r in rows
-            if r["tokens"]
-        ]
-
-    return NerDataset(convert("train"), convert("validation"), convert("test"), name=name)
+    Example:
+        >>> data = load_hub_ner("wikiann", "de")
+    """
+    return load_ner(name, language)
 
 
 def read_text(path: str | os.PathLike) -> list[str]:
@@ -207,8 +271,7 @@ def read_text(path: str | os.PathLike) -> list[str]:
     Example:
         >>> paragraphs = read_text("wikitext-2/valid.txt")
     """
-    with open(path, encoding="utf-8") as handle:
-        lines = [line.strip() for line in handle]
+    lines = [line.strip() for line in _decoded_lines(path)]
     lines = [line for line in lines if line]
     if not lines:
         raise DataFormatError(path, 0, "no text found (empty file?)")

@@ -56,6 +56,10 @@ class ExperimentSettings:
         model: Encoder name or path (``AutoModelForTokenClassification``).
         data: Dataset directory, file, or Hub name (see ``data.load_ner``).
         language: WikiANN language.
+        tokens_column: Token column of tabular data (``None``: by convention).
+        tags_column: Tag column of tabular data (``None``: by convention).
+        label_names: Names of integer tags (``None``: the ``ClassLabel`` names).
+        tag_scheme: Tag scheme of the data (``auto`` detects; converted to IOB2).
         max_length: Tokenizer max length.
         lr: Max LR; ``None`` picks 1e-3 for FE and 5e-5 (paper) for the other regimes.
         batch_size: Training batch size (16 for NER in the paper).
@@ -75,6 +79,10 @@ class ExperimentSettings:
     model: str
     data: str
     language: str | None = None
+    tokens_column: str | None = None
+    tags_column: str | None = None
+    label_names: tuple[str, ...] | None = None
+    tag_scheme: str = "auto"
     max_length: int = 128
     lr: float | None = None
     batch_size: int = 16
@@ -148,9 +156,13 @@ class Experiment:
         from transformers import AutoTokenizer
 
         from .data import load_ner
+        from .datasets_io import NerColumns
 
         self.settings = settings
-        self.data = dataset if dataset is not None else load_ner(settings.data, settings.language)
+        columns = NerColumns(
+            settings.tokens_column, settings.tags_column, settings.label_names, settings.tag_scheme
+        )
+        self.data = dataset if dataset is not None else load_ner(settings.data, settings.language, 0, columns)
         self.labels = self.data.labels
         self.label2id = {label: i for i, label in enumerate(self.labels)}
         self.id2label = dict(enumerate(self.labels))

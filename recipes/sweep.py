@@ -52,16 +52,21 @@ def longest_first(cells: Iterable[Cell]) -> list[Cell]:
     return sorted(cells, key=lambda cell: cell.epochs * cell.shots, reverse=True)
 
 
-_WORKER: Experiment | None = None
+_WORKER: Experiment | Exception | None = None
 
 
 def _init_worker(settings: ExperimentSettings, threads: int) -> None:
     global _WORKER
     torch.set_num_threads(threads)
-    _WORKER = Experiment(settings)
+    try:
+        _WORKER = Experiment(settings)
+    except Exception as error:  # a failing initializer is respawned forever: fail the first cell instead
+        _WORKER = error
 
 
 def _run_in_worker(cell: Cell) -> dict[str, Any]:
+    if isinstance(_WORKER, Exception):
+        raise _WORKER  # e.g. bad --data: reaches the parent, which shows it as one line
     assert _WORKER is not None
     return _WORKER.run(cell)
 
@@ -139,17 +144,13 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
 
     Options that the data or the tokenizer refuse (``--shots`` beyond the train split, a
     ``--max-length`` that leaves no gold entity in reach, a malformed data file) stop here with
-    one line on stderr and exit code 2, before any cell runs.
+    one line on stderr and exit code 2 (``errors.run_command``), before any cell runs.
     """
     from .plot import markdown_table, summarize, write_report
 
-    try:
-        settings, grid = resolve(args)
-        experiment = Experiment(settings)  # loads and checks the data, the tokenizer, the dev gold
-        check_sample_sizes(settings, grid["shots"], len(experiment.data.train), experiment.num_types)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"layerfusion {getattr(args, 'command', 'sweep')}: error: {error}", file=sys.stderr)
-        return 2
+    settings, grid = resolve(args)
+    experiment = Experiment(settings)  # loads and checks the data, the tokenizer, the dev gold
+    check_sample_sizes(settings, grid["shots"], len(experiment.data.train), experiment.num_types)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
     records = run_cells(

@@ -1,0 +1,106 @@
+"""User errors: one line on stderr and exit code 2 instead of a traceback.
+
+A *user error* is a problem with what the user gave: a missing path, a file in a format the
+recipes cannot read, a bad option value. :class:`UserError` marks those raised by the recipes;
+``ValueError`` (the convention for bad input in this code base), ``OSError`` (missing or
+unreadable paths; transformers' "not a local folder and not a valid model identifier") and YAML
+syntax errors count as well. :func:`run_command` runs a sub-command and turns them into
+``layerfusion ner: error: <what and where>`` and exit code 2 (as ``argparse`` does for bad flags);
+``--debug`` re-raises them with the full traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+USER_EXIT_CODE = 2  # argparse's exit code for bad command lines
+
+
+class UserError(Exception):
+    """An error in the user's input (path, file format, option value), shown as one line.
+
+    Example:
+        >>> raise UserError("--data nowhere/: no such file or directory")
+    """
+
+
+class DataSourceError(UserError, FileNotFoundError):
+    """``--data`` names nothing that can be loaded (no such path; a Hub name that cannot be reached).
+
+    A ``FileNotFoundError`` too, so ``except FileNotFoundError`` keeps working.
+
+    Example:
+        >>> raise DataSourceError("--data 'nowhere.jsonl': no such file or directory")
+    """
+
+    def __str__(self) -> str:  # OSError's __str__ would print the args tuple for several args
+        return str(self.args[0]) if self.args else ""
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether ``error`` is the user's (shown as one line) rather than a bug (shown with a traceback).
+
+    Example:
+        >>> is_user_error(ValueError("--epochs 0: must be at least 1")), is_user_error(KeyError("x"))
+        (True, False)
+    """
+    if isinstance(error, (UserError, ValueError, OSError)):  # OSError: paths, also transformers' model ones
+        return True
+    yaml = sys.modules.get("yaml")  # only loaded if a YAML config was read
+    return yaml is not None and isinstance(error, yaml.YAMLError)
+
+
+def one_line(error: BaseException) -> str:
+    """The message of ``error`` on one line (YAML and Hub errors span several).
+
+    Example:
+        >>> one_line(ValueError("bad value\\n  in line 3"))
+        'bad value / in line 3'
+    """
+    parts = [part.strip() for part in str(error).splitlines() if part.strip()]
+    return " / ".join(parts) or type(error).__name__
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type name if empty), for messages that wrap it.
+
+    Example:
+        >>> first_line(ConnectionError("Couldn't reach 'x' on the Hub\\nRetrying in 1s"))
+        "Couldn't reach 'x' on the Hub"
+    """
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def run_command(
+    func: Callable[[argparse.Namespace], int | None],
+    args: argparse.Namespace,
+    debug: bool = False,
+    prog: str = "layerfusion",
+    stream: TextIO | None = None,
+) -> int:
+    """Run ``func(args)``; a user error prints ``PROG: error: MESSAGE`` and returns 2.
+
+    Args:
+        func: The sub-command (returns an exit code or ``None`` for 0).
+        args: Its parsed arguments.
+        debug: Re-raise user errors (full traceback) instead of printing one line.
+        prog: Program name of the message, e.g. ``layerfusion ner``.
+        stream: Where the message goes (default: ``sys.stderr``).
+
+    Returns:
+        The exit code: ``func``'s, or 2 after a user error. Other exceptions (bugs) propagate.
+
+    Example:
+        >>> sys.exit(run_command(args.func, args, debug=args.debug, prog="layerfusion ner"))
+    """
+    try:
+        return int(func(args) or 0)
+    except Exception as error:
+        if debug or not is_user_error(error):
+            raise
+        print(f"{prog}: error: {one_line(error)}", file=stream or sys.stderr)
+        return USER_EXIT_CODE
