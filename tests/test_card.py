@@ -142,10 +142,15 @@ def test_the_cards_load_works_in_a_fresh_process_and_fails_without_the_import(tm
     without_import = snippet.split("\n", 1)[1]
     script = textwrap.dedent(f"""
         import sys, torch
+        bare = {{}}
         try:
-            exec({without_import!r}, {{}})
+            exec({without_import!r}, bare)
         except KeyError as error:
             print("without import:", repr(error))
+        try:
+            bare["base_model"].load_adapter({str(adapter_dir)!r})
+        except KeyError as error:
+            print("load_adapter without import:", repr(error))
         assert "peft_layerfusion" not in sys.modules
         scope = {{}}
         exec({snippet!r}, scope)
@@ -156,4 +161,5 @@ def test_the_cards_load_works_in_a_fresh_process_and_fails_without_the_import(tm
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "without import: KeyError('DWATT')" in result.stdout
+    assert "load_adapter without import: KeyError('DWATT')" in result.stdout
     assert "equal: True" in result.stdout
