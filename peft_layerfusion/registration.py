@@ -22,6 +22,7 @@ from peft.utils import peft_types
 from peft.utils.peft_types import PeftType
 
 from .bitfit import BitFitConfig, BitFitModel
+from .card import install_card_hook
 from .config import LayerFusionConfig
 from .fusion import FusionModule
 from .methods.average import AverageConfig, AverageModel
@@ -132,7 +133,7 @@ def add_peft_type(value: str) -> PeftType:
 
 
 def register_all() -> None:
-    """Register every fusion method (and BitFit) with peft (idempotent)."""
+    """Register every fusion method (and BitFit) with peft, and the model card hook (idempotent)."""
     if not hasattr(peft_types, "register_peft_method"):
         raise _peft_internals_error("peft.utils.peft_types.register_peft_method is missing")
     entries = [(method.name, method.config_cls, method.model_cls) for method in METHODS]
@@ -149,3 +150,4 @@ def register_all() -> None:
             model_cls=model_cls,
             prefix=f"{name}_",
         )
+    install_card_hook()  # saved adapters get a card naming peft_layerfusion (see card.py)
