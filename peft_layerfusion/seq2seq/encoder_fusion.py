@@ -68,6 +68,10 @@ class EncoderFusion(FusionModule):
         self.norms = nn.ModuleList(nn.LayerNorm(context.hidden_size) for _ in range(self.num_decoder_layers))
         self.memory = EncoderMemory()
 
+    @classmethod
+    def check_supported(cls, config: EncoderFusionConfig, context: FusionContext) -> None:
+        find_seq2seq_parts(context.model)  # raises for a model without a decoder
+
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         """Remember the fused states for the decoder; return ``x_L`` unchanged."""
         self.memory.store(capture.states[-1], stacked=stack_layers(states))  # (K, batch, src, d)

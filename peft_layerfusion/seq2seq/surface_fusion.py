@@ -61,7 +61,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from ..config import LayerFusionConfig, invalid
+from ..config import LayerFusionConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule
 from ..hooks import Capture
 from ..model import LayerFusionModel
@@ -127,22 +127,17 @@ class SurfaceFusionConfig(LayerFusionConfig):
             raise invalid("fusion", self.fusion, f"one of {FUSION_KINDS}")
         if not isinstance(self.learn_lambda, bool):
             raise invalid("learn_lambda", self.learn_lambda, "True or False")
-        low_ok = 0.0 < self.fusion_lambda if self.learn_lambda else 0.0 <= self.fusion_lambda
-        high_ok = self.fusion_lambda < 1.0 if self.learn_lambda else self.fusion_lambda <= 1.0
-        if not isinstance(self.fusion_lambda, (int, float)) or not (low_ok and high_ok):
-            raise invalid("fusion_lambda", self.fusion_lambda, "a number in [0, 1] ((0, 1) when learned)")
-        if not isinstance(self.temperature, (int, float)) or self.temperature <= 0:
-            raise invalid("temperature", self.temperature, "a number > 0")
+        # a learned lambda starts at logit(fusion_lambda): 0 and 1 are out of reach
+        ends = dict(low_open=self.learn_lambda, high_open=self.learn_lambda)
+        require_number("fusion_lambda", self.fusion_lambda, low=0.0, high=1.0, **ends)
+        require_number("temperature", self.temperature, low=0.0, low_open=True)
         if not isinstance(self.use_ffn, bool):
             raise invalid("use_ffn", self.use_ffn, "True or False")
-        if self.ffn_dim is not None and (not isinstance(self.ffn_dim, int) or self.ffn_dim < 1):
-            raise invalid("ffn_dim", self.ffn_dim, "None or a positive int")
-        if not isinstance(self.attention_dropout, (int, float)) or not 0.0 <= self.attention_dropout < 1.0:
-            raise invalid("attention_dropout", self.attention_dropout, "a number in [0, 1)")
-        if self.source_scale is not None and (
-            not isinstance(self.source_scale, (int, float)) or self.source_scale <= 0
-        ):
-            raise invalid("source_scale", self.source_scale, "None or a number > 0")
+        if self.ffn_dim is not None:
+            require_number("ffn_dim", self.ffn_dim, low=1, integer=True)
+        require_number("attention_dropout", self.attention_dropout, low=0.0, high=1.0, high_open=True)
+        if self.source_scale is not None:
+            require_number("source_scale", self.source_scale, low=0.0, low_open=True)
 
 
 class SurfaceAttention(nn.Module):
@@ -180,12 +175,7 @@ class SurfaceFusion(FusionModule):
     def __init__(self, config: SurfaceFusionConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         d = context.hidden_size
-        parts = find_seq2seq_parts(context.model)
-        if parts.lm_head is None or parts.lm_head.weight is not parts.input_embeddings.weight:
-            raise ValueError(
-                "SurfaceFusion needs tied input and output embeddings (config.tie_word_embeddings=True): "
-                f"{type(context.model).__name__} has an untied lm_head."
-            )
+        self.check_supported(config, context)
         self.fusion, self.temperature = config.fusion, config.temperature
         model_type = getattr(getattr(context.model, "config", None), "model_type", None)
         default_scale = 1.0 if model_type in UNSCALED_EMBEDDING_TYPES else math.sqrt(d)
@@ -207,6 +197,16 @@ class SurfaceFusion(FusionModule):
         self.memory = EncoderMemory()
         self._calls: dict[str, Any] = {}  # per forward: source ids, decoder call, s_t
         self.last_normaliser: Optional[torch.Tensor] = None  # (batch,) logsumexp of the last fused row
+
+    @classmethod
+    def check_supported(cls, config: SurfaceFusionConfig, context: FusionContext) -> None:
+        """An encoder-decoder model (raises otherwise) whose ``lm_head`` is tied to the input embeddings."""
+        parts = find_seq2seq_parts(context.model)
+        if parts.lm_head is None or parts.lm_head.weight is not parts.input_embeddings.weight:
+            raise ValueError(
+                "SurfaceFusion needs tied input and output embeddings (config.tie_word_embeddings=True): "
+                f"{type(context.model).__name__} has an untied lm_head."
+            )
 
     # -------------------------------------------------------------- encoder side
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
