@@ -179,6 +179,27 @@ class _BlockInput:
         self.capture.record_input(self.index, args, kwargs)
 
 
+class BoundHook:
+    """A hook calling ``method(*bound, *hook_args)``: a closure that survives ``copy.deepcopy``.
+
+    A closure registered as a hook keeps pointing at the original object in a copied model;
+    this object is copied with the model (``method`` is a bound method, re-bound to the copy).
+
+    Args:
+        method: A bound method of the object that owns the hook.
+        *bound: Leading arguments (e.g. a layer index).
+
+    Example:
+        >>> block.register_forward_pre_hook(BoundHook(fusion.swap, 0), with_kwargs=True)
+    """
+
+    def __init__(self, method: Callable, *bound: Any) -> None:
+        self.method, self.bound = method, bound
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.method(*self.bound, *args, **kwargs)
+
+
 class BlockCapture:
     """Hooks that capture ``z_0 .. z_L`` and swap in ``fuse(capture)``.
 
@@ -322,7 +343,7 @@ def warn_shared_blocks(
     Example:
         >>> warn_shared_blocks(find_encoder_blocks(albert, "albert_layers"), "albert_layers", [12])
     """
-    seen = f" (calls per block in one forward: {runs})" if runs else ""
+    seen = f" (runs per forward: {runs})" if runs else ""
     warnings.warn(
         f"Layer fusion: the blocks `{located.blocks_name}` (blocks_path={blocks_path!r}) share "
         f"weights{seen}, as in ALBERT: one module runs several times per forward, so the fusion sees "

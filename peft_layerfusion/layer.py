@@ -43,7 +43,15 @@ from torch.utils.hooks import RemovableHandle
 
 from .discovery import EncoderBlocks
 from .fusion import FusionModule
-from .hooks import BlockCapture, Capture, ThreadState, position_index, scatter_positions, select_positions
+from .hooks import (
+    BlockCapture,
+    Capture,
+    ThreadState,
+    position_index,
+    scatter_positions,
+    select_positions,
+    warn_shared_blocks,
+)
 
 LAYER_NAME = "layer_fusion"  # attribute of the container holding the LayerFusionLayer
 FUSION_SUFFIX = "fusion"  # the per-adapter ModuleDict is named f"{prefix}{FUSION_SUFFIX}"
@@ -95,30 +103,38 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
             model.register_forward_hook(self._leave_model, always_call=True),
         ]
 
-    def _entered(self) -> list[int]:
+    def _entered(self) -> list[list[int]]:
+        """Per open forward of the whole model (innermost last): ``[closed before, closed by nested]``."""
         entered = getattr(self._local, "entered", None)
         if entered is None:
             entered = self._local.entered = []
         return entered
 
     def _enter_model(self, module: nn.Module, args: tuple) -> None:
-        self._entered().append(self.capture.closed_count)
+        self._entered().append([self.capture.closed_count, 0])
 
     def _leave_model(self, module: nn.Module, args: tuple, output: object) -> None:
         entered = self._entered()
         if not entered:
             return
-        closed_before = entered.pop()
-        if output is None or self.capture.closed_count > closed_before or self.disable_adapters:
+        closed_before, closed_nested = entered.pop()
+        closed = self.capture.closed_count - closed_before
+        if entered:  # a forward nested in another one (a hook calling the model)
+            entered[-1][1] += closed
+        if output is None or self.disable_adapters:
             return
         name = self.active_fusion_name()
         if name is None or self.fusion_modules[name].seq2seq:  # seq2seq: decoder steps skip the encoder
             return
-        raise RuntimeError(
-            f"Layer fusion adapter {name!r} did not run in this forward of {type(module).__name__}: the "
-            f"hooks on {self.capture._where()} never fired, so the output is not fused. Set the config "
-            "field `blocks_path` to the list of blocks the model's forward actually runs."
-        )
+        own = closed - closed_nested
+        if own > 1:  # the container itself runs several times (a shared block group, as in ALBERT)
+            warn_shared_blocks(self.located, self.capture.blocks_path, runs=[own])
+        if own == 0:
+            raise RuntimeError(
+                f"Layer fusion adapter {name!r} did not run in this forward of {type(module).__name__}: the "
+                f"hooks on {self.capture._where()} never fired, so the output is not fused. Set the config "
+                "field `blocks_path` to the list of blocks the model's forward actually runs."
+            )
 
     # BaseTunerLayer looks for these on a base layer; a fusion layer wraps none.
     @property
