@@ -273,9 +273,7 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
     """
     heads, backbone = _head_modules(model), _backbone_of(model)
     backbone_params = {id(p) for p in backbone.parameters()} if backbone is not None else set()
-    own = {
-        name: [p for p in module.parameters() if id(p) not in backbone_params] for name, module in heads
-    }
+    own = {name: [p for p in module.parameters() if id(p) not in backbone_params] for name, module in heads}
     own = {name: params for name, params in own.items() if params}
     if not own or any(p.requires_grad for params in own.values() for p in params):
         return
@@ -284,7 +282,7 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
         return  # peft wraps it after the injection (task_type)
     warnings.warn(
         f"Layer fusion: no parameter of the task head {sorted(own)} trains: it keeps its random or "
-        "pretrained weights. Set `task_type` (e.g. task_type=\"TOKEN_CLS\") or "
+        'pretrained weights. Set `task_type` (e.g. task_type="TOKEN_CLS") or '
         f"`modules_to_save={sorted(own)}` in the config to train it.",
         UserWarning,
         stacklevel=4,
