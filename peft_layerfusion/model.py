@@ -265,14 +265,20 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
 
     The head is found generically: the children of ``model`` outside its backbone
     (``model.<base_model_prefix>``), or, without one, the children named like a head
-    (``classifier``, ``lm_head``, ``qa_outputs``, ``score``...). Parameters tied to the backbone
-    (an output embedding tied to the input one) do not count.
+    (``classifier``, ``lm_head``, ``qa_outputs``, ``score``...). Parameters tied to the rest of
+    the model (an output embedding tied to the input one) do not count; encoder-decoder models
+    (whose LM head usually stays frozen on purpose) are not checked.
 
     Example:
         >>> warn_if_head_frozen(model, DWAttConfig())  # UserWarning: ... ['classifier'] ...
     """
-    heads, backbone = _head_modules(model), _backbone_of(model)
-    backbone_params = {id(p) for p in backbone.parameters()} if backbone is not None else set()
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return  # a seq2seq LM head (tied or not) usually stays frozen under PEFT, on purpose
+    heads = _head_modules(model)
+    head_names = {name for name, _ in heads}
+    backbone_params = {  # everything outside the head: a head weight tied to it does not count
+        id(p) for name, child in model.named_children() if name not in head_names for p in child.parameters()
+    }
     own = {name: [p for p in module.parameters() if id(p) not in backbone_params] for name, module in heads}
     own = {name: params for name, params in own.items() if params}
     if not own or any(p.requires_grad for params in own.values() for p in params):
