@@ -8,6 +8,7 @@ empty, meaning *no LoRA*; fusion alone is the default.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional, Union
 
@@ -18,6 +19,54 @@ from peft.utils.peft_types import PeftType
 def invalid(field_name: str, value: object, allowed: str) -> ValueError:
     """A `ValueError` that names the field, the value given and what is allowed."""
     return ValueError(f"`{field_name}`={value!r} is not allowed: expected {allowed}.")
+
+
+def _range_text(low: Optional[float], high: Optional[float], low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if low is not None:
+        return f" {'>' if low_open else '>='} {low}"
+    if high is not None:
+        return f" {'<' if high_open else '<='} {high}"
+    return ""
+
+
+def require_number(
+    field_name: str,
+    value: object,
+    *,
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+) -> None:
+    """Raise :func:`invalid` unless ``value`` is a finite number (an int if ``integer``) in range.
+
+    Strings (``"0.1"``), booleans, ``nan`` and ``inf`` are refused with a ``ValueError`` naming
+    the field, never a ``TypeError`` from a comparison deeper down.
+
+    Args:
+        field_name: The config field, named in the error.
+        value: The value given.
+        low, high: Bounds (``None``: unbounded).
+        low_open, high_open: Exclude the bound itself.
+        integer: Require an ``int``.
+
+    Example:
+        >>> require_number("attention_dropout", 0.1, low=0.0, high=1.0, high_open=True)
+        >>> require_number("temperature", float("inf"), low=0.0, low_open=True)
+        Traceback (most recent call last):
+        ValueError: `temperature`=inf is not allowed: expected a finite number > 0.0.
+    """
+    allowed = ("an int" if integer else "a finite number") + _range_text(low, high, low_open, high_open)
+    number_types = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, number_types) or not math.isfinite(value):
+        raise invalid(field_name, value, allowed)
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        raise invalid(field_name, value, allowed)
 
 
 @dataclass

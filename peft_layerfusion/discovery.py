@@ -17,6 +17,10 @@ import re
 from dataclasses import dataclass
 
 from torch import nn
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+)
 
 # Suffixes of the block list, per `config.model_type`. Checked first.
 KNOWN_BLOCK_PATHS: dict[str, str] = {
@@ -45,6 +49,10 @@ GENERIC_BLOCK_SUFFIXES: tuple[str, ...] = (
     "transformer.layer",
     "layers",
 )
+
+
+# Children of a model that hold a task head, never an encoder (skipped by the generic search).
+HEAD_MODULE_NAMES: tuple[str, ...] = ("classifier", "lm_head", "qa_outputs", "score", "cls", "head", "heads")
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,67 @@ def _block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
 
 
+def _looks_like_blocks(name: str, blocks: nn.ModuleList) -> bool:
+    """Whether a list found by a generic suffix can be an encoder's blocks.
+
+    Not inside a task head (``classifier.layers``), and made of composite modules of one class
+    (transformer blocks), not of bare ``Linear``/``Dropout`` leaves.
+    """
+    if any(part in HEAD_MODULE_NAMES for part in name.split(".")[:-1]):
+        return False
+    kinds = {type(block) for block in blocks}
+    return len(kinds) == 1 and all(len(block._modules) > 0 for block in blocks)
+
+
+def refuse_decoder_only(model: nn.Module) -> None:
+    """Raise if ``model`` is a decoder-only (causal) language model.
+
+    Layer fusion is defined for encoders (and the encoder of encoder-decoder models). In a
+    decoder-only model (Llama, GPT-2, ``is_decoder=True`` BERT) every block reads and writes a
+    key/value cache indexed by its ``layer_idx``: R+n's extra blocks would write into the last
+    layer's cache, and a fused last state is not what cached generation steps see, so cached and
+    uncached outputs would differ without a word. Such models are refused.
+
+    Raises:
+        ValueError: naming the model type and why.
+
+    Example:
+        >>> refuse_decoder_only(BertForTokenClassification(BertConfig()))  # an encoder: fine
+    """
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return
+    model_type = getattr(config, "model_type", None)
+    causal_only = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+    if getattr(config, "is_decoder", False) or causal_only:
+        raise ValueError(
+            f"{type(model).__name__} (model_type={model_type!r}) is a decoder-only (causal) model: layer "
+            "fusion supports encoders and encoder-decoder models only. Its blocks keep a key/value cache "
+            "per layer, which fused states and R+n's extra blocks would corrupt (cached and uncached "
+            "outputs would differ). Use an encoder (BERT, RoBERTa, ModernBERT...) or an encoder-decoder "
+            "model (BART, T5...)."
+        )
+
+
+def shares_weights(located: EncoderBlocks) -> bool:
+    """Whether the blocks share weights: one module listed several times, or a parameter in two blocks.
+
+    Example:
+        >>> shares_weights(find_encoder_blocks(bert))
+        False
+    """
+    if len({id(block) for block in located.blocks}) < located.num_blocks:
+        return True
+    owners: dict[int, int] = {}
+    for index, block in enumerate(located.blocks):
+        for param in block.parameters():
+            if owners.setdefault(id(param), index) != index:
+                return True
+    return False
+
+
 def _resolve(model: nn.Module, blocks_name: str, blocks: nn.ModuleList) -> EncoderBlocks:
     container_name = blocks_name.rpartition(".")[0]
     container = model.get_submodule(container_name) if container_name else model
@@ -103,7 +172,7 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
 
     Raises:
         ValueError: if nothing is found, naming what was searched and how to set
-            ``blocks_path``.
+            ``blocks_path``; for decoder-only models (:func:`refuse_decoder_only`).
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -111,12 +180,15 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
         >>> found.blocks_name, found.num_blocks
         ('encoder.layer', 2)
     """
+    refuse_decoder_only(model)
     lists = _block_lists(model)
     suffixes = (blocks_path,) if blocks_path else _search_order(model)
     for suffix in suffixes:
         # The shallowest match wins: in encoder-decoder models `encoder.layers` is matched
         # before anything under the decoder because the suffix names the encoder.
         matches = [(n, m) for n, m in lists if _matches_suffix(n, suffix)]
+        if not blocks_path:  # the generic search skips heads' lists and lists of bare layers
+            matches = [(n, m) for n, m in matches if _looks_like_blocks(n, m)]
         if matches:
             name, blocks = min(matches, key=lambda nm: nm[0].count("."))
             return _resolve(model, name, blocks)

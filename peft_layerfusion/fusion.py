@@ -67,6 +67,17 @@ class FusionModule(nn.Module):
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:  # noqa: D102
         raise NotImplementedError
 
+    @classmethod
+    def check_supported(cls, config: LayerFusionConfig, context: FusionContext) -> None:
+        """Raise a ``ValueError`` if this method cannot be built for ``context`` (default: it can).
+
+        Called by the tuner before the model is touched, so a refused model is left as it was.
+
+        Args:
+            config: The method's config.
+            context: The model and its located encoder.
+        """
+
     def register_model_hooks(
         self, context: FusionContext, is_active: Callable[[], bool]
     ) -> list[RemovableHandle]:

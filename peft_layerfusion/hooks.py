@@ -15,10 +15,19 @@ really carries on (with its autograd history), also under re-entrant gradient
 checkpointing where a block's own forward runs under ``no_grad``. Captures are stored by
 index (never appended), so the re-run of a block during a checkpointed backward pass
 (which happens outside any capture) is ignored, and nothing outlives the forward.
+
+Open captures live in a per-thread stack (:class:`ThreadState`): concurrent forwards of
+one model in several threads, and a forward that calls the model again from inside a
+hook, each fuse their own states. The hooks hold their capture as bound methods or
+callable objects (never closures), so ``copy.deepcopy`` of a model re-binds them to the
+copy. A container that runs without all of its blocks, or whose output is not the blocks'
+hidden state, raises (naming ``blocks_path``) instead of fusing the wrong tensors.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +101,8 @@ def first_tensor(output: Any) -> torch.Tensor:
         return output
     if hasattr(output, "last_hidden_state"):
         return output.last_hidden_state
+    if isinstance(output, dict) and not hasattr(output, "to_tuple"):  # a plain dict (not a ModelOutput)
+        raise TypeError(f"no hidden state in a dict output with keys {list(output)}")
     return output[0]
 
 
@@ -126,24 +137,94 @@ def _with_hidden(output: Any, hidden: torch.Tensor) -> Any:
     return (hidden, *output[1:])
 
 
+class ThreadState(threading.local):
+    """Attributes private to each thread; a deep copy (or pickle) starts empty.
+
+    Per-forward state of a module shared by several threads (a server running one model from
+    several threads) lives here, so concurrent forwards never see each other's tensors. Copies
+    of a model (``copy.deepcopy``, ``AveragedModel``) get a fresh, empty state of their own.
+
+    Example:
+        >>> state = ThreadState()
+        >>> state.frames = []  # seen by this thread only
+    """
+
+    def __deepcopy__(self, memo: dict) -> ThreadState:
+        return type(self)()
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+
+@dataclass
+class _Frame:
+    """One open capture: the block inputs seen so far and the last block's call."""
+
+    states: list[torch.Tensor | None]
+    last_call: tuple[tuple, dict] = ((), {})
+    runs: list[int] | None = None  # how often each block ran in this forward
+
+
+class _BlockInput:
+    """Forward pre-hook of block ``index``: records its input in the capture open in this thread.
+
+    A callable object (not a closure), so that ``copy.deepcopy`` of a model copies it together
+    with its :class:`BlockCapture` and the copy's blocks write into the copy's capture.
+    """
+
+    def __init__(self, capture: BlockCapture, index: int) -> None:
+        self.capture, self.index = capture, index
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.capture.record_input(self.index, args, kwargs)
+
+
+class BoundHook:
+    """A hook calling ``method(*bound, *hook_args)``: a closure that survives ``copy.deepcopy``.
+
+    A closure registered as a hook keeps pointing at the original object in a copied model;
+    this object is copied with the model (``method`` is a bound method, re-bound to the copy).
+
+    Args:
+        method: A bound method of the object that owns the hook.
+        *bound: Leading arguments (e.g. a layer index).
+
+    Example:
+        >>> block.register_forward_pre_hook(BoundHook(fusion.swap, 0), with_kwargs=True)
+    """
+
+    def __init__(self, method: Callable, *bound: Any) -> None:
+        self.method, self.bound = method, bound
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.method(*self.bound, *args, **kwargs)
+
+
 class BlockCapture:
     """Hooks that capture ``z_0 .. z_L`` and swap in ``fuse(capture)``.
+
+    The open captures are kept per thread, as a stack: two threads running one model never
+    mix their hidden states, and a forward that calls the model again (from a hook) gets a
+    capture of its own, nested inside the outer one. Every hook is a bound method or a
+    callable object holding this capture, so a deep copy of the model carries a working
+    copy of it.
 
     Args:
         located: Where the blocks and their container are (see ``discovery``).
         fuse: Called once per encoder forward with the :class:`Capture`; returns the new
             last hidden state, or ``None`` to leave the output untouched.
+        blocks_path: How the blocks were named (the config's ``blocks_path``), for error messages.
 
     Example:
         >>> capture = BlockCapture(find_encoder_blocks(model), lambda c: c.states[-1] * 2)
         >>> capture.remove()  # every hook gone
     """
 
-    def __init__(self, located: EncoderBlocks, fuse: FuseFn) -> None:
+    def __init__(self, located: EncoderBlocks, fuse: FuseFn, blocks_path: str | None = None) -> None:
         self.located = located
         self.fuse = fuse
-        self._open: list[torch.Tensor | None] | None = None
-        self._last_call: tuple[tuple, dict] = ((), {})
+        self.blocks_path = blocks_path
+        self._local = ThreadState()
         self.handles: list[RemovableHandle] = []
         self._register()
 
@@ -151,35 +232,92 @@ class BlockCapture:
         container, blocks = self.located.container, self.located.blocks
         self.handles.append(container.register_forward_pre_hook(self._open_capture))
         for index, block in enumerate(blocks):
-            self.handles.append(
-                block.register_forward_pre_hook(self._capture_input(index), with_kwargs=True)
-            )
-        self.handles.append(container.register_forward_hook(self._close_capture))
+            self.handles.append(block.register_forward_pre_hook(_BlockInput(self, index), with_kwargs=True))
+        self.handles.append(container.register_forward_hook(self._close_capture, always_call=True))
 
+    # ------------------------------------------------------------- per-thread state
+    def _frames(self) -> list[_Frame]:
+        frames = getattr(self._local, "frames", None)
+        if frames is None:
+            frames = self._local.frames = []
+        return frames
+
+    @property
+    def _open(self) -> list[torch.Tensor | None] | None:
+        """The block inputs of the innermost capture open in this thread (``None``: none open)."""
+        frames = self._frames()
+        return frames[-1].states if frames else None
+
+    @property
+    def _last_call(self) -> tuple[tuple, dict]:
+        frames = self._frames()
+        return frames[-1].last_call if frames else ((), {})
+
+    @property
+    def closed_count(self) -> int:
+        """How many captures this thread has closed (fused or not) so far."""
+        return getattr(self._local, "closed", 0)
+
+    # ------------------------------------------------------------- hooks
     def _open_capture(self, module: nn.Module, args: tuple) -> None:
-        self._open = [None] * (self.located.num_blocks + 1)
+        num_blocks = self.located.num_blocks
+        self._frames().append(_Frame(states=[None] * (num_blocks + 1), runs=[0] * num_blocks))
 
-    def _capture_input(self, index: int) -> Callable:
-        is_last = index == self.located.num_blocks - 1
-
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self._open is None:  # a checkpointed re-run during backward
-                return None
-            self._open[index] = _hidden_from_call(args, kwargs)
-            if is_last:
-                self._last_call = (args, kwargs)
-            return None
-
-        return hook
+    def record_input(self, index: int, args: tuple, kwargs: dict) -> None:
+        """Block ``index`` is about to run on ``args``/``kwargs``: keep its input hidden state."""
+        frames = self._frames()
+        if not frames:  # a checkpointed re-run during backward, outside any forward
+            return
+        frame = frames[-1]
+        frame.states[index] = _hidden_from_call(args, kwargs)
+        frame.runs[index] += 1
+        if index == self.located.num_blocks - 1:
+            frame.last_call = (args, kwargs)
 
     def _close_capture(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        states, self._open = self._open, None
-        (last_args, last_kwargs), self._last_call = self._last_call, ((), {})
-        if states is None or any(s is None for s in states[:-1]):
-            return None  # blocks did not run as expected (e.g. a cached decoder step)
-        states[-1] = first_tensor(output)
-        fused = self.fuse(Capture(states, last_args, last_kwargs))
+        frames = self._frames()
+        if not frames:
+            return None
+        frame = frames.pop()
+        self._local.closed = self.closed_count + 1
+        if output is None:  # the container's forward raised: nothing to fuse
+            return None
+        states = frame.states
+        missing = [i for i, s in enumerate(states[:-1]) if s is None]
+        if missing:
+            raise self._not_run_error(missing)
+        if any(runs > 1 for runs in frame.runs):
+            warn_shared_blocks(self.located, self.blocks_path, frame.runs)
+        states[-1] = self._encoder_output(output, states[-2])
+        fused = self.fuse(Capture(states, *frame.last_call))
         return None if fused is None else _with_hidden(output, fused)
+
+    def _where(self) -> str:
+        path = f"blocks_path={self.blocks_path!r}" if self.blocks_path else "the discovered blocks"
+        return f"{path} (block list `{self.located.blocks_name}`, container `{self.located.container_name}`)"
+
+    def _not_run_error(self, missing: list[int]) -> RuntimeError:
+        return RuntimeError(
+            f"Layer fusion: the container ran but blocks {missing} of {self._where()} did not run in this "
+            "forward (layer drop, early exit, or a block list that is not the encoder's): the fused states "
+            "would be wrong. Set `blocks_path` to the encoder's list of blocks, or disable layer drop."
+        )
+
+    def _encoder_output(self, output: Any, last_input: torch.Tensor) -> torch.Tensor:
+        """``z_L`` from the container's output, checked against the last block's input."""
+        try:
+            last = first_tensor(output)
+        except (KeyError, IndexError, TypeError) as error:
+            last = error
+        if not isinstance(last, torch.Tensor) or last.shape != last_input.shape:
+            got = tuple(last.shape) if isinstance(last, torch.Tensor) else type(output).__name__
+            raise RuntimeError(
+                f"Layer fusion: the output of the container of {self._where()} is not the encoder's hidden "
+                f"state: got {got}, the blocks run on {tuple(last_input.shape)}. The container must be the "
+                "module that runs the blocks and returns their last hidden state (not the model with its "
+                "head): set `blocks_path` to the encoder's block list."
+            )
+        return last
 
     @property
     def num_hooks(self) -> int:
@@ -190,6 +328,29 @@ class BlockCapture:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+
+
+def warn_shared_blocks(
+    located: EncoderBlocks, blocks_path: str | None, runs: list[int] | None = None
+) -> None:
+    """Warn that the blocks of ``located`` share weights (or that one block ran several times).
+
+    Args:
+        located: The blocks found.
+        blocks_path: The config's ``blocks_path`` (named in the message).
+        runs: How often each block ran in one forward, when known.
+
+    Example:
+        >>> warn_shared_blocks(find_encoder_blocks(albert, "albert_layers"), "albert_layers", [12])
+    """
+    seen = f" (runs per forward: {runs})" if runs else ""
+    warnings.warn(
+        f"Layer fusion: the blocks `{located.blocks_name}` (blocks_path={blocks_path!r}) share "
+        f"weights{seen}, as in ALBERT: one module runs several times per forward, so the fusion sees "
+        "only its last call's input, not one state per layer. Layer fusion needs one module per layer.",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def count_hooks(model: nn.Module, package: str | None = "peft_layerfusion") -> int:

@@ -31,6 +31,7 @@ and fuse everywhere, which is also exact.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Optional
@@ -42,7 +43,15 @@ from torch.utils.hooks import RemovableHandle
 
 from .discovery import EncoderBlocks
 from .fusion import FusionModule
-from .hooks import BlockCapture, Capture, position_index, scatter_positions, select_positions
+from .hooks import (
+    BlockCapture,
+    Capture,
+    ThreadState,
+    position_index,
+    scatter_positions,
+    select_positions,
+    warn_shared_blocks,
+)
 
 LAYER_NAME = "layer_fusion"  # attribute of the container holding the LayerFusionLayer
 FUSION_SUFFIX = "fusion"  # the per-adapter ModuleDict is named f"{prefix}{FUSION_SUFFIX}"
@@ -58,7 +67,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
 
     other_param_names: tuple[str, ...] = ()
 
-    def __init__(self, located: EncoderBlocks, prefix: str) -> None:
+    def __init__(self, located: EncoderBlocks, prefix: str, blocks_path: Optional[str] = None) -> None:
         nn.Module.__init__(self)
         self.adapter_layer_names = (f"{prefix}{FUSION_SUFFIX}",)
         self.add_module(self.adapter_layer_names[0], nn.ModuleDict())
@@ -66,9 +75,66 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self._active_adapter: list[str] = []
         self.merged_adapters: list[str] = []
         self.located = located
-        self.capture = BlockCapture(located, self.fuse)
+        self.capture = BlockCapture(located, self.fuse, blocks_path)
         self.model_hooks: dict[str, list[RemovableHandle]] = {}  # per adapter, outside the encoder
-        self.positions: Optional[torch.Tensor] = None  # (batch, seq) bool, set by positions.fused_positions
+        self.root_hooks: list[RemovableHandle] = []  # on the whole model: did the fusion run?
+        self._local = ThreadState()  # per thread: `positions`, the root forwards open
+
+    @property
+    def positions(self) -> Optional[torch.Tensor]:
+        """This thread's ``(batch, seq)`` bool mask set by :func:`fused_positions` (``None``: everywhere)."""
+        return getattr(self._local, "positions", None)
+
+    @positions.setter
+    def positions(self, mask: Optional[torch.Tensor]) -> None:
+        self._local.positions = mask
+
+    # ------------------------------------------------------------- the fusion must run
+    def watch(self, model: nn.Module) -> None:
+        """Check at the end of every forward of ``model`` (the whole model) that the fusion ran.
+
+        A fusion whose hooks never fire (a block list the forward does not run) would leave the
+        output un-fused while its parameters "train"; the check raises instead, naming ``blocks_path``.
+        """
+        if self.root_hooks:
+            return
+        self.root_hooks = [
+            model.register_forward_pre_hook(self._enter_model),
+            model.register_forward_hook(self._leave_model, always_call=True),
+        ]
+
+    def _entered(self) -> list[list[int]]:
+        """Per open forward of the whole model (innermost last): ``[closed before, closed by nested]``."""
+        entered = getattr(self._local, "entered", None)
+        if entered is None:
+            entered = self._local.entered = []
+        return entered
+
+    def _enter_model(self, module: nn.Module, args: tuple) -> None:
+        self._entered().append([self.capture.closed_count, 0])
+
+    def _leave_model(self, module: nn.Module, args: tuple, output: object) -> None:
+        entered = self._entered()
+        if not entered:
+            return
+        closed_before, closed_nested = entered.pop()
+        closed = self.capture.closed_count - closed_before
+        if entered:  # a forward nested in another one (a hook calling the model)
+            entered[-1][1] += closed
+        if output is None or self.disable_adapters:
+            return
+        name = self.active_fusion_name()
+        if name is None or self.fusion_modules[name].seq2seq:  # seq2seq: decoder steps skip the encoder
+            return
+        own = closed - closed_nested
+        if own > 1:  # the container itself runs several times (a shared block group, as in ALBERT)
+            warn_shared_blocks(self.located, self.capture.blocks_path, runs=[own])
+        if own == 0:
+            raise RuntimeError(
+                f"Layer fusion adapter {name!r} did not run in this forward of {type(module).__name__}: the "
+                f"hooks on {self.capture._where()} never fired, so the output is not fused. Set the config "
+                "field `blocks_path` to the list of blocks the model's forward actually runs."
+            )
 
     # BaseTunerLayer looks for these on a base layer; a fusion layer wraps none.
     @property
@@ -93,8 +159,16 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self.model_hooks[adapter_name] = list(handles)
 
     def is_active_fn(self, adapter_name: str) -> Callable[[], bool]:
-        """A callable telling whether ``adapter_name`` is the active, enabled fusion adapter."""
-        return lambda: not self.disable_adapters and self.active_fusion_name() == adapter_name
+        """A callable telling whether ``adapter_name`` is the active, enabled fusion adapter.
+
+        A ``partial`` of a bound method (not a closure): a deep copy of the model re-binds it to
+        the copy's layer.
+        """
+        return functools.partial(self.is_active, adapter_name)
+
+    def is_active(self, adapter_name: str) -> bool:
+        """Whether ``adapter_name`` is the active, enabled fusion adapter."""
+        return not self.disable_adapters and self.active_fusion_name() == adapter_name
 
     def _remove_model_hooks(self, adapter_name: str) -> None:
         for handle in self.model_hooks.pop(adapter_name, []):
@@ -144,6 +218,9 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
 
     def remove_hooks(self) -> None:
         self.capture.remove()
+        for handle in self.root_hooks:
+            handle.remove()
+        self.root_hooks.clear()
         for adapter_name in list(self.model_hooks):
             self._remove_model_hooks(adapter_name)
 

@@ -19,6 +19,7 @@ treat it like any LoRA layer.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -29,8 +30,9 @@ from peft.utils.integrations import init_empty_weights
 from torch import nn
 
 from .config import LayerFusionConfig
-from .discovery import find_encoder_blocks, hidden_size_of
+from .discovery import HEAD_MODULE_NAMES, find_encoder_blocks, hidden_size_of, shares_weights
 from .fusion import FusionContext, FusionModule
+from .hooks import warn_shared_blocks
 from .layer import FUSION_SUFFIX, LAYER_NAME, LayerFusionLayer, fusion_layer_of, merge_error
 
 
@@ -65,34 +67,72 @@ class LayerFusionModel(LoraModel):
         config = self.peft_config[adapter_name]
         if not isinstance(config, LayerFusionConfig):
             raise TypeError(f"{type(self).__name__} needs a LayerFusionConfig, got {type(config).__name__}.")
-        # Everything that can fail on a bad config is checked before the model is touched.
+        # Everything that can fail on a bad config or model is checked before the model is touched.
+        context = self._checked_context(model, config, adapter_name)
+        snapshot = ModelSnapshot(model)
+        try:
+            # LoRA layers, trainability of the base, modules_to_save. The fusion layer is added
+            # afterwards so that peft treats this first injection as the first adapter.
+            inject_lora(
+                self,
+                model,
+                adapter_name,
+                autocast_adapter_dtype=autocast_adapter_dtype,
+                low_cpu_mem_usage=low_cpu_mem_usage,
+                state_dict=state_dict,
+            )
+            layer = self._attach_fusion(config, context, adapter_name, low_cpu_mem_usage)
+            layer.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
+            layer.watch(model)
+        except BaseException:
+            self._forget_adapter(model, adapter_name)
+            snapshot.restore()
+            raise
+        if not config.inference_mode:
+            warn_if_head_frozen(model, config)
+
+    def _checked_context(
+        self, model: nn.Module, config: LayerFusionConfig, adapter_name: str
+    ) -> FusionContext:
+        """The :class:`FusionContext` for ``config`` on ``model``; raises before anything is changed."""
+        module_cls = self.fusion_module_cls
+        if module_cls is None:
+            raise TypeError(f"{type(self).__name__} names no `fusion_module_cls`: use a method's own tuner.")
         located = find_encoder_blocks(model, config.blocks_path)
+        existing = fusion_layer_of(model)
+        if existing is not None and set(self.peft_config) == {adapter_name}:  # not this model's add_adapter
+            raise ValueError(
+                f"{type(model).__name__} already carries a layer-fusion adapter "
+                f"(`{existing.located.container_name}.{LAYER_NAME}`): it was given to `get_peft_model` "
+                "before. "
+                "Build a fresh base model, or add another adapter to the existing PeftModel with "
+                "`add_adapter(name, config)`; `unload()` gives the plain base back."
+            )
         context = FusionContext(
             model, located, hidden_size_of(model, located), tuple(config.resolve_layers(located.num_blocks))
         )
-        # LoRA layers, trainability of the base, modules_to_save. The fusion layer is added
-        # afterwards so that peft treats this first injection as the first adapter.
-        inject_lora(
-            self,
-            model,
-            adapter_name,
-            autocast_adapter_dtype=autocast_adapter_dtype,
-            low_cpu_mem_usage=low_cpu_mem_usage,
-            state_dict=state_dict,
-        )
-        layer = self._attach_fusion(config, context, adapter_name, low_cpu_mem_usage)
-        layer.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
+        module_cls.check_supported(config, context)
+        if shares_weights(located):
+            warn_shared_blocks(located, config.blocks_path)
+        return context
+
+    def _forget_adapter(self, model: nn.Module, adapter_name: str) -> None:
+        """Undo what a failed injection registered outside the module tree (hooks, the layer's records)."""
+        for layer in [m for m in model.modules() if isinstance(m, LayerFusionLayer)]:
+            layer._remove_model_hooks(adapter_name)
+            layer.fused_layers.pop(adapter_name, None)
+            if not layer.fused_layers:  # the layer was new: all its hooks go
+                layer.remove_hooks()
 
     def _attach_fusion(
         self, config: LayerFusionConfig, context: FusionContext, adapter_name: str, low_cpu_mem_usage: bool
     ) -> LayerFusionLayer:
         module_cls = self.fusion_module_cls
-        if module_cls is None:
-            raise TypeError(f"{type(self).__name__} names no `fusion_module_cls`: use a method's own tuner.")
         located = context.located
         layer = fusion_layer_of(context.model, located)
         if layer is None:
-            layer = LayerFusionLayer(located, self.prefix).train(located.container.training)
+            layer = LayerFusionLayer(located, self.prefix, config.blocks_path)
+            layer.train(located.container.training)
             located.container.add_module(LAYER_NAME, layer)
         if low_cpu_mem_usage:  # built on the meta device; the checkpoint fills it in
             with init_empty_weights(include_buffers=True):
@@ -115,6 +155,18 @@ class LayerFusionModel(LoraModel):
 
     def merge_adapter(self, *args: Any, **kwargs: Any) -> None:
         raise merge_error()
+
+    def add_weighted_adapter(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: a weighted combination of fusion adapters is not defined.
+
+        LoRA's version would create a "combined" adapter whose fusion module is a fresh random
+        init (only LoRA weights are combined).
+        """
+        raise NotImplementedError(
+            "add_weighted_adapter cannot combine layer-fusion adapters: a fusion module (DWAtt, Concat, ...) "
+            "has no weighted sum with another, and the combined adapter would get a fresh random fusion. "
+            "Train one adapter on the combined task, or switch between adapters with `set_adapter(name)`."
+        )
 
     def unload(self) -> nn.Module:
         """Remove every hook and fusion module (and LoRA layers); return the base model."""
@@ -158,6 +210,112 @@ def inject_lora(tuner: LoraModel, model: nn.Module, adapter_name: str, **kwargs:
         LoraModel.inject_adapter(tuner, model, adapter_name, **kwargs)
     finally:
         config.target_modules = targets
+
+
+class ModelSnapshot:
+    """What an injection may change in a model, to put it back if the injection fails.
+
+    Kept: every module's children (LoRA layers, ``modules_to_save`` wrappers and the fusion layer
+    replace or add children), its forward hooks, every parameter's ``requires_grad``, and the
+    attributes of the root (e.g. a wrapped ``generate``).
+
+    Example:
+        >>> snapshot = ModelSnapshot(model)
+        >>> try:
+        ...     inject(model)
+        ... except Exception:
+        ...     snapshot.restore()
+        ...     raise
+    """
+
+    _HOOK_DICTS = (
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+    )
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.modules = [
+            (module, dict(module._modules), {name: set(getattr(module, name)) for name in self._HOOK_DICTS})
+            for module in model.modules()
+        ]
+        self.requires_grad = [(param, param.requires_grad) for param in model.parameters()]
+        self.root_attributes = set(model.__dict__)
+
+    def restore(self) -> None:
+        """Put children, hooks, ``requires_grad`` and root attributes back as they were."""
+        for module, children, hooks in self.modules:
+            module._modules.clear()
+            module._modules.update(children)
+            for name, keys in hooks.items():
+                registered = getattr(module, name)
+                for key in [k for k in registered if k not in keys]:
+                    del registered[key]
+        for param, requires_grad in self.requires_grad:
+            param.requires_grad_(requires_grad)
+        for name in set(self.model.__dict__) - self.root_attributes:
+            del self.model.__dict__[name]
+
+
+def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
+    """Warn when no parameter of the task head trains (no ``task_type``, head not in ``modules_to_save``).
+
+    The head is found generically: the children of ``model`` outside its backbone
+    (``model.<base_model_prefix>``), or, without one, the children named like a head
+    (``classifier``, ``lm_head``, ``qa_outputs``, ``score``...). Parameters tied to the rest of
+    the model (an output embedding tied to the input one) do not count; encoder-decoder models
+    (whose LM head usually stays frozen on purpose) are not checked.
+
+    Example:
+        >>> warn_if_head_frozen(model, DWAttConfig())  # UserWarning: ... ['classifier'] ...
+    """
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return  # a seq2seq LM head (tied or not) usually stays frozen under PEFT, on purpose
+    heads = _head_modules(model)
+    head_names = {name for name, _ in heads}
+    backbone_params = {  # everything outside the head: a head weight tied to it does not count
+        id(p) for name, child in model.named_children() if name not in head_names for p in child.parameters()
+    }
+    own = {name: [p for p in module.parameters() if id(p) not in backbone_params] for name, module in heads}
+    own = {name: params for name, params in own.items() if params}
+    if not own or any(p.requires_grad for params in own.values() for p in params):
+        return
+    to_save = [*(config.modules_to_save or []), *TASK_HEAD_MODULES.get(str(config.task_type), ())]
+    if any(name == m or name.endswith("." + m) for name in own for m in to_save):
+        return  # peft wraps it after the injection (task_type)
+    warnings.warn(
+        f"Layer fusion: no parameter of the task head {sorted(own)} trains: it keeps its random or "
+        'pretrained weights. Set `task_type` (e.g. task_type="TOKEN_CLS") or '
+        f"`modules_to_save={sorted(own)}` in the config to train it.",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+# The head modules peft's PeftModelFor<task> adds to `modules_to_save` after the injection.
+TASK_HEAD_MODULES: dict[str, tuple[str, ...]] = {
+    "SEQ_CLS": ("classifier", "score"),
+    "TOKEN_CLS": ("classifier", "score"),
+    "QUESTION_ANS": ("qa_outputs",),
+}
+
+
+def _backbone_of(model: nn.Module) -> Optional[nn.Module]:
+    """``model.<base_model_prefix>`` (``model.bert``), if the model has a separate backbone."""
+    prefix = getattr(model, "base_model_prefix", None)
+    backbone = getattr(model, prefix, None) if isinstance(prefix, str) and prefix else None
+    return backbone if isinstance(backbone, nn.Module) and backbone is not model else None
+
+
+def _head_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The children of ``model`` outside its backbone, or (without one) those named like a head."""
+    backbone = _backbone_of(model)
+    if backbone is not None:
+        return [(name, child) for name, child in model.named_children() if child is not backbone]
+    return [(name, child) for name, child in model.named_children() if name in HEAD_MODULE_NAMES]
 
 
 def _device_of(module: nn.Module) -> torch.device:

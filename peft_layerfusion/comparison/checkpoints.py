@@ -71,9 +71,21 @@ def load_trained(
         directory: What :func:`save_trained` wrote.
         is_trainable: Load the adapter for further training.
 
+    Raises:
+        FileNotFoundError: if ``directory`` does not exist or holds nothing :func:`save_trained`
+            writes (no adapter config, no full state, no AdapterHub spec): never the untouched base.
+
     Example:
         >>> model = load_trained(AutoModelForTokenClassification.from_pretrained(name), "out/ft-dwatt")
     """
+    expected = ("adapter_config.json", FULL_STATE_FILE, adapters_baseline.SPEC_FILE)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"load_trained: there is no directory {os.fspath(directory)!r}.")
+    if not any(os.path.exists(os.path.join(directory, name)) for name in expected):
+        raise FileNotFoundError(
+            f"load_trained: {os.fspath(directory)!r} holds none of {list(expected)}: it is not a model "
+            f"written by save_trained (it contains {sorted(os.listdir(directory))[:10]})."
+        )
     if os.path.exists(os.path.join(directory, adapters_baseline.SPEC_FILE)):  # AdapterHub regimes
         return adapters_baseline.load_bottleneck(base_model, directory)
     model: nn.Module = base_model

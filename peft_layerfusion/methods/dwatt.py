@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import LayerFusionConfig, invalid
+from ..config import LayerFusionConfig, require_number
 from ..fusion import FusionContext, FusionModule, linear_init_, weighted_sum
 from ..hooks import Capture
 from ..model import LayerFusionModel
@@ -77,13 +77,9 @@ class DWAttConfig(LayerFusionConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("query_bottleneck", "value_bottleneck", "score_temperature"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise invalid(name, value, "a number > 0")
-        if isinstance(self.d_pos, bool) or not isinstance(self.d_pos, int) or self.d_pos < 1:
-            raise invalid("d_pos", self.d_pos, "an int >= 1")
-        if isinstance(self.attention_dropout, bool) or not 0.0 <= self.attention_dropout < 1.0:
-            raise invalid("attention_dropout", self.attention_dropout, "a probability in [0, 1)")
+            require_number(name, getattr(self, name), low=0.0, low_open=True)
+        require_number("d_pos", self.d_pos, low=1, integer=True)
+        require_number("attention_dropout", self.attention_dropout, low=0.0, high=1.0, high_open=True)
 
 
 class StackedBottleneckMLP(nn.Module):

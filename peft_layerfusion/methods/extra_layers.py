@@ -20,7 +20,7 @@ import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
-from ..config import LayerFusionConfig, invalid
+from ..config import LayerFusionConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule
 from ..hooks import Capture
 from ..model import LayerFusionModel
@@ -52,9 +52,8 @@ class ExtraLayersConfig(LayerFusionConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        n = self.num_extra_layers
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise invalid("num_extra_layers", n, "None or an int >= 1")
+        if self.num_extra_layers is not None:
+            require_number("num_extra_layers", self.num_extra_layers, low=1, integer=True)
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -115,6 +114,14 @@ class ExtraLayers(FusionModule):
             last_block, context.num_fused, context.hidden_size
         )
         self.blocks = nn.ModuleList(fresh_copy(last_block, context.model) for _ in range(n))
+
+    @classmethod
+    def check_supported(cls, config: ExtraLayersConfig, context: FusionContext) -> None:
+        """At most as many extra blocks as the base has blocks (R+n at most doubles the depth)."""
+        n, num_blocks = config.num_extra_layers, context.located.num_blocks
+        if n is not None and n > num_blocks:
+            allowed = f"None or an int in [1, {num_blocks}] (at most the base's {num_blocks} blocks)"
+            raise invalid("num_extra_layers", n, allowed)
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         hidden = capture.states[-1]  # z_L: (batch, seq, d)

@@ -33,7 +33,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..config import LayerFusionConfig
 from ..fusion import FusionContext, FusionModule, stack_layers
-from ..hooks import Capture
+from ..hooks import BoundHook, Capture
 from ..model import LayerFusionModel
 from .hooks import ENCODER_STATES_ARG, EncoderMemory, argument, find_seq2seq_parts, with_argument
 
@@ -68,6 +68,10 @@ class EncoderFusion(FusionModule):
         self.norms = nn.ModuleList(nn.LayerNorm(context.hidden_size) for _ in range(self.num_decoder_layers))
         self.memory = EncoderMemory()
 
+    @classmethod
+    def check_supported(cls, config: EncoderFusionConfig, context: FusionContext) -> None:
+        find_seq2seq_parts(context.model)  # raises for a model without a decoder
+
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         """Remember the fused states for the decoder; return ``x_L`` unchanged."""
         self.memory.store(capture.states[-1], stacked=stack_layers(states))  # (K, batch, src, d)
@@ -83,21 +87,21 @@ class EncoderFusion(FusionModule):
     ) -> list[RemovableHandle]:
         layers = find_seq2seq_parts(context.model).decoder_layers
         return [
-            layer.register_forward_pre_hook(self._swap_hook(j, is_active), with_kwargs=True)
+            layer.register_forward_pre_hook(BoundHook(self.swap, j, is_active), with_kwargs=True)
             for j, layer in enumerate(layers)
         ]
 
-    def _swap_hook(self, decoder_layer: int, is_active: Callable[[], bool]) -> Callable:
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            encoder_states = argument(module, ENCODER_STATES_ARG, args, kwargs)
-            if encoder_states is None or not is_active():
-                return None
-            stacked = self.memory.recall(encoder_states, batch_dims={"stacked": 1})["stacked"]
-            dtype = self.layer_logits.dtype
-            mixed = self.mix(stacked.to(dtype), decoder_layer).to(encoder_states.dtype)
-            return with_argument(module, ENCODER_STATES_ARG, args, kwargs, mixed)
-
-        return hook
+    def swap(
+        self, decoder_layer: int, is_active: Callable[[], bool], module: nn.Module, args: tuple, kwargs: dict
+    ) -> tuple[tuple, dict] | None:
+        """Forward pre-hook of decoder layer ``decoder_layer``: its encoder states become the mix."""
+        encoder_states = argument(module, ENCODER_STATES_ARG, args, kwargs)
+        if encoder_states is None or not is_active():
+            return None
+        stacked = self.memory.recall(encoder_states, batch_dims={"stacked": 1})["stacked"]
+        dtype = self.layer_logits.dtype
+        mixed = self.mix(stacked.to(dtype), decoder_layer).to(encoder_states.dtype)  # (batch, src, d)
+        return with_argument(module, ENCODER_STATES_ARG, args, kwargs, mixed)
 
 
 class EncoderFusionModel(LayerFusionModel):

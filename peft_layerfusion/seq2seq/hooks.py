@@ -27,6 +27,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..hooks import ThreadState
+
 ENCODER_STATES_ARG = "encoder_hidden_states"
 ENCODER_MASK_ARG = "encoder_attention_mask"
 
@@ -115,15 +117,22 @@ class EncoderMemory:
     """
 
     def __init__(self) -> None:
-        self._last: Optional[torch.Tensor] = None
-        self._tensors: dict[str, torch.Tensor] = {}
+        self._local = ThreadState()  # per thread: a generate() in one thread never sees another's encoder
+
+    @property
+    def _last(self) -> Optional[torch.Tensor]:
+        return getattr(self._local, "last", None)
+
+    @property
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return getattr(self._local, "tensors", {})
 
     def store(self, last: torch.Tensor, **tensors: torch.Tensor) -> None:
         """Keep the encoder output ``last`` ``(B, S, d)`` and tensors whose dim ``batch_dim`` is B."""
-        self._last, self._tensors = last, dict(tensors)
+        self._local.last, self._local.tensors = last, dict(tensors)
 
     def clear(self) -> None:
-        self._last, self._tensors = None, {}
+        self._local.last, self._local.tensors = None, {}
 
     def recall(
         self, encoder_hidden_states: torch.Tensor, batch_dims: Optional[dict[str, int]] = None

@@ -61,16 +61,15 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from ..config import LayerFusionConfig, invalid
+from ..config import LayerFusionConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule
-from ..hooks import Capture
+from ..hooks import BoundHook, Capture, ThreadState
 from ..model import LayerFusionModel
 from .hooks import (
     ENCODER_MASK_ARG,
     ENCODER_STATES_ARG,
     EncoderMemory,
     argument,
-    encoder_input_ids_hook,
     find_seq2seq_parts,
 )
 
@@ -127,22 +126,17 @@ class SurfaceFusionConfig(LayerFusionConfig):
             raise invalid("fusion", self.fusion, f"one of {FUSION_KINDS}")
         if not isinstance(self.learn_lambda, bool):
             raise invalid("learn_lambda", self.learn_lambda, "True or False")
-        low_ok = 0.0 < self.fusion_lambda if self.learn_lambda else 0.0 <= self.fusion_lambda
-        high_ok = self.fusion_lambda < 1.0 if self.learn_lambda else self.fusion_lambda <= 1.0
-        if not isinstance(self.fusion_lambda, (int, float)) or not (low_ok and high_ok):
-            raise invalid("fusion_lambda", self.fusion_lambda, "a number in [0, 1] ((0, 1) when learned)")
-        if not isinstance(self.temperature, (int, float)) or self.temperature <= 0:
-            raise invalid("temperature", self.temperature, "a number > 0")
+        # a learned lambda starts at logit(fusion_lambda): 0 and 1 are out of reach
+        ends = dict(low_open=self.learn_lambda, high_open=self.learn_lambda)
+        require_number("fusion_lambda", self.fusion_lambda, low=0.0, high=1.0, **ends)
+        require_number("temperature", self.temperature, low=0.0, low_open=True)
         if not isinstance(self.use_ffn, bool):
             raise invalid("use_ffn", self.use_ffn, "True or False")
-        if self.ffn_dim is not None and (not isinstance(self.ffn_dim, int) or self.ffn_dim < 1):
-            raise invalid("ffn_dim", self.ffn_dim, "None or a positive int")
-        if not isinstance(self.attention_dropout, (int, float)) or not 0.0 <= self.attention_dropout < 1.0:
-            raise invalid("attention_dropout", self.attention_dropout, "a number in [0, 1)")
-        if self.source_scale is not None and (
-            not isinstance(self.source_scale, (int, float)) or self.source_scale <= 0
-        ):
-            raise invalid("source_scale", self.source_scale, "None or a number > 0")
+        if self.ffn_dim is not None:
+            require_number("ffn_dim", self.ffn_dim, low=1, integer=True)
+        require_number("attention_dropout", self.attention_dropout, low=0.0, high=1.0, high_open=True)
+        if self.source_scale is not None:
+            require_number("source_scale", self.source_scale, low=0.0, low_open=True)
 
 
 class SurfaceAttention(nn.Module):
@@ -180,12 +174,7 @@ class SurfaceFusion(FusionModule):
     def __init__(self, config: SurfaceFusionConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         d = context.hidden_size
-        parts = find_seq2seq_parts(context.model)
-        if parts.lm_head is None or parts.lm_head.weight is not parts.input_embeddings.weight:
-            raise ValueError(
-                "SurfaceFusion needs tied input and output embeddings (config.tie_word_embeddings=True): "
-                f"{type(context.model).__name__} has an untied lm_head."
-            )
+        self.check_supported(config, context)
         self.fusion, self.temperature = config.fusion, config.temperature
         model_type = getattr(getattr(context.model, "config", None), "model_type", None)
         default_scale = 1.0 if model_type in UNSCALED_EMBEDDING_TYPES else math.sqrt(d)
@@ -205,8 +194,38 @@ class SurfaceFusion(FusionModule):
                 self.lambda_gate.bias, math.log(config.fusion_lambda / (1 - config.fusion_lambda))
             )
         self.memory = EncoderMemory()
-        self._calls: dict[str, Any] = {}  # per forward: source ids, decoder call, s_t
-        self.last_normaliser: Optional[torch.Tensor] = None  # (batch,) logsumexp of the last fused row
+        self._local = ThreadState()  # per thread: `_calls` and `last_normaliser`
+
+    @property
+    def _calls(self) -> dict[str, Any]:
+        """This thread's record of the forward under way: source ids, decoder call, ``s_t``."""
+        calls = getattr(self._local, "calls", None)
+        if calls is None:
+            calls = self._local.calls = {}
+        return calls
+
+    @_calls.setter
+    def _calls(self, calls: dict[str, Any]) -> None:
+        self._local.calls = calls
+
+    @property
+    def last_normaliser(self) -> Optional[torch.Tensor]:
+        """``(batch,)`` logsumexp of the last fused row of this thread's last forward."""
+        return getattr(self._local, "last_normaliser", None)
+
+    @last_normaliser.setter
+    def last_normaliser(self, value: Optional[torch.Tensor]) -> None:
+        self._local.last_normaliser = value
+
+    @classmethod
+    def check_supported(cls, config: SurfaceFusionConfig, context: FusionContext) -> None:
+        """An encoder-decoder model (raises otherwise) whose ``lm_head`` is tied to the input embeddings."""
+        parts = find_seq2seq_parts(context.model)
+        if parts.lm_head is None or parts.lm_head.weight is not parts.input_embeddings.weight:
+            raise ValueError(
+                "SurfaceFusion needs tied input and output embeddings (config.tie_word_embeddings=True): "
+                f"{type(context.model).__name__} has an untied lm_head."
+            )
 
     # -------------------------------------------------------------- encoder side
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
@@ -273,32 +292,34 @@ class SurfaceFusion(FusionModule):
         parts = find_seq2seq_parts(context.model)
         self._weight_ref = [parts.lm_head.weight]  # a list: not registered (and not saved) as ours
         encoder = context.located.container
-
-        def keep_source(ids: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> None:
-            self._calls["source_ids"] = ids
-
-        def keep_decoder_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            self._calls["decoder"] = (
-                argument(module, ENCODER_STATES_ARG, args, kwargs),
-                argument(module, ENCODER_MASK_ARG, args, kwargs),
-            )
-
-        def keep_state(module: nn.Module, args: tuple) -> None:
-            self._calls["s"] = args[0]
-
-        def fuse_output(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            calls, self._calls, self.last_normaliser = self._calls, {}, None
-            if not is_active() or "s" not in calls or calls.get("decoder", (None,))[0] is None:
-                return None
-            return self._fused_output(output, calls, kwargs.get("labels"))
-
+        # bound methods and BoundHooks (no closures): a deep copy of the model re-binds them
         return [
-            encoder.register_forward_pre_hook(encoder_input_ids_hook(keep_source), with_kwargs=True),
-            parts.decoder.register_forward_pre_hook(keep_decoder_call, with_kwargs=True),
-            parts.lm_head.register_forward_pre_hook(keep_state),
-            context.model.register_forward_hook(fuse_output, with_kwargs=True),
+            encoder.register_forward_pre_hook(self._keep_source, with_kwargs=True),
+            parts.decoder.register_forward_pre_hook(self._keep_decoder_call, with_kwargs=True),
+            parts.lm_head.register_forward_pre_hook(self._keep_state),
+            context.model.register_forward_hook(BoundHook(self._fuse_output, is_active), with_kwargs=True),
             wrap_generate(context.model, FusedBeamScores(self)),
         ]
+
+    def _keep_source(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._calls["source_ids"] = argument(module, "input_ids", args, kwargs)
+
+    def _keep_decoder_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._calls["decoder"] = (
+            argument(module, ENCODER_STATES_ARG, args, kwargs),
+            argument(module, ENCODER_MASK_ARG, args, kwargs),
+        )
+
+    def _keep_state(self, module: nn.Module, args: tuple) -> None:
+        self._calls["s"] = args[0]
+
+    def _fuse_output(
+        self, is_active: Callable[[], bool], module: nn.Module, args: tuple, kwargs: dict, output: Any
+    ) -> Any:
+        calls, self._calls, self.last_normaliser = self._calls, {}, None
+        if not is_active() or "s" not in calls or calls.get("decoder", (None,))[0] is None:
+            return None
+        return self._fused_output(output, calls, kwargs.get("labels"))
 
     def _fused_output(self, output: Any, calls: dict[str, Any], labels: Optional[torch.Tensor]) -> Any:
         if not hasattr(output, "logits"):
@@ -360,18 +381,28 @@ def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapp
         >>> handle = wrap_generate(model, FusedBeamScores(fusion))
         >>> handle.remove()  # model.generate is the class's again
     """
-    original = model.generate
-
-    def generate(*args: Any, **kwargs: Any) -> Any:
-        config = kwargs.get("generation_config") or model.generation_config
-        if (kwargs.get("num_beams") or config.num_beams or 1) > 1:
-            kwargs["logits_processor"] = LogitsProcessorList(
-                [*(kwargs.get("logits_processor") or []), processor]
-            )
-        return original(*args, **kwargs)
-
+    generate = FusedGenerate(model, model.generate, processor)
     model.__dict__["generate"] = generate
     return GenerateWrapper(model, generate)
+
+
+class FusedGenerate:
+    """``generate`` with ``processor`` appended when ``num_beams > 1`` (see :func:`wrap_generate`).
+
+    A callable object holding the bound ``generate`` (not a closure): a deep copy of the model
+    gets a wrapper around the copy's own ``generate`` and fusion.
+    """
+
+    def __init__(self, model: nn.Module, original: Callable, processor: LogitsProcessor) -> None:
+        self.model, self.original, self.processor = model, original, processor
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("generation_config") or self.model.generation_config
+        if (kwargs.get("num_beams") or config.num_beams or 1) > 1:
+            kwargs["logits_processor"] = LogitsProcessorList(
+                [*(kwargs.get("logits_processor") or []), self.processor]
+            )
+        return self.original(*args, **kwargs)
 
 
 class SurfaceFusionModel(LayerFusionModel):
