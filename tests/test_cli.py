@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from peft_layerfusion.cli import build_parser, main
+from recipes.experiment import DEFAULT_LR_GRIDS
 from recipes.results import read_records
 from recipes.toy import write_tiny_model, write_toy_data
 
@@ -77,5 +78,7 @@ def test_sweep_from_yaml(tiny, tmp_path, capsys):
         f"model: {model}\ndata: {data}\nmethods: [average]\nshots: [2, 3]\nepochs: [1]\ntrials: 1\n"
     )
     assert main(["sweep", "--config", str(config), "--results", str(tmp_path / "r.jsonl"), "--quiet"]) == 0
-    assert sorted(r["shots"] for r in read_records(tmp_path / "r.jsonl")) == [2, 3]
+    records = read_records(tmp_path / "r.jsonl")  # no lr given: the FE regime's default grid
+    assert sorted(r["shots"] for r in records) == [2] * 4 + [3] * 4
+    assert sorted({r["lr"] for r in records}) == list(DEFAULT_LR_GRIDS["fe"])
     assert "average" in capsys.readouterr().out
