@@ -120,7 +120,8 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         "dev F1 at that LR (the paper's number, chosen on the data it reports).\n"
         if tested
         else "\nDev micro-F1 (seqeval), best over epochs, mean ± 95% CI (t) over trials, at the LR (@) "
-        "selected on dev (no test split: this number is optimistic).\n"
+        "selected on dev (the records have no test score: no test split, or written before test scoring; "
+        "this number is optimistic).\n"
     )
     flagged = [row for row in rows if row["edge"]]
     if flagged:

@@ -137,7 +137,21 @@ def test_stacked_candidates_equal_lone_runs(experiment, method):
     assert len({r["dev_f1"] for r in stacked}) > 1  # the LRs really differ
 
 
-@pytest.mark.parametrize("method", ["concat", "dwatt"])
+def test_only_token_wise_methods_stack_their_lrs(experiment, monkeypatch):
+    import recipes.candidates
+
+    stacked = []
+    original = recipes.candidates.train_candidates
+    monkeypatch.setattr(recipes.candidates, "train_candidates", lambda *a: stacked.append(a) or original(*a))
+    experiment.run_lrs(Cell("extra_layers", "fe", 2, 1, 0), [1e-3, 1e-2])  # R+n: one after another
+    assert stacked == []
+    experiment.run_lrs(Cell("scalar_mix", "fe", 2, 1, 0), [1e-3, 1e-2])
+    assert len(stacked) == 1 and stacked[0][-2] == [1e-3, 1e-2]
+    experiment.run_lrs(Cell("none", "lora", 2, 1, 0), [1e-3, 1e-2])  # uncached regime
+    assert len(stacked) == 1
+
+
+@pytest.mark.parametrize("method", ["concat", "dwatt", "extra_layers"])
 def test_stacked_models_match_lone_training_within_float_tolerance(experiment, method):
     """Same models up to float32 summation order (batched vs single matrix products).
 
