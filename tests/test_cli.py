@@ -79,6 +79,7 @@ def test_sweep_from_yaml(tiny, tmp_path, capsys):
     )
     assert main(["sweep", "--config", str(config), "--results", str(tmp_path / "r.jsonl"), "--quiet"]) == 0
     records = read_records(tmp_path / "r.jsonl")  # no lr given: the FE regime's default grid
-    assert sorted(r["shots"] for r in records) == [2] * 4 + [3] * 4
+    size = len(DEFAULT_LR_GRIDS["fe"])
+    assert sorted(r["shots"] for r in records) == [2] * size + [3] * size
     assert sorted({r["lr"] for r in records}) == list(DEFAULT_LR_GRIDS["fe"])
     assert "average" in capsys.readouterr().out
