@@ -190,21 +190,30 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
     if not rows:
         return None
     plt = _pyplot()
+    colors = {method: f"C{i % 10}" for i, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
     panels = list(dict.fromkeys((row["regime"], row["epochs"], row["shots"]) for row in rows))
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels, strict=True):
         for row in (r for r in rows if (r["regime"], r["epochs"], r["shots"]) == panel):
-            lrs = row["lrs"]
-            (line,) = ax.plot(lrs, [row["dev_by_lr"][lr] for lr in lrs], marker="o", label=row["method"])
+            lrs, color = row["lrs"], colors[row["method"]]
+            ax.plot(lrs, [row["dev_by_lr"][lr] for lr in lrs], marker="o", color=color, label=row["method"])
             tests = [row["test_by_lr"][lr] for lr in lrs]
             if all(t is not None for t in tests):
-                ax.plot(lrs, tests, linestyle="--", color=line.get_color())
+                ax.plot(lrs, tests, linestyle="--", color=color)
             selected = (row["lr"], row["dev_by_lr"][row["lr"]])
-            ax.plot(*selected, marker="o", markersize=12, fillstyle="none", color=line.get_color())
+            ax.plot(*selected, marker="o", markersize=12, fillstyle="none", color=color)
         ax.set_xscale("log")
         ax.set_title("{}, {} epochs, N={}".format(*panel))
         ax.set_xlabel("max LR (circled: selected on dev)")
-    return _finish_panels(plt, figure, axes, path)
+    handles: dict[str, Any] = {}  # every method once, with its colour in every panel
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    axes[0][0].set_ylabel("micro-F1 (solid: dev, dashed: test)")
+    axes[0][-1].legend(list(handles.values()), list(handles), fontsize=8)
+    saved = _save(figure, Path(path))
+    plt.close(figure)
+    return saved
 
 
 def plot_dev_curves(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
