@@ -1,8 +1,9 @@
 """``layerfusion plot``: paper-style figures and a markdown table from a results file.
 
 * ``f1_vs_shots.png``: per method, the reported F1 (test F1 at the dev-selected LR and epoch;
-  best dev F1 without a test split) vs shots (mean over trials, 95% t-CI band), one panel per
-  max-epochs (and regime);
+  best dev F1 without a test split) vs shots (mean over trials, 95% t-CI band), each point
+  labelled with its selected LR ("edge": at the edge of its grid), one panel per max-epochs
+  (and regime);
 * ``f1_vs_lr.png`` (when a cell has several LRs): mean dev F1 (solid) and test F1 (dashed) vs
   LR per method, the selected LR marked, one panel per (regime, epochs, shots);
 * ``dev_curves.png``: dev F1 vs training steps (mean over trials) per method;
@@ -171,6 +172,10 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
             shots = [r["shots"] for r in line]
             mean = [r["mean"] for r in line]
             ax.plot(shots, mean, marker="o", label=method)
+            for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
+                if row.get("lrs") and len(row["lrs"]) > 1:
+                    text = f"{row['lr']:g}" + (" (edge)" if row["edge"] else "")
+                    ax.annotate(text, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
             ax.fill_between(
                 shots,
                 [m - r["ci"] for m, r in zip(mean, line, strict=True)],
