@@ -5,14 +5,21 @@ regime, owns the :class:`~layerfusion_recipes.cache.FeatureCache` shared by ever
 trains one cell and returns a JSON-ready record. Seeds: trial ``t`` draws its N-shot sample
 from seed ``(t, shots)`` (so every method sees the same sample in a trial: paired comparison)
 and initialises the head and fusion module from seed ``seed + t``.
+
+Learning rates: a cell trains every LR of its regime's grid (``--lr`` values, else
+:data:`DEFAULT_LR_GRIDS`); :meth:`Experiment.run_lrs` trains them together on the feature
+cache (:mod:`layerfusion_recipes.candidates`) and one after another otherwise. A record's ``key`` names
+the cell, its own LR and the settings that change a result (:meth:`ExperimentSettings.setup`),
+never the grid it ran in; :mod:`layerfusion_recipes.selection` picks the LR per cell on dev.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,10 +34,33 @@ from .data import IGNORE_INDEX, NerDataset, encode_ner
 from .gold import GoldReach, gold_reach
 from .models import apply_regime, load_token_classifier
 from .sampling import sample_shots
-from .training import TokenClassifierRunner, TrainSettings, train_token_classifier
+from .training import RunResult, TokenClassifierRunner, TrainSettings, train_token_classifier
 
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
 FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
+# LR candidates per regime when --lr is not given; measured in README.md, "Learning-rate selection"
+DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "fe": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
+    "lora": (1e-4, 3e-4, 1e-3, 3e-3),
+    "bitfit": (1e-4, 3e-4, 1e-3, 3e-3),
+    "ft": (1e-5, 3e-5, 1e-4),
+}
+# ExperimentSettings fields that change a result, hence part of every record key
+SETUP_FIELDS = (
+    "model",
+    "data",
+    "language",
+    "max_length",
+    "batch_size",
+    "eval_every",
+    "seed",
+    "head_modules",
+    "method_options",
+    "dev_limit",
+    "test_limit",
+    "train_sentences",
+    "fixed_sample",
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +75,18 @@ class Cell:
 
     @property
     def key(self) -> str:
+        """The cell's place in the grid (a record key adds its LR and setup: :func:`record_key`)."""
         return f"{self.method}|{self.regime}|{self.shots}|{self.epochs}|{self.trial}"
+
+
+def record_key(cell: Cell, lr: float, setup: str) -> str:
+    """Key of the record of ``cell`` trained at max LR ``lr`` under settings ``setup``.
+
+    Example:
+        >>> record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
+        'dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+    """
+    return f"{cell.key}|lr={float(lr)!r}|{setup}"
 
 
 @dataclass
@@ -61,7 +102,8 @@ class ExperimentSettings:
         label_names: Names of integer tags (``None``: the ``ClassLabel`` names).
         tag_scheme: Tag scheme of the data (``auto`` detects; converted to IOB2).
         max_length: Tokenizer max length.
-        lr: Max LR; ``None`` picks 1e-3 for FE and 5e-5 (paper) for the other regimes.
+        lr: Max LR, or several (LR selection on dev); ``None``: the regime's
+            :data:`DEFAULT_LR_GRIDS` in a sweep, 1e-3 (FE) / 5e-5 (others) for a lone :meth:`Experiment.run`.
         batch_size: Training batch size (16 for NER in the paper).
         eval_every: Dev evaluation every k epochs.
         seed: Base seed.
@@ -70,6 +112,7 @@ class ExperimentSettings:
         head_modules: Modules of the head that train with the fusion (``modules_to_save``).
         method_options: Extra options of the fusion configs.
         dev_limit: Evaluate on at most this many dev sentences (``None``: all).
+        test_limit: Score at most this many test sentences (``None``: all).
         train_sentences: Sample exactly this many training sentences per trial instead of
             ``N * C`` (e.g. a fixed 100-sentence budget); ``None``: the N-shot protocol.
         fixed_sample: Every trial trains on trial 0's sample (only init and order change);
@@ -84,7 +127,7 @@ class ExperimentSettings:
     label_names: tuple[str, ...] | None = None
     tag_scheme: str = "auto"
     max_length: int = 128
-    lr: float | None = None
+    lr: float | Sequence[float] | None = None
     batch_size: int = 16
     eval_every: int = 1
     seed: int = 0
@@ -93,13 +136,54 @@ class ExperimentSettings:
     head_modules: tuple[str, ...] = ("classifier",)
     method_options: dict[str, Any] = field(default_factory=dict)
     dev_limit: int | None = None
+    test_limit: int | None = None
     train_sentences: int | None = None
     fixed_sample: bool = False
 
     def lr_for(self, regime: str) -> float:
-        if self.lr is not None:
-            return self.lr
-        return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
+        """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
+        if self.lr is None:
+            return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
+        grid = self.lr_grid(regime)
+        if len(grid) != 1:
+            raise ValueError(f"lr has {len(grid)} values {list(grid)}: pick one for a lone run")
+        return grid[0]
+
+    def lr_grid(self, regime: str) -> tuple[float, ...]:
+        """The LR candidates of ``regime``: the ``lr`` values (sorted, unique) or its default grid.
+
+        Example:
+            >>> ExperimentSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
+            (0.001, 0.003)
+        """
+        if self.lr is None:
+            return DEFAULT_LR_GRIDS[regime]
+        values = [self.lr] if isinstance(self.lr, (int, float)) else list(self.lr)
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
+        if not values or bad:
+            raise ValueError(f"lr must be one or more numbers > 0, got {self.lr!r}")
+        return tuple(sorted({float(v) for v in values}))
+
+    def setup(self) -> str:
+        """Fingerprint (12 hex digits) of the settings that change a result (:data:`SETUP_FIELDS`).
+
+        Existing model and data paths count by their absolute real path.
+
+        Example:
+            >>> ExperimentSettings("m", "d").setup() == ExperimentSettings("m", "e").setup()
+            False
+        """
+        text = json.dumps(self.setup_fields(), sort_keys=True, default=str)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def setup_fields(self) -> dict[str, Any]:
+        """The :data:`SETUP_FIELDS` of these settings (paths made absolute), as stored in records."""
+        fields = {name: getattr(self, name) for name in SETUP_FIELDS}
+        for name in ("model", "data"):
+            if os.path.exists(fields[name]):
+                fields[name] = os.path.realpath(fields[name])
+        fields["head_modules"] = list(fields["head_modules"])
+        return fields
 
 
 def sample_size(settings: ExperimentSettings, shots: int, num_types: int) -> int:
@@ -179,17 +263,24 @@ class Experiment:
             encode_ner(self.tokenizer, dev, self.label2id, settings.max_length),
             key=lambda f: len(f["input_ids"]),
         )
-        self.dev_reach = self._check_reach(gold_reach(self.dev, self.id2label))
+        self.dev_reach = self._check_reach(gold_reach(self.dev, self.id2label), "dev")
+        test = self.data.test[: settings.test_limit] if settings.test_limit else self.data.test
+        self.test = sorted(
+            encode_ner(self.tokenizer, test, self.label2id, settings.max_length),
+            key=lambda f: len(f["input_ids"]),
+        )  # empty without a test split: records then carry test_f1 = None
+        self.test_reach = self._check_reach(gold_reach(self.test, self.id2label), "test")
+        self.setup = settings.setup()
         self._cache: FeatureCache | None = None
 
-    def _check_reach(self, reach: GoldReach) -> GoldReach:
-        """Say how many dev gold entities the model cannot see; refuse when it sees none."""
+    def _check_reach(self, reach: GoldReach, split: str) -> GoldReach:
+        """Say how many gold entities of ``split`` the model cannot see; refuse when it sees none."""
         if reach.out_of_reach:
-            print(f"layerfusion: {reach.message('dev', self.settings.max_length)}", file=sys.stderr)
+            print(f"layerfusion: {reach.message(split, self.settings.max_length)}", file=sys.stderr)
         if reach.entities and reach.out_of_reach == reach.entities:
             raise ValueError(
-                f"--max-length {self.settings.max_length}: none of the {reach.entities} dev gold entities "
-                "is within the model's reach, every F1 would be 0; raise --max-length"
+                f"--max-length {self.settings.max_length}: none of the {reach.entities} {split} gold "
+                "entities is within the model's reach, every F1 would be 0; raise --max-length"
             )
         return reach
 
@@ -220,7 +311,7 @@ class Experiment:
                 self.settings.cache_dir,
                 tokenizer=self.tokenizer,
             )
-            self._cache.fill(self.dev)
+            self._cache.fill(self.dev + self.test)
         return self._cache
 
     def build(self, cell: Cell) -> tuple[torch.nn.Module, Any]:
@@ -239,47 +330,108 @@ class Experiment:
         )
         return model, located
 
-    def run(self, cell: Cell, use_cache: bool | None = None) -> dict[str, Any]:
-        """Train one cell; returns ``{"key", cell fields, "best_f1", "best_epoch", "curve", ...}``."""
+    def run(self, cell: Cell, use_cache: bool | None = None, lr: float | None = None) -> dict[str, Any]:
+        """Train one cell at one LR (default :meth:`ExperimentSettings.lr_for`); returns its record.
+
+        The record holds ``key`` (:func:`record_key`), the cell fields, ``lr``, ``dev_f1`` (best
+        dev F1, also ``best_f1``), ``best_epoch``, ``test_f1`` (test F1 of the best dev epoch;
+        ``None`` without a test split), ``curve``, ``setup`` and ``settings`` (what the key hashes).
+        """
         use_cache = self.settings.use_cache if use_cache is None else use_cache
+        lr = self.settings.lr_for(cell.regime) if lr is None else float(lr)
         train = self.train_sample(cell.shots, cell.trial)
         model, located = self.build(cell)
-        cache = None
-        if use_cache and cell.regime == "fe":
-            cache = self.cache()
-            cache.fill(train)
-        settings = TrainSettings(
+        cache = self._filled_cache(train) if use_cache and cell.regime == "fe" else None
+        runner = TokenClassifierRunner(model, located, cache)
+        result = train_token_classifier(
+            runner, train, self.dev, self.id2label, self.train_settings(cell, lr), test=self.test or None
+        )
+        return self._record(cell, lr, result, runner, len(train))
+
+    def run_lrs(
+        self, cell: Cell, lrs: Sequence[float], use_cache: bool | None = None
+    ) -> list[dict[str, Any]]:
+        """Train one cell at each LR of ``lrs``; one record per LR, each equal to :meth:`run`'s.
+
+        On the feature cache (FE) the candidates of a token-wise method (the plain head, Average,
+        ScalarMix, Concat, DWAtt) train together in one pass
+        (:func:`~layerfusion_recipes.candidates.train_candidates`); otherwise one after another: the uncached
+        regimes, and R+n, whose extra block has no vmap batching rule for CPU attention (4 LRs
+        stacked measured at 8x one LR; one after another they cost 4x).
+
+        Example:
+            >>> [r["dev_f1"] for r in experiment.run_lrs(Cell("dwatt", "fe", 8, 25, 0), [1e-3, 1e-2])]
+        """
+        from .candidates import StackedRunner, train_candidates
+
+        use_cache = self.settings.use_cache if use_cache is None else use_cache
+        if len(lrs) < 2 or not (use_cache and cell.regime == "fe"):
+            return [self.run(cell, use_cache, lr) for lr in lrs]
+        model, located = self.build(cell)
+        if not token_wise(model):
+            return [self.run(cell, use_cache, lr) for lr in lrs]
+        train = self.train_sample(cell.shots, cell.trial)
+        runner = StackedRunner(model, len(lrs), located, self._filled_cache(train))
+        results = train_candidates(
+            runner, train, self.dev, self.id2label, self.train_settings(cell, lrs[0]), lrs, self.test or None
+        )
+        records = []
+        for index, (lr, result) in enumerate(zip(lrs, results, strict=True)):
+            runner.load_candidate(index)  # the model as this candidate's lone run leaves it
+            records.append(self._record(cell, float(lr), result, runner, len(train)))
+        return records
+
+    def train_settings(self, cell: Cell, lr: float) -> TrainSettings:
+        """The optimisation settings of ``cell`` at max LR ``lr``."""
+        return TrainSettings(
             epochs=cell.epochs,
-            lr=self.settings.lr_for(cell.regime),
+            lr=lr,
             batch_size=self.settings.batch_size,
             eval_every=self.settings.eval_every,
             seed=self.settings.seed + cell.trial,
         )
-        result = train_token_classifier(
-            TokenClassifierRunner(model, located, cache), train, self.dev, self.id2label, settings
-        )
+
+    def _filled_cache(self, train: list[dict]) -> FeatureCache:
+        cache = self.cache()
+        cache.fill(train)
+        return cache
+
+    def _record(
+        self, cell: Cell, lr: float, result: RunResult, runner: TokenClassifierRunner, train_size: int
+    ) -> dict[str, Any]:
+        """The JSON-ready record of one run (``runner.model`` in the state the run left it)."""
         record = {
-            "key": cell.key,
+            "key": record_key(cell, lr, self.setup),
             **asdict(cell),
             **result.to_dict(),
-            "train_sentences": len(train),
+            "dev_f1": result.best_f1,
+            "train_sentences": train_size,
             "dev_entities": self.dev_reach.entities,
             "dev_entities_out_of_reach": self.dev_reach.out_of_reach,
-            "lr": settings.lr,
-            "cached": cache is not None,
+            "test_entities": self.test_reach.entities,
+            "test_entities_out_of_reach": self.test_reach.out_of_reach,
+            "lr": lr,
+            "cached": runner.cache is not None,
             "model": self.settings.model,
             "data": self.data.name,
+            "setup": self.setup,
+            "settings": self.settings.setup_fields(),
             "pid": os.getpid(),
         }
         if self.settings.method_options:
             record["method_options"] = dict(self.settings.method_options)  # e.g. {"lora_r": 114}
-        layer = fusion_layer_of(model)
+        layer = fusion_layer_of(runner.model)
         if cell.method == "dwatt" and layer is not None:
-            record["depth_attention"] = depth_attention_profile(
-                TokenClassifierRunner(model, located, cache), self.dev
-            )
+            plain = TokenClassifierRunner(runner.model, runner.located, runner.cache)
+            record["depth_attention"] = depth_attention_profile(plain, self.dev)
             record["fused_layers"] = list(next(iter(layer.fused_layers.values())))
         return record
+
+
+def token_wise(model: torch.nn.Module) -> bool:
+    """Whether every fusion module of ``model`` is token-wise (true without fusion: the plain head)."""
+    layer = fusion_layer_of(model)
+    return layer is None or all(module.token_wise for module in layer.fusion_modules.values())
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .experiment import FE_DEFAULT_LR, FT_DEFAULT_LR, ExperimentSettings
+from .experiment import DEFAULT_LR_GRIDS, ExperimentSettings
 from .models import METHOD_NAMES, REGIME_NAMES
 from .tags import TAG_SCHEMES
 
@@ -115,6 +115,12 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         help="Evaluate on the first N dev sentences only (default: all; the demo uses 300).",
     )
     data.add_argument(
+        "--test-limit",
+        type=int,
+        help="Score the first N test sentences only (default: all; test F1 is taken at each run's "
+        "best dev epoch, once per run).",
+    )
+    data.add_argument(
         "--train-sentences",
         type=positive_int,
         help="Sample exactly this many training sentences per trial instead of N*C (the "
@@ -129,12 +135,22 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "sample each trial.",
     )
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
+    defaults = DEFAULT_LR_GRIDS.items()
+    grids = "; ".join(f"{name}: {' '.join(map('{:g}'.format, lrs))}" for name, lrs in defaults)
     train.add_argument(
         "--lr",
+        nargs="+",
         type=float,
-        help=f"Max learning rate. Default: {FE_DEFAULT_LR:g} for the FE regime "
-        f"(only fusion + head train, a larger LR is usual) and {FT_DEFAULT_LR:g} (the paper's) "
-        "for ft/lora/bitfit.",
+        help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
+        "(mean best dev F1 over trials, ties to the smaller) and reported with the test F1 of each "
+        f"run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
+    )
+    train.add_argument(
+        "--select-trials",
+        type=int,
+        help="Select each cell's LR on its first M trials (every LR runs there), then run the other "
+        "trials at the selected LR only: M*G + (T-M) runs per cell instead of T*G (G LRs, T trials). "
+        "Default: every trial runs every LR.",
     )
     train.add_argument("--batch-size", type=positive_int, help="Sentences per step (paper: 16 for NER).")
     train.add_argument(
@@ -286,10 +302,14 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         cache_dir=pick("cache_dir"),
         head_modules=tuple(pick("head_modules")),
         dev_limit=pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None),
+        test_limit=pick("test_limit"),
         train_sentences=pick("train_sentences"),
         fixed_sample=bool(pick("fixed_sample")),
         method_options=dict(loaded.get("method_options", {})),
     )
-    grid = {key: pick(key) for key in (*GRID_KEYS, "output", "results", "workers", "quiet", "threads")}
+    run_keys = ("output", "results", "workers", "quiet", "threads", "select_trials")
+    grid = {key: pick(key) for key in (*GRID_KEYS, *run_keys)}
     grid["results"] = grid["results"] or str(Path(grid["output"]) / "results.jsonl")
+    for regime in grid["regimes"] or ():
+        settings.lr_grid(regime)  # a bad --lr / lr: stops here, naming the values
     return settings, grid

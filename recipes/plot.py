@@ -1,11 +1,18 @@
 """``layerfusion plot``: paper-style figures and a markdown table from a results file.
 
-* ``f1_vs_shots.png``: best dev F1 vs shots per method (mean over trials, 95% t-CI band),
-  one panel per max-epochs (and regime);
+* ``f1_vs_shots.png``: per method, the reported F1 (test F1 at the dev-selected LR and epoch;
+  best dev F1 without a test split) vs shots (mean over trials, 95% t-CI band), each point
+  labelled with its selected LR ("edge": at the edge of its grid), one panel per max-epochs
+  (and regime);
+* ``f1_vs_lr.png`` (when a cell has several LRs): mean dev F1 (solid) and test F1 (dashed) vs
+  LR per method, the selected LR marked, one panel per (regime, epochs, shots);
 * ``dev_curves.png``: dev F1 vs training steps (mean over trials) per method;
 * ``dwatt_attention.png``: for DWAtt cells, the mean depth-attention weight of every fused
   layer (which layers the task uses), one row per (regime, shots, epochs);
-* ``table.md``: mean +- CI per cell.
+* ``table.md``: per cell, the selected LR and test F1 mean +- CI, best dev F1 beside it,
+  a selected LR at the edge of its grid flagged ("widen the grid").
+
+LR selection: :mod:`layerfusion_recipes.selection`.
 """
 
 from __future__ import annotations
@@ -19,45 +26,112 @@ from pathlib import Path
 from typing import Any
 
 from .results import read_records
+from .selection import cells, dev_f1, select_lr
 from .stats import mean_ci
 
 GROUP = ("regime", "epochs", "shots", "method")
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (regime, epochs, shots, method): mean best dev F1 (in points), CI half-width, n.
+    """One row per cell (setup, regime, epochs, shots, method), its LR selected on dev.
+
+    Row fields: the cell's, ``lr`` (selected), ``lrs`` (its grid), ``edge`` (selected LR at the
+    edge of a grid of 2+), ``mean``/``ci``/``n`` (the reported score in points: test F1 at the
+    dev-selected LR when every run there has one, else best dev F1; ``score`` says which),
+    ``dev_mean``/``dev_ci`` (best dev F1 at the selected LR, the paper's number), and per LR
+    ``dev_by_lr`` / ``test_by_lr`` (means in points; test ``None`` where missing).
 
     Example:
-        >>> record = {"regime": "fe", "epochs": 25, "shots": 8, "method": "dwatt", "best_f1": 0.5}
+        >>> record = {"key": "k", "regime": "fe", "epochs": 25, "shots": 8, "method": "dwatt", "best_f1": 0.5}
         >>> summarize([record])[0]["mean"]
         50.0
     """
-    groups: dict[tuple, list[float]] = defaultdict(list)
-    for record in records:
-        groups[tuple(record[k] for k in GROUP)].append(100.0 * record["best_f1"])
     rows = []
+    grouped = cells(records)
     method_order = {method: i for i, method in enumerate(dict.fromkeys(r["method"] for r in records))}
-    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], method_order[k[3]])):
-        mean, half = mean_ci(groups[key])
-        rows.append({**dict(zip(GROUP, key, strict=True)), "mean": mean, "ci": half, "n": len(groups[key])})
+    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], c[3], method_order[c[4]])):
+        runs = grouped[cell]
+        selection = select_lr(runs)
+        chosen = [r for r in runs if r.get("lr") == selection.lr]
+        dev_mean, dev_ci = mean_ci([100.0 * dev_f1(r) for r in chosen])
+        tests = [r.get("test_f1") for r in chosen]
+        has_test = all(t is not None for t in tests)
+        mean, half = mean_ci([100.0 * t for t in tests]) if has_test else (dev_mean, dev_ci)
+        rows.append(
+            {
+                **dict(zip(("setup", *GROUP), cell, strict=True)),
+                "lr": selection.lr,
+                "lrs": selection.lrs,
+                "edge": selection.at_edge,
+                "selection_trials": selection.trials,
+                "score": "test" if has_test else "dev",
+                "mean": mean,
+                "ci": half,
+                "n": len(chosen),
+                "dev_mean": dev_mean,
+                "dev_ci": dev_ci,
+                "dev_by_lr": {lr: 100.0 * m for lr, m in selection.dev_means.items()},
+                "test_by_lr": _test_means(runs, selection.lrs),
+            }
+        )
     return rows
 
 
+def _test_means(
+    runs: Sequence[dict[str, Any]], lrs: Sequence[float | None]
+) -> dict[float | None, float | None]:
+    means = {}
+    for lr in lrs:
+        tests = [r.get("test_f1") for r in runs if r.get("lr") == lr]
+        means[lr] = 100.0 * sum(tests) / len(tests) if all(t is not None for t in tests) else None
+    return means
+
+
+def _format_lr(lr: float | None) -> str:
+    return "-" if lr is None else f"{lr:g}"
+
+
+def _cell_text(row: dict[str, Any]) -> str:
+    text = f"{row['mean']:.1f} ± {row['ci']:.1f}"
+    if row["lr"] is not None:
+        text += f" @{_format_lr(row['lr'])}" + (" ⚠" if row["edge"] else "")
+    if row["score"] == "test":
+        text += f" (dev {row['dev_mean']:.1f})"
+    return text + f" (n={row['n']})"
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Rows of :func:`summarize` as a markdown table (one column per method)."""
+    """Rows of :func:`summarize` as a markdown table (one column per method), legend and edge flags."""
     methods = list(dict.fromkeys(row["method"] for row in rows))
-    header = "| regime | epochs | shots | " + " | ".join(methods) + " |"
-    lines = [header, "|" + "---|" * (3 + len(methods))]
+    setups = list(dict.fromkeys(row["setup"] for row in rows))
+    lead = ["setup"] if len(setups) > 1 else []
+    header = "| " + " | ".join([*lead, "regime", "epochs", "shots", *methods]) + " |"
+    lines = [header, "|" + "---|" * (len(lead) + 3 + len(methods))]
     by_cell: dict[tuple, dict[str, str]] = defaultdict(dict)
     for row in rows:
-        by_cell[(row["regime"], row["epochs"], row["shots"])][row["method"]] = (
-            f"{row['mean']:.1f} ± {row['ci']:.1f} (n={row['n']})"
+        by_cell[(row["setup"], row["regime"], row["epochs"], row["shots"])][row["method"]] = _cell_text(row)
+    for (setup, regime, epochs, shots), texts in by_cell.items():
+        first = [setup or "(legacy)"] if lead else []
+        columns = [*first, regime, str(epochs), str(shots)] + [texts.get(m, "-") for m in methods]
+        lines.append("| " + " | ".join(columns) + " |")
+    tested = any(row["score"] == "test" for row in rows)
+    legend = (
+        "\nTest micro-F1 (seqeval) at each run's best dev epoch, mean ± 95% CI (t) over trials, at the LR "
+        "(@) selected on dev (mean best dev F1 over trials, ties to the smaller LR); (dev x) is the best "
+        "dev F1 at that LR (the paper's number, chosen on the data it reports).\n"
+        if tested
+        else "\nDev micro-F1 (seqeval), best over epochs, mean ± 95% CI (t) over trials, at the LR (@) "
+        "selected on dev (the records have no test score: no test split, or written before test scoring; "
+        "this number is optimistic).\n"
+    )
+    flagged = [row for row in rows if row["edge"]]
+    if flagged:
+        legend += "\n⚠ widen the grid: the selected LR is at the edge of its grid:\n" + "".join(
+            f"- {r['method']} {r['regime']} {r['epochs']} epochs N={r['shots']}: {_format_lr(r['lr'])} "
+            f"of [{', '.join(map(_format_lr, r['lrs']))}]\n"
+            for r in flagged
         )
-    for (regime, epochs, shots), cells in by_cell.items():
-        lines.append(
-            f"| {regime} | {epochs} | {shots} | " + " | ".join(cells.get(m, "-") for m in methods) + " |"
-        )
-    return "\n".join(lines) + "\n\nDev micro-F1 (seqeval), best over epochs, mean ± 95% CI (t) over trials.\n"
+    return "\n".join(lines) + "\n" + legend
 
 
 def _save(figure, path: Path) -> Path:
@@ -79,7 +153,7 @@ def _pyplot():
 
 def _finish_panels(plt, figure, axes, path: str | os.PathLike) -> Path:
     """Label the first panel's y axis, put the legend on the last, save the PNG and close it."""
-    axes[0][0].set_ylabel("dev micro-F1")
+    axes[0][0].set_ylabel("micro-F1")
     axes[0][-1].legend(fontsize=8)
     saved = _save(figure, Path(path))
     plt.close(figure)
@@ -98,6 +172,10 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
             shots = [r["shots"] for r in line]
             mean = [r["mean"] for r in line]
             ax.plot(shots, mean, marker="o", label=method)
+            for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
+                if row.get("lrs") and len(row["lrs"]) > 1:
+                    text = f"{row['lr']:g}" + (" (edge)" if row["edge"] else "")
+                    ax.annotate(text, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
             ax.fill_between(
                 shots,
                 [m - r["ci"] for m, r in zip(mean, line, strict=True)],
@@ -108,6 +186,39 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
         ax.set_title(f"{regime}, max {epochs} epochs")
         ax.set_xlabel("shots N")
     return _finish_panels(plt, figure, axes, path)
+
+
+def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
+    """Mean dev F1 (solid) and test F1 (dashed) vs LR per method, the selected LR circled; one
+    panel per (regime, epochs, shots). ``None`` when no cell has two LRs or more."""
+    rows = [row for row in rows if len(row["lrs"]) > 1 and None not in row["lrs"]]
+    if not rows:
+        return None
+    plt = _pyplot()
+    colors = {method: f"C{i % 10}" for i, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
+    panels = list(dict.fromkeys((row["regime"], row["epochs"], row["shots"]) for row in rows))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        for row in (r for r in rows if (r["regime"], r["epochs"], r["shots"]) == panel):
+            lrs, color = row["lrs"], colors[row["method"]]
+            ax.plot(lrs, [row["dev_by_lr"][lr] for lr in lrs], marker="o", color=color, label=row["method"])
+            tests = [row["test_by_lr"][lr] for lr in lrs]
+            if all(t is not None for t in tests):
+                ax.plot(lrs, tests, linestyle="--", color=color)
+            selected = (row["lr"], row["dev_by_lr"][row["lr"]])
+            ax.plot(*selected, marker="o", markersize=12, fillstyle="none", color=color)
+        ax.set_xscale("log")
+        ax.set_title("{}, {} epochs, N={}".format(*panel))
+        ax.set_xlabel("max LR (circled: selected on dev)")
+    handles: dict[str, Any] = {}  # every method once, with its colour in every panel
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    axes[0][0].set_ylabel("micro-F1 (solid: dev, dashed: test)")
+    axes[0][-1].legend(list(handles.values()), list(handles), fontsize=8)
+    saved = _save(figure, Path(path))
+    plt.close(figure)
+    return saved
 
 
 def plot_dev_curves(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
@@ -182,6 +293,9 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
         "f1_vs_shots": plot_f1_vs_shots(rows, output / "f1_vs_shots.png"),
         "dev_curves": plot_dev_curves(records, output / "dev_curves.png"),
     }
+    by_lr = plot_f1_vs_lr(rows, output / "f1_vs_lr.png")
+    if by_lr is not None:
+        paths["f1_vs_lr"] = by_lr
     heatmap = plot_depth_attention(records, output / "dwatt_attention.png")
     if heatmap is not None:
         paths["dwatt_attention"] = heatmap

@@ -4,31 +4,44 @@ Each record is written with a single ``write`` of one complete line to a file op
 append mode, then flushed and fsync'ed, so a killed sweep leaves every finished cell on disk
 and at worst no partial line. A torn last line (e.g. power loss) is ignored when reading,
 so that cell simply runs again.
+
+Exactly one record per key: appends hold an exclusive lock on the file and skip a key that is
+already there (two sweeps on one output never write a cell twice), and reading keeps the first
+record of a key (files written before the lock count each cell once too).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 
-def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line (write + flush + fsync).
+def append_record(path: str | os.PathLike, record: dict[str, Any]) -> bool:
+    """Append ``record`` as one JSON line (write + fsync) unless its key is already in the file.
+
+    The file is locked (``flock``) from the check to the write, so concurrent writers keep
+    exactly one record per key. Returns whether the record was written.
 
     Example:
-        >>> append_record("results.jsonl", {"key": "dwatt|fe|8|25|0", "best_f1": 0.61})
+        >>> append_record("results.jsonl", {"key": "dwatt|fe|8|25|0|lr=0.001|3f2a", "best_f1": 0.61})
+        True
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+        if record["key"] in finished_keys(path):
+            return False  # another sweep on this output finished it first
         if os.fstat(fd).st_size and not _ends_with_newline(path):
             line = b"\n" + line  # never glue a record to a torn line
         os.write(fd, line)
         os.fsync(fd)
+        return True
     finally:
         os.close(fd)
 
@@ -40,17 +53,19 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every complete record of a results file (missing file: empty list; torn lines skipped)."""
+    """Every complete record of a results file, the first one of each key (missing file: empty list;
+    torn lines skipped)."""
     path = Path(path)
     if not path.exists():
         return []
-    records = []
+    records, seen = [], set()
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and "key" in record:
+        if isinstance(record, dict) and "key" in record and record["key"] not in seen:
+            seen.add(record["key"])
             records.append(record)
     return records
 

@@ -1,9 +1,17 @@
 """``layerfusion sweep``: a grid of cells, resumable, with a progress bar and worker processes.
 
 Grid: methods x regimes x shots x max-epochs x trials, from a YAML file (``--config``) or
-flags. Every finished cell is appended atomically to the results file (one JSON line, see
-``layerfusion_recipes.results``); re-running the same command skips the cells already there, so a
-killed sweep loses nothing and redoes nothing (a cell interrupted mid-way runs again).
+flags, and each cell at every LR of its regime's grid (``--lr``, else
+``experiment.DEFAULT_LR_GRIDS``; on the feature cache the LRs of a cell train together).
+Every finished run is appended atomically to the results file (one JSON line, see
+``layerfusion_recipes.results``) under a key naming its cell, LR and settings; re-running the same command
+skips the runs already there, so a killed sweep loses nothing and redoes nothing (a run
+interrupted mid-way runs again), and changed settings make new records. Two sweeps on one
+results file skip what the other finished and never write a key twice.
+
+``--select-trials M`` selects each cell's LR on its first ``M`` trials (every LR), then runs
+the other trials at the selected LR only: ``M * G + (T - M)`` runs per cell instead of
+``T * G`` (``G`` LRs, ``T`` trials), for the uncached regimes where every LR costs a full run.
 ``--workers N`` runs N processes on this machine (spawned; each rebuilds the experiment, and
 they share the feature cache through ``--cache-dir``).
 """
@@ -20,9 +28,12 @@ from typing import Any
 
 import torch
 
-from .experiment import Cell, Experiment, ExperimentSettings, check_sample_sizes
+from .experiment import Cell, Experiment, ExperimentSettings, check_sample_sizes, record_key
 from .options import add_experiment_parser, resolve
 from .results import append_record, finished_keys, read_records
+from .selection import select_lr
+
+Unit = tuple[Cell, tuple[float, ...]]  # a cell and the LRs it still has to run
 
 
 def grid_cells(grid: dict[str, Any]) -> list[Cell]:
@@ -64,11 +75,11 @@ def _init_worker(settings: ExperimentSettings, threads: int) -> None:
         _WORKER = error
 
 
-def _run_in_worker(cell: Cell) -> dict[str, Any]:
+def _run_in_worker(unit: Unit) -> list[dict[str, Any]]:
     if isinstance(_WORKER, Exception):
         raise _WORKER  # e.g. bad --data: reaches the parent, which shows it as one line
     assert _WORKER is not None
-    return _WORKER.run(cell)
+    return _WORKER.run_lrs(*unit)
 
 
 def run_cells(
@@ -79,20 +90,23 @@ def run_cells(
     progress: bool = True,
     experiment: Experiment | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    select_trials: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the cells not yet in ``results``; append each record as soon as it is finished.
+    """Run every cell at each LR of its regime's grid, skipping the runs already in ``results``.
 
     Args:
         cells: The grid.
-        results: JSON-lines results file (created if missing).
+        results: JSON-lines results file (created if missing); each record appended when done.
         settings: The experiment settings (each worker builds its own :class:`Experiment`).
         workers: Processes on this machine; 1 runs in this process.
         progress: Show a tqdm bar with ETA.
         experiment: A prepared experiment to use in-process (``workers == 1``).
         on_record: Called after each record is safely on disk.
+        select_trials: Select the LR on trials ``< select_trials`` (all LRs run there), then run
+            the other trials at the selected LR only. ``None``: every trial runs every LR.
 
     Returns:
-        Every record of the results file for these cells (old and new).
+        The records of these cells at their LRs in ``results`` (old and new), one per key.
 
     Example:
         >>> run_cells(grid_cells(grid), "out/results.jsonl", settings, workers=2)
@@ -100,32 +114,89 @@ def run_cells(
     from tqdm.auto import tqdm
 
     cells = list(cells)
-    done = finished_keys(results)
-    todo = [cell for cell in cells if cell.key not in done]
+    if select_trials is not None and select_trials < 1:
+        raise ValueError(f"select_trials must be >= 1 (None: every trial runs every LR), got {select_trials}")
+    setup = settings.setup()
+    grids = {cell.regime: settings.lr_grid(cell.regime) for cell in cells}
+    first = [c for c in cells if select_trials is None or c.trial < select_trials]
+    later = [c for c in cells if select_trials is not None and c.trial >= select_trials]
+    wanted = {record_key(c, lr, setup) for c in first for lr in grids[c.regime]}
     bar = tqdm(
-        total=len(cells),
-        initial=len(cells) - len(todo),
-        desc="cells",
+        total=len(wanted) + len(later),
+        initial=len(wanted & finished_keys(results)),
+        desc="runs",
         disable=not progress,
         dynamic_ncols=True,
         file=sys.stderr,
     )
+    runner = _UnitRunner(results, settings, workers, experiment, bar, on_record)
     try:
-        if todo and workers > 1:
-            todo = longest_first(todo)
-            threads = max(1, torch.get_num_threads() // workers)
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(workers, _init_worker, (settings, threads)) as pool:
-                for record in pool.imap_unordered(_run_in_worker, todo):
-                    _finish(results, record, bar, on_record)
-        elif todo:
-            experiment = experiment or Experiment(settings)
-            for cell in todo:
-                _finish(results, experiment.run(cell), bar, on_record)
+        runner.run([(cell, grids[cell.regime]) for cell in first])
+        if later:
+            chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted)
+            units = [(cell, (chosen[_group(cell)],)) for cell in later]
+            later_keys = {record_key(cell, lrs[0], setup) for cell, lrs in units}
+            bar.update(len(later_keys & finished_keys(results)))
+            wanted |= later_keys
+            runner.run(units)
     finally:
+        runner.close()
         bar.close()
-    wanted = {cell.key for cell in cells}
     return [record for record in read_records(results) if record["key"] in wanted]
+
+
+def _group(cell: Cell) -> tuple:
+    return (cell.method, cell.regime, cell.shots, cell.epochs)
+
+
+def selected_lrs(records: Iterable[dict[str, Any]]) -> dict[tuple, float]:
+    """The LR selected on dev (:func:`~layerfusion_recipes.selection.select_lr`) for each (method, regime,
+    shots, epochs) of ``records`` (the selection runs of one setup)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for record in records:
+        group = tuple(record[k] for k in ("method", "regime", "shots", "epochs"))
+        groups.setdefault(group, []).append(record)
+    return {group: select_lr(runs).lr for group, runs in groups.items()}
+
+
+class _UnitRunner:
+    """Runs units (a cell and its LRs) in this process or a pool; appends and reports each record."""
+
+    def __init__(self, results, settings, workers, experiment, bar, on_record) -> None:
+        self.results, self.settings, self.workers = results, settings, workers
+        self.experiment, self.bar, self.on_record = experiment, bar, on_record
+        self.setup = settings.setup()
+        self.pool = None
+
+    def _missing(self, unit: Unit, done: set[str]) -> Unit:
+        cell, lrs = unit
+        return cell, tuple(lr for lr in lrs if record_key(cell, lr, self.setup) not in done)
+
+    def run(self, units: list[Unit]) -> None:
+        done = finished_keys(self.results)
+        todo = [unit for unit in (self._missing(u, done) for u in units) if unit[1]]
+        if todo and self.workers > 1:
+            if self.pool is None:
+                threads = max(1, torch.get_num_threads() // self.workers)
+                context = multiprocessing.get_context("spawn")
+                self.pool = context.Pool(self.workers, _init_worker, (self.settings, threads))
+            lrs_of = dict(todo)
+            ordered = [(cell, lrs_of[cell]) for cell in longest_first(lrs_of)]
+            for records in self.pool.imap_unordered(_run_in_worker, ordered):
+                for record in records:
+                    _finish(self.results, record, self.bar, self.on_record)
+        elif todo:
+            self.experiment = self.experiment or Experiment(self.settings)
+            for unit in todo:
+                # another sweep on this results file may have finished some of it meanwhile
+                cell, lrs = self._missing(unit, finished_keys(self.results))
+                for record in self.experiment.run_lrs(cell, lrs) if lrs else []:
+                    _finish(self.results, record, self.bar, self.on_record)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
 
 
 def _finish(results, record: dict[str, Any], bar, on_record) -> None:
@@ -133,7 +204,8 @@ def _finish(results, record: dict[str, Any], bar, on_record) -> None:
 
     if PartialState().is_main_process:  # under `accelerate launch` every process runs the cell
         append_record(results, record)
-    bar.set_postfix_str(f"{record['method']} N={record['shots']} F1={record['best_f1']:.3f}")
+    method, shots, lr, f1 = record["method"], record["shots"], record["lr"], record["dev_f1"]
+    bar.set_postfix_str(f"{method} N={shots} lr={lr:g} F1={f1:.3f}")
     bar.update(1)
     if on_record is not None:
         on_record(record)
@@ -160,6 +232,7 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
         workers=grid["workers"],
         progress=not grid["quiet"],
         experiment=experiment,
+        select_trials=grid["select_trials"],
     )
     if figures:
         paths = write_report(records, grid["output"])
@@ -167,7 +240,7 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
         print("figures: " + ", ".join(str(p) for key, p in paths.items() if key != "table"))
     else:
         print(markdown_table(summarize(records)))
-    print(f"results: {grid['results']} ({len(records)} cells)")
+    print(f"results: {grid['results']} ({len(records)} runs)")
     return 0
 
 

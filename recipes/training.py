@@ -62,12 +62,14 @@ class TrainSettings:
 
 @dataclass
 class RunResult:
-    """Best dev score, its epoch, and the curve ``[{"epoch", "step", "dev_f1"}, ...]``."""
+    """Best dev score, its epoch, the curve ``[{"epoch", "step", "dev_f1"}, ...]`` and the test
+    score of the best dev epoch's checkpoint (``test_f1``; ``None`` without a test split)."""
 
     best_f1: float
     best_epoch: int
     curve: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    test_f1: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,8 +165,12 @@ class TokenClassifierRunner:
             else nullcontext()
         )
         with replay, fused_positions(self.model, batch["labels"] != IGNORE_INDEX):
-            output = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        return output.logits, batch["labels"]
+            logits = self.forward(batch)
+        return logits, batch["labels"]
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's ``(batch, seq, labels)`` logits of a collated batch (replay already set up)."""
+        return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
 
 
 def gold_tags(features: Sequence[dict], id2label: dict[int, str]) -> list[list[str]]:
@@ -216,6 +222,34 @@ def evaluate_f1(
     return scorer.f1(predicted)
 
 
+def shuffled_batches(size: int, settings: TrainSettings) -> DataLoader:
+    """Index batches of a training set of ``size`` sentences, shuffled each epoch from ``settings.seed``."""
+    return DataLoader(
+        list(range(size)),
+        batch_size=settings.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(settings.seed),
+        collate_fn=lambda idx: idx,
+    )
+
+
+def evaluates_at(epoch: int, settings: TrainSettings) -> bool:
+    """Whether dev is scored after ``epoch``: every ``eval_every`` epochs and after the last."""
+    return epoch % settings.eval_every == 0 or epoch == settings.epochs
+
+
+def snapshot(parameters: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Detached copies of ``parameters`` (the checkpoint of the best dev epoch)."""
+    return [p.detach().clone() for p in parameters]
+
+
+@torch.no_grad()
+def restore(parameters: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -> None:
+    """Copy a :func:`snapshot` back into ``parameters``."""
+    for parameter, value in zip(parameters, saved, strict=True):
+        parameter.copy_(value)
+
+
 def train_token_classifier(
     runner: TokenClassifierRunner,
     train: Sequence[dict],
@@ -223,10 +257,14 @@ def train_token_classifier(
     id2label: dict[int, str],
     settings: TrainSettings,
     on_epoch: Callable[[int], None] | None = None,
+    test: Sequence[dict] | None = None,
 ) -> RunResult:
     """Train ``runner.model`` on ``train``; dev F1 every ``eval_every`` epochs; best score kept.
 
     Frozen sub-trees of the model (e.g. the encoder in FE) stay in eval mode (no dropout).
+    With ``test``, the trainable parameters of the best dev epoch (the first, on ties) are kept
+    and scored on ``test`` after training (``RunResult.test_f1``); the model then ends in that
+    best-dev-epoch state. Without it, the model ends in its last state.
 
     Args:
         runner: Model (+ optional feature cache).
@@ -235,6 +273,7 @@ def train_token_classifier(
         id2label: Label names.
         settings: See :class:`TrainSettings`.
         on_epoch: Called with the epoch number after each epoch (tests, progress).
+        test: Encoded test sentences, scored at the best dev epoch (``None``: no test score).
 
     Example:
         >>> runner = TokenClassifierRunner(model)
@@ -247,13 +286,7 @@ def train_token_classifier(
     torch.manual_seed(settings.seed)  # dropout draws do not depend on what ran before
     accelerator = Accelerator()
     model = runner.model
-    loader = DataLoader(
-        list(range(len(train))),
-        batch_size=settings.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(settings.seed),
-        collate_fn=lambda idx: idx,
-    )
+    loader = shuffled_batches(len(train), settings)
     optimizer, scheduler = adamw_linear_decay(
         model, settings.lr, settings.epochs * len(loader), settings.weight_decay
     )
@@ -263,6 +296,7 @@ def train_token_classifier(
     eval_frozen_subtrees(model)
     scorer = EntityScorer(gold_tags(dev, id2label))
     result, step = RunResult(best_f1=-1.0, best_epoch=0), 0
+    parameters, best_state = trainable_parameters(model), None
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
             logits, labels = runner.logits([train[i] for i in indices], accelerator.device)
@@ -272,12 +306,16 @@ def train_token_classifier(
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-        if epoch % settings.eval_every == 0 or epoch == settings.epochs:
+        if evaluates_at(epoch, settings):
             f1 = evaluate_f1(runner, dev, id2label, settings.eval_batch_size, accelerator.device, scorer)
             result.curve.append({"epoch": epoch, "step": step, "dev_f1": f1})
             if f1 > result.best_f1:
                 result.best_f1, result.best_epoch = f1, epoch
+                best_state = snapshot(parameters) if test else None
         if on_epoch is not None:
             on_epoch(epoch)
+    if test and best_state is not None:
+        restore(parameters, best_state)
+        result.test_f1 = evaluate_f1(runner, test, id2label, settings.eval_batch_size, accelerator.device)
     result.seconds = time.perf_counter() - start
     return result

@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 from layerfusion_recipes.cli import build_parser, main
+from layerfusion_recipes.experiment import DEFAULT_LR_GRIDS
 from layerfusion_recipes.results import read_records
 from layerfusion_recipes.toy import write_tiny_model, write_toy_data
 
@@ -76,5 +77,8 @@ def test_sweep_from_yaml(tiny, tmp_path, capsys):
         f"model: {model}\ndata: {data}\nmethods: [average]\nshots: [2, 3]\nepochs: [1]\ntrials: 1\n"
     )
     assert main(["sweep", "--config", str(config), "--results", str(tmp_path / "r.jsonl"), "--quiet"]) == 0
-    assert sorted(r["shots"] for r in read_records(tmp_path / "r.jsonl")) == [2, 3]
+    records = read_records(tmp_path / "r.jsonl")  # no lr given: the FE regime's default grid
+    size = len(DEFAULT_LR_GRIDS["fe"])
+    assert sorted(r["shots"] for r in records) == [2] * size + [3] * size
+    assert sorted({r["lr"] for r in records}) == list(DEFAULT_LR_GRIDS["fe"])
     assert "average" in capsys.readouterr().out

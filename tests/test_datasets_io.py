@@ -296,7 +296,7 @@ def test_cli_reads_a_saved_dataset_with_named_columns(tmp_path, capsys):
     datasets.DatasetDict(train=table(toy.train), val=table(toy.dev)).save_to_disk(tmp_path / "data")
     argv = ["ner", "--model", write_tiny_model(tmp_path / "model"), "--data", str(tmp_path / "data")]
     argv += ["--tokens-column", "words", "--tags-column", "ner", "--methods", "none", "--quiet"]
-    argv += ["--shots", "1", "--epochs", "1", "--trials", "1"]
+    argv += ["--shots", "1", "--epochs", "1", "--trials", "1", "--lr", "1e-3"]
     assert main([*argv, "--label-names", *names, "--output", str(tmp_path / "out")]) == 0
     (record,) = read_records(tmp_path / "out" / "results.jsonl")
     assert record["data"] == str(tmp_path / "data") and 0 <= record["best_f1"] <= 1

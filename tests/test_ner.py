@@ -82,7 +82,9 @@ def test_lr_decays_linearly_to_zero_and_curve_every_k_epochs(experiment):
 
 def test_run_learns_toy_entities_and_records_everything(experiment):
     record = experiment.run(Cell("dwatt", "fe", shots=8, epochs=8, trial=0))
-    assert record["train_sentences"] == 24 and record["key"] == "dwatt|fe|8|8|0"
+    assert record["train_sentences"] == 24
+    assert record["key"] == f"dwatt|fe|8|8|0|lr=0.03|{experiment.settings.setup()}" and record["lr"] == 3e-2
+    assert record["dev_f1"] == record["best_f1"] and 0.0 <= record["test_f1"] <= 1.0
     assert record["best_f1"] > 0.6, record["curve"]
     assert len(record["curve"]) == 8 and record["cached"]
     assert len(record["depth_attention"]) == 3 and sum(record["depth_attention"]) == pytest.approx(1.0)

@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.options import add_experiment_arguments, resolve
 from layerfusion_recipes.results import append_record, finished_keys, read_records
 from layerfusion_recipes.sweep import grid_cells, longest_first, run_cells
@@ -38,11 +38,11 @@ class CountingExperiment(Experiment):
         self.ran: list[str] = []
         self.stop_after = stop_after
 
-    def run(self, cell, use_cache=None):
+    def run_lrs(self, cell, lrs, use_cache=None):
         if self.stop_after is not None and len(self.ran) == self.stop_after:
             raise KeyboardInterrupt  # killed while this cell runs
         self.ran.append(cell.key)
-        return super().run(cell, use_cache)
+        return super().run_lrs(cell, lrs, use_cache)
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +59,13 @@ def test_interrupt_then_resume_loses_and_redoes_nothing(tmp_path, settings):
     with pytest.raises(KeyboardInterrupt):
         run_cells(cells, results, settings, progress=False, experiment=first)
     assert first.ran == [c.key for c in cells[:3]]
-    assert [r["key"] for r in read_records(results)] == first.ran  # every finished cell is on disk
+    setup = settings.setup()
+    on_disk = [record_key(c, 3e-2, setup) for c in cells[:3]]
+    assert [r["key"] for r in read_records(results)] == on_disk  # every finished cell is on disk
     second = CountingExperiment(settings, toy_dataset())
     records = run_cells(cells, results, settings, progress=False, experiment=second)
     assert second.ran == [c.key for c in cells[3:]]  # nothing redone
-    assert sorted(r["key"] for r in records) == sorted(c.key for c in cells)
+    assert sorted(r["key"] for r in records) == sorted(record_key(c, 3e-2, setup) for c in cells)
     third = CountingExperiment(settings, toy_dataset())
     run_cells(cells, results, settings, progress=False, experiment=third)
     assert third.ran == []
@@ -95,7 +97,8 @@ def test_workers_run_cells_in_other_processes(tmp_path, settings):
     worker_settings = ExperimentSettings(**{**settings.__dict__, "data": write_toy_data(tmp_path / "data")})
     cells = grid_cells({**GRID, "methods": ["none"], "shots": [2], "trials": 2})
     records = run_cells(cells, tmp_path / "r.jsonl", worker_settings, workers=2, progress=False)
-    assert sorted(r["key"] for r in records) == sorted(c.key for c in cells)
+    setup = worker_settings.setup()
+    assert sorted(r["key"] for r in records) == sorted(record_key(c, 3e-2, setup) for c in cells)
     pids = {json.loads(line)["pid"] for line in (tmp_path / "r.jsonl").read_text().splitlines()}
     assert os.getpid() not in pids
 
