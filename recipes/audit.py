@@ -17,12 +17,18 @@ import json
 from peft_layerfusion.comparison.audit import AUDITED_METHODS, audit, format_table, match_report
 from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
 from peft_layerfusion.comparison.regimes import REGIME_NAMES
+from peft_layerfusion.registration import METHODS
+
+from .options import check_names
 
 
 def run(args: argparse.Namespace) -> int:
     """The ``layerfusion audit`` command."""
+    check_names("regime", [args.regime], REGIME_NAMES)
+    tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     if args.match:
-        report = match_report(args.config, args.regime, args.match, args.tolerance)
+        check_names("match", [args.match], AUDITED_METHODS)
+        report = match_report(args.config, args.regime, args.match, tolerance)
         if args.json:
             print(json.dumps({name: row["total"] for name, row in report["rows"].items()}))
             return 0
@@ -31,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(format_table(report["rows"], reference=args.match))
         for first, second, gap in report["flagged"]:
-            print(f"FLAG: {first} and {second} differ by {gap:.1%} (> {args.tolerance:.0%})")
+            print(f"FLAG: {first} and {second} differ by {gap:.1%} (> {tolerance:.0%})")
         return 0
     report = audit(args.config, args.regime)
     if args.json:
@@ -41,19 +47,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``audit`` sub-command."""
-    parser = subparsers.add_parser(
-        "audit",
-        help="Count each method's new trainable parameters (meta device, no weights).",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "config", metavar="CONFIG", help="config.json path, model directory or cached Hub name"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object {method: params}")
-    parser.add_argument("--regime", default="fe", choices=REGIME_NAMES, help="training regime (default: fe)")
-    parser.add_argument("--match", choices=AUDITED_METHODS, help="size LoRA / R+n / adapters to this method")
-    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="flag pairs further apart")
-    parser.set_defaults(func=run)
+def list_methods(args: argparse.Namespace) -> int:
+    """The ``layerfusion methods`` command: every registered method, from the registry itself."""
+    print(f"{'method':<16}{'PEFT type':<17}{'token-wise':<12}seq2seq")
+    for method in METHODS:
+        print(f"{method.name:<16}{method.name.upper():<17}{str(method.token_wise):<12}{method.seq2seq}")
+    print("none            (the plain last-layer head; recipes only)")
+    return 0

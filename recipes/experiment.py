@@ -29,6 +29,7 @@ from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from peft_layerfusion.utils import eval_mode
 
+from .arguments import DEFAULT_LR_GRIDS
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, NerDataset, encode_ner
 from .gold import GoldReach, gold_reach
@@ -39,12 +40,6 @@ from .training import RunResult, TokenClassifierRunner, TrainSettings, train_tok
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
 FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
 # LR candidates per regime when --lr is not given; measured in README.md, "Learning-rate selection"
-DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
-    "fe": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
-    "lora": (1e-4, 3e-4, 1e-3, 3e-3),
-    "bitfit": (1e-4, 3e-4, 1e-3, 3e-3),
-    "ft": (1e-5, 3e-5, 1e-4),
-}
 # ExperimentSettings fields that change a result, hence part of every record key
 SETUP_FIELDS = (
     "model",

@@ -35,6 +35,7 @@ from .data import IGNORE_INDEX, read_text
 from .datasets_io import looks_like_hub_name
 from .errors import DataSourceError, first_line
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees, load_pretrained
+from .options import check_names
 from .training import adamw_linear_decay
 
 
@@ -205,6 +206,8 @@ def run_mlm(args: argparse.Namespace) -> dict:
 
     from .demo import demo_model_path
 
+    check_names("method", [args.method], METHOD_NAMES)
+    check_names("regime", [args.regime], REGIME_NAMES)
     model_name = args.model or demo_model_path()
     splits = load_text_splits(args.data, args.holdout)
     tokenizer = AutoTokenizer.from_pretrained(model_name)
@@ -276,64 +279,3 @@ def mlm_main(args: argparse.Namespace) -> int:
     print(f"test perplexity of that checkpoint: {record['test_ppl']:.3f}")
     print(f"written to {Path(args.output) / f'mlm-{args.method}-{args.regime}.json'}")
     return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``layerfusion mlm``."""
-    parser = subparsers.add_parser(
-        "mlm",
-        help="Masked-LM perplexity (WikiText-2) with a fusion method.",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--data",
-        required=True,
-        help="Folder with valid.txt/test.txt (and train.txt if any), "
-        "e.g. ../shared/data/wikitext-2, or a Hub config such as wikitext-2-raw-v1 (online).",
-    )
-    parser.add_argument(
-        "--model",
-        help="Masked-LM model name or path (default: the demo encoder; its missing MLM head starts random).",
-    )
-    parser.add_argument(
-        "--method",
-        default="dwatt",
-        choices=METHOD_NAMES,
-        help="Fusion method (default dwatt; `none` = plain last layer).",
-    )
-    parser.add_argument(
-        "--regime",
-        default="fe",
-        choices=REGIME_NAMES,
-        help="Training regime (default fe: frozen encoder, fusion + LM head train).",
-    )
-    parser.add_argument(
-        "--epochs", type=int, default=3, help="Epochs; LR linear from max to zero (default 3)."
-    )
-    parser.add_argument("--lr", type=float, help="Max LR (default 1e-3 for fe, 5e-5 otherwise).")
-    parser.add_argument("--batch-size", type=int, default=8, help="Blocks per step (paper: 8).")
-    parser.add_argument(
-        "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
-    )
-    parser.add_argument(
-        "--mlm-probability", type=float, default=0.15, help="Share of tokens predicted (0.15)."
-    )
-    parser.add_argument(
-        "--holdout",
-        type=float,
-        default=0.1,
-        help="Without a train split: share of valid.txt kept for checkpoint selection (0.1).",
-    )
-    parser.add_argument("--max-train-blocks", type=int, help="Use at most this many training blocks (speed).")
-    parser.add_argument("--max-eval-blocks", type=int, help="Use at most this many validation/test blocks.")
-    parser.add_argument(
-        "--head-modules",
-        nargs="+",
-        help="LM head modules trained with the fusion (default: "
-        "every top-level module outside the base model, e.g. `cls` for BERT).",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="Seed of init, order and masks (default 0).")
-    parser.add_argument("--output", default="layerfusion-results", help="Folder for mlm-METHOD-REGIME.json.")
-    parser.set_defaults(func=mlm_main)
-    return parser

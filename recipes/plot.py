@@ -311,21 +311,3 @@ def plot_main(args: argparse.Namespace) -> int:
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``layerfusion plot``."""
-    parser = subparsers.add_parser(
-        "plot",
-        help="Figures and a markdown table from a results file.",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "results", help="Results file written by `layerfusion ner` / `layerfusion sweep` (JSON lines)."
-    )
-    parser.add_argument(
-        "--output", help="Folder for table.md and the PNG figures (default: the results file's folder)."
-    )
-    parser.set_defaults(func=plot_main)
-    return parser

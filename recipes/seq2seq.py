@@ -31,7 +31,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,31 +41,11 @@ from transformers import get_linear_schedule_with_warmup
 
 from peft_layerfusion.utils import atomic_write_json
 
+from .arguments import Seq2SeqSettings
 from .data import read_text
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3
 PAD, BOS, EOS, UNK = range(4)
-METHOD_NAMES = ("vanilla", "encoder_fusion", "surface_hard", "surface_soft")
-
-
-@dataclass(frozen=True)
-class Seq2SeqSettings:
-    """One run of the comparison (every field is a command-line option)."""
-
-    train_sentences: int = 12000
-    test_sentences: int = 500
-    max_words: int = 10
-    vocab_size: int = 2000
-    noise: float = 0.15
-    width: int = 128
-    layers: int = 2
-    init_std: float = 0.1
-    epochs: int = 5
-    batch_size: int = 64
-    learning_rate: float = 2e-3
-    warmup: float = 0.05
-    beams: int = 1
-    seed: int = 0
 
 
 # ----------------------------------------------------------------------------- data
@@ -338,26 +318,3 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     atomic_write_json(output, {"settings": asdict(settings), **files, "records": records})
     print(f"results: {output}")
     return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``layerfusion seq2seq``."""
-    parser = subparsers.add_parser(
-        "seq2seq",
-        help="Sentence denoising: vanilla vs EncoderFusion vs SurfaceFusion (hard, soft).",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--data", help="Folder with valid.txt (training) and test.txt, e.g. ../shared/data/wikitext-2"
-    )
-    parser.add_argument("--train-file", help="Training text (overrides --data)")
-    parser.add_argument("--test-file", help="Test text (overrides --data)")
-    parser.add_argument("--output", default="runs/seq2seq", help="Folder for results.json")
-    parser.add_argument("--methods", nargs="+", choices=METHOD_NAMES, default=list(METHOD_NAMES))
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    defaults = Seq2SeqSettings()
-    for name, value in asdict(defaults).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, dest=name)
-    parser.set_defaults(func=seq2seq_main)
-    return parser

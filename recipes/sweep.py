@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .experiment import Cell, Experiment, ExperimentSettings, check_sample_sizes, record_key
-from .options import add_experiment_parser, resolve
+from .options import resolve
 from .results import append_record, finished_keys, read_records
 from .selection import select_lr
 
@@ -244,12 +244,6 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``layerfusion sweep``."""
-    return add_experiment_parser(
-        subparsers,
-        "sweep",
-        "Grid of few-shot NER runs (methods x regimes x shots x epochs x trials), resumable.",
-        __doc__,
-        sweep_main,
-    )
+def ner_main(args: argparse.Namespace) -> int:
+    """``layerfusion ner``: the sweep of its options, then the table and the figures."""
+    return sweep_main(args, figures=True)

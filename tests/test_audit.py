@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 from conftest import TINY
-from layerfusion_recipes.audit import add_parser
+from layerfusion_recipes.cli import main as cli_main
 from transformers import BertConfig, RobertaConfig
 
 from peft_layerfusion.comparison.audit import (
@@ -20,11 +19,8 @@ from peft_layerfusion.comparison.audit import (
 
 
 def main(argv: list[str]) -> int:
-    """``layerfusion audit ...`` through this module's own sub-parser (other sub-commands not imported)."""
-    parser = argparse.ArgumentParser(prog="layerfusion")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """``layerfusion audit ...`` through the command line."""
+    return cli_main(argv)
 
 
 # RoBERTa-large's shape (its published config.json, the fields that size the model).

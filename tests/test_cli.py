@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
-from layerfusion_recipes.cli import build_parser, main
-from layerfusion_recipes.experiment import DEFAULT_LR_GRIDS
+from layerfusion_recipes.arguments import DEFAULT_LR_GRIDS
+from layerfusion_recipes.cli import COMMANDS, build_parser, main
 from layerfusion_recipes.results import read_records
 from layerfusion_recipes.toy import write_tiny_model, write_toy_data
 
-RECIPES = ("ner", "sweep", "plot", "mlm")
+RECIPES = tuple(COMMANDS)
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -27,6 +29,35 @@ def test_every_option_has_help(name, capsys):
         main([name, "--help"])
     assert exit_info.value.code == 0
     assert "usage: layerfusion " + name in capsys.readouterr().out
+
+
+def test_help_imports_no_heavy_library():
+    """`layerfusion --help` and every `layerfusion COMMAND --help` build their parsers from the
+    standard library alone: torch, transformers and peft load only when a command runs."""
+    script = (
+        "import sys\n"
+        "from layerfusion_recipes.cli import build_parser\n"
+        "build_parser()\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'peft', 'peft_layerfusion', 'datasets') "
+        "if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_unknown_method_is_one_line_with_the_allowed_names(capsys):
+    assert main(["ner", "--methods", "dwat", "--model", "m", "--data", "d", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["layerfusion ner: error: --methods: unknown ['dwat']; allowed: " + ", ".join(
+        ["none", "dwatt", "concat", "average", "scalar_mix", "extra_layers"])]
+
+
+def test_methods_lists_the_registry(capsys):
+    from peft_layerfusion.registration import METHODS
+
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert all(method.name in out and method.name.upper() in out for method in METHODS)
 
 
 @pytest.fixture(scope="module")

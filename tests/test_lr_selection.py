@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 from layerfusion_recipes import candidates
+from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.candidates import StackedRunner, evaluate_candidates, train_candidates
 from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings, record_key
-from layerfusion_recipes.options import add_experiment_arguments, resolve
+from layerfusion_recipes.options import resolve
 from layerfusion_recipes.plot import markdown_table, summarize, write_report
 from layerfusion_recipes.results import read_records
 from layerfusion_recipes.selection import select_lr

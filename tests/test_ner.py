@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 
 import pytest
 import torch
+from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings, sample_seed
+from layerfusion_recipes.options import resolve
 from layerfusion_recipes.toy import toy_dataset, write_tiny_model
 from layerfusion_recipes.training import (
     EntityScorer,
@@ -134,10 +137,6 @@ def test_fixed_sample_reuses_trial_zeros_sentences_in_every_trial(experiment):
 
 
 def test_fixed_sample_is_read_from_flags_and_yaml(tmp_path):
-    import argparse
-
-    from layerfusion_recipes.options import add_experiment_arguments, resolve
-
     parser = argparse.ArgumentParser()
     add_experiment_arguments(parser)
     assert resolve(parser.parse_args(["--data", "x", "--model", "m"]))[0].fixed_sample is False

