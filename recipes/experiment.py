@@ -38,9 +38,9 @@ FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
 # LR candidates per regime when --lr is not given; measured in README.md, "Learning-rate selection"
 DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "fe": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
-    "lora": (1e-4, 3e-4, 1e-3, 3e-3),
-    "bitfit": (1e-4, 3e-4, 1e-3, 3e-3),
-    "ft": (1e-5, 3e-5, 1e-4),
+    "lora": (1e-3, 3e-3, 1e-2, 3e-2),
+    "bitfit": (1e-3, 3e-3, 1e-2, 3e-2),
+    "ft": (3e-5, 1e-4, 3e-4, 1e-3),
 }
 # ExperimentSettings fields that change a result, hence part of every record key
 SETUP_FIELDS = (
