@@ -19,9 +19,9 @@ from .tags import TAG_SCHEMES
 # selection", for the measurements behind them).
 DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "fe": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
-    "lora": (1e-4, 3e-4, 1e-3, 3e-3),
-    "bitfit": (1e-4, 3e-4, 1e-3, 3e-3),
-    "ft": (1e-5, 3e-5, 1e-4),
+    "lora": (1e-3, 3e-3, 1e-2, 3e-2),
+    "bitfit": (1e-3, 3e-3, 1e-2, 3e-2),
+    "ft": (3e-5, 1e-4, 3e-4, 1e-3),
 }
 
 # integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)

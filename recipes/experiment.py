@@ -39,7 +39,6 @@ from .training import RunResult, TokenClassifierRunner, TrainSettings, train_tok
 
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
 FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
-# LR candidates per regime when --lr is not given; measured in README.md, "Learning-rate selection"
 # ExperimentSettings fields that change a result, hence part of every record key
 SETUP_FIELDS = (
     "model",

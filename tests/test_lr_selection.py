@@ -250,7 +250,7 @@ def test_lr_flags_and_yaml(tmp_path):
     settings, grid = resolve(parser.parse_args(["--config", str(config)]))
     assert settings.lr_grid("lora") == (0.01, 0.1) and grid["select_trials"] == 1
     settings, _ = resolve(parser.parse_args(["--model", "m", "--data", "d"]))
-    assert settings.lr_grid("ft") == (1e-5, 3e-5, 1e-4) and settings.lr_for("ft") == 5e-5
+    assert settings.lr_grid("ft") == (3e-5, 1e-4, 3e-4, 1e-3) and settings.lr_for("ft") == 5e-5
     with pytest.raises(ValueError, match="lr must be"):
         resolve(parser.parse_args(["--model", "m", "--data", "d", "--lr", "0"]))
     with pytest.raises(ValueError, match="pick one"):
