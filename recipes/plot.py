@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from peft_layerfusion.utils import atomic_write, atomic_write_text
 
 from .results import read_records
 from .selection import cells, dev_f1, select_lr
@@ -135,11 +136,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _save(figure, path: Path) -> Path:
-    handle, temp = tempfile.mkstemp(dir=path.parent, suffix=".png")
-    os.close(handle)
-    figure.savefig(temp, dpi=120, bbox_inches="tight", format="png")
-    os.replace(temp, path)
-    return path
+    return atomic_write(path, lambda temp: figure.savefig(temp, dpi=120, bbox_inches="tight", format="png"))
 
 
 def _pyplot():
@@ -283,11 +280,7 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    table = output / "table.md"
-    handle, temp = tempfile.mkstemp(dir=output, suffix=".md")
-    with os.fdopen(handle, "w") as stream:
-        stream.write(markdown_table(rows))
-    os.replace(temp, table)
+    table = atomic_write_text(output / "table.md", markdown_table(rows))
     paths = {
         "table": table,
         "f1_vs_shots": plot_f1_vs_shots(rows, output / "f1_vs_shots.png"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 from layerfusion_recipes.plot import markdown_table, summarize, write_report
 from layerfusion_recipes.stats import mean_ci
@@ -48,7 +51,13 @@ def test_summarize_and_table_numbers():
 
 
 def test_write_report_writes_pngs(tmp_path):
-    paths = write_report(_records(), tmp_path)
+    previous = os.umask(0o022)
+    try:
+        paths = write_report(_records(), tmp_path)
+    finally:
+        os.umask(previous)
+    for path in paths.values():  # others may read the results (mkstemp alone gives 0600)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
     assert set(paths) == {"table", "f1_vs_shots", "dev_curves", "dwatt_attention"}
     for name in ("f1_vs_shots", "dev_curves", "dwatt_attention"):
         assert paths[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[name].stat().st_size > 5000
