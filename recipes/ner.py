@@ -8,8 +8,9 @@ micro-F1 on dev every k epochs, best dev score per run, mean and 95% t-CI over t
 (each with a new seed and a new sample). Results go to OUTPUT/results.jsonl (resumable:
 re-running skips finished cells), OUTPUT/table.md and PNG figures.
 
-Scaling: the loop runs on accelerate; ``accelerate launch -m layerfusion_recipes.cli ner ...``
-uses every GPU/node accelerate is configured for (keep --workers 1 then).
+Scaling: ``accelerate launch --num_processes N -m layerfusion_recipes.cli ner ...`` divides the
+runs among the N processes, each run trained by one process with the full batch (same records
+as one process; see ``layerfusion_recipes.processes``). On CPU set ``ACCELERATE_USE_CPU=1``.
 """
 
 from __future__ import annotations
