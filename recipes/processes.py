@@ -93,3 +93,21 @@ def share(items: Sequence[T], process_index: int, num_processes: int) -> list[T]
             f"got process_index={process_index}, num_processes={num_processes}"
         )
     return list(items[process_index::num_processes])
+
+
+def check_workers(workers: int, num_processes: int) -> None:
+    """Refuse worker pools inside a multi-process launch (a spawned worker would join the launch's
+    process group as its parent's rank a second time).
+
+    Raises:
+        ValueError: ``workers`` above 1 with ``num_processes`` above 1.
+
+    Example:
+        >>> check_workers(1, 4), check_workers(4, 1)
+        (None, None)
+    """
+    if workers > 1 and num_processes > 1:
+        raise ValueError(
+            f"--workers {workers} under accelerate launch with {num_processes} processes: use one or the "
+            f"other (--workers 1 with accelerate launch; the processes already share out the runs)"
+        )

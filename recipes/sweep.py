@@ -36,7 +36,7 @@ import torch
 
 from .experiment import Cell, Experiment, ExperimentSettings, check_sample_sizes, record_key
 from .options import add_experiment_parser, resolve
-from .processes import process_state, share
+from .processes import check_workers, process_state, share
 from .results import append_record, finished_keys, read_records
 from .selection import select_lr
 
@@ -134,6 +134,7 @@ def run_cells(
         raise ValueError(f"select_trials must be >= 1 (None: every trial runs every LR), got {select_trials}")
     setup = settings.setup()
     state = process_state()
+    check_workers(workers, state.num_processes)
     grids = {cell.regime: settings.lr_grid(cell.regime) for cell in cells}
     first = [c for c in cells if select_trials is None or c.trial < select_trials]
     later = [c for c in cells if select_trials is not None and c.trial >= select_trials]

@@ -12,12 +12,12 @@ import sys
 import pytest
 import torch
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.processes import launched_processes, share
+from layerfusion_recipes.processes import check_workers, launched_processes, share
 from layerfusion_recipes.results import read_records
 from layerfusion_recipes.toy import write_tiny_model, write_toy_data
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available(), reason="torch built without torch.distributed: accelerate cannot launch"
+needs_launch = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch without torch.distributed: accelerate cannot launch"
 )
 SAME = ("dev_f1", "test_f1", "best_epoch", "curve", "lr")  # what a run's numbers are
 
@@ -51,6 +51,7 @@ def _launch(argv: list[str], cpu: bool) -> subprocess.CompletedProcess:
     return subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
 
 
+@needs_launch
 def test_two_processes_share_the_sweep_and_match_one_process(sweep, tmp_path, capsys):
     assert main(sweep(tmp_path / "one")) == 0
     alone = {r["key"]: r for r in read_records(tmp_path / "one" / "results.jsonl")}
@@ -60,7 +61,7 @@ def test_two_processes_share_the_sweep_and_match_one_process(sweep, tmp_path, ca
     assert launched.returncode == 0, launched.stderr[-3000:]
     lines = (tmp_path / "two" / "results.jsonl").read_text().splitlines()
     keys = [json.loads(line)["key"] for line in lines]
-    assert len(keys) == len(set(keys)) == 12  # each record written once: 4 cells x 2 LRs + 4 at the selected LR
+    assert len(keys) == len(set(keys)) == 12  # once each: 4 cells x 2 LRs, then 4 at the selected LR
     shared = {r["key"]: r for r in read_records(tmp_path / "two" / "results.jsonl")}
     assert shared.keys() == alone.keys()  # the key does not depend on the processes
     for key, record in shared.items():
@@ -73,6 +74,7 @@ def test_two_processes_share_the_sweep_and_match_one_process(sweep, tmp_path, ca
     assert (tmp_path / "two" / "table.md").read_text() == (tmp_path / "one" / "table.md").read_text()
 
 
+@needs_launch
 def test_launch_accelerate_cannot_set_up_is_refused(sweep, tmp_path):
     launched = _launch(sweep(tmp_path), cpu=False)  # no ACCELERATE_USE_CPU: each process would be alone
     assert launched.returncode != 0
@@ -96,3 +98,10 @@ def test_launched_processes_reads_the_launchers_variables():
     assert launched_processes({"OMPI_COMM_WORLD_SIZE": "2"}) == 2
     assert launched_processes({"WORLD_SIZE": ""}) == 1
     assert launched_processes({}) == 1
+
+
+def test_worker_pools_are_refused_inside_a_multi_process_launch():
+    check_workers(4, 1)  # a pool in a one-process run
+    check_workers(1, 4)  # a launch without pools
+    with pytest.raises(ValueError, match="--workers 2 under accelerate launch with 2 processes"):
+        check_workers(2, 2)
