@@ -38,6 +38,7 @@ from .training import (
     evaluate_f1,
     evaluates_at,
     gold_tags,
+    prepare_local,
     restore,
     shuffled_batches,
     snapshot,
@@ -183,7 +184,7 @@ def train_candidates(
     groups = [{"params": params, "lr": lr} for params, lr in zip(runner.candidates, lrs, strict=True)]
     optimizer = torch.optim.AdamW(groups, lr=lrs[0], weight_decay=settings.weight_decay)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, settings.epochs * len(loader))
-    model, optimizer, loader, scheduler = accelerator.prepare(runner.model, optimizer, loader, scheduler)
+    model, optimizer = prepare_local(accelerator, runner.model, optimizer)
     runner = copy.copy(runner)
     runner.model = model
     eval_frozen_subtrees(model)

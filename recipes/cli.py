@@ -32,6 +32,10 @@ cell trains each LR of its grid; the LR is selected on dev and the table reports
 of each run's best dev epoch (mean and 95% t-CI over trials, each with a new seed and a new
 sample), the best dev F1 beside it. Results go to OUTPUT/results.jsonl (resumable:
 re-running skips finished runs), OUTPUT/table.md and PNG figures.
+
+Scaling: `accelerate launch --num_processes N -m layerfusion_recipes.cli ner ...` divides the
+runs among the N processes, each run trained by one process with the full batch (the same
+records as one process). On CPU: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu ...
 """
 
 

@@ -443,10 +443,11 @@ def depth_attention_profile(
     seen: list[torch.Tensor] = []
     handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[1].states[-1]))
     total, count = None, 0
+    device = next(runner.model.parameters()).device  # the device its run trained it on
     with eval_mode(runner.model):
         try:
             for start in range(0, len(features), batch_size):
-                _, labels = runner.logits(features[start : start + batch_size], torch.device("cpu"))
+                _, labels = runner.logits(features[start : start + batch_size], device)
                 # the runner fuses the labelled positions only: the module saw exactly those
                 weights = module.depth_attention(seen.pop()).flatten(0, -2)  # (labelled tokens, K)
                 if weights.shape[0] != int((labels != IGNORE_INDEX).sum()):

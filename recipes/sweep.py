@@ -14,6 +14,12 @@ the other trials at the selected LR only: ``M * G + (T - M)`` runs per cell inst
 ``T * G`` (``G`` LRs, ``T`` trials), for the uncached regimes where every LR costs a full run.
 ``--workers N`` runs N processes on this machine (spawned; each rebuilds the experiment, and
 they share the feature cache through ``--cache-dir``).
+
+Under ``accelerate launch --num_processes P`` the P processes divide the runs among them (each
+run trained by one process, on its device; see ``layerfusion_recipes.processes``): every record
+is written once, with the same key and F1 as one process gives, and says which of how many
+processes ran it (``process_index``, ``num_processes``); only the main process prints and writes
+the table and figures.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import torch
 
 from .experiment import Cell, Experiment, ExperimentSettings, check_sample_sizes, record_key
 from .options import resolve
+from .processes import check_workers, process_state, share
 from .results import append_record, finished_keys, read_records
 from .selection import select_lr
 
@@ -64,6 +71,12 @@ def longest_first(cells: Iterable[Cell]) -> list[Cell]:
 
 
 _WORKER: Experiment | Exception | None = None
+
+
+def longest_first_units(units: Iterable[Unit]) -> list[Unit]:
+    """``units`` (a cell and its LRs) ordered by :func:`longest_first` of their cells."""
+    lrs_of = dict(units)
+    return [(cell, lrs_of[cell]) for cell in longest_first(lrs_of)]
 
 
 def _init_worker(settings: ExperimentSettings, threads: int) -> None:
@@ -105,6 +118,9 @@ def run_cells(
         select_trials: Select the LR on trials ``< select_trials`` (all LRs run there), then run
             the other trials at the selected LR only. ``None``: every trial runs every LR.
 
+    Under ``accelerate launch`` each process runs its :func:`~layerfusion_recipes.processes.share`
+    of the units (longest first) and all wait for each other before the LR selection and the end.
+
     Returns:
         The records of these cells at their LRs in ``results`` (old and new), one per key.
 
@@ -117,32 +133,47 @@ def run_cells(
     if select_trials is not None and select_trials < 1:
         raise ValueError(f"select_trials must be >= 1 (None: every trial runs every LR), got {select_trials}")
     setup = settings.setup()
+    state = process_state()
+    check_workers(workers, state.num_processes)
     grids = {cell.regime: settings.lr_grid(cell.regime) for cell in cells}
     first = [c for c in cells if select_trials is None or c.trial < select_trials]
     later = [c for c in cells if select_trials is not None and c.trial >= select_trials]
     wanted = {record_key(c, lr, setup) for c in first for lr in grids[c.regime]}
+    mine = _share_of(state)
+    first_units = mine([(cell, grids[cell.regime]) for cell in first])
+    own_keys = {record_key(cell, lr, setup) for cell, lrs in first_units for lr in lrs}
     bar = tqdm(
-        total=len(wanted) + len(later),
-        initial=len(wanted & finished_keys(results)),
-        desc="runs",
+        total=len(own_keys) + len(mine([(cell, ()) for cell in later])),
+        initial=len(own_keys & finished_keys(results)),
+        desc="runs" if state.num_processes == 1 else f"runs of process {state.process_index}",
         disable=not progress,
         dynamic_ncols=True,
         file=sys.stderr,
     )
-    runner = _UnitRunner(results, settings, workers, experiment, bar, on_record)
+    launch = {"num_processes": state.num_processes, "process_index": state.process_index}
+    runner = _UnitRunner(results, settings, workers, experiment, bar, on_record, launch)
     try:
-        runner.run([(cell, grids[cell.regime]) for cell in first])
+        runner.run(first_units)
+        state.wait_for_everyone()  # the LR selection and the caller read every process's records
         if later:
             chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted)
             units = [(cell, (chosen[_group(cell)],)) for cell in later]
-            later_keys = {record_key(cell, lrs[0], setup) for cell, lrs in units}
-            bar.update(len(later_keys & finished_keys(results)))
-            wanted |= later_keys
+            wanted |= {record_key(cell, lrs[0], setup) for cell, lrs in units}
+            units = mine(units)
+            bar.update(len({record_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
             runner.run(units)
+            state.wait_for_everyone()
     finally:
         runner.close()
         bar.close()
     return [record for record in read_records(results) if record["key"] in wanted]
+
+
+def _share_of(state) -> Callable[[list[Unit]], list[Unit]]:
+    """The units of this process (all of them in a one-process run, in their order)."""
+    if state.num_processes == 1:
+        return list
+    return lambda units: share(longest_first_units(units), state.process_index, state.num_processes)
 
 
 def _group(cell: Cell) -> tuple:
@@ -162,9 +193,10 @@ def selected_lrs(records: Iterable[dict[str, Any]]) -> dict[tuple, float]:
 class _UnitRunner:
     """Runs units (a cell and its LRs) in this process or a pool; appends and reports each record."""
 
-    def __init__(self, results, settings, workers, experiment, bar, on_record) -> None:
+    def __init__(self, results, settings, workers, experiment, bar, on_record, launch) -> None:
         self.results, self.settings, self.workers = results, settings, workers
         self.experiment, self.bar, self.on_record = experiment, bar, on_record
+        self.launch = launch  # {"num_processes", "process_index"}: added to each record, not to its key
         self.setup = settings.setup()
         self.pool = None
 
@@ -180,18 +212,16 @@ class _UnitRunner:
                 threads = max(1, torch.get_num_threads() // self.workers)
                 context = multiprocessing.get_context("spawn")
                 self.pool = context.Pool(self.workers, _init_worker, (self.settings, threads))
-            lrs_of = dict(todo)
-            ordered = [(cell, lrs_of[cell]) for cell in longest_first(lrs_of)]
-            for records in self.pool.imap_unordered(_run_in_worker, ordered):
+            for records in self.pool.imap_unordered(_run_in_worker, longest_first_units(todo)):
                 for record in records:
-                    _finish(self.results, record, self.bar, self.on_record)
+                    _finish(self.results, {**record, **self.launch}, self.bar, self.on_record)
         elif todo:
             self.experiment = self.experiment or Experiment(self.settings)
             for unit in todo:
                 # another sweep on this results file may have finished some of it meanwhile
                 cell, lrs = self._missing(unit, finished_keys(self.results))
                 for record in self.experiment.run_lrs(cell, lrs) if lrs else []:
-                    _finish(self.results, record, self.bar, self.on_record)
+                    _finish(self.results, {**record, **self.launch}, self.bar, self.on_record)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -200,10 +230,7 @@ class _UnitRunner:
 
 
 def _finish(results, record: dict[str, Any], bar, on_record) -> None:
-    from accelerate import PartialState
-
-    if PartialState().is_main_process:  # under `accelerate launch` every process runs the cell
-        append_record(results, record)
+    append_record(results, record)
     method, shots, lr, f1 = record["method"], record["shots"], record["lr"], record["dev_f1"]
     bar.set_postfix_str(f"{method} N={shots} lr={lr:g} F1={f1:.3f}")
     bar.update(1)
@@ -220,6 +247,7 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
     """
     from .plot import markdown_table, summarize, write_report
 
+    state = process_state()  # a launch accelerate cannot set up stops here, before any work
     settings, grid = resolve(args)
     experiment = Experiment(settings)  # loads and checks the data, the tokenizer, the dev gold
     check_sample_sizes(settings, grid["shots"], len(experiment.data.train), experiment.num_types)
@@ -234,6 +262,8 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
         experiment=experiment,
         select_trials=grid["select_trials"],
     )
+    if not state.is_main_process:
+        return 0  # the main process writes the table and figures, once
     if figures:
         paths = write_report(records, grid["output"])
         print(paths["table"].read_text())

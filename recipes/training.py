@@ -1,8 +1,10 @@
 """The training loop of the recipes: AdamW, LR linear from max to zero, dev F1 per epoch.
 
-Runs through :class:`accelerate.Accelerator`, so ``accelerate launch -m layerfusion_recipes.cli ner ...``
-(or ``accelerate launch $(which layerfusion) ner ...``) runs the same loop on several GPUs or
-nodes; on one CPU it is a plain torch loop.
+Runs through :class:`accelerate.Accelerator` for the device and mixed precision, but one run is
+trained by one process (:func:`prepare_local`: no data parallelism, the full batch): under
+``accelerate launch -m layerfusion_recipes.cli ner ...`` the processes share out the sweep's runs
+(:mod:`layerfusion_recipes.processes`), and a run's numbers do not depend on how many there are.
+On one CPU it is a plain torch loop.
 """
 
 from __future__ import annotations
@@ -85,6 +87,22 @@ def adamw_linear_decay(model: nn.Module, lr: float, total_steps: int, weight_dec
 
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
     return optimizer, get_linear_schedule_with_warmup(optimizer, 0, total_steps)
+
+
+def prepare_local(accelerator, model: nn.Module, optimizer: torch.optim.Optimizer):
+    """``model`` on this process's device with accelerate's mixed precision, and ``optimizer`` with its
+    loss scaling, for a run trained by this process alone.
+
+    Not ``accelerator.prepare``: under a multi-process launch that wraps the model in DDP and shards
+    the batches, so each process would train the same run on part of the batch (other numbers than
+    one process). The data loader and the LR schedule stay as they are (a prepared schedule steps
+    once per process).
+
+    Example:
+        >>> model, optimizer = prepare_local(Accelerator(), model, optimizer)
+    """
+    model = accelerator.prepare_model(model, evaluation_mode=True)  # device + autocast, no DDP
+    return model, accelerator.prepare_optimizer(optimizer)
 
 
 def micro_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
@@ -290,7 +308,7 @@ def train_token_classifier(
     optimizer, scheduler = adamw_linear_decay(
         model, settings.lr, settings.epochs * len(loader), settings.weight_decay
     )
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    model, optimizer = prepare_local(accelerator, model, optimizer)
     runner = copy.copy(runner)
     runner.model = model
     eval_frozen_subtrees(model)
