@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from .data import IGNORE_INDEX
-from .models import eval_frozen_subtrees
+from .loop import TrainingLoop, restore, snapshot
+from .processes import process_state
 from .training import (
     EntityScorer,
     RunResult,
@@ -38,10 +39,7 @@ from .training import (
     evaluate_f1,
     evaluates_at,
     gold_tags,
-    prepare_local,
-    restore,
     shuffled_batches,
-    snapshot,
 )
 
 
@@ -171,45 +169,33 @@ def train_candidates(
         >>> runner = StackedRunner(model, 4, located, cache)
         >>> results = train_candidates(runner, train, dev, id2label, TrainSettings(), [1e-3, 1e-2])
     """
-    from accelerate import Accelerator
-    from transformers import get_linear_schedule_with_warmup
-
     if len(lrs) != len(runner.candidates):
         raise ValueError(f"lrs has {len(lrs)} values for {len(runner.candidates)} candidates")
     start = time.perf_counter()
-    torch.manual_seed(settings.seed)  # the dropout draws of a lone run (shared by every candidate)
-    accelerator = Accelerator()
     loader = shuffled_batches(len(train), settings)
-    runner.to(accelerator.device)
+    runner.to(process_state().device)  # new candidate tensors: before the optimizer holds them
     groups = [{"params": params, "lr": lr} for params, lr in zip(runner.candidates, lrs, strict=True)]
-    optimizer = torch.optim.AdamW(groups, lr=lrs[0], weight_decay=settings.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, settings.epochs * len(loader))
-    model, optimizer = prepare_local(accelerator, runner.model, optimizer)
+    # one seed: the dropout draws of a lone run, shared by every candidate
+    loop = TrainingLoop(
+        runner.model, groups, settings.epochs * len(loader), settings.seed, settings.weight_decay
+    )
     runner = copy.copy(runner)
-    runner.model = model
-    eval_frozen_subtrees(model)
+    runner.model = loop.model
     scorer = EntityScorer(gold_tags(dev, id2label))
     results = [RunResult(best_f1=-1.0, best_epoch=0) for _ in lrs]
     best_states: list[list[torch.Tensor] | None] = [None] * len(lrs)
-    step = 0
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
-            logits, labels = runner.logits([train[i] for i in indices], accelerator.device)  # (K, b, s, C)
+            logits, labels = runner.logits([train[i] for i in indices], loop.device)  # (K, b, s, C)
             losses = [
                 F.cross_entropy(candidate.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
                 for candidate in logits
             ]
-            accelerator.backward(torch.stack(losses).sum())  # each candidate gets its own gradient
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            step += 1
+            loop.step(torch.stack(losses).sum())  # each candidate gets its own gradient
         if evaluates_at(epoch, settings):
-            scores = evaluate_candidates(
-                runner, dev, id2label, settings.eval_batch_size, accelerator.device, scorer
-            )
+            scores = evaluate_candidates(runner, dev, id2label, settings.eval_batch_size, loop.device, scorer)
             for k, (result, f1) in enumerate(zip(results, scores, strict=True)):
-                result.curve.append({"epoch": epoch, "step": step, "dev_f1": f1})
+                result.curve.append({"epoch": epoch, "step": loop.steps, "dev_f1": f1})
                 if f1 > result.best_f1:
                     result.best_f1, result.best_epoch = f1, epoch
                     best_states[k] = snapshot(runner.candidates[k]) if test else None
@@ -217,7 +203,7 @@ def train_candidates(
         for candidate, saved in zip(runner.candidates, best_states, strict=True):
             if saved is not None:
                 restore(candidate, saved)
-        scores = evaluate_candidates(runner, test, id2label, settings.eval_batch_size, accelerator.device)
+        scores = evaluate_candidates(runner, test, id2label, settings.eval_batch_size, loop.device)
         for result, f1 in zip(results, scores, strict=True):
             result.test_f1 = f1
     seconds = time.perf_counter() - start

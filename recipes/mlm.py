@@ -34,9 +34,9 @@ from peft_layerfusion.utils import atomic_write_json, eval_mode
 from .data import IGNORE_INDEX, read_text
 from .datasets_io import looks_like_hub_name
 from .errors import DataSourceError, first_line
-from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, eval_frozen_subtrees, load_pretrained
+from .loop import TrainingLoop, restore, snapshot
+from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, load_pretrained, trainable_parameters
 from .options import check_names
-from .training import adamw_linear_decay
 
 
 @dataclass
@@ -201,7 +201,6 @@ def masked_loss(
 
 def run_mlm(args: argparse.Namespace) -> dict:
     """Train and evaluate; returns the result record (also written to ``--output``)."""
-    from accelerate import Accelerator
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     from .demo import demo_model_path
@@ -221,15 +220,13 @@ def run_mlm(args: argparse.Namespace) -> dict:
     model = load_pretrained(AutoModelForMaskedLM, model_name, args.seed)
     heads = args.head_modules or lm_head_modules(model)
     model = apply_regime(model, args.method, args.regime, head_modules=tuple(heads))
-    accelerator = Accelerator()
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     lr = args.lr if args.lr is not None else (1e-3 if args.regime == "fe" else 5e-5)
-    optimizer, scheduler = adamw_linear_decay(model, lr, args.epochs * steps_per_epoch)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    device = accelerator.device
+    groups = [{"params": trainable_parameters(model), "lr": lr}]
+    loop = TrainingLoop(model, groups, args.epochs * steps_per_epoch, args.seed)
+    model, device = loop.model, loop.device
     masks = torch.Generator().manual_seed(args.seed)
     curve, best_loss, best_state = [], math.inf, None
-    eval_frozen_subtrees(model)
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(len(train), generator=masks)
         for start in range(0, len(train), args.batch_size):
@@ -239,20 +236,13 @@ def run_mlm(args: argparse.Namespace) -> dict:
             if not (labels != IGNORE_INDEX).any():  # nothing to predict in this batch
                 continue
             logits, targets = masked_logits(model, inputs.to(device), labels.to(device))
-            loss = F.cross_entropy(logits, targets)
-            accelerator.backward(loss)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
+            loop.step(F.cross_entropy(logits, targets))
         valid_loss = masked_loss(model, *valid_xy, args.batch_size, device)
         curve.append({"epoch": epoch, "step": epoch * steps_per_epoch, "valid_ppl": math.exp(valid_loss)})
         if valid_loss < best_loss:
-            best_loss = valid_loss
-            best_state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if best_state is not None and name in best_state:
-                param.copy_(best_state[name])
+            best_loss, best_state = valid_loss, snapshot(loop.parameters)
+    if best_state is not None:
+        restore(loop.parameters, best_state)
     test_ppl = math.exp(masked_loss(model, *test_xy, args.batch_size, device))
     record = {
         "model": model_name,

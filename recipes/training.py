@@ -1,7 +1,7 @@
-"""The training loop of the recipes: AdamW, LR linear from max to zero, dev F1 per epoch.
+"""NER training: AdamW, LR linear from max to zero, dev F1 per epoch, test F1 at the best dev epoch.
 
-Runs through :class:`accelerate.Accelerator` for the device and mixed precision, but one run is
-trained by one process (:func:`prepare_local`: no data parallelism, the full batch): under
+The optimisation core is :class:`~layerfusion_recipes.loop.TrainingLoop` (device and mixed precision
+from accelerate, but one run is trained by one process: no data parallelism, the full batch): under
 ``accelerate launch -m layerfusion_recipes.cli ner ...`` the processes share out the sweep's runs
 (:mod:`layerfusion_recipes.processes`), and a run's numbers do not depend on how many there are.
 On one CPU it is a plain torch loop.
@@ -27,7 +27,8 @@ from peft_layerfusion.utils import eval_mode
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, collate
 from .gold import spread_to_words, word_label_ids
-from .models import eval_frozen_subtrees, trainable_parameters
+from .loop import TrainingLoop, restore, snapshot
+from .models import trainable_parameters
 
 
 @dataclass
@@ -75,34 +76,6 @@ class RunResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def adamw_linear_decay(model: nn.Module, lr: float, total_steps: int, weight_decay: float = 0.0):
-    """AdamW on the trainable parameters and a schedule taking the LR linearly from ``lr`` to 0.
-
-    Example:
-        >>> optimizer, scheduler = adamw_linear_decay(model, 1e-3, total_steps=100)
-    """
-    from transformers import get_linear_schedule_with_warmup
-
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
-    return optimizer, get_linear_schedule_with_warmup(optimizer, 0, total_steps)
-
-
-def prepare_local(accelerator, model: nn.Module, optimizer: torch.optim.Optimizer):
-    """``model`` on this process's device with accelerate's mixed precision, and ``optimizer`` with its
-    loss scaling, for a run trained by this process alone.
-
-    Not ``accelerator.prepare``: under a multi-process launch that wraps the model in DDP and shards
-    the batches, so each process would train the same run on part of the batch (other numbers than
-    one process). The data loader and the LR schedule stay as they are (a prepared schedule steps
-    once per process).
-
-    Example:
-        >>> model, optimizer = prepare_local(Accelerator(), model, optimizer)
-    """
-    model = accelerator.prepare_model(model, evaluation_mode=True)  # device + autocast, no DDP
-    return model, accelerator.prepare_optimizer(optimizer)
 
 
 def micro_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
@@ -256,18 +229,6 @@ def evaluates_at(epoch: int, settings: TrainSettings) -> bool:
     return epoch % settings.eval_every == 0 or epoch == settings.epochs
 
 
-def snapshot(parameters: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Detached copies of ``parameters`` (the checkpoint of the best dev epoch)."""
-    return [p.detach().clone() for p in parameters]
-
-
-@torch.no_grad()
-def restore(parameters: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -> None:
-    """Copy a :func:`snapshot` back into ``parameters``."""
-    for parameter, value in zip(parameters, saved, strict=True):
-        parameter.copy_(value)
-
-
 def train_token_classifier(
     runner: TokenClassifierRunner,
     train: Sequence[dict],
@@ -298,35 +259,24 @@ def train_token_classifier(
         >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings())
         >>> result.best_f1, result.curve[-1]
     """
-    from accelerate import Accelerator
-
     start = time.perf_counter()
-    torch.manual_seed(settings.seed)  # dropout draws do not depend on what ran before
-    accelerator = Accelerator()
-    model = runner.model
     loader = shuffled_batches(len(train), settings)
-    optimizer, scheduler = adamw_linear_decay(
-        model, settings.lr, settings.epochs * len(loader), settings.weight_decay
+    groups = [{"params": trainable_parameters(runner.model), "lr": settings.lr}]
+    loop = TrainingLoop(
+        runner.model, groups, settings.epochs * len(loader), settings.seed, settings.weight_decay
     )
-    model, optimizer = prepare_local(accelerator, model, optimizer)
     runner = copy.copy(runner)
-    runner.model = model
-    eval_frozen_subtrees(model)
+    runner.model = loop.model
     scorer = EntityScorer(gold_tags(dev, id2label))
-    result, step = RunResult(best_f1=-1.0, best_epoch=0), 0
-    parameters, best_state = trainable_parameters(model), None
+    result = RunResult(best_f1=-1.0, best_epoch=0)
+    parameters, best_state = loop.parameters, None
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
-            logits, labels = runner.logits([train[i] for i in indices], accelerator.device)
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-            accelerator.backward(loss)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            step += 1
+            logits, labels = runner.logits([train[i] for i in indices], loop.device)
+            loop.step(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX))
         if evaluates_at(epoch, settings):
-            f1 = evaluate_f1(runner, dev, id2label, settings.eval_batch_size, accelerator.device, scorer)
-            result.curve.append({"epoch": epoch, "step": step, "dev_f1": f1})
+            f1 = evaluate_f1(runner, dev, id2label, settings.eval_batch_size, loop.device, scorer)
+            result.curve.append({"epoch": epoch, "step": loop.steps, "dev_f1": f1})
             if f1 > result.best_f1:
                 result.best_f1, result.best_epoch = f1, epoch
                 best_state = snapshot(parameters) if test else None
@@ -334,6 +284,6 @@ def train_token_classifier(
             on_epoch(epoch)
     if test and best_state is not None:
         restore(parameters, best_state)
-        result.test_f1 = evaluate_f1(runner, test, id2label, settings.eval_batch_size, accelerator.device)
+        result.test_f1 = evaluate_f1(runner, test, id2label, settings.eval_batch_size, loop.device)
     result.seconds = time.perf_counter() - start
     return result
