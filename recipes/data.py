@@ -20,14 +20,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import UserError
-
-if TYPE_CHECKING:
-    from .datasets_io import NerColumns
 from .tags import TAG_RULE, is_valid_tag
 
 IGNORE_INDEX = -100  # label of sub-tokens after the first and of special tokens
@@ -227,42 +223,6 @@ def split_sentences(
     n_dev, n_test = round(dev * len(order)), round(test * len(order))
     pick = [sentences[i] for i in order]
     return pick[n_dev + n_test :], pick[:n_dev], pick[n_dev : n_dev + n_test]
-
-
-def load_ner(
-    source: str,
-    language: str | None = None,
-    split_seed: int = 0,
-    columns: NerColumns | None = None,
-) -> NerDataset:
-    """Load an NER dataset (IOB2 tags) from a directory, a file, a saved dataset or a Hub name.
-
-    Args:
-        source: A ``save_to_disk`` directory; a directory with ``train``/``dev`` (``val``,
-            ``valid``, ``validation``)/``test`` files (NER text, ``.jsonl``, ``.csv``,
-            ``.parquet``, ``.arrow``), optionally under a ``language`` sub-folder; a single such
-            file (split 60/20/20 with ``split_seed``); or a Hub name (online only). See
-            :mod:`layerfusion_recipes.datasets_io`.
-        language: WikiANN language (sub-folder or Hub config).
-        split_seed: Seed of the dev/test cut when there is no dev split.
-        columns: Token/tag columns, label names and tag scheme of tabular data.
-
-    Example:
-        >>> data = load_ner("../shared/data/wikiann", language="de")
-        >>> len(data.train), data.entity_types
-    """
-    from .datasets_io import load_ner_dataset
-
-    return load_ner_dataset(source, language, split_seed, columns)
-
-
-def load_hub_ner(name: str, language: str | None = None) -> NerDataset:
-    """A Hub dataset such as ``conll2003`` or ``wikiann`` (+ language); needs a connection.
-
-    Example:
-        >>> data = load_hub_ner("wikiann", "de")
-    """
-    return load_ner(name, language)
 
 
 def read_text(path: str | os.PathLike) -> list[str]:

@@ -396,13 +396,23 @@ def assemble(
     return NerDataset(train, dev, test, name=name, notes=notes)
 
 
-def load_ner_dataset(
+def load_ner(
     source: str, language: str | None = None, split_seed: int = 0, columns: NerColumns | None = None
 ) -> NerDataset:
-    """Load NER data from any supported source (see the module docstring); notes go to stderr once.
+    """Load NER data (IOB2 tags) from any supported source (see the module docstring); notes go to
+    stderr once.
+
+    Args:
+        source: A ``save_to_disk`` directory; a directory with ``train``/``dev`` (``val``,
+            ``valid``, ``validation``)/``test`` files (NER text, ``.jsonl``, ``.csv``,
+            ``.parquet``, ``.arrow``), optionally under a ``language`` sub-folder; a single such
+            file (split 60/20/20 with ``split_seed``); or a Hub name (online only).
+        language: WikiANN language (sub-folder or Hub config).
+        split_seed: Seed of the dev/test cut when there is no dev split.
+        columns: Token/tag columns, label names and tag scheme of tabular data.
 
     Example:
-        >>> data = load_ner_dataset("ner_saved/", columns=NerColumns(tags="labels"))
+        >>> data = load_ner("ner_saved/", columns=NerColumns(tags="labels"))
         >>> data.labels, data.notes
     """
     columns = columns or NerColumns()

@@ -31,7 +31,9 @@ from peft_layerfusion.utils import eval_mode
 
 from .arguments import DEFAULT_LR_GRIDS
 from .cache import FeatureCache
+from .candidates import StackedRunner, train_candidates
 from .data import IGNORE_INDEX, NerDataset, encode_ner
+from .datasets_io import NerColumns, load_ner
 from .gold import GoldReach, gold_reach
 from .models import apply_regime, load_token_classifier
 from .sampling import sample_shots
@@ -89,7 +91,7 @@ class ExperimentSettings:
 
     Args:
         model: Encoder name or path (``AutoModelForTokenClassification``).
-        data: Dataset directory, file, or Hub name (see ``data.load_ner``).
+        data: Dataset directory, file, or Hub name (see ``datasets_io.load_ner``).
         language: WikiANN language.
         tokens_column: Token column of tabular data (``None``: by convention).
         tags_column: Tag column of tabular data (``None``: by convention).
@@ -233,8 +235,6 @@ class Experiment:
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
         from transformers import AutoTokenizer
 
-        from .data import load_ner
-        from .datasets_io import NerColumns
 
         self.settings = settings
         columns = NerColumns(
@@ -356,7 +356,6 @@ class Experiment:
         Example:
             >>> [r["dev_f1"] for r in experiment.run_lrs(Cell("dwatt", "fe", 8, 25, 0), [1e-3, 1e-2])]
         """
-        from .candidates import StackedRunner, train_candidates
 
         use_cache = self.settings.use_cache if use_cache is None else use_cache
         if len(lrs) < 2 or not (use_cache and cell.regime == "fe"):

@@ -33,6 +33,7 @@ from peft_layerfusion.utils import atomic_write_json, eval_mode
 
 from .data import IGNORE_INDEX, read_text
 from .datasets_io import looks_like_hub_name
+from .demo import demo_model_path
 from .errors import DataSourceError, first_line
 from .loop import TrainingLoop, restore, snapshot
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, load_pretrained, trainable_parameters
@@ -203,7 +204,6 @@ def run_mlm(args: argparse.Namespace) -> dict:
     """Train and evaluate; returns the result record (also written to ``--output``)."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    from .demo import demo_model_path
 
     check_names("method", [args.method], METHOD_NAMES)
     check_names("regime", [args.regime], REGIME_NAMES)

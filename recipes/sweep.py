@@ -36,6 +36,7 @@ import torch
 
 from .experiment import Cell, Experiment, ExperimentSettings, check_sample_sizes, record_key
 from .options import resolve
+from .plot import markdown_table, summarize, write_report
 from .processes import check_workers, process_state, share
 from .results import append_record, finished_keys, read_records
 from .selection import select_lr
@@ -245,8 +246,6 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
     ``--max-length`` that leaves no gold entity in reach, a malformed data file) stop here with
     one line on stderr and exit code 2 (``errors.run_command``), before any cell runs.
     """
-    from .plot import markdown_table, summarize, write_report
-
     state = process_state()  # a launch accelerate cannot set up stops here, before any work
     settings, grid = resolve(args)
     experiment = Experiment(settings)  # loads and checks the data, the tokenizer, the dev gold

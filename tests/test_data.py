@@ -10,11 +10,11 @@ from layerfusion_recipes.data import (
     align_labels,
     collate,
     encode_ner,
-    load_ner,
     read_ner_file,
     read_text,
     split_sentences,
 )
+from layerfusion_recipes.datasets_io import load_ner
 from layerfusion_recipes.toy import write_tiny_model
 
 

@@ -7,8 +7,14 @@ import re
 
 import datasets
 import pytest
-from layerfusion_recipes.data import NerSentence, load_ner
-from layerfusion_recipes.datasets_io import NerColumnError, NerColumns, looks_like_hub_name, parse_list_cell
+from layerfusion_recipes.data import NerSentence
+from layerfusion_recipes.datasets_io import (
+    NerColumnError,
+    NerColumns,
+    load_ner,
+    looks_like_hub_name,
+    parse_list_cell,
+)
 from layerfusion_recipes.errors import DataSourceError
 from layerfusion_recipes.tags import bioes_to_iob2, count_iob1_starts, iob1_to_iob2, to_iob2
 
