@@ -20,6 +20,7 @@ from layerfusion_recipes.seq2seq import (
     corrupt,
     decode,
     denoising_pairs,
+    known_words,
     score,
     select_learning_rate,
     sentences_of,
@@ -58,6 +59,18 @@ def test_corruption_rates():
     deleted = len(words) - len(noisy)
     # each action has probability 0.3 / 3 = 0.1 per word (swaps also move a neighbour)
     assert 120 < replaced < 280 and 120 < deleted < 280
+
+
+def test_inserted_words_come_from_the_tokenizer_vocabulary():
+    tokenizer = build_tokenizer(["a a a b b c .", "a b c d d e ."])  # e: once, so unknown
+    assert known_words(tokenizer) == ["a", "b", ".", "c", "d"]  # id order, no specials
+    settings = Seq2SeqSettings(noise=1.0, corruptions="insert")
+    rare = ["the zebra sat quietly", "a yak ran far away"]
+    pairs = denoising_pairs(rare, settings, seed=0, vocabulary=known_words(tokenizer))
+    inserted = [w for noisy, _ in pairs for w in noisy.split()[::2]]  # noise 1: a word before every word
+    assert len(inserted) == 9 and set(inserted) <= {"a", "b", ".", "c", "d"}
+    own = [w for noisy, _ in denoising_pairs(rare, settings, seed=0) for w in noisy.split()[::2]]
+    assert set(own) <= set(" ".join(rare).split())  # default: the sentences' own words
 
 
 def test_decode_cuts_at_eos_and_keeps_unknown_words():
@@ -173,8 +186,10 @@ def test_end_to_end_run_writes_results_and_resumes(tmp_path, monkeypatch):
     }
     # copy_input: the corrupted sentence scored against the original, recomputed independently
     settings = Seq2SeqSettings(test_sentences=12)
+    train = sentences_of((tmp_path / "valid.txt").read_text().splitlines(), settings.max_words)[:-10][:64]
+    words = known_words(build_tokenizer(train, settings.vocab_size))
     test = sentences_of((tmp_path / "test.txt").read_text().splitlines(), settings.max_words)[:12]
-    pairs = denoising_pairs(test, settings, TEST_SEED)
+    pairs = denoising_pairs(test, settings, TEST_SEED, words)
     unchanged = 100.0 * sum(c == o for c, o in pairs) / len(pairs)
     assert results["copy_input"]["test"]["exact_match"] == pytest.approx(unchanged)
     assert not list(output.glob("*.tmp"))  # written atomically
