@@ -205,3 +205,13 @@ def test_end_to_end_run_writes_results_and_resumes(tmp_path, monkeypatch):
     ]
     rerun = json.loads((output / "results.json").read_text())
     assert rerun["runs"][:9] == results["runs"] and len(rerun["runs"]) == 12
+
+
+def test_comparison_inserts_only_known_words():
+    rare = " ".join(f"once{i} rare{i} word{i} here{i} ." for i in range(40))  # each word seen once: <unk>
+    text = [*synthetic_text(60, 0).splitlines(), rare]
+    settings = Seq2SeqSettings(dev_sentences=40, test_sentences=10, noise=1.0, corruptions="insert")
+    data = DenoisingData.build(text, synthetic_text(8, 1).splitlines(), settings)
+    sources = decode(data.tokenizer, [source for source, _ in data.dev_pairs])
+    inserted = [word for source in sources for word in source.split()[::2]]  # a word before every word
+    assert len(inserted) > 100 and "<unk>" not in inserted  # drawn from all corpus words: mostly <unk>
