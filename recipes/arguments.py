@@ -297,6 +297,10 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 SEQ2SEQ_METHOD_NAMES = ("vanilla", "encoder_fusion", "surface_hard", "surface_soft")
+DEFAULT_SEEDS = (0, 1, 2)
+DEFAULT_LEARNING_RATES = (3e-3,)
+CORRUPTIONS = ("replace", "delete", "swap", "insert", "repeat")
+ARCHITECTURES = ("marian", "bart")
 
 
 @dataclass(frozen=True)
@@ -304,23 +308,41 @@ class Seq2SeqSettings:
     """One run of the comparison (every field is a command-line option)."""
 
     train_sentences: int = 12000
+    dev_sentences: int = 500
     test_sentences: int = 500
     max_words: int = 10
-    vocab_size: int = 2000
+    vocab_size: int = 1000
     noise: float = 0.15
-    width: int = 128
+    corruptions: str = "swap,insert,repeat"
+    architecture: str = "marian"
+    width: int = 64
     layers: int = 2
     init_std: float = 0.1
-    epochs: int = 5
-    batch_size: int = 64
-    learning_rate: float = 2e-3
+    dropout: float = 0.0
+    epochs: int = 16
+    batch_size: int = 128
+    learning_rate: float = 3e-3
     warmup: float = 0.05
     beams: int = 1
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
+        unknown = [kind for kind in self.corruption_kinds if kind not in CORRUPTIONS]
+        if unknown or not self.corruption_kinds:
+            raise ValueError(
+                f"corruptions={self.corruptions!r}: give a comma-separated subset of {', '.join(CORRUPTIONS)}"
+            )
+
+    @property
+    def corruption_kinds(self) -> tuple[str, ...]:
+        """The ``corruptions`` field as a tuple, e.g. ``("swap", "insert", "repeat")``."""
+        return tuple(kind.strip() for kind in self.corruptions.split(",") if kind.strip())
+
 
 def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
-    """``layerfusion seq2seq``: data, methods, and one flag per :class:`Seq2SeqSettings` field."""
+    """``layerfusion seq2seq``: data, methods, seeds, learning rates and one flag per setting."""
     parser.add_argument(
         "--data", help="Folder with valid.txt (training) and test.txt, e.g. ../shared/data/wikitext-2"
     )
@@ -334,7 +356,20 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(SEQ2SEQ_METHOD_NAMES),
         help="Compared models (default: all four)",
     )
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=list(DEFAULT_SEEDS),
+        help="Trials (one model per method and seed)",
+    )
+    parser.add_argument(
+        "--learning-rates", nargs="+", type=float, default=list(DEFAULT_LEARNING_RATES),
+        help="AdamW learning rates; with several, each method's is selected on dev with the first seed",
+    )  # fmt: skip
     for name, value in asdict(Seq2SeqSettings()).items():
+        if name in ("seed", "learning_rate"):  # given by --seeds and --learning-rates
+            continue
         option = f"--{name.replace('_', '-')}"
         parser.add_argument(option, type=type(value), default=value, dest=name, help=f"(default: {value})")

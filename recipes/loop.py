@@ -50,7 +50,8 @@ class TrainingLoop:
         model: The model (moved to this process's device; the prepared model is :attr:`model`).
         groups: AdamW parameter groups, each ``{"params": [...], "lr": max_lr}``.
         total_steps: Steps of the whole run (the LR reaches zero there).
-        seed: Seeds torch first, so dropout draws do not depend on what ran before.
+        seed: Seeds torch first, so dropout draws do not depend on what ran before (``None``: the
+            caller already seeded torch, e.g. right before building the model, and its stream goes on).
         weight_decay: AdamW weight decay.
         warmup_steps: Linear warm-up from 0 to the max LR over these first steps.
         clip_norm: Clip the gradient norm of the trained parameters to this value (``None``: no clip).
@@ -65,12 +66,13 @@ class TrainingLoop:
         model: nn.Module,
         groups: list[dict[str, Any]],
         total_steps: int,
-        seed: int,
+        seed: int | None,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         clip_norm: float | None = None,
     ) -> None:
-        torch.manual_seed(seed)
+        if seed is not None:
+            torch.manual_seed(seed)
         self.accelerator = Accelerator()
         optimizer = torch.optim.AdamW(groups, lr=groups[0]["lr"], weight_decay=weight_decay)
         self.scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
