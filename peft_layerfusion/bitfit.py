@@ -13,9 +13,8 @@ The tuner reuses LoRA's machinery (marking biases trainable, wrapping
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
-import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraModel
 from peft.utils.peft_types import PeftType
@@ -79,25 +78,12 @@ class BitFitModel(LoraModel):
 
     prefix: str = "bitfit_"
 
-    def inject_adapter(
-        self,
-        model: nn.Module,
-        adapter_name: str,
-        autocast_adapter_dtype: bool = True,
-        low_cpu_mem_usage: bool = False,
-        state_dict: Optional[dict[str, torch.Tensor]] = None,
-    ) -> None:
+    def inject_adapter(self, model: nn.Module, adapter_name: str, **kwargs: Any) -> None:
+        """LoRA's injection with no LoRA target: marks the biases (``bias``) and ``modules_to_save``."""
         config = self.peft_config[adapter_name]
         if not isinstance(config, BitFitConfig):
             raise TypeError(f"BitFitModel needs a BitFitConfig, got {type(config).__name__}.")
-        inject_lora(
-            self,
-            model,
-            adapter_name,
-            autocast_adapter_dtype=autocast_adapter_dtype,
-            low_cpu_mem_usage=low_cpu_mem_usage,
-            state_dict=state_dict,
-        )
+        inject_lora(self, model, adapter_name, **kwargs)
 
     def merge_and_unload(self, *args, **kwargs) -> nn.Module:
         """BitFit changes the base biases in place: the base model is the merged model."""
