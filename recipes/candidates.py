@@ -7,14 +7,15 @@ share one forward: each candidate has its own copy of the trainable parameters, 
 ``torch.func.vmap`` over :func:`torch.func.functional_call` runs the model once with the
 parameters stacked along a new leading dimension. Everything that does not depend on them
 (embeddings, replayed block outputs, position selection) is computed once, unbatched; the
-fusion module and the head run batched. One dev pass scores all candidates.
+fusion module and the head run batched. One dev pass predicts for all candidates, and one
+batched parse (:class:`~layerfusion_recipes.entities.SpanScorer`) scores them.
 
 Each candidate is the run it would be alone (:func:`~layerfusion_recipes.training.train_token_classifier`
 with that LR): same initial parameters (copies of one built model), same batches (same
 shuffling seed), same dropout masks (``randomness="same"`` draws one mask per call, exactly
 as a lone run does, since the draws depend only on the seed and the shapes), the same loss per
 candidate (the summed loss gives each candidate its own gradient) and one AdamW param group
-per candidate under the same linear schedule. ``tests/test_candidates.py`` checks the records
+per candidate under the same linear schedule. ``tests/test_lr_selection.py`` checks the records
 against lone runs.
 """
 

@@ -182,7 +182,8 @@ def _predicted_tags(
     features: Sequence[dict] | None = None,
 ) -> list[list[str]]:
     """Predicted tags of the labelled positions; with ``features`` (the batch's), one per word of
-    each sentence as :func:`gold_tags` has them, unseen words ``O``."""
+    each sentence as :func:`gold_tags` has them, unseen words ``O``: the tag strings of what
+    :func:`evaluate_f1` scores as label ids (for reading and tests)."""
     predicted = logits.argmax(-1)  # (batch, seq)
     tags = [
         [id2label[p] for p, g in zip(row_pred, row_gold, strict=True) if g != IGNORE_INDEX]
