@@ -70,8 +70,10 @@ def test_scorer_equals_seqeval_bitwise_on_random_predictions(labels):
         [rng.randrange(len(labels)) for _ in range(positions)],  # I- without B-, type switches
         [0] * positions,  # all O
         gold_at_positions,  # right wherever the model sees
-        *([g if rng.random() < 0.7 else rng.randrange(len(labels)) for g in gold_at_positions]
-          for _ in range(30)),  # fmt: skip
+        *(
+            [g if rng.random() < 0.7 else rng.randrange(len(labels)) for g in gold_at_positions]
+            for _ in range(30)
+        ),
     ]
     got = scorer.f1s(torch.tensor(prediction_sets))
     want = [seqeval_of_ids(features, predicted, labels) for predicted in prediction_sets]
