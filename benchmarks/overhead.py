@@ -58,7 +58,7 @@ def addmm_inplace_flop(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -
 
 
 def count_flops(model: torch.nn.Module, ids: torch.Tensor) -> int:
-    in_place = {torch.ops.aten.addmm_: addmm_inplace_flop}  # Concat accumulates per layer in place
+    in_place = {torch.ops.aten.addmm_: addmm_inplace_flop}  # in case a module accumulates in place
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=in_place) as counter:
         model(ids)
     return counter.get_total_flops()

@@ -126,7 +126,7 @@ def stack_layers(states: list[torch.Tensor]) -> torch.Tensor:
 def weighted_sum(
     pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], start: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``start + Σ_n weight_n · state_n`` over ``(state, weight)`` pairs, accumulated in place.
+    """``start + Σ_n weight_n · state_n`` over ``(state, weight)`` pairs, accumulated layer by layer.
 
     No ``(K, batch, seq, d)`` stack is built, and with a generator each state can be made
     just before it is added. Weights broadcast against states (a scalar per layer, or a
@@ -139,10 +139,8 @@ def weighted_sum(
     for state, weight in pairs:
         if fused is None:
             fused = state * weight
-        elif fused is start:
-            fused = torch.addcmul(start, state, weight)  # never write into the caller's tensor
-        else:
-            fused = fused.addcmul_(state, weight)
+        else:  # out of place: addcmul_ has no vmap batching rule (stacked LR candidates)
+            fused = torch.addcmul(fused, state, weight)
     if fused is None:
         raise ValueError("weighted_sum needs at least one (state, weight) pair")
     return fused

@@ -7,14 +7,15 @@ share one forward: each candidate has its own copy of the trainable parameters, 
 ``torch.func.vmap`` over :func:`torch.func.functional_call` runs the model once with the
 parameters stacked along a new leading dimension. Everything that does not depend on them
 (embeddings, replayed block outputs, position selection) is computed once, unbatched; the
-fusion module and the head run batched. One dev pass scores all candidates.
+fusion module and the head run batched. One dev pass predicts for all candidates, and one
+batched parse (:class:`~layerfusion_recipes.entities.SpanScorer`) scores them.
 
 Each candidate is the run it would be alone (:func:`~layerfusion_recipes.training.train_token_classifier`
 with that LR): same initial parameters (copies of one built model), same batches (same
 shuffling seed), same dropout masks (``randomness="same"`` draws one mask per call, exactly
 as a lone run does, since the draws depend only on the seed and the shapes), the same loss per
 candidate (the summed loss gives each candidate its own gradient) and one AdamW param group
-per candidate under the same linear schedule. ``tests/test_candidates.py`` checks the records
+per candidate under the same linear schedule. ``tests/test_lr_selection.py`` checks the records
 against lone runs.
 """
 
@@ -29,16 +30,15 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from .data import IGNORE_INDEX
+from .entities import SpanScorer
 from .loop import TrainingLoop, restore, snapshot
 from .processes import process_state
 from .training import (
-    EntityScorer,
     RunResult,
     TokenClassifierRunner,
     TrainSettings,
-    evaluate_f1,
     evaluates_at,
-    gold_tags,
+    predict_labelled,
     shuffled_batches,
 )
 
@@ -94,48 +94,24 @@ class StackedRunner(TokenClassifierRunner):
         restore([named[name] for name in self.names], self.candidates[index])
 
 
-class _CandidateView(TokenClassifierRunner):
-    """Candidate ``index`` of a :class:`StackedRunner`, as a plain runner for ``evaluate_f1``.
-
-    The first view to ask for a batch runs the stacked forward; the other views read their slice
-    from ``shared`` (keyed by the identity of the batch's feature dicts), so one pass over the
-    data scores every candidate.
-    """
-
-    def __init__(self, stacked: StackedRunner, index: int, shared: dict) -> None:
-        super().__init__(stacked.model, stacked.located, stacked.cache)
-        self.stacked, self.index, self.shared = stacked, index, shared
-
-    def logits(self, features, device, memo=False):
-        key = tuple(id(feature) for feature in features)
-        if key not in self.shared:
-            self.shared[key] = self.stacked.logits(features, device, memo)
-        logits, labels = self.shared[key]
-        return logits[self.index], labels
-
-
-@torch.no_grad()
 def evaluate_candidates(
     runner: StackedRunner,
     features: Sequence[dict],
     id2label: dict[int, str],
     batch_size: int,
     device: torch.device,
-    scorer: EntityScorer | None = None,
+    scorer: SpanScorer | None = None,
 ) -> list[float]:
     """Micro-F1 of every candidate of ``runner`` on ``features``, from one forward pass over them.
 
-    Each score is :func:`~layerfusion_recipes.training.evaluate_f1`'s (same batches, same scoring).
+    Each score is :func:`~layerfusion_recipes.training.evaluate_f1`'s (same batches, same
+    predictions); all candidates are scored in one batched parse (:class:`SpanScorer`).
 
     Example:
         >>> evaluate_candidates(runner, dev, id2label, 64, torch.device("cpu"))  # [0.41, 0.55, ...]
     """
-    scorer = scorer or EntityScorer(gold_tags(features, id2label))
-    shared: dict = {}
-    return [
-        evaluate_f1(_CandidateView(runner, k, shared), features, id2label, batch_size, device, scorer)
-        for k in range(len(runner.candidates))
-    ]
+    scorer = scorer or SpanScorer(features, id2label)
+    return scorer.f1s(predict_labelled(runner, features, batch_size, device))  # (K, positions) -> K
 
 
 def train_candidates(
@@ -181,7 +157,7 @@ def train_candidates(
     )
     runner = copy.copy(runner)
     runner.model = loop.model
-    scorer = EntityScorer(gold_tags(dev, id2label))
+    scorer = SpanScorer(dev, id2label)
     results = [RunResult(best_f1=-1.0, best_epoch=0) for _ in lrs]
     best_states: list[list[torch.Tensor] | None] = [None] * len(lrs)
     for epoch in range(1, settings.epochs + 1):

@@ -26,6 +26,7 @@ from peft_layerfusion.utils import eval_mode
 
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, collate
+from .entities import SpanScorer, f1_from_counts, labelled_predictions
 from .gold import spread_to_words, word_label_ids
 from .loop import TrainingLoop, restore, snapshot
 from .models import trainable_parameters
@@ -118,12 +119,7 @@ class EntityScorer:
                 f"{len(self.lengths)} / {sum(self.lengths)}: score the same sentences"
             )
         predicted_entities = set(get_entities(predicted))
-        correct = len(self.gold & predicted_entities)
-        # seqeval's arithmetic (zero_division=0): P, R, then F = 2PR / (P + R)
-        precision = correct / len(predicted_entities) if predicted_entities else 0.0
-        recall = correct / len(self.gold) if self.gold else 0.0
-        denominator = precision + recall
-        return 2.0 * precision * recall / (denominator if denominator else 1.0)
+        return f1_from_counts(len(self.gold & predicted_entities), len(predicted_entities), len(self.gold))
 
 
 class TokenClassifierRunner:
@@ -177,7 +173,8 @@ def _predicted_tags(
     features: Sequence[dict] | None = None,
 ) -> list[list[str]]:
     """Predicted tags of the labelled positions; with ``features`` (the batch's), one per word of
-    each sentence as :func:`gold_tags` has them, unseen words ``O``."""
+    each sentence as :func:`gold_tags` has them, unseen words ``O``: the tag strings of what
+    :func:`evaluate_f1` scores as label ids (for reading and tests)."""
     predicted = logits.argmax(-1)  # (batch, seq)
     tags = [
         [id2label[p] for p, g in zip(row_pred, row_gold, strict=True) if g != IGNORE_INDEX]
@@ -189,28 +186,44 @@ def _predicted_tags(
 
 
 @torch.no_grad()
+def predict_labelled(
+    runner: TokenClassifierRunner, features: Sequence[dict], batch_size: int, device: torch.device
+) -> torch.Tensor:
+    """Label ids ``runner`` predicts at the labelled positions of ``features`` (eval mode during the
+    call), sentence after sentence: ``(positions,)``, or ``(K, positions)`` for a runner whose
+    logits have a leading candidate dimension.
+
+    Example:
+        >>> predict_labelled(runner, dev, 64, torch.device("cpu"))  # tensor([0, 3, 0, ...])
+    """
+    predicted = []
+    with eval_mode(runner.model):
+        for start in range(0, len(features), batch_size):
+            logits, labels = runner.logits(features[start : start + batch_size], device, memo=True)
+            predicted.append(labelled_predictions(logits, labels))  # (..., batch positions)
+    return torch.cat(predicted, dim=-1)
+
+
 def evaluate_f1(
     runner: TokenClassifierRunner,
     features: Sequence[dict],
     id2label: dict[int, str],
     batch_size: int,
     device: torch.device,
-    scorer: EntityScorer | None = None,
+    scorer: SpanScorer | None = None,
 ) -> float:
     """Dev micro-F1 of ``runner``'s model (eval mode during the call), against the full gold.
 
     Every word of every sentence is scored: words the model cannot see count as predicted ``O``.
-    ``scorer``: an :class:`EntityScorer` of ``gold_tags(features)`` (made once per run; built here
-    if omitted).
+    The number is seqeval's ``f1_score`` (:mod:`layerfusion_recipes.entities`).
+    ``scorer``: a :class:`~layerfusion_recipes.entities.SpanScorer` of ``features`` (made once per
+    run; built here if omitted).
+
+    Example:
+        >>> evaluate_f1(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # 0.42
     """
-    scorer = scorer or EntityScorer(gold_tags(features, id2label))
-    predicted = []
-    with eval_mode(runner.model):
-        for start in range(0, len(features), batch_size):
-            batch = features[start : start + batch_size]
-            logits, labels = runner.logits(batch, device, memo=True)
-            predicted += _predicted_tags(logits, labels, id2label, batch)
-    return scorer.f1(predicted)
+    scorer = scorer or SpanScorer(features, id2label)
+    return scorer.f1(predict_labelled(runner, features, batch_size, device))
 
 
 def shuffled_batches(size: int, settings: TrainSettings) -> DataLoader:
@@ -267,7 +280,7 @@ def train_token_classifier(
     )
     runner = copy.copy(runner)
     runner.model = loop.model
-    scorer = EntityScorer(gold_tags(dev, id2label))
+    scorer = SpanScorer(dev, id2label)
     result = RunResult(best_f1=-1.0, best_epoch=0)
     parameters, best_state = loop.parameters, None
     for epoch in range(1, settings.epochs + 1):

@@ -4,6 +4,7 @@ equal to lone runs, record keys that name their LR and settings."""
 from __future__ import annotations
 
 import argparse
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -255,3 +256,19 @@ def test_lr_flags_and_yaml(tmp_path):
         resolve(parser.parse_args(["--model", "m", "--data", "d", "--lr", "0"]))
     with pytest.raises(ValueError, match="pick one"):
         ExperimentSettings("m", "d", lr=[1e-3, 1e-2]).lr_for("fe")
+
+
+@pytest.mark.parametrize("method", ["none", "average", "scalar_mix", "concat", "dwatt"])
+def test_stacked_token_wise_methods_have_no_per_candidate_fallback(experiment, method):
+    """vmap runs an op without a batching rule once per candidate (with a UserWarning): in-place
+    ``addmm_`` (Concat) and ``addcmul_`` (the weighted sums) did, which cost more than K lone runs."""
+    cell = Cell(method, "fe", 2, 1, 0)
+    train = experiment.train_sample(2, 0)
+    model, located = experiment.build(cell)
+    runner = StackedRunner(model, 3, located, experiment.cache())
+    runner.cache.fill(train)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*not yet implemented the batching rule.*")
+        logits, labels = runner.logits(train, torch.device("cpu"))
+        logits.sum().backward()
+    assert logits.shape[:3] == (3, *labels.shape)

@@ -51,9 +51,11 @@ class Concat(FusionModule):
         d = self.hidden_size
         tokens = [state.reshape(-1, d) for state in states]  # each (tokens, d)
         weight = self.proj.weight  # (d, K*d)
+        # Out of place: in-place addmm_ has no vmap batching rule (LR candidates stacked with
+        # torch.func.vmap would run it once per candidate); autograd keeps no partial sum either way.
         fused = torch.addmm(self.proj.bias, tokens[0], weight[:, :d].T)  # (tokens, d)
         for n in range(1, len(tokens)):
-            fused = fused.addmm_(tokens[n], weight[:, n * d : (n + 1) * d].T)
+            fused = torch.addmm(fused, tokens[n], weight[:, n * d : (n + 1) * d].T)
         return fused.view_as(states[0])
 
 
