@@ -27,7 +27,7 @@ from typing import Any
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
 from .results import read_records
-from .selection import cells, dev_f1, select_lr
+from .selection import cell_of, cells, dev_f1, select_lr
 from .stats import mean_ci
 
 GROUP = ("regime", "epochs", "shots", "method")
@@ -271,6 +271,74 @@ def records_layers(records: Sequence[dict[str, Any]], count: int) -> list[int]:
     return list(range(1, count + 1))
 
 
+# Pairs whose per-trial differences are tabulated (when both methods are in the results).
+PAIRS = (
+    ("dwatt", "extra_layers"),
+    ("concat", "extra_layers"),
+    ("dwatt", "concat"),
+    ("dwatt", "none"),
+    ("concat", "none"),
+    ("scalar_mix", "extra_layers"),
+)
+
+
+def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict]:
+    """Per cell and pair of methods: the per-trial differences of the reported score, each method at
+    its own dev-selected LR (trials share their sample across methods, so the pair is matched).
+
+    Returns rows ``{setup, regime, epochs, shots, pair, mean, ci, n}`` (points; mean ± 95% t-CI).
+
+    Example:
+        >>> paired_differences(records, summarize(records))[0]["pair"]
+        ('dwatt', 'extra_layers')
+    """
+    chosen = {(r["setup"], r["regime"], r["epochs"], r["shots"], r["method"]): r for r in rows}
+    scores: dict[tuple, dict[int, float]] = {}
+    for record in records:
+        key = cell_of(record)
+        row = chosen.get(key)
+        if row is None or record.get("lr") != row["lr"]:
+            continue
+        value = record.get("test_f1") if row["score"] == "test" else dev_f1(record)
+        scores.setdefault(key, {})[record["trial"]] = 100.0 * value
+    out = []
+    for setup, regime, epochs, shots in dict.fromkeys(k[:4] for k in chosen):
+        for first, second in PAIRS:
+            a = scores.get((setup, regime, epochs, shots, first), {})
+            b = scores.get((setup, regime, epochs, shots, second), {})
+            trials = sorted(set(a) & set(b))
+            if trials:
+                mean, half = mean_ci([a[t] - b[t] for t in trials])
+                cell = {"setup": setup, "regime": regime, "epochs": epochs, "shots": shots}
+                out.append({**cell, "pair": (first, second), "mean": mean, "ci": half, "n": len(trials)})
+    return out
+
+
+def paired_table(differences: Sequence[dict[str, Any]]) -> str:
+    """Markdown: one row per cell, one column per pair, ``+x ± ci`` (bold when the CI excludes 0)."""
+    if not differences:
+        return ""
+    pairs = list(dict.fromkeys(d["pair"] for d in differences))
+    lines = [
+        "| regime | epochs | shots | " + " | ".join(f"{a} - {b}" for a, b in pairs) + " |",
+        "|---|---|---|" + "---|" * len(pairs),
+    ]
+    by_cell: dict[tuple, dict[tuple, str]] = {}
+    for d in differences:
+        text = f"{d['mean']:+.1f} ± {d['ci']:.1f}"
+        by_cell.setdefault((d["regime"], d["epochs"], d["shots"]), {})[d["pair"]] = (
+            f"**{text}**" if abs(d["mean"]) > d["ci"] and d["n"] > 1 else text
+        )
+    for (regime, epochs, shots), cells_ in by_cell.items():
+        row = " | ".join(cells_.get(pair, "-") for pair in pairs)
+        lines.append(f"| {regime} | {epochs} | {shots} | {row} |")
+    return (
+        "\n".join(lines)
+        + "\n\nPaired per-trial differences of the same score (points), each method at its own selected LR, "
+        "mean ± 95% t-CI over the trials both have; bold: the interval excludes 0.\n"
+    )
+
+
 def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -> dict[str, Path]:
     """Write ``table.md`` and the figures into ``output``; returns their paths by name.
 
@@ -280,7 +348,8 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    table = atomic_write_text(output / "table.md", markdown_table(rows))
+    paired = paired_table(paired_differences(records, rows))
+    table = atomic_write_text(output / "table.md", markdown_table(rows) + ("\n" + paired if paired else ""))
     paths = {
         "table": table,
         "f1_vs_shots": plot_f1_vs_shots(rows, output / "f1_vs_shots.png"),

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 from layerfusion_recipes import candidates
+from layerfusion_recipes import experiment as experiment_module
 from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.candidates import StackedRunner, evaluate_candidates, train_candidates
 from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings, record_key
@@ -148,7 +149,8 @@ def test_only_token_wise_methods_stack_their_lrs(experiment, monkeypatch):
 
     stacked = []
     original = candidates.train_candidates
-    monkeypatch.setattr(candidates, "train_candidates", lambda *a: stacked.append(a) or original(*a))
+    # the experiment calls the function it imported
+    monkeypatch.setattr(experiment_module, "train_candidates", lambda *a: stacked.append(a) or original(*a))
     experiment.run_lrs(Cell("extra_layers", "fe", 2, 1, 0), [1e-3, 1e-2])  # R+n: one after another
     assert stacked == []
     experiment.run_lrs(Cell("scalar_mix", "fe", 2, 1, 0), [1e-3, 1e-2])

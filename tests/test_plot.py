@@ -6,7 +6,7 @@ import os
 import stat
 
 import pytest
-from layerfusion_recipes.plot import markdown_table, summarize, write_report
+from layerfusion_recipes.plot import markdown_table, paired_differences, paired_table, summarize, write_report
 from layerfusion_recipes.stats import mean_ci
 
 
@@ -64,3 +64,23 @@ def test_write_report_writes_pngs(tmp_path):
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob("tmp*"))
     no_dwatt = [r for r in _records() if r["method"] == "none"]
     assert "dwatt_attention" not in write_report(no_dwatt, tmp_path / "b")
+
+
+def test_paired_differences_use_each_method_at_its_selected_lr():
+    records = []
+    runs = (("dwatt", 1e-2, (0.60, 0.70, 0.65)), ("none", 1e-3, (0.40, 0.45, 0.55)))
+    for method, good_lr, test_scores in runs:
+        for lr in (1e-3, 1e-2):
+            for trial, test in enumerate(test_scores):
+                chosen = lr == good_lr
+                records.append({
+                    "key": f"{method}|{lr}|{trial}", "setup": "s", "method": method, "regime": "fe",
+                    "shots": 8, "epochs": 5, "trial": trial, "lr": lr,
+                    "dev_f1": 0.9 if chosen else 0.1, "test_f1": test if chosen else 0.0,
+                })  # fmt: skip
+    differences = paired_differences(records, summarize(records))
+    (dwatt_none,) = [d for d in differences if d["pair"] == ("dwatt", "none")]
+    mean, half = mean_ci([20.0, 25.0, 10.0])  # (60-40, 70-45, 65-55) in points
+    assert dwatt_none["n"] == 3 and dwatt_none["mean"] == pytest.approx(mean)
+    assert dwatt_none["ci"] == pytest.approx(half)
+    assert "| fe | 5 | 8 | +18.3 ± 19.0 |" in paired_table(differences)  # CI wider than the mean: not bold
