@@ -26,11 +26,19 @@ from typing import Any
 
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
+from .models import METHOD_NAMES
 from .results import read_records
 from .selection import cell_of, cells, dev_f1, select_lr
 from .stats import mean_ci
 
 GROUP = ("regime", "epochs", "shots", "method")
+
+
+def method_rank(method: str) -> tuple[int, str]:
+    """Columns in one order whatever order the records were written in: the registry's
+    (``none`` first), then any other method by name."""
+    known = METHOD_NAMES.index(method) if method in METHOD_NAMES else len(METHOD_NAMES)
+    return known, method
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,8 +57,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     rows = []
     grouped = cells(records)
-    method_order = {method: i for i, method in enumerate(dict.fromkeys(r["method"] for r in records))}
-    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], c[3], method_order[c[4]])):
+    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], c[3], method_rank(c[4]))):
         runs = grouped[cell]
         selection = select_lr(runs)
         chosen = [r for r in runs if r.get("lr") == selection.lr]

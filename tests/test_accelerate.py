@@ -70,7 +70,7 @@ def test_two_processes_share_the_sweep_and_match_one_process(sweep, tmp_path, ca
     assert {r["num_processes"] for r in alone.values()} == {1}
     assert collections.Counter(r["process_index"] for r in shared.values()) == {0: 6, 1: 6}
     assert any(r["dev_f1"] > 0 for r in shared.values())  # the comparison is not between zeros
-    assert launched.stdout.count("| regime | epochs | shots |") == 1  # the table: by the main process only
+    assert launched.stdout.count("Test micro-F1 (seqeval)") == 1  # the table: by the main process only
     assert (tmp_path / "two" / "table.md").read_text() == (tmp_path / "one" / "table.md").read_text()
 
 
