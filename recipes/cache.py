@@ -32,6 +32,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from peft_layerfusion.discovery import EncoderBlocks
 from peft_layerfusion.hooks import BlockCapture, Capture
+from peft_layerfusion.utils import eval_mode
 
 from .cache_files import (
     SHARD_SUFFIX,
@@ -98,21 +99,19 @@ class FeatureCache:
         captured: list[Capture] = []
         capture = BlockCapture(self.located, lambda c: captured.append(c))
         handle = self.located.blocks[-1].register_forward_hook(self._record_output_kind)
-        was_training = self.base_model.training
-        self.base_model.eval()
         try:
-            for start in range(0, len(missing), batch_size):
-                chunk = missing[start : start + batch_size]
-                batch = collate(chunk)
-                self.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-                stacked = torch.stack(captured.pop().states, dim=0).float()  # (L+1, batch, seq, d)
-                for row, feature in enumerate(chunk):
-                    length = len(feature["input_ids"])
-                    self.states[tuple(feature["input_ids"])] = stacked[:, row, :length].clone()
+            with eval_mode(self.base_model):
+                for start in range(0, len(missing), batch_size):
+                    chunk = missing[start : start + batch_size]
+                    batch = collate(chunk)
+                    self.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                    stacked = torch.stack(captured.pop().states, dim=0).float()  # (L+1, batch, seq, d)
+                    for row, feature in enumerate(chunk):
+                        length = len(feature["input_ids"])
+                        self.states[tuple(feature["input_ids"])] = stacked[:, row, :length].clone()
         finally:
             capture.remove()
             handle.remove()
-            self.base_model.train(was_training)
         self._write_shard([tuple(f["input_ids"]) for f in missing])
         return len(missing)
 
