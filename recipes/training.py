@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
-from seqeval.metrics.sequence_labeling import get_entities
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -26,8 +25,7 @@ from peft_layerfusion.utils import eval_mode
 
 from .cache import FeatureCache
 from .data import IGNORE_INDEX, collate
-from .entities import SpanScorer, f1_from_counts, labelled_predictions
-from .gold import spread_to_words, word_label_ids
+from .entities import SpanScorer, labelled_predictions
 from .loop import TrainingLoop, restore, snapshot
 from .models import trainable_parameters
 
@@ -79,49 +77,6 @@ class RunResult:
         return asdict(self)
 
 
-def micro_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
-    """seqeval's entity-level micro-F1 (0..1), the number of ``seqeval.metrics.f1_score``.
-
-    Example:
-        >>> micro_f1([["B-PER", "I-PER", "O"]], [["B-PER", "I-PER", "O"]])
-        1.0
-    """
-    return EntityScorer(gold).f1(predicted)
-
-
-class EntityScorer:
-    """seqeval's entity-level micro-F1 against a fixed gold set whose entities are parsed once.
-
-    Evaluating a run scores the same dev set again and again; ``f1_score`` re-parses the gold
-    tags every time. This keeps the gold entities and parses only the predictions, with
-    seqeval's own parser and arithmetic, so the number equals seqeval's ``f1_score`` (micro,
-    ``zero_division=0``) exactly.
-
-    Args:
-        gold: Gold tag sequences, one list per sentence.
-
-    Example:
-        >>> scorer = EntityScorer([["B-PER", "I-PER", "O"]])
-        >>> scorer.f1([["B-PER", "I-PER", "O"]])
-        1.0
-    """
-
-    def __init__(self, gold: list[list[str]]) -> None:
-        self.lengths = [len(tags) for tags in gold]
-        self.gold = set(get_entities(gold))  # {(type, start, end)} over the joined sentences
-
-    def f1(self, predicted: list[list[str]]) -> float:
-        """Micro-F1 (0..1) of ``predicted`` (same sentences and lengths as the gold)."""
-        lengths = [len(tags) for tags in predicted]
-        if lengths != self.lengths:
-            raise ValueError(
-                f"predicted has {len(lengths)} sentences / {sum(lengths)} tags, the gold "
-                f"{len(self.lengths)} / {sum(self.lengths)}: score the same sentences"
-            )
-        predicted_entities = set(get_entities(predicted))
-        return f1_from_counts(len(self.gold & predicted_entities), len(predicted_entities), len(self.gold))
-
-
 class TokenClassifierRunner:
     """Forward passes of a token classifier, through a feature cache or not.
 
@@ -158,31 +113,6 @@ class TokenClassifierRunner:
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The model's ``(batch, seq, labels)`` logits of a collated batch (replay already set up)."""
         return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-
-
-def gold_tags(features: Sequence[dict], id2label: dict[int, str]) -> list[list[str]]:
-    """The full gold tags of encoded sentences: one per word, also the words the model cannot see
-    (past ``max_length``, or with no sub-word); see :mod:`layerfusion_recipes.gold`."""
-    return [[id2label[label] for label in word_label_ids(f)] for f in features]
-
-
-def _predicted_tags(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    id2label: dict[int, str],
-    features: Sequence[dict] | None = None,
-) -> list[list[str]]:
-    """Predicted tags of the labelled positions; with ``features`` (the batch's), one per word of
-    each sentence as :func:`gold_tags` has them, unseen words ``O``: the tag strings of what
-    :func:`evaluate_f1` scores as label ids (for reading and tests)."""
-    predicted = logits.argmax(-1)  # (batch, seq)
-    tags = [
-        [id2label[p] for p, g in zip(row_pred, row_gold, strict=True) if g != IGNORE_INDEX]
-        for row_pred, row_gold in zip(predicted.tolist(), labels.tolist(), strict=True)
-    ]
-    if features is None:
-        return tags
-    return [spread_to_words(row, feature) for row, feature in zip(tags, features, strict=True)]
 
 
 @torch.no_grad()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from layerfusion_recipes.data import NerDataset, NerSentence, collate, encode_ner
+from layerfusion_recipes.entities import SpanScorer, labelled_predictions
 from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
-from layerfusion_recipes.gold import gold_reach
+from layerfusion_recipes.gold import gold_reach, spread_to_words, word_label_ids
 from layerfusion_recipes.toy import toy_dataset, write_tiny_model
-from layerfusion_recipes.training import EntityScorer, _predicted_tags, evaluate_f1, gold_tags
+from layerfusion_recipes.training import evaluate_f1
 from seqeval.metrics import f1_score
 from torch import nn
 from transformers import AutoTokenizer
@@ -68,11 +69,15 @@ def test_a_perfect_model_scores_seqeval_on_the_full_gold(tokenizer, max_length):
 def test_predicted_tags_are_spread_on_the_words_of_the_gold(tokenizer):
     features = encode_ner(tokenizer, SENTENCES[:2], LABEL2ID, max_length=5)
     logits, labels = OracleRunner().logits(features, None)
-    assert _predicted_tags(logits, labels, ID2LABEL) == [["B-PER", "O", "B-PER"], ["B-PER", "O"]]
-    spread = _predicted_tags(logits, labels, ID2LABEL, features)
+    ids = labelled_predictions(logits, labels).tolist()  # the labelled positions, sentence after sentence
+    tags = [ID2LABEL[i] for i in ids]
+    assert [tags[:3], tags[3:]] == [["B-PER", "O", "B-PER"], ["B-PER", "O"]]
+    spread = [spread_to_words(tags[:3], features[0]), spread_to_words(tags[3:], features[1])]
     assert spread == [["B-PER", "O", "B-PER", "O", "O"], ["B-PER", "O", "O"]]
-    assert gold_tags(features, ID2LABEL) == [list(s.tags) for s in SENTENCES[:2]]
-    assert EntityScorer(gold_tags(features, ID2LABEL)).f1(spread) == pytest.approx(2 * 0.6 / 1.6)
+    gold = [[ID2LABEL[label] for label in word_label_ids(f)] for f in features]
+    assert gold == [list(s.tags) for s in SENTENCES[:2]]
+    assert f1_score(gold, spread, average="micro", zero_division=0) == pytest.approx(2 * 0.6 / 1.6)
+    assert SpanScorer(features, ID2LABEL).f1(torch.tensor(ids)) == pytest.approx(2 * 0.6 / 1.6)
 
 
 def _dataset(dev: list[NerSentence]) -> NerDataset:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import random
 
 import pytest
 import torch
@@ -12,44 +11,10 @@ from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings,
 from layerfusion_recipes.options import resolve
 from layerfusion_recipes.toy import toy_dataset, write_tiny_model
 from layerfusion_recipes.training import (
-    EntityScorer,
     TokenClassifierRunner,
     TrainSettings,
-    micro_f1,
     train_token_classifier,
 )
-from seqeval.metrics import f1_score
-
-
-def test_micro_f1_is_entity_level_seqeval():
-    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
-    assert micro_f1(gold, gold) == 1.0
-    # 2 of 3 gold entities found, 1 spurious (a truncated PER span is wrong): P = 2/4, R = 2/3
-    predicted = [["B-PER", "O", "O", "B-LOC"], ["B-ORG", "B-LOC"]]
-    assert micro_f1(gold, predicted) == pytest.approx(2 * (1 / 2) * (2 / 3) / (1 / 2 + 2 / 3))
-    assert micro_f1(gold, [["O"] * 4, ["O"] * 2]) == 0.0
-
-
-def test_entity_scorer_equals_seqeval_exactly():
-    def seqeval_f1(gold, predicted):
-        return float(f1_score(gold, predicted, average="micro", zero_division=0))
-
-
-    rng = random.Random(0)
-    # I-ORG never follows B-ORG: seqeval's lenient parse opens an entity there; ours must too
-    tags = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-ORG"]
-    gold = [[rng.choice(tags) for _ in range(rng.randint(1, 12))] for _ in range(200)]
-    scorer = EntityScorer(gold)
-    for _ in range(20):
-        predicted = [[rng.choice(tags) if rng.random() < 0.4 else g for g in row] for row in gold]
-        assert scorer.f1(predicted) == seqeval_f1(gold, predicted)  # bitwise, not approx
-        assert micro_f1(gold, predicted) == scorer.f1(predicted)
-    assert scorer.f1(gold) == 1.0
-    nothing = [["O"] * len(row) for row in gold]
-    assert scorer.f1(nothing) == 0.0 == seqeval_f1(gold, nothing)
-    assert EntityScorer([["O", "O"]]).f1([["O", "O"]]) == 0.0
-    with pytest.raises(ValueError, match="same sentences"):
-        scorer.f1(gold[:-1])
 
 
 @pytest.fixture(scope="module")
