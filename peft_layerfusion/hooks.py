@@ -165,20 +165,6 @@ class _Frame:
     runs: list[int] | None = None  # how often each block ran in this forward
 
 
-class _BlockInput:
-    """Forward pre-hook of block ``index``: records its input in the capture open in this thread.
-
-    A callable object (not a closure), so that ``copy.deepcopy`` of a model copies it together
-    with its :class:`BlockCapture` and the copy's blocks write into the copy's capture.
-    """
-
-    def __init__(self, capture: BlockCapture, index: int) -> None:
-        self.capture, self.index = capture, index
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self.capture.record_input(self.index, args, kwargs)
-
-
 class BoundHook:
     """A hook calling ``method(*bound, *hook_args)``: a closure that survives ``copy.deepcopy``.
 
@@ -232,7 +218,8 @@ class BlockCapture:
         container, blocks = self.located.container, self.located.blocks
         self.handles.append(container.register_forward_pre_hook(self._open_capture))
         for index, block in enumerate(blocks):
-            self.handles.append(block.register_forward_pre_hook(_BlockInput(self, index), with_kwargs=True))
+            hook = BoundHook(self.record_input, index)  # survives copy.deepcopy with the model
+            self.handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
         self.handles.append(container.register_forward_hook(self._close_capture, always_call=True))
 
     # ------------------------------------------------------------- per-thread state
@@ -263,8 +250,8 @@ class BlockCapture:
         num_blocks = self.located.num_blocks
         self._frames().append(_Frame(states=[None] * (num_blocks + 1), runs=[0] * num_blocks))
 
-    def record_input(self, index: int, args: tuple, kwargs: dict) -> None:
-        """Block ``index`` is about to run on ``args``/``kwargs``: keep its input hidden state."""
+    def record_input(self, index: int, block: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook of block ``index`` (bound by :class:`BoundHook`): keep its input hidden state."""
         frames = self._frames()
         if not frames:  # a checkpointed re-run during backward, outside any forward
             return
