@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch
 
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
+from peft_layerfusion.registration import method_named
 from peft_layerfusion.utils import eval_mode
 
 from .arguments import DEFAULT_LR_GRIDS
@@ -235,7 +236,6 @@ class Experiment:
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
         from transformers import AutoTokenizer
 
-
         self.settings = settings
         columns = NerColumns(
             settings.tokens_column, settings.tags_column, settings.label_names, settings.tag_scheme
@@ -351,28 +351,37 @@ class Experiment:
         ScalarMix, Concat, DWAtt) train together in one pass
         (:func:`~layerfusion_recipes.candidates.train_candidates`); otherwise one after another: the uncached
         regimes, and R+n, whose extra block has no vmap batching rule for CPU attention (4 LRs
-        stacked measured at 8x one LR; one after another they cost 4x).
+        stacked measured at 8x one LR; one after another they cost 4x). See :meth:`iter_lrs`.
 
         Example:
             >>> [r["dev_f1"] for r in experiment.run_lrs(Cell("dwatt", "fe", 8, 25, 0), [1e-3, 1e-2])]
         """
+        return list(self.iter_lrs(cell, lrs, use_cache))
 
+    def iter_lrs(
+        self, cell: Cell, lrs: Sequence[float], use_cache: bool | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """:meth:`run_lrs`, yielding each record as soon as it exists: where the LRs run one after
+        another, a sweep stores each run when it ends (an interrupted cell keeps its finished LRs).
+
+        Example:
+            >>> for record in experiment.iter_lrs(Cell("none", "lora", 8, 25, 0), [1e-3, 1e-2]):
+            ...     append_record("results.jsonl", record)
+        """
         use_cache = self.settings.use_cache if use_cache is None else use_cache
-        if len(lrs) < 2 or not (use_cache and cell.regime == "fe"):
-            return [self.run(cell, use_cache, lr) for lr in lrs]
+        if len(lrs) < 2 or not lrs_train_together(cell, use_cache):
+            for lr in lrs:
+                yield self.run(cell, use_cache, lr)
+            return
         model, located = self.build(cell)
-        if not token_wise(model):
-            return [self.run(cell, use_cache, lr) for lr in lrs]
         train = self.train_sample(cell.shots, cell.trial)
         runner = StackedRunner(model, len(lrs), located, self._filled_cache(train))
         results = train_candidates(
             runner, train, self.dev, self.id2label, self.train_settings(cell, lrs[0]), lrs, self.test or None
         )
-        records = []
         for index, (lr, result) in enumerate(zip(lrs, results, strict=True)):
             runner.load_candidate(index)  # the model as this candidate's lone run leaves it
-            records.append(self._record(cell, float(lr), result, runner, len(train)))
-        return records
+            yield self._record(cell, float(lr), result, runner, len(train))
 
     def train_settings(self, cell: Cell, lr: float) -> TrainSettings:
         """The optimisation settings of ``cell`` at max LR ``lr``."""
@@ -421,10 +430,17 @@ class Experiment:
         return record
 
 
-def token_wise(model: torch.nn.Module) -> bool:
-    """Whether every fusion module of ``model`` is token-wise (true without fusion: the plain head)."""
-    layer = fusion_layer_of(model)
-    return layer is None or all(module.token_wise for module in layer.fusion_modules.values())
+def lrs_train_together(cell: Cell, use_cache: bool) -> bool:
+    """Whether :meth:`Experiment.run_lrs` trains the LRs of ``cell`` together in one pass: on the
+    feature cache (FE) with the plain head or a token-wise fusion method (the registry's flag).
+
+    Example:
+        >>> lrs_train_together(Cell("extra_layers", "fe", 8, 25, 0), use_cache=True)
+        False
+    """
+    if not (use_cache and cell.regime == "fe"):
+        return False
+    return cell.method == "none" or method_named(cell.method).token_wise
 
 
 @torch.no_grad()

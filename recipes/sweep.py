@@ -34,7 +34,14 @@ from typing import Any
 
 import torch
 
-from .experiment import Cell, Experiment, ExperimentSettings, check_sample_sizes, record_key
+from .experiment import (
+    Cell,
+    Experiment,
+    ExperimentSettings,
+    check_sample_sizes,
+    lrs_train_together,
+    record_key,
+)
 from .options import resolve
 from .plot import markdown_table, summarize, write_report
 from .processes import check_workers, process_state, share
@@ -205,6 +212,14 @@ class _UnitRunner:
         cell, lrs = unit
         return cell, tuple(lr for lr in lrs if record_key(cell, lr, self.setup) not in done)
 
+    def _pieces(self, unit: Unit) -> list[Unit]:
+        """What one pool task runs: the whole unit where its LRs train together, else one LR each
+        (each record then reaches the results file when its own run ends)."""
+        cell, lrs = unit
+        if lrs_train_together(cell, self.settings.use_cache):
+            return [unit]
+        return [(cell, (lr,)) for lr in lrs]
+
     def run(self, units: list[Unit]) -> None:
         done = finished_keys(self.results)
         todo = [unit for unit in (self._missing(u, done) for u in units) if unit[1]]
@@ -213,7 +228,8 @@ class _UnitRunner:
                 threads = max(1, torch.get_num_threads() // self.workers)
                 context = multiprocessing.get_context("spawn")
                 self.pool = context.Pool(self.workers, _init_worker, (self.settings, threads))
-            for records in self.pool.imap_unordered(_run_in_worker, longest_first_units(todo)):
+            pieces = [piece for unit in longest_first_units(todo) for piece in self._pieces(unit)]
+            for records in self.pool.imap_unordered(_run_in_worker, pieces):
                 for record in records:
                     _finish(self.results, {**record, **self.launch}, self.bar, self.on_record)
         elif todo:
@@ -221,7 +237,7 @@ class _UnitRunner:
             for unit in todo:
                 # another sweep on this results file may have finished some of it meanwhile
                 cell, lrs = self._missing(unit, finished_keys(self.results))
-                for record in self.experiment.run_lrs(cell, lrs) if lrs else []:
+                for record in self.experiment.iter_lrs(cell, lrs) if lrs else []:
                     _finish(self.results, {**record, **self.launch}, self.bar, self.on_record)
 
     def close(self) -> None:

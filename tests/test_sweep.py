@@ -11,7 +11,7 @@ from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.options import resolve
 from layerfusion_recipes.results import append_record, finished_keys, read_records
-from layerfusion_recipes.sweep import grid_cells, longest_first, run_cells
+from layerfusion_recipes.sweep import _UnitRunner, grid_cells, longest_first, run_cells
 from layerfusion_recipes.toy import toy_dataset, write_tiny_model
 
 GRID = {"methods": ["none", "concat"], "regimes": ["fe"], "shots": [2, 4], "epochs": [2], "trials": 2}
@@ -39,11 +39,11 @@ class CountingExperiment(Experiment):
         self.ran: list[str] = []
         self.stop_after = stop_after
 
-    def run_lrs(self, cell, lrs, use_cache=None):
+    def iter_lrs(self, cell, lrs, use_cache=None):
         if self.stop_after is not None and len(self.ran) == self.stop_after:
             raise KeyboardInterrupt  # killed while this cell runs
         self.ran.append(cell.key)
-        return super().run_lrs(cell, lrs, use_cache)
+        return super().iter_lrs(cell, lrs, use_cache)
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,47 @@ def test_interrupt_then_resume_loses_and_redoes_nothing(tmp_path, settings):
     run_cells(cells, results, settings, progress=False, experiment=third)
     assert third.ran == []
     assert len(results.read_text().splitlines()) == 8
+
+
+class StopOnRun(Experiment):
+    """Interrupted while its ``stop_at``-th lone run trains."""
+
+    def __init__(self, *args, stop_at: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runs, self.stop_at = 0, stop_at
+
+    def run(self, *args, **kwargs):
+        self.runs += 1
+        if self.runs == self.stop_at:
+            raise KeyboardInterrupt
+        return super().run(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("method", "regime"), [("extra_layers", "fe"), ("none", "bitfit")])
+def test_lrs_run_one_after_another_are_stored_one_by_one(tmp_path, settings, method, regime):
+    """R+n and the uncached regimes train their LRs one after another: an interrupted cell keeps
+    the LRs it finished, and the resumed sweep runs only the rest."""
+    lr_settings = ExperimentSettings(**{**settings.__dict__, "lr": [1e-3, 1e-2, 3e-2]})
+    cells = [Cell(method, regime, 2, 1, 0)]
+    results = tmp_path / "results.jsonl"
+    first = StopOnRun(lr_settings, toy_dataset(), stop_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_cells(cells, results, lr_settings, progress=False, experiment=first)
+    setup = lr_settings.setup()
+    finished = [record_key(cells[0], lr, setup) for lr in (1e-3, 1e-2)]
+    assert [r["key"] for r in read_records(results)] == finished
+    second = StopOnRun(lr_settings, toy_dataset(), stop_at=0)
+    run_cells(cells, results, lr_settings, progress=False, experiment=second)
+    assert second.runs == 1 and [r["lr"] for r in read_records(results)] == [1e-3, 1e-2, 3e-2]
+
+
+def test_pool_tasks_split_only_the_lrs_that_run_one_after_another(settings):
+    runner = _UnitRunner("unused.jsonl", settings, 2, None, None, None, {})
+    lrs = (1e-3, 1e-2)
+    stacked = (Cell("dwatt", "fe", 2, 1, 0), lrs)
+    assert runner._pieces(stacked) == [stacked]
+    for cell in (Cell("extra_layers", "fe", 2, 1, 0), Cell("dwatt", "lora", 2, 1, 0)):
+        assert runner._pieces((cell, lrs)) == [(cell, (1e-3,)), (cell, (1e-2,))]
 
 
 def test_yaml_config_and_flags(tmp_path):
