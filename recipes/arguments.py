@@ -10,6 +10,7 @@ error naming what is allowed.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +23,14 @@ DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "lora": (1e-3, 3e-3, 1e-2, 3e-2),
     "bitfit": (1e-3, 3e-3, 1e-2, 3e-2),
     "ft": (3e-5, 1e-4, 3e-4, 1e-3),
+}
+# Max-LR grids of `layerfusion mlm` per regime: each LR is one run (minutes on CPU), the one with the
+# lowest dev perplexity is selected. Short on purpose; the summary flags a selected LR at an edge.
+DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "fe": (3e-4, 1e-3, 3e-3),
+    "lora": (3e-5, 1e-4, 3e-4),
+    "bitfit": (3e-5, 1e-4, 3e-4),
+    "ft": (3e-5, 1e-4, 3e-4),
 }
 
 # integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
@@ -53,6 +62,49 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return value
+
+
+def check_lr(value: float, option: str = "--lr") -> float:
+    """``value`` as a float if it is a finite number > 0, else ``ValueError`` naming ``option``.
+
+    Args:
+        value: A learning rate.
+        option: The option it came from, for the message.
+
+    Example:
+        >>> check_lr(1e-3)
+        0.001
+        >>> check_lr(float("nan"))
+        Traceback (most recent call last):
+        ValueError: --lr nan: must be a finite number > 0, e.g. --lr 1e-4 3e-4
+    """
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise ValueError(f"{option} {value!r}: must be a finite number > 0, e.g. {option} 1e-4 3e-4")
+    return float(value)
+
+
+def learning_rate(text: str) -> float:
+    """argparse ``type`` of LRs: a finite number > 0 (else a one-line usage error, exit code 2).
+
+    Example:
+        >>> learning_rate("3e-4")
+        0.0003
+    """
+    try:
+        return check_lr(float(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from error
+
+
+def describe_lr_grids(grids: dict[str, tuple[float, ...]]) -> str:
+    """The LR grids per regime in one line, for help texts.
+
+    Example:
+        >>> describe_lr_grids({"fe": (1e-3, 3e-3), "ft": (3e-5,)})
+        'fe: 0.001 0.003; ft: 3e-05'
+    """
+    return "; ".join(f"{name}: {' '.join(map('{:g}'.format, lrs))}" for name, lrs in grids.items())
 
 
 def check_positive_ints(options: dict[str, Any], source: str) -> None:
@@ -132,8 +184,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "sample each trial.",
     )
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
-    defaults = DEFAULT_LR_GRIDS.items()
-    grids = "; ".join(f"{name}: {' '.join(map('{:g}'.format, lrs))}" for name, lrs in defaults)
+    grids = describe_lr_grids(DEFAULT_LR_GRIDS)
     train.add_argument(
         "--lr",
         nargs="+",
@@ -246,7 +297,7 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
-    """``layerfusion mlm``: data, model, method, regime and optimisation."""
+    """``layerfusion mlm``: data, model, method, regime, optimisation and the LR grid."""
     parser.add_argument(
         "--data",
         required=True,
@@ -270,7 +321,16 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--epochs", type=positive_int, default=3, help="Epochs; LR linear from max to zero (default 3)."
     )
-    parser.add_argument("--lr", type=float, help="Max LR (default 1e-3 for fe, 5e-5 otherwise).")
+    parser.add_argument(
+        "--lr",
+        nargs="+",
+        type=learning_rate,
+        help="Max learning rate(s), finite and > 0. Each LR is its own run (same seed, data and masks) "
+        "written to mlm-METHOD-REGIME-lrLR.json; the LR with the lowest dev (held-out) perplexity is "
+        "selected (ties to the smaller; test perplexity never chooses) and summarised in "
+        "mlm-METHOD-REGIME.json, flagged when at the edge of the grid. Default: per regime "
+        f"({describe_lr_grids(DEFAULT_MLM_LR_GRIDS)}). One value: no selection.",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Blocks per step (paper: 8).")
     parser.add_argument(
         "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
@@ -282,7 +342,8 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
         "--holdout",
         type=float,
         default=0.1,
-        help="Without a train split: share of valid.txt kept for checkpoint selection (0.1).",
+        help="Without a train split: share of valid.txt held out as dev, which selects the checkpoint "
+        "and the LR (0.1).",
     )
     parser.add_argument("--max-train-blocks", type=int, help="Use at most this many training blocks (speed).")
     parser.add_argument("--max-eval-blocks", type=int, help="Use at most this many validation/test blocks.")
@@ -293,7 +354,13 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
         "every top-level module outside the base model, e.g. `cls` for BERT).",
     )
     parser.add_argument("--seed", type=int, default=0, help="Seed of init, order and masks (default 0).")
-    parser.add_argument("--output", default="layerfusion-results", help="Folder for mlm-METHOD-REGIME.json.")
+    parser.add_argument(
+        "--output",
+        default="layerfusion-results",
+        help="Folder for one mlm-METHOD-REGIME-lrLR.json per LR and the summary mlm-METHOD-REGIME.json "
+        "(default: layerfusion-results). Re-running skips an LR whose file holds the same settings "
+        "and re-runs it otherwise.",
+    )
 
 
 SEQ2SEQ_METHOD_NAMES = ("vanilla", "encoder_fusion", "surface_hard", "surface_soft")

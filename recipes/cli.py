@@ -38,6 +38,17 @@ runs among the N processes, each run trained by one process with the full batch 
 records as one process). On CPU: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu ...
 """
 
+MLM_DESCRIPTION = """\
+Masked-LM perplexity with a fusion method and a regime: the fused state replaces z_L as the
+LM head's input. Each LR of the grid (--lr, else the regime's default) is one run with the
+same seed, data and masks, written to OUTPUT/mlm-METHOD-REGIME-lrLR.json; re-running skips a
+run whose file holds the same settings and re-runs it otherwise. The LR with the lowest dev
+(held-out) perplexity is selected, ties to the smaller; test perplexity never chooses.
+OUTPUT/mlm-METHOD-REGIME.json summarises: the selected LR, the test perplexity of its best dev
+checkpoint, every LR's dev and test perplexity, and at_edge (a warning is printed too) when the
+selected LR is the smallest or largest of the grid.
+"""
+
 
 @dataclass(frozen=True)
 class Command:
@@ -86,9 +97,8 @@ COMMANDS: dict[str, Command] = {
         "layerfusion_recipes.plot:plot_main",
     ),
     "mlm": Command(
-        "Masked-LM perplexity (WikiText-2) with a fusion method.",
-        "Masked-LM perplexity with a fusion method and a regime: the fused state replaces z_L as "
-        "the LM head's input; test perplexity of the checkpoint with the best validation loss.",
+        "Masked-LM perplexity (WikiText-2) with a fusion method, LR selected on dev.",
+        MLM_DESCRIPTION,
         arguments.add_mlm_arguments,
         "layerfusion_recipes.mlm:mlm_main",
     ),

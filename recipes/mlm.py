@@ -1,28 +1,40 @@
-"""``layerfusion mlm``: masked-LM perplexity (WikiText-2) with a fusion method and a regime.
+"""``layerfusion mlm``: masked-LM perplexity (WikiText-2) with a fusion method, a regime and an LR grid.
 
 The fused state ``h`` replaces ``z_L`` as the input of the model's LM head. In FE the encoder
 is frozen and the fusion module trains with the LM head (the "vocabulary module"; an encoder
 without an MLM head, like the demo's, gets a fresh random one). AdamW with the LR linear to
 zero, batch 8 (paper), 15% of the tokens masked (80/10/10, BERT), evaluation masks fixed by a
-seed. Reported: test perplexity ``exp(mean masked-token cross-entropy)`` of the checkpoint
-with the best validation loss.
+seed. A run reports the test perplexity ``exp(mean masked-token cross-entropy)`` of its
+checkpoint with the best dev loss.
+
+Learning rates: each LR of the grid (``--lr``, else the regime's
+:data:`~layerfusion_recipes.arguments.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
+and masks, written atomically to ``mlm-METHOD-REGIME-lrLR.json`` (:func:`run_file_name`) with the
+settings that change its result (:func:`run_settings`). Re-running skips a run whose file holds
+the same settings and re-runs it otherwise. The LR with the lowest dev perplexity is selected
+(ties to the smaller; test perplexity never chooses) and :func:`summarize` writes
+``mlm-METHOD-REGIME.json``: the selected LR, its dev and test perplexity, every LR's, and
+``at_edge`` when the selected LR is the smallest or largest of a grid of two or more.
 
 Data: ``--data`` is a folder with ``train.txt``/``valid.txt``/``test.txt`` (one paragraph a
 line, WikiText style) or a Hub name (``wikitext-2-raw-v1``, online only). Offline there is
 no train split (``../shared/data/wikitext-2`` has valid/test only): the recipe then trains on
-the first 90% of ``valid.txt``, selects the checkpoint on its last 10%, reports on
-``test.txt`` and says so in its output. Scales with ``accelerate launch`` like ``ner``.
+the first 90% of ``valid.txt``, selects the checkpoint and the LR on its last 10% (dev), reports
+on ``test.txt`` and says so in its output and files. Scales with ``accelerate launch`` like ``ner``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +43,7 @@ from torch import nn
 from peft_layerfusion.layer import fused_positions
 from peft_layerfusion.utils import atomic_write_json, eval_mode
 
+from .arguments import DEFAULT_MLM_LR_GRIDS, check_lr
 from .data import IGNORE_INDEX, read_text
 from .datasets_io import looks_like_hub_name
 from .demo import demo_model_path
@@ -38,6 +51,24 @@ from .errors import DataSourceError, first_line
 from .loop import TrainingLoop, restore, snapshot
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, load_pretrained, trainable_parameters
 from .options import check_names
+from .selection import at_grid_edge
+
+# the options that change a run's result; with the model and the LR they are a run's `settings`
+RESULT_SETTINGS = (
+    "data",
+    "holdout",
+    "method",
+    "regime",
+    "epochs",
+    "batch_size",
+    "block_size",
+    "mlm_probability",
+    "max_train_blocks",
+    "max_eval_blocks",
+    "head_modules",
+    "seed",
+)
+SELECTION_RULE = "lowest dev perplexity (held-out split), ties to the smaller LR; test perplexity not used"
 
 
 @dataclass
@@ -75,7 +106,8 @@ def load_text_splits(source: str, holdout: float = 0.1) -> TextSplits:
         cut = max(1, round(len(valid) * (1 - holdout)))
         note = (
             f"no train split in {folder}: trained on valid.txt[:{100 * (1 - holdout):.0f}%], "
-            f"checkpoint chosen on valid.txt[{100 * (1 - holdout):.0f}%:], perplexity reported on test.txt"
+            f"checkpoint and LR chosen on valid.txt[{100 * (1 - holdout):.0f}%:] (dev), "
+            "perplexity reported on test.txt"
         )
         return TextSplits(valid[:cut], valid[cut:], test, note)
     if not looks_like_hub_name(source):
@@ -200,14 +232,38 @@ def masked_loss(
     return total / max(count, 1)
 
 
-def run_mlm(args: argparse.Namespace) -> dict:
-    """Train and evaluate; returns the result record (also written to ``--output``)."""
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
+@dataclass
+class MlmData:
+    """What every LR of a grid trains and evaluates on: the same blocks and the same masks.
+
+    Args:
+        tokenizer: The model's tokenizer.
+        train: Training blocks ``(blocks, block_size)`` (masked anew each epoch from ``--seed``).
+        valid: Dev ``(inputs, labels)``, masked once (checkpoint and LR selection).
+        test: Test ``(inputs, labels)``, masked once (reported only).
+        note: Where the splits came from (e.g. no train split: trained on ``valid.txt[:90%]``).
+    """
+
+    tokenizer: Any
+    train: torch.Tensor
+    valid: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    note: str
 
 
-    check_names("method", [args.method], METHOD_NAMES)
-    check_names("regime", [args.regime], REGIME_NAMES)
-    model_name = args.model or demo_model_path()
+def prepare_data(args: argparse.Namespace, model_name: str) -> MlmData:
+    """Split, tokenize and cut ``--data`` into blocks; mask dev and test with seed ``--seed + 12345``.
+
+    Args:
+        args: The ``layerfusion mlm`` options (data, holdout, block size, block limits, seed, masking).
+        model_name: Model name or path whose tokenizer cuts the text.
+
+    Example:
+        >>> data = prepare_data(args, "path/to/model")
+        >>> data.train.shape  # (blocks, block_size)
+    """
+    from transformers import AutoTokenizer
+
     splits = load_text_splits(args.data, args.holdout)
     tokenizer = AutoTokenizer.from_pretrained(model_name)
     train = make_blocks(tokenizer, splits.train, args.block_size, args.max_train_blocks)
@@ -216,12 +272,32 @@ def run_mlm(args: argparse.Namespace) -> dict:
     eval_masks = torch.Generator().manual_seed(args.seed + 12345)
     valid_xy = mask_tokens(valid, tokenizer, args.mlm_probability, eval_masks)
     test_xy = mask_tokens(test, tokenizer, args.mlm_probability, eval_masks)
+    return MlmData(tokenizer, train, valid_xy, test_xy, splits.note)
+
+
+def train_at_lr(args: argparse.Namespace, data: MlmData, model_name: str, lr: float) -> dict[str, Any]:
+    """Train one run at max LR ``lr``; its record (the caller adds ``settings`` and writes it).
+
+    Init, batch order and training masks come from ``--seed``, so the runs of a grid differ only by
+    their LR. ``dev_ppl`` (also ``best_valid_ppl``) is the best dev perplexity over the epochs,
+    ``test_ppl`` the test perplexity of that checkpoint.
+
+    Args:
+        args: The ``layerfusion mlm`` options (method, regime, epochs, batch size, seed, ...).
+        data: The blocks and masks of :func:`prepare_data`, shared by every LR.
+        model_name: Model name or path.
+        lr: Max LR of the linear schedule.
+
+    Example:
+        >>> train_at_lr(args, prepare_data(args, model_name), model_name, 1e-3)["dev_ppl"]
+    """
+    from transformers import AutoModelForMaskedLM
 
     model = load_pretrained(AutoModelForMaskedLM, model_name, args.seed)
     heads = args.head_modules or lm_head_modules(model)
     model = apply_regime(model, args.method, args.regime, head_modules=tuple(heads))
+    train, tokenizer = data.train, data.tokenizer
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
-    lr = args.lr if args.lr is not None else (1e-3 if args.regime == "fe" else 5e-5)
     groups = [{"params": trainable_parameters(model), "lr": lr}]
     loop = TrainingLoop(model, groups, args.epochs * steps_per_epoch, args.seed)
     model, device = loop.model, loop.device
@@ -237,35 +313,319 @@ def run_mlm(args: argparse.Namespace) -> dict:
                 continue
             logits, targets = masked_logits(model, inputs.to(device), labels.to(device))
             loop.step(F.cross_entropy(logits, targets))
-        valid_loss = masked_loss(model, *valid_xy, args.batch_size, device)
+        valid_loss = masked_loss(model, *data.valid, args.batch_size, device)
         curve.append({"epoch": epoch, "step": epoch * steps_per_epoch, "valid_ppl": math.exp(valid_loss)})
         if valid_loss < best_loss:
             best_loss, best_state = valid_loss, snapshot(loop.parameters)
     if best_state is not None:
         restore(loop.parameters, best_state)
-    test_ppl = math.exp(masked_loss(model, *test_xy, args.batch_size, device))
-    record = {
+    test_ppl = math.exp(masked_loss(model, *data.test, args.batch_size, device))
+    return {
         "model": model_name,
         "method": args.method,
         "regime": args.regime,
         "epochs": args.epochs,
         "lr": lr,
+        "dev_ppl": math.exp(best_loss),
         "best_valid_ppl": math.exp(best_loss),
         "test_ppl": test_ppl,
         "curve": curve,
-        "data": splits.note,
+        "data": data.note,
         "train_blocks": len(train),
         "block_size": args.block_size,
         "head_modules": heads,
     }
-    atomic_write_json(Path(args.output) / f"mlm-{args.method}-{args.regime}.json", record)
-    return record
+
+
+def mlm_lr_grid(lr: float | Sequence[float] | None, regime: str) -> tuple[float, ...]:
+    """The LRs to run, ascending and unique: the ``--lr`` values, else the regime's default grid.
+
+    Args:
+        lr: The ``--lr`` values (or one value); ``None``: :data:`DEFAULT_MLM_LR_GRIDS` of ``regime``.
+        regime: The training regime.
+
+    Raises:
+        ValueError: naming ``--lr`` and the value when one is not a finite number > 0.
+
+    Example:
+        >>> mlm_lr_grid([3e-3, 1e-3, 1e-3], "fe")
+        (0.001, 0.003)
+        >>> mlm_lr_grid(None, "ft") == DEFAULT_MLM_LR_GRIDS["ft"]
+        True
+    """
+    if lr is None:
+        return DEFAULT_MLM_LR_GRIDS[regime]
+    values = [lr] if isinstance(lr, (int, float)) else list(lr)
+    if not values:
+        raise ValueError("--lr: give one or more finite numbers > 0, e.g. --lr 1e-4 3e-4")
+    return tuple(sorted({check_lr(value) for value in values}))
+
+
+def lr_label(lr: float) -> str:
+    """The LR as written in file names and output: Python's shortest exact form.
+
+    Example:
+        >>> lr_label(1e-3), lr_label(3e-5)
+        ('0.001', '3e-05')
+    """
+    return repr(float(lr))
+
+
+def run_file_name(method: str, regime: str, lr: float) -> str:
+    """File of one run, e.g. ``mlm-dwatt-fe-lr0.001.json``.
+
+    Args:
+        method: Fusion method.
+        regime: Training regime.
+        lr: The run's max LR (written by :func:`lr_label`).
+
+    Example:
+        >>> run_file_name("dwatt", "fe", 1e-3)
+        'mlm-dwatt-fe-lr0.001.json'
+    """
+    return f"mlm-{method}-{regime}-lr{lr_label(lr)}.json"
+
+
+def summary_file_name(method: str, regime: str) -> str:
+    """File of the LR selection of (method, regime), e.g. ``mlm-dwatt-fe.json``.
+
+    Example:
+        >>> summary_file_name("dwatt", "fe")
+        'mlm-dwatt-fe.json'
+    """
+    return f"mlm-{method}-{regime}.json"
+
+
+def run_settings(args: argparse.Namespace, model_name: str, lr: float) -> dict[str, Any]:
+    """The settings that change a run's result (:data:`RESULT_SETTINGS`, the model and the LR).
+
+    Stored in the run's file; a file is reused only if they are equal. Existing model and data paths
+    count by their absolute real path.
+
+    Args:
+        args: The ``layerfusion mlm`` options.
+        model_name: Model name or path (``--model`` or the demo encoder).
+        lr: The run's max LR.
+
+    Example:
+        >>> run_settings(args, "path/to/model", 1e-3)["lr"]
+        0.001
+    """
+    settings = {"model": model_name, **{name: getattr(args, name) for name in RESULT_SETTINGS}}
+    for name in ("model", "data"):
+        if os.path.exists(settings[name]):
+            settings[name] = os.path.realpath(settings[name])
+    if settings["head_modules"] is not None:
+        settings["head_modules"] = list(settings["head_modules"])
+    settings["lr"] = float(lr)
+    return settings
+
+
+def finished_record(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The record in ``path`` if it was written under ``settings``; ``None`` if missing, unreadable or stale.
+
+    Args:
+        path: A run's file.
+        settings: The run's current :func:`run_settings`.
+
+    Example:
+        >>> finished_record(Path("out/mlm-dwatt-fe-lr0.001.json"), run_settings(args, model, 1e-3))
+    """
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("settings") == settings else None
+
+
+def _perplexity_rank(ppl: float) -> float:
+    """A perplexity for ranking: NaN (a diverged run) ranks last, with infinity."""
+    return ppl if math.isfinite(ppl) else math.inf
+
+
+def select_mlm_lr(dev_ppl: Mapping[float, float]) -> float:
+    """The LR with the lowest dev perplexity; a tie goes to the smaller LR.
+
+    Args:
+        dev_ppl: Dev perplexity by LR (NaN or infinite: a diverged run, ranked last).
+
+    Example:
+        >>> select_mlm_lr({1e-3: 20.0, 3e-4: 20.0, 3e-3: 25.0})
+        0.0003
+    """
+    if not dev_ppl:
+        raise ValueError("select_mlm_lr needs at least one LR")
+    # min keeps the first of equals, and the LRs are ascending: a tie goes to the smaller
+    return min(sorted(dev_ppl), key=lambda lr: _perplexity_rank(dev_ppl[lr]))
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The summary of one (method, regime) grid: the LR selected on dev and the test perplexity there.
+
+    Args:
+        records: One run record per LR (same settings but the LR), each with ``lr``, ``dev_ppl``,
+            ``test_ppl``, ``method``, ``regime``, ``model``, ``data`` and ``settings``.
+
+    Returns:
+        ``method``, ``regime``, ``model``, ``selected_lr``; ``dev_ppl`` and ``test_ppl`` at it; ``at_edge``
+        (the selected LR is the smallest or largest of 2+); ``lrs``; ``runs`` (``lr``, ``dev_ppl``,
+        ``test_ppl``, ``file`` per LR, ascending); ``selection`` (the rule); ``data`` (where the
+        splits came from); ``settings`` (the runs' settings but the LR).
+
+    Example:
+        >>> summarize(records)["selected_lr"]  # the lowest dev_ppl's, whatever test_ppl says
+        0.001
+    """
+    if not records:
+        raise ValueError("summarize needs at least one run record")
+    by_lr = {record["lr"]: record for record in records}
+    lrs = sorted(by_lr)
+    lr = select_mlm_lr({value: by_lr[value]["dev_ppl"] for value in lrs})
+    chosen = by_lr[lr]
+    runs = [
+        {
+            "lr": value,
+            "dev_ppl": by_lr[value]["dev_ppl"],
+            "test_ppl": by_lr[value]["test_ppl"],
+            "file": run_file_name(chosen["method"], chosen["regime"], value),
+        }
+        for value in lrs
+    ]
+    return {
+        "method": chosen["method"],
+        "regime": chosen["regime"],
+        "model": chosen["model"],
+        "selected_lr": lr,
+        "dev_ppl": chosen["dev_ppl"],
+        "test_ppl": chosen["test_ppl"],
+        "at_edge": at_grid_edge(lr, lrs),
+        "lrs": lrs,
+        "runs": runs,
+        "selection": SELECTION_RULE,
+        "data": chosen["data"],
+        "settings": {name: value for name, value in chosen["settings"].items() if name != "lr"},
+    }
+
+
+def run_mlm(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every LR of the grid (skipping finished ones), select on dev; returns the summary.
+
+    Each run is written to ``--output``/:func:`run_file_name` with its :func:`run_settings`; the
+    summary (:func:`summarize`) to ``--output``/:func:`summary_file_name`, which is removed first
+    when some LR has to run (a killed grid leaves no summary of other runs). The data are prepared
+    only if some LR has to run.
+
+    Args:
+        args: The ``layerfusion mlm`` options (:func:`~layerfusion_recipes.arguments.add_mlm_arguments`).
+        progress: Called with one line per LR as it finishes (e.g. ``print``).
+
+    Example:
+        >>> summary = run_mlm(build_parser().parse_args(["mlm", "--data", "wt2", "--lr", "1e-3", "3e-3"]))
+        >>> summary["selected_lr"], summary["test_ppl"]
+    """
+    check_names("method", [args.method], METHOD_NAMES)
+    check_names("regime", [args.regime], REGIME_NAMES)
+    model_name = args.model or demo_model_path()
+    output = Path(args.output)
+    summary_path = output / summary_file_name(args.method, args.regime)
+    runs = []  # (lr, settings, path, the finished record or None)
+    for lr in mlm_lr_grid(args.lr, args.regime):
+        settings = run_settings(args, model_name, lr)
+        path = output / run_file_name(args.method, args.regime, lr)
+        runs.append((lr, settings, path, finished_record(path, settings)))
+    if any(record is None for *_, record in runs):
+        summary_path.unlink(missing_ok=True)  # it describes other runs; back when this grid is done
+    data: MlmData | None = None
+    records = []
+    for lr, settings, path, record in runs:
+        skipped = record is not None
+        if record is None:
+            data = data if data is not None else prepare_data(args, model_name)
+            record = {**train_at_lr(args, data, model_name, lr), "settings": settings}
+            atomic_write_json(path, record)
+        records.append(record)
+        if progress is not None:
+            progress(run_line(record, path, skipped))
+    summary = summarize(records)
+    atomic_write_json(summary_path, summary)
+    return summary
+
+
+def run_line(record: dict[str, Any], path: Path, skipped: bool) -> str:
+    """One line about a finished run.
+
+    Args:
+        record: The run's record.
+        path: Its file.
+        skipped: Whether it was finished earlier (under the same settings) rather than trained now.
+
+    Example:
+        >>> run_line(record, Path("out/mlm-dwatt-fe-lr0.001.json"), skipped=False)
+        'lr 0.001: dev perplexity 21.403, test perplexity 22.118 (trained; out/mlm-dwatt-fe-lr0.001.json)'
+    """
+    how = "finished earlier with these settings, skipped" if skipped else "trained"
+    return (
+        f"lr {lr_label(record['lr'])}: dev perplexity {record['dev_ppl']:.3f}, "
+        f"test perplexity {record['test_ppl']:.3f} ({how}; {path})"
+    )
+
+
+def summary_line(summary: dict[str, Any], path: Path) -> str:
+    """The one-line result of a grid: the selected LR, its dev and test perplexity, the file.
+
+    Args:
+        summary: A :func:`summarize` result.
+        path: The summary's file.
+
+    Example:
+        >>> summary_line(summary, Path("out/mlm-dwatt-fe.json"))
+        'dwatt (fe): lr 0.001 selected on dev of [0.0003, 0.001, 0.003]: dev perplexity 21.403, ...'
+    """
+    grid = ", ".join(map(lr_label, summary["lrs"]))
+    return (
+        f"{summary['method']} ({summary['regime']}): lr {lr_label(summary['selected_lr'])} selected on "
+        f"dev of [{grid}]: dev perplexity {summary['dev_ppl']:.3f}, test perplexity of that run "
+        f"{summary['test_ppl']:.3f} ({path})"
+    )
+
+
+def edge_warning(summary: dict[str, Any]) -> str | None:
+    """A warning line when the selected LR is at the edge of its grid, else ``None``.
+
+    Args:
+        summary: A :func:`summarize` result (``at_edge``, ``selected_lr``, ``lrs``).
+
+    Example:
+        >>> edge_warning({"at_edge": True, "selected_lr": 3e-3, "lrs": [3e-4, 1e-3, 3e-3]})
+        'warning: the selected lr 0.003 is the largest of the grid: the best LR may lie above it; widen --lr'
+    """
+    if not summary["at_edge"]:
+        return None
+    largest = summary["selected_lr"] == summary["lrs"][-1]
+    side, beyond = ("largest", "above") if largest else ("smallest", "below")
+    return (
+        f"warning: the selected lr {lr_label(summary['selected_lr'])} is the {side} of the grid: "
+        f"the best LR may lie {beyond} it; widen --lr"
+    )
 
 
 def mlm_main(args: argparse.Namespace) -> int:
-    record = run_mlm(args)
-    print(f"data: {record['data']}")
-    print(f"{record['method']} ({record['regime']}): best valid perplexity {record['best_valid_ppl']:.3f}")
-    print(f"test perplexity of that checkpoint: {record['test_ppl']:.3f}")
-    print(f"written to {Path(args.output) / f'mlm-{args.method}-{args.regime}.json'}")
+    """``layerfusion mlm``: run the grid, print a line per LR, the data caveat and the summary.
+
+    Args:
+        args: The parsed ``layerfusion mlm`` options.
+
+    Returns:
+        The exit code, 0.
+
+    Example:
+        >>> mlm_main(build_parser().parse_args(["mlm", "--data", "path/to/wikitext-2"]))
+        0
+    """
+    summary = run_mlm(args, progress=lambda line: print(line, flush=True))  # runs take minutes
+    print(f"data: {summary['data']}")
+    print(summary_line(summary, Path(args.output) / summary_file_name(args.method, args.regime)))
+    warning = edge_warning(summary)
+    if warning is not None:
+        print(f"layerfusion mlm: {warning}", file=sys.stderr)
     return 0

@@ -48,7 +48,19 @@ class Selection:
     @property
     def at_edge(self) -> bool:
         """True when the grid has 2+ LRs and the selected one is its smallest or largest."""
-        return len(self.lrs) > 1 and self.lr in (self.lrs[0], self.lrs[-1])
+        return at_grid_edge(self.lr, self.lrs)
+
+
+def at_grid_edge(lr: float | None, lrs: Sequence[float | None]) -> bool:
+    """Whether ``lr`` is the smallest or largest of ``lrs`` (ascending) and ``lrs`` has 2+ values.
+
+    A selected LR there may not be the best: the best may lie outside the grid.
+
+    Example:
+        >>> at_grid_edge(1e-2, [1e-3, 3e-3, 1e-2]), at_grid_edge(3e-3, [1e-3, 3e-3, 1e-2])
+        (True, False)
+    """
+    return len(lrs) > 1 and lr in (lrs[0], lrs[-1])
 
 
 def _lr_order(lr: float | None) -> tuple[bool, float]:
