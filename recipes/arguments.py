@@ -188,7 +188,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--lr",
         nargs="+",
-        type=float,
+        type=learning_rate,
         help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
         "(mean best dev F1 over trials, ties to the smaller) and reported with the test F1 of each "
         f"run's best dev epoch. Default: per regime ({grids}). One value: no selection.",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -156,9 +157,8 @@ class ExperimentSettings:
         if self.lr is None:
             return DEFAULT_LR_GRIDS[regime]
         values = [self.lr] if isinstance(self.lr, (int, float)) else list(self.lr)
-        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
-        if not values or bad:
-            raise ValueError(f"lr must be one or more numbers > 0, got {self.lr!r}")
+        if not values or not all(_is_learning_rate(v) for v in values):
+            raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}")
         return tuple(sorted({float(v) for v in values}))
 
     def setup(self) -> str:
@@ -428,6 +428,10 @@ class Experiment:
             record["depth_attention"] = depth_attention_profile(plain, self.dev)
             record["fused_layers"] = list(next(iter(layer.fused_layers.values())))
         return record
+
+
+def _is_learning_rate(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def lrs_train_together(cell: Cell, use_cache: bool) -> bool:

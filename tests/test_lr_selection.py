@@ -254,8 +254,13 @@ def test_lr_flags_and_yaml(tmp_path):
     assert settings.lr_grid("lora") == (0.01, 0.1) and grid["select_trials"] == 1
     settings, _ = resolve(parser.parse_args(["--model", "m", "--data", "d"]))
     assert settings.lr_grid("ft") == (3e-5, 1e-4, 3e-4, 1e-3) and settings.lr_for("ft") == 5e-5
-    with pytest.raises(ValueError, match="lr must be"):
-        resolve(parser.parse_args(["--model", "m", "--data", "d", "--lr", "0"]))
+    for bad in ("0", "nan", "inf"):
+        with pytest.raises(SystemExit):  # argparse names --lr and the value
+            parser.parse_args(["--model", "m", "--data", "d", "--lr", "1e-3", bad])
+    for bad in ("0", ".nan", ".inf"):  # the YAML grid is checked the same way
+        config.write_text(f"model: m\ndata: d\nlr: [0.01, {bad}]\n")
+        with pytest.raises(ValueError, match="lr must be one or more finite numbers > 0"):
+            resolve(parser.parse_args(["--config", str(config)]))
     with pytest.raises(ValueError, match="pick one"):
         ExperimentSettings("m", "d", lr=[1e-3, 1e-2]).lr_for("fe")
 
