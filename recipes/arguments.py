@@ -16,6 +16,9 @@ from typing import Any
 
 from .tags import TAG_SCHEMES
 
+# AdapterHub bottleneck adapters: their usual 1e-4..1e-3, extended up to 1e-2 for a new random head
+# trained in ~50 steps at N = 8 (LoRA and BitFit peak at 1e-2 there); not measured here yet.
+ADAPTER_LR_GRID: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2)
 # Max-LR grids per regime: every cell trains each LR, selected on dev (see README, "Learning-rate
 # selection", for the measurements behind them).
 DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
@@ -23,6 +26,8 @@ DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "lora": (1e-3, 3e-3, 1e-2, 3e-2),
     "bitfit": (1e-3, 3e-3, 1e-2, 3e-2),
     "ft": (3e-5, 1e-4, 3e-4, 1e-3),
+    "adapter_seqbn": ADAPTER_LR_GRID,
+    "adapter_double_seqbn": ADAPTER_LR_GRID,
 }
 # Max-LR grids of `layerfusion mlm` per regime: each LR is one run (minutes on CPU), the one with the
 # lowest dev perplexity is selected. Short on purpose; the summary flags a selected LR at an edge.
@@ -237,8 +242,10 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument(
         "--regimes",
         nargs="+",
-        help="fe: frozen encoder; ft: everything "
-        "trains; lora: LoRA on the encoder; bitfit: encoder biases. Default: fe.",
+        help="fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder "
+        "biases; adapter_seqbn, adapter_double_seqbn: AdapterHub bottleneck adapters (Pfeiffer, "
+        "Houlsby), method none only, sized by `method_options: {adapter_reduction_factor: F}` in the "
+        "YAML (default 16), needs transformers 4.57 + adapters 1.3.0 (the `adapters` extra). Default: fe.",
     )
     grid.add_argument(
         "--shots",

@@ -37,7 +37,7 @@ from .candidates import StackedRunner, train_candidates
 from .data import IGNORE_INDEX, NerDataset, encode_ner
 from .datasets_io import NerColumns, load_ner
 from .gold import GoldReach, gold_reach
-from .models import apply_regime, load_token_classifier
+from .models import adapter_summary, apply_regime, load_token_classifier, regime_options
 from .sampling import sample_shots
 from .training import RunResult, TokenClassifierRunner, TrainSettings, train_token_classifier
 
@@ -108,7 +108,9 @@ class ExperimentSettings:
         use_cache: Train FE cells on the feature cache.
         cache_dir: Folder persisting the feature cache (shared by sweep workers).
         head_modules: Modules of the head that train with the fusion (``modules_to_save``).
-        method_options: Extra options of the fusion configs.
+        method_options: Extra options of the regimes and fusion configs (e.g. ``lora_r``, ``d_pos``);
+            ``adapter_reduction_factor`` sizes the AdapterHub regimes and reaches only them
+            (:func:`~layerfusion_recipes.models.regime_options`).
         dev_limit: Evaluate on at most this many dev sentences (``None``: all).
         test_limit: Score at most this many test sentences (``None``: all).
         train_sentences: Sample exactly this many training sentences per trial instead of
@@ -320,7 +322,7 @@ class Experiment:
             cell.method,
             cell.regime,
             head_modules=self.settings.head_modules,
-            **self.settings.method_options,
+            **regime_options(cell.regime, self.settings.method_options),
         )
         return model, located
 
@@ -422,6 +424,9 @@ class Experiment:
         }
         if self.settings.method_options:
             record["method_options"] = dict(self.settings.method_options)  # e.g. {"lora_r": 114}
+        adapter = adapter_summary(runner.model)
+        if adapter is not None:  # AdapterHub regimes: e.g. {"kind": "seqbn", "reduction_factor": 16.0, ...}
+            record["adapter"] = adapter
         layer = fusion_layer_of(runner.model)
         if cell.method == "dwatt" and layer is not None:
             plain = TokenClassifierRunner(runner.model, runner.located, runner.cache)

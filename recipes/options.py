@@ -14,7 +14,7 @@ import yaml
 from .arguments import check_positive_ints
 from .demo import DEMO_DEV_LIMIT, DEMO_GRID, demo_data_path, demo_model_path
 from .experiment import ExperimentSettings
-from .models import METHOD_NAMES, REGIME_NAMES
+from .models import METHOD_NAMES, NER_REGIME_NAMES, check_adapter_grid
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 PAPER_GRID: dict[str, Any] = {
@@ -96,7 +96,8 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     grid = {key: pick(key) for key in (*GRID_KEYS, *run_keys)}
     grid["results"] = grid["results"] or str(Path(grid["output"]) / "results.jsonl")
     check_names("methods", grid["methods"], METHOD_NAMES)
-    check_names("regimes", grid["regimes"], REGIME_NAMES)
+    check_names("regimes", grid["regimes"], NER_REGIME_NAMES)
+    check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
     for regime in grid["regimes"] or ():
         settings.lr_grid(regime)  # a bad --lr / lr: stops here, naming the values
     return settings, grid

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib import metadata
 from types import ModuleType
 from typing import Optional
 
@@ -38,10 +41,15 @@ SPEC_ATTR = "layerfusion_bottleneck"  # set on the model: what `load_bottleneck`
 SPEC_FILE = "bottleneck_adapters.json"
 WEIGHTS_FILE = "bottleneck_adapters.safetensors"  # the trainable tensors: adapters + head
 CONFIG_CLASSES = {"seqbn": "SeqBnConfig", "double_seqbn": "DoubleSeqBnConfig"}
+ADAPTERS_VERSION = "1.3.0"  # the `adapters` extra of pyproject.toml
 
 
 def require_adapters() -> ModuleType:
-    """Import AdapterHub's ``adapters``, or fail saying how to install it.
+    """Import AdapterHub's ``adapters``, or fail saying which stack it needs and how to install it.
+
+    Raises:
+        ImportError: one line naming the stack (``adapters`` 1.3.0 on transformers 4.57.x), the
+            transformers of this environment, the import error, and the install command.
 
     Example:
         >>> adapters = require_adapters()
@@ -49,10 +57,12 @@ def require_adapters() -> ModuleType:
     try:
         return importlib.import_module("adapters")
     except ImportError as error:
+        found = metadata.version("transformers")  # a dependency of this package: always there
         raise ImportError(
-            "The bottleneck-adapter baseline needs AdapterHub's `adapters` package, which pins "
-            "transformers 4.57.x: install it in a fresh environment with "
-            '`pip install "peft_layerfusion[adapters]"`.'
+            f"The bottleneck-adapter baselines need AdapterHub's `adapters` {ADAPTERS_VERSION}, which pins "
+            f"transformers 4.57.x (this environment has transformers {found}; importing `adapters` "
+            f'failed: {error}): install both in a fresh environment with `pip install "peft_layerfusion'
+            f'[adapters]"` (transformers==4.57.6, adapters=={ADAPTERS_VERSION}).'
         ) from error
 
 
@@ -89,10 +99,11 @@ def apply_bottleneck_adapters(
     adapters.init(model)
     config = getattr(adapters, CONFIG_CLASSES[kind])(reduction_factor=reduction_factor or 16)
     model.add_adapter(ADAPTER_NAME, config=config)
-    model.train_adapter(ADAPTER_NAME)
+    with quiet_logger("adapters.model_mixin"):  # "none are activated": train_adapter resets, then activates
+        model.train_adapter(ADAPTER_NAME)
     for name, param in model.named_parameters():  # exactly: adapters + head
         is_head = any(name == h or name.startswith(f"{h}.") for h in head_modules)
-        param.requires_grad_(is_head or f".{ADAPTER_NAME}." in name)
+        param.requires_grad_(is_head or is_adapter_parameter(name))
     spec = {
         "kind": kind,
         "reduction_factor": float(config["reduction_factor"]),
@@ -100,6 +111,47 @@ def apply_bottleneck_adapters(
     }
     setattr(model, SPEC_ATTR, spec)
     return model
+
+
+@contextmanager
+def quiet_logger(name: str, level: int = logging.ERROR) -> Iterator[None]:
+    """Inside the block the stdlib logger ``name`` reports only ``level`` and above.
+
+    Args:
+        name: The logger, e.g. ``"adapters.model_mixin"``.
+        level: The lowest level still reported.
+
+    Example:
+        >>> with quiet_logger("adapters.model_mixin"):
+        ...     model.train_adapter("bottleneck")
+    """
+    logger = logging.getLogger(name)
+    previous = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def is_adapter_parameter(name: str) -> bool:
+    """Whether the parameter ``name`` belongs to the adapters :func:`apply_bottleneck_adapters` adds.
+
+    Example:
+        >>> is_adapter_parameter("bert.encoder.layer.0.output.adapters.bottleneck.adapter_down.0.weight")
+        True
+    """
+    return f".{ADAPTER_NAME}." in name
+
+
+def adapter_parameter_count(model: nn.Module) -> int:
+    """New parameters of the adapters of ``model`` (the head excluded), as ``budget`` counts them.
+
+    Example:
+        >>> adapter_parameter_count(apply_bottleneck_adapters(minilm_l6, reduction_factor=16))
+        113040
+    """
+    return sum(param.numel() for name, param in model.named_parameters() if is_adapter_parameter(name))
 
 
 def save_bottleneck(model: nn.Module, directory: str | os.PathLike) -> None:
