@@ -135,3 +135,14 @@ def test_matched_baselines_sit_on_top_of_the_regime(tiny_config):
     assert rows["dwatt"]["total"] == 5408 + biases
     assert rows["+lora (r=14)"]["components"] == {"bias": biases, "lora": 14 * 384}
     assert rows["+extra_layers (n=1)"]["components"] == {"bias": biases, "blocks": TINY_BLOCK}
+
+
+def test_lora_regime_names_the_rank_of_the_one_lora_to_train(tiny_config):
+    """Under `lora` the matched row sits on the regime's r = 8; the baseline to train is ONE LoRA
+    of the summed rank (the conll_lora_matched grid once trained the added rank alone: -6.8%)."""
+    rows = match_report(tiny_config, "lora", "dwatt")["rows"]
+    (name,) = [name for name in rows if name.startswith("+lora")]
+    added = int(name.split("(r=")[1].split(";")[0])
+    alone = int(name.split("alone: r=")[1].rstrip(")"))
+    assert alone == added + 8
+    assert audit(tiny_config, "lora", ("none",), lora_r=alone)["none"]["total"] == rows[name]["total"]

@@ -34,7 +34,7 @@ from .budget import (
     match_lora_rank,
     mismatched_pairs,
 )
-from .regimes import ADAPTER_REGIME_NAMES, apply_regime, default_lora_targets
+from .regimes import ADAPTER_REGIME_NAMES, DEFAULT_LORA_R, apply_regime, default_lora_targets
 
 AUDITED_METHODS: tuple[str, ...] = tuple(method.name for method in ENCODER_METHODS)
 # Not sized to a budget, never flagged: the plain head and the methods (nearly) without parameters.
@@ -174,8 +174,9 @@ def match_report(
 
     Rows: every fusion method and ``none`` under ``regime``; then, named ``+...``, baselines
     added on top of what the regime trains anyway (the ``none`` row) and sized to the new
-    parameters ``match`` adds: LoRA (rank), R+n (``n``), Pfeiffer and Houlsby bottleneck
-    adapters (reduction factor). Pairs of budget-sized rows
+    parameters ``match`` adds: LoRA (rank; under ``lora`` the row also names the rank of the one
+    LoRA that replaces the regime's and this one, the baseline to train), R+n (``n``), Pfeiffer
+    and Houlsby bottleneck adapters (reduction factor). Pairs of budget-sized rows
     (all but ``none``, ``average``, ``scalar_mix``) more than ``tolerance`` apart are flagged.
 
     Returns:
@@ -198,8 +199,12 @@ def match_report(
     new_params = target - rows["none"]["total"]
     lora = match_lora_rank(base, new_params, default_lora_targets(config.model_type))
     extra = match_extra_layers(base, new_params)
+    lora_name = f"+lora (r={lora.value})"
+    if regime == "lora":  # one LoRA of the summed rank stands for the regime's LoRA plus this one
+        alone = regime_options.get("lora_r", DEFAULT_LORA_R) + lora.value
+        lora_name = f"+lora (r={lora.value}; alone: r={alone})"
     matched = {
-        f"+lora (r={lora.value})": ("lora", lora),
+        lora_name: ("lora", lora),
         f"+extra_layers (n={extra.value})": ("blocks", extra),
     }
     for name in ADAPTER_REGIME_NAMES:

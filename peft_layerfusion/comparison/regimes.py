@@ -42,6 +42,7 @@ from .adapters_baseline import apply_bottleneck_adapters
 # "none" = the plain last-layer head; then every encoder method of the registry.
 METHOD_NAMES: tuple[str, ...] = ("none", *(method.name for method in ENCODER_METHODS))
 REGIME_NAMES = ("fe", "ft", "lora", "bitfit")
+DEFAULT_LORA_R = 8  # LoRA rank of the regime `lora`
 ADAPTER_REGIME_NAMES = ("adapter_seqbn", "adapter_double_seqbn")  # AdapterHub, method "none" only
 
 # Query/value linears of encoder types peft's own mapping does not list.
@@ -96,7 +97,7 @@ def make_config(
     regime: str,
     *,
     head_modules: Sequence[str] = ("classifier",),
-    lora_r: int = 8,
+    lora_r: int = DEFAULT_LORA_R,
     lora_alpha: int = 16,
     lora_dropout: float = 0.0,
     lora_target_modules: Sequence[str] | None = None,
