@@ -128,19 +128,20 @@ def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, mon
     )
     argv = ["sweep", "--config", str(config), "--quiet"]
     monkeypatch.setattr(sys, "argv", ["layerfusion", *argv])
-    run_lrs = Experiment.run_lrs
+    run = Experiment.run  # one LR per cell: each cell is one run
     calls = []
 
     def interrupted(self, *args, **kwargs):
         calls.append(args)
         if len(calls) == 2:
             raise KeyboardInterrupt  # Ctrl-C during the second cell
-        return run_lrs(self, *args, **kwargs)
+        return run(self, *args, **kwargs)
 
-    monkeypatch.setattr(Experiment, "run_lrs", interrupted)
+    monkeypatch.setattr(Experiment, "run", interrupted)
     with pytest.raises(KeyboardInterrupt):
         main(argv)
-    monkeypatch.setattr(Experiment, "run_lrs", run_lrs)
+    assert len(calls) == 2
+    monkeypatch.setattr(Experiment, "run", run)
     assert main(argv) == 0  # resumes: the second cell only
     results = tmp_path / "out" / "results.jsonl"
     assert len(read_records(results)) == 2
