@@ -6,6 +6,7 @@ The options themselves are defined in :mod:`layerfusion_recipes.arguments`.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -50,23 +51,11 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     Example:
         >>> settings, grid = resolve(parser.parse_args(["--shots", "8"]))
     """
-    loaded: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        loaded = yaml.safe_load(Path(args.config).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{args.config}: expected a mapping of options, got {type(loaded).__name__}")
-        unknown = set(loaded) - set(vars(args)) - {"method_options"}
-        if unknown:
-            raise ValueError(f"{args.config}: unknown option(s) {sorted(unknown)}")
-        check_positive_ints(loaded, args.config)
-
+    loaded = load_config(args)
     defaults = dict(DEFAULTS)
 
     def pick(name: str) -> Any:
-        value = getattr(args, name, None)
-        if value is not None:
-            return value
-        return loaded.get(name, defaults.get(name))
+        return option(args, loaded, name, defaults.get(name))
 
     demo = pick("model") is None and pick("data") is None
     defaults.update(DEMO_GRID if demo else PAPER_GRID)
@@ -94,13 +83,59 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     )
     run_keys = ("output", "results", "workers", "quiet", "threads", "select_trials")
     grid = {key: pick(key) for key in (*GRID_KEYS, *run_keys)}
-    grid["results"] = grid["results"] or str(Path(grid["output"]) / "results.jsonl")
+    grid["results"] = results_path(grid["output"], grid["results"])
     check_names("methods", grid["methods"], METHOD_NAMES)
     check_names("regimes", grid["regimes"], NER_REGIME_NAMES)
     check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
     for regime in grid["regimes"] or ():
         settings.lr_grid(regime)  # a bad --lr / lr: stops here, naming the values
     return settings, grid
+
+
+def load_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of the YAML file ``args.config`` (empty without one), checked: a mapping of known
+    options (``method_options`` besides the flags) with counts >= 1.
+
+    Raises:
+        ValueError: Naming the file and what is wrong.
+
+    Example:
+        >>> load_config(parser.parse_args(["--config", "benchmarks/grids/conll_fe_lr.yaml"]))["output"]
+        'benchmarks/results/conll_fe_lr'
+    """
+    if not getattr(args, "config", None):
+        return {}
+    loaded = yaml.safe_load(Path(args.config).read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{args.config}: expected a mapping of options, got {type(loaded).__name__}")
+    unknown = set(loaded) - set(vars(args)) - {"method_options"}
+    if unknown:
+        raise ValueError(f"{args.config}: unknown option(s) {sorted(unknown)}")
+    check_positive_ints(loaded, args.config)
+    return loaded
+
+
+def option(args: argparse.Namespace, loaded: dict[str, Any], name: str, default: Any = None) -> Any:
+    """One option: the flag when given, else the YAML's (``loaded``: :func:`load_config`), else ``default``.
+
+    Example:
+        >>> option(parser.parse_args(["--workers", "2"]), {"workers": 1, "trials": 3}, "workers")
+        2
+    """
+    value = getattr(args, name, None)
+    if value is not None:
+        return value
+    return loaded.get(name, default)
+
+
+def results_path(output: str | os.PathLike, results: str | os.PathLike | None = None) -> str:
+    """The results file of a sweep: ``results`` when given, else ``results.jsonl`` in ``output``.
+
+    Example:
+        >>> results_path("benchmarks/results/conll_fe_lr")
+        'benchmarks/results/conll_fe_lr/results.jsonl'
+    """
+    return str(results) if results else str(Path(output) / "results.jsonl")
 
 
 def check_names(option: str, values: list[str] | None, allowed: tuple[str, ...]) -> None:

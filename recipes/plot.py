@@ -346,6 +346,22 @@ def paired_table(differences: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]] | None = None) -> str:
+    """The text of ``table.md``: :func:`markdown_table` then, when two paired methods are in the
+    records, :func:`paired_table` of their :func:`paired_differences`.
+
+    Args:
+        records: The records of a results file.
+        rows: Their :func:`summarize` (computed when not given).
+
+    Example:
+        >>> print(table_markdown(read_records("out/results.jsonl")))
+    """
+    rows = summarize(records) if rows is None else rows
+    paired = paired_table(paired_differences(records, rows))
+    return markdown_table(rows) + ("\n" + paired if paired else "")
+
+
 def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -> dict[str, Path]:
     """Write ``table.md`` and the figures into ``output``; returns their paths by name.
 
@@ -355,8 +371,7 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    paired = paired_table(paired_differences(records, rows))
-    table = atomic_write_text(output / "table.md", markdown_table(rows) + ("\n" + paired if paired else ""))
+    table = atomic_write_text(output / "table.md", table_markdown(records, rows))
     paths = {
         "table": table,
         "f1_vs_shots": plot_f1_vs_shots(rows, output / "f1_vs_shots.png"),

@@ -8,6 +8,8 @@ so that cell simply runs again.
 Exactly one record per key: appends hold an exclusive lock on the file and skip a key that is
 already there (two sweeps on one output never write a cell twice), and reading keeps the first
 record of a key (files written before the lock count each cell once too).
+
+:func:`append_line` appends a line without a key the same way (the sweeps' log, ``sweeps.jsonl``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +33,42 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> bool:
         >>> append_record("results.jsonl", {"key": "dwatt|fe|8|25|0|lr=0.001|3f2a", "best_f1": 0.61})
         True
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    with _locked_for_append(path) as fd:
+        if record["key"] in finished_keys(path):
+            return False  # another sweep on this output finished it first
+        _write_line(fd, path, record)
+        return True
+
+
+def append_line(path: str | os.PathLike, payload: dict[str, Any]) -> None:
+    """Append ``payload`` as one JSON line, as :func:`append_record` does (locked, write + fsync, never
+    glued to a torn line) but without a key: e.g. the log of a sweep's invocations.
+
+    Example:
+        >>> append_line("out/sweeps.jsonl", {"wall_s": 61.2, "completed": True})
+    """
+    with _locked_for_append(path) as fd:
+        _write_line(fd, path, payload)
+
+
+@contextmanager
+def _locked_for_append(path: str | os.PathLike) -> Iterator[int]:
+    """The file (created with its folder if missing) opened for appending, under an exclusive ``flock``."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
-        if record["key"] in finished_keys(path):
-            return False  # another sweep on this output finished it first
-        if os.fstat(fd).st_size and not _ends_with_newline(path):
-            line = b"\n" + line  # never glue a record to a torn line
-        os.write(fd, line)
-        os.fsync(fd)
-        return True
+        yield fd
     finally:
         os.close(fd)
+
+
+def _write_line(fd: int, path: str | os.PathLike, payload: dict[str, Any]) -> None:
+    line = (json.dumps(payload, sort_keys=True) + "\n").encode()
+    if os.fstat(fd).st_size and not _ends_with_newline(Path(path)):
+        line = b"\n" + line  # never glue a record to a torn line
+    os.write(fd, line)
+    os.fsync(fd)
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -52,19 +77,34 @@ def _ends_with_newline(path: Path) -> bool:
         return handle.read(1) == b"\n"
 
 
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every complete record of a results file, the first one of each key (missing file: empty list;
-    torn lines skipped)."""
+def read_lines(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every complete JSON object of a JSON-lines file, in file order (missing file: empty list;
+    torn lines and lines that are not objects skipped).
+
+    Example:
+        >>> [entry["completed"] for entry in read_lines("out/sweeps.jsonl")]
+        [False, True]
+    """
     path = Path(path)
     if not path.exists():
         return []
-    records, seen = [], set()
+    entries = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            record = json.loads(line)
+            entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and "key" in record and record["key"] not in seen:
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every complete record of a results file, the first one of each key (missing file: empty list;
+    torn lines skipped)."""
+    records, seen = [], set()
+    for record in read_lines(path):
+        if "key" in record and record["key"] not in seen:
             seen.add(record["key"])
             records.append(record)
     return records

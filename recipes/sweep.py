@@ -20,6 +20,10 @@ run trained by one process, on its device; see ``layerfusion_recipes.processes``
 is written once, with the same key and F1 as one process gives, and says which of how many
 processes ran it (``process_index``, ``num_processes``); only the main process prints and writes
 the table and figures.
+
+Every invocation appends one line to ``sweeps.jsonl`` beside the results file when it ends (also on
+an error or Ctrl-C): its wall time, peak memory, workers, threads, command line, runs and the
+machine's load (see ``layerfusion_recipes.sweep_log``; only the main process of a launch writes it).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from .plot import markdown_table, summarize, write_report
 from .processes import check_workers, process_state, share
 from .results import append_record, finished_keys, read_records
 from .selection import select_lr
+from .sweep_log import logged_sweep
 
 Unit = tuple[Cell, tuple[float, ...]]  # a cell and the LRs it still has to run
 
@@ -65,6 +70,34 @@ def grid_cells(grid: dict[str, Any]) -> list[Cell]:
             grid["epochs"], grid["shots"], grid["regimes"], grid["methods"], range(grid["trials"])
         )
     ]
+
+
+def grid_keys(cells: Iterable[Cell], settings: ExperimentSettings) -> set[str]:
+    """Every key the runs of ``cells`` can have: each cell at each LR of its regime's grid.
+
+    Example:
+        >>> len(grid_keys(grid_cells(grid), settings))  # 10 cells x the 5 LRs of the FE grid
+        50
+    """
+    setup = settings.setup()
+    return {record_key(cell, lr, setup) for cell in cells for lr in settings.lr_grid(cell.regime)}
+
+
+def planned_runs(
+    cells: Iterable[Cell], settings: ExperimentSettings, select_trials: int | None = None
+) -> int:
+    """How many runs :func:`run_cells` makes for ``cells`` from scratch: every LR of a cell's grid, or
+    with ``select_trials`` every LR on the selection trials and the selected one on the others.
+
+    Example:
+        >>> lora = {"methods": ["none"], "regimes": ["lora"], "shots": [8], "epochs": [25], "trials": 3}
+        >>> planned_runs(grid_cells(lora), settings, select_trials=1)  # 4 LRs on trial 0, then 1 + 1
+        6
+    """
+    return sum(
+        len(settings.lr_grid(cell.regime)) if select_trials is None or cell.trial < select_trials else 1
+        for cell in cells
+    )
 
 
 def longest_first(cells: Iterable[Cell]) -> list[Cell]:
@@ -261,15 +294,43 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
     Options that the data or the tokenizer refuse (``--shots`` beyond the train split, a
     ``--max-length`` that leaves no gold entity in reach, a malformed data file) stop here with
     one line on stderr and exit code 2 (``errors.run_command``), before any cell runs.
+
+    Args:
+        args: The parsed options of ``layerfusion sweep`` (flags over ``--config`` over defaults).
+        figures: Also write ``table.md`` and the figures into the output folder (``layerfusion ner``).
+
+    Returns:
+        The exit code (0). The invocation's line in ``sweeps.jsonl`` is written however it ends.
+
+    Example:
+        >>> sweep_main(build_parser().parse_args(["sweep", "--config", "grid.yaml"]))
+        0
     """
     state = process_state()  # a launch accelerate cannot set up stops here, before any work
     settings, grid = resolve(args)
+    cells = grid_cells(grid)
+    fields = {
+        "workers": grid["workers"],
+        "threads": grid["threads"] or torch.get_num_threads(),
+        "num_processes": state.num_processes,
+        "argv": list(sys.argv),
+        "config": getattr(args, "config", None),
+        "runs_planned": planned_runs(cells, settings, grid["select_trials"]),
+    }
+    keys = grid_keys(cells, settings)
+    with logged_sweep(grid["results"], keys, fields, enabled=state.is_main_process):
+        return _sweep(settings, grid, cells, state, figures)
+
+
+def _sweep(
+    settings: ExperimentSettings, grid: dict[str, Any], cells: list[Cell], state, figures: bool
+) -> int:
     experiment = Experiment(settings)  # loads and checks the data, the tokenizer, the dev gold
     check_sample_sizes(settings, grid["shots"], len(experiment.data.train), experiment.num_types)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
     records = run_cells(
-        grid_cells(grid),
+        cells,
         grid["results"],
         settings,
         workers=grid["workers"],

@@ -14,6 +14,7 @@ import torch
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.processes import check_workers, launched_processes, share
 from layerfusion_recipes.results import read_records
+from layerfusion_recipes.sweep_log import read_sweep_log, sweep_log_path
 from layerfusion_recipes.toy import write_tiny_model, write_toy_data
 
 needs_launch = pytest.mark.skipif(
@@ -72,6 +73,10 @@ def test_two_processes_share_the_sweep_and_match_one_process(sweep, tmp_path, ca
     assert any(r["dev_f1"] > 0 for r in shared.values())  # the comparison is not between zeros
     assert launched.stdout.count("Test micro-F1 (seqeval)") == 1  # the table: by the main process only
     assert (tmp_path / "two" / "table.md").read_text() == (tmp_path / "one" / "table.md").read_text()
+    (launch,) = read_sweep_log(tmp_path / "two" / "results.jsonl")  # one line: by the main process only
+    assert launch["num_processes"] == 2 and launch["completed"]
+    assert launch["runs"] == launch["runs_total"] == launch["runs_planned"] == 12  # both processes' runs
+    assert [line["num_processes"] for line in read_sweep_log(tmp_path / "one" / "results.jsonl")] == [1]
 
 
 @needs_launch
@@ -82,6 +87,7 @@ def test_launch_accelerate_cannot_set_up_is_refused(sweep, tmp_path):
     assert launched.stderr.count(refusal) == 2 and "ACCELERATE_USE_CPU=1" in launched.stderr  # each process
     assert "UserError" not in launched.stderr  # one line each, no traceback of ours (torchrun adds its own)
     assert not (tmp_path / "results.jsonl").exists()
+    assert not sweep_log_path(tmp_path / "results.jsonl").exists()  # refused before the sweep started
 
 
 def test_share_gives_every_item_to_exactly_one_process():

@@ -9,7 +9,9 @@ import sys
 import pytest
 from layerfusion_recipes.arguments import DEFAULT_LR_GRIDS
 from layerfusion_recipes.cli import COMMANDS, build_parser, main
+from layerfusion_recipes.experiment import Experiment
 from layerfusion_recipes.results import read_records
+from layerfusion_recipes.sweep_log import read_sweep_log
 from layerfusion_recipes.toy import write_tiny_model, write_toy_data
 
 RECIPES = tuple(COMMANDS)
@@ -48,8 +50,10 @@ def test_help_imports_no_heavy_library():
 def test_unknown_method_is_one_line_with_the_allowed_names(capsys):
     assert main(["ner", "--methods", "dwat", "--model", "m", "--data", "d", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["layerfusion ner: error: --methods: unknown ['dwat']; allowed: " + ", ".join(
-        ["none", "dwatt", "concat", "average", "scalar_mix", "extra_layers"])]
+    assert err == [
+        "layerfusion ner: error: --methods: unknown ['dwat']; allowed: "
+        + ", ".join(["none", "dwatt", "concat", "average", "scalar_mix", "extra_layers"])
+    ]
 
 
 def test_methods_lists_the_registry(capsys):
@@ -113,3 +117,40 @@ def test_sweep_from_yaml(tiny, tmp_path, capsys):
     assert sorted(r["shots"] for r in records) == [2] * size + [3] * size
     assert sorted({r["lr"] for r in records}) == list(DEFAULT_LR_GRIDS["fe"])
     assert "average" in capsys.readouterr().out
+
+
+def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, monkeypatch):
+    model, data = tiny
+    config = tmp_path / "grid.yaml"
+    config.write_text(
+        f"model: {model}\ndata: {data}\nmethods: [none]\nshots: [2, 3]\nepochs: [1]\ntrials: 1\nlr: 0.03\n"
+        f"output: {tmp_path / 'out'}\n"
+    )
+    argv = ["sweep", "--config", str(config), "--quiet"]
+    monkeypatch.setattr(sys, "argv", ["layerfusion", *argv])
+    run = Experiment.run  # one LR per cell: each cell is one run
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C during the second cell
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Experiment, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert len(calls) == 2
+    monkeypatch.setattr(Experiment, "run", run)
+    assert main(argv) == 0  # resumes: the second cell only
+    results = tmp_path / "out" / "results.jsonl"
+    assert len(read_records(results)) == 2
+    first, second = read_sweep_log(results)
+    assert (first["completed"], first["error"]) == (False, "KeyboardInterrupt")
+    assert (second["completed"], second["error"]) == (True, None)
+    assert (first["runs"], first["runs_total"], second["runs"], second["runs_total"]) == (1, 1, 1, 2)
+    for line in first, second:
+        assert line["argv"] == ["layerfusion", *argv] and line["config"] == str(config)
+        assert (line["workers"], line["threads"], line["num_processes"], line["runs_planned"]) == (1, 1, 1, 2)
+        assert line["peak_rss_mb"] == max(line["peak_rss_self_mb"], line["peak_rss_children_mb"]) > 0
+        assert line["wall_s"] > 0 and line["results"] == str(results)
