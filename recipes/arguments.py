@@ -22,7 +22,7 @@ ADAPTER_LR_GRID: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2)
 # Max-LR grids per regime: every cell trains each LR, selected on dev (see README, "Learning-rate
 # selection", for the measurements behind them).
 DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
-    "fe": (1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
+    "fe": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
     "lora": (1e-3, 3e-3, 1e-2, 3e-2),
     "bitfit": (1e-3, 3e-3, 1e-2, 3e-2),
     "ft": (3e-5, 1e-4, 3e-4, 1e-3),
