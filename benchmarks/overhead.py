@@ -112,18 +112,26 @@ def main() -> None:
         name: statistics.median(t / b for t, b in zip(values, times["base"], strict=True))
         for name, values in times.items()
     }
-    print(f"BERT-base shape (12 x 768), batch {args.batch} x {args.seq} tokens, {args.threads} threads, "
-          f"{args.rounds} interleaved rounds, torch {torch.__version__}")
+    print(
+        f"BERT-base shape (12 x 768), batch {args.batch} x {args.seq} tokens, {args.threads} threads, "
+        f"{args.rounds} interleaved rounds, torch {torch.__version__}"
+    )
     base_median = statistics.median(times["base"])
-    print(f"base forward: {best['base'] * 1000:.0f} ms best, {base_median * 1000:.0f} ms median, "
-          f"{flops['base'] / 1e9:.1f} GFLOP, "
-          f"peak tensor memory {memory['base'] / 2**20:.0f} MiB")
-    print("| method | latency / base (best) | latency / base (median of paired rounds) | peak mem / base "
-          "| FLOP bound |")
+    print(
+        f"base forward: {best['base'] * 1000:.0f} ms best, {base_median * 1000:.0f} ms median, "
+        f"{flops['base'] / 1e9:.1f} GFLOP, "
+        f"peak tensor memory {memory['base'] / 2**20:.0f} MiB"
+    )
+    print(
+        "| method | latency / base (best) | latency / base (median of paired rounds) | peak mem / base "
+        "| FLOP bound |"
+    )
     print("|---|---|---|---|---|")
     for name in args.methods:
-        print(f"| {name} | {best[name] / best['base']:.3f}x | {paired[name]:.3f}x | "
-              f"{memory[name] / memory['base']:.3f}x | {flops[name] / flops['base']:.3f}x |")
+        print(
+            f"| {name} | {best[name] / best['base']:.3f}x | {paired[name]:.3f}x | "
+            f"{memory[name] / memory['base']:.3f}x | {flops[name] / flops['base']:.3f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ def _also_saved(config: PeftConfig, module_names: Collection[str] | None = None)
     if config.bias != "none":
         parts.append(f"biases (`bias={config.bias!r}`)")
     saved = [
-        name for name in config.modules_to_save or []
+        name
+        for name in config.modules_to_save or []
         if module_names is None or any(m == name or m.endswith(f".{name}") for m in module_names)
     ]
     if saved:
@@ -138,7 +139,8 @@ def card_section(
         "|---|---|---|---|",
         *rows,
         "",
-        f"Base model: `{base_name}` (`{class_name}`)." if base_name
+        f"Base model: `{base_name}` (`{class_name}`)."
+        if base_name
         else f"Base model: a `{class_name}` built in memory (no name or path recorded).",
         "",
         "### How to load",
@@ -169,12 +171,12 @@ def with_section(text: str, section: str) -> str:
     """
     begin, end = text.find(SECTION_BEGIN), text.find(SECTION_END)
     if begin != -1 and end > begin:
-        return text[:begin] + section + text[end + len(SECTION_END):]
+        return text[:begin] + section + text[end + len(SECTION_END) :]
     lines = text.split("\n")
     title = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
     if title is None:
         return f"{section}\n\n{text.lstrip()}"
-    head, rest = "\n".join(lines[: title + 1]), "\n".join(lines[title + 1:]).lstrip("\n")
+    head, rest = "\n".join(lines[: title + 1]), "\n".join(lines[title + 1 :]).lstrip("\n")
     return f"{head}\n\n{section}\n\n{rest}"
 
 

@@ -124,8 +124,10 @@ class LayerFusionConfig(LoraConfig):
             raise TypeError(f"{type(self).__name__} is abstract: use a method config such as DWAttConfig.")
         self.peft_type = PeftType(self.PEFT_TYPE)
         if self.layers is not None:
-            if not isinstance(self.layers, (list, tuple)) or not self.layers or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in self.layers
+            if (
+                not isinstance(self.layers, (list, tuple))
+                or not self.layers
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers)
             ):
                 raise invalid("layers", self.layers, "None or a non-empty list of ints")
             if len(set(self.layers)) != len(self.layers):

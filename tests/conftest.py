@@ -106,8 +106,10 @@ class ToyStack(nn.Module):
             states.append(hidden)
         return hidden, states
 
-def check_lifecycle(model: PeftModel, fresh_base: nn.Module, inputs: dict, tmp_path, plain: torch.Tensor,
-                    hooks_before: int) -> None:
+
+def check_lifecycle(
+    model: PeftModel, fresh_base: nn.Module, inputs: dict, tmp_path, plain: torch.Tensor, hooks_before: int
+) -> None:
     """The PEFT lifecycle of an adapted model, on its logits.
 
     The adapter changes the logits; ``disable_adapter()`` gives exactly ``plain`` (the
@@ -132,7 +134,6 @@ def check_lifecycle(model: PeftModel, fresh_base: nn.Module, inputs: dict, tmp_p
     assert count_hooks(unloaded) == hooks_before
     with torch.no_grad():
         assert torch.equal(unloaded(**inputs).logits, plain)
-
 
 
 @pytest.fixture

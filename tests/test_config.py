@@ -115,8 +115,9 @@ def test_every_field_has_help(config_cls):
 
 
 NON_DEFAULT = {
-    DWAttConfig: dict(d_pos=7, query_bottleneck=0.25, value_bottleneck=0.75, score_temperature=2.0,
-                      attention_dropout=0.1),
+    DWAttConfig: dict(
+        d_pos=7, query_bottleneck=0.25, value_bottleneck=0.75, score_temperature=2.0, attention_dropout=0.1
+    ),
     ExtraLayersConfig: dict(num_extra_layers=2),
 }
 

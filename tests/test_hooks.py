@@ -124,9 +124,7 @@ def test_t5_encoder_blocks_return_tuples(input_ids):
 
 def t5_grads(use_reentrant, input_ids) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, dropout_rate=0.0
-    )
+    config = T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, dropout_rate=0.0)
     model, _ = attach(DWAttConfig(), base=T5EncoderModel(config), seed=1)
     for name, param in model.named_parameters():
         if ".block.1." in name:

@@ -45,9 +45,12 @@ class Case:
     def inputs(self, with_labels: bool = False) -> dict[str, torch.Tensor]:
         if self.method.seq2seq:
             inputs = batch()
-            return inputs if with_labels else {k: v for k, v in inputs.items() if k != "labels"} | {
-                "decoder_input_ids": inputs["labels"].clamp(min=3)
-            }
+            return (
+                inputs
+                if with_labels
+                else {k: v for k, v in inputs.items() if k != "labels"}
+                | {"decoder_input_ids": inputs["labels"].clamp(min=3)}
+            )
         generator = torch.Generator().manual_seed(1)
         input_ids = torch.randint(1, 99, (2, 7), generator=generator)
         attention_mask = torch.ones(2, 7, dtype=torch.long)

@@ -136,7 +136,8 @@ def test_bad_masks_are_refused(mask, expected):
 
 def test_a_mask_of_another_batch_is_refused(input_ids):
     model, _ = attach(DWAttConfig())
-    with pytest.raises(ValueError, match=r"\(3, 7\).*\(2, 7\)"), fused_positions(
-        model, torch.ones(3, 7, dtype=torch.bool)
+    with (
+        pytest.raises(ValueError, match=r"\(3, 7\).*\(2, 7\)"),
+        fused_positions(model, torch.ones(3, 7, dtype=torch.bool)),
     ):
         model(input_ids=input_ids)

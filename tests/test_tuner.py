@@ -195,7 +195,9 @@ def test_unload_restores_the_base(config_cls, input_ids):
 
 def test_unload_without_head_gives_original_outputs(input_ids):
     model, reference = trained(DWAttConfig(modules_to_save=["classifier"]))
-    model.base_model.model.classifier.modules_to_save["default"].load_state_dict(reference.classifier.state_dict())
+    model.base_model.model.classifier.modules_to_save["default"].load_state_dict(
+        reference.classifier.state_dict()
+    )
     unloaded = model.unload()
     assert count_hooks(unloaded) == 0
     assert torch.equal(logits(unloaded, input_ids), logits(reference, input_ids))

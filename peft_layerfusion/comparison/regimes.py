@@ -58,6 +58,7 @@ EXTRA_LORA_TARGETS: dict[str, list[str]] = {
 # linear of a known encoder. `apply_regime` uses the exact list of the model's type instead.
 ANY_QUERY_VALUE_PATTERN = r".*\.(query|value|q_lin|v_lin|q|v|q_proj|v_proj|query_proj|value_proj|Wqkv)"
 
+
 def _check_names(method: str, regime: str, *, adapters_ok: bool = False) -> None:
     if method not in METHOD_NAMES:
         raise invalid("method", method, f"one of {list(METHOD_NAMES)}")
