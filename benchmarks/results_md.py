@@ -23,6 +23,37 @@ language, each marker naming the two options of that language's sweep::
 (rather than one block looping over the folders found under an output: the marker says exactly
 which sweep the block shows, with no convention on folder names, and its command reruns it).
 
+Per-language summary: the reserved parameter ``languages=`` (comma-separated, in the table's order)
+shows the sweeps of a grid run once per language in ONE block. Language ``L``'s sweep is the grid's
+with ``--language L --output <output>/L``, ``<output>`` the grid's ``output:`` (or the marker's
+``output=``; the other parameters are sweep options as above)::
+
+    <!-- generated: wikiann_fe_lr languages=en,de,fr,nl,pt -->
+    <!-- end generated: wikiann_fe_lr languages=en,de,fr,nl,pt -->
+
+The block has one table with a row per (language, cell) and a column per method (cells as in
+``table.md``), the edge flags, one table of the paired differences within each language, one cost
+line per language (from ``<output>/L/sweeps.jsonl``), and the per-language loop of sweep and plot
+commands. A language without its folder ``<output>/L`` stops with an error naming the marker and
+the folder.
+
+MLM summary: the reserved name ``mlm`` (no grid file is read: ``layerfusion mlm`` runs are not
+sweeps) shows the LR-grid summaries ``mlm-METHOD-REGIME.json`` of one ``layerfusion mlm --output``
+folder, its only parameter::
+
+    <!-- generated: mlm output=benchmarks/results/mlm_lr -->
+    <!-- end generated: mlm output=benchmarks/results/mlm_lr -->
+
+The block has one table, a row per regime and a column per method (both in the registry's order),
+each cell the test perplexity (dev perplexity) at the LR (@) selected on dev, ⚠ when that LR is at
+the edge of its grid; then one line per (method, regime) with the dev perplexity of every LR; then
+what does not add up, said in the block rather than mixed silently: a summary without its runs (an
+older file: left out of the table), run files it names that are missing, settings (data, epochs,
+blocks...) that differ between the summaries; then one ``layerfusion mlm`` command per summary,
+built from its stored settings (the options not at their default; ``--model`` unless the demo
+encoder, ``--lr`` unless the regime's default grid; a path under the repository's parent folder, as
+``../shared/data``, relative to the root).
+
 Each block is regenerated from its grid's ``results.jsonl`` (``output:`` or ``results:``, relative
 to the repository root): the tables ``layerfusion plot`` writes to ``table.md`` (test F1 mean ± CI
 at the dev-selected LR, edge flags, paired differences), then one line with the number of runs, the
@@ -35,23 +66,43 @@ Usage (from anywhere; paths are relative to ``--root``, by default this reposito
     python benchmarks/results_md.py            # rewrite the blocks (atomically) where they changed
     python benchmarks/results_md.py --check    # exit 1 with a diff when RESULTS.md is out of date
 
-A marker without its grid file, a grid without an output folder, missing results or unpaired markers
-stop with exit code 2 and one line naming the marker; nothing is written.
+A marker without its grid file, a grid without an output folder, a missing language or MLM folder,
+missing results or unpaired markers stop with exit code 2 and one line naming the marker; nothing is
+written.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import json
+import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from layerfusion_recipes.arguments import add_experiment_arguments
+from layerfusion_recipes.arguments import add_experiment_arguments, add_mlm_arguments
+from layerfusion_recipes.demo import demo_model_path
 from layerfusion_recipes.errors import is_user_error, one_line
+from layerfusion_recipes.mlm import (
+    RESULT_SETTINGS,
+    SELECTION_RULE,
+    lr_label,
+    mlm_lr_grid,
+    summary_file_name,
+)
+from layerfusion_recipes.models import METHOD_NAMES, REGIME_NAMES
 from layerfusion_recipes.options import load_config, option, results_path
-from layerfusion_recipes.plot import table_markdown
+from layerfusion_recipes.plot import (
+    format_lr,
+    grouped_table_markdown,
+    markdown_row,
+    method_rank,
+    table_markdown,
+)
 from layerfusion_recipes.results import read_records
 from layerfusion_recipes.sweep_log import SweepTotals, read_sweep_log, sweep_totals
 
@@ -65,6 +116,12 @@ MARKER = re.compile(
     r"^<!--[ \t]*(?P<end>end[ \t]+)?generated:[ \t]*(?P<spec>.*?)[ \t]*-->[ \t]*$", re.MULTILINE
 )
 NAME = re.compile(r"[\w.-]+")
+LANGUAGES = "languages"  # reserved parameter: one block over a grid's per-language sweeps
+LANGUAGE = re.compile(r"[\w-]+")  # a language: a folder name under the grid's output
+MLM = "mlm"  # reserved name: the `layerfusion mlm` summaries of a folder, no grid file
+SUMMARY_KEYS = ("selected_lr", "dev_ppl", "test_ppl", "at_edge", "lrs", "runs", "settings")
+ALWAYS_SHOWN = ("data", "method", "regime", "epochs")  # in an MLM command, even at their default
+Params = tuple[tuple[str, str], ...]  # a marker's key=value parameters, in their order
 
 
 class MarkerError(ValueError):
@@ -85,12 +142,12 @@ class Block:
 
     spec: str
     name: str
-    params: tuple[tuple[str, str], ...]
+    params: Params
     start: int
     stop: int
 
 
-def _parse_spec(spec: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+def _parse_spec(spec: str) -> tuple[str, Params]:
     name, *params = spec.split() or [""]
     if not NAME.fullmatch(name):
         raise MarkerError(f"marker 'generated: {spec}': expected a grid name, got {name!r}")
@@ -138,31 +195,47 @@ def find_blocks(text: str) -> list[Block]:
     return blocks
 
 
-def _sweep_flags(block: Block) -> list[str]:
-    return [text for key, value in block.params for text in (f"--{key.replace('_', '-')}", value)]
+def _error(block: Block, message: str) -> MarkerError:
+    return MarkerError(f"marker 'generated: {block.spec}': {message}")
 
 
-def _grid_results(block: Block, root: Path) -> str:
-    """The results file of the block's grid, relative to ``root`` as the grid file names it."""
+def _sweep_flags(params: Params) -> list[str]:
+    return [text for key, value in params for text in (f"--{key.replace('_', '-')}", value)]
+
+
+def _sweep_command(block: Block, params: Params) -> str:
+    return " ".join(
+        ["layerfusion sweep --config", (GRIDS / f"{block.name}.yaml").as_posix(), *_sweep_flags(params)]
+    )
+
+
+def _grid_outputs(block: Block, root: Path, params: Params) -> tuple[str | None, str | None]:
+    """The ``output`` and ``results`` options of the block's grid under ``params`` (as the sweep resolves)."""
     grid = root / GRIDS / f"{block.name}.yaml"
     if not grid.is_file():
-        raise MarkerError(f"marker 'generated: {block.spec}': no grid file {GRIDS / grid.name} under {root}")
+        raise _error(block, f"no grid file {GRIDS / grid.name} under {root}")
     parser = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)  # --shot is not --shots
     add_experiment_arguments(parser)
     try:
-        args, unknown = parser.parse_known_args(["--config", str(grid), *_sweep_flags(block)])
+        args, unknown = parser.parse_known_args(["--config", str(grid), *_sweep_flags(params)])
         loaded = load_config(args)
     except Exception as error:  # a bad value in the marker, a grid file the sweep would refuse
         if not (isinstance(error, argparse.ArgumentError) or is_user_error(error)):
             raise
-        raise MarkerError(f"marker 'generated: {block.spec}': {one_line(error)}") from error
+        raise _error(block, one_line(error)) from error
     if unknown:
-        raise MarkerError(f"marker 'generated: {block.spec}': not a `layerfusion sweep` option: {unknown}")
-    output, results = option(args, loaded, "output"), option(args, loaded, "results")
+        raise _error(block, f"not a `layerfusion sweep` option: {unknown}")
+    return option(args, loaded, "output"), option(args, loaded, "results")
+
+
+def _grid_results(block: Block, root: Path) -> str:
+    """The results file of the block's grid, relative to ``root`` as the grid file names it."""
+    output, results = _grid_outputs(block, root, block.params)
     if not output and not results:
-        raise MarkerError(
-            f"marker 'generated: {block.spec}': {GRIDS / grid.name} has no output: name the grid's output "
-            f"folder in the marker (output=...), e.g. one block per language"
+        raise _error(
+            block,
+            f"{GRIDS / block.name}.yaml has no output: name the grid's output folder in the marker "
+            "(output=...), e.g. one block per language",
         )
     return results_path(output, results)
 
@@ -215,27 +288,349 @@ def cost_line(runs: int, results: str, totals: SweepTotals | None) -> str:
     return text + "."
 
 
-def render_block(block: Block, root: Path) -> str:
-    """The content of ``block``: ``table.md``'s tables, the cost line and the commands.
+def _read_results(block: Block, root: Path, results: str) -> list[dict[str, Any]]:
+    records = read_records(root / results)
+    if not records:
+        raise _error(block, f"no results in {results} under {root}")
+    return records
+
+
+def _cost(block: Block, root: Path, results: str) -> tuple[list[dict[str, Any]], str]:
+    """The records of ``results`` and their :func:`cost_line`."""
+    records = _read_results(block, root, results)
+    return records, cost_line(len(records), results, sweep_totals(read_sweep_log(root / results)))
+
+
+def render_grid_block(block: Block, root: Path) -> str:
+    """The content of a grid's block: ``table.md``'s tables, the cost line and the commands.
+
+    Args:
+        block: A block naming a grid file.
+        root: The repository root.
 
     Raises:
         MarkerError: No grid file, no output folder or no results for the marker.
 
     Example:
-        >>> print(render_block(find_blocks(Path("benchmarks/RESULTS.md").read_text())[0], Path(".")))
+        >>> print(render_grid_block(find_blocks(Path("benchmarks/RESULTS.md").read_text())[0], Path(".")))
     """
     results = _grid_results(block, root)
-    records = read_records(root / results)
-    if not records:
-        raise MarkerError(f"marker 'generated: {block.spec}': no results in {results} under {root}")
-    totals = sweep_totals(read_sweep_log(root / results))
-    sweep = " ".join(
-        ["layerfusion sweep --config", (GRIDS / f"{block.name}.yaml").as_posix(), *_sweep_flags(block)]
+    records, cost = _cost(block, root, results)
+    return (
+        f"{table_markdown(records).rstrip()}\n\n{cost}\n\n"
+        f"```\n{_sweep_command(block, block.params)}\nlayerfusion plot {results}\n```"
+    )
+
+
+def _languages(block: Block) -> tuple[list[str], Params]:
+    """The marker's languages and its other parameters (the sweep options of every language)."""
+    params = dict(block.params)
+    if "language" in params:
+        raise _error(block, f"{LANGUAGES}= names every language's sweep: drop language=")
+    languages = params[LANGUAGES].split(",")
+    bad = [language for language in languages if not LANGUAGE.fullmatch(language)]
+    if bad or len(set(languages)) < len(languages):
+        raise _error(
+            block,
+            f"{LANGUAGES}= takes distinct comma-separated folder names, e.g. en,de; got {bad or languages}",
+        )
+    return languages, tuple(pair for pair in block.params if pair[0] != LANGUAGES)
+
+
+def render_languages_block(block: Block, root: Path) -> str:
+    """The content of a per-language block (``languages=``): one table over the languages' results.
+
+    Language ``L``'s results are ``<output>/L/results.jsonl``, ``<output>`` the grid's (or the marker's
+    ``output=``). Below the tables (:func:`~layerfusion_recipes.plot.grouped_table_markdown`): a cost
+    line per language, then the loop of sweep and plot commands over the languages.
+
+    Args:
+        block: A block naming a grid file, with ``languages=``.
+        root: The repository root.
+
+    Raises:
+        MarkerError: No grid file, no output folder, a language without its folder or results.
+
+    Example:
+        >>> spec = "wikiann_fe_lr languages=en,de"
+        >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
+        >>> print(render_languages_block(find_blocks(text)[0], Path(".")))
+    """
+    languages, params = _languages(block)
+    output, results = _grid_outputs(block, root, params)
+    if results or not output:
+        raise _error(
+            block,
+            f"{LANGUAGES}= needs an output folder holding a folder per language (output: in "
+            f"{GRIDS / block.name}.yaml or output= in the marker), not a results: file",
+        )
+    groups, costs = {}, []
+    for language in languages:
+        folder = Path(output) / language
+        if not (root / folder).is_dir():
+            raise _error(block, f"no folder {folder.as_posix()} (language {language}) under {root}")
+        groups[language], cost = _cost(block, root, results_path(folder.as_posix()))
+        costs.append(f"- {language}: {cost}")
+    loop = f"{output}/$lang"
+    sweep = _sweep_command(
+        block, (("language", "$lang"), ("output", loop), *(p for p in params if p[0] != "output"))
     )
     return (
-        f"{table_markdown(records).rstrip()}\n\n{cost_line(len(records), results, totals)}\n\n"
-        f"```\n{sweep}\nlayerfusion plot {results}\n```"
+        f"{grouped_table_markdown(groups, 'language').rstrip()}\n\n" + "\n".join(costs) + "\n\n"
+        f"```\nfor lang in {' '.join(languages)}; do\n  {sweep}\n"
+        f"  layerfusion plot {results_path(loop)}\ndone\n```"
     )
+
+
+def read_mlm_summaries(folder: Path) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, list[str]]]:
+    """The LR-grid summaries ``mlm-METHOD-REGIME.json`` of a ``layerfusion mlm --output`` folder.
+
+    Args:
+        folder: The folder (the per-LR files in it are not read).
+
+    Returns:
+        The summaries by (method, regime), regimes then methods in the registry's order, and the
+        summary files left out, each with the keys it lacks (runs, settings...: an older
+        ``layerfusion mlm``).
+
+    Raises:
+        ValueError: A summary file that is not JSON.
+
+    Example:
+        >>> summaries, left_out = read_mlm_summaries(Path("benchmarks/results/mlm_lr"))
+        >>> summaries["dwatt", "fe"]["selected_lr"]
+    """
+    summaries, left_out = {}, {}
+    for regime in REGIME_NAMES:
+        for method in METHOD_NAMES:
+            path = folder / summary_file_name(method, regime)
+            if not path.is_file():
+                continue
+            try:
+                summary = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as error:
+                raise ValueError(f"{path}: not a JSON file ({one_line(error)})") from error
+            if not isinstance(summary, dict):
+                raise ValueError(f"{path}: not a JSON object")
+            missing = [key for key in SUMMARY_KEYS if summary.get(key) in (None, [])]  # absent or empty
+            if missing:
+                left_out[path.name] = missing
+            else:
+                summaries[method, regime] = summary
+    return summaries, left_out
+
+
+def _labels_by_value(
+    summaries: dict[tuple[str, str], dict[str, Any]], value: Callable[[dict[str, Any]], str]
+) -> dict[str, list[str]]:
+    """The summaries' ``method regime`` labels grouped by ``value`` of each summary, in order."""
+    groups: dict[str, list[str]] = {}
+    for (method, regime), summary in summaries.items():
+        groups.setdefault(value(summary), []).append(f"{method} {regime}")
+    return groups
+
+
+def _grouped(groups: dict[str, list[str]]) -> str:
+    return "; ".join(f"{value} ({', '.join(labels)})" for value, labels in groups.items())
+
+
+def mlm_problems(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path) -> list[str]:
+    """What does not add up between MLM summaries: run files missing from ``folder``, and settings
+    (but the method and the regime) that differ between summaries.
+
+    Args:
+        summaries: :func:`read_mlm_summaries`'s.
+        folder: Their folder.
+
+    Example:
+        >>> folder = Path("benchmarks/results/mlm_lr")
+        >>> mlm_problems(read_mlm_summaries(folder)[0], folder)
+        []
+    """
+    problems = []
+    for (method, regime), summary in summaries.items():
+        missing = [run["file"] for run in summary["runs"] if not (folder / run["file"]).is_file()]
+        if missing:
+            problems.append(
+                f"⚠ `{summary_file_name(method, regime)}`: its run files are missing: {', '.join(missing)} "
+                "(the table shows the summary's numbers)."
+            )
+    names = dict.fromkeys(name for summary in summaries.values() for name in summary["settings"])
+    for name in names:
+        if name in ("method", "regime"):
+            continue
+        groups = _labels_by_value(
+            summaries, lambda summary, name=name: json.dumps(summary["settings"].get(name))
+        )
+        if len(groups) > 1:
+            problems.append(f"⚠ The summaries differ in {name}, not comparable: {_grouped(groups)}.")
+    return problems
+
+
+def mlm_cell(summary: dict[str, Any]) -> str:
+    """One cell of the MLM table: test perplexity (dev perplexity) at the selected LR, ⚠ at the edge.
+
+    Args:
+        summary: A ``mlm-METHOD-REGIME.json`` summary.
+
+    Example:
+        >>> mlm_cell({"test_ppl": 21.234, "dev_ppl": 20.5, "selected_lr": 0.003, "at_edge": True})
+        '21.23 (20.50) @0.003 ⚠'
+    """
+    text = f"{summary['test_ppl']:.2f} ({summary['dev_ppl']:.2f}) @{format_lr(summary['selected_lr'])}"
+    return text + (" ⚠" if summary["at_edge"] else "")
+
+
+def mlm_table(summaries: dict[tuple[str, str], dict[str, Any]]) -> str:
+    """The MLM table: a row per regime, a column per method (registry order), :func:`mlm_cell` cells.
+
+    Args:
+        summaries: :func:`read_mlm_summaries`'s, non-empty.
+
+    Example:
+        >>> print(mlm_table(read_mlm_summaries(Path("benchmarks/results/mlm_lr"))[0]))
+    """
+    methods = sorted({method for method, _ in summaries}, key=method_rank)
+    lines = [markdown_row(["regime", *methods]), "|" + "---|" * (1 + len(methods))]
+    for regime in dict.fromkeys(regime for _, regime in summaries):
+        cells = [mlm_cell(summaries[m, regime]) if (m, regime) in summaries else "-" for m in methods]
+        lines.append(markdown_row([regime, *cells]))
+    return "\n".join(lines)
+
+
+def dev_by_lr_line(summary: dict[str, Any]) -> str:
+    """The dev perplexity of every LR of one summary's grid, the selected one in bold.
+
+    Args:
+        summary: A ``mlm-METHOD-REGIME.json`` summary.
+
+    Example:
+        >>> runs = [{"lr": 0.001, "dev_ppl": 30.0}, {"lr": 0.003, "dev_ppl": 25.0}]
+        >>> dev_by_lr_line({"method": "dwatt", "regime": "fe", "selected_lr": 0.003, "runs": runs})
+        '- dwatt fe: 30.00 @0.001, **25.00 @0.003**'
+    """
+    texts = []
+    for run in summary["runs"]:
+        text = f"{run['dev_ppl']:.2f} @{format_lr(run['lr'])}"
+        texts.append(f"**{text}**" if run["lr"] == summary["selected_lr"] else text)
+    return f"- {summary['method']} {summary['regime']}: {', '.join(texts)}"
+
+
+def _demo_model() -> str | None:
+    """The real path of the demo encoder (``layerfusion mlm``'s default model), if installed."""
+    try:
+        return os.path.realpath(demo_model_path())
+    except RuntimeError:  # the demo extra is not installed
+        return None
+
+
+def _shown_path(path: str, root: Path) -> str:
+    """A stored path as a command writes it: relative to ``root`` when under its parent folder."""
+    base = root.resolve()
+    if os.path.isabs(path) and Path(path).is_relative_to(base.parent):
+        return os.path.relpath(path, base)
+    return path
+
+
+def mlm_command(summary: dict[str, Any], output: str, root: Path) -> str:
+    """The ``layerfusion mlm`` command of a summary, from its stored settings.
+
+    ``--data``, ``--method``, ``--regime`` and ``--epochs`` always; the other settings when not at the
+    command's default; ``--model`` unless the demo encoder; ``--lr`` unless the regime's default grid.
+
+    Args:
+        summary: A ``mlm-METHOD-REGIME.json`` summary.
+        output: Its folder, as the command's ``--output``.
+        root: The repository root (paths under its parent folder are written relative to it).
+
+    Example:
+        >>> mlm_command(summary, "benchmarks/results/mlm_lr", Path("."))
+        'layerfusion mlm --data ../shared/data/wikitext-2 --method dwatt --regime fe --epochs 1 ...'
+    """
+    parser = argparse.ArgumentParser()
+    add_mlm_arguments(parser)
+    settings = summary["settings"]
+    flags = []
+    for name in RESULT_SETTINGS:
+        value = settings.get(name, parser.get_default(name))
+        if name in ALWAYS_SHOWN or value != parser.get_default(name):
+            values = value if isinstance(value, list) else [value]
+            shown = [_shown_path(v, root) if name == "data" else str(v) for v in values]
+            flags += [f"--{name.replace('_', '-')}", *shown]
+    if settings.get("model") and settings["model"] != _demo_model():
+        flags += ["--model", _shown_path(settings["model"], root)]
+    if tuple(summary["lrs"]) != mlm_lr_grid(None, summary["regime"]):
+        flags += ["--lr", *map(lr_label, summary["lrs"])]
+    return " ".join(["layerfusion mlm", *flags, "--output", output])
+
+
+def render_mlm_block(block: Block, root: Path) -> str:
+    """The content of an ``mlm`` block: the summaries of its ``output=`` folder (module docstring).
+
+    Args:
+        block: A block named ``mlm`` with the one parameter ``output=``.
+        root: The repository root.
+
+    Raises:
+        MarkerError: Other parameters, no folder, or no summary of an LR grid in it.
+
+    Example:
+        >>> text = "<!-- generated: mlm output=out -->\\n<!-- end generated: mlm output=out -->"
+        >>> print(render_mlm_block(find_blocks(text)[0], Path(".")))
+    """
+    if [key for key, _ in block.params] != ["output"]:
+        raise _error(
+            block, f"the {MLM} block takes one parameter, output=FOLDER (a `layerfusion mlm --output`)"
+        )
+    output = block.params[0][1]
+    folder = root / output
+    if not folder.is_dir():
+        raise _error(block, f"no folder {output} under {root}")
+    try:
+        summaries, left_out = read_mlm_summaries(folder)
+    except ValueError as error:
+        raise _error(block, one_line(error)) from error
+    if not summaries:
+        older = f" (without runs or settings: {', '.join(left_out)})" if left_out else ""
+        raise _error(
+            block, f"no summary of an LR grid (mlm-METHOD-REGIME.json) in {output} under {root}{older}"
+        )
+    data = _labels_by_value(summaries, lambda summary: summary["data"])
+    legend = (
+        f"Test perplexity (dev perplexity in parentheses) of the run at the LR (@) selected on dev: "
+        f"{SELECTION_RULE}. ⚠: the selected LR is the smallest or largest of its grid (the best may lie "
+        f"outside it: widen --lr). Data: {next(iter(data)) if len(data) == 1 else _grouped(data)}."
+    )
+    notes = [
+        f"⚠ `{name}` has no {', '.join(missing)}: not the summary of an LR grid (an older "
+        "`layerfusion mlm`?), left out of the table."
+        for name, missing in left_out.items()
+    ]
+    notes += mlm_problems(summaries, folder)
+    commands = "\n".join(mlm_command(summary, output, root) for summary in summaries.values())
+    return (
+        f"{mlm_table(summaries)}\n\n{legend}\n\nDev perplexity by LR (selected in bold):\n\n"
+        + "\n".join(map(dev_by_lr_line, summaries.values()))
+        + "".join(f"\n\n{note}" for note in notes)
+        + f"\n\n```\n{commands}\n```"
+    )
+
+
+def render_block(block: Block, root: Path) -> str:
+    """The content of ``block``: :func:`render_mlm_block` for the name ``mlm``,
+    :func:`render_languages_block` with ``languages=``, else :func:`render_grid_block`.
+
+    Raises:
+        MarkerError: What the block cannot be regenerated from, naming its marker.
+
+    Example:
+        >>> print(render_block(find_blocks(Path("benchmarks/RESULTS.md").read_text())[0], Path(".")))
+    """
+    if block.name == MLM:
+        return render_mlm_block(block, root)
+    if any(key == LANGUAGES for key, _ in block.params):
+        return render_languages_block(block, root)
+    return render_grid_block(block, root)
 
 
 def regenerate(text: str, root: Path) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,33 +95,79 @@ def _test_means(
     return means
 
 
-def _format_lr(lr: float | None) -> str:
+def format_lr(lr: float | None) -> str:
+    """An LR as the tables write it (``-`` for records without one).
+
+    Args:
+        lr: The LR, or ``None``.
+
+    Example:
+        >>> format_lr(0.001), format_lr(3e-05), format_lr(None)
+        ('0.001', '3e-05', '-')
+    """
     return "-" if lr is None else f"{lr:g}"
 
 
-def _cell_text(row: dict[str, Any]) -> str:
+def cell_text(row: dict[str, Any]) -> str:
+    """One cell of :func:`markdown_table`: score mean ± CI, ``@`` selected LR (``⚠`` at the edge of
+    its grid), the best dev F1 beside a test score, the number of trials.
+
+    Args:
+        row: A row of :func:`summarize`.
+
+    Example:
+        >>> row = {"mean": 50.0, "ci": 2.5, "lr": 0.1, "edge": True, "score": "test", "n": 3}
+        >>> cell_text({**row, "dev_mean": 60.0})
+        '50.0 ± 2.5 @0.1 ⚠ (dev 60.0) (n=3)'
+    """
     text = f"{row['mean']:.1f} ± {row['ci']:.1f}"
     if row["lr"] is not None:
-        text += f" @{_format_lr(row['lr'])}" + (" ⚠" if row["edge"] else "")
+        text += f" @{format_lr(row['lr'])}" + (" ⚠" if row["edge"] else "")
     if row["score"] == "test":
         text += f" (dev {row['dev_mean']:.1f})"
     return text + f" (n={row['n']})"
 
 
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Rows of :func:`summarize` as a markdown table (one column per method), legend and edge flags."""
-    methods = list(dict.fromkeys(row["method"] for row in rows))
+def markdown_row(columns: Sequence[Any]) -> str:
+    """One line of a markdown table.
+
+    Args:
+        columns: Its cells (written with ``str``).
+
+    Example:
+        >>> markdown_row(["fe", 25, "50.0"])
+        '| fe | 25 | 50.0 |'
+    """
+    return "| " + " | ".join(map(str, columns)) + " |"
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> str:
+    """Rows of :func:`summarize` as a markdown table (one column per method, in the registry's order),
+    legend and edge flags.
+
+    Args:
+        rows: Rows of :func:`summarize`.
+        lead: Row fields written first in every line and in its edge flag, and grouping the lines with
+            the cell's fields: e.g. ``("language",)`` for the rows of several results files, each row
+            tagged with its file's language (:func:`grouped_table_markdown`).
+
+    Example:
+        >>> print(markdown_table(summarize(read_records("out/results.jsonl"))))
+    """
+    methods = sorted(dict.fromkeys(row["method"] for row in rows), key=method_rank)
     setups = list(dict.fromkeys(row["setup"] for row in rows))
-    lead = ["setup"] if len(setups) > 1 else []
-    header = "| " + " | ".join([*lead, "regime", "epochs", "shots", *methods]) + " |"
-    lines = [header, "|" + "---|" * (len(lead) + 3 + len(methods))]
+    setup = ["setup"] if len(setups) > 1 else []
+    header = [*lead, *setup, "regime", "epochs", "shots", *methods]
+    lines = [markdown_row(header), "|" + "---|" * len(header)]
     by_cell: dict[tuple, dict[str, str]] = defaultdict(dict)
     for row in rows:
-        by_cell[(row["setup"], row["regime"], row["epochs"], row["shots"])][row["method"]] = _cell_text(row)
-    for (setup, regime, epochs, shots), texts in by_cell.items():
-        first = [setup or "(legacy)"] if lead else []
-        columns = [*first, regime, str(epochs), str(shots)] + [texts.get(m, "-") for m in methods]
-        lines.append("| " + " | ".join(columns) + " |")
+        cell = (*(row[field] for field in lead), row["setup"], row["regime"], row["epochs"], row["shots"])
+        by_cell[cell][row["method"]] = cell_text(row)
+    for (*leading, setup_name, regime, epochs, shots), texts in by_cell.items():
+        first = [setup_name or "(legacy)"] if setup else []
+        lines.append(
+            markdown_row([*leading, *first, regime, epochs, shots, *(texts.get(m, "-") for m in methods)])
+        )
     tested = any(row["score"] == "test" for row in rows)
     legend = (
         "\nTest micro-F1 (seqeval) at each run's best dev epoch, mean ± 95% CI (t) over trials, at the LR "
@@ -135,11 +181,16 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     flagged = [row for row in rows if row["edge"]]
     if flagged:
         legend += "\n⚠ widen the grid: the selected LR is at the edge of its grid:\n" + "".join(
-            f"- {r['method']} {r['regime']} {r['epochs']} epochs N={r['shots']}: {_format_lr(r['lr'])} "
-            f"of [{', '.join(map(_format_lr, r['lrs']))}]\n"
+            f"- {_lead_text(r, lead)}{r['method']} {r['regime']} {r['epochs']} epochs N={r['shots']}: "
+            f"{format_lr(r['lr'])} of [{', '.join(map(format_lr, r['lrs']))}]\n"
             for r in flagged
         )
     return "\n".join(lines) + "\n" + legend
+
+
+def _lead_text(row: dict[str, Any], lead: Sequence[str]) -> str:
+    """The ``lead`` fields of a row before its cell in a line of text, e.g. ``"de: "``."""
+    return ", ".join(str(row[field]) for field in lead) + ": " if lead else ""
 
 
 def _save(figure, path: Path) -> Path:
@@ -321,29 +372,40 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
     return out
 
 
-def paired_table(differences: Sequence[dict[str, Any]]) -> str:
-    """Markdown: one row per cell, one column per pair, ``+x ± ci`` (bold when the CI excludes 0)."""
+def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> str:
+    """Markdown: one row per cell, one column per pair, ``+x ± ci`` (bold when the CI excludes 0).
+
+    Args:
+        differences: Rows of :func:`paired_differences`.
+        lead: Fields written first in every line and grouping the lines with the cell's (as in
+            :func:`markdown_table`), e.g. ``("language",)``.
+
+    Example:
+        >>> print(paired_table(paired_differences(records, summarize(records))))
+    """
     if not differences:
         return ""
-    pairs = list(dict.fromkeys(d["pair"] for d in differences))
-    lines = [
-        "| regime | epochs | shots | " + " | ".join(f"{a} - {b}" for a, b in pairs) + " |",
-        "|---|---|---|" + "---|" * len(pairs),
-    ]
+    pairs = sorted(dict.fromkeys(d["pair"] for d in differences), key=PAIRS.index)
+    header = [*lead, "regime", "epochs", "shots", *(f"{a} - {b}" for a, b in pairs)]
+    lines = [markdown_row(header), "|" + "---|" * len(header)]
     by_cell: dict[tuple, dict[tuple, str]] = {}
     for d in differences:
         text = f"{d['mean']:+.1f} ± {d['ci']:.1f}"
-        by_cell.setdefault((d["regime"], d["epochs"], d["shots"]), {})[d["pair"]] = (
+        cell = (*(d[field] for field in lead), d["regime"], d["epochs"], d["shots"])
+        by_cell.setdefault(cell, {})[d["pair"]] = (
             f"**{text}**" if abs(d["mean"]) > d["ci"] and d["n"] > 1 else text
         )
-    for (regime, epochs, shots), cells_ in by_cell.items():
-        row = " | ".join(cells_.get(pair, "-") for pair in pairs)
-        lines.append(f"| {regime} | {epochs} | {shots} | {row} |")
+    for cell, texts in by_cell.items():
+        lines.append(markdown_row([*cell, *(texts.get(pair, "-") for pair in pairs)]))
     return (
         "\n".join(lines)
         + "\n\nPaired per-trial differences of the same score (points), each method at its own selected LR, "
         "mean ± 95% t-CI over the trials both have; bold: the interval excludes 0.\n"
     )
+
+
+def _tables(table: str, paired: str) -> str:
+    return table + ("\n" + paired if paired else "")
 
 
 def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]] | None = None) -> str:
@@ -358,8 +420,28 @@ def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         >>> print(table_markdown(read_records("out/results.jsonl")))
     """
     rows = summarize(records) if rows is None else rows
-    paired = paired_table(paired_differences(records, rows))
-    return markdown_table(rows) + ("\n" + paired if paired else "")
+    return _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
+
+
+def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field: str) -> str:
+    """:func:`table_markdown` of several results files in one: each file's rows and paired differences
+    (computed within the file) tagged with its name in ``field``, which leads every line.
+
+    Args:
+        groups: The records of each results file, by name (e.g. by language), in the tables' order.
+        field: The name of the leading column, e.g. ``"language"``.
+
+    Example:
+        >>> files = {lang: read_records(f"out/{lang}/results.jsonl") for lang in ("en", "de")}
+        >>> print(grouped_table_markdown(files, "language"))
+    """
+    rows: list[dict[str, Any]] = []
+    differences: list[dict[str, Any]] = []
+    for name, records in groups.items():
+        own = summarize(records)
+        rows += [{**row, field: name} for row in own]
+        differences += [{**d, field: name} for d in paired_differences(records, own)]
+    return _tables(markdown_table(rows, (field,)), paired_table(differences, (field,)))
 
 
 def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -> dict[str, Path]:

@@ -50,6 +50,13 @@ def test_summarize_and_table_numbers():
     assert "| fe | 5 | 4 | 44.0 ± 24.8 (n=3) | 64.0 ± 24.8 (n=3) |" in table
 
 
+def test_table_columns_follow_the_registry_whatever_cell_comes_first():
+    records = [r for r in _records() if (r["method"], r["shots"]) != ("none", 2)]  # N=2: dwatt alone
+    table = markdown_table(summarize(records))
+    assert "| regime | epochs | shots | none | dwatt |" in table
+    assert "| fe | 5 | 2 | - | 62.0 ± 24.8 (n=3) |" in table
+
+
 def test_write_report_writes_pngs(tmp_path):
     previous = os.umask(0o022)
     try:

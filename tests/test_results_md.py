@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
+from layerfusion_recipes import mlm
 from layerfusion_recipes.results import append_line, append_record
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "results_md.py"
@@ -145,6 +147,186 @@ def test_per_language_blocks_name_their_sweep_options(repo):
     assert "9 runs in `benchmarks/results/wiki/en/results.jsonl`" in en
 
 
+# German: none best at the grid's bottom; dwatt - none per trial 5, 10, 15 points
+DE_RUNS = {
+    "none": (0.001, (0.3, 0.3, 0.3), (0.25, 0.25, 0.25)),
+    "dwatt": (0.01, (0.5, 0.6, 0.7), (0.3, 0.35, 0.4)),
+}
+DE_NONE_CELL = "25.0 ± 0.0 @0.001 ⚠ (dev 30.0) (n=3)"
+DE_DWATT_CELL = "35.0 ± 12.4 @0.01 (dev 60.0) (n=3)"  # t(0.975, 2) * 5 / sqrt(3) = 12.4
+LANGUAGES_SPEC = "wikilr languages=de,en cache_dir=/tmp/c"
+
+
+@pytest.fixture
+def languages_repo(repo: Path) -> Path:
+    """``repo`` with a grid run per language (de, en) under one output and a stale per-language block."""
+    (repo / "benchmarks" / "grids" / "wikilr.yaml").write_text(GRID + "output: benchmarks/results/wikilr\n")
+    results = repo / "benchmarks" / "results" / "wikilr"
+    assert _write_results(results / "de" / "results.jsonl", DE_RUNS) == 18
+    assert _write_results(results / "en" / "results.jsonl") == 18
+    append_line(results / "en" / "sweeps.jsonl", _sweep_entry(125.0, 700.0, 18, True, 0.5))
+    block = f"<!-- generated: {LANGUAGES_SPEC} -->\nstale\n<!-- end generated: {LANGUAGES_SPEC} -->\n"
+    (repo / "benchmarks" / "RESULTS.md").write_text(PROSE_BEFORE + block + PROSE_AFTER)
+    return repo
+
+
+def test_a_per_language_block_has_a_row_per_language(languages_repo):
+    assert _run(languages_repo) == 0
+    text = _text(languages_repo)
+    assert text.startswith(PROSE_BEFORE) and text.endswith(PROSE_AFTER) and "stale" not in text
+    de = f"| de | fe | 25 | 8 | {DE_NONE_CELL} | {DE_DWATT_CELL} |\n"
+    en = f"| en | fe | 25 | 8 | {NONE_CELL} | {DWATT_CELL} |\n"
+    assert (
+        "| language | regime | epochs | shots | none | dwatt |\n|---|---|---|---|---|---|\n" + de + en in text
+    )
+    assert text.count("| language |") == 2  # one table of cells, one of paired differences
+    assert "- de: none fe 25 epochs N=8: 0.001 of [0.001, 0.01, 0.1]\n" in text  # edge flags
+    assert "- en: dwatt fe 25 epochs N=8: 0.1 of [0.001, 0.01, 0.1]\n" in text
+    assert "- de: dwatt" not in text and "- en: none" not in text
+    paired = "| language | regime | epochs | shots | dwatt - none |\n|---|---|---|---|---|\n"
+    assert paired + "| de | fe | 25 | 8 | +10.0 ± 12.4 |\n| en | fe | 25 | 8 | **+20.0 ± 0.0** |\n" in text
+    assert "- de: 18 runs in `benchmarks/results/wikilr/de/results.jsonl`; wall time not recorded" in text
+    assert (
+        "- en: 18 runs in `benchmarks/results/wikilr/en/results.jsonl`; wall time 2 min 05 s over 1 sweep"
+        in text
+    )
+    assert (
+        "```\nfor lang in de en; do\n"
+        "  layerfusion sweep --config benchmarks/grids/wikilr.yaml --language $lang "
+        "--output benchmarks/results/wikilr/$lang --cache-dir /tmp/c\n"
+        "  layerfusion plot benchmarks/results/wikilr/$lang/results.jsonl\ndone\n```\n"
+    ) in text
+    assert _run(languages_repo, "--check") == 0
+
+
+def test_check_sees_new_results_of_one_language(languages_repo, capsys):
+    assert _run(languages_repo) == 0 and _run(languages_repo, "--check") == 0
+    de = languages_repo / "benchmarks" / "results" / "wikilr" / "de"
+    _write_results(de / "results.jsonl", {"concat": RUNS["none"]})
+    before = _text(languages_repo)
+    assert _run(languages_repo, "--check") == 1 and _text(languages_repo) == before
+    out = capsys.readouterr().out
+    assert f"+| de | fe | 25 | 8 | {DE_NONE_CELL} | {DE_DWATT_CELL} | {NONE_CELL} |" in out
+    assert f"+| en | fe | 25 | 8 | {NONE_CELL} | {DWATT_CELL} | - |" in out  # en has no concat
+    append_line(de / "sweeps.jsonl", _sweep_entry(60.0, 500.0, 9, True, 0.1))
+    assert _run(languages_repo) == 0 and _run(languages_repo, "--check") == 0
+    append_line(de / "sweeps.jsonl", _sweep_entry(60.0, 500.0, 9, True, 0.1))  # only the cost line changes
+    assert _run(languages_repo, "--check") == 1
+    assert "+- de: 27 runs in `benchmarks/results/wikilr/de/results.jsonl`; wall time 2 min 00 s" in (
+        capsys.readouterr().out
+    )
+
+
+MLM_FOLDER = "benchmarks/results/mlm_lr"
+DEMO_MODEL = "/models/demo"
+
+
+def _write_mlm(
+    repo: Path, method: str, regime: str, ppl: dict[float, tuple[float, float]], **changed
+) -> None:
+    """A ``layerfusion mlm`` grid's files: one run per LR (``ppl``: its dev and test perplexity) and the
+    summary, settings as ``layerfusion mlm`` stores them (``changed`` over the defaults below)."""
+    folder = repo / MLM_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "model": DEMO_MODEL,
+        "data": str(repo.parent / "shared" / "wikitext-2"),  # beside the repository, like ../shared/data
+        "holdout": 0.1,
+        "method": method,
+        "regime": regime,
+        "epochs": 1,
+        "batch_size": 8,
+        "block_size": 128,
+        "mlm_probability": 0.15,
+        "max_train_blocks": None,
+        "max_eval_blocks": 50,
+        "head_modules": None,
+        "seed": 0,
+        **changed,
+    }
+    records = []
+    for lr, (dev, test) in ppl.items():
+        record = {"method": method, "regime": regime, "model": settings["model"], "lr": lr, "data": "note"}
+        records.append({**record, "dev_ppl": dev, "test_ppl": test, "settings": {**settings, "lr": lr}})
+        (folder / mlm.run_file_name(method, regime, lr)).write_text(json.dumps(records[-1]))
+    (folder / mlm.summary_file_name(method, regime)).write_text(json.dumps(mlm.summarize(records)))
+
+
+MLM_SPEC = f"mlm output={MLM_FOLDER}"
+NONE_FE = {3e-4: (30.0, 31.0), 1e-3: (25.0, 26.5), 3e-3: (27.0, 20.0)}  # selected: 1e-3 (never test)
+DWATT_FE = {3e-4: (28.0, 29.0), 1e-3: (24.0, 23.0), 3e-3: (22.0, 21.5)}  # selected: 3e-3, the edge
+
+
+@pytest.fixture
+def mlm_repo(repo: Path, monkeypatch) -> Path:
+    """``repo`` with the MLM grids of none and dwatt (fe) and a stale mlm block."""
+    monkeypatch.setattr(results_md, "demo_model_path", lambda: DEMO_MODEL)
+    _write_mlm(repo, "dwatt", "fe", DWATT_FE)
+    _write_mlm(repo, "none", "fe", NONE_FE)
+    block = f"<!-- generated: {MLM_SPEC} -->\nstale\n<!-- end generated: {MLM_SPEC} -->\n"
+    (repo / "benchmarks" / "RESULTS.md").write_text(PROSE_BEFORE + block + PROSE_AFTER)
+    return repo
+
+
+def _mlm_command(method: str, regime: str, *extra: str) -> str:
+    return f"layerfusion mlm --data ../shared/wikitext-2 --method {method} --regime {regime} " + " ".join(
+        ["--epochs 1 --max-eval-blocks 50", *extra, f"--output {MLM_FOLDER}"]
+    )
+
+
+def test_the_mlm_block_tabulates_the_summaries(mlm_repo):
+    assert _run(mlm_repo) == 0
+    text = _text(mlm_repo)
+    assert text.startswith(PROSE_BEFORE) and text.endswith(PROSE_AFTER) and "stale" not in text
+    assert (
+        "| regime | none | dwatt |\n|---|---|---|\n| fe | 26.50 (25.00) @0.001 | 21.50 (22.00) @0.003 ⚠ |\n"
+        in text
+    )
+    assert "- none fe: 30.00 @0.0003, **25.00 @0.001**, 27.00 @0.003\n" in text
+    assert "- dwatt fe: 28.00 @0.0003, 24.00 @0.001, **22.00 @0.003**\n" in text
+    assert text.index("- none fe:") < text.index("- dwatt fe:")  # registry order: none first
+    assert "Data: note." in text and "⚠ `" not in text and "differ" not in text
+    assert f"```\n{_mlm_command('none', 'fe')}\n{_mlm_command('dwatt', 'fe')}\n```\n" in text
+    assert _run(mlm_repo, "--check") == 0
+
+
+def test_the_mlm_block_says_when_settings_differ_and_check_sees_it(mlm_repo, capsys):
+    assert _run(mlm_repo) == 0
+    _write_mlm(mlm_repo, "dwatt", "ft", {1e-4: (40.0, 41.0), 3e-4: (35.0, 36.25)}, epochs=3, model="/m/other")
+    assert _run(mlm_repo, "--check") == 1
+    out = capsys.readouterr().out
+    assert "+| ft | - | 36.25 (35.00) @0.0003 ⚠ |" in out
+    assert _run(mlm_repo) == 0
+    text = _text(mlm_repo)
+    models = '"/models/demo" (none fe, dwatt fe); "/m/other" (dwatt ft).'
+    assert f"⚠ The summaries differ in model, not comparable: {models}" in text
+    assert "⚠ The summaries differ in epochs, not comparable: 1 (none fe, dwatt fe); 3 (dwatt ft)." in text
+    assert "differ in data" not in text and "differ in max_eval_blocks" not in text
+    ft = "layerfusion mlm --data ../shared/wikitext-2 --method dwatt --regime ft --epochs 3"
+    lrs = "--lr 0.0001 0.0003"  # not the ft regime's default grid
+    assert f"{ft} --max-eval-blocks 50 --model /m/other {lrs} --output {MLM_FOLDER}\n```" in text
+
+
+def test_the_mlm_block_says_when_runs_are_missing(mlm_repo, capsys):
+    folder = mlm_repo / MLM_FOLDER
+    (folder / mlm.run_file_name("dwatt", "fe", 3e-3)).unlink()
+    old = {"method": "dwatt", "regime": "ft", "lr": 1e-4, "best_valid_ppl": 40.0, "test_ppl": 41.0}
+    (folder / mlm.summary_file_name("dwatt", "ft")).write_text(json.dumps(old))  # before LR selection
+    assert _run(mlm_repo) == 0
+    text = _text(mlm_repo)
+    assert "⚠ `mlm-dwatt-fe.json`: its run files are missing: mlm-dwatt-fe-lr0.003.json" in text
+    assert "⚠ `mlm-dwatt-ft.json` has no selected_lr, dev_ppl, at_edge, lrs, runs, settings" in text
+    assert "| ft |" not in text and "--regime ft" not in text  # left out, not mixed in
+    for name in ("mlm-none-fe.json", "mlm-dwatt-fe.json"):
+        (folder / name).write_text(json.dumps(old))
+    assert _run(mlm_repo) == 2  # nothing left to tabulate
+    err = capsys.readouterr().err
+    assert (
+        f"'generated: {MLM_SPEC}': no summary of an LR grid" in err
+        and "(without runs or settings: mlm-none-fe.json, mlm-dwatt-fe.json, mlm-dwatt-ft.json)" in err
+    )
+
+
 @pytest.mark.parametrize(
     "markers, message",
     [
@@ -159,6 +341,21 @@ def test_per_language_blocks_name_their_sweep_options(repo):
         (_markers("fake trials"), "'generated: fake trials': parameter 'trials' is not key=value"),
         (_markers("fake epochs=0"), "'generated: fake epochs=0': argument --epochs: must be an integer >= 1"),
         (_markers("bad"), "'generated: bad': while parsing"),  # the grid file is not valid YAML
+        (
+            _markers("fake languages=en,fr"),
+            "'generated: fake languages=en,fr': no folder benchmarks/results/fake/en (language en)",
+        ),
+        (_markers("wiki languages=en"), "'generated: wiki languages=en': languages= needs an output folder"),
+        (_markers("fake languages=en,en"), "languages= takes distinct comma-separated folder names"),
+        (_markers("fake languages=../x"), "languages= takes distinct comma-separated folder names"),
+        (_markers("fake languages=en language=en"), "languages= names every language's sweep"),
+        (_markers("mlm"), "'generated: mlm': the mlm block takes one parameter, output=FOLDER"),
+        (_markers("mlm output=a epochs=1"), "the mlm block takes one parameter"),
+        (_markers("mlm output=nowhere"), "'generated: mlm output=nowhere': no folder nowhere under"),
+        (
+            _markers("mlm output=benchmarks/results/fake"),
+            "'generated: mlm output=benchmarks/results/fake': no summary of an LR grid",
+        ),
         ("<!-- generated: fake -->\ntext\n", "'generated: fake' has no end marker"),
         ("<!-- generated: fake -->\n<!-- end generated: other -->\n", "'end generated: other' has no begin"),
         ("<!-- end generated: fake -->\n", "'end generated: fake' has no begin marker"),
