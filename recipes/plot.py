@@ -119,8 +119,10 @@ def cell_text(row: dict[str, Any]) -> str:
         >>> row = {"mean": 50.0, "ci": 2.5, "lr": 0.1, "edge": True, "score": "test", "n": 3}
         >>> cell_text({**row, "dev_mean": 60.0})
         '50.0 ± 2.5 @0.1 ⚠ (dev 60.0) (n=3)'
+        >>> cell_text({**row, "dev_mean": 60.0, "n": 1})  # one trial: no interval
+        '50.0 @0.1 ⚠ (dev 60.0) (n=1)'
     """
-    text = f"{row['mean']:.1f} ± {row['ci']:.1f}"
+    text = f"{row['mean']:.1f}" + (f" ± {row['ci']:.1f}" if row["n"] > 1 else "")
     if row["lr"] is not None:
         text += f" @{format_lr(row['lr'])}" + (" ⚠" if row["edge"] else "")
     if row["score"] == "test":

@@ -6,7 +6,14 @@ import os
 import stat
 
 import pytest
-from layerfusion_recipes.plot import markdown_table, paired_differences, paired_table, summarize, write_report
+from layerfusion_recipes.plot import (
+    cell_text,
+    markdown_table,
+    paired_differences,
+    paired_table,
+    summarize,
+    write_report,
+)
 from layerfusion_recipes.stats import mean_ci
 
 
@@ -91,3 +98,9 @@ def test_paired_differences_use_each_method_at_its_selected_lr():
     assert dwatt_none["n"] == 3 and dwatt_none["mean"] == pytest.approx(mean)
     assert dwatt_none["ci"] == pytest.approx(half)
     assert "| fe | 5 | 8 | +18.3 ± 19.0 |" in paired_table(differences)  # CI wider than the mean: not bold
+
+
+def test_a_cell_of_one_trial_claims_no_interval():
+    row = {"mean": 46.0, "ci": 0.0, "lr": 3e-4, "edge": False, "score": "test", "dev_mean": 57.1}
+    assert cell_text({**row, "n": 1}) == "46.0 @0.0003 (dev 57.1) (n=1)"
+    assert cell_text({**row, "n": 2}) == "46.0 ± 0.0 @0.0003 (dev 57.1) (n=2)"
