@@ -23,8 +23,8 @@ ADAPTER_LR_GRID: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2)
 # selection", for the measurements behind them).
 DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "fe": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
-    "lora": (1e-3, 3e-3, 1e-2, 3e-2),
-    "bitfit": (1e-3, 3e-3, 1e-2, 3e-2),
+    "lora": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
+    "bitfit": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
     "ft": (3e-5, 1e-4, 3e-4, 1e-3),
     "adapter_seqbn": ADAPTER_LR_GRID,
     "adapter_double_seqbn": ADAPTER_LR_GRID,
