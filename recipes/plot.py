@@ -157,8 +157,11 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> 
         >>> print(markdown_table(summarize(read_records("out/results.jsonl"))))
     """
     methods = sorted(dict.fromkeys(row["method"] for row in rows), key=method_rank)
-    setups = list(dict.fromkeys(row["setup"] for row in rows))
-    setup = ["setup"] if len(setups) > 1 else []
+    # a setup column only where one group (e.g. one language) mixes setups
+    setups_per_group = defaultdict(set)
+    for row in rows:
+        setups_per_group[tuple(row[field] for field in lead)].add(row["setup"])
+    setup = ["setup"] if any(len(found) > 1 for found in setups_per_group.values()) else []
     header = [*lead, *setup, "regime", "epochs", "shots", *methods]
     lines = [markdown_row(header), "|" + "---|" * len(header)]
     by_cell: dict[tuple, dict[str, str]] = defaultdict(dict)

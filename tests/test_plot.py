@@ -104,3 +104,14 @@ def test_a_cell_of_one_trial_claims_no_interval():
     row = {"mean": 46.0, "ci": 0.0, "lr": 3e-4, "edge": False, "score": "test", "dev_mean": 57.1}
     assert cell_text({**row, "n": 1}) == "46.0 @0.0003 (dev 57.1) (n=1)"
     assert cell_text({**row, "n": 2}) == "46.0 ± 0.0 @0.0003 (dev 57.1) (n=2)"
+
+
+def test_a_setup_column_only_where_one_group_mixes_setups():
+    """Languages differ in setup (the language is part of it): that alone adds no setup column."""
+    rows = []
+    for language, setup in (("en", "s-en"), ("de", "s-de")):
+        rows += [{**row, "setup": setup, "language": language} for row in summarize(_records())]
+    header = markdown_table(rows, lead=("language",)).splitlines()[0]
+    assert header.startswith("| language | regime |")
+    rows.append({**rows[0], "setup": "s-en-other"})
+    assert markdown_table(rows, lead=("language",)).splitlines()[0].startswith("| language | setup |")
