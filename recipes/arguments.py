@@ -32,7 +32,7 @@ DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
 # Max-LR grids of `layerfusion mlm` per regime: each LR is one run (minutes on CPU), the one with the
 # lowest dev perplexity is selected. Short on purpose; the summary flags a selected LR at an edge.
 DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
-    "fe": (3e-4, 1e-3, 3e-3),
+    "fe": (1e-4, 3e-4, 1e-3, 3e-3),
     # not measured for the masked LM; from the NER evidence of a fresh head (LoRA / BitFit best at
     # 1e-2 after 50 steps, FT at 3e-4) and the FE MLM runs (every method selected 1e-3 or 3e-4)
     "lora": (1e-3, 3e-3, 1e-2),

@@ -316,7 +316,7 @@ def test_help_shows_the_default_grids(capsys):
     with pytest.raises(SystemExit):
         main(["mlm", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "fe: 0.0003 0.001 0.003" in text and "ft: 0.0001 0.0003 0.001" in text
+    assert "fe: 0.0001 0.0003 0.001 0.003" in text and "ft: 0.0001 0.0003 0.001" in text
 
 
 @pytest.mark.parametrize("method", ["dwatt", "concat", "extra_layers", "none"])
