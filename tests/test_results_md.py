@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from layerfusion_recipes import mlm
+from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.results import append_line, append_record
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "results_md.py"
@@ -253,8 +254,19 @@ def _write_mlm(
 
 
 MLM_SPEC = f"mlm output={MLM_FOLDER}"
-NONE_FE = {3e-4: (30.0, 31.0), 1e-3: (25.0, 26.5), 3e-3: (27.0, 20.0)}  # selected: 1e-3 (never test)
-DWATT_FE = {3e-4: (28.0, 29.0), 1e-3: (24.0, 23.0), 3e-3: (22.0, 21.5)}  # selected: 3e-3, the edge
+# fe's default grid (DEFAULT_MLM_LR_GRIDS): the block's commands then carry no --lr
+NONE_FE = {
+    1e-4: (40.0, 41.0),
+    3e-4: (30.0, 31.0),
+    1e-3: (25.0, 26.5),
+    3e-3: (27.0, 20.0),
+}  # selected: 1e-3 (never test)
+DWATT_FE = {
+    1e-4: (38.0, 39.0),
+    3e-4: (28.0, 29.0),
+    1e-3: (24.0, 23.0),
+    3e-3: (22.0, 21.5),
+}  # selected: 3e-3, the edge
 
 
 @pytest.fixture
@@ -282,8 +294,9 @@ def test_the_mlm_block_tabulates_the_summaries(mlm_repo):
         "| regime | none | dwatt |\n|---|---|---|\n| fe | 26.50 (25.00) @0.001 | 21.50 (22.00) @0.003 ⚠ |\n"
         in text
     )
-    assert "- none fe: 30.00 @0.0003, **25.00 @0.001**, 27.00 @0.003\n" in text
-    assert "- dwatt fe: 28.00 @0.0003, 24.00 @0.001, **22.00 @0.003**\n" in text
+    assert "- none fe: 40.00 @0.0001, 30.00 @0.0003, **25.00 @0.001**, 27.00 @0.003\n" in text
+    assert "- dwatt fe: 38.00 @0.0001, 28.00 @0.0003, 24.00 @0.001, **22.00 @0.003**\n" in text
+    assert tuple(NONE_FE) == tuple(DWATT_FE) == DEFAULT_MLM_LR_GRIDS["fe"]
     assert text.index("- none fe:") < text.index("- dwatt fe:")  # registry order: none first
     assert "Data: note." in text and "⚠ `" not in text and "differ" not in text
     assert f"```\n{_mlm_command('none', 'fe')}\n{_mlm_command('dwatt', 'fe')}\n```\n" in text
