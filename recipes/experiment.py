@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,7 +30,7 @@ from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from peft_layerfusion.registration import method_named
 from peft_layerfusion.utils import eval_mode
 
-from .arguments import DEFAULT_LR_GRIDS
+from .arguments import DEFAULT_LR_GRIDS, check_lr
 from .cache import FeatureCache
 from .candidates import StackedRunner, train_candidates
 from .data import IGNORE_INDEX, NerDataset, encode_ner
@@ -159,9 +158,13 @@ class ExperimentSettings:
         if self.lr is None:
             return DEFAULT_LR_GRIDS[regime]
         values = [self.lr] if isinstance(self.lr, (int, float)) else list(self.lr)
-        if not values or not all(_is_learning_rate(v) for v in values):
+        try:
+            grid = tuple(sorted({check_lr(value, "lr") for value in values}))
+        except ValueError as error:
+            raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}") from error
+        if not grid:
             raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}")
-        return tuple(sorted({float(v) for v in values}))
+        return grid
 
     def setup(self) -> str:
         """Fingerprint (12 hex digits) of the settings that change a result (:data:`SETUP_FIELDS`).
@@ -433,10 +436,6 @@ class Experiment:
             record["depth_attention"] = depth_attention_profile(plain, self.dev)
             record["fused_layers"] = list(next(iter(layer.fused_layers.values())))
         return record
-
-
-def _is_learning_rate(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def lrs_train_together(cell: Cell, use_cache: bool) -> bool:
