@@ -54,6 +54,19 @@ built from its stored settings (the options not at their default; ``--model`` un
 encoder, ``--lr`` unless the regime's default grid; a path under the repository's parent folder, as
 ``../shared/data``, relative to the root).
 
+Seq2seq comparison: the reserved name ``seq2seq`` shows the ``results.json`` of one ``layerfusion
+seq2seq --output`` folder, its only parameter::
+
+    <!-- generated: seq2seq output=benchmarks/results/seq2seq -->
+    <!-- end generated: seq2seq output=benchmarks/results/seq2seq -->
+
+The block has the recipe's own summary table (the copy of the corrupted input, then per method the
+selected LR, test mean ± 95% t-CI over seeds and the paired per-seed differences to vanilla), the
+table of every run (dev and test scores), one cost line (runs, their wall and CPU time, peak RSS, and
+the note stored with the resources) and the ``layerfusion seq2seq`` command, built from the stored
+settings (the options not at their default). A comparison that has not finished (``complete`` false)
+stops with an error naming the marker.
+
 Each block is regenerated from its grid's ``results.jsonl`` (``output:`` or ``results:``, relative
 to the repository root): the tables ``layerfusion plot`` writes to ``table.md`` (test F1 mean ± CI
 at the dev-selected LR, edge flags, paired differences), then one line with the number of runs, the
@@ -84,7 +97,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layerfusion_recipes.arguments import add_experiment_arguments, add_mlm_arguments
+from layerfusion_recipes.arguments import (
+    add_experiment_arguments,
+    add_mlm_arguments,
+    add_seq2seq_arguments,
+)
 from layerfusion_recipes.demo import demo_model_path
 from layerfusion_recipes.errors import is_user_error, one_line
 from layerfusion_recipes.mlm import (
@@ -104,6 +121,7 @@ from layerfusion_recipes.plot import (
     table_markdown,
 )
 from layerfusion_recipes.results import read_records
+from layerfusion_recipes.seq2seq import RUN_TABLE_HEADER, run_row, summary_table
 from layerfusion_recipes.sweep_log import SweepTotals, read_sweep_log, sweep_totals
 
 from peft_layerfusion.utils import atomic_write_text
@@ -119,6 +137,8 @@ NAME = re.compile(r"[\w.-]+")
 LANGUAGES = "languages"  # reserved parameter: one block over a grid's per-language sweeps
 LANGUAGE = re.compile(r"[\w-]+")  # a language: a folder name under the grid's output
 MLM = "mlm"  # reserved name: the `layerfusion mlm` summaries of a folder, no grid file
+SEQ2SEQ = "seq2seq"  # reserved name: the results.json of a `layerfusion seq2seq --output` folder
+SEQ2SEQ_FILE = "results.json"
 SUMMARY_KEYS = ("selected_lr", "dev_ppl", "test_ppl", "at_edge", "lrs", "runs", "settings")
 ALWAYS_SHOWN = ("data", "method", "regime", "epochs")  # in an MLM command, even at their default
 Params = tuple[tuple[str, str], ...]  # a marker's key=value parameters, in their order
@@ -616,8 +636,118 @@ def render_mlm_block(block: Block, root: Path) -> str:
     )
 
 
+def seq2seq_command(results: dict[str, Any], output: str, root: Path) -> str:
+    """The ``layerfusion seq2seq`` command of a ``results.json``, from its stored settings.
+
+    ``--data`` when the training and test files are ``valid.txt`` and ``test.txt`` of one folder,
+    else ``--train-file`` and ``--test-file``; then every option not at its default.
+
+    Args:
+        results: A ``layerfusion seq2seq`` ``results.json``.
+        output: The folder it lies in, as the marker names it.
+        root: The repository root (paths under its parent folder are shown relative to it).
+
+    Example:
+        >>> seq2seq_command(results, "benchmarks/results/seq2seq", Path("."))
+        'layerfusion seq2seq --data ../shared/data/wikitext-2 --epochs 16 ... --output benchmarks/...'
+    """
+    parser = argparse.ArgumentParser()
+    add_seq2seq_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    train, test = Path(results["train_file"]), Path(results["test_file"])
+    if (train.name, test.name) == ("valid.txt", "test.txt") and train.parent == test.parent:
+        flags = ["--data", _shown_path(str(train.parent), root)]
+    else:
+        flags = ["--train-file", _shown_path(str(train), root), "--test-file", _shown_path(str(test), root)]
+    for key in ("methods", "seeds", "learning_rates"):
+        if list(results[key]) != list(defaults[key]):
+            flags += [f"--{key.replace('_', '-')}", *(f"{value:g}" if isinstance(value, float) else str(value)
+                                                     for value in results[key])]  # fmt: skip
+    for name, value in results["settings"].items():
+        if name in defaults and value != defaults[name]:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return " ".join(["layerfusion seq2seq", *flags, "--output", output])
+
+
+def seq2seq_cost_line(results: dict[str, Any], output: str) -> str:
+    """Runs, their summed wall and CPU time, the peak RSS and the stored note of a ``results.json``.
+
+    Example:
+        >>> seq2seq_cost_line(results, "benchmarks/results/seq2seq")
+        '12 runs in `benchmarks/results/seq2seq/results.json`; 1 h 16 min 06 s of run wall time, ...'
+    """
+    resources = results.get("resources") or {}
+    line = f"{len(results['runs'])} runs in `{output}/{SEQ2SEQ_FILE}`"
+    if "seconds_all_runs" not in resources:
+        return line + "; wall time not recorded."
+    line += (
+        f"; {_duration(resources['seconds_all_runs'])} of run wall time, "
+        f"{_duration(resources['cpu_seconds_all_runs'])} of CPU"
+    )
+    processes = resources.get("processes") or [resources]
+    peaks = [process["peak_rss_mb"] for process in processes if "peak_rss_mb" in process]
+    if peaks:
+        line += f", peak RSS {_memory(max(peaks))}"
+    if len(processes) > 1:
+        walls = ", ".join(_duration(process["wall_seconds"]) for process in processes)
+        line += f"; {len(processes)} processes side by side, wall {walls}"
+    return line + (f" ({resources['note']})." if resources.get("note") else ".")
+
+
+def render_seq2seq_block(block: Block, root: Path) -> str:
+    """The content of a ``seq2seq`` block: the ``results.json`` of its ``output=`` folder (module docstring).
+
+    Args:
+        block: A block named ``seq2seq`` with the one parameter ``output=``.
+        root: The repository root.
+
+    Raises:
+        MarkerError: Other parameters, no results file, or a comparison that has not finished.
+
+    Example:
+        >>> text = "<!-- generated: seq2seq output=out -->\n<!-- end generated: seq2seq output=out -->"
+        >>> print(render_seq2seq_block(find_blocks(text)[0], Path(".")))
+    """
+    if [key for key, _ in block.params] != ["output"]:
+        raise _error(
+            block,
+            f"the {SEQ2SEQ} block takes one parameter, output=FOLDER (a `layerfusion seq2seq --output`)",
+        )
+    output = block.params[0][1]
+    path = root / output / SEQ2SEQ_FILE
+    if not path.is_file():
+        raise _error(block, f"no {SEQ2SEQ_FILE} in {output} under {root}")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise _error(block, f"{output}/{SEQ2SEQ_FILE}: {one_line(error)}") from error
+    if not results.get("complete"):
+        raise _error(
+            block, f"{output}/{SEQ2SEQ_FILE} is not complete: finish the comparison (it resumes) first"
+        )
+    seeds = ", ".join(map(str, results["seeds"]))
+    grid = ", ".join(f"{lr:g}" for lr in results["learning_rates"])
+    legend = (
+        f"Test, {results['settings']['test_sentences']} pieces: mean ± 95% t-CI over seeds {seeds}, and "
+        f"the paired per-seed differences (Δ) to vanilla. LR: "
+        + (
+            f"{grid} for every method."
+            if len(results["learning_rates"]) == 1
+            else f"selected per method from {grid} on dev (exact match, then chrF) with seed "
+            f"{results['seeds'][0]}."
+        )
+    )
+    runs = "\n".join(run_row(run) for run in results["runs"])
+    command = seq2seq_command(results, output, root)
+    return (
+        f"{summary_table(results)}\n\n{legend}\n\nEvery run:\n\n{RUN_TABLE_HEADER}\n{runs}\n\n"
+        f"{seq2seq_cost_line(results, output)}\n\n```\n{command}\n```"
+    )
+
+
 def render_block(block: Block, root: Path) -> str:
-    """The content of ``block``: :func:`render_mlm_block` for the name ``mlm``,
+    """The content of ``block``: :func:`render_mlm_block` for the name ``mlm``, :func:`render_seq2seq_block`
+    for ``seq2seq``,
     :func:`render_languages_block` with ``languages=``, else :func:`render_grid_block`.
 
     Raises:
@@ -628,6 +758,8 @@ def render_block(block: Block, root: Path) -> str:
     """
     if block.name == MLM:
         return render_mlm_block(block, root)
+    if block.name == SEQ2SEQ:
+        return render_seq2seq_block(block, root)
     if any(key == LANGUAGES for key, _ in block.params):
         return render_languages_block(block, root)
     return render_grid_block(block, root)

@@ -465,7 +465,7 @@ def run_comparison(
         if any((r["method"], r["seed"], r["learning_rate"]) == (method, seed, learning_rate) for r in runs):
             return
         runs.append(run_one(data, method, seed, learning_rate))
-        print(_row(runs[-1]), flush=True)
+        print(run_row(runs[-1]), flush=True)
         if on_run is not None:
             on_run(runs)
 
@@ -512,7 +512,17 @@ def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[str], reference:
     return rows
 
 
-def _row(record: dict[str, Any]) -> str:
+RUN_COLUMNS = ("method", "seed", "LR", "dev EM", "dev chrF", "EM", "chrF", "BLEU", "seconds")
+RUN_TABLE_HEADER = "| " + " | ".join(RUN_COLUMNS) + " |\n|" + "---|" * len(RUN_COLUMNS)
+
+
+def run_row(record: dict[str, Any]) -> str:
+    """One run as a row of the :data:`RUN_TABLE_HEADER` table: dev EM and chrF, then test EM, chrF, BLEU.
+
+    Example:
+        >>> print(run_row(results["runs"][0]))
+        | vanilla | 0 | 0.003 | 41.0 | 87.5 | 47.2 | 88.8 | 88.3 | 260 |
+    """
     dev = record["dev"] or {"exact_match": float("nan"), "chrf": float("nan")}
     scores = [dev["exact_match"], dev["chrf"], *(record[metric] for metric in METRICS)]
     cells = [
@@ -572,8 +582,7 @@ def seq2seq_main(args: argparse.Namespace) -> int:
         print(f"resuming: {len(previous)} runs found in {output}")
     data = DenoisingData.build(read_text(train_file), read_text(test_file), settings)
     started = time.perf_counter()
-    print("| method | seed | LR | dev EM | dev chrF | EM | chrF | BLEU | seconds |", flush=True)
-    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    print(RUN_TABLE_HEADER, flush=True)
     results = run_comparison(
         data, args.methods, args.seeds, args.learning_rates, previous,
         on_run=lambda runs: atomic_write_json(output, {**header, "complete": False, "runs": runs}),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from layerfusion_recipes import mlm
+from layerfusion_recipes import seq2seq as seq2seq_recipe
 from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.results import append_line, append_record
 
@@ -340,6 +342,58 @@ def test_the_mlm_block_says_when_runs_are_missing(mlm_repo, capsys):
     )
 
 
+SEQ2SEQ_FOLDER = "benchmarks/results/s2s"
+SEQ2SEQ_SPEC = f"seq2seq output={SEQ2SEQ_FOLDER}"
+
+
+def _write_seq2seq(repo: Path, complete: bool = True) -> None:
+    """A ``layerfusion seq2seq`` results.json: vanilla and surface_soft over seeds 0-2, epochs 3."""
+    scores = {"vanilla": (40.0, 42.0, 44.0), "surface_soft": (41.0, 44.0, 47.0)}  # paired diffs 1, 2, 3
+    runs = [
+        {"method": method, "seed": seed, "learning_rate": 0.003, "exact_match": em, "chrf": 80.0,
+         "bleu": 70.0, "dev": {"exact_match": em - 5, "chrf": 79.0, "bleu": 69.0}, "seconds": 100.0,
+         "cpu_seconds": 50.0}
+        for method, ems in scores.items() for seed, em in enumerate(ems)
+    ]  # fmt: skip
+    settings = asdict(seq2seq_recipe.Seq2SeqSettings()) | {"epochs": 3}
+    settings = {k: v for k, v in settings.items() if k not in ("seed", "learning_rate")}  # as the recipe
+    data = repo.parent / "shared" / "wikitext-2"
+    results = {
+        "settings": settings, "train_file": str(data / "valid.txt"), "test_file": str(data / "test.txt"),
+        "methods": list(scores), "seeds": [0, 1, 2], "learning_rates": [0.003], "complete": complete,
+        "runs": runs, "selected_learning_rate": dict.fromkeys(scores, 0.003),
+        "copy_input": {"dev": {"exact_match": 20.0, "chrf": 85.0, "bleu": 75.0},
+                       "test": {"exact_match": 25.4, "chrf": 88.8, "bleu": 81.0}},
+        "summary": seq2seq_recipe.summarize(runs, list(scores)),
+        "resources": {"seconds_all_runs": 600.0, "cpu_seconds_all_runs": 300.0, "peak_rss_mb": 700.0},
+    }  # fmt: skip
+    (repo / SEQ2SEQ_FOLDER).mkdir(parents=True, exist_ok=True)
+    (repo / SEQ2SEQ_FOLDER / "results.json").write_text(json.dumps(results))
+
+
+def test_the_seq2seq_block_tabulates_the_comparison(repo, capsys):
+    _write_seq2seq(repo)
+    (repo / "benchmarks" / "RESULTS.md").write_text(PROSE_BEFORE + _markers(SEQ2SEQ_SPEC))
+    assert _run(repo) == 0
+    text = _text(repo)
+    assert "| copy the corrupted input | - | 25.4 | 88.8 | 81.0 | | | |" in text
+    # EM 40, 42, 44: 42 ± t(0.975, 2) * 2 / sqrt(3) = 5.0; paired differences 1, 2, 3: +2.0 ± 2.5
+    assert "| vanilla | 0.003 | 42.0 ± 5.0 | 80.0 ± 0.0 | 70.0 ± 0.0 | - | - | - |" in text
+    assert "| surface_soft | 0.003 | 44.0 ± 7.5 | 80.0 ± 0.0 | 70.0 ± 0.0 | +2.0 ± 2.5 | +0.0 ± 0.0 |" in text
+    assert "| surface_soft | 2 | 0.003 | 42.0 | 79.0 | 47.0 | 80.0 | 70.0 | 100 |" in text  # every run
+    assert "mean ± 95% t-CI over seeds 0, 1, 2" in text and "LR: 0.003 for every method." in text
+    assert "6 runs in `benchmarks/results/s2s/results.json`; 10 min 00 s of run wall time, 5 min 00 s" in text
+    command = "layerfusion seq2seq --data ../shared/wikitext-2 --methods vanilla surface_soft --epochs 3"
+    assert f"```\n{command} --output {SEQ2SEQ_FOLDER}\n```\n" in text
+    assert _run(repo, "--check") == 0
+    _write_seq2seq(repo, complete=False)  # an interrupted comparison is not shown
+    assert _run(repo, "--check") == 2
+    assert (
+        f"'generated: {SEQ2SEQ_SPEC}': {SEQ2SEQ_FOLDER}/results.json is not complete"
+        in capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize(
     "markers, message",
     [
@@ -368,6 +422,11 @@ def test_the_mlm_block_says_when_runs_are_missing(mlm_repo, capsys):
         (
             _markers("mlm output=benchmarks/results/fake"),
             "'generated: mlm output=benchmarks/results/fake': no summary of an LR grid",
+        ),
+        (_markers("seq2seq"), "'generated: seq2seq': the seq2seq block takes one parameter, output=FOLDER"),
+        (
+            _markers("seq2seq output=nowhere"),
+            "'generated: seq2seq output=nowhere': no results.json in nowhere",
         ),
         ("<!-- generated: fake -->\ntext\n", "'generated: fake' has no end marker"),
         ("<!-- generated: fake -->\n<!-- end generated: other -->\n", "'end generated: other' has no begin"),
