@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -89,6 +90,38 @@ def check_lr(value: float, option: str = "--lr") -> float:
     if not (number and math.isfinite(value) and value > 0):
         raise ValueError(f"{option} {value!r}: must be a finite number > 0, e.g. {option} 1e-4 3e-4")
     return float(value)
+
+
+def lr_grid(
+    lr: float | Sequence[float] | None,
+    defaults: Mapping[str, tuple[float, ...]],
+    regime: str,
+    option: str = "--lr",
+) -> tuple[float, ...]:
+    """The LRs to run, ascending and unique: the given values, else the regime's default grid.
+
+    Args:
+        lr: One LR or several; ``None``: ``defaults[regime]``.
+        defaults: Default grid per regime (:data:`DEFAULT_LR_GRIDS`, :data:`DEFAULT_MLM_LR_GRIDS`).
+        regime: The training regime.
+        option: Where the values came from, for the message (:func:`check_lr`).
+
+    Raises:
+        ValueError: naming ``option`` and the value when one is not a finite number > 0, or when
+            ``lr`` is empty.
+
+    Example:
+        >>> lr_grid([3e-3, 1e-3, 1e-3], DEFAULT_LR_GRIDS, "fe")
+        (0.001, 0.003)
+        >>> lr_grid(None, DEFAULT_LR_GRIDS, "ft") == DEFAULT_LR_GRIDS["ft"]
+        True
+    """
+    if lr is None:
+        return defaults[regime]
+    values = [lr] if isinstance(lr, (int, float)) else list(lr)
+    if not values:
+        raise ValueError(f"{option}: give one or more finite numbers > 0, e.g. {option} 1e-4 3e-4")
+    return tuple(sorted({check_lr(value, option) for value in values}))
 
 
 def learning_rate(text: str) -> float:

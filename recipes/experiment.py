@@ -30,7 +30,7 @@ from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from peft_layerfusion.registration import method_named
 from peft_layerfusion.utils import eval_mode
 
-from .arguments import DEFAULT_LR_GRIDS, check_lr
+from .arguments import DEFAULT_LR_GRIDS, lr_grid
 from .cache import FeatureCache
 from .candidates import StackedRunner, train_candidates
 from .data import IGNORE_INDEX, NerDataset, encode_ner
@@ -155,16 +155,10 @@ class ExperimentSettings:
             >>> ExperimentSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
             (0.001, 0.003)
         """
-        if self.lr is None:
-            return DEFAULT_LR_GRIDS[regime]
-        values = [self.lr] if isinstance(self.lr, (int, float)) else list(self.lr)
         try:
-            grid = tuple(sorted({check_lr(value, "lr") for value in values}))
-        except ValueError as error:
+            return lr_grid(self.lr, DEFAULT_LR_GRIDS, regime, "lr")
+        except ValueError as error:  # the whole value, as the YAML file or caller gave it
             raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}") from error
-        if not grid:
-            raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}")
-        return grid
 
     def setup(self) -> str:
         """Fingerprint (12 hex digits) of the settings that change a result (:data:`SETUP_FIELDS`).

@@ -43,7 +43,7 @@ from torch import nn
 from peft_layerfusion.layer import fused_positions
 from peft_layerfusion.utils import atomic_write_json, eval_mode
 
-from .arguments import DEFAULT_MLM_LR_GRIDS, check_lr
+from .arguments import DEFAULT_MLM_LR_GRIDS, lr_grid
 from .data import IGNORE_INDEX, read_text
 from .datasets_io import looks_like_hub_name
 from .demo import demo_model_path
@@ -353,12 +353,7 @@ def mlm_lr_grid(lr: float | Sequence[float] | None, regime: str) -> tuple[float,
         >>> mlm_lr_grid(None, "ft") == DEFAULT_MLM_LR_GRIDS["ft"]
         True
     """
-    if lr is None:
-        return DEFAULT_MLM_LR_GRIDS[regime]
-    values = [lr] if isinstance(lr, (int, float)) else list(lr)
-    if not values:
-        raise ValueError("--lr: give one or more finite numbers > 0, e.g. --lr 1e-4 3e-4")
-    return tuple(sorted({check_lr(value) for value in values}))
+    return lr_grid(lr, DEFAULT_MLM_LR_GRIDS, regime)
 
 
 def lr_label(lr: float) -> str:
