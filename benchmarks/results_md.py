@@ -67,6 +67,17 @@ the note stored with the resources) and the ``layerfusion seq2seq`` command, bui
 settings (the options not at their default). A comparison that has not finished (``complete`` false)
 stops with an error naming the marker.
 
+Benchmark report: the reserved name ``report`` shows the JSON file a benchmark script saved with
+``--output`` (``benchmarks/cache_speed.py``, ``benchmarks/overhead.py``; see
+``layerfusion_recipes.reports``), its only parameter::
+
+    <!-- generated: report output=benchmarks/results/perf/overhead.json -->
+    <!-- end generated: report output=benchmarks/results/perf/overhead.json -->
+
+The block has one line with the run's date, torch version and the load on the machine at its start,
+then what the script printed (its table rows as a table, its other lines as a list), then its
+command.
+
 Each block is regenerated from its grid's ``results.jsonl`` (``output:`` or ``results:``, relative
 to the repository root): the tables ``layerfusion plot`` writes to ``table.md`` (test F1 mean ± CI
 at the dev-selected LR, edge flags, paired differences), then one line with the number of runs, the
@@ -120,6 +131,7 @@ from layerfusion_recipes.plot import (
     method_rank,
     table_markdown,
 )
+from layerfusion_recipes.reports import read_report
 from layerfusion_recipes.results import read_records
 from layerfusion_recipes.seq2seq import RUN_TABLE_HEADER, run_row, summary_table
 from layerfusion_recipes.sweep_log import SweepTotals, read_sweep_log, sweep_totals
@@ -139,6 +151,7 @@ LANGUAGE = re.compile(r"[\w-]+")  # a language: a folder name under the grid's o
 MLM = "mlm"  # reserved name: the `layerfusion mlm` summaries of a folder, no grid file
 SEQ2SEQ = "seq2seq"  # reserved name: the results.json of a `layerfusion seq2seq --output` folder
 SEQ2SEQ_FILE = "results.json"
+REPORT = "report"  # reserved name: a benchmark script's saved report (`--output FILE.json`)
 SUMMARY_KEYS = ("selected_lr", "dev_ppl", "test_ppl", "at_edge", "lrs", "runs", "settings")
 ALWAYS_SHOWN = ("data", "method", "regime", "epochs")  # in an MLM command, even at their default
 Params = tuple[tuple[str, str], ...]  # a marker's key=value parameters, in their order
@@ -745,9 +758,62 @@ def render_seq2seq_block(block: Block, root: Path) -> str:
     )
 
 
+def report_markdown(lines: list[str]) -> str:
+    """A benchmark's printed lines as Markdown: runs of table rows as tables, other lines as a list.
+
+    Example:
+        >>> print(report_markdown(["torch threads: 1", "| a | b |", "|---|---|", "| 1 | 2 |"]))
+        - torch threads: 1
+        <BLANKLINE>
+        | a | b |
+        |---|---|
+        | 1 | 2 |
+    """
+    groups: list[list[str]] = []
+    for line in filter(str.strip, lines):
+        row = line.lstrip().startswith("|")
+        if not groups or (groups[-1][0].lstrip().startswith("|")) != row:
+            groups.append([])
+        groups[-1].append(line if row else f"- {line}")
+    return "\n\n".join("\n".join(group) for group in groups)
+
+
+def render_report_block(block: Block, root: Path) -> str:
+    """The content of a ``report`` block: a benchmark's saved report (module docstring).
+
+    Args:
+        block: A block named ``report`` with the one parameter ``output=`` (a JSON file).
+        root: The repository root.
+
+    Raises:
+        MarkerError: Other parameters, no such file, or a file that is not a report.
+
+    Example:
+        >>> text = "<!-- generated: report output=r.json -->\n<!-- end generated: report output=r.json -->"
+        >>> print(render_report_block(find_blocks(text)[0], Path(".")))
+    """
+    if [key for key, _ in block.params] != ["output"]:
+        raise _error(
+            block, f"the {REPORT} block takes one parameter, output=FILE (a benchmark's --output FILE.json)"
+        )
+    output = block.params[0][1]
+    if not (root / output).is_file():
+        raise _error(block, f"no report {output} under {root} (run its command with --output {output})")
+    try:
+        report = read_report(root / output)
+    except (OSError, ValueError) as error:
+        raise _error(block, one_line(error)) from error
+    when = report["date"].replace("T", " ").replace("+00:00", " UTC")
+    header = (
+        f"Run of {when}, torch {report['torch']}, 1-min load average {report['load_1min']:g} on "
+        f"{report['cpu_count']} CPUs at its start:"
+    )
+    return f"{header}\n\n{report_markdown(report['lines'])}\n\n```\n{report['command']}\n```"
+
+
 def render_block(block: Block, root: Path) -> str:
     """The content of ``block``: :func:`render_mlm_block` for the name ``mlm``, :func:`render_seq2seq_block`
-    for ``seq2seq``,
+    for ``seq2seq``, :func:`render_report_block` for ``report``,
     :func:`render_languages_block` with ``languages=``, else :func:`render_grid_block`.
 
     Raises:
@@ -760,6 +826,8 @@ def render_block(block: Block, root: Path) -> str:
         return render_mlm_block(block, root)
     if block.name == SEQ2SEQ:
         return render_seq2seq_block(block, root)
+    if block.name == REPORT:
+        return render_report_block(block, root)
     if any(key == LANGUAGES for key, _ in block.params):
         return render_languages_block(block, root)
     return render_grid_block(block, root)

@@ -12,6 +12,7 @@ import pytest
 from layerfusion_recipes import mlm
 from layerfusion_recipes import seq2seq as seq2seq_recipe
 from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
+from layerfusion_recipes.reports import Report
 from layerfusion_recipes.results import append_line, append_record
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "results_md.py"
@@ -394,6 +395,25 @@ def test_the_seq2seq_block_tabulates_the_comparison(repo, capsys):
     )
 
 
+def test_the_report_block_shows_a_saved_benchmark_run(repo, capsys):
+    spec = "report output=benchmarks/results/perf/speed.json"
+    (repo / "benchmarks" / "RESULTS.md").write_text(PROSE_BEFORE + _markers(spec) + PROSE_AFTER)
+    assert _run(repo) == 2  # not run yet: the error names the command's missing --output
+    assert "(run its command with --output benchmarks/results/perf/speed.json)" in capsys.readouterr().err
+    report = Report("benchmarks/cache_speed.py", ["--threads", "1"])
+    for line in ("torch threads: 1", "| method | s/run |", "|---|---|", "| dwatt | 2.70 |", "all: 2.7s"):
+        report.print(line)
+    (repo / "benchmarks" / "results" / "perf").mkdir(parents=True)
+    report.save(repo / "benchmarks" / "results" / "perf" / "speed.json")
+    assert _run(repo) == 0
+    text = _text(repo)
+    table = "- torch threads: 1\n\n| method | s/run |\n|---|---|\n| dwatt | 2.70 |\n\n- all: 2.7s\n\n"
+    assert table + "```\npython benchmarks/cache_speed.py --threads 1\n```\n" in text
+    assert "Run of 20" in text and " UTC, torch " in text and "CPUs at its start:" in text
+    assert text.startswith(PROSE_BEFORE) and text.endswith(PROSE_AFTER)
+    assert _run(repo, "--check") == 0
+
+
 @pytest.mark.parametrize(
     "markers, message",
     [
@@ -428,6 +448,8 @@ def test_the_seq2seq_block_tabulates_the_comparison(repo, capsys):
             _markers("seq2seq output=nowhere"),
             "'generated: seq2seq output=nowhere': no results.json in nowhere",
         ),
+        (_markers("report output=a.json x=1"), "the report block takes one parameter, output=FILE"),
+        (_markers("report output=benchmarks/grids/bad.yaml"), "bad.yaml: not a benchmark report (JSON)"),
         ("<!-- generated: fake -->\ntext\n", "'generated: fake' has no end marker"),
         ("<!-- generated: fake -->\n<!-- end generated: other -->\n", "'end generated: other' has no begin"),
         ("<!-- end generated: fake -->\n", "'end generated: fake' has no begin marker"),
