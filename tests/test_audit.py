@@ -146,3 +146,20 @@ def test_lora_regime_names_the_rank_of_the_one_lora_to_train(tiny_config):
     alone = int(name.split("alone: r=")[1].rstrip(")"))
     assert alone == added + 8
     assert audit(tiny_config, "lora", ("none",), lora_r=alone)["none"]["total"] == rows[name]["total"]
+
+
+def test_lora_regime_names_the_reduction_factor_of_adapters_trained_alone(tiny_config):
+    """The ``adapter_*`` regimes replace the LoRA, so the adapters alone take DWAtt + LoRA's whole
+    budget (conll_adapters_lr.yaml once derived that width by hand). Sized to Concat: on the tiny
+    model DWAtt + LoRA is more than a full-width adapter (rf = 1)."""
+    report = match_report(tiny_config, "lora", "concat")
+    target = report["rows"]["concat"]["total"]
+    (name,) = [name for name in report["rows"] if name.startswith("+adapter_seqbn")]
+    on_top = float(name.split("(rf=")[1].split(";")[0])
+    alone = float(name.split("alone: rf=")[1].rstrip(")"))
+    d, blocks = TINY["hidden_size"], TINY["num_hidden_layers"]
+    width_alone = round(d / alone)
+    alone_params = blocks * (2 * d * width_alone + width_alone + d)  # Pfeiffer: down + up, biases
+    assert abs(alone_params - target) <= blocks * (2 * d + 1)  # the closest width: within one step
+    assert width_alone > round(d / on_top)  # wider than the adapters added on top of the LoRA
+    assert "alone" not in " ".join(match_report(tiny_config, "bitfit", "concat")["rows"])

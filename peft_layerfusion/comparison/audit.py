@@ -176,8 +176,10 @@ def match_report(
     added on top of what the regime trains anyway (the ``none`` row) and sized to the new
     parameters ``match`` adds: LoRA (rank; under ``lora`` the row also names the rank of the one
     LoRA that replaces the regime's and this one, the baseline to train), R+n (``n``), Pfeiffer
-    and Houlsby bottleneck adapters (reduction factor). Pairs of budget-sized rows
-    (all but ``none``, ``average``, ``scalar_mix``) more than ``tolerance`` apart are flagged.
+    and Houlsby bottleneck adapters (reduction factor; under ``lora`` also the factor of the
+    adapters that replace the regime's LoRA, as the recipes' ``adapter_*`` regimes train them).
+    Pairs of budget-sized rows (all but ``none``, ``average``, ``scalar_mix``) more than
+    ``tolerance`` apart are flagged.
 
     Returns:
         ``{"target": str, "rows": {name: entry}, "flagged": [(a, b, gap), ...]}``.
@@ -208,8 +210,12 @@ def match_report(
         f"+extra_layers (n={extra.value})": ("blocks", extra),
     }
     for name in ADAPTER_REGIME_NAMES:
-        bottleneck = match_bottleneck(base, new_params, name.removeprefix("adapter_"))
-        matched[f"+{name} (rf={bottleneck.value:.4g})"] = ("adapters", bottleneck)
+        kind = name.removeprefix("adapter_")
+        bottleneck = match_bottleneck(base, new_params, kind)
+        label = f"rf={bottleneck.value:.4g}"
+        if regime == "lora":  # trained as a regime of its own, the adapter replaces the LoRA too
+            label += f"; alone: rf={match_bottleneck(base, target, kind).value:.4g}"
+        matched[f"+{name} ({label})"] = ("adapters", bottleneck)
     for name, (component, found) in matched.items():
         components = {**own, component: own.get(component, 0) + found.params}
         rows[name] = _entry(components, base_params, knob=found.knob, value=found.value)
