@@ -54,6 +54,18 @@ built from its stored settings (the options not at their default; ``--model`` un
 encoder, ``--lr`` unless the regime's default grid; a path under the repository's parent folder, as
 ``../shared/data``, relative to the root).
 
+Grids side by side: the reserved parameter ``join=`` (comma-separated grid names) shows the records of
+the named grids' results together with the block's own grid's, in ONE table::
+
+    <!-- generated: conll_plain_128_lr join=conll_regimes_128_lr,conll_ft_128_lr -->
+    <!-- end generated: conll_plain_128_lr join=conll_regimes_128_lr,conll_ft_128_lr -->
+
+Records of the same setup (data, sample, settings: the records' ``setup``) and trial trained on the
+same sample, so the paired differences pair runs across the grids too. The block has the tables,
+one cost line per grid and each grid's sweep and plot commands (each grid as its own file names
+its output; the joined grids take no other parameters). A run found in two of the results files
+stops with an error naming both, rather than being counted twice.
+
 Seq2seq comparison: the reserved name ``seq2seq`` shows the ``results.json`` of one ``layerfusion
 seq2seq --output`` folder, its only parameter::
 
@@ -148,6 +160,7 @@ MARKER = re.compile(
 NAME = re.compile(r"[\w.-]+")
 LANGUAGES = "languages"  # reserved parameter: one block over a grid's per-language sweeps
 LANGUAGE = re.compile(r"[\w-]+")  # a language: a folder name under the grid's output
+JOIN = "join"  # reserved parameter: other grids' results in the same table
 MLM = "mlm"  # reserved name: the `layerfusion mlm` summaries of a folder, no grid file
 SEQ2SEQ = "seq2seq"  # reserved name: the results.json of a `layerfusion seq2seq --output` folder
 SEQ2SEQ_FILE = "results.json"
@@ -353,6 +366,55 @@ def render_grid_block(block: Block, root: Path) -> str:
         f"{table_markdown(records).rstrip()}\n\n{cost}\n\n"
         f"```\n{_sweep_command(block, block.params)}\nlayerfusion plot {results}\n```"
     )
+
+
+def _joined_grids(block: Block) -> list[Block]:
+    """The block's own grid and each grid of ``join=``, as blocks of their own (no parameters)."""
+    params = dict(block.params)
+    names = params.pop(JOIN).split(",")
+    if params:
+        raise _error(block, f"{JOIN}= shows each grid as its file names it: drop {', '.join(params)}=")
+    grids = [block.name, *names]
+    if not all(NAME.fullmatch(name) for name in names) or len(set(grids)) < len(grids):
+        raise _error(block, f"{JOIN}= takes distinct comma-separated grid names other than {block.name}")
+    return [Block(name, name, (), block.start, block.stop) for name in grids]
+
+
+def render_joined_block(block: Block, root: Path) -> str:
+    """The content of a ``join=`` block: the records of several grids in one table (module docstring).
+
+    Args:
+        block: A block naming a grid file, with ``join=`` naming the others.
+        root: The repository root.
+
+    Raises:
+        MarkerError: A grid without its file, output or results; a run in two results files.
+
+    Example:
+        >>> spec = "conll_plain_128_lr join=conll_regimes_128_lr"
+        >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
+        >>> print(render_joined_block(find_blocks(text)[0], Path(".")))
+    """
+    grids = _joined_grids(block)
+    records: list[dict[str, Any]] = []
+    where: dict[str, str] = {}
+    costs, commands = [], []
+    for grid in grids:
+        try:
+            results = _grid_results(grid, root)
+            own, cost = _cost(grid, root, results)
+        except MarkerError as error:  # say it of this block's marker: the grid has none of its own
+            reason = str(error).split("': ", 1)[-1]
+            raise _error(block, f"grid {grid.name}: {reason}") from error
+        for record in own:
+            if record["key"] in where:
+                raise _error(block, f"run {record['key']} is in both {where[record['key']]} and {results}")
+            where[record["key"]] = results
+        records += own
+        costs.append(f"- {cost}")
+        commands += [_sweep_command(grid, ()), f"layerfusion plot {results}"]
+    lines = "\n".join(costs)
+    return f"{table_markdown(records).rstrip()}\n\n{lines}\n\n```\n" + "\n".join(commands) + "\n```"
 
 
 def _languages(block: Block) -> tuple[list[str], Params]:
@@ -814,7 +876,8 @@ def render_report_block(block: Block, root: Path) -> str:
 def render_block(block: Block, root: Path) -> str:
     """The content of ``block``: :func:`render_mlm_block` for the name ``mlm``, :func:`render_seq2seq_block`
     for ``seq2seq``, :func:`render_report_block` for ``report``,
-    :func:`render_languages_block` with ``languages=``, else :func:`render_grid_block`.
+    :func:`render_languages_block` with ``languages=``, :func:`render_joined_block` with ``join=``,
+    else :func:`render_grid_block`.
 
     Raises:
         MarkerError: What the block cannot be regenerated from, naming its marker.
@@ -830,6 +893,8 @@ def render_block(block: Block, root: Path) -> str:
         return render_report_block(block, root)
     if any(key == LANGUAGES for key, _ in block.params):
         return render_languages_block(block, root)
+    if any(key == JOIN for key, _ in block.params):
+        return render_joined_block(block, root)
     return render_grid_block(block, root)
 
 

@@ -151,6 +151,45 @@ def test_per_language_blocks_name_their_sweep_options(repo):
     assert "9 runs in `benchmarks/results/wiki/en/results.jsonl`" in en
 
 
+def _other_grid(repo: Path, runs: dict) -> int:
+    """A second grid ``other`` of the same setup as ``fake``, with ``runs``."""
+    (repo / "benchmarks" / "grids" / "other.yaml").write_text(GRID + "output: benchmarks/results/other\n")
+    return _write_results(repo / "benchmarks" / "results" / "other" / "results.jsonl", runs)
+
+
+def test_a_joined_block_pairs_runs_across_grids(repo):
+    # concat in another grid, same setup and trials: test 45 / 55 / 65, so concat - none is +5 each trial
+    assert _other_grid(repo, {"concat": (0.001, (0.6, 0.7, 0.8), (0.45, 0.55, 0.65))}) == 9
+    (repo / "benchmarks" / "RESULTS.md").write_text(_markers("fake join=other"))
+    assert _run(repo) == 0
+    text = _text(repo)
+    concat_cell = "55.0 ± 24.8 @0.001 ⚠ (dev 70.0) (n=3)"
+    assert f"| fe | 25 | 8 | {NONE_CELL} | {DWATT_CELL} | {concat_cell} |" in text
+    assert "| regime | epochs | shots | dwatt - concat | dwatt - none | concat - none |" in text
+    assert "| fe | 25 | 8 | **+15.0 ± 0.0** | **+20.0 ± 0.0** | **+5.0 ± 0.0** |" in text
+    assert "- 18 runs in `benchmarks/results/fake/results.jsonl`; wall time not recorded" in text
+    assert "- 9 runs in `benchmarks/results/other/results.jsonl`; wall time not recorded" in text
+    commands = [
+        "layerfusion sweep --config benchmarks/grids/fake.yaml",
+        "layerfusion plot benchmarks/results/fake/results.jsonl",
+        "layerfusion sweep --config benchmarks/grids/other.yaml",
+        "layerfusion plot benchmarks/results/other/results.jsonl",
+    ]
+    assert "```\n" + "\n".join(commands) + "\n```" in text
+    assert _run(repo, "--check") == 0
+    _write_results(repo / "benchmarks" / "results" / "other" / "results.jsonl", {"average": RUNS["none"]})
+    assert _run(repo, "--check") == 1  # new results in a joined grid make the block stale
+
+
+def test_a_run_in_two_joined_grids_is_refused(repo, capsys):
+    _other_grid(repo, {"none": RUNS["none"]})  # the same keys as fake's none runs
+    (repo / "benchmarks" / "RESULTS.md").write_text(_markers("fake join=other"))
+    assert _run(repo) == 2
+    err = capsys.readouterr().err
+    assert "'generated: fake join=other': run none|0|0.001 is in both" in err
+    assert "benchmarks/results/fake/results.jsonl and benchmarks/results/other/results.jsonl" in err
+
+
 # German: none best at the grid's bottom; dwatt - none per trial 5, 10, 15 points
 DE_RUNS = {
     "none": (0.001, (0.3, 0.3, 0.3), (0.25, 0.25, 0.25)),
@@ -436,6 +475,10 @@ def test_the_report_block_shows_a_saved_benchmark_run(repo, capsys):
         (_markers("fake languages=en,en"), "languages= takes distinct comma-separated folder names"),
         (_markers("fake languages=../x"), "languages= takes distinct comma-separated folder names"),
         (_markers("fake languages=en language=en"), "languages= names every language's sweep"),
+        (_markers("fake join=fake"), "join= takes distinct comma-separated grid names other than fake"),
+        (_markers("fake join=wiki cache_dir=/x"), "join= shows each grid as its file names it: drop"),
+        (_markers("fake join=nowhere"), "'generated: fake join=nowhere': grid nowhere: no grid file"),
+        (_markers("fake join=wiki"), "'generated: fake join=wiki': grid wiki: benchmarks/grids/wiki.yaml"),
         (_markers("mlm"), "'generated: mlm': the mlm block takes one parameter, output=FOLDER"),
         (_markers("mlm output=a epochs=1"), "the mlm block takes one parameter"),
         (_markers("mlm output=nowhere"), "'generated: mlm output=nowhere': no folder nowhere under"),
