@@ -49,7 +49,9 @@ each cell the test perplexity (dev perplexity) at the LR (@) selected on dev, âš
 the edge of its grid; then one line per (method, regime) with the dev perplexity of every LR; then
 what does not add up, said in the block rather than mixed silently: a summary without its runs (an
 older file: left out of the table), run files it names that are missing, settings (data, epochs,
-blocks...) that differ between the summaries; then one ``layerfusion mlm`` command per summary,
+blocks...) that differ between the summaries; then one cost line (the runs, their wall time summed
+from the run files' ``seconds`` and the largest ``peak_rss_mb``; files older than that timing are
+counted and said); then one ``layerfusion mlm`` command per summary,
 built from its stored settings (the options not at their default; ``--model`` unless the demo
 encoder, ``--lr`` unless the regime's default grid; a path under the repository's parent folder, as
 ``../shared/data``, relative to the root).
@@ -562,6 +564,34 @@ def mlm_problems(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path)
     return problems
 
 
+def mlm_cost_line(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path) -> str:
+    """The cost of the runs behind ``summaries``: their number, wall time summed over the runs whose
+    files say it (``seconds``) and the largest ``peak_rss_mb``; files written before `layerfusion
+    mlm` timed its runs are counted and said.
+
+    Example:
+        >>> folder = Path("benchmarks/results/mlm_lr")
+        >>> mlm_cost_line(read_mlm_summaries(folder)[0], folder)
+        '28 runs; wall time not recorded (their files predate the timing of `layerfusion mlm` runs).'
+    """
+    costs = []
+    for summary in summaries.values():
+        for run in summary["runs"]:
+            path = folder / run["file"]
+            record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            costs.append((record.get("seconds"), record.get("peak_rss_mb")))
+    timed = [(seconds, peak) for seconds, peak in costs if seconds is not None]
+    text = f"{len(costs)} runs"
+    if not timed:
+        return text + "; wall time not recorded (their files predate the timing of `layerfusion mlm` runs)."
+    text += f"; wall time {_duration(sum(seconds for seconds, _ in timed))}"
+    peaks = [peak for _, peak in timed if peak is not None]
+    text += f", peak RSS {_memory(max(peaks))}" if peaks else ""
+    if len(timed) < len(costs):
+        text += f" (timed: {len(timed)} of the {len(costs)} runs; the others predate the timing)"
+    return text + "."
+
+
 def mlm_cell(summary: dict[str, Any]) -> str:
     """One cell of the MLM table: test perplexity (dev perplexity) at the selected LR, âš  at the edge.
 
@@ -707,6 +737,7 @@ def render_mlm_block(block: Block, root: Path) -> str:
         f"{mlm_table(summaries)}\n\n{legend}\n\nDev perplexity by LR (selected in bold):\n\n"
         + "\n".join(map(dev_by_lr_line, summaries.values()))
         + "".join(f"\n\n{note}" for note in notes)
+        + f"\n\n{mlm_cost_line(summaries, folder)}"
         + f"\n\n```\n{commands}\n```"
     )
 

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from .loop import TrainingLoop, restore, snapshot
 from .models import METHOD_NAMES, REGIME_NAMES, apply_regime, load_pretrained, trainable_parameters
 from .options import check_names
 from .selection import at_grid_edge
+from .sweep_log import peak_rss_mb
 
 # the options that change a run's result; with the model and the LR they are a run's `settings`
 RESULT_SETTINGS = (
@@ -536,7 +538,9 @@ def run_mlm(args: argparse.Namespace, progress: Callable[[str], None] | None = N
         skipped = record is not None
         if record is None:
             data = data if data is not None else prepare_data(args, model_name)
+            started = time.perf_counter()
             record = {**train_at_lr(args, data, model_name, lr), "settings": settings}
+            record.update(run_cost(started))
             atomic_write_json(path, record)
         records.append(record)
         if progress is not None:
@@ -544,6 +548,18 @@ def run_mlm(args: argparse.Namespace, progress: Callable[[str], None] | None = N
     summary = summarize(records)
     atomic_write_json(summary_path, summary)
     return summary
+
+
+def run_cost(started: float) -> dict[str, float]:
+    """What a run cost, for its record: ``seconds`` of wall time since ``started`` (a
+    ``time.perf_counter()``) and ``peak_rss_mb``, this process's peak resident set so far (a grid's
+    runs share the process, so a later run's peak covers the earlier ones').
+
+    Example:
+        >>> run_cost(time.perf_counter())["seconds"] >= 0
+        True
+    """
+    return {"seconds": round(time.perf_counter() - started, 1), "peak_rss_mb": peak_rss_mb()[0]}
 
 
 def run_line(record: dict[str, Any], path: Path, skipped: bool) -> str:

@@ -175,10 +175,11 @@ def test_summary_file_content(tiny, tmp_path, fake_runs, capsys):
         },
     }
     assert "no train split" in summary["data"]
-    for run in summary["runs"]:  # every run's file is there, with its settings and LR
+    for run in summary["runs"]:  # every run's file is there, with its settings, LR and cost
         record = _read(tmp_path / run["file"])
         assert record["settings"] == {**summary["settings"], "lr": run["lr"]}
         assert (record["dev_ppl"], record["test_ppl"]) == (run["dev_ppl"], run["test_ppl"])
+        assert record["seconds"] >= 0 and record["peak_rss_mb"] > 10  # this process holds torch
 
 
 def test_selected_lr_at_the_edge_is_flagged_and_warned(tiny, tmp_path, fake_runs, capsys):

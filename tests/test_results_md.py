@@ -265,9 +265,15 @@ DEMO_MODEL = "/models/demo"
 
 
 def _write_mlm(
-    repo: Path, method: str, regime: str, ppl: dict[float, tuple[float, float]], **changed
+    repo: Path,
+    method: str,
+    regime: str,
+    ppl: dict[float, tuple[float, float]],
+    cost: dict[str, float] | None = None,
+    **changed,
 ) -> None:
-    """A ``layerfusion mlm`` grid's files: one run per LR (``ppl``: its dev and test perplexity) and the
+    """A ``layerfusion mlm`` grid's files: one run per LR (``ppl``: its dev and test perplexity; ``cost``:
+    the ``seconds`` and ``peak_rss_mb`` of every run, none for files older than the timing) and the
     summary, settings as ``layerfusion mlm`` stores them (``changed`` over the defaults below)."""
     folder = repo / MLM_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
@@ -291,6 +297,7 @@ def _write_mlm(
     for lr, (dev, test) in ppl.items():
         record = {"method": method, "regime": regime, "model": settings["model"], "lr": lr, "data": "note"}
         records.append({**record, "dev_ppl": dev, "test_ppl": test, "settings": {**settings, "lr": lr}})
+        records[-1].update(cost or {})
         (folder / mlm.run_file_name(method, regime, lr)).write_text(json.dumps(records[-1]))
     (folder / mlm.summary_file_name(method, regime)).write_text(json.dumps(mlm.summarize(records)))
 
@@ -343,6 +350,17 @@ def test_the_mlm_block_tabulates_the_summaries(mlm_repo):
     assert "Data: note." in text and "⚠ `" not in text and "differ" not in text
     assert f"```\n{_mlm_command('none', 'fe')}\n{_mlm_command('dwatt', 'fe')}\n```\n" in text
     assert _run(mlm_repo, "--check") == 0
+
+
+def test_the_mlm_block_sums_the_timed_runs(mlm_repo):
+    assert _run(mlm_repo) == 0
+    untimed = "8 runs; wall time not recorded (their files predate the timing of `layerfusion mlm` runs)."
+    assert untimed in _text(mlm_repo)
+    _write_mlm(mlm_repo, "dwatt", "fe", DWATT_FE, cost={"seconds": 900.4, "peak_rss_mb": 1500.0})
+    assert _run(mlm_repo, "--check") == 1  # a timed grid makes the block stale
+    assert _run(mlm_repo) == 0
+    line = "8 runs; wall time 1 h 00 min 02 s, peak RSS 1.5 GB (timed: 4 of the 8 runs; the others predate"
+    assert line in _text(mlm_repo)  # 4 x 900.4 s
 
 
 def test_the_mlm_block_says_when_settings_differ_and_check_sees_it(mlm_repo, capsys):
