@@ -1,0 +1,135 @@
+"""Paired per-trial differences between cells of different results files (e.g. a budget-matched baseline
+trained under other ``method_options`` against a fusion row of another grid).
+
+``layerfusion plot`` and the ``join=`` blocks of ``results_md.py`` pair methods within one setup. A
+baseline with its own method options (LoRA at a matched rank) has a setup of its own, though its trials
+train on the same samples (the sample depends on the data, the seed and the trial, never on the
+method or its options). This script pairs such cells by trial: each cell at its own LR selected on
+dev (:func:`~layerfusion_recipes.selection.select_lr`), the difference of test F1 (best dev F1 where a
+run has no test score) per shared trial, mean ± 95% t-CI.
+
+Usage::
+
+    python benchmarks/paired.py --shots 128 \\
+        benchmarks/results/conll_regimes_128_lr/results.jsonl:dwatt:lora \\
+        benchmarks/results/conll_lora_matched_128_lr/results.jsonl:none:lora
+
+It prints the first cell minus each of the others. Each cell is ``RESULTS:METHOD:REGIME``, where
+``RESULTS`` is a results file of ``layerfusion sweep``; ``--shots`` and ``--epochs`` pick the row.
+A cell that would pair runs of different data, sample or settings (other than the method options) is
+refused, naming what differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from layerfusion_recipes.plot import format_lr
+from layerfusion_recipes.results import read_records
+from layerfusion_recipes.selection import dev_f1, select_lr
+from layerfusion_recipes.stats import mean_ci
+
+# settings that may differ between paired cells: they change the model, not the sample or the data
+MODEL_ONLY_SETTINGS = ("method_options",)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a results file at its selected LR.
+
+    Args:
+        label: How it is named in the output (``RESULTS:METHOD:REGIME``).
+        lr: The LR selected on dev.
+        scores: Test F1 (points) by trial at that LR (best dev F1 where a run has no test score).
+        settings: The runs' settings without :data:`MODEL_ONLY_SETTINGS`.
+    """
+
+    label: str
+    lr: float | None
+    scores: dict[int, float]
+    settings: dict[str, Any]
+
+
+def read_cell(spec: str, shots: int, epochs: int) -> Cell:
+    """The cell ``RESULTS:METHOD:REGIME`` at ``shots`` and ``epochs``, at its dev-selected LR.
+
+    Raises:
+        ValueError: A spec not of that form, or no runs of that cell in the file.
+
+    Example:
+        >>> read_cell("benchmarks/results/conll_plain_128_lr/results.jsonl:none:lora", 128, 25).lr
+        0.003
+    """
+    path, _, rest = spec.partition(":")
+    method, _, regime = rest.partition(":")
+    if not (path and method and regime) or ":" in regime:
+        raise ValueError(f"cell {spec!r}: expected RESULTS:METHOD:REGIME")
+    runs = [
+        record
+        for record in read_records(path)
+        if (record["method"], record["regime"], record["shots"], record["epochs"])
+        == (method, regime, shots, epochs)
+    ]
+    if not runs:
+        raise ValueError(f"cell {spec!r}: no runs of {method} / {regime} at N = {shots}, {epochs} epochs")
+    lr = select_lr(runs).lr
+    chosen = [record for record in runs if record.get("lr") == lr]
+    scores = {
+        record["trial"]: 100.0 * (record["test_f1"] if record.get("test_f1") is not None else dev_f1(record))
+        for record in chosen
+    }
+    settings = {k: v for k, v in chosen[0].get("settings", {}).items() if k not in MODEL_ONLY_SETTINGS}
+    return Cell(spec, lr, scores, settings)
+
+
+def difference_line(cell: Cell, base: Cell) -> str:
+    """``cell - base``: mean ± 95% t-CI of the per-trial differences over the trials both have.
+
+    Raises:
+        ValueError: The two cells' runs differ in a setting other than the method options.
+
+    Example:
+        >>> difference_line(Cell("a", 0.01, {0: 50.0, 1: 60.0}, {}), Cell("b", 0.1, {0: 40.0, 1: 55.0}, {}))
+        'a @0.01 - b @0.1: +7.5 ± 31.8 (n=2)'
+    """
+    differing = sorted(
+        k for k in set(cell.settings) | set(base.settings) if cell.settings.get(k) != base.settings.get(k)
+    )
+    if differing:
+        raise ValueError(
+            f"{cell.label} and {base.label} differ in {', '.join(differing)}: not the same samples"
+        )
+    trials = sorted(set(cell.scores) & set(base.scores))
+    if not trials:
+        return f"{cell.label} - {base.label}: no trial in common"
+    mean, half = mean_ci([cell.scores[t] - base.scores[t] for t in trials])
+    return (
+        f"{cell.label} @{format_lr(cell.lr)} - {base.label} @{format_lr(base.lr)}: "
+        f"{mean:+.1f} ± {half:.1f} (n={len(trials)})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the first cell minus each other one; returns the exit code (2 on a bad cell)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cells", nargs="+", help="RESULTS:METHOD:REGIME; the first minus each other one.")
+    parser.add_argument("--shots", type=int, required=True, help="N of the row.")
+    parser.add_argument("--epochs", type=int, default=25, help="Max epochs of the row (default 25).")
+    args = parser.parse_args(argv)
+    if len(args.cells) < 2:
+        parser.error("give at least two cells")
+    try:
+        first, *others = [read_cell(spec, args.shots, args.epochs) for spec in args.cells]
+        for other in others:
+            print(difference_line(first, other))
+    except (ValueError, OSError) as error:
+        print(f"paired.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
