@@ -259,7 +259,8 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
     panels = list(dict.fromkeys((row["regime"], row["epochs"], row["shots"]) for row in rows))
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels, strict=True):
-        for row in (r for r in rows if (r["regime"], r["epochs"], r["shots"]) == panel):
+        panel_rows = [r for r in rows if (r["regime"], r["epochs"], r["shots"]) == panel]
+        for row in panel_rows:
             lrs, color = row["lrs"], colors[row["method"]]
             ax.plot(lrs, [row["dev_by_lr"][lr] for lr in lrs], marker="o", color=color, label=row["method"])
             tests = [row["test_by_lr"][lr] for lr in lrs]
@@ -268,6 +269,9 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
             selected = (row["lr"], row["dev_by_lr"][row["lr"]])
             ax.plot(*selected, marker="o", markersize=12, fillstyle="none", color=color)
         ax.set_xscale("log")
+        ax.minorticks_off()  # one labelled tick per LR of the panel, none between them
+        ticks = sorted({lr for row in panel_rows for lr in row["lrs"]})
+        ax.set_xticks(ticks, [format_lr(lr) for lr in ticks], rotation=45, fontsize=8)
         ax.set_title("{}, {} epochs, N={}".format(*panel))
         ax.set_xlabel("max LR (circled: selected on dev)")
     handles: dict[str, Any] = {}  # every method once, with its colour in every panel
