@@ -5,8 +5,9 @@ trained under other ``method_options`` against a fusion row of another grid).
 baseline with its own method options (LoRA at a matched rank) has a setup of its own, though its trials
 train on the same samples (the sample depends on the data, the seed and the trial, never on the
 method or its options). This script pairs such cells by trial: each cell at its own LR selected on
-dev (:func:`~layerfusion_recipes.selection.select_lr`), the difference of test F1 (best dev F1 where a
-run has no test score) per shared trial, mean ± 95% t-CI.
+dev (:func:`~layerfusion_recipes.selection.select_lr`, through ``layerfusion plot``'s ``summarize``),
+the difference of the score the tables report (test F1; best dev F1 where the cell's runs have no
+test score) per shared trial, mean ± 95% t-CI.
 
 Usage::
 
@@ -27,9 +28,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from layerfusion_recipes.plot import format_lr
+from layerfusion_recipes.plot import format_lr, reported_score, summarize
 from layerfusion_recipes.results import read_records
-from layerfusion_recipes.selection import dev_f1, select_lr
 from layerfusion_recipes.stats import mean_ci
 
 # settings that may differ between paired cells: they change the model, not the sample or the data
@@ -43,7 +43,8 @@ class Cell:
     Args:
         label: How it is named in the output (``RESULTS:METHOD:REGIME``).
         lr: The LR selected on dev.
-        scores: Test F1 (points) by trial at that LR (best dev F1 where a run has no test score).
+        scores: The reported score (points) by trial at that LR
+            (:func:`~layerfusion_recipes.plot.reported_score`).
         settings: The runs' settings without :data:`MODEL_ONLY_SETTINGS`.
     """
 
@@ -57,7 +58,7 @@ def read_cell(spec: str, shots: int, epochs: int) -> Cell:
     """The cell ``RESULTS:METHOD:REGIME`` at ``shots`` and ``epochs``, at its dev-selected LR.
 
     Raises:
-        ValueError: A spec not of that form, or no runs of that cell in the file.
+        ValueError: A spec not of that form, no runs of that cell in the file, or runs of several setups.
 
     Example:
         >>> read_cell("benchmarks/results/conll_plain_128_lr/results.jsonl:none:lora", 128, 25).lr
@@ -75,14 +76,15 @@ def read_cell(spec: str, shots: int, epochs: int) -> Cell:
     ]
     if not runs:
         raise ValueError(f"cell {spec!r}: no runs of {method} / {regime} at N = {shots}, {epochs} epochs")
-    lr = select_lr(runs).lr
-    chosen = [record for record in runs if record.get("lr") == lr]
-    scores = {
-        record["trial"]: 100.0 * (record["test_f1"] if record.get("test_f1") is not None else dev_f1(record))
-        for record in chosen
-    }
+    rows = summarize(runs)  # one row per setup: the LR selected on dev, and which score it reports
+    if len(rows) > 1:
+        setups = ", ".join(str(row["setup"]) for row in rows)
+        raise ValueError(f"cell {spec!r}: its runs are of {len(rows)} setups ({setups}), not one")
+    row = rows[0]
+    chosen = [record for record in runs if record.get("lr") == row["lr"]]
+    scores = {record["trial"]: 100.0 * reported_score(record, row) for record in chosen}
     settings = {k: v for k, v in chosen[0].get("settings", {}).items() if k not in MODEL_ONLY_SETTINGS}
-    return Cell(spec, lr, scores, settings)
+    return Cell(spec, row["lr"], scores, settings)
 
 
 def difference_line(cell: Cell, base: Cell) -> str:

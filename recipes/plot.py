@@ -349,6 +349,17 @@ PAIRS = (
 )
 
 
+def reported_score(record: dict[str, Any], row: dict[str, Any]) -> float:
+    """The score (0..1) the tables report for ``record``, a run of the cell summarized in ``row``
+    (:func:`summarize`): its test F1 where every run of the cell has one, else its best dev F1.
+
+    Example:
+        >>> reported_score({"dev_f1": 0.6, "test_f1": 0.5}, {"score": "test"})
+        0.5
+    """
+    return record["test_f1"] if row["score"] == "test" else dev_f1(record)
+
+
 def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict]:
     """Per cell and pair of methods: the per-trial differences of the reported score, each method at
     its own dev-selected LR (trials share their sample across methods, so the pair is matched).
@@ -366,8 +377,7 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
         row = chosen.get(key)
         if row is None or record.get("lr") != row["lr"]:
             continue
-        value = record.get("test_f1") if row["score"] == "test" else dev_f1(record)
-        scores.setdefault(key, {})[record["trial"]] = 100.0 * value
+        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(record, row)
     out = []
     for setup, regime, epochs, shots in dict.fromkeys(k[:4] for k in chosen):
         for first, second in PAIRS:

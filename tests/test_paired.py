@@ -16,15 +16,18 @@ _spec.loader.exec_module(paired)
 SETTINGS = {"data": "/d", "seed": 0, "dev_limit": 500, "method_options": {}}
 
 
-def _write(path: Path, method: str, tests: dict[float, tuple[float, ...]], **settings) -> str:
-    """Runs of one cell (lora, N = 128, 25 epochs): per LR the test F1 of trials 0, 1, 2; dev = test."""
+def _write(
+    path: Path, method: str, tests: dict[float, tuple[float, ...]], setup: str = "s", **settings
+) -> str:
+    """Runs of one cell (lora, N = 128, 25 epochs) of ``setup``: per LR the test F1 of trials 0, 1, 2;
+    dev = test."""
     for lr, scores in tests.items():
         for trial, score in enumerate(scores):
             cell = {"method": method, "regime": "lora", "shots": 128, "epochs": 25, "trial": trial, "lr": lr}
             record = {
                 **cell,
-                "key": f"{method}|{trial}|{lr}",
-                "setup": "s",
+                "key": f"{method}|{trial}|{lr}|{setup}",
+                "setup": setup,
                 "dev_f1": score,
                 "test_f1": score,
             }
@@ -54,5 +57,9 @@ def test_cells_of_other_samples_or_settings_are_refused(tmp_path, capsys):
     assert "differ in dev_limit, seed: not the same samples" in capsys.readouterr().err
     assert paired.main(["--shots", "8", first, first]) == 2  # no such row
     assert "no runs of none / lora at N = 8, 25 epochs" in capsys.readouterr().err
+    _write(tmp_path / "c.jsonl", "none", {3e-3: (0.7, 0.7, 0.7)})
+    mixed = _write(tmp_path / "c.jsonl", "none", {1e-2: (0.1, 0.1, 0.1)}, setup="t")  # a second setup
+    assert paired.main(["--shots", "128", mixed, other]) == 2
+    assert "its runs are of 2 setups (s, t), not one" in capsys.readouterr().err
     assert paired.main(["--shots", "128", first, "nocolon"]) == 2
     assert "expected RESULTS:METHOD:REGIME" in capsys.readouterr().err
