@@ -11,6 +11,7 @@ from layerfusion_recipes.plot import (
     markdown_table,
     paired_differences,
     paired_table,
+    reported_score,
     summarize,
     write_report,
 )
@@ -98,6 +99,13 @@ def test_paired_differences_use_each_method_at_its_selected_lr():
     assert dwatt_none["n"] == 3 and dwatt_none["mean"] == pytest.approx(mean)
     assert dwatt_none["ci"] == pytest.approx(half)
     assert "| fe | 5 | 8 | +18.3 ± 19.0 |" in paired_table(differences)  # CI wider than the mean: not bold
+
+
+def test_reported_score_is_test_f1_only_where_the_cell_reports_test():
+    record = {"dev_f1": 0.6, "test_f1": 0.5}
+    assert reported_score(record, {"score": "test"}) == 0.5
+    assert reported_score(record, {"score": "dev"}) == 0.6
+    assert reported_score({"best_f1": 0.4}, {"score": "dev"}) == 0.4  # files from before dev_f1
 
 
 def test_a_cell_of_one_trial_claims_no_interval():
