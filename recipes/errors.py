@@ -7,16 +7,57 @@ unreadable paths; transformers' "not a local folder and not a valid model identi
 syntax errors count as well. :func:`run_command` runs a sub-command and turns them into
 ``layerfusion ner: error: <what and where>`` and exit code 2 (as ``argparse`` does for bad flags);
 ``--debug`` re-raises them with the full traceback.
+
+A long command stopped with SIGTERM (``kill``, a scheduler's time limit) ends like Ctrl-C where it
+runs inside :func:`sigterm_raises`: :class:`Terminated` is raised in the main thread, so ``finally``
+blocks run (a sweep logs its line), and :func:`run_command` returns 143 (128 + SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 USER_EXIT_CODE = 2  # argparse's exit code for bad command lines
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process killed by SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived inside :func:`sigterm_raises`. A ``BaseException`` like ``KeyboardInterrupt``,
+    so ``except Exception`` handlers let it through.
+
+    Example:
+        >>> raise Terminated("SIGTERM")
+    """
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread instead of ending the
+    process at once; the previous handler is restored on exit. Off the main thread (where Python
+    cannot set handlers) the block runs unchanged.
+
+    Example:
+        >>> with sigterm_raises():
+        ...     run_cells(cells, results, settings)  # `kill PID`: its finally blocks still run
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise Terminated(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class UserError(Exception):
@@ -92,13 +133,17 @@ def run_command(
         stream: Where the message goes (default: ``sys.stderr``).
 
     Returns:
-        The exit code: ``func``'s, or 2 after a user error. Other exceptions (bugs) propagate.
+        The exit code: ``func``'s, 2 after a user error, 143 after :class:`Terminated` (one line
+        ``PROG: stopped by SIGTERM``). Other exceptions (bugs) propagate.
 
     Example:
         >>> sys.exit(run_command(args.func, args, debug=args.debug, prog="layerfusion ner"))
     """
     try:
         return int(func(args) or 0)
+    except Terminated as stop:
+        print(f"{prog}: stopped by {stop}", file=stream or sys.stderr)
+        return SIGTERM_EXIT_CODE
     except Exception as error:
         if debug or not is_user_error(error):
             raise

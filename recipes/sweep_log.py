@@ -17,7 +17,8 @@ on an error or on Ctrl-C, with the append of the results file
   the grid's runs in the file at the end; ``runs_planned``: the grid's runs once complete;
 * ``cpu_count`` and ``load_1min`` (the 1-minute load average at the start): was the machine shared?
 * ``completed``: whether the invocation ended normally; ``error``: else the exception's type name
-  (e.g. ``"KeyboardInterrupt"``), null when completed.
+  (e.g. ``"KeyboardInterrupt"``, or ``"SIGTERM"`` for a ``kill``: SIGTERM raises inside the block,
+  :func:`~layerfusion_recipes.errors.sigterm_raises`), null when completed.
 
 Under ``accelerate launch`` only the main process writes the line; its peak RSS is its own (and its
 children's), not the other processes'.
@@ -36,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .errors import Terminated, sigterm_raises
 from .results import append_line, finished_keys, read_lines
 
 SWEEP_LOG = "sweeps.jsonl"
@@ -84,8 +86,9 @@ def logged_sweep(
             ``config``, ``runs_planned``.
         enabled: Write the line (``False`` on the processes of a launch other than the main one).
 
-    The block's exception, if any, propagates; a log that cannot be written after one is reported
-    on stderr instead of hiding it.
+    The block's exception, if any, propagates (SIGTERM in the main thread raises
+    :class:`~layerfusion_recipes.errors.Terminated` there); a log that cannot be written after one is
+    reported on stderr instead of hiding it.
 
     Example:
         >>> with logged_sweep("out/results.jsonl", keys, {"workers": 2, "argv": sys.argv}):
@@ -97,9 +100,10 @@ def logged_sweep(
     load = os.getloadavg()[0]
     error = None
     try:
-        yield
+        with sigterm_raises():  # a `kill` ends the block like Ctrl-C, so the line is still written
+            yield
     except BaseException as exception:  # Ctrl-C included: the line says how the invocation ended
-        error = type(exception).__name__
+        error = str(exception) if isinstance(exception, Terminated) else type(exception).__name__
         raise
     finally:
         if enabled:

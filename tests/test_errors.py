@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.errors import DataSourceError, UserError, run_command
+from layerfusion_recipes.errors import DataSourceError, Terminated, UserError, run_command
 
 
 def _ner(tmp_path, data) -> list[str]:
@@ -115,3 +115,11 @@ def test_exit_code_of_the_command(tmp_path, monkeypatch, capsys):
         capsys.readouterr().err
         == f"layerfusion mlm: error: --data '{tmp_path / 'nowhere'}': no such file or directory\n"
     )
+
+
+def test_a_command_stopped_by_sigterm_exits_143_with_one_line(capsys):
+    def stopped(args):
+        raise Terminated("SIGTERM")
+
+    assert run_command(stopped, argparse.Namespace(), prog="layerfusion sweep") == 143
+    assert capsys.readouterr().err == "layerfusion sweep: stopped by SIGTERM\n"

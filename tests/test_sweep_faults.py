@@ -8,6 +8,8 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,6 +17,7 @@ from layerfusion_recipes.experiment import ExperimentSettings
 from layerfusion_recipes.plot import summarize
 from layerfusion_recipes.results import append_record, read_records
 from layerfusion_recipes.sweep import grid_cells, run_cells
+from layerfusion_recipes.sweep_log import read_sweep_log
 from layerfusion_recipes.toy import write_tiny_model, write_toy_data
 
 GRID = {"methods": ["none", "concat"], "regimes": ["fe"], "shots": [2, 3], "epochs": [2], "trials": 2}
@@ -69,6 +72,40 @@ def test_sigkill_at_several_points_then_resume_equals_an_uninterrupted_sweep(tmp
     assert len(lines) == len({line["key"] for line in lines}) == 16  # none twice, none torn
     assert _stable(read_records(results)) == expected  # the same records as without interruption
     assert os.listdir(results.parent) == ["results.jsonl"]  # no temp files left behind
+
+
+def test_sigterm_stops_a_sweep_and_its_workers_and_the_sweep_logs_itself(tmp_path, settings):
+    results = tmp_path / "out" / "results.jsonl"
+    command = [sys.executable, "-m", "layerfusion_recipes.cli", "sweep", "--model", settings.model]
+    command += ["--data", settings.data, "--lr", "1e-2", "3e-2", "--methods", "none", "concat"]
+    command += ["--regimes", "fe", "--shots", "2", "3", "--epochs", "30", "--trials", "2"]
+    command += ["--output", str(results.parent), "--workers", "2", "--threads", "1", "--quiet"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while _lines(results) < 1 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, process.stderr.read()  # still running, with work left
+    pgrep = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True)
+    workers = [int(pid) for pid in pgrep.stdout.split()]
+    assert len(workers) >= 2  # the pool (and multiprocessing's resource tracker)
+    process.send_signal(signal.SIGTERM)  # the parent only, as `kill PID` does
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143 and stderr.strip().endswith("layerfusion sweep: stopped by SIGTERM")
+    (line,) = read_sweep_log(results)
+    assert line["completed"] is False and line["error"] == "SIGTERM"
+    assert 1 <= line["runs"] == line["runs_total"] < 16
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)  # the workers went with it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _append_all(path: str, records: list[dict]) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from layerfusion_recipes.errors import Terminated
 from layerfusion_recipes.results import append_record, read_lines
 from layerfusion_recipes.sweep_log import (
     logged_sweep,
@@ -51,6 +54,19 @@ def test_an_interrupted_sweep_logs_its_line_and_the_exception_goes_on(tmp_path, 
         raise exception
     (line,) = read_sweep_log(results)
     assert line["completed"] is False and line["error"] == exception.__name__ and line["runs"] == 1
+
+
+def test_sigterm_ends_the_sweep_like_ctrl_c_and_the_line_says_so(tmp_path):
+    results = tmp_path / "results.jsonl"
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), logged_sweep(results, {"a", "b"}, FIELDS):
+        append_record(results, {"key": "a"})
+        os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` from outside
+        time.sleep(30)  # interrupted by the handler's exception
+    (line,) = read_sweep_log(results)
+    assert line["completed"] is False and line["error"] == "SIGTERM" and line["runs"] == 1
+    assert line["wall_s"] < 30
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the block's only
 
 
 def test_only_the_main_process_writes(tmp_path):
