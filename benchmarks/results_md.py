@@ -94,7 +94,10 @@ command.
 
 Each block is regenerated from its grid's ``results.jsonl`` (``output:`` or ``results:``, relative
 to the repository root): the tables ``layerfusion plot`` writes to ``table.md`` (test F1 mean ± CI
-at the dev-selected LR, edge flags, paired differences), then one line with the number of runs, the
+at the dev-selected LR, edge flags, paired differences), then the cells that have not finished
+(:func:`unfinished_lines`: selected among fewer LRs than the grid file now lists, or fewer trials
+at the selected LR than it asks for; a grid whose LR list grew shows its old cells as unfinished
+until they are re-run), then one line with the number of runs, the
 grid's wall time (summed over the invocations in ``sweeps.jsonl`` beside the results; "wall time not
 recorded" without one), its peak RSS (the largest), workers, threads and the load at the sweeps'
 starts, then the sweep and plot command lines. Text outside the blocks is never touched.
@@ -114,6 +117,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 import re
 import sys
@@ -123,9 +127,11 @@ from pathlib import Path
 from typing import Any
 
 from layerfusion_recipes.arguments import (
+    DEFAULT_LR_GRIDS,
     add_experiment_arguments,
     add_mlm_arguments,
     add_seq2seq_arguments,
+    lr_grid,
 )
 from layerfusion_recipes.demo import demo_model_path
 from layerfusion_recipes.errors import is_user_error, one_line
@@ -143,6 +149,7 @@ from layerfusion_recipes.plot import (
     grouped_table_markdown,
     markdown_row,
     method_rank,
+    summarize,
     table_markdown,
 )
 from layerfusion_recipes.reports import read_report
@@ -163,6 +170,7 @@ NAME = re.compile(r"[\w.-]+")
 LANGUAGES = "languages"  # reserved parameter: one block over a grid's per-language sweeps
 LANGUAGE = re.compile(r"[\w-]+")  # a language: a folder name under the grid's output
 JOIN = "join"  # reserved parameter: other grids' results in the same table
+UNFINISHED = "⧗ not finished (the grid file would still run these; the selected LR may change):"
 MLM = "mlm"  # reserved name: the `layerfusion mlm` summaries of a folder, no grid file
 SEQ2SEQ = "seq2seq"  # reserved name: the results.json of a `layerfusion seq2seq --output` folder
 SEQ2SEQ_FILE = "results.json"
@@ -257,8 +265,25 @@ def _sweep_command(block: Block, params: Params) -> str:
     )
 
 
-def _grid_outputs(block: Block, root: Path, params: Params) -> tuple[str | None, str | None]:
-    """The ``output`` and ``results`` options of the block's grid under ``params`` (as the sweep resolves)."""
+@dataclass(frozen=True)
+class GridOptions:
+    """The options of a block's grid that the block needs, resolved as the sweep resolves them.
+
+    Args:
+        output: ``output`` (``None`` when not given).
+        results: ``results`` (``None`` when not given).
+        lr: ``lr`` as given (``None``: each regime's default grid).
+        trials: ``trials`` (``None`` when not given).
+    """
+
+    output: str | None
+    results: str | None
+    lr: Any
+    trials: int | None
+
+
+def _grid_outputs(block: Block, root: Path, params: Params) -> GridOptions:
+    """The options of the block's grid under ``params`` (as the sweep resolves them)."""
     grid = root / GRIDS / f"{block.name}.yaml"
     if not grid.is_file():
         raise _error(block, f"no grid file {GRIDS / grid.name} under {root}")
@@ -273,19 +298,61 @@ def _grid_outputs(block: Block, root: Path, params: Params) -> tuple[str | None,
         raise _error(block, one_line(error)) from error
     if unknown:
         raise _error(block, f"not a `layerfusion sweep` option: {unknown}")
-    return option(args, loaded, "output"), option(args, loaded, "results")
+    return GridOptions(*(option(args, loaded, name) for name in ("output", "results", "lr", "trials")))
 
 
-def _grid_results(block: Block, root: Path) -> str:
-    """The results file of the block's grid, relative to ``root`` as the grid file names it."""
-    output, results = _grid_outputs(block, root, block.params)
+def _grid_results(block: Block, root: Path) -> tuple[str, GridOptions]:
+    """The results file of the block's grid, relative to ``root`` as the grid file names it, and the
+    grid's options."""
+    options = _grid_outputs(block, root, block.params)
+    output, results = options.output, options.results
     if not output and not results:
         raise _error(
             block,
             f"{GRIDS / block.name}.yaml has no output: name the grid's output folder in the marker "
             "(output=...), e.g. one block per language",
         )
-    return results_path(output, results)
+    return results_path(output, results), options
+
+
+def _in_grid(lr: float, lrs: list[float | None]) -> bool:
+    return any(run is not None and math.isclose(lr, run, rel_tol=1e-9) for run in lrs)
+
+
+def unfinished_lines(records: list[dict[str, Any]], options: GridOptions, prefix: str = "") -> list[str]:
+    """The cells of ``records`` that the grid file would still run, one line each (``prefix`` first).
+
+    A cell is unfinished when the LRs its selection saw miss one of the grid's LRs for its regime (the
+    selected LR is then the best of those run so far, and may change) or when the selected LR has
+    fewer trials than the grid's ``trials``.
+
+    Example:
+        >>> options = GridOptions("out", None, [1e-3, 1e-2], 3)
+        >>> unfinished_lines(read_records("out/results.jsonl"), options)
+        ["- dwatt fe 25 epochs N=8: 1 of the grid's 2 LRs run (not yet: 0.01); 1 of 3 trials at 0.001"]
+    """
+    rows = summarize(records)
+    several_setups = len({row["setup"] for row in rows}) > 1
+    lines = []
+    for row in rows:
+        grid = lr_grid(options.lr, DEFAULT_LR_GRIDS, row["regime"], "lr")
+        missing = [lr for lr in grid if not _in_grid(lr, row["lrs"])]
+        gaps = []
+        if missing:
+            not_yet = ", ".join(map(format_lr, missing))
+            gaps.append(f"{len(grid) - len(missing)} of the grid's {len(grid)} LRs run (not yet: {not_yet})")
+        if options.trials and row["n"] < options.trials:
+            gaps.append(f"{row['n']} of {options.trials} trials at {format_lr(row['lr'])}")
+        if gaps:
+            setup = f" ({row['setup']})" if several_setups else ""
+            cell = f"{row['method']} {row['regime']} {row['epochs']} epochs N={row['shots']}{setup}"
+            lines.append(f"- {prefix}{cell}: " + "; ".join(gaps))
+    return lines
+
+
+def unfinished_text(lines: list[str]) -> str:
+    """:data:`UNFINISHED` and ``lines`` (:func:`unfinished_lines`), then a blank line; empty without lines."""
+    return f"{UNFINISHED}\n" + "\n".join(lines) + "\n\n" if lines else ""
 
 
 def _duration(seconds: float) -> str:
@@ -362,10 +429,11 @@ def render_grid_block(block: Block, root: Path) -> str:
     Example:
         >>> print(render_grid_block(find_blocks(Path("benchmarks/RESULTS.md").read_text())[0], Path(".")))
     """
-    results = _grid_results(block, root)
+    results, options = _grid_results(block, root)
     records, cost = _cost(block, root, results)
+    unfinished = unfinished_text(unfinished_lines(records, options))
     return (
-        f"{table_markdown(records).rstrip()}\n\n{cost}\n\n"
+        f"{table_markdown(records).rstrip()}\n\n{unfinished}{cost}\n\n"
         f"```\n{_sweep_command(block, block.params)}\nlayerfusion plot {results}\n```"
     )
 
@@ -400,10 +468,10 @@ def render_joined_block(block: Block, root: Path) -> str:
     grids = _joined_grids(block)
     records: list[dict[str, Any]] = []
     where: dict[str, str] = {}
-    costs, commands = [], []
+    costs, commands, unfinished = [], [], []
     for grid in grids:
         try:
-            results = _grid_results(grid, root)
+            results, options = _grid_results(grid, root)
             own, cost = _cost(grid, root, results)
         except MarkerError as error:  # say it of this block's marker: the grid has none of its own
             reason = str(error).split("': ", 1)[-1]
@@ -413,10 +481,12 @@ def render_joined_block(block: Block, root: Path) -> str:
                 raise _error(block, f"run {record['key']} is in both {where[record['key']]} and {results}")
             where[record["key"]] = results
         records += own
+        unfinished += unfinished_lines(own, options)
         costs.append(f"- {cost}")
         commands += [_sweep_command(grid, ()), f"layerfusion plot {results}"]
     lines = "\n".join(costs)
-    return f"{table_markdown(records).rstrip()}\n\n{lines}\n\n```\n" + "\n".join(commands) + "\n```"
+    waiting = unfinished_text(unfinished)
+    return f"{table_markdown(records).rstrip()}\n\n{waiting}{lines}\n\n```\n" + "\n".join(commands) + "\n```"
 
 
 def _languages(block: Block) -> tuple[list[str], Params]:
@@ -454,26 +524,30 @@ def render_languages_block(block: Block, root: Path) -> str:
         >>> print(render_languages_block(find_blocks(text)[0], Path(".")))
     """
     languages, params = _languages(block)
-    output, results = _grid_outputs(block, root, params)
+    options = _grid_outputs(block, root, params)
+    output, results = options.output, options.results
     if results or not output:
         raise _error(
             block,
             f"{LANGUAGES}= needs an output folder holding a folder per language (output: in "
             f"{GRIDS / block.name}.yaml or output= in the marker), not a results: file",
         )
-    groups, costs = {}, []
+    groups, costs, unfinished = {}, [], []
     for language in languages:
         folder = Path(output) / language
         if not (root / folder).is_dir():
             raise _error(block, f"no folder {folder.as_posix()} (language {language}) under {root}")
         groups[language], cost = _cost(block, root, results_path(folder.as_posix()))
         costs.append(f"- {language}: {cost}")
+        unfinished += unfinished_lines(groups[language], options, prefix=f"{language}: ")
     loop = f"{output}/$lang"
     sweep = _sweep_command(
         block, (("language", "$lang"), ("output", loop), *(p for p in params if p[0] != "output"))
     )
     return (
-        f"{grouped_table_markdown(groups, 'language').rstrip()}\n\n" + "\n".join(costs) + "\n\n"
+        f"{grouped_table_markdown(groups, 'language').rstrip()}\n\n{unfinished_text(unfinished)}"
+        + "\n".join(costs)
+        + "\n\n"
         f"```\nfor lang in {' '.join(languages)}; do\n  {sweep}\n"
         f"  layerfusion plot {results_path(loop)}\ndone\n```"
     )

@@ -54,7 +54,7 @@ def _sweep_entry(wall_s: float, peak: float, runs: int, completed: bool, load: f
     return {**entry, "workers": 2, "threads": 1, "cpu_count": 2, "load_1min": load}
 
 
-GRID = "methods: [none, dwatt]\nregimes: [fe]\nshots: [8]\nepochs: [25]\ntrials: 3\n"
+GRID = "methods: [none, dwatt]\nregimes: [fe]\nshots: [8]\nepochs: [25]\ntrials: 3\nlr: [0.001, 0.01, 0.1]\n"
 PROSE_BEFORE = "# Results\n\nHand-written prose, kept as it is.\n\n"
 PROSE_AFTER = "\nMore prose after the block.\n"
 
@@ -92,6 +92,7 @@ def test_a_block_is_regenerated_from_its_grid_and_the_prose_is_kept(repo, capsys
     assert "- dwatt fe 25 epochs N=8: 0.1 of [0.001, 0.01, 0.1]" in text  # the edge flag
     assert "| fe | 25 | 8 | **+20.0 ± 0.0** |" in text  # paired: dwatt - none, 20 points every trial
     assert "18 runs in `benchmarks/results/fake/results.jsonl`; wall time not recorded" in text
+    assert "⧗" not in text  # every cell has every LR and trial of its grid
     commands = "```\nlayerfusion sweep --config benchmarks/grids/fake.yaml\n"
     assert commands + "layerfusion plot benchmarks/results/fake/results.jsonl\n```\n" in text
     assert _run(repo, "--check") == 0  # regenerating again changes nothing
@@ -151,6 +152,25 @@ def test_per_language_blocks_name_their_sweep_options(repo):
     assert "9 runs in `benchmarks/results/wiki/en/results.jsonl`" in en
 
 
+def test_cells_the_grid_would_still_run_are_said_and_check_sees_the_grid_grow(repo, capsys):
+    assert _run(repo) == 0
+    grid = repo / "benchmarks" / "grids" / "fake.yaml"
+    grid.write_text(grid.read_text().replace("lr: [0.001, 0.01, 0.1]", "lr: [0.001, 0.01, 0.1, 0.3]"))
+    assert _run(repo, "--check") == 1  # the grid grew: the block is stale though no result changed
+    capsys.readouterr()
+    results = repo / "benchmarks" / "results" / "fake" / "results.jsonl"
+    lines = results.read_text().splitlines()
+    results.write_text("\n".join(line for line in lines if '"key": "dwatt|2|0.1"' not in line) + "\n")
+    assert _run(repo) == 0
+    text = _text(repo)
+    assert (
+        "⧗ not finished (the grid file would still run these; the selected LR may change):\n"
+        "- none fe 25 epochs N=8: 3 of the grid's 4 LRs run (not yet: 0.3)\n"
+        "- dwatt fe 25 epochs N=8: 3 of the grid's 4 LRs run (not yet: 0.3); 2 of 3 trials at 0.1\n\n"
+        "17 runs in" in text
+    )
+
+
 def _other_grid(repo: Path, runs: dict) -> int:
     """A second grid ``other`` of the same setup as ``fake``, with ``runs``."""
     (repo / "benchmarks" / "grids" / "other.yaml").write_text(GRID + "output: benchmarks/results/other\n")
@@ -176,7 +196,13 @@ def test_a_joined_block_pairs_runs_across_grids(repo):
         "layerfusion plot benchmarks/results/other/results.jsonl",
     ]
     assert "```\n" + "\n".join(commands) + "\n```" in text
+    assert "⧗" not in text
     assert _run(repo, "--check") == 0
+    other = repo / "benchmarks" / "grids" / "other.yaml"
+    other.write_text(other.read_text().replace("trials: 3", "trials: 4"))  # each grid by its own file
+    assert _run(repo) == 0
+    unfinished = "⧗ not finished (the grid file would still run these; the selected LR may change):\n"
+    assert unfinished + "- concat fe 25 epochs N=8: 3 of 4 trials at 0.001\n\n- 18 runs" in _text(repo)
     _write_results(repo / "benchmarks" / "results" / "other" / "results.jsonl", {"average": RUNS["none"]})
     assert _run(repo, "--check") == 1  # new results in a joined grid make the block stale
 
@@ -226,6 +252,7 @@ def test_a_per_language_block_has_a_row_per_language(languages_repo):
     assert "- de: none fe 25 epochs N=8: 0.001 of [0.001, 0.01, 0.1]\n" in text  # edge flags
     assert "- en: dwatt fe 25 epochs N=8: 0.1 of [0.001, 0.01, 0.1]\n" in text
     assert "- de: dwatt" not in text and "- en: none" not in text
+    assert "⧗" not in text
     paired = "| language | regime | epochs | shots | dwatt - none |\n|---|---|---|---|---|\n"
     assert paired + "| de | fe | 25 | 8 | +10.0 ± 12.4 |\n| en | fe | 25 | 8 | **+20.0 ± 0.0** |\n" in text
     assert "- de: 18 runs in `benchmarks/results/wikilr/de/results.jsonl`; wall time not recorded" in text
@@ -240,6 +267,11 @@ def test_a_per_language_block_has_a_row_per_language(languages_repo):
         "  layerfusion plot benchmarks/results/wikilr/$lang/results.jsonl\ndone\n```\n"
     ) in text
     assert _run(languages_repo, "--check") == 0
+    grid = languages_repo / "benchmarks" / "grids" / "wikilr.yaml"
+    grid.write_text(grid.read_text().replace("trials: 3", "trials: 4"))
+    assert _run(languages_repo) == 0
+    assert "- de: none fe 25 epochs N=8: 3 of 4 trials at 0.001\n" in _text(languages_repo)
+    assert "- en: dwatt fe 25 epochs N=8: 3 of 4 trials at 0.1\n" in _text(languages_repo)
 
 
 def test_check_sees_new_results_of_one_language(languages_repo, capsys):
