@@ -116,6 +116,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import itertools
 import json
 import math
 import os
@@ -274,12 +275,15 @@ class GridOptions:
         results: ``results`` (``None`` when not given).
         lr: ``lr`` as given (``None``: each regime's default grid).
         trials: ``trials`` (``None`` when not given).
+        cells: ``(regime, epochs, shots, method)`` of every cell the grid runs, in grid order (empty
+            when the grid does not name its methods, regimes, shots and epochs).
     """
 
     output: str | None
     results: str | None
     lr: Any
     trials: int | None
+    cells: tuple[tuple[str, int, int, str], ...] = ()
 
 
 def _grid_outputs(block: Block, root: Path, params: Params) -> GridOptions:
@@ -298,7 +302,9 @@ def _grid_outputs(block: Block, root: Path, params: Params) -> GridOptions:
         raise _error(block, one_line(error)) from error
     if unknown:
         raise _error(block, f"not a `layerfusion sweep` option: {unknown}")
-    return GridOptions(*(option(args, loaded, name) for name in ("output", "results", "lr", "trials")))
+    axes = [option(args, loaded, name) for name in ("regimes", "epochs", "shots", "methods")]
+    cells = tuple(itertools.product(*axes)) if all(axes) else ()
+    return GridOptions(*(option(args, loaded, name) for name in ("output", "results", "lr", "trials")), cells)
 
 
 def _grid_results(block: Block, root: Path) -> tuple[str, GridOptions]:
@@ -322,9 +328,9 @@ def _in_grid(lr: float, lrs: list[float | None]) -> bool:
 def unfinished_lines(records: list[dict[str, Any]], options: GridOptions, prefix: str = "") -> list[str]:
     """The cells of ``records`` that the grid file would still run, one line each (``prefix`` first).
 
-    A cell is unfinished when the LRs its selection saw miss one of the grid's LRs for its regime (the
-    selected LR is then the best of those run so far, and may change) or when the selected LR has
-    fewer trials than the grid's ``trials``.
+    A cell is unfinished when it has no runs yet, when the LRs its selection saw miss one of the grid's
+    LRs for its regime (the selected LR is then the best of those run so far, and may change) or when
+    the selected LR has fewer trials than the grid's ``trials``.
 
     Example:
         >>> options = GridOptions("out", None, [1e-3, 1e-2], 3)
@@ -347,6 +353,10 @@ def unfinished_lines(records: list[dict[str, Any]], options: GridOptions, prefix
             setup = f" ({row['setup']})" if several_setups else ""
             cell = f"{row['method']} {row['regime']} {row['epochs']} epochs N={row['shots']}{setup}"
             lines.append(f"- {prefix}{cell}: " + "; ".join(gaps))
+    present = {(row["regime"], row["epochs"], row["shots"], row["method"]) for row in rows}
+    for regime, epochs, shots, method in options.cells:
+        if (regime, epochs, shots, method) not in present:
+            lines.append(f"- {prefix}{method} {regime} {epochs} epochs N={shots}: not run")
     return lines
 
 

@@ -155,7 +155,8 @@ def test_per_language_blocks_name_their_sweep_options(repo):
 def test_cells_the_grid_would_still_run_are_said_and_check_sees_the_grid_grow(repo, capsys):
     assert _run(repo) == 0
     grid = repo / "benchmarks" / "grids" / "fake.yaml"
-    grid.write_text(grid.read_text().replace("lr: [0.001, 0.01, 0.1]", "lr: [0.001, 0.01, 0.1, 0.3]"))
+    grown = grid.read_text().replace("lr: [0.001, 0.01, 0.1]", "lr: [0.001, 0.01, 0.1, 0.3]")
+    grid.write_text(grown.replace("methods: [none, dwatt]", "methods: [none, dwatt, average]"))
     assert _run(repo, "--check") == 1  # the grid grew: the block is stale though no result changed
     capsys.readouterr()
     results = repo / "benchmarks" / "results" / "fake" / "results.jsonl"
@@ -166,14 +167,16 @@ def test_cells_the_grid_would_still_run_are_said_and_check_sees_the_grid_grow(re
     assert (
         "⧗ not finished (the grid file would still run these; the selected LR may change):\n"
         "- none fe 25 epochs N=8: 3 of the grid's 4 LRs run (not yet: 0.3)\n"
-        "- dwatt fe 25 epochs N=8: 3 of the grid's 4 LRs run (not yet: 0.3); 2 of 3 trials at 0.1\n\n"
+        "- dwatt fe 25 epochs N=8: 3 of the grid's 4 LRs run (not yet: 0.3); 2 of 3 trials at 0.1\n"
+        "- average fe 25 epochs N=8: not run\n\n"
         "17 runs in" in text
     )
 
 
 def _other_grid(repo: Path, runs: dict) -> int:
     """A second grid ``other`` of the same setup as ``fake``, with ``runs``."""
-    (repo / "benchmarks" / "grids" / "other.yaml").write_text(GRID + "output: benchmarks/results/other\n")
+    grid = GRID.replace("methods: [none, dwatt]", f"methods: [{', '.join(runs)}]")
+    (repo / "benchmarks" / "grids" / "other.yaml").write_text(grid + "output: benchmarks/results/other\n")
     return _write_results(repo / "benchmarks" / "results" / "other" / "results.jsonl", runs)
 
 
