@@ -95,10 +95,10 @@ command.
 Each block is regenerated from its grid's ``results.jsonl`` (``output:`` or ``results:``, relative
 to the repository root): the tables ``layerfusion plot`` writes to ``table.md`` (test F1 mean ± CI
 at the dev-selected LR, edge flags, paired differences), then the cells that have not finished
-(:func:`unfinished_lines`: selected among fewer LRs than the grid file now lists, or fewer trials
-at the selected LR than it asks for; a grid whose LR list grew shows its old cells as unfinished
-until they are re-run), then one line with the number of runs, the
-grid's wall time (summed over the invocations in ``sweeps.jsonl`` beside the results; "wall time not
+(:func:`unfinished_lines`: cells of the grid with no runs, cells selected among fewer LRs than the
+grid file now lists, or with fewer trials at the selected LR than it asks for; a grid whose LR list
+grew shows its old cells as unfinished until they are re-run), then one line with the number of
+runs, the grid's wall time (summed over the invocations in ``sweeps.jsonl`` beside the results; "wall time not
 recorded" without one), its peak RSS (the largest), workers, threads and the load at the sweeps'
 starts, then the sweep and plot command lines. Text outside the blocks is never touched.
 
@@ -321,12 +321,13 @@ def _grid_results(block: Block, root: Path) -> tuple[str, GridOptions]:
     return results_path(output, results), options
 
 
-def _in_grid(lr: float, lrs: list[float | None]) -> bool:
-    return any(run is not None and math.isclose(lr, run, rel_tol=1e-9) for run in lrs)
+def _was_run(lr: float, run_lrs: list[float | None]) -> bool:
+    return any(run is not None and math.isclose(lr, run, rel_tol=1e-9) for run in run_lrs)
 
 
-def unfinished_lines(records: list[dict[str, Any]], options: GridOptions, prefix: str = "") -> list[str]:
-    """The cells of ``records`` that the grid file would still run, one line each (``prefix`` first).
+def unfinished_lines(rows: list[dict[str, Any]], options: GridOptions, prefix: str = "") -> list[str]:
+    """The cells that the grid file would still run, one line each (``prefix`` first), from the rows of
+    its records (:func:`~layerfusion_recipes.plot.summarize`).
 
     A cell is unfinished when it has no runs yet, when the LRs its selection saw miss one of the grid's
     LRs for its regime (the selected LR is then the best of those run so far, and may change) or when
@@ -334,15 +335,14 @@ def unfinished_lines(records: list[dict[str, Any]], options: GridOptions, prefix
 
     Example:
         >>> options = GridOptions("out", None, [1e-3, 1e-2], 3)
-        >>> unfinished_lines(read_records("out/results.jsonl"), options)
+        >>> unfinished_lines(summarize(read_records("out/results.jsonl")), options)
         ["- dwatt fe 25 epochs N=8: 1 of the grid's 2 LRs run (not yet: 0.01); 1 of 3 trials at 0.001"]
     """
-    rows = summarize(records)
     several_setups = len({row["setup"] for row in rows}) > 1
     lines = []
     for row in rows:
         grid = lr_grid(options.lr, DEFAULT_LR_GRIDS, row["regime"], "lr")
-        missing = [lr for lr in grid if not _in_grid(lr, row["lrs"])]
+        missing = [lr for lr in grid if not _was_run(lr, row["lrs"])]
         gaps = []
         if missing:
             not_yet = ", ".join(map(format_lr, missing))
@@ -441,9 +441,10 @@ def render_grid_block(block: Block, root: Path) -> str:
     """
     results, options = _grid_results(block, root)
     records, cost = _cost(block, root, results)
-    unfinished = unfinished_text(unfinished_lines(records, options))
+    rows = summarize(records)  # once, for the tables and the unfinished cells
+    unfinished = unfinished_text(unfinished_lines(rows, options))
     return (
-        f"{table_markdown(records).rstrip()}\n\n{unfinished}{cost}\n\n"
+        f"{table_markdown(records, rows).rstrip()}\n\n{unfinished}{cost}\n\n"
         f"```\n{_sweep_command(block, block.params)}\nlayerfusion plot {results}\n```"
     )
 
@@ -491,7 +492,7 @@ def render_joined_block(block: Block, root: Path) -> str:
                 raise _error(block, f"run {record['key']} is in both {where[record['key']]} and {results}")
             where[record["key"]] = results
         records += own
-        unfinished += unfinished_lines(own, options)
+        unfinished += unfinished_lines(summarize(own), options)
         costs.append(f"- {cost}")
         commands += [_sweep_command(grid, ()), f"layerfusion plot {results}"]
     lines = "\n".join(costs)
@@ -549,7 +550,7 @@ def render_languages_block(block: Block, root: Path) -> str:
             raise _error(block, f"no folder {folder.as_posix()} (language {language}) under {root}")
         groups[language], cost = _cost(block, root, results_path(folder.as_posix()))
         costs.append(f"- {language}: {cost}")
-        unfinished += unfinished_lines(groups[language], options, prefix=f"{language}: ")
+        unfinished += unfinished_lines(summarize(groups[language]), options, prefix=f"{language}: ")
     loop = f"{output}/$lang"
     sweep = _sweep_command(
         block, (("language", "$lang"), ("output", loop), *(p for p in params if p[0] != "output"))
