@@ -651,29 +651,35 @@ def mlm_problems(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path)
 
 def mlm_cost_line(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path) -> str:
     """The cost of the runs behind ``summaries``: their number, wall time summed over the runs whose
-    files say it (``seconds``) and the largest ``peak_rss_mb``; files written before `layerfusion
-    mlm` timed its runs are counted and said.
+    files say it (``seconds``), the largest ``peak_rss_mb`` and, where the files record them, torch's
+    threads and the highest 1-minute load average at a run's start (as :func:`cost_line` says them
+    for a sweep); files written before `layerfusion mlm` timed its runs are counted and said.
 
     Example:
         >>> folder = Path("benchmarks/results/mlm_lr")
         >>> mlm_cost_line(read_mlm_summaries(folder)[0], folder)
-        '28 runs; wall time not recorded (their files predate the timing of `layerfusion mlm` runs).'
+        '28 runs; wall time 2 h 10 min 00 s, peak RSS 1.7 GB, threads 1, 1-min load average ...'
     """
-    costs = []
+    records = []
     for summary in summaries.values():
         for run in summary["runs"]:
             path = folder / run["file"]
-            record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-            costs.append((record.get("seconds"), record.get("peak_rss_mb")))
-    timed = [(seconds, peak) for seconds, peak in costs if seconds is not None]
-    text = f"{len(costs)} runs"
+            records.append(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {})
+    timed = [record for record in records if record.get("seconds") is not None]
+    text = f"{len(records)} runs"
     if not timed:
         return text + "; wall time not recorded (their files predate the timing of `layerfusion mlm` runs)."
-    text += f"; wall time {_duration(sum(seconds for seconds, _ in timed))}"
-    peaks = [peak for _, peak in timed if peak is not None]
+    text += f"; wall time {_duration(sum(record['seconds'] for record in timed))}"
+    peaks = [record["peak_rss_mb"] for record in timed if record.get("peak_rss_mb") is not None]
     text += f", peak RSS {_memory(max(peaks))}" if peaks else ""
-    if len(timed) < len(costs):
-        text += f" (timed: {len(timed)} of the {len(costs)} runs; the others predate the timing)"
+    threads = sorted({record["threads"] for record in timed if record.get("threads")})
+    text += f", threads {_values(threads)}" if threads else ""
+    loads = [record["load_1min"] for record in timed if record.get("load_1min") is not None]
+    if loads:
+        cpus = max((record.get("cpu_count") or 0 for record in timed), default=0)
+        text += f", 1-min load average at the starts up to {max(loads):.1f} on {cpus or '?'} CPUs"
+    if len(timed) < len(records):
+        text += f" (timed: {len(timed)} of the {len(records)} runs; the others predate the timing)"
     return text + "."
 
 

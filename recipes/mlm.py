@@ -538,9 +538,9 @@ def run_mlm(args: argparse.Namespace, progress: Callable[[str], None] | None = N
         skipped = record is not None
         if record is None:
             data = data if data is not None else prepare_data(args, model_name)
-            started = time.perf_counter()
+            started, load = time.perf_counter(), os.getloadavg()[0]
             record = {**train_at_lr(args, data, model_name, lr), "settings": settings}
-            record.update(run_cost(started))
+            record.update(run_cost(started, load))
             atomic_write_json(path, record)
         records.append(record)
         if progress is not None:
@@ -550,16 +550,30 @@ def run_mlm(args: argparse.Namespace, progress: Callable[[str], None] | None = N
     return summary
 
 
-def run_cost(started: float) -> dict[str, float]:
-    """What a run cost, for its record: ``seconds`` of wall time since ``started`` (a
-    ``time.perf_counter()``) and ``peak_rss_mb``, this process's peak resident set so far (a grid's
-    runs share the process, so a later run's peak covers the earlier ones').
+def run_cost(started: float, load: float) -> dict[str, float | int | None]:
+    """What a run cost, for its record, with the machine's state beside it (as a sweep logs it).
+
+    Args:
+        started: ``time.perf_counter()`` at the run's start.
+        load: The 1-minute load average at the run's start (``os.getloadavg()[0]``).
+
+    Returns:
+        ``seconds`` of wall time since ``started``; ``peak_rss_mb``, this process's peak resident set
+        so far (a grid's runs share the process, so a later run's peak covers the earlier ones');
+        ``threads`` (torch's), ``cpu_count`` and ``load_1min``: was the machine shared?
 
     Example:
-        >>> run_cost(time.perf_counter())["seconds"] >= 0
-        True
+        >>> cost = run_cost(time.perf_counter(), os.getloadavg()[0])
+        >>> cost["seconds"] >= 0, cost["threads"] == torch.get_num_threads()
+        (True, True)
     """
-    return {"seconds": round(time.perf_counter() - started, 1), "peak_rss_mb": peak_rss_mb()[0]}
+    return {
+        "seconds": round(time.perf_counter() - started, 1),
+        "peak_rss_mb": peak_rss_mb()[0],
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_1min": round(load, 2),
+    }
 
 
 def run_line(record: dict[str, Any], path: Path, skipped: bool) -> str:

@@ -180,6 +180,8 @@ def test_summary_file_content(tiny, tmp_path, fake_runs, capsys):
         assert record["settings"] == {**summary["settings"], "lr": run["lr"]}
         assert (record["dev_ppl"], record["test_ppl"]) == (run["dev_ppl"], run["test_ppl"])
         assert record["seconds"] >= 0 and record["peak_rss_mb"] > 10  # this process holds torch
+        assert record["threads"] == torch.get_num_threads() and record["cpu_count"] == os.cpu_count()
+        assert record["load_1min"] >= 0
 
 
 def test_selected_lr_at_the_edge_is_flagged_and_warned(tiny, tmp_path, fake_runs, capsys):

@@ -308,7 +308,7 @@ def _write_mlm(
     **changed,
 ) -> None:
     """A ``layerfusion mlm`` grid's files: one run per LR (``ppl``: its dev and test perplexity; ``cost``:
-    the ``seconds`` and ``peak_rss_mb`` of every run, none for files older than the timing) and the
+    what ``run_cost`` adds to every run, none for files older than the timing) and the
     summary, settings as ``layerfusion mlm`` stores them (``changed`` over the defaults below)."""
     folder = repo / MLM_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
@@ -396,6 +396,13 @@ def test_the_mlm_block_sums_the_timed_runs(mlm_repo):
     assert _run(mlm_repo) == 0
     line = "8 runs; wall time 1 h 00 min 02 s, peak RSS 1.5 GB (timed: 4 of the 8 runs; the others predate"
     assert line in _text(mlm_repo)  # 4 x 900.4 s
+    machine = {"threads": 1, "cpu_count": 2}
+    for lrs, load in ((NONE_FE, 0.5), (DWATT_FE, 2.34)):  # every run timed, with the machine's state
+        cost = {"seconds": 60.0, "peak_rss_mb": 900.0, **machine, "load_1min": load}
+        _write_mlm(mlm_repo, "none" if lrs is NONE_FE else "dwatt", "fe", lrs, cost=cost)
+    assert _run(mlm_repo) == 0
+    line = "8 runs; wall time 8 min 00 s, peak RSS 900 MB, threads 1, 1-min load average at the starts up to"
+    assert line + " 2.3 on 2 CPUs." in _text(mlm_repo)
 
 
 def test_the_mlm_block_says_when_settings_differ_and_check_sees_it(mlm_repo, capsys):
