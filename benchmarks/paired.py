@@ -82,7 +82,7 @@ def read_cell(spec: str, shots: int, epochs: int) -> Cell:
         raise ValueError(f"cell {spec!r}: its runs are of {len(rows)} setups ({setups}), not one")
     row = rows[0]
     chosen = [record for record in runs if record.get("lr") == row["lr"]]
-    scores = {record["trial"]: 100.0 * reported_score(record, row) for record in chosen}
+    scores = {record["trial"]: 100.0 * reported_score(record, row["score"]) for record in chosen}
     settings = {k: v for k, v in chosen[0].get("settings", {}).items() if k not in MODEL_ONLY_SETTINGS}
     return Cell(spec, row["lr"], scores, settings)
 

@@ -62,9 +62,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         selection = select_lr(runs)
         chosen = [r for r in runs if r.get("lr") == selection.lr]
         dev_mean, dev_ci = mean_ci([100.0 * dev_f1(r) for r in chosen])
-        tests = [r.get("test_f1") for r in chosen]
-        has_test = all(t is not None for t in tests)
-        mean, half = mean_ci([100.0 * t for t in tests]) if has_test else (dev_mean, dev_ci)
+        score = "test" if all(r.get("test_f1") is not None for r in chosen) else "dev"
+        mean, half = mean_ci([100.0 * reported_score(r, score) for r in chosen])
         rows.append(
             {
                 **dict(zip(("setup", *GROUP), cell, strict=True)),
@@ -72,7 +71,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "lrs": selection.lrs,
                 "edge": selection.at_edge,
                 "selection_trials": selection.trials,
-                "score": "test" if has_test else "dev",
+                "score": score,
                 "mean": mean,
                 "ci": half,
                 "n": len(chosen),
@@ -349,15 +348,16 @@ PAIRS = (
 )
 
 
-def reported_score(record: dict[str, Any], row: dict[str, Any]) -> float:
-    """The score (0..1) the tables report for ``record``, a run of the cell summarized in ``row``
-    (:func:`summarize`): its test F1 where every run of the cell has one, else its best dev F1.
+def reported_score(record: dict[str, Any], score: str) -> float:
+    """The score (0..1) the tables report for ``record``, a run of a cell whose row (:func:`summarize`)
+    says ``score``: ``"test"`` (every run at the cell's LR has a test F1) gives its test F1,
+    ``"dev"`` its best dev F1.
 
     Example:
-        >>> reported_score({"dev_f1": 0.6, "test_f1": 0.5}, {"score": "test"})
+        >>> reported_score({"dev_f1": 0.6, "test_f1": 0.5}, "test")
         0.5
     """
-    return record["test_f1"] if row["score"] == "test" else dev_f1(record)
+    return record["test_f1"] if score == "test" else dev_f1(record)
 
 
 def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict]:
@@ -377,7 +377,7 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
         row = chosen.get(key)
         if row is None or record.get("lr") != row["lr"]:
             continue
-        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(record, row)
+        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(record, row["score"])
     out = []
     for setup, regime, epochs, shots in dict.fromkeys(k[:4] for k in chosen):
         for first, second in PAIRS:

@@ -103,9 +103,9 @@ def test_paired_differences_use_each_method_at_its_selected_lr():
 
 def test_reported_score_is_test_f1_only_where_the_cell_reports_test():
     record = {"dev_f1": 0.6, "test_f1": 0.5}
-    assert reported_score(record, {"score": "test"}) == 0.5
-    assert reported_score(record, {"score": "dev"}) == 0.6
-    assert reported_score({"best_f1": 0.4}, {"score": "dev"}) == 0.4  # files from before dev_f1
+    assert reported_score(record, "test") == 0.5
+    assert reported_score(record, "dev") == 0.6
+    assert reported_score({"best_f1": 0.4}, "dev") == 0.4  # files from before dev_f1
 
 
 def test_a_cell_of_one_trial_claims_no_interval():
