@@ -56,6 +56,19 @@ built from its stored settings (the options not at their default; ``--model`` un
 encoder, ``--lr`` unless the regime's default grid; a path under the repository's parent folder, as
 ``../shared/data``, relative to the root).
 
+Other seeds: the optional parameter ``seeds=`` (comma-separated folders) names ``layerfusion mlm
+--seed S --lr LR --output`` folders that re-ran methods at the LR the block's grid selected, one seed
+per folder::
+
+    <!-- generated: mlm output=benchmarks/results/mlm_lr seeds=benchmarks/results/mlm_seed1 -->
+    <!-- end generated: mlm output=benchmarks/results/mlm_lr seeds=benchmarks/results/mlm_seed1 -->
+
+The block then adds a table of test perplexity, mean ± 95% t-CI over the seeds (the grid's selected
+run is its seed's), the per-seed values, the per-seed paired differences to the plain head
+(``none``), each folder's cost line and its commands. A seed run at another LR than the grid's
+choice, with settings that differ in more than seed and LR, or with a seed already counted is left
+out and said.
+
 Grids side by side: the reserved parameter ``join=`` (comma-separated grid names) shows the records of
 the named grids' results together with the block's own grid's, in ONE table::
 
@@ -156,6 +169,7 @@ from layerfusion_recipes.plot import (
 from layerfusion_recipes.reports import read_report
 from layerfusion_recipes.results import read_records
 from layerfusion_recipes.seq2seq import RUN_TABLE_HEADER, run_row, summary_table
+from layerfusion_recipes.stats import mean_ci
 from layerfusion_recipes.sweep_log import SweepTotals, read_sweep_log, sweep_totals
 
 from peft_layerfusion.utils import atomic_write_text
@@ -658,7 +672,7 @@ def mlm_cost_line(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path
     Example:
         >>> folder = Path("benchmarks/results/mlm_lr")
         >>> mlm_cost_line(read_mlm_summaries(folder)[0], folder)
-        '28 runs; wall time 2 h 10 min 00 s, peak RSS 1.7 GB, threads 1, 1-min load average ...'
+        '28 runs; wall time 1 h 52 min 07 s, peak RSS 2.5 GB, threads 1, 1-min load average at the starts ...'
     """
     records = []
     for summary in summaries.values():
@@ -794,18 +808,16 @@ def render_mlm_block(block: Block, root: Path) -> str:
         >>> text = "<!-- generated: mlm output=out -->\\n<!-- end generated: mlm output=out -->"
         >>> print(render_mlm_block(find_blocks(text)[0], Path(".")))
     """
-    if [key for key, _ in block.params] != ["output"]:
+    keys = [key for key, _ in block.params]
+    if keys not in (["output"], ["output", "seeds"]):
         raise _error(
-            block, f"the {MLM} block takes one parameter, output=FOLDER (a `layerfusion mlm --output`)"
+            block,
+            f"the {MLM} block takes output=FOLDER (a `layerfusion mlm --output`) and optionally "
+            "seeds=FOLDER,FOLDER (the same runs at other seeds)",
         )
-    output = block.params[0][1]
-    folder = root / output
-    if not folder.is_dir():
-        raise _error(block, f"no folder {output} under {root}")
-    try:
-        summaries, left_out = read_mlm_summaries(folder)
-    except ValueError as error:
-        raise _error(block, one_line(error)) from error
+    params = dict(block.params)
+    output = params["output"]
+    summaries, left_out = _read_mlm_folder(block, root, output)
     if not summaries:
         older = f" (without runs or settings: {', '.join(left_out)})" if left_out else ""
         raise _error(
@@ -822,14 +834,165 @@ def render_mlm_block(block: Block, root: Path) -> str:
         "`layerfusion mlm`?), left out of the table."
         for name, missing in left_out.items()
     ]
-    notes += mlm_problems(summaries, folder)
-    commands = "\n".join(mlm_command(summary, output, root) for summary in summaries.values())
+    notes += mlm_problems(summaries, root / output)
+    commands = [mlm_command(summary, output, root) for summary in summaries.values()]
+    seeds_text = ""
+    if "seeds" in params:
+        seed_folders = {name: _read_mlm_folder(block, root, name)[0] for name in params["seeds"].split(",")}
+        seeds_text = mlm_seeds_text(summaries, seed_folders, root)
+        commands += [
+            mlm_command(summary, name, root)
+            for name, other in seed_folders.items()
+            for summary in other.values()
+        ]
     return (
         f"{mlm_table(summaries)}\n\n{legend}\n\nDev perplexity by LR (selected in bold):\n\n"
         + "\n".join(map(dev_by_lr_line, summaries.values()))
         + "".join(f"\n\n{note}" for note in notes)
-        + f"\n\n{mlm_cost_line(summaries, folder)}"
-        + f"\n\n```\n{commands}\n```"
+        + f"\n\n{mlm_cost_line(summaries, root / output)}"
+        + seeds_text
+        + "\n\n```\n"
+        + "\n".join(commands)
+        + "\n```"
+    )
+
+
+def _read_mlm_folder(
+    block: Block, root: Path, output: str
+) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, list[str]]]:
+    """:func:`read_mlm_summaries` of ``root / output``; a missing folder or a bad file names the marker."""
+    folder = root / output
+    if not folder.is_dir():
+        raise _error(block, f"no folder {output} under {root}")
+    try:
+        return read_mlm_summaries(folder)
+    except ValueError as error:
+        raise _error(block, one_line(error)) from error
+
+
+SeedScores = dict[tuple[str, str], dict[int, float]]  # (method, regime) -> {seed: test perplexity}
+
+
+def mlm_seed_scores(
+    summaries: dict[tuple[str, str], dict[str, Any]],
+    seed_folders: dict[str, dict[tuple[str, str], dict[str, Any]]],
+) -> tuple[SeedScores, list[str]]:
+    """Test perplexity per (method, regime) and seed: the grid's selected run, then each seed folder's.
+
+    Args:
+        summaries: The LR grid's summaries (:func:`read_mlm_summaries`).
+        seed_folders: Per folder name, the summaries of its runs at other seeds.
+
+    Returns:
+        The scores, and one line per seed run left out: no grid to compare with, another LR than the
+        grid selected, settings that differ in more than seed and LR, or a seed already counted.
+
+    Example:
+        >>> def run(ppl, seed):
+        ...     return {"test_ppl": ppl, "selected_lr": 1e-3, "settings": {"seed": seed, "lr": 1e-3}}
+        >>> mlm_seed_scores({("none", "fe"): run(50.0, 0)}, {"s1": {("none", "fe"): run(40.0, 1)}})
+        ({('none', 'fe'): {0: 50.0, 1: 40.0}}, [])
+    """
+    scores = {key: {summary["settings"]["seed"]: summary["test_ppl"]} for key, summary in summaries.items()}
+    problems = []
+    for name, others in seed_folders.items():
+        for (method, regime), summary in others.items():
+            label = f"`{name}/{summary_file_name(method, regime)}`"
+            grid = summaries.get((method, regime))
+            settings = summary["settings"]
+            if grid is None:
+                problems.append(f"⚠ {label}: no LR grid of {method} {regime} to compare with, left out.")
+            elif summary["selected_lr"] != grid["selected_lr"]:
+                problems.append(
+                    f"⚠ {label}: ran at {format_lr(summary['selected_lr'])}, the grid selected "
+                    f"{format_lr(grid['selected_lr'])}; left out."
+                )
+            elif _without(settings, "seed", "lr") != _without(grid["settings"], "seed", "lr"):
+                problems.append(f"⚠ {label}: its settings differ in more than seed and LR, left out.")
+            elif settings["seed"] in scores[method, regime]:
+                problems.append(f"⚠ {label}: seed {settings['seed']} is counted already, left out.")
+            else:
+                scores[method, regime][settings["seed"]] = summary["test_ppl"]
+    return scores, problems
+
+
+def _without(settings: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {name: value for name, value in settings.items() if name not in names}
+
+
+def _mean_ci_cell(values: list[float], signed: bool = False) -> str:
+    mean, half = mean_ci(values)
+    text = f"{mean:+.1f}" if signed else f"{mean:.1f}"
+    return text + (f" ± {half:.1f}" if len(values) > 1 else "") + f" (n={len(values)})"
+
+
+def mlm_seeds_table(scores: SeedScores, baseline: str = "none") -> str:
+    """Two tables over seeds, a row per regime and a column per method (registry order): test
+    perplexity, mean ± 95% t-CI; then the per-seed paired differences to ``baseline`` (negative: lower
+    perplexity than it), bold where the interval excludes 0.
+
+    Args:
+        scores: :func:`mlm_seed_scores`'s.
+        baseline: The method the differences are taken to.
+
+    Example:
+        >>> print(mlm_seeds_table({("none", "fe"): {0: 50.0, 1: 40.0}, ("dwatt", "fe"): {0: 30.0, 1: 28.0}}))
+    """
+    methods = sorted({method for method, _ in scores}, key=method_rank)
+    regimes = list(dict.fromkeys(regime for _, regime in scores))
+    lines = [markdown_row(["regime", *methods]), "|" + "---|" * (1 + len(methods))]
+    for regime in regimes:
+        cells = [
+            _mean_ci_cell(list(scores[m, regime].values())) if (m, regime) in scores else "-" for m in methods
+        ]
+        lines.append(markdown_row([regime, *cells]))
+    others = [method for method in methods if method != baseline]
+    if not others or not any(method == baseline for method, _ in scores):
+        return "\n".join(lines)
+    lines += [
+        "",
+        markdown_row(["regime", *(f"{m} - {baseline}" for m in others)]),
+        "|" + "---|" * (1 + len(others)),
+    ]
+    for regime in regimes:
+        base = scores.get((baseline, regime), {})
+        cells = []
+        for method in others:
+            own = scores.get((method, regime), {})
+            differences = [own[seed] - base[seed] for seed in sorted(own) if seed in base]
+            if not differences:
+                cells.append("-")
+                continue
+            mean, half = mean_ci(differences)
+            cell = _mean_ci_cell(differences, signed=True)
+            cells.append(f"**{cell}**" if len(differences) > 1 and abs(mean) > half else cell)
+        lines.append(markdown_row([regime, *cells]))
+    return "\n".join(lines)
+
+
+def mlm_seeds_text(
+    summaries: dict[tuple[str, str], dict[str, Any]],
+    seed_folders: dict[str, dict[tuple[str, str], dict[str, Any]]],
+    root: Path,
+) -> str:
+    """The seeds part of an ``mlm`` block (module docstring): tables, per-seed values, what was left
+    out, and each seed folder's cost line."""
+    scores, problems = mlm_seed_scores(summaries, seed_folders)
+    per_seed = [
+        f"- {method} {regime}: "
+        + ", ".join(f"{value:.2f} (seed {seed})" for seed, value in sorted(values.items()))
+        for (method, regime), values in scores.items()
+    ]
+    costs = [f"- `{name}`: {mlm_cost_line(other, root / name)}" for name, other in seed_folders.items()]
+    return (
+        "\n\nOver seeds, each at the LR selected above on its grid's seed (the seeds change the "
+        "initialisation, the order and the masks): test perplexity, mean ± 95% t-CI (n seeds); then "
+        "the paired per-seed differences to the plain head (negative: lower perplexity; bold: the "
+        f"interval excludes 0).\n\n{mlm_seeds_table(scores)}\n\nTest perplexity per seed:\n\n"
+        + "\n".join(per_seed)
+        + "".join(f"\n\n{problem}" for problem in problems)
+        + "\n\nSeed runs:\n\n"
+        + "\n".join(costs)
     )
 
 

@@ -305,12 +305,13 @@ def _write_mlm(
     regime: str,
     ppl: dict[float, tuple[float, float]],
     cost: dict[str, float] | None = None,
+    output: str = MLM_FOLDER,
     **changed,
 ) -> None:
-    """A ``layerfusion mlm`` grid's files: one run per LR (``ppl``: its dev and test perplexity; ``cost``:
-    what ``run_cost`` adds to every run, none for files older than the timing) and the
-    summary, settings as ``layerfusion mlm`` stores them (``changed`` over the defaults below)."""
-    folder = repo / MLM_FOLDER
+    """A ``layerfusion mlm`` grid's files in ``output``: one run per LR (``ppl``: its dev and test
+    perplexity; ``cost``: what ``run_cost`` adds to every run, none for files older than the timing)
+    and the summary, settings as ``layerfusion mlm`` stores them (``changed`` over the defaults below)."""
+    folder = repo / output
     folder.mkdir(parents=True, exist_ok=True)
     settings = {
         "model": DEMO_MODEL,
@@ -403,6 +404,38 @@ def test_the_mlm_block_sums_the_timed_runs(mlm_repo):
     assert _run(mlm_repo) == 0
     line = "8 runs; wall time 8 min 00 s, peak RSS 900 MB, threads 1, 1-min load average at the starts up to"
     assert line + " 2.3 on 2 CPUs." in _text(mlm_repo)
+
+
+SEEDS = ("benchmarks/results/mlm_seed1", "benchmarks/results/mlm_seed2")
+
+
+def test_the_mlm_block_over_seeds_pairs_each_seed_with_the_grids_choice(mlm_repo, capsys):
+    seed1, seed2 = SEEDS  # none fe selected 1e-3 (test 26.5), dwatt fe 3e-3 (test 21.5)
+    _write_mlm(mlm_repo, "none", "fe", {1e-3: (24.0, 30.5)}, output=seed1, seed=1)
+    _write_mlm(mlm_repo, "dwatt", "fe", {3e-3: (20.0, 24.5)}, output=seed1, seed=1)
+    _write_mlm(mlm_repo, "none", "fe", {1e-3: (24.0, 28.0)}, output=seed2, seed=2)
+    _write_mlm(mlm_repo, "dwatt", "fe", {3e-3: (20.0, 22.5)}, output=seed2, seed=2)
+    spec = f"{MLM_SPEC} seeds={seed1},{seed2}"
+    block = f"<!-- generated: {spec} -->\nstale\n<!-- end generated: {spec} -->\n"
+    (mlm_repo / "benchmarks" / "RESULTS.md").write_text(PROSE_BEFORE + block + PROSE_AFTER)
+    assert _run(mlm_repo) == 0
+    text = _text(mlm_repo)
+    # none: 26.5 30.5 28.0; dwatt: 21.5 24.5 22.5; paired dwatt - none: -5.0 -6.0 -5.5 (t(2) = 4.303)
+    assert "| fe | 28.3 ± 5.0 (n=3) | 22.8 ± 3.8 (n=3) |\n" in text
+    assert "| regime | dwatt - none |\n|---|---|\n| fe | **-5.5 ± 1.2 (n=3)** |\n" in text
+    assert "- none fe: 26.50 (seed 0), 30.50 (seed 1), 28.00 (seed 2)\n" in text
+    assert f"- `{seed2}`: 2 runs; wall time not recorded" in text
+    seed_command = _mlm_command("dwatt", "fe", "--seed 2", "--lr 0.003").replace(MLM_FOLDER, seed2)
+    assert seed_command + "\n```" in text  # the last of the block's commands
+    assert _run(mlm_repo, "--check") == 0
+    _write_mlm(mlm_repo, "dwatt", "fe", {1e-3: (20.0, 10.0)}, output=seed2, seed=2)  # not the grid's LR
+    _write_mlm(mlm_repo, "none", "fe", {1e-3: (24.0, 10.0)}, output=seed2, seed=1)  # seed 1 again
+    assert _run(mlm_repo, "--check") == 1
+    assert _run(mlm_repo) == 0
+    text = _text(mlm_repo)
+    assert f"⚠ `{seed2}/mlm-dwatt-fe.json`: ran at 0.001, the grid selected 0.003; left out." in text
+    assert f"⚠ `{seed2}/mlm-none-fe.json`: seed 1 is counted already, left out." in text
+    assert "| fe | 28.5 ± 25.4 (n=2) | 23.0 ± 19.1 (n=2) |\n" in text  # seeds 0 and 1 only
 
 
 def test_the_mlm_block_says_when_settings_differ_and_check_sees_it(mlm_repo, capsys):
@@ -539,8 +572,9 @@ def test_the_report_block_shows_a_saved_benchmark_run(repo, capsys):
         (_markers("fake join=wiki cache_dir=/x"), "join= shows each grid as its file names it: drop"),
         (_markers("fake join=nowhere"), "'generated: fake join=nowhere': grid nowhere: no grid file"),
         (_markers("fake join=wiki"), "'generated: fake join=wiki': grid wiki: benchmarks/grids/wiki.yaml"),
-        (_markers("mlm"), "'generated: mlm': the mlm block takes one parameter, output=FOLDER"),
-        (_markers("mlm output=a epochs=1"), "the mlm block takes one parameter"),
+        (_markers("mlm"), "'generated: mlm': the mlm block takes output=FOLDER"),
+        (_markers("mlm output=a epochs=1"), "and optionally seeds=FOLDER,FOLDER"),
+        (_markers("mlm seeds=a output=b"), "and optionally seeds=FOLDER,FOLDER"),
         (_markers("mlm output=nowhere"), "'generated: mlm output=nowhere': no folder nowhere under"),
         (
             _markers("mlm output=benchmarks/results/fake"),
