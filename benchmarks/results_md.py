@@ -50,8 +50,8 @@ the edge of its grid; then one line per (method, regime) with the dev perplexity
 what does not add up, said in the block rather than mixed silently: a summary without its runs (an
 older file: left out of the table), run files it names that are missing, settings (data, epochs,
 blocks...) that differ between the summaries; then one cost line (the runs, their wall time summed
-from the run files' ``seconds`` and the largest ``peak_rss_mb``; files older than that timing are
-counted and said); then one ``layerfusion mlm`` command per summary,
+from the run files' ``seconds``, the largest ``peak_rss_mb``, torch's threads and the highest load at
+a run's start; files older than that timing are counted and said); then one ``layerfusion mlm`` command per summary,
 built from its stored settings (the options not at their default; ``--model`` unless the demo
 encoder, ``--lr`` unless the regime's default grid; a path under the repository's parent folder, as
 ``../shared/data``, relative to the root).
