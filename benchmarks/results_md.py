@@ -51,10 +51,10 @@ what does not add up, said in the block rather than mixed silently: a summary wi
 older file: left out of the table), run files it names that are missing, settings (data, epochs,
 blocks...) that differ between the summaries; then one cost line (the runs, their wall time summed
 from the run files' ``seconds``, the largest ``peak_rss_mb``, torch's threads and the highest load at
-a run's start; files older than that timing are counted and said); then one ``layerfusion mlm`` command per summary,
-built from its stored settings (the options not at their default; ``--model`` unless the demo
-encoder, ``--lr`` unless the regime's default grid; a path under the repository's parent folder, as
-``../shared/data``, relative to the root).
+a run's start; files older than that timing are counted and said); then one ``layerfusion mlm``
+command per summary, built from its stored settings (the options not at their default; ``--model``
+unless the demo encoder, ``--lr`` unless the regime's default grid; a path under the repository's
+parent folder, as ``../shared/data``, relative to the root).
 
 Other seeds: the optional parameter ``seeds=`` (comma-separated folders) names ``layerfusion mlm
 --seed S --lr LR --output`` folders that re-ran methods at the LR the block's grid selected, one seed
