@@ -169,7 +169,7 @@ from layerfusion_recipes.plot import (
 from layerfusion_recipes.reports import read_report
 from layerfusion_recipes.results import read_records
 from layerfusion_recipes.seq2seq import RUN_TABLE_HEADER, run_row, summary_table
-from layerfusion_recipes.stats import mean_ci
+from layerfusion_recipes.stats import excludes_zero, mean_ci
 from layerfusion_recipes.sweep_log import SweepTotals, read_sweep_log, sweep_totals
 
 from peft_layerfusion.utils import atomic_write_text
@@ -920,10 +920,9 @@ def _without(settings: dict[str, Any], *names: str) -> dict[str, Any]:
     return {name: value for name, value in settings.items() if name not in names}
 
 
-def _mean_ci_cell(values: list[float], signed: bool = False) -> str:
-    mean, half = mean_ci(values)
+def _mean_ci_cell(mean: float, half: float, n: int, signed: bool = False) -> str:
     text = f"{mean:+.1f}" if signed else f"{mean:.1f}"
-    return text + (f" ± {half:.1f}" if len(values) > 1 else "") + f" (n={len(values)})"
+    return text + (f" ± {half:.1f}" if n > 1 else "") + f" (n={n})"
 
 
 def mlm_seeds_table(scores: SeedScores, baseline: str = "none") -> str:
@@ -943,7 +942,10 @@ def mlm_seeds_table(scores: SeedScores, baseline: str = "none") -> str:
     lines = [markdown_row(["regime", *methods]), "|" + "---|" * (1 + len(methods))]
     for regime in regimes:
         cells = [
-            _mean_ci_cell(list(scores[m, regime].values())) if (m, regime) in scores else "-" for m in methods
+            _mean_ci_cell(*mean_ci(list(scores[m, regime].values())), len(scores[m, regime]))
+            if (m, regime) in scores
+            else "-"
+            for m in methods
         ]
         lines.append(markdown_row([regime, *cells]))
     others = [method for method in methods if method != baseline]
@@ -964,8 +966,8 @@ def mlm_seeds_table(scores: SeedScores, baseline: str = "none") -> str:
                 cells.append("-")
                 continue
             mean, half = mean_ci(differences)
-            cell = _mean_ci_cell(differences, signed=True)
-            cells.append(f"**{cell}**" if len(differences) > 1 and abs(mean) > half else cell)
+            cell = _mean_ci_cell(mean, half, len(differences), signed=True)
+            cells.append(f"**{cell}**" if excludes_zero(mean, half, len(differences)) else cell)
         lines.append(markdown_row([regime, *cells]))
     return "\n".join(lines)
 

@@ -29,7 +29,7 @@ from peft_layerfusion.utils import atomic_write, atomic_write_text
 from .models import METHOD_NAMES
 from .results import read_records
 from .selection import cell_of, cells, dev_f1, select_lr
-from .stats import mean_ci
+from .stats import excludes_zero, mean_ci
 
 GROUP = ("regime", "epochs", "shots", "method")
 
@@ -412,7 +412,7 @@ def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()
         text = f"{d['mean']:+.1f} ± {d['ci']:.1f}"
         cell = (*(d[field] for field in lead), d["regime"], d["epochs"], d["shots"])
         by_cell.setdefault(cell, {})[d["pair"]] = (
-            f"**{text}**" if abs(d["mean"]) > d["ci"] and d["n"] > 1 else text
+            f"**{text}**" if excludes_zero(d["mean"], d["ci"], d["n"]) else text
         )
     for cell, texts in by_cell.items():
         lines.append(markdown_row([*cell, *(texts.get(pair, "-") for pair in pairs)]))

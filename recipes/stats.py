@@ -24,3 +24,14 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
         return mean, 0.0
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     return mean, float(_scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+
+
+def excludes_zero(mean: float, half_width: float, n: int) -> bool:
+    """Whether a difference's interval ``mean ± half_width`` over ``n`` pairs excludes 0 (the tables'
+    bold, "resolved"); one pair has no interval, so never.
+
+    Example:
+        >>> excludes_zero(-5.5, 1.2, 3), excludes_zero(2.0, 3.0, 3), excludes_zero(2.0, 0.0, 1)
+        (True, False, False)
+    """
+    return n > 1 and abs(mean) > half_width

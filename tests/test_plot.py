@@ -15,7 +15,7 @@ from layerfusion_recipes.plot import (
     summarize,
     write_report,
 )
-from layerfusion_recipes.stats import mean_ci
+from layerfusion_recipes.stats import excludes_zero, mean_ci
 
 
 def test_mean_ci_uses_student_t():
@@ -24,6 +24,12 @@ def test_mean_ci_uses_student_t():
     assert mean_ci([0.7]) == (0.7, 0.0)
     with pytest.raises(ValueError):
         mean_ci([])
+
+
+def test_a_difference_is_resolved_only_when_its_interval_excludes_zero():
+    assert excludes_zero(-5.5, 1.2, 3) and excludes_zero(0.5, 0.4, 2)
+    assert not excludes_zero(2.0, 2.0, 3)  # the interval touches 0
+    assert not excludes_zero(2.0, 0.0, 1)  # one pair: no interval
 
 
 def _records():
