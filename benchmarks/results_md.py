@@ -67,7 +67,7 @@ The block then adds a table of test perplexity, mean ± 95% t-CI over the seeds 
 run is its seed's), the per-seed values, the per-seed paired differences to the plain head
 (``none``), each folder's cost line and its commands. A seed run at another LR than the grid's
 choice, with settings that differ in more than seed and LR, or with a seed already counted is left
-out and said.
+out and said, as is a seed folder's summary file that is not one of an LR grid (an older file).
 
 Grids side by side: the reserved parameter ``join=`` (comma-separated grid names) shows the records of
 the named grids' results together with the block's own grid's, in ONE table::
@@ -135,7 +135,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -829,17 +829,15 @@ def render_mlm_block(block: Block, root: Path) -> str:
         f"{SELECTION_RULE}. ⚠: the selected LR is the smallest or largest of its grid (the best may lie "
         f"outside it: widen --lr). Data: {next(iter(data)) if len(data) == 1 else _grouped(data)}."
     )
-    notes = [
-        f"⚠ `{name}` has no {', '.join(missing)}: not the summary of an LR grid (an older "
-        "`layerfusion mlm`?), left out of the table."
-        for name, missing in left_out.items()
-    ]
-    notes += mlm_problems(summaries, root / output)
+    notes = left_out_notes(left_out) + mlm_problems(summaries, root / output)
     commands = [mlm_command(summary, output, root) for summary in summaries.values()]
     seeds_text = ""
     if "seeds" in params:
-        seed_folders = {name: _read_mlm_folder(block, root, name)[0] for name in params["seeds"].split(",")}
-        seeds_text = mlm_seeds_text(summaries, seed_folders, root)
+        seed_folders, seed_left_out = {}, []
+        for name in params["seeds"].split(","):
+            seed_folders[name], older = _read_mlm_folder(block, root, name)
+            seed_left_out += left_out_notes(older, name)
+        seeds_text = mlm_seeds_text(summaries, seed_folders, root, seed_left_out)
         commands += [
             mlm_command(summary, name, root)
             for name, other in seed_folders.items()
@@ -855,6 +853,24 @@ def render_mlm_block(block: Block, root: Path) -> str:
         + "\n".join(commands)
         + "\n```"
     )
+
+
+def left_out_notes(left_out: dict[str, list[str]], folder: str = "") -> list[str]:
+    """One line per summary file :func:`read_mlm_summaries` left out, with the keys it lacks.
+
+    Args:
+        left_out: File name -> missing keys.
+        folder: Written before the file name (a seed folder's), if given.
+
+    Example:
+        >>> left_out_notes({"mlm-dwatt-fe.json": ["runs"]}, "benchmarks/results/mlm_seed1")
+        ['⚠ `benchmarks/results/mlm_seed1/mlm-dwatt-fe.json` has no runs: not the summary of an LR grid ...']
+    """
+    return [
+        f"⚠ `{folder + '/' if folder else ''}{name}` has no {', '.join(missing)}: not the summary of an LR "
+        "grid (an older `layerfusion mlm`?), left out of the table."
+        for name, missing in left_out.items()
+    ]
 
 
 def _read_mlm_folder(
@@ -976,10 +992,13 @@ def mlm_seeds_text(
     summaries: dict[tuple[str, str], dict[str, Any]],
     seed_folders: dict[str, dict[tuple[str, str], dict[str, Any]]],
     root: Path,
+    left_out: Sequence[str] = (),
 ) -> str:
     """The seeds part of an ``mlm`` block (module docstring): tables, per-seed values, what was left
-    out, and each seed folder's cost line."""
+    out (``left_out``: the seed folders' unreadable summaries, :func:`left_out_notes`; then the seed
+    runs :func:`mlm_seed_scores` leaves out), and each seed folder's cost line."""
     scores, problems = mlm_seed_scores(summaries, seed_folders)
+    problems = [*left_out, *problems]
     per_seed = [
         f"- {method} {regime}: "
         + ", ".join(f"{value:.2f} (seed {seed})" for seed, value in sorted(values.items()))

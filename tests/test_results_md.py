@@ -436,6 +436,12 @@ def test_the_mlm_block_over_seeds_pairs_each_seed_with_the_grids_choice(mlm_repo
     assert f"⚠ `{seed2}/mlm-dwatt-fe.json`: ran at 0.001, the grid selected 0.003; left out." in text
     assert f"⚠ `{seed2}/mlm-none-fe.json`: seed 1 is counted already, left out." in text
     assert "| fe | 28.5 ± 25.4 (n=2) | 23.0 ± 19.1 (n=2) |\n" in text  # seeds 0 and 1 only
+    older = {"method": "extra_layers", "regime": "fe", "test_ppl": 1.0}  # a summary of an older recipe
+    (mlm_repo / seed1 / "mlm-extra_layers-fe.json").write_text(json.dumps(older))
+    assert _run(mlm_repo, "--check") == 1
+    assert _run(mlm_repo) == 0
+    missing = "has no selected_lr, dev_ppl, at_edge, lrs, runs, settings: not the summary of an LR grid"
+    assert f"⚠ `{seed1}/mlm-extra_layers-fe.json` {missing}" in _text(mlm_repo)
 
 
 def test_the_mlm_block_says_when_settings_differ_and_check_sees_it(mlm_repo, capsys):
