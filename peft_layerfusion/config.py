@@ -9,11 +9,18 @@ empty, meaning *no LoRA*; fusion alone is the default.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional, Union
 
 from peft import LoraConfig
 from peft.utils.peft_types import PeftType
+from torch import nn
+
+from .discovery import is_decoder_only
+
+# Values of `fusion_init` (see its help text).
+INIT_CHOICES: tuple[str, ...] = ("auto", "paper", "identity")
 
 
 def invalid(field_name: str, value: object, allowed: str) -> ValueError:
@@ -81,6 +88,13 @@ class LayerFusionConfig(LoraConfig):
             is ``None``).
         blocks_path: Name (or suffix of the name) of the ``nn.ModuleList`` holding the
             encoder blocks, for models the automatic discovery does not know.
+        fusion_init: How the fusion module starts. ``"paper"``: the method's published init.
+            ``"identity"``: the module's output at initialisation is exactly the base model's
+            last hidden state ``z_L``, so training starts from the base model's behaviour (as
+            LoRA's zero ``B`` does); each method's docstring gives its formula, and methods
+            without one refuse it. ``"auto"`` (default): ``"identity"`` on decoder-only (causal)
+            models when the method has one and can build it for ``layers``, ``"paper"``
+            otherwise (so encoders keep the paper's init).
         modules_to_save: Modules besides the fusion module to train and save, typically
             the task head (``["classifier"]``); set automatically by ``task_type``.
         target_modules: LoRA targets; empty (default) means no LoRA.
@@ -91,6 +105,8 @@ class LayerFusionConfig(LoraConfig):
     """
 
     PEFT_TYPE: ClassVar[str] = ""  # set by each method, e.g. "DWATT"
+    # Set by each method that has an init whose output equals the base model's (`fusion_init`).
+    IDENTITY_INIT: ClassVar[bool] = False
 
     target_modules: Optional[Union[list[str], str]] = field(
         default_factory=list,
@@ -117,6 +133,14 @@ class LayerFusionConfig(LoraConfig):
             "for architectures the automatic discovery does not know."
         },
     )
+    fusion_init: str = field(
+        default="auto",
+        metadata={
+            "help": "How the fusion module starts: 'paper' (the method's published init), 'identity' (its "
+            "output at initialisation equals the base model's; methods without such an init refuse it), "
+            "'auto' (identity on decoder-only models where the method has it, paper otherwise)."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,6 +164,45 @@ class LayerFusionConfig(LoraConfig):
             raise invalid("include_embeddings", True, allowed)
         if self.blocks_path is not None and (not isinstance(self.blocks_path, str) or not self.blocks_path):
             raise invalid("blocks_path", self.blocks_path, "None or a dotted module name")
+        if self.fusion_init not in INIT_CHOICES:
+            raise invalid("fusion_init", self.fusion_init, f"one of {list(INIT_CHOICES)}")
+        if self.fusion_init == "identity" and not self.IDENTITY_INIT:
+            name = type(self).__name__
+            allowed = f"'auto' or 'paper' ({name} has no init whose output is the base model's)"
+            raise invalid("fusion_init", "identity", allowed)
+
+    def identity_fits(self, layers: Sequence[int], num_blocks: int) -> bool:
+        """Whether the identity init can be built for these fused layers (default: ``z_L`` is fused).
+
+        Methods whose identity init reads ``z_L`` directly (DWAtt) override this.
+        """
+        return num_blocks in layers
+
+    def starts_at_base(self, model: nn.Module, layers: Sequence[int], num_blocks: int) -> bool:
+        """Whether the fusion module starts at the base model's output (resolves ``fusion_init``).
+
+        Args:
+            model: The model the fusion is attached to ("auto" asks whether it is decoder-only).
+            layers: The resolved fused indices (:meth:`resolve_layers`).
+            num_blocks: ``L``.
+
+        Raises:
+            ValueError: for ``fusion_init="identity"`` when the method cannot start at the base
+                output with these ``layers`` (e.g. Concat without ``z_L``).
+
+        Example:
+            >>> ConcatConfig(fusion_init="identity").starts_at_base(bert, [1, 2, 3], 3)
+            True
+        """
+        if self.fusion_init == "paper" or not self.IDENTITY_INIT:
+            return False
+        fits = self.identity_fits(layers, num_blocks)
+        if self.fusion_init == "identity":
+            if not fits:
+                allowed = f"a list with the last state ({num_blocks} or -1) when fusion_init='identity'"
+                raise invalid("layers", self.layers, allowed)
+            return True
+        return fits and is_decoder_only(model)
 
     def resolve_layers(self, num_blocks: int) -> list[int]:
         """The fused hidden-state indices for an encoder of ``num_blocks`` blocks.

@@ -96,6 +96,26 @@ def _looks_like_blocks(name: str, blocks: nn.ModuleList) -> bool:
     return len(kinds) == 1 and all(len(block._modules) > 0 for block in blocks)
 
 
+def is_decoder_only(model: nn.Module) -> bool:
+    """Whether ``model`` is a decoder-only (causal) language model: Llama, GPT-2, ``is_decoder=True`` BERT.
+
+    Read from ``model.config``: a model type with a causal-LM class and no masked-LM class, or
+    ``is_decoder``; encoder-decoder models and models without a config are not.
+
+    Example:
+        >>> is_decoder_only(LlamaForCausalLM(LlamaConfig(num_hidden_layers=2))), is_decoder_only(bert)
+        (True, False)
+    """
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    model_type = getattr(config, "model_type", None)
+    causal_only = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+    return bool(getattr(config, "is_decoder", False) or causal_only)
+
+
 def refuse_decoder_only(model: nn.Module) -> None:
     """Raise if ``model`` is a decoder-only (causal) language model.
 
@@ -111,14 +131,8 @@ def refuse_decoder_only(model: nn.Module) -> None:
     Example:
         >>> refuse_decoder_only(BertForTokenClassification(BertConfig()))  # an encoder: fine
     """
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "is_encoder_decoder", False):
-        return
-    model_type = getattr(config, "model_type", None)
-    causal_only = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in (
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    )
-    if getattr(config, "is_decoder", False) or causal_only:
+    if is_decoder_only(model):
+        model_type = getattr(model.config, "model_type", None)
         raise ValueError(
             f"{type(model).__name__} (model_type={model_type!r}) is a decoder-only (causal) model: layer "
             "fusion supports encoders and encoder-decoder models only. Its blocks keep a key/value cache "

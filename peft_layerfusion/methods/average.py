@@ -3,6 +3,10 @@ r"""Average: the plain mean of the fused layers' outputs (no parameters).
 .. math::
 
     h = \frac{1}{K} \sum_n z_n
+
+No identity init: with no parameters, ``h`` is the mean from the start and can equal the base
+model's ``z_L`` only when ``layers`` fuses ``z_L`` alone. ``fusion_init="identity"`` is refused;
+``"auto"`` and ``"paper"`` both give the mean.
 """
 
 from __future__ import annotations

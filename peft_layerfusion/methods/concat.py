@@ -4,19 +4,41 @@ ElNokrashy et al. 2024 (the DWAtt paper's second method). Per token:
 
 .. math::
 
-    h = \sum_n W_n z_n + b = W \, [z_1; \dots; z_L] + b \qquad W: K d \to d
+    h = \sum_n W_n z_n + b = W \, [z_1; \dots; z_K] + b \qquad W: K d \to d
+
+``K d^2 + d`` parameters: 537M at Llama-3.1-8B's shape (K = 32, d = 4096). With
+``map_rank=r`` each map is low rank,
+
+.. math::
+
+    W_n = B_n A_n, \qquad h = B \, [A_1 z_1; \dots; A_K z_K] + b
+    \qquad A_n: d \to r,\ B = [B_1 \dots B_K]: K r \to d
+
+with ``2 K d r + d`` parameters; ``A_n`` and ``B`` start as ``nn.Linear(d, r)`` and
+``nn.Linear(K r, d)`` do (``U(±1/sqrt(fan_in))``).
+
+Identity init (``fusion_init="identity"``), ``h = z_L`` exactly at initialisation:
+
+* full maps: ``W_L = I``, every other ``W_n = 0``, ``b = 0`` (``z_L`` must be fused). Every
+  ``W_n`` and ``b`` has a non-zero gradient at step 1 (``∂L/∂W_n = g z_n^T``).
+* low rank: a rank-``r`` map cannot be the identity, so the identity is a fixed term,
+  ``W_L = I + B_L A_L``: ``h = z_L + Σ_n B_n A_n z_n + b`` with ``B = 0``, ``b = 0`` and
+  ``A_n`` random. At step 1 only ``B`` and ``b`` have non-zero gradients (``∂L/∂A_n =
+  B_n^T g z_n^T = 0`` while ``B = 0``, as LoRA's ``A`` under its zero ``B``); ``A`` trains from
+  step 2.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
 
-from ..config import LayerFusionConfig
-from ..fusion import FusionContext, FusionModule
+from ..config import LayerFusionConfig, require_number
+from ..fusion import FusionContext, FusionModule, linear_init_
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
@@ -26,37 +48,88 @@ class ConcatConfig(LayerFusionConfig):
     """Configuration of Concat (a linear map of the concatenated layer outputs).
 
     Args:
+        map_rank: Rank ``r`` of each per-layer map ``W_n = B_n A_n`` (``2 K d r + d``
+            parameters); ``None`` (default) keeps the paper's full maps (``K d^2 + d``).
         (every option of :class:`LayerFusionConfig` and of LoRA)
 
     Example:
         >>> from peft import get_peft_model
         >>> model = get_peft_model(base_model, ConcatConfig(modules_to_save=["classifier"]))
+        >>> llm = get_peft_model(causal_lm, ConcatConfig(map_rank=52, fusion_init="identity"))
     """
 
     PEFT_TYPE: ClassVar[str] = "CONCAT"
+    IDENTITY_INIT: ClassVar[bool] = True
+
+    map_rank: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Rank r of each per-layer map W_n = B_n A_n (2 K d r + d parameters instead of "
+            "K d^2 + d). None (default): the paper's full maps."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.map_rank is not None:
+            require_number("map_rank", self.map_rank, low=1, integer=True)
+
+    def identity_fits(self, layers: Sequence[int], num_blocks: int) -> bool:
+        """Full maps need ``z_L`` among the fused states (``W_L = I``); low rank adds ``z_L`` itself."""
+        return self.map_rank is not None or super().identity_fits(layers, num_blocks)
 
 
 class Concat(FusionModule):
-    """``h = W [z_1; ...; z_K] + b``."""
+    """``h = W [z_1; ...; z_K] + b``, or with ``map_rank`` ``h = B [A_1 z_1; ...; A_K z_K] + b``."""
 
     token_wise = True
 
     def __init__(self, config: ConcatConfig, context: FusionContext) -> None:
         super().__init__(config, context)
-        self.proj = nn.Linear(context.num_fused * context.hidden_size, context.hidden_size)
+        k, d, r = context.num_fused, context.hidden_size, config.map_rank
+        starts_at_base = config.starts_at_base(context.model, context.layers, context.located.num_blocks)
+        self.map_rank = r
+        self.adds_last = starts_at_base and r is not None  # the fixed identity term of a low-rank start
+        if r is None:
+            self.proj = nn.Linear(k * d, d)  # W = [W_1 ... W_K], b
+            if starts_at_base:
+                last = context.layers.index(context.located.num_blocks)
+                with torch.no_grad():
+                    self.proj.weight.zero_()
+                    self.proj.bias.zero_()
+                    self.proj.weight[:, last * d : (last + 1) * d].diagonal().fill_(1.0)  # W_L = I
+        else:
+            self.down_weight = nn.Parameter(torch.empty(k, d, r))  # A_n, stored transposed
+            linear_init_(self.down_weight, None, fan_in=d)
+            self.up = nn.Linear(k * r, d)  # B = [B_1 ... B_K], b
+            if starts_at_base:
+                with torch.no_grad():
+                    self.up.weight.zero_()
+                    self.up.bias.zero_()
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
+        d = self.hidden_size
+        tokens = [state.reshape(-1, d) for state in states]  # each (tokens, d)
+        fused = self._full(tokens) if self.map_rank is None else self._low_rank(tokens)  # (tokens, d)
+        if self.adds_last:
+            fused = fused + capture.states[-1].reshape(-1, d)  # z_L + Σ B_n A_n z_n + b
+        return fused.view_as(states[0])
+
+    def _full(self, tokens: list[torch.Tensor]) -> torch.Tensor:
         # h = b + sum_n W_n z_n with W_n = proj.weight[:, n*d:(n+1)*d], one product per layer:
         # the same map as proj(cat(states)), without the (batch, seq, K*d) concatenated copy.
         d = self.hidden_size
-        tokens = [state.reshape(-1, d) for state in states]  # each (tokens, d)
         weight = self.proj.weight  # (d, K*d)
         # Out of place: in-place addmm_ has no vmap batching rule (LR candidates stacked with
         # torch.func.vmap would run it once per candidate); autograd keeps no partial sum either way.
         fused = torch.addmm(self.proj.bias, tokens[0], weight[:, :d].T)  # (tokens, d)
         for n in range(1, len(tokens)):
             fused = torch.addmm(fused, tokens[n], weight[:, n * d : (n + 1) * d].T)
-        return fused.view_as(states[0])
+        return fused
+
+    def _low_rank(self, tokens: list[torch.Tensor]) -> torch.Tensor:
+        codes = torch.cat([x @ self.down_weight[n] for n, x in enumerate(tokens)], dim=-1)  # (tokens, K*r)
+        return torch.addmm(self.up.bias, codes, self.up.weight.T)  # (tokens, d)
 
 
 class ConcatModel(LayerFusionModel):

@@ -15,26 +15,46 @@ Data-Efficient Classification", LREC-COLING 2024 (arXiv 2209.15168). Per token:
 The per-layer value MLPs are stored as stacked weights ``(K, d, γd)``; each layer uses its
 own slice, so they are ``K`` independent MLPs (nothing shared). The sum over layers is
 accumulated one layer at a time, so no ``(K, tokens, d)`` stack is ever built.
+
+Size: one bottleneck MLP of width ``w`` has ``2 d w + 3 w + d`` parameters (``U``, the LayerNorm,
+``W``), so DWAtt has ``(2 d w_Q + 3 w_Q + d) + K (2 d w_V + 3 w_V + d) + 2 K d + d_{pos} d + d``;
+the value MLPs alone are 537M at Llama-3.1-8B's shape (K = 32, d = 4096, γ = 0.5). The widths
+are ``γ d`` by default, or set in units with ``query_bottleneck_width`` / ``value_bottleneck_width``.
+
+Identity init (``fusion_init="identity"``): each ``LN_n``'s gain starts at 0 (its shift is 0
+already), so ``v_n = 0`` and ``h = z_L`` exactly, whatever ``layers``. (Zeroing the value MLPs'
+last linear instead would hand ``LN_n`` an all-zero input, where its derivative is
+``1/sqrt(eps) ≈ 316``: the first step would jump to unit-variance values.) At step 1 only the
+``LN_n`` gains and shifts get non-zero gradients: ``∂L/∂a_n = g · v_n = 0`` gates the query MLP
+and ``W_K``, and the zero gain gates the value MLPs; every parameter has one from step 2.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import LayerFusionConfig, require_number
+from ..config import LayerFusionConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule, linear_init_, weighted_sum
 from ..hooks import Capture
 from ..model import LayerFusionModel
+
+PAPER_BOTTLENECK = 0.5  # γ of the query and value MLPs in the paper
 
 
 def bottleneck_width(hidden_size: int, ratio: float) -> int:
     """``γ d`` rounded, at least 1."""
     return max(1, round(ratio * hidden_size))
+
+
+def mlp_parameters(hidden_size: int, width: int) -> int:
+    """Parameters of one bottleneck MLP ``W LN(gelu(U x))``: ``2 d w + 3 w + d``."""
+    return 2 * hidden_size * width + 3 * width + hidden_size
 
 
 @dataclass
@@ -44,6 +64,8 @@ class DWAttConfig(LayerFusionConfig):
     Args:
         query_bottleneck: γ of the query MLP ``f^Q`` (hidden width ``γ d``).
         value_bottleneck: γ of each value MLP ``f^V_n``.
+        query_bottleneck_width: The query MLP's hidden width in units, instead of ``γ d``.
+        value_bottleneck_width: Each value MLP's hidden width in units, instead of ``γ d``.
         d_pos: Size of the fixed random depth embeddings ``p_n``.
         score_temperature: Scores are ``q · k_n / score_temperature``; 1.0 reproduces the
             paper (no ``1/sqrt(d)`` scaling).
@@ -53,15 +75,32 @@ class DWAttConfig(LayerFusionConfig):
     Example:
         >>> from peft import get_peft_model
         >>> model = get_peft_model(base_model, DWAttConfig(modules_to_save=["classifier"]))
+        >>> small = DWAttConfig(query_bottleneck_width=49, value_bottleneck_width=49)  # LLM sizing
     """
 
     PEFT_TYPE: ClassVar[str] = "DWATT"
+    IDENTITY_INIT: ClassVar[bool] = True
 
     query_bottleneck: float = field(
-        default=0.5, metadata={"help": "Bottleneck ratio γ of the query MLP f^Q (paper: 0.5)."}
+        default=PAPER_BOTTLENECK, metadata={"help": "Bottleneck ratio γ of the query MLP f^Q (paper: 0.5)."}
     )
     value_bottleneck: float = field(
-        default=0.5, metadata={"help": "Bottleneck ratio γ of each per-layer value MLP f^V_n (paper: 0.5)."}
+        default=PAPER_BOTTLENECK,
+        metadata={"help": "Bottleneck ratio γ of each per-layer value MLP f^V_n (paper: 0.5)."},
+    )
+    query_bottleneck_width: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Hidden width of the query MLP in units, instead of the ratio "
+            "(None: query_bottleneck * d)."
+        },
+    )
+    value_bottleneck_width: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Hidden width of each value MLP in units, instead of the ratio "
+            "(None: value_bottleneck * d)."
+        },
     )
     d_pos: int = field(
         default=24, metadata={"help": "Size of the fixed random depth embeddings p_n (paper: 24)."}
@@ -80,6 +119,24 @@ class DWAttConfig(LayerFusionConfig):
             require_number(name, getattr(self, name), low=0.0, low_open=True)
         require_number("d_pos", self.d_pos, low=1, integer=True)
         require_number("attention_dropout", self.attention_dropout, low=0.0, high=1.0, high_open=True)
+        for kind in ("query", "value"):
+            width, ratio = getattr(self, f"{kind}_bottleneck_width"), getattr(self, f"{kind}_bottleneck")
+            if width is None:
+                continue
+            require_number(f"{kind}_bottleneck_width", width, low=1, integer=True)
+            if ratio != PAPER_BOTTLENECK:
+                allowed = f"None when `{kind}_bottleneck`={ratio!r} is given (give the ratio or the width)"
+                raise invalid(f"{kind}_bottleneck_width", width, allowed)
+
+    def widths(self, hidden_size: int) -> tuple[int, int]:
+        """The hidden widths ``(w_Q, w_V)`` of the query and value MLPs for ``d = hidden_size``."""
+        query = self.query_bottleneck_width or bottleneck_width(hidden_size, self.query_bottleneck)
+        value = self.value_bottleneck_width or bottleneck_width(hidden_size, self.value_bottleneck)
+        return query, value
+
+    def identity_fits(self, layers: Sequence[int], num_blocks: int) -> bool:
+        """Always: ``h = z_L + Σ a_n v_n`` reads ``z_L`` whatever the fused layers."""
+        return True
 
 
 class StackedBottleneckMLP(nn.Module):
@@ -118,10 +175,13 @@ class DWAtt(FusionModule):
     def __init__(self, config: DWAttConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         k, d = context.num_fused, context.hidden_size
+        query_width, value_width = config.widths(d)
+        starts_at_base = config.starts_at_base(context.model, context.layers, context.located.num_blocks)
         self.score_temperature = float(config.score_temperature)
-        self.query_mlp = StackedBottleneckMLP(1, d, bottleneck_width(d, config.query_bottleneck))
-        self.value_mlps = StackedBottleneckMLP(k, d, bottleneck_width(d, config.value_bottleneck))
-        self.value_norm_weight = nn.Parameter(torch.ones(k, d))  # LN_n, one per layer
+        self.query_mlp = StackedBottleneckMLP(1, d, query_width)
+        self.value_mlps = StackedBottleneckMLP(k, d, value_width)
+        # LN_n, one per layer; a zero gain makes every v_n = 0 (the identity init)
+        self.value_norm_weight = nn.Parameter(torch.zeros(k, d) if starts_at_base else torch.ones(k, d))
         self.value_norm_bias = nn.Parameter(torch.zeros(k, d))
         self.key_proj = nn.Linear(config.d_pos, d)  # W_K
         self.register_buffer("depth_embeddings", torch.rand(k, config.d_pos))  # p_n ~ U(0, 1), fixed
