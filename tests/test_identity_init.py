@@ -8,8 +8,8 @@ output, and the parameters each method's docstring names get non-zero gradients 
 modules) and the identity on decoder-only models.
 
 The decoder tests inject into tiny causal LMs, which ``discovery.refuse_decoder_only`` refuses
-on this branch: the ``accept_decoders`` fixture turns the refusal off for the test. Once the
-library accepts decoders the fixture is a no-op (``raising=False``) and can go.
+on this branch: the ``accept_decoders`` fixture (conftest) turns the refusal off for the test.
+Once the library accepts decoders the fixture is a no-op and can go.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from conftest import NO_DROPOUT, attach, fusion_of, tiny_bert
 from peft import get_peft_model
 from test_discovery import FAMILIES, build, inputs_for
 
-import peft_layerfusion.discovery as discovery
 from peft_layerfusion import AverageConfig, ConcatConfig, DWAttConfig, ScalarMixConfig, count_hooks
 from peft_layerfusion.config import INIT_CHOICES
 from peft_layerfusion.discovery import is_decoder_only
@@ -172,12 +171,6 @@ DECODERS = {
 def tiny_decoder(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     return DECODERS[name]().eval()
-
-
-@pytest.fixture
-def accept_decoders(monkeypatch):
-    """Turn off this branch's refusal of decoder-only models (a no-op once the library takes them)."""
-    monkeypatch.setattr(discovery, "refuse_decoder_only", lambda model: None, raising=False)
 
 
 @pytest.mark.parametrize("name", list(DECODERS))

@@ -7,11 +7,18 @@ Components are the top-level parts of the fusion module (``query_mlp``, ``value_
 ``value_norm``, ``key_proj``, ``proj``, ``blocks``...), plus ``lora``, ``bias`` (BitFit) and
 ``base`` (fine-tuned pretrained weights) where the regime trains them.
 
+At LLM scale the paper's sizes do not fit a PEFT budget (Concat is ``K d^2 + d``, 537M at
+Llama-3.1-8B's shape): :func:`lora_sized_report` sizes every method to the new parameters of
+a LoRA (rank 16 on the attention projections ``q, k, v, o`` by default) and audits the sized
+configs; ``shapes.LLM_SHAPES`` names published LLM shapes that every function here accepts.
+
 The command line (``layerfusion audit``) lives in the recipes.
 
 Example:
     >>> audit("roberta-large.json")["dwatt"]["total"]
     26353152
+    >>> lora_sized_report("llama-3.1-8b")["rows"]["concat (map_rank=52)"]["total"]
+    13635584
 """
 
 from __future__ import annotations
@@ -28,13 +35,16 @@ from ..layer import FUSION_SUFFIX, LAYER_NAME
 from ..registration import ENCODER_METHODS
 from .budget import (
     DEFAULT_TOLERANCE,
+    METHOD_SIZERS,
     count_parameters,
+    lora_params_per_rank,
     match_bottleneck,
     match_extra_layers,
     match_lora_rank,
     mismatched_pairs,
 )
 from .regimes import ADAPTER_REGIME_NAMES, DEFAULT_LORA_R, apply_regime, default_lora_targets
+from .shapes import LLM_SHAPES, llm_shape
 
 AUDITED_METHODS: tuple[str, ...] = tuple(method.name for method in ENCODER_METHODS)
 # Not sized to a budget, never flagged: the plain head and the methods (nearly) without parameters.
@@ -43,10 +53,14 @@ REFERENCE_METHODS: tuple[str, ...] = (
     *(method.name for method in ENCODER_METHODS if not method.module_cls.sized_to_budget),
 )
 HEAD_MARKERS = (".modules_to_save.", ".original_module.")
+# The LoRA that LLM methods are sized to by default: rank 16 on the attention projections.
+LLM_LORA_R = 16
+ATTENTION_PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def load_model_config(config_or_path: str | os.PathLike | PretrainedConfig) -> PretrainedConfig:
-    """A transformers config from a config object, a config.json path, a directory or a Hub name.
+    """A transformers config from a config object, a config.json path, a directory, a shape name
+    of ``shapes.LLM_SHAPES`` (``"llama-3.1-8b"``) or a Hub name.
 
     A Hub name works only if it is already in the local cache (nothing is downloaded).
 
@@ -60,13 +74,16 @@ def load_model_config(config_or_path: str | os.PathLike | PretrainedConfig) -> P
     if isinstance(config_or_path, PretrainedConfig):
         return config_or_path
     source = os.fspath(config_or_path)
+    if source in LLM_SHAPES and not os.path.exists(source):
+        return llm_shape(source)
     try:
         return AutoConfig.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError) as error:
         where = "file or directory" if os.path.exists(source) else "Hub name (looked in the local cache only)"
         raise ValueError(
             f"Cannot read a model config from {source!r} as a {where}: {error}. Pass a config.json path, "
-            "a model directory, or the name of a model already in the Hugging Face cache."
+            f"a model directory, a shape name ({', '.join(LLM_SHAPES)}) or the name of a model already "
+            "in the Hugging Face cache."
         ) from error
 
 
@@ -148,7 +165,8 @@ def audit(
     base_params = count_parameters(meta_model(config))
     report = {}
     for method in methods:
-        model = apply_regime(meta_model(config), method, regime, head_modules=(), **regime_options)
+        with torch.device("meta"):  # fusion modules too: no memory for Concat's 537M at an LLM's shape
+            model = apply_regime(meta_model(config), method, regime, head_modules=(), **regime_options)
         report[method] = _entry(trainable_components(model), base_params)
     return report
 
@@ -219,10 +237,69 @@ def match_report(
     for name, (component, found) in matched.items():
         components = {**own, component: own.get(component, 0) + found.params}
         rows[name] = _entry(components, base_params, knob=found.knob, value=found.value)
+    flagged = _against_target(rows, target, tolerance)
+    return {"target": match, "regime": regime, "rows": rows, "flagged": flagged}
+
+
+def _against_target(
+    rows: dict[str, dict[str, Any]], target: int, tolerance: float, unsized: Sequence[str] = ()
+) -> list[tuple[str, str, float]]:
+    """Add each row's ``vs_target``; the pairs of budget-sized rows (not references, not
+    ``unsized``) more than ``tolerance`` apart."""
     for entry in rows.values():
         entry["vs_target"] = (entry["total"] - target) / target if target else 0.0
-    sized = {name: row["total"] for name, row in rows.items() if name not in REFERENCE_METHODS}
-    return {"target": match, "regime": regime, "rows": rows, "flagged": mismatched_pairs(sized, tolerance)}
+    skipped = {*REFERENCE_METHODS, *unsized}
+    sized = {name: row["total"] for name, row in rows.items() if name not in skipped}
+    return mismatched_pairs(sized, tolerance)
+
+
+def lora_sized_report(
+    config_or_path: str | os.PathLike | PretrainedConfig,
+    lora_r: int = LLM_LORA_R,
+    lora_targets: Sequence[str] = ATTENTION_PROJECTIONS,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> dict[str, Any]:
+    """Every fusion method sized to the new parameters of one LoRA, audited (regime ``fe``).
+
+    Rows: the LoRA (the target, ``r * Σ (d_in + d_out)`` over ``lora_targets``); each method
+    with a budget knob (``budget.METHOD_SIZERS``) at the knob value closest to the target,
+    named with it (``"concat (map_rank=52)"``) and counted by building the sized config on
+    the meta device (``formula`` holds the closed-form count, equal to ``total``); the same
+    methods at their defaults (``"concat (default)"``); the reference methods (Average,
+    ScalarMix) as they are. R+n cannot go below one block, which may be far over the target:
+    its ``vs_target`` says so, and the flags list every sized pair more than ``tolerance`` apart.
+
+    Args:
+        config_or_path: As :func:`audit` (a shape name such as ``"llama-3.1-8b"`` too).
+        lora_r: The LoRA's rank.
+        lora_targets: Its ``target_modules`` (default: ``q_proj, k_proj, v_proj, o_proj``).
+        tolerance: Flag sized pairs further apart than this.
+
+    Returns:
+        ``{"target": int, "rows": {name: entry}, "flagged": [(a, b, gap), ...]}``, each entry as
+        :func:`audit`'s plus ``vs_target`` (and ``knob``, ``value``, ``formula`` where sized).
+
+    Example:
+        >>> print(format_table(lora_sized_report("gemma-3-270m")["rows"], reference="lora"))
+    """
+    config = load_model_config(config_or_path)
+    base = meta_model(config)
+    base_params = count_parameters(base)
+    target = lora_r * lora_params_per_rank(base, list(lora_targets))
+    rows = {f"lora (r={lora_r}; {', '.join(lora_targets)})": _entry({"lora": target}, base_params)}
+    defaults = audit(config, "fe", AUDITED_METHODS)
+    for method in AUDITED_METHODS:
+        if method not in METHOD_SIZERS:  # a reference: Average, ScalarMix
+            rows[method] = defaults[method]
+            continue
+        found = METHOD_SIZERS[method](base, target)
+        label = ", ".join(f"{key}={value}" for key, value in found.options.items())
+        entry = audit(config, "fe", (method,), **found.options)[method]
+        sized = dict(knob=found.knob, value=found.value, formula=found.params)
+        rows[f"{method} ({label})"] = {**entry, **sized}
+    unsized = [f"{method} (default)" for method in METHOD_SIZERS]
+    rows.update({name: defaults[method] for name, method in zip(unsized, METHOD_SIZERS, strict=True)})
+    return {"target": target, "rows": rows, "flagged": _against_target(rows, target, tolerance, unsized)}
 
 
 def _millions(count: int) -> str:

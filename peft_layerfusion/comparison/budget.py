@@ -6,6 +6,8 @@ that comes closest and reports the residual mismatch:
 
 * LoRA: the rank ``r`` (LoRA adds ``r (d_in + d_out)`` per adapted linear);
 * R+n: the number ``n`` of extra blocks (each the size of the model's last block);
+* Concat: the rank ``r`` of its per-layer maps (``map_rank``; ``2 K d r + d``);
+* DWAtt: one hidden width ``w`` for its query and value MLPs (the paper uses one ``γ`` for both);
 * bottleneck adapters (AdapterHub): the bottleneck width ``b = d // reduction_factor``;
   one adapter ``d -> b -> d`` has ``2 d b + b + d`` parameters, Pfeiffer (``seqbn``) puts
   one per block, Houlsby (``double_seqbn``) two.
@@ -19,15 +21,18 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from peft import LoraConfig
 from peft.tuners.tuners_utils import check_target_module_exists
 from torch import nn
 
-from ..config import invalid
+from ..config import LayerFusionConfig, invalid
 from ..discovery import find_encoder_blocks, hidden_size_of
+from ..methods.concat import ConcatConfig
+from ..methods.dwatt import DWAttConfig
 
 BOTTLENECK_KINDS: dict[str, int] = {"seqbn": 1, "double_seqbn": 2}  # adapters per block
 DEFAULT_TOLERANCE = 0.05  # pairs further apart than this are flagged
@@ -42,12 +47,15 @@ class BudgetMatch:
         value: The chosen value.
         params: New trainable parameters at that value.
         target: The target count.
+        options: The method config fields that give this size (``{"map_rank": 52}``); empty for
+            baselines that are not fusion methods (LoRA, bottleneck adapters).
     """
 
     knob: str
     value: float
     params: int
     target: int
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def residual(self) -> int:
@@ -110,7 +118,72 @@ def match_extra_layers(model: nn.Module, target: int, blocks_path: str | None = 
     """
     block = count_parameters(find_encoder_blocks(model, blocks_path).blocks[-1])
     n = max(1, round(target / block))
-    return BudgetMatch("num_extra_layers", n, n * block, target)
+    return BudgetMatch("num_extra_layers", n, n * block, target, {"num_extra_layers": n})
+
+
+def _linear_knob(size_of: Callable[[int], int], target: int) -> int:
+    """The integer ``v >= 1`` closest to ``target`` for a size linear in ``v`` (``a v + b``, ``a > 0``)."""
+    slope = size_of(2) - size_of(1)
+    return max(1, 1 + round((target - size_of(1)) / slope))
+
+
+def _fused_and_width(model: nn.Module, config: LayerFusionConfig) -> tuple[int, int]:
+    """``(K, d)``: how many states ``config`` fuses on ``model``, and their width."""
+    located = find_encoder_blocks(model, config.blocks_path)
+    return len(config.resolve_layers(located.num_blocks)), hidden_size_of(model, located)
+
+
+def match_concat_rank(model: nn.Module, target: int, **config_options: Any) -> BudgetMatch:
+    """Concat's ``map_rank`` ``r >= 1`` whose size ``2 K d r + d`` is closest to ``target``.
+
+    Args:
+        model: The base model (meta device is fine).
+        target: New parameters to match.
+        **config_options: Other :class:`ConcatConfig` fields (``layers``, ``blocks_path``...).
+
+    Example:
+        >>> match_concat_rank(llama_8b, 13_631_488).options  # LoRA r=16 on q, k, v, o
+        {'map_rank': 52}
+    """
+    num_fused, d = _fused_and_width(model, ConcatConfig(**config_options))
+
+    def size_of(rank: int) -> int:
+        return ConcatConfig(map_rank=rank, **config_options).num_parameters(num_fused, d)
+
+    rank = _linear_knob(size_of, target)
+    return BudgetMatch("map_rank", rank, size_of(rank), target, {"map_rank": rank})
+
+
+def match_dwatt_width(model: nn.Module, target: int, **config_options: Any) -> BudgetMatch:
+    """DWAtt's bottleneck width ``w >= 1`` (query and value MLPs alike) closest to ``target``.
+
+    Args:
+        model: The base model (meta device is fine).
+        target: New parameters to match.
+        **config_options: Other :class:`DWAttConfig` fields (``layers``, ``d_pos``...).
+
+    Example:
+        >>> match_dwatt_width(llama_8b, 13_631_488).options
+        {'query_bottleneck_width': 49, 'value_bottleneck_width': 49}
+    """
+    num_fused, d = _fused_and_width(model, DWAttConfig(**config_options))
+
+    def widths(width: int) -> dict[str, int]:
+        return {"query_bottleneck_width": width, "value_bottleneck_width": width}
+
+    def size_of(width: int) -> int:
+        return DWAttConfig(**widths(width), **config_options).num_parameters(num_fused, d)
+
+    width = _linear_knob(size_of, target)
+    return BudgetMatch("bottleneck_width", width, size_of(width), target, widths(width))
+
+
+# The budget knob of every fusion method sized to a budget (``sized_to_budget``), by method name.
+METHOD_SIZERS: dict[str, Callable[..., BudgetMatch]] = {
+    "dwatt": match_dwatt_width,
+    "concat": match_concat_rank,
+    "extra_layers": match_extra_layers,
+}
 
 
 def bottleneck_params(hidden_size: int, num_blocks: int, bottleneck: int, kind: str = "seqbn") -> int:

@@ -74,6 +74,16 @@ class ConcatConfig(LayerFusionConfig):
         if self.map_rank is not None:
             require_number("map_rank", self.map_rank, low=1, integer=True)
 
+    def num_parameters(self, num_fused: int, hidden_size: int) -> int:
+        """New parameters for ``K = num_fused`` and ``d = hidden_size``: ``K d^2 + d``, or ``2 K d r + d``.
+
+        Example:
+            >>> ConcatConfig(map_rank=52).num_parameters(32, 4096)  # Llama-3.1-8B's shape
+            13635584
+        """
+        k, d, r = num_fused, hidden_size, self.map_rank
+        return (k * d * d if r is None else 2 * k * d * r) + d
+
     def identity_fits(self, layers: Sequence[int], num_blocks: int) -> bool:
         """Full maps need ``z_L`` among the fused states (``W_L = I``); low rank adds ``z_L`` itself."""
         return self.map_rank is not None or super().identity_fits(layers, num_blocks)

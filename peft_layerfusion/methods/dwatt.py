@@ -134,6 +134,17 @@ class DWAttConfig(LayerFusionConfig):
         value = self.value_bottleneck_width or bottleneck_width(hidden_size, self.value_bottleneck)
         return query, value
 
+    def num_parameters(self, num_fused: int, hidden_size: int) -> int:
+        """New parameters for ``K = num_fused`` and ``d = hidden_size`` (the formula in the module docstring).
+
+        Example:
+            >>> DWAttConfig(query_bottleneck_width=49, value_bottleneck_width=49).num_parameters(32, 4096)
+            13751027
+        """
+        k, d = num_fused, hidden_size
+        query, value = self.widths(d)
+        return mlp_parameters(d, query) + k * mlp_parameters(d, value) + 2 * k * d + self.d_pos * d + d
+
     def identity_fits(self, layers: Sequence[int], num_blocks: int) -> bool:
         """Always: ``h = z_L + Σ a_n v_n`` reads ``z_L`` whatever the fused layers."""
         return True
