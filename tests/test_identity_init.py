@@ -19,8 +19,8 @@ import warnings
 import pytest
 import torch
 import transformers as tf
-from conftest import NO_DROPOUT, attach, fusion_of, tiny_bert
-from peft import get_peft_model
+from conftest import NO_DROPOUT, attach, fusion_of, perturb_, tiny_bert
+from peft import PeftModel, get_peft_model
 from test_discovery import FAMILIES, build, inputs_for
 
 from peft_layerfusion import AverageConfig, ConcatConfig, DWAttConfig, ScalarMixConfig, count_hooks
@@ -197,3 +197,19 @@ def test_decoders_start_at_the_base_by_default(name, variant):
         warnings.simplefilter("ignore", UserWarning)  # the LM head is frozen: fine here
         model = get_peft_model(tiny_decoder(name), config_cls(**options)).eval()
     assert torch.equal(logits(model, {"input_ids": ids}), expected)
+
+
+@pytest.mark.parametrize("low_cpu_mem_usage", [False, True])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_trained_identity_adapters_reload_bitwise(
+    variant, low_cpu_mem_usage, input_ids, attention_mask, tmp_path
+):
+    config_cls, options = VARIANTS[variant]
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    model, _ = attach(config_cls(fusion_init="identity", modules_to_save=["classifier"], **options))
+    perturb_(fusion_of(model))  # trained: away from the identity
+    model.save_pretrained(tmp_path)
+    loaded = PeftModel.from_pretrained(tiny_bert(), tmp_path, low_cpu_mem_usage=low_cpu_mem_usage).eval()
+    assert list(fusion_of(loaded).state_dict()) == list(fusion_of(model).state_dict())  # `blend` included
+    assert torch.equal(logits(loaded, inputs), logits(model, inputs))
+    assert not torch.equal(logits(model, inputs), logits(tiny_bert(), inputs))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import LayerFusionConfig
@@ -72,8 +73,8 @@ class ScalarMix(FusionModule):
         weights = torch.softmax(self.layer_logits, dim=0)  # (K,)
         if self.start_index is None:
             return weights
-        one_hot = torch.zeros_like(weights)
-        one_hot[self.start_index] = 1.0
+        index = torch.tensor(self.start_index, device=weights.device)
+        one_hot = F.one_hot(index, weights.shape[-1]).to(weights.dtype)  # e_L (K,), never batched under vmap
         return torch.lerp(one_hot, weights, self.blend)  # exactly e_L while β = 0
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
