@@ -11,14 +11,15 @@ Usage::
 
 The global batch is :data:`GLOBAL_BATCH` whatever the number of processes (each takes its share),
 so every step sees the same examples as in one process. The main process writes one JSON object:
-``{"world_size", "distributed_type", "sharded" (parameters held as DTensor shards), "losses" (the
-loss of each step, averaged over the processes), "grad_norms" (Trainer only), "logits" (of every
-example after training)}``.
+``{"world_size", "distributed_type", "sharded" (parameters held as DTensor shards after training;
+``fully_shard`` adds "parameters" and "sharded_blocks"), "losses" (the loss of each step, averaged
+over the processes), "grad_norms" (Trainer only), "logits" (of every example after training)}``.
 
-Pitfall (transformers 5.x): ``average_tokens_across_devices`` (default True) multiplies each
+Pitfall (transformers 5.23, not 4.57.6): ``average_tokens_across_devices`` (default True) multiplies each
 process's loss by the number of processes, assuming the model divides by the global token count it
-passes as ``num_items_in_batch``. ``BertForTokenClassification`` accepts the keyword (``**kwargs``)
-but takes a plain mean, so under DDP the logged loss and the gradient come out N times too large.
+passes as ``num_items_in_batch``. ``BertForTokenClassification`` (5.x) accepts the keyword
+(``**kwargs``) but takes a plain mean, so under DDP the logged loss and the gradient come out N
+times too large.
 The Trainer here turns the option off; equal token counts per process make the plain mean exact.
 """
 
@@ -89,15 +90,19 @@ def stacked(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {key: torch.stack([example[key] for example in examples]) for key in examples[0]}
 
 
+def sharded(model: torch.nn.Module) -> int:
+    """How many parameters are DTensor shards (FSDP2 between steps: every unit resharded)."""
+    return sum(isinstance(param, DTensor) for param in model.parameters())
+
+
 def write(output: str, model: torch.nn.Module, examples: list, main: bool, **record: object) -> None:
     """The logits of every example after training (a forward on every process: FSDP gathers), then
     the record, written by the main process."""
     with torch.no_grad():
         logits = model.eval()(**stacked(examples)).logits
-    sharded = sum(isinstance(param, DTensor) for param in model.parameters())
     if main:
         with open(output, "w") as handle:
-            json.dump({**record, "sharded": sharded, "logits": logits.tolist()}, handle)
+            json.dump({**record, "logits": logits.tolist()}, handle)
 
 
 def train_with_trainer(family_name: str, output: str) -> None:
@@ -120,7 +125,15 @@ def train_with_trainer(family_name: str, output: str) -> None:
         output, trainer.model, examples, accelerator.is_main_process,
         world_size=accelerator.num_processes, distributed_type=str(accelerator.distributed_type),
         losses=[entry["loss"] for entry in steps], grad_norms=[entry["grad_norm"] for entry in steps],
+        sharded=sharded(trainer.model),
     )  # fmt: skip
+
+
+def block_stacks(model: torch.nn.Module) -> list[torch.nn.ModuleList]:
+    """The model's stacks of blocks: module lists as long as the config's ``num_hidden_layers``."""
+    depth = model.config.num_hidden_layers
+    stacks = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)]
+    return [stack for stack in stacks if len(stack) == depth]
 
 
 def train_fully_sharded(family_name: str, output: str) -> None:
@@ -132,10 +145,9 @@ def train_fully_sharded(family_name: str, output: str) -> None:
     family = FAMILIES[family_name]
     model = build(family)
     if world_size > 1:
-        block_classes = set(model.base_model.model._no_split_modules or ())  # what FSDP auto-wrap shards
-        for module in model.modules():
-            if type(module).__name__ in block_classes:
-                fully_shard(module)
+        for blocks in block_stacks(model):
+            for block in blocks:
+                fully_shard(block)
         fully_shard(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE)
     examples, share = family.examples(), GLOBAL_BATCH // world_size
@@ -155,6 +167,8 @@ def train_fully_sharded(family_name: str, output: str) -> None:
     write(
         output, model, examples, rank == 0, world_size=world_size,
         distributed_type="FSDP2" if world_size > 1 else "NO", losses=losses,
+        sharded=sharded(model), parameters=len(list(model.parameters())),
+        sharded_blocks=sum(len(blocks) for blocks in block_stacks(model)) if world_size > 1 else 0,
     )  # fmt: skip
     if world_size > 1:
         dist.destroy_process_group()

@@ -89,5 +89,6 @@ def test_fsdp2_fully_shard_on_two_cpu_processes_trains_as_one_process(family, tm
     torchrun = ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
     two = launched(torchrun, ["fully_shard", family], tmp_path / "two.json")
     assert two["distributed_type"] == "FSDP2" and one["sharded"] == 0
-    assert two["sharded"] > 0  # the parameters were DTensor shards while training
+    assert two["sharded_blocks"] == 3  # each block its own unit, then the root (embeddings, fusion, head)
+    assert two["sharded"] == two["parameters"] == one["parameters"]  # all DTensor shards between steps
     assert_same_training(one, two, family)
