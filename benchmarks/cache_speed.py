@@ -16,7 +16,7 @@ shape the paper's baselines assume, where R+1 is 1/12 of the encoder). Timing on
 encoder's F1 means nothing, though both paths must still agree on it.
 
 ``--output FILE.json`` also saves what it prints, with the command, time and load
-(``layerfusion_recipes.reports``), for ``benchmarks/results_md.py``.
+(``layerfusion_recipes.reporting.benchmark_report``), for ``layerfusion report``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 import torch
-from layerfusion_recipes.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
-from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
-from layerfusion_recipes.reports import Report
+from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
+from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.reporting.benchmark_report import Report
 
 
 def parse_shape(text: str) -> tuple[int, int]:

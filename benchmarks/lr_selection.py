@@ -21,8 +21,8 @@ import statistics
 import time
 
 import torch
-from layerfusion_recipes.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
-from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
+from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 
 METHODS = ["none", "average", "scalar_mix", "concat", "dwatt", "extra_layers"]
 

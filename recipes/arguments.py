@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .tags import TAG_SCHEMES
+from .data.tags import TAG_SCHEMES
 
 # AdapterHub bottleneck adapters: their usual 1e-4..1e-3, extended up to 1e-2 for a new random head
 # trained in ~50 steps at N = 8 (LoRA and BitFit peak at 1e-2 there); not measured here yet.
@@ -336,6 +337,27 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", help="Folder for table.md and the PNG figures (default: the results file's folder)."
     )
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion report``: where RESULTS.md is and whether to check it or rewrite it."""
+    parser.add_argument("--check", action="store_true", help="Print a diff and exit 1 when out of date.")
+    parser.add_argument(
+        "--root", type=pathlib.Path, help="Repository root (default: the one this package is installed from)."
+    )
+    parser.add_argument(
+        "--file",
+        type=pathlib.Path,
+        default=pathlib.Path("benchmarks/RESULTS.md"),
+        help="File to regenerate, under --root (default: benchmarks/RESULTS.md).",
+    )
+
+
+def add_paired_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion paired``: the cells to pair and their row."""
+    parser.add_argument("cells", nargs="+", help="RESULTS:METHOD:REGIME; the first minus each other one.")
+    parser.add_argument("--shots", type=int, required=True, help="N of the row.")
+    parser.add_argument("--epochs", type=int, default=25, help="Max epochs of the row (default 25).")
 
 
 def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
