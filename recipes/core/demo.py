@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from peft_layerfusion.registration import ENCODER_METHODS
+from .models import BUDGET_METHOD_NAMES, PLAIN_HEAD
 
 DEMO_GRID = {
     # the last-layer head and every method sized to the same budget (R+n, Concat, DWAtt)
-    "methods": ["none", *reversed([m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget])],
+    "methods": [PLAIN_HEAD, *reversed(BUDGET_METHOD_NAMES)],
     "regimes": ["fe"],
     "shots": [2, 8],
     "epochs": [15],

@@ -28,9 +28,14 @@ from peft_layerfusion.comparison.regimes import (
     REGIME_NAMES,
     apply_regime,
 )
+from peft_layerfusion.registration import ENCODER_METHODS
 
 from .errors import UserError
 
+# The plain last-layer head ("none"): no fusion method, the baseline every table pairs with.
+PLAIN_HEAD: str = METHOD_NAMES[0]
+# The methods sized to a parameter budget (DWAtt, Concat, R+n: the paper's comparison), registry order.
+BUDGET_METHOD_NAMES: tuple[str, ...] = tuple(m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget)
 # Every regime the NER recipe trains: the PEFT ones, then AdapterHub's (method "none" only).
 NER_REGIME_NAMES: tuple[str, ...] = REGIME_NAMES + ADAPTER_REGIME_NAMES
 # Method options of the AdapterHub regimes -> the keyword of `apply_regime` each one becomes.
@@ -139,7 +144,7 @@ def check_adapter_grid(
         ValueError: --methods dwatt with --regimes adapter_seqbn: the AdapterHub regimes ...
     """
     adapter_regimes = [regime for regime in regimes if regime in ADAPTER_REGIME_NAMES]
-    fused = [method for method in methods if method != "none"]
+    fused = [method for method in methods if method != PLAIN_HEAD]
     if adapter_regimes and fused:
         raise ValueError(
             f"--methods {' '.join(fused)} with --regimes {' '.join(adapter_regimes)}: the AdapterHub "

@@ -31,7 +31,7 @@ from peft_layerfusion.registration import method_named
 from peft_layerfusion.utils import eval_mode
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
-from ..core.models import adapter_summary, apply_regime, load_token_classifier, regime_options
+from ..core.models import PLAIN_HEAD, adapter_summary, apply_regime, load_token_classifier, regime_options
 from ..data.gold import GoldReach, gold_reach
 from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
 from ..data.sampling import sample_shots
@@ -425,7 +425,7 @@ class Experiment:
         if adapter is not None:  # AdapterHub regimes: e.g. {"kind": "seqbn", "reduction_factor": 16.0, ...}
             record["adapter"] = adapter
         layer = fusion_layer_of(runner.model)
-        if cell.method == "dwatt" and layer is not None:
+        if layer is not None and active_fusion_module(runner.model).shows_depth_attention:
             plain = TokenClassifierRunner(runner.model, runner.located, runner.cache)
             record["depth_attention"] = depth_attention_profile(plain, self.dev)
             record["fused_layers"] = list(next(iter(layer.fused_layers.values())))
@@ -442,7 +442,7 @@ def lrs_train_together(cell: Cell, use_cache: bool) -> bool:
     """
     if not (use_cache and cell.regime == "fe"):
         return False
-    return cell.method == "none" or method_named(cell.method).token_wise
+    return cell.method == PLAIN_HEAD or method_named(cell.method).token_wise
 
 
 @torch.no_grad()

@@ -18,15 +18,17 @@ LR selection: :mod:`layerfusion_recipes.core.selection`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
-from ..core.models import METHOD_NAMES
+from ..core.models import METHOD_NAMES, PLAIN_HEAD
 from ..core.records import read_records
 from ..core.selection import cell_of, cells, dev_f1, select_lr
 from ..core.stats import excludes_zero, mean_ci
@@ -337,15 +339,28 @@ def records_layers(records: Sequence[dict[str, Any]], count: int) -> list[int]:
     return list(range(1, count + 1))
 
 
-# Pairs whose per-trial differences are tabulated (when both methods are in the results).
-PAIRS = (
-    ("dwatt", "extra_layers"),
-    ("concat", "extra_layers"),
-    ("dwatt", "concat"),
-    ("dwatt", "none"),
-    ("concat", "none"),
-    ("scalar_mix", "extra_layers"),
-)
+def method_pairs() -> tuple[tuple[str, str], ...]:
+    """The pairs whose per-trial differences are tabulated (when both methods are in the results),
+    from the registry's flags, in its order: each fusion method sized to the budget minus each depth
+    baseline (a method that is not token-wise: R+n), those fusion methods against each other, each
+    of them minus the plain head, then each method not sized to a budget minus each depth baseline.
+
+    Example:
+        >>> method_pairs()[:3]
+        (('dwatt', 'extra_layers'), ('concat', 'extra_layers'), ('dwatt', 'concat'))
+    """
+    budget = [m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget and m.token_wise]
+    depth = [m.name for m in ENCODER_METHODS if not m.token_wise]
+    light = [m.name for m in ENCODER_METHODS if not m.module_cls.sized_to_budget]
+    return (
+        *itertools.product(budget, depth),
+        *itertools.combinations(budget, 2),
+        *((name, PLAIN_HEAD) for name in budget),
+        *itertools.product(light, depth),
+    )
+
+
+PAIRS = method_pairs()
 
 
 def reported_score(record: dict[str, Any], score: str) -> float:

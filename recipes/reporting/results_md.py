@@ -152,7 +152,7 @@ from ..arguments import (
 )
 from ..core.demo import demo_model_path
 from ..core.errors import UserError, is_user_error, one_line
-from ..core.models import METHOD_NAMES, REGIME_NAMES
+from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
 from ..core.records import read_records
 from ..core.stats import excludes_zero, mean_ci
 from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
@@ -959,7 +959,7 @@ def _mean_ci_cell(mean: float, half: float, n: int, signed: bool = False) -> str
     return text + (f" ± {half:.1f}" if n > 1 else "") + f" (n={n})"
 
 
-def mlm_seeds_table(scores: SeedScores, baseline: str = "none") -> str:
+def mlm_seeds_table(scores: SeedScores, baseline: str = PLAIN_HEAD) -> str:
     """Two tables over seeds, a row per regime and a column per method (registry order): test
     perplexity, mean ± 95% t-CI; then the per-seed paired differences to ``baseline`` (negative: lower
     perplexity than it), bold where the interval excludes 0.

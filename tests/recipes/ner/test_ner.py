@@ -16,6 +16,8 @@ from layerfusion_recipes.ner.training import (
     train_token_classifier,
 )
 
+from peft_layerfusion.registration import ENCODER_METHODS
+
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
@@ -57,6 +59,14 @@ def test_run_learns_toy_entities_and_records_everything(experiment):
     assert len(record["curve"]) == 8 and record["cached"]
     assert len(record["depth_attention"]) == 3 and sum(record["depth_attention"]) == pytest.approx(1.0)
     assert record["fused_layers"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=lambda m: m.name)
+def test_the_depth_attention_is_recorded_for_the_methods_that_show_it(experiment, method):
+    """The registry's flag decides, never a method name: DWAtt's record has it, the others' not."""
+    record = experiment.run(Cell(method.name, "fe", shots=2, epochs=1, trial=0))
+    assert ("depth_attention" in record) == method.module_cls.shows_depth_attention
+    assert ("fused_layers" in record) == method.module_cls.shows_depth_attention
 
 
 def test_trials_draw_new_samples_and_methods_share_them(experiment):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import stat
+from types import SimpleNamespace
 
 import pytest
 from layerfusion_recipes.core.stats import excludes_zero, mean_ci
+from layerfusion_recipes.reporting import plot
 from layerfusion_recipes.reporting.plot import (
     cell_text,
     markdown_table,
@@ -16,6 +18,8 @@ from layerfusion_recipes.reporting.plot import (
     summarize,
     write_report,
 )
+
+from peft_layerfusion.registration import ENCODER_METHODS
 
 
 def test_mean_ci_uses_student_t():
@@ -30,6 +34,23 @@ def test_a_difference_is_resolved_only_when_its_interval_excludes_zero():
     assert excludes_zero(-5.5, 1.2, 3) and excludes_zero(0.5, 0.4, 2)
     assert not excludes_zero(2.0, 2.0, 3)  # the interval touches 0
     assert not excludes_zero(2.0, 0.0, 1)  # one pair: no interval
+
+
+def test_the_paired_methods_derive_from_the_registry(monkeypatch):
+    assert plot.method_pairs() == (
+        ("dwatt", "extra_layers"),
+        ("concat", "extra_layers"),
+        ("dwatt", "concat"),
+        ("dwatt", "none"),
+        ("concat", "none"),
+        ("average", "extra_layers"),
+        ("scalar_mix", "extra_layers"),
+    )
+    # a newly registered method sized to the budget is paired without touching plot.py
+    new = SimpleNamespace(name="new", token_wise=True, module_cls=SimpleNamespace(sized_to_budget=True))
+    monkeypatch.setattr(plot, "ENCODER_METHODS", (*ENCODER_METHODS, new))
+    pairs = plot.method_pairs()
+    assert {("new", "extra_layers"), ("dwatt", "new"), ("concat", "new"), ("new", "none")} <= set(pairs)
 
 
 def _records():
