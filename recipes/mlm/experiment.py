@@ -50,10 +50,10 @@ from ..core.errors import DataSourceError, first_line
 from ..core.loop import TrainingLoop, restore, snapshot
 from ..core.models import METHOD_NAMES, REGIME_NAMES, apply_regime, load_pretrained, trainable_parameters
 from ..core.selection import at_grid_edge
+from ..core.settings import check_names
 from ..core.sweep_log import peak_rss_mb
 from ..data.readers import IGNORE_INDEX, read_text
 from ..data.sources import looks_like_hub_name
-from ..ner.settings import check_names
 
 # the options that change a run's result; with the model and the LR they are a run's `settings`
 RESULT_SETTINGS = (

@@ -19,7 +19,7 @@ from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
 from peft_layerfusion.comparison.regimes import REGIME_NAMES
 from peft_layerfusion.registration import METHODS
 
-from ..ner.settings import check_names
+from ..core.settings import check_names
 
 
 def run(args: argparse.Namespace) -> int:

@@ -154,6 +154,7 @@ from ..core.demo import demo_model_path
 from ..core.errors import UserError, is_user_error, one_line
 from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
 from ..core.records import read_records
+from ..core.settings import load_config, option, results_path
 from ..core.stats import excludes_zero, mean_ci
 from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
 from ..mlm.experiment import (
@@ -163,7 +164,7 @@ from ..mlm.experiment import (
     mlm_lr_grid,
     summary_file_name,
 )
-from ..ner.settings import load_config, option, results_path
+from ..seq2seq.experiment import METHOD_NAMES as SEQ2SEQ_METHOD_NAMES
 from ..seq2seq.experiment import RUN_TABLE_HEADER, run_row, summary_table
 from .benchmark_report import read_report
 from .plot import (
@@ -1052,7 +1053,7 @@ def seq2seq_command(results: dict[str, Any], output: str, root: Path) -> str:
     """
     parser = argparse.ArgumentParser()
     add_seq2seq_arguments(parser)
-    defaults = vars(parser.parse_args([]))
+    defaults = vars(parser.parse_args([])) | {"methods": list(SEQ2SEQ_METHOD_NAMES)}
     train, test = Path(results["train_file"]), Path(results["test_file"])
     if (train.name, test.name) == ("valid.txt", "test.txt") and train.parent == test.parent:
         flags = ["--data", _shown_path(str(train.parent), root)]

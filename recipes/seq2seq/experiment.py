@@ -53,22 +53,50 @@ from peft import get_peft_model
 from torch import nn
 
 from peft_layerfusion import EncoderFusionConfig, SurfaceFusionConfig
+from peft_layerfusion.config import LayerFusionConfig
+from peft_layerfusion.registration import SEQ2SEQ_METHODS
 from peft_layerfusion.utils import atomic_write_json
 
-from ..arguments import (
-    SEQ2SEQ_METHOD_NAMES as METHOD_NAMES,
-)
-from ..arguments import (
-    Seq2SeqSettings,
-)
 from ..core.loop import TrainingLoop
+from ..core.settings import check_names
 from ..core.stats import mean_ci
 from ..data.readers import read_text
+from .settings import Seq2SeqSettings
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3
 PAD, BOS, EOS, UNK = range(4)
 METRICS = ("exact_match", "chrf", "bleu")
 DEV_SEED, TEST_SEED = 2, 1  # corruption seeds of the dev and test pairs (fixed for every run and seed)
+PLAIN_MODEL = "vanilla"  # the model alone, no fusion method
+# The compared variants of a seq2seq method of the registry, by its config class: run name -> options.
+# A registered seq2seq method not named here is compared once, under its own name, with its defaults.
+VARIANTS: dict[type[LayerFusionConfig], dict[str, dict[str, Any]]] = {
+    EncoderFusionConfig: {"encoder_fusion": {"include_embeddings": True}},
+    SurfaceFusionConfig: {
+        "surface_hard": {"fusion": "hard", "fusion_lambda": 0.8},
+        "surface_soft": {"fusion": "soft", "temperature": 1.0},
+    },
+}
+
+
+def method_configs() -> dict[str, Callable[[], LayerFusionConfig] | None]:
+    """Every compared model by run name: the plain model (``None``), then each seq2seq method of the
+    registry in its :data:`VARIANTS` (in their order, then any other), as a function building its config.
+
+    Example:
+        >>> list(method_configs())
+        ['vanilla', 'encoder_fusion', 'surface_hard', 'surface_soft']
+    """
+    declared = list(VARIANTS)
+    rank = {cls: position for position, cls in enumerate(declared)}
+    configs: dict[str, Callable[[], LayerFusionConfig] | None] = {PLAIN_MODEL: None}
+    for method in sorted(SEQ2SEQ_METHODS, key=lambda m: rank.get(m.config_cls, len(declared))):
+        variants = VARIANTS.get(method.config_cls, {method.name: {}})
+        configs |= {name: partial(method.config_cls, **options) for name, options in variants.items()}
+    return configs
+
+
+METHOD_NAMES: tuple[str, ...] = tuple(method_configs())
 
 
 # ----------------------------------------------------------------------------- data
@@ -243,14 +271,10 @@ def build_model(vocab_size: int, settings: Seq2SeqSettings) -> nn.Module:
 
 def with_method(model: nn.Module, method: str) -> nn.Module:
     """``model`` adapted by ``method``, every weight trainable (training from scratch)."""
-    if method == "vanilla":
+    config = method_configs()[method]
+    if config is None:
         return model
-    configs = {
-        "encoder_fusion": lambda: EncoderFusionConfig(include_embeddings=True),
-        "surface_hard": lambda: SurfaceFusionConfig(fusion="hard", fusion_lambda=0.8),
-        "surface_soft": lambda: SurfaceFusionConfig(fusion="soft", temperature=1.0),
-    }
-    adapted = get_peft_model(model, configs[method]())
+    adapted = get_peft_model(model, config())
     for parameter in adapted.parameters():
         parameter.requires_grad_(True)
     return adapted
@@ -485,7 +509,7 @@ def run_comparison(
     }
 
 
-def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[str], reference: str = "vanilla") -> list:
+def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[str], reference: str = PLAIN_MODEL) -> list:
     """Per method: mean and 95% t half-width over seeds of each test metric, and of the paired
     per-seed differences to ``reference`` (seeds both have), as ``[mean, half_width]``.
 
@@ -569,13 +593,15 @@ def seq2seq_main(args: argparse.Namespace) -> int:
         raise SystemExit(
             "layerfusion seq2seq: give --data DIR (valid.txt, test.txt) or --train-file and --test-file"
         )
-    settings = Seq2SeqSettings(**{k: getattr(args, k) for k in asdict(Seq2SeqSettings()) if hasattr(args, k)})
+    methods = list(args.methods or METHOD_NAMES)
+    check_names("methods", methods, METHOD_NAMES)
+    settings = Seq2SeqSettings.from_args(args)
     torch.set_num_threads(args.threads)
     output = Path(args.output) / "results.json"
     header = {
         "settings": {k: v for k, v in asdict(settings).items() if k not in ("seed", "learning_rate")},
         "train_file": str(train_file), "test_file": str(test_file),
-        "methods": list(args.methods), "seeds": list(args.seeds), "learning_rates": list(args.learning_rates),
+        "methods": methods, "seeds": list(args.seeds), "learning_rates": list(args.learning_rates),
     }  # fmt: skip
     previous = _resumable_runs(output, header)
     if previous:
@@ -584,7 +610,7 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     print(RUN_TABLE_HEADER, flush=True)
     results = run_comparison(
-        data, args.methods, args.seeds, args.learning_rates, previous,
+        data, methods, args.seeds, args.learning_rates, previous,
         on_run=lambda runs: atomic_write_json(output, {**header, "complete": False, "runs": runs}),
     )  # fmt: skip
     # ru_maxrss is in KiB on Linux

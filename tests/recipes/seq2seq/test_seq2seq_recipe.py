@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +27,8 @@ from layerfusion_recipes.seq2seq.experiment import (
     sentences_of,
     summarize,
 )
+
+from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
 WORDS = "the a cat dog sat ran on under mat tree red big small house".split()
 
@@ -215,3 +218,22 @@ def test_comparison_inserts_only_known_words():
     sources = decode(data.tokenizer, [source for source, _ in data.dev_pairs])
     inserted = [word for source in sources for word in source.split()[::2]]  # a word before every word
     assert len(inserted) > 100 and "<unk>" not in inserted  # drawn from all corpus words: mostly <unk>
+
+
+def test_the_compared_models_derive_from_the_registry(monkeypatch):
+    """The plain model, then every seq2seq method of the registry in its declared variants; a newly
+    registered seq2seq method joins the comparison under its own name, with its defaults."""
+    configs = seq2seq.method_configs()
+    assert list(configs) == ["vanilla", "encoder_fusion", "surface_hard", "surface_soft"]
+    assert configs["vanilla"] is None
+    assert {type(make()) for make in configs.values() if make} == {m.config_cls for m in SEQ2SEQ_METHODS}
+    assert configs["surface_hard"]().fusion == "hard" and configs["surface_soft"]().fusion == "soft"
+    new = SimpleNamespace(name="new_fusion", config_cls=type("NewConfig", (), {}))
+    monkeypatch.setattr(seq2seq, "SEQ2SEQ_METHODS", (*SEQ2SEQ_METHODS, new))
+    assert list(seq2seq.method_configs())[-1] == "new_fusion"
+
+
+def test_an_unknown_method_is_one_line_before_any_data_is_read(tmp_path, capsys):
+    assert main(["seq2seq", "--data", str(tmp_path / "nowhere"), "--methods", "vanilla", "surface"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("layerfusion seq2seq: error: --methods: unknown ['surface']; allowed: vanilla, ")
