@@ -10,7 +10,7 @@ checkpoint with the best dev loss.
 Learning rates: each LR of the grid (``--lr``, else the regime's
 :data:`~layerfusion_recipes.arguments.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
 and masks, written atomically to ``mlm-METHOD-REGIME-lrLR.json`` (:func:`run_file_name`) with the
-settings that change its result (:func:`run_settings`). Re-running skips a run whose file holds
+settings that change its result (``MlmSettings.run_settings``). Re-running skips a run whose file holds
 the same settings and re-runs it otherwise. The LR with the lowest dev perplexity is selected
 (ties to the smaller; test perplexity never chooses) and :func:`summarize` writes
 ``mlm-METHOD-REGIME.json``: the selected LR, its dev and test perplexity, every LR's, and
@@ -44,32 +44,15 @@ from torch import nn
 from peft_layerfusion.layer import fused_positions
 from peft_layerfusion.utils import atomic_write_json, eval_mode
 
-from ..arguments import DEFAULT_MLM_LR_GRIDS, lr_grid
-from ..core.demo import demo_model_path
 from ..core.errors import DataSourceError, first_line
 from ..core.loop import TrainingLoop, restore, snapshot
-from ..core.models import METHOD_NAMES, REGIME_NAMES, apply_regime, load_pretrained, trainable_parameters
+from ..core.models import apply_regime, load_pretrained, trainable_parameters
 from ..core.selection import at_grid_edge
-from ..core.settings import check_names
 from ..core.sweep_log import peak_rss_mb
 from ..data.readers import IGNORE_INDEX, read_text
 from ..data.sources import looks_like_hub_name
+from .settings import MlmSettings
 
-# the options that change a run's result; with the model and the LR they are a run's `settings`
-RESULT_SETTINGS = (
-    "data",
-    "holdout",
-    "method",
-    "regime",
-    "epochs",
-    "batch_size",
-    "block_size",
-    "mlm_probability",
-    "max_train_blocks",
-    "max_eval_blocks",
-    "head_modules",
-    "seed",
-)
 SELECTION_RULE = "lowest dev perplexity (held-out split), ties to the smaller LR; test perplexity not used"
 
 
@@ -253,80 +236,79 @@ class MlmData:
     note: str
 
 
-def prepare_data(args: argparse.Namespace, model_name: str) -> MlmData:
-    """Split, tokenize and cut ``--data`` into blocks; mask dev and test with seed ``--seed + 12345``.
+def prepare_data(settings: MlmSettings) -> MlmData:
+    """Split, tokenize and cut ``data`` into blocks; mask dev and test with seed ``seed + 12345``.
 
     Args:
-        args: The ``layerfusion mlm`` options (data, holdout, block size, block limits, seed, masking).
-        model_name: Model name or path whose tokenizer cuts the text.
+        settings: The grid's settings (data, holdout, model's tokenizer, block size and limits, seed,
+            masking).
 
     Example:
-        >>> data = prepare_data(args, "path/to/model")
+        >>> data = prepare_data(settings)
         >>> data.train.shape  # (blocks, block_size)
     """
     from transformers import AutoTokenizer
 
-    splits = load_text_splits(args.data, args.holdout)
-    tokenizer = AutoTokenizer.from_pretrained(model_name)
-    train = make_blocks(tokenizer, splits.train, args.block_size, args.max_train_blocks)
-    valid = make_blocks(tokenizer, splits.valid, args.block_size, args.max_eval_blocks)
-    test = make_blocks(tokenizer, splits.test, args.block_size, args.max_eval_blocks)
-    eval_masks = torch.Generator().manual_seed(args.seed + 12345)
-    valid_xy = mask_tokens(valid, tokenizer, args.mlm_probability, eval_masks)
-    test_xy = mask_tokens(test, tokenizer, args.mlm_probability, eval_masks)
+    splits = load_text_splits(settings.data, settings.holdout)
+    tokenizer = AutoTokenizer.from_pretrained(settings.model)
+    train = make_blocks(tokenizer, splits.train, settings.block_size, settings.max_train_blocks)
+    valid = make_blocks(tokenizer, splits.valid, settings.block_size, settings.max_eval_blocks)
+    test = make_blocks(tokenizer, splits.test, settings.block_size, settings.max_eval_blocks)
+    eval_masks = torch.Generator().manual_seed(settings.seed + 12345)
+    valid_xy = mask_tokens(valid, tokenizer, settings.mlm_probability, eval_masks)
+    test_xy = mask_tokens(test, tokenizer, settings.mlm_probability, eval_masks)
     return MlmData(tokenizer, train, valid_xy, test_xy, splits.note)
 
 
-def train_at_lr(args: argparse.Namespace, data: MlmData, model_name: str, lr: float) -> dict[str, Any]:
+def train_at_lr(settings: MlmSettings, data: MlmData, lr: float) -> dict[str, Any]:
     """Train one run at max LR ``lr``; its record (the caller adds ``settings`` and writes it).
 
-    Init, batch order and training masks come from ``--seed``, so the runs of a grid differ only by
+    Init, batch order and training masks come from ``seed``, so the runs of a grid differ only by
     their LR. ``dev_ppl`` (also ``best_valid_ppl``) is the best dev perplexity over the epochs,
     ``test_ppl`` the test perplexity of that checkpoint.
 
     Args:
-        args: The ``layerfusion mlm`` options (method, regime, epochs, batch size, seed, ...).
+        settings: The grid's settings (model, method, regime, epochs, batch size, seed, ...).
         data: The blocks and masks of :func:`prepare_data`, shared by every LR.
-        model_name: Model name or path.
         lr: Max LR of the linear schedule.
 
     Example:
-        >>> train_at_lr(args, prepare_data(args, model_name), model_name, 1e-3)["dev_ppl"]
+        >>> train_at_lr(settings, prepare_data(settings), 1e-3)["dev_ppl"]
     """
     from transformers import AutoModelForMaskedLM
 
-    model = load_pretrained(AutoModelForMaskedLM, model_name, args.seed)
-    heads = args.head_modules or lm_head_modules(model)
-    model = apply_regime(model, args.method, args.regime, head_modules=tuple(heads))
+    model = load_pretrained(AutoModelForMaskedLM, settings.model, settings.seed)
+    heads = settings.head_modules or lm_head_modules(model)
+    model = apply_regime(model, settings.method, settings.regime, head_modules=tuple(heads))
     train, tokenizer = data.train, data.tokenizer
-    steps_per_epoch = math.ceil(len(train) / args.batch_size)
+    steps_per_epoch = math.ceil(len(train) / settings.batch_size)
     groups = [{"params": trainable_parameters(model), "lr": lr}]
-    loop = TrainingLoop(model, groups, args.epochs * steps_per_epoch, args.seed)
+    loop = TrainingLoop(model, groups, settings.epochs * steps_per_epoch, settings.seed)
     model, device = loop.model, loop.device
-    masks = torch.Generator().manual_seed(args.seed)
+    masks = torch.Generator().manual_seed(settings.seed)
     curve, best_loss, best_state = [], math.inf, None
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(1, settings.epochs + 1):
         order = torch.randperm(len(train), generator=masks)
-        for start in range(0, len(train), args.batch_size):
+        for start in range(0, len(train), settings.batch_size):
             inputs, labels = mask_tokens(
-                train[order[start : start + args.batch_size]], tokenizer, args.mlm_probability, masks
+                train[order[start : start + settings.batch_size]], tokenizer, settings.mlm_probability, masks
             )
             if not (labels != IGNORE_INDEX).any():  # nothing to predict in this batch
                 continue
             logits, targets = masked_logits(model, inputs.to(device), labels.to(device))
             loop.step(F.cross_entropy(logits, targets))
-        valid_loss = masked_loss(model, *data.valid, args.batch_size, device)
+        valid_loss = masked_loss(model, *data.valid, settings.batch_size, device)
         curve.append({"epoch": epoch, "step": epoch * steps_per_epoch, "valid_ppl": math.exp(valid_loss)})
         if valid_loss < best_loss:
             best_loss, best_state = valid_loss, snapshot(loop.parameters)
     if best_state is not None:
         restore(loop.parameters, best_state)
-    test_ppl = math.exp(masked_loss(model, *data.test, args.batch_size, device))
+    test_ppl = math.exp(masked_loss(model, *data.test, settings.batch_size, device))
     return {
-        "model": model_name,
-        "method": args.method,
-        "regime": args.regime,
-        "epochs": args.epochs,
+        "model": settings.model,
+        "method": settings.method,
+        "regime": settings.regime,
+        "epochs": settings.epochs,
         "lr": lr,
         "dev_ppl": math.exp(best_loss),
         "best_valid_ppl": math.exp(best_loss),
@@ -334,28 +316,9 @@ def train_at_lr(args: argparse.Namespace, data: MlmData, model_name: str, lr: fl
         "curve": curve,
         "data": data.note,
         "train_blocks": len(train),
-        "block_size": args.block_size,
+        "block_size": settings.block_size,
         "head_modules": heads,
     }
-
-
-def mlm_lr_grid(lr: float | Sequence[float] | None, regime: str) -> tuple[float, ...]:
-    """The LRs to run, ascending and unique: the ``--lr`` values, else the regime's default grid.
-
-    Args:
-        lr: The ``--lr`` values (or one value); ``None``: :data:`DEFAULT_MLM_LR_GRIDS` of ``regime``.
-        regime: The training regime.
-
-    Raises:
-        ValueError: naming ``--lr`` and the value when one is not a finite number > 0.
-
-    Example:
-        >>> mlm_lr_grid([3e-3, 1e-3, 1e-3], "fe")
-        (0.001, 0.003)
-        >>> mlm_lr_grid(None, "ft") == DEFAULT_MLM_LR_GRIDS["ft"]
-        True
-    """
-    return lr_grid(lr, DEFAULT_MLM_LR_GRIDS, regime)
 
 
 def lr_label(lr: float) -> str:
@@ -393,40 +356,15 @@ def summary_file_name(method: str, regime: str) -> str:
     return f"mlm-{method}-{regime}.json"
 
 
-def run_settings(args: argparse.Namespace, model_name: str, lr: float) -> dict[str, Any]:
-    """The settings that change a run's result (:data:`RESULT_SETTINGS`, the model and the LR).
-
-    Stored in the run's file; a file is reused only if they are equal. Existing model and data paths
-    count by their absolute real path.
-
-    Args:
-        args: The ``layerfusion mlm`` options.
-        model_name: Model name or path (``--model`` or the demo encoder).
-        lr: The run's max LR.
-
-    Example:
-        >>> run_settings(args, "path/to/model", 1e-3)["lr"]
-        0.001
-    """
-    settings = {"model": model_name, **{name: getattr(args, name) for name in RESULT_SETTINGS}}
-    for name in ("model", "data"):
-        if os.path.exists(settings[name]):
-            settings[name] = os.path.realpath(settings[name])
-    if settings["head_modules"] is not None:
-        settings["head_modules"] = list(settings["head_modules"])
-    settings["lr"] = float(lr)
-    return settings
-
-
 def finished_record(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
     """The record in ``path`` if it was written under ``settings``; ``None`` if missing, unreadable or stale.
 
     Args:
         path: A run's file.
-        settings: The run's current :func:`run_settings`.
+        settings: The run's current ``MlmSettings.run_settings``.
 
     Example:
-        >>> finished_record(Path("out/mlm-dwatt-fe-lr0.001.json"), run_settings(args, model, 1e-3))
+        >>> finished_record(Path("out/mlm-dwatt-fe-lr0.001.json"), settings.run_settings(1e-3))
     """
     try:
         record = json.loads(path.read_text())
@@ -504,42 +442,39 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_mlm(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every LR of the grid (skipping finished ones), select on dev; returns the summary.
 
-    Each run is written to ``--output``/:func:`run_file_name` with its :func:`run_settings`; the
-    summary (:func:`summarize`) to ``--output``/:func:`summary_file_name`, which is removed first
+    Each run is written to ``output``/:func:`run_file_name` with its ``settings.run_settings``; the
+    summary (:func:`summarize`) to ``output``/:func:`summary_file_name`, which is removed first
     when some LR has to run (a killed grid leaves no summary of other runs). The data are prepared
     only if some LR has to run.
 
     Args:
-        args: The ``layerfusion mlm`` options (:func:`~layerfusion_recipes.arguments.add_mlm_arguments`).
+        settings: The grid (:meth:`~layerfusion_recipes.mlm.settings.MlmSettings.from_args`).
         progress: Called with one line per LR as it finishes (e.g. ``print``).
 
     Example:
-        >>> summary = run_mlm(build_parser().parse_args(["mlm", "--data", "wt2", "--lr", "1e-3", "3e-3"]))
+        >>> summary = run_mlm(MlmSettings("wt2", "path/to/model", lrs=(1e-3, 3e-3)))
         >>> summary["selected_lr"], summary["test_ppl"]
     """
-    check_names("method", [args.method], METHOD_NAMES)
-    check_names("regime", [args.regime], REGIME_NAMES)
-    model_name = args.model or demo_model_path()
-    output = Path(args.output)
-    summary_path = output / summary_file_name(args.method, args.regime)
-    runs = []  # (lr, settings, path, the finished record or None)
-    for lr in mlm_lr_grid(args.lr, args.regime):
-        settings = run_settings(args, model_name, lr)
-        path = output / run_file_name(args.method, args.regime, lr)
-        runs.append((lr, settings, path, finished_record(path, settings)))
+    output = Path(settings.output)
+    summary_path = output / summary_file_name(settings.method, settings.regime)
+    runs = []  # (lr, its stored settings, path, the finished record or None)
+    for lr in settings.lrs:
+        stored = settings.run_settings(lr)
+        path = output / run_file_name(settings.method, settings.regime, lr)
+        runs.append((lr, stored, path, finished_record(path, stored)))
     if any(record is None for *_, record in runs):
         summary_path.unlink(missing_ok=True)  # it describes other runs; back when this grid is done
     data: MlmData | None = None
     records = []
-    for lr, settings, path, record in runs:
+    for lr, stored, path, record in runs:
         skipped = record is not None
         if record is None:
-            data = data if data is not None else prepare_data(args, model_name)
+            data = data if data is not None else prepare_data(settings)
             started, load = time.perf_counter(), os.getloadavg()[0]
-            record = {**train_at_lr(args, data, model_name, lr), "settings": settings}
+            record = {**train_at_lr(settings, data, lr), "settings": stored}
             record.update(run_cost(started, load))
             atomic_write_json(path, record)
         records.append(record)
@@ -647,9 +582,10 @@ def mlm_main(args: argparse.Namespace) -> int:
         >>> mlm_main(build_parser().parse_args(["mlm", "--data", "path/to/wikitext-2"]))
         0
     """
-    summary = run_mlm(args, progress=lambda line: print(line, flush=True))  # runs take minutes
+    settings = MlmSettings.from_args(args)
+    summary = run_mlm(settings, progress=lambda line: print(line, flush=True))  # runs take minutes
     print(f"data: {summary['data']}")
-    print(summary_line(summary, Path(args.output) / summary_file_name(args.method, args.regime)))
+    print(summary_line(summary, Path(settings.output) / summary_file_name(settings.method, settings.regime)))
     warning = edge_warning(summary)
     if warning is not None:
         print(f"layerfusion mlm: {warning}", file=sys.stderr)

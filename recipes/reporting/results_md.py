@@ -157,13 +157,8 @@ from ..core.records import read_records
 from ..core.settings import load_config, option, results_path
 from ..core.stats import excludes_zero, mean_ci
 from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
-from ..mlm.experiment import (
-    RESULT_SETTINGS,
-    SELECTION_RULE,
-    lr_label,
-    mlm_lr_grid,
-    summary_file_name,
-)
+from ..mlm.experiment import SELECTION_RULE, lr_label, summary_file_name
+from ..mlm.settings import RESULT_SETTINGS, mlm_lr_grid
 from ..seq2seq.experiment import METHOD_NAMES as SEQ2SEQ_METHOD_NAMES
 from ..seq2seq.experiment import RUN_TABLE_HEADER, run_row, summary_table
 from .benchmark_report import read_report

@@ -13,13 +13,8 @@ from conftest import write_tiny_model
 from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.mlm import experiment as mlm
-from layerfusion_recipes.mlm.experiment import (
-    load_text_splits,
-    make_blocks,
-    mask_tokens,
-    mlm_lr_grid,
-    summarize,
-)
+from layerfusion_recipes.mlm.experiment import load_text_splits, make_blocks, mask_tokens, summarize
+from layerfusion_recipes.mlm.settings import mlm_lr_grid
 
 TEXT = " = Heading = \n\n" + "\n".join(
     "alice went to paris and bob met alice in london today ." for _ in range(60)
@@ -118,14 +113,14 @@ def fake_runs(monkeypatch):
     """``train_at_lr`` replaced by a table lookup; returns the (lr, epochs) of every run started."""
     calls = []
 
-    def fake_train(args, data, model_name, lr):
-        calls.append((lr, args.epochs))
+    def fake_train(settings, data, lr):
+        calls.append((lr, settings.epochs))
         dev, test = PERPLEXITIES.get(lr, (50.0, 50.0))
         return {
-            "model": model_name,
-            "method": args.method,
-            "regime": args.regime,
-            "epochs": args.epochs,
+            "model": settings.model,
+            "method": settings.method,
+            "regime": settings.regime,
+            "epochs": settings.epochs,
             "lr": lr,
             "dev_ppl": dev,
             "test_ppl": test,
@@ -238,10 +233,10 @@ def test_a_grid_killed_midway_leaves_no_stale_summary(tiny, tmp_path, fake_runs,
     main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3"))
     fake_train = mlm.train_at_lr
 
-    def killed_at_the_second_lr(args, data, model_name, lr):
+    def killed_at_the_second_lr(settings, data, lr):
         if lr == 1e-3:
             raise KeyboardInterrupt
-        return fake_train(args, data, model_name, lr)
+        return fake_train(settings, data, lr)
 
     monkeypatch.setattr(mlm, "train_at_lr", killed_at_the_second_lr)
     with pytest.raises(KeyboardInterrupt):
