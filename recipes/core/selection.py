@@ -1,6 +1,12 @@
-"""Learning-rate selection on dev, and the test score it reports.
+"""Learning-rate selection on dev, and the test score it reports: one rule for every task.
 
-A *cell* is (setup, method, regime, shots, max epochs); its records are one per (LR, trial).
+:func:`best_on_dev` is the rule (the best dev score, ties to the smaller LR, a diverged run last)
+and :func:`select_then_repeat` the procedure (every LR on the first trial or seed, the LR selected
+on dev, the other trials at it; test never chooses). The NER sweep runs the same procedure over
+processes (``--select-trials``), ``layerfusion mlm`` over one seed and ``layerfusion seq2seq`` per
+method over its seeds.
+
+NER: a *cell* is (setup, method, regime, shots, max epochs); its records are one per (LR, trial).
 The LR of a cell is the one with the highest mean over trials of each run's best-epoch dev F1
 (ties to the smaller LR), over the trials that every LR of the cell has (all of them in a full
 grid; the first ``select_trials`` with ``--select-trials``). The cell then reports, at that LR,
@@ -11,8 +17,9 @@ more is flagged: the best LR may lie outside it.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +74,67 @@ def _lr_order(lr: float | None) -> tuple[bool, float]:
     return (lr is None, lr or 0.0)
 
 
+Score = float | tuple[float, ...]  # a dev score; a tuple is compared in order (e.g. exact match, then chrF)
+
+
+def _rank(score: Score, lower_is_better: bool) -> Score:
+    """``score`` as a rank to maximise: negated when lower is better, NaN (a diverged run) last."""
+    if isinstance(score, tuple):
+        return tuple(_rank(part, lower_is_better) for part in score)
+    if math.isnan(score):
+        return -math.inf
+    return -score if lower_is_better else score
+
+
+def best_on_dev(dev: Mapping[float | None, Score], lower_is_better: bool = False) -> float | None:
+    """The LR with the best dev score; a tie goes to the smaller LR; NaN ranks last.
+
+    Args:
+        dev: The dev score of each LR (F1, a perplexity, a tuple of metrics).
+        lower_is_better: True for a loss or a perplexity.
+
+    Example:
+        >>> best_on_dev({1e-3: 0.5, 3e-4: 0.5, 3e-3: 0.4}), best_on_dev({1e-3: 20.0, 3e-3: 25.0}, True)
+        (0.0003, 0.001)
+    """
+    if not dev:
+        raise ValueError("best_on_dev needs at least one LR")
+    # max keeps the first of equals, and the LRs are ascending: a tie goes to the smaller
+    return max(sorted(dev, key=_lr_order), key=lambda lr: _rank(dev[lr], lower_is_better))
+
+
+def select_then_repeat(
+    lrs: Sequence[float],
+    seeds: Sequence[int],
+    run: Callable[[float, int], dict[str, Any]],
+    dev_score: Callable[[dict[str, Any]], Score],
+    lower_is_better: bool = False,
+) -> tuple[float, list[dict[str, Any]]]:
+    """Every LR of the grid on the first seed, the LR selected on dev (:func:`best_on_dev`), then the
+    other seeds at that LR only; a one-LR grid needs no dev score.
+
+    Args:
+        lrs: The grid.
+        seeds: The trials; the first selects.
+        run: One run's record (finished earlier or trained now: the caller resumes).
+        dev_score: The dev score of a record.
+        lower_is_better: As in :func:`best_on_dev`.
+
+    Returns:
+        ``(selected LR, records)``: the first seed's at each LR, then the other seeds'.
+
+    Example:
+        >>> select_then_repeat([1e-3, 3e-3], [0, 1], run, lambda r: r["dev_f1"])
+        (0.003, [...])
+    """
+    first = {lr: run(lr, seeds[0]) for lr in lrs}
+    if len(lrs) == 1:
+        selected = lrs[0]
+    else:
+        selected = best_on_dev({lr: dev_score(record) for lr, record in first.items()}, lower_is_better)
+    return selected, [*first.values(), *(run(selected, seed) for seed in seeds[1:])]
+
+
 def select_lr(records: Sequence[dict[str, Any]]) -> Selection:
     """Select the LR of one cell's records (see the module docstring).
 
@@ -86,10 +154,7 @@ def select_lr(records: Sequence[dict[str, Any]]) -> Selection:
     for lr in lrs:
         trials = [t for t in by_lr[lr] if t in common] or list(by_lr[lr])
         dev_means[lr] = sum(by_lr[lr][t] for t in trials) / len(trials)
-    best = lrs[0]
-    for lr in lrs[1:]:  # ascending: a tie keeps the smaller LR
-        if dev_means[lr] > dev_means[best]:
-            best = lr
+    best = best_on_dev(dev_means)
     return Selection(best, lrs, dev_means, sorted(common) if common else sorted(by_lr[best]))
 
 

@@ -47,7 +47,7 @@ from peft_layerfusion.utils import atomic_write_json, eval_mode
 from ..core.errors import DataSourceError, first_line
 from ..core.loop import TrainingLoop, restore, snapshot
 from ..core.models import apply_regime, load_pretrained, trainable_parameters
-from ..core.selection import at_grid_edge
+from ..core.selection import at_grid_edge, best_on_dev, select_then_repeat
 from ..core.sweep_log import peak_rss_mb
 from ..data.readers import IGNORE_INDEX, read_text
 from ..data.sources import looks_like_hub_name
@@ -373,11 +373,6 @@ def finished_record(path: Path, settings: dict[str, Any]) -> dict[str, Any] | No
     return record if isinstance(record, dict) and record.get("settings") == settings else None
 
 
-def _perplexity_rank(ppl: float) -> float:
-    """A perplexity for ranking: NaN (a diverged run) ranks last, with infinity."""
-    return ppl if math.isfinite(ppl) else math.inf
-
-
 def select_mlm_lr(dev_ppl: Mapping[float, float]) -> float:
     """The LR with the lowest dev perplexity; a tie goes to the smaller LR.
 
@@ -390,8 +385,7 @@ def select_mlm_lr(dev_ppl: Mapping[float, float]) -> float:
     """
     if not dev_ppl:
         raise ValueError("select_mlm_lr needs at least one LR")
-    # min keeps the first of equals, and the LRs are ascending: a tie goes to the smaller
-    return min(sorted(dev_ppl), key=lambda lr: _perplexity_rank(dev_ppl[lr]))
+    return best_on_dev(dev_ppl, lower_is_better=True)
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -460,26 +454,26 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
     """
     output = Path(settings.output)
     summary_path = output / summary_file_name(settings.method, settings.regime)
-    runs = []  # (lr, its stored settings, path, the finished record or None)
-    for lr in settings.lrs:
-        stored = settings.run_settings(lr)
-        path = output / run_file_name(settings.method, settings.regime, lr)
-        runs.append((lr, stored, path, finished_record(path, stored)))
-    if any(record is None for *_, record in runs):
+    stored = {lr: settings.run_settings(lr) for lr in settings.lrs}
+    paths = {lr: output / run_file_name(settings.method, settings.regime, lr) for lr in settings.lrs}
+    finished = {lr: finished_record(paths[lr], stored[lr]) for lr in settings.lrs}
+    if any(record is None for record in finished.values()):
         summary_path.unlink(missing_ok=True)  # it describes other runs; back when this grid is done
-    data: MlmData | None = None
-    records = []
-    for lr, stored, path, record in runs:
-        skipped = record is not None
+    data: list[MlmData] = []  # prepared once, only if some LR has to run
+
+    def run(lr: float, seed: int) -> dict[str, Any]:
+        record = finished[lr]
         if record is None:
-            data = data if data is not None else prepare_data(settings)
+            data[:] = data or [prepare_data(settings)]
             started, load = time.perf_counter(), os.getloadavg()[0]
-            record = {**train_at_lr(settings, data, lr), "settings": stored}
+            record = {**train_at_lr(settings, data[0], lr), "settings": stored[lr]}
             record.update(run_cost(started, load))
-            atomic_write_json(path, record)
-        records.append(record)
+            atomic_write_json(paths[lr], record)
         if progress is not None:
-            progress(run_line(record, path, skipped))
+            progress(run_line(record, paths[lr], skipped=finished[lr] is not None))
+        return record
+
+    _, records = select_then_repeat(settings.lrs, [settings.seed], run, lambda r: r["dev_ppl"], True)
     summary = summarize(records)
     atomic_write_json(summary_path, summary)
     return summary

@@ -58,6 +58,7 @@ from peft_layerfusion.registration import SEQ2SEQ_METHODS
 from peft_layerfusion.utils import atomic_write_json
 
 from ..core.loop import TrainingLoop
+from ..core.selection import best_on_dev, select_then_repeat
 from ..core.settings import check_names
 from ..core.stats import mean_ci
 from ..data.readers import read_text
@@ -438,12 +439,20 @@ def select_learning_rate(runs: Sequence[dict[str, Any]], method: str, seed: int)
         0.001
     """
     candidates = [r for r in runs if r["method"] == method and r["seed"] == seed]
-    if not candidates or any(r["dev"] is None for r in candidates):
-        raise ValueError(
-            f"method={method!r}, seed={seed}: no runs scored on dev to select a learning rate from"
-        )
-    best = max(candidates, key=lambda r: (r["dev"]["exact_match"], r["dev"]["chrf"]))
-    return best["learning_rate"]
+    if not candidates:
+        raise ValueError(_unscored(method, seed))
+    return best_on_dev({r["learning_rate"]: dev_score(r) for r in candidates})
+
+
+def _unscored(method: str, seed: int) -> str:
+    return f"method={method!r}, seed={seed}: no runs scored on dev to select a learning rate from"
+
+
+def dev_score(record: dict[str, Any]) -> tuple[float, float]:
+    """A run's dev exact match, then dev chrF (the learning rate's selection score)."""
+    if record["dev"] is None:
+        raise ValueError(_unscored(record["method"], record["seed"]))
+    return record["dev"]["exact_match"], record["dev"]["chrf"]
 
 
 def run_comparison(
@@ -485,21 +494,19 @@ def run_comparison(
     grid = list(learning_rates or [data.settings.learning_rate])
     runs = list(previous)
 
-    def run(method: str, seed: int, learning_rate: float) -> None:
-        if any((r["method"], r["seed"], r["learning_rate"]) == (method, seed, learning_rate) for r in runs):
-            return
+    def run(method: str, learning_rate: float, seed: int) -> dict[str, Any]:
+        for record in runs:
+            if (record["method"], record["seed"], record["learning_rate"]) == (method, seed, learning_rate):
+                return record
         runs.append(run_one(data, method, seed, learning_rate))
         print(run_row(runs[-1]), flush=True)
         if on_run is not None:
             on_run(runs)
+        return runs[-1]
 
-    selected = {}
-    for method in methods:
-        for learning_rate in grid:
-            run(method, seeds[0], learning_rate)
-        selected[method] = grid[0] if len(grid) == 1 else select_learning_rate(runs, method, seeds[0])
-        for seed in seeds[1:]:
-            run(method, seed, selected[method])
+    selected = {
+        method: select_then_repeat(grid, seeds, partial(run, method), dev_score)[0] for method in methods
+    }
     chosen = [r for r in runs if r["method"] in selected and r["learning_rate"] == selected[r["method"]]]
     return {
         "runs": runs,
