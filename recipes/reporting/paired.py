@@ -30,7 +30,7 @@ from typing import Any
 
 from ..core.errors import UserError
 from ..core.records import read_records
-from ..core.stats import mean_ci
+from ..core.stats import paired_mean_ci
 from .plot import format_lr, reported_score, summarize
 
 # settings that may differ between paired cells: they change the model, not the sample or the data
@@ -105,13 +105,13 @@ def difference_line(cell: Cell, base: Cell) -> str:
         raise ValueError(
             f"{cell.label} and {base.label} differ in {', '.join(differing)}: not the same samples"
         )
-    trials = sorted(set(cell.scores) & set(base.scores))
-    if not trials:
+    difference = paired_mean_ci(cell.scores, base.scores)
+    if difference is None:
         return f"{cell.label} - {base.label}: no trial in common"
-    mean, half = mean_ci([cell.scores[t] - base.scores[t] for t in trials])
+    mean, half, n = difference
     return (
         f"{cell.label} @{format_lr(cell.lr)} - {base.label} @{format_lr(base.lr)}: "
-        f"{mean:+.1f} ± {half:.1f} (n={len(trials)})"
+        f"{mean:+.1f} ± {half:.1f} (n={n})"
     )
 
 

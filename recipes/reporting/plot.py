@@ -31,7 +31,7 @@ from peft_layerfusion.utils import atomic_write, atomic_write_text
 from ..core.models import METHOD_NAMES, PLAIN_HEAD
 from ..core.records import read_records
 from ..core.selection import cell_of, cells, dev_f1, select_lr
-from ..core.stats import excludes_zero, mean_ci
+from ..core.stats import excludes_zero, mean_ci, paired_mean_ci
 
 GROUP = ("regime", "epochs", "shots", "method")
 
@@ -398,11 +398,11 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
         for first, second in PAIRS:
             a = scores.get((setup, regime, epochs, shots, first), {})
             b = scores.get((setup, regime, epochs, shots, second), {})
-            trials = sorted(set(a) & set(b))
-            if trials:
-                mean, half = mean_ci([a[t] - b[t] for t in trials])
+            difference = paired_mean_ci(a, b)
+            if difference is not None:
                 cell = {"setup": setup, "regime": regime, "epochs": epochs, "shots": shots}
-                out.append({**cell, "pair": (first, second), "mean": mean, "ci": half, "n": len(trials)})
+                mean, half, n = difference
+                out.append({**cell, "pair": (first, second), "mean": mean, "ci": half, "n": n})
     return out
 
 

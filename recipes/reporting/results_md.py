@@ -155,7 +155,7 @@ from ..core.errors import UserError, is_user_error, one_line
 from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
 from ..core.records import read_records
 from ..core.settings import load_config, option, results_path
-from ..core.stats import excludes_zero, mean_ci
+from ..core.stats import mean_ci, paired_mean_ci
 from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
 from ..mlm.experiment import SELECTION_RULE, lr_label, summary_file_name
 from ..mlm.settings import RESULT_SETTINGS, mlm_lr_grid
@@ -990,14 +990,12 @@ def mlm_seeds_table(scores: SeedScores, baseline: str = PLAIN_HEAD) -> str:
         base = scores.get((baseline, regime), {})
         cells = []
         for method in others:
-            own = scores.get((method, regime), {})
-            differences = [own[seed] - base[seed] for seed in sorted(own) if seed in base]
-            if not differences:
+            difference = paired_mean_ci(scores.get((method, regime), {}), base)
+            if difference is None:
                 cells.append("-")
                 continue
-            mean, half = mean_ci(differences)
-            cell = _mean_ci_cell(mean, half, len(differences), signed=True)
-            cells.append(f"**{cell}**" if excludes_zero(mean, half, len(differences)) else cell)
+            cell = _mean_ci_cell(*difference, signed=True)
+            cells.append(f"**{cell}**" if difference.resolved else cell)
         lines.append(markdown_row([regime, *cells]))
     return "\n".join(lines)
 

@@ -60,7 +60,7 @@ from peft_layerfusion.utils import atomic_write_json
 from ..core.loop import TrainingLoop
 from ..core.selection import best_on_dev, select_then_repeat
 from ..core.settings import check_names
-from ..core.stats import mean_ci
+from ..core.stats import mean_ci, paired_mean_ci
 from ..data.readers import read_text
 from .settings import Seq2SeqSettings
 
@@ -533,14 +533,18 @@ def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[str], reference:
         row: dict[str, Any] = {"method": method, "seeds": sorted(own)}
         for metric in METRICS:
             row[metric] = list(mean_ci([r[metric] for r in own.values()])) if own else None
-        paired = sorted(set(own) & set(base))
-        if method != reference and paired:
+        if method != reference and set(own) & set(base):
             row[f"vs_{reference}"] = {
-                metric: list(mean_ci([own[s][metric] - base[s][metric] for s in paired]))
+                metric: list(paired_mean_ci(metric_of(own, metric), metric_of(base, metric))[:2])
                 for metric in METRICS
             }
         rows.append(row)
     return rows
+
+
+def metric_of(runs: dict[int, dict[str, Any]], metric: str) -> dict[int, float]:
+    """``metric`` of each seed's run."""
+    return {seed: run[metric] for seed, run in runs.items()}
 
 
 RUN_COLUMNS = ("method", "seed", "LR", "dev EM", "dev chrF", "EM", "chrF", "BLEU", "seconds")
