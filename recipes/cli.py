@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import arguments
-from .errors import run_command
+from .core.errors import run_command
 
 DEBUG_HELP = "Show the full traceback of a user error (bad path, data or value) instead of one line."
 
@@ -80,34 +80,50 @@ COMMANDS: dict[str, Command] = {
         "Few-shot NER comparison (offline demo by default).",
         NER_DESCRIPTION,
         arguments.add_experiment_arguments,
-        "layerfusion_recipes.sweep:ner_main",
+        "layerfusion_recipes.ner.sweep:ner_main",
     ),
     "sweep": Command(
         "Grid of few-shot NER runs (methods x regimes x shots x epochs x trials x LRs), resumable.",
         "A grid of NER cells from a YAML file (--config) or flags, each at every LR of its grid; "
         "resumable, one record per run, --workers processes, --select-trials for uncached regimes.",
         arguments.add_experiment_arguments,
-        "layerfusion_recipes.sweep:sweep_main",
+        "layerfusion_recipes.ner.sweep:sweep_main",
     ),
     "plot": Command(
         "Figures and a markdown table from a results file.",
         "F1 vs shots (selected LR, test F1 with CI bands), F1 vs LR, dev curves, DWAtt's depth "
         "attention and table.md, from the results of `layerfusion ner` / `sweep`.",
         arguments.add_plot_arguments,
-        "layerfusion_recipes.plot:plot_main",
+        "layerfusion_recipes.reporting.plot:plot_main",
+    ),
+    "report": Command(
+        "Regenerate the generated blocks of benchmarks/RESULTS.md (--check: exit 1 when out of date).",
+        "Rebuild every generated block of benchmarks/RESULTS.md (between `<!-- generated: NAME -->` "
+        "markers) from the grid files and their results; the prose around them is kept. --check "
+        "prints a diff and exits 1 instead of writing.",
+        arguments.add_report_arguments,
+        "layerfusion_recipes.reporting.results_md:report_main",
+    ),
+    "paired": Command(
+        "Paired per-trial differences between cells of different results files.",
+        "Pair cells (RESULTS:METHOD:REGIME, each at its LR selected on dev) by trial and print the "
+        "first minus each other one, mean ± 95% t-CI; cells of different data, sample or settings "
+        "(other than method options) are refused.",
+        arguments.add_paired_arguments,
+        "layerfusion_recipes.reporting.paired:paired_main",
     ),
     "mlm": Command(
         "Masked-LM perplexity (WikiText-2) with a fusion method, LR selected on dev.",
         MLM_DESCRIPTION,
         arguments.add_mlm_arguments,
-        "layerfusion_recipes.mlm:mlm_main",
+        "layerfusion_recipes.mlm.experiment:mlm_main",
     ),
     "seq2seq": Command(
         "Sentence denoising: vanilla vs EncoderFusion vs SurfaceFusion (hard, soft).",
         "Sentence denoising on WikiText-2 with a small encoder-decoder trained from scratch: "
         "vanilla vs EncoderFusion vs SurfaceFusion (hard, soft), exact match / chrF / BLEU.",
         arguments.add_seq2seq_arguments,
-        "layerfusion_recipes.seq2seq:seq2seq_main",
+        "layerfusion_recipes.seq2seq.experiment:seq2seq_main",
     ),
     "audit": Command(
         "Count each method's new trainable parameters (meta device, no weights).",
@@ -115,13 +131,13 @@ COMMANDS: dict[str, Command] = {
         "`layerfusion audit CONFIG [--json]`, `--regime lora --match dwatt` sizes the baselines "
         "(LoRA rank, R+n depth, bottleneck adapters) to a method's budget and flags pairs > 5% apart.",
         arguments.add_audit_arguments,
-        "layerfusion_recipes.audit:run",
+        "layerfusion_recipes.reporting.audit:run",
     ),
     "methods": Command(
         "List the registered fusion methods.",
         "Every method registered with peft by peft_layerfusion: name, PEFT type, token-wise, seq2seq.",
         _methods_arguments,
-        "layerfusion_recipes.audit:list_methods",
+        "layerfusion_recipes.reporting.audit:list_methods",
     ),
 }
 

@@ -182,6 +182,7 @@ class DWAtt(FusionModule):
     """Depth-wise attention (see the module docstring for the formula)."""
 
     token_wise = True
+    shows_depth_attention = True
 
     def __init__(self, config: DWAttConfig, context: FusionContext) -> None:
         super().__init__(config, context)

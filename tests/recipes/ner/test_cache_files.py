@@ -1,0 +1,216 @@
+"""Feature cache files: content key, safe shards, damaged shards, temporary files, kill -9 mid-fill."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from cache_crash_driver import CELL, crash_data, crash_settings
+from conftest import WORDS, toy_dataset, wordpiece_tokenizer, write_tiny_model
+from layerfusion_recipes.core.models import load_token_classifier
+from layerfusion_recipes.ner import cache_files
+from layerfusion_recipes.ner.cache import FeatureCache
+from layerfusion_recipes.ner.cache_files import feature_key, remove_stale_temp_files
+from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
+
+from peft_layerfusion.discovery import find_encoder_blocks
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def experiment(model_path) -> Experiment:
+    return Experiment(ExperimentSettings(model=model_path, data="toy", batch_size=4), toy_dataset(dev=8))
+
+
+def _cache(experiment: Experiment, directory) -> FeatureCache:
+    base = load_token_classifier(experiment.settings.model, len(experiment.labels), seed=0)
+    located = find_encoder_blocks(base)
+    model = experiment.settings.model
+    return FeatureCache(base, located, model, 128, directory, tokenizer=experiment.tokenizer)
+
+
+def _uncached_states(model_path: str, input_ids: list[int]) -> torch.Tensor:
+    """``z_0 .. z_L`` of one sentence computed by the model itself: ``(L+1, seq, d)``."""
+    base = load_token_classifier(model_path, 3, seed=0).eval()
+    with torch.no_grad():
+        hidden = base.base_model(input_ids=torch.tensor([input_ids]), output_hidden_states=True).hidden_states
+    return torch.stack(hidden)[:, 0]
+
+
+# ----------------------------------------------------------------------------- key (point 11)
+
+
+def test_new_weights_saved_at_the_same_path_are_not_served_old_features(tmp_path):
+    path = write_tiny_model(tmp_path / "model", seed=0)
+    settings = ExperimentSettings(model=path, data="toy", lr=3e-2, batch_size=4, cache_dir=str(tmp_path))
+    data = toy_dataset(train=20, dev=6)
+    old = Experiment(settings, data)
+    old_states = dict(old.cache().states)
+    write_tiny_model(tmp_path / "model", seed=1)  # fine-tuned weights saved over the old ones
+    new = Experiment(settings, data)
+    ids = new.dev[0]["input_ids"]
+    assert new.cache().key != old.cache().key
+    fresh = _uncached_states(path, ids)  # what --no-cache computes
+    torch.testing.assert_close(new.cache().states[tuple(ids)], fresh, atol=1e-5, rtol=0)
+    assert (old_states[tuple(ids)] - fresh).abs().max() > 0.1  # the old features really differ
+    cell = Cell("concat", "fe", shots=3, epochs=3, trial=0)
+    cached, plain = new.run(cell, use_cache=True), new.run(cell, use_cache=False)
+    assert cached["cached"] and not plain["cached"]
+    assert [p["dev_f1"] for p in cached["curve"]] == [p["dev_f1"] for p in plain["curve"]]
+
+
+def test_key_follows_weights_tokenizer_and_length_not_the_head_or_the_name(model_path):
+    tokenizer = wordpiece_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])
+    other_tokenizer = wordpiece_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "zurich"])
+    base = load_token_classifier(model_path, 3, seed=0)
+    key = feature_key(base, tokenizer, 128, 3)
+    assert feature_key(load_token_classifier(model_path, 9, seed=5), tokenizer, 128, 3) == key  # head
+    assert feature_key(base, other_tokenizer, 128, 3) != key
+    assert feature_key(base, tokenizer, 64, 3) != key
+    with torch.no_grad():
+        base.base_model.encoder.layer[1].output.dense.weight[0, 0] += 1e-3  # one weight changes
+    assert feature_key(base, tokenizer, 128, 3) != key
+
+
+# ----------------------------------------------------------------------------- shard files (point 14)
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: stands for code execution from a crafted file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_crafted_shard_executes_nothing_and_is_removed(tmp_path, experiment, monkeypatch):
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # seen in the wild
+    cache = _cache(experiment, tmp_path)
+    cache.fill(experiment.dev[:2])
+    marker = tmp_path / "executed"
+    for name in ("shard-evil.pt", "shard-evil.safetensors"):
+        (cache.path / name).write_bytes(pickle.dumps({"states": _Payload(marker)}))
+    with pytest.warns(RuntimeWarning, match="shard-evil.safetensors"):
+        reloaded = _cache(experiment, tmp_path)
+    assert not marker.exists()
+    assert len(reloaded) == 2 and not (cache.path / "shard-evil.safetensors").exists()
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "foreign key"])
+def test_a_damaged_shard_is_named_removed_and_recomputed(tmp_path, experiment, damage):
+    cache = _cache(experiment, tmp_path)
+    assert cache.fill(experiment.dev[:5]) == 5
+    (shard,) = cache.path.glob("*.safetensors")
+    data = shard.read_bytes()
+    if damage == "foreign key":
+        cache_files.write_shard(shard, dict(cache.states), None, key="0" * 16)
+    else:
+        shard.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
+    with pytest.warns(RuntimeWarning, match=shard.name):
+        reloaded = _cache(experiment, tmp_path)
+    assert len(reloaded) == 0 and not shard.exists()
+    assert reloaded.fill(experiment.dev[:5]) == 5  # recomputed
+    for key, value in cache.states.items():
+        torch.testing.assert_close(reloaded.states[key], value, atol=0, rtol=0)
+    assert len(_cache(experiment, tmp_path)) == 5  # the new shard is sound
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, experiment, monkeypatch):
+    def disk_full(tensors, path, metadata=None):
+        Path(path).write_bytes(b"x" * 1000)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cache_files, "save_file", disk_full)
+    cache = _cache(experiment, tmp_path)
+    with pytest.raises(OSError, match="No space"):
+        cache.fill(experiment.dev[:3])
+    assert list(cache.path.iterdir()) == []
+
+
+def test_only_temporary_files_of_dead_or_old_writers_are_removed(tmp_path):
+    host = socket.gethostname()
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()  # a pid that no longer runs
+    names = {
+        "dead": f"tmp-{finished.pid}-aa-{host}.tmp",
+        "alive": f"tmp-{os.getpid()}-bb-{host}.tmp",
+        "other host": f"tmp-{finished.pid}-cc-elsewhere.tmp",
+        "other host, old": f"tmp-{finished.pid}-dd-elsewhere.tmp",
+        "unknown, old": "crashed-writer.tmp",
+        "unknown": "half.tmp",
+    }
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"partial")
+    two_hours_ago = time.time() - 7200
+    for label in ("other host, old", "unknown, old"):
+        os.utime(tmp_path / names[label], (two_hours_ago, two_hours_ago))
+    removed = {path.name for path in remove_stale_temp_files(tmp_path)}
+    assert removed == {names["dead"], names["other host, old"], names["unknown, old"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        names[label] for label in ("alive", "other host", "unknown")
+    )
+
+
+# ----------------------------------------------------------------------------- kill -9 mid-fill
+
+
+KILL_POINTS = ("compute:1", "compute:2", "write:1", "write:2", "rename:2", "published:1")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, model_path):
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    experiment = Experiment(crash_settings(model_path, str(directory)), crash_data())
+    return experiment.run(CELL), experiment.cache().states
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the driver forks the processes it kills")
+def test_kill_9_while_filling_then_restart_gives_the_uninterrupted_features_and_results(
+    tmp_path, model_path, uninterrupted
+):
+    reference_record, reference_states = uninterrupted
+    driver = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("cache_crash_driver.py")), model_path, str(tmp_path)]
+        + list(KILL_POINTS),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])},  # conftest
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    statuses = json.loads(driver.stdout.strip().splitlines()[-1])
+    assert statuses == {point: -9 for point in KILL_POINTS}, driver.stderr[-3000:]  # every point was hit
+    left = {point: tmp_path / point.replace(":", "-") for point in KILL_POINTS}
+    temps = {point: sorted(p.name for p in d.rglob("*.tmp")) for point, d in left.items()}
+    shards = {point: len(list(d.rglob("*.safetensors"))) for point, d in left.items()}
+    # what each kill left behind: torn or complete temporary files, 0 or 1 finished shard
+    assert [len(temps[p]) for p in KILL_POINTS] == [0, 0, 1, 1, 1, 0]
+    assert [shards[p] for p in KILL_POINTS] == [0, 1, 0, 1, 1, 1]
+    for point in KILL_POINTS:
+        restarted = Experiment(crash_settings(model_path, str(left[point])), crash_data())
+        record = restarted.run(CELL)
+        assert record["curve"] == reference_record["curve"], point
+        assert record["depth_attention"] == reference_record["depth_attention"], point
+        states = restarted.cache().states
+        assert states.keys() == reference_states.keys(), point
+        for key, value in reference_states.items():
+            torch.testing.assert_close(states[key], value, atol=0, rtol=0)
+        assert list(left[point].rglob("*.tmp")) == [], point  # the dead writer's file is gone
+        assert len(list(left[point].rglob("*.safetensors"))) == 2, point  # dev + train, nothing twice

@@ -1,0 +1,135 @@
+"""The NER training loop: seqeval micro-F1, LR schedule, per-epoch curve, learning on toy data."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+from conftest import toy_dataset, write_tiny_model
+from layerfusion_recipes.arguments import add_experiment_arguments
+from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, sample_seed
+from layerfusion_recipes.ner.settings import resolve
+from layerfusion_recipes.ner.training import (
+    TokenClassifierRunner,
+    TrainSettings,
+    train_token_classifier,
+)
+
+from peft_layerfusion.registration import ENCODER_METHODS
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return Experiment(
+        ExperimentSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=60)
+    )
+
+
+def test_lr_decays_linearly_to_zero_and_curve_every_k_epochs(experiment):
+    model, located = experiment.build(Cell("concat", "fe", 4, 6, 0))
+    train = experiment.train_sample(4, 0)  # 12 sentences, batch 4: 3 steps per epoch
+    lrs = []
+    original_step = torch.optim.AdamW.step
+
+    def recording_step(self, *args, **kwargs):
+        lrs.append(self.param_groups[0]["lr"])
+        return original_step(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = recording_step
+    try:
+        settings = TrainSettings(epochs=6, lr=0.06, batch_size=4, eval_every=4)
+        result = train_token_classifier(
+            TokenClassifierRunner(model, located), train, experiment.dev, experiment.id2label, settings
+        )
+    finally:
+        torch.optim.AdamW.step = original_step
+    assert lrs == pytest.approx([0.06 * (1 - i / 18) for i in range(18)])
+    assert [(p["epoch"], p["step"]) for p in result.curve] == [(4, 12), (6, 18)]
+    assert result.best_f1 == max(p["dev_f1"] for p in result.curve)
+
+
+def test_run_learns_toy_entities_and_records_everything(experiment):
+    record = experiment.run(Cell("dwatt", "fe", shots=8, epochs=8, trial=0))
+    assert record["train_sentences"] == 24
+    assert record["key"] == f"dwatt|fe|8|8|0|lr=0.03|{experiment.settings.setup()}" and record["lr"] == 3e-2
+    assert record["dev_f1"] == record["best_f1"] and 0.0 <= record["test_f1"] <= 1.0
+    assert record["best_f1"] > 0.6, record["curve"]
+    assert len(record["curve"]) == 8 and record["cached"]
+    assert len(record["depth_attention"]) == 3 and sum(record["depth_attention"]) == pytest.approx(1.0)
+    assert record["fused_layers"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=lambda m: m.name)
+def test_the_depth_attention_is_recorded_for_the_methods_that_show_it(experiment, method):
+    """The registry's flag decides, never a method name: DWAtt's record has it, the others' not."""
+    record = experiment.run(Cell(method.name, "fe", shots=2, epochs=1, trial=0))
+    assert ("depth_attention" in record) == method.module_cls.shows_depth_attention
+    assert ("fused_layers" in record) == method.module_cls.shows_depth_attention
+
+
+def test_trials_draw_new_samples_and_methods_share_them(experiment):
+    assert sample_seed(8, 0) != sample_seed(8, 1)
+    first = experiment.train_sample(8, 0)
+    assert first == experiment.train_sample(8, 0)
+    assert first != experiment.train_sample(8, 1)
+
+
+@pytest.mark.parametrize("regime", ["lora", "ft"])
+def test_other_regimes_train_the_encoder_without_cache(experiment, regime):
+    record = experiment.run(Cell("concat", regime, shots=4, epochs=2, trial=0))
+    assert not record["cached"] and record["lr"] == 3e-2  # the settings' LR wins over the regime default
+    assert len(record["curve"]) == 2 and 0.0 <= record["best_f1"] <= 1.0
+    model, _ = experiment.build(Cell("concat", regime, shots=4, epochs=2, trial=0))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any("lora_" in n for n in trainable) == (regime == "lora")
+    assert any(
+        "encoder.layer.0.attention.self.query.base_layer.weight" in n
+        or "encoder.layer.0.attention.self.query.weight" in n
+        for n in trainable
+    ) == (regime == "ft")
+
+
+def test_train_sentences_fixes_the_sample_size_instead_of_n_times_c(experiment):
+    fixed = Experiment(
+        ExperimentSettings(model=experiment.settings.model, data="toy", train_sentences=10), experiment.data
+    )
+    assert len(experiment.train_sample(4, 0)) == 4 * experiment.num_types
+    assert len(fixed.train_sample(4, 0)) == 10 and len(fixed.train_sample(4, 1)) == 10
+    assert fixed.train_sample(4, 0) != fixed.train_sample(4, 1)  # a new sample per trial
+
+
+def test_fixed_sample_reuses_trial_zeros_sentences_in_every_trial(experiment):
+    fixed = Experiment(
+        ExperimentSettings(
+            model=experiment.settings.model, data="toy", train_sentences=10, fixed_sample=True
+        ),
+        experiment.data,
+    )
+    assert fixed.train_sample(4, 0) == fixed.train_sample(4, 1) == fixed.train_sample(4, 2)
+    assert experiment.train_sample(4, 0) != experiment.train_sample(4, 1)
+
+
+def test_fixed_sample_is_read_from_flags_and_yaml(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    assert resolve(parser.parse_args(["--data", "x", "--model", "m"]))[0].fixed_sample is False
+    assert resolve(parser.parse_args(["--data", "x", "--model", "m", "--fixed-sample"]))[0].fixed_sample
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("data: x\nmodel: m\nfixed_sample: true\n")
+    assert resolve(parser.parse_args(["--config", str(grid)]))[0].fixed_sample
+
+
+def test_method_options_reach_the_model_and_the_record(experiment):
+    from dataclasses import replace
+
+    from peft_layerfusion.comparison.regimes import trainable_parameter_names
+
+    options = Experiment(replace(experiment.settings, method_options={"lora_r": 3}), experiment.data)
+    model, _ = options.build(Cell("none", "lora", 4, 1, 0))
+    ranks = {p.shape[0] for n, p in model.named_parameters() if "lora_A" in n}
+    assert ranks == {3} and any("lora_A" in n for n in trainable_parameter_names(model))
+    record = options.run(Cell("none", "lora", 4, 1, 0))
+    assert record["method_options"] == {"lora_r": 3}
+    assert "method_options" not in experiment.run(Cell("none", "fe", 4, 1, 0))

@@ -1,0 +1,157 @@
+"""Sweep: grid, atomic results, resume after an interruption (nothing lost, nothing redone)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+from conftest import toy_dataset, write_tiny_model
+from layerfusion_recipes.arguments import add_experiment_arguments
+from layerfusion_recipes.core.records import append_record, finished_keys, read_records
+from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
+from layerfusion_recipes.ner.settings import resolve
+from layerfusion_recipes.ner.sweep import _UnitRunner, grid_cells, longest_first, run_cells
+
+GRID = {"methods": ["none", "concat"], "regimes": ["fe"], "shots": [2, 4], "epochs": [2], "trials": 2}
+
+
+def test_grid_cells_cover_the_product_once():
+    cells = grid_cells(GRID)
+    assert len(cells) == 8 and len({c.key for c in cells}) == 8
+    assert cells[0] == Cell("none", "fe", 2, 2, 0) and cells[1] == Cell("none", "fe", 2, 2, 1)
+
+
+def test_torn_last_line_is_ignored_and_not_glued(tmp_path):
+    path = tmp_path / "results.jsonl"
+    append_record(path, {"key": "a", "best_f1": 0.5})
+    with open(path, "a") as handle:
+        handle.write('{"key": "b", "best_')  # killed mid-write
+    append_record(path, {"key": "c", "best_f1": 0.25})
+    assert [r["key"] for r in read_records(path)] == ["a", "c"]
+    assert finished_keys(tmp_path / "missing.jsonl") == set()
+
+
+class CountingExperiment(Experiment):
+    def __init__(self, *args, stop_after: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ran: list[str] = []
+        self.stop_after = stop_after
+
+    def iter_lrs(self, cell, lrs, use_cache=None):
+        if self.stop_after is not None and len(self.ran) == self.stop_after:
+            raise KeyboardInterrupt  # killed while this cell runs
+        self.ran.append(cell.key)
+        return super().iter_lrs(cell, lrs, use_cache)
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory):
+    return ExperimentSettings(
+        model=write_tiny_model(tmp_path_factory.mktemp("tiny") / "m"), data="toy", lr=3e-2
+    )
+
+
+def test_interrupt_then_resume_loses_and_redoes_nothing(tmp_path, settings):
+    results = tmp_path / "results.jsonl"
+    cells = grid_cells(GRID)
+    first = CountingExperiment(settings, toy_dataset(), stop_after=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_cells(cells, results, settings, progress=False, experiment=first)
+    assert first.ran == [c.key for c in cells[:3]]
+    setup = settings.setup()
+    on_disk = [record_key(c, 3e-2, setup) for c in cells[:3]]
+    assert [r["key"] for r in read_records(results)] == on_disk  # every finished cell is on disk
+    second = CountingExperiment(settings, toy_dataset())
+    records = run_cells(cells, results, settings, progress=False, experiment=second)
+    assert second.ran == [c.key for c in cells[3:]]  # nothing redone
+    assert sorted(r["key"] for r in records) == sorted(record_key(c, 3e-2, setup) for c in cells)
+    third = CountingExperiment(settings, toy_dataset())
+    run_cells(cells, results, settings, progress=False, experiment=third)
+    assert third.ran == []
+    assert len(results.read_text().splitlines()) == 8
+
+
+class StopOnRun(Experiment):
+    """Interrupted while its ``stop_at``-th lone run trains."""
+
+    def __init__(self, *args, stop_at: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runs, self.stop_at = 0, stop_at
+
+    def run(self, *args, **kwargs):
+        self.runs += 1
+        if self.runs == self.stop_at:
+            raise KeyboardInterrupt
+        return super().run(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("method", "regime"), [("extra_layers", "fe"), ("none", "bitfit")])
+def test_lrs_run_one_after_another_are_stored_one_by_one(tmp_path, settings, method, regime):
+    """R+n and the uncached regimes train their LRs one after another: an interrupted cell keeps
+    the LRs it finished, and the resumed sweep runs only the rest."""
+    lr_settings = ExperimentSettings(**{**settings.__dict__, "lr": [1e-3, 1e-2, 3e-2]})
+    cells = [Cell(method, regime, 2, 1, 0)]
+    results = tmp_path / "results.jsonl"
+    first = StopOnRun(lr_settings, toy_dataset(), stop_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_cells(cells, results, lr_settings, progress=False, experiment=first)
+    setup = lr_settings.setup()
+    finished = [record_key(cells[0], lr, setup) for lr in (1e-3, 1e-2)]
+    assert [r["key"] for r in read_records(results)] == finished
+    second = StopOnRun(lr_settings, toy_dataset(), stop_at=0)
+    run_cells(cells, results, lr_settings, progress=False, experiment=second)
+    assert second.runs == 1 and [r["lr"] for r in read_records(results)] == [1e-3, 1e-2, 3e-2]
+
+
+def test_pool_tasks_split_only_the_lrs_that_run_one_after_another(settings):
+    runner = _UnitRunner("unused.jsonl", settings, 2, None, None, None, {})
+    lrs = (1e-3, 1e-2)
+    stacked = (Cell("dwatt", "fe", 2, 1, 0), lrs)
+    assert runner._pieces(stacked) == [stacked]
+    for cell in (Cell("extra_layers", "fe", 2, 1, 0), Cell("dwatt", "lora", 2, 1, 0)):
+        assert runner._pieces((cell, lrs)) == [(cell, (1e-3,)), (cell, (1e-2,))]
+
+
+def test_yaml_config_and_flags(tmp_path):
+    config = tmp_path / "grid.yaml"
+    config.write_text(
+        "model: some/model\ndata: data/dir\nshots: [8, 16]\ntrials: 2\nlr: 0.01\nmethod_options: {d_pos: 8}\n"
+    )
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    settings, grid = resolve(
+        parser.parse_args(["--config", str(config), "--trials", "3", "--output", str(tmp_path)])
+    )
+    assert (settings.model, settings.data, settings.lr) == ("some/model", "data/dir", 0.01)
+    assert settings.method_options == {"d_pos": 8} and settings.dev_limit is None
+    assert grid["shots"] == [8, 16] and grid["trials"] == 3  # the flag wins
+    assert grid["epochs"] == [25, 50, 75, 100] and grid["results"] == str(tmp_path / "results.jsonl")
+    config.write_text("shots: [8]\nshot: 3\n")
+    with pytest.raises(ValueError, match="shot"):
+        resolve(parser.parse_args(["--config", str(config)]))
+
+
+def test_workers_run_cells_in_other_processes(tmp_path, settings):
+    from conftest import write_toy_data
+
+    worker_settings = ExperimentSettings(**{**settings.__dict__, "data": write_toy_data(tmp_path / "data")})
+    cells = grid_cells({**GRID, "methods": ["none"], "shots": [2], "trials": 2})
+    records = run_cells(cells, tmp_path / "r.jsonl", worker_settings, workers=2, progress=False)
+    setup = worker_settings.setup()
+    assert sorted(r["key"] for r in records) == sorted(record_key(c, 3e-2, setup) for c in cells)
+    pids = {json.loads(line)["pid"] for line in (tmp_path / "r.jsonl").read_text().splitlines()}
+    assert os.getpid() not in pids
+
+
+def test_longest_cells_go_first_and_ties_keep_grid_order():
+    grid = {"methods": ["none", "dwatt"], "regimes": ["fe"], "shots": [8, 128], "epochs": [25, 100]}
+    grid["trials"] = 1
+    ordered = [(c.epochs, c.shots, c.method) for c in longest_first(grid_cells(grid))]
+    assert ordered == [
+        (100, 128, "none"), (100, 128, "dwatt"),  # 12800 epoch-shots
+        (25, 128, "none"), (25, 128, "dwatt"),  # 3200
+        (100, 8, "none"), (100, 8, "dwatt"),  # 800
+        (25, 8, "none"), (25, 8, "dwatt"),  # 200
+    ]  # fmt: skip

@@ -1,0 +1,152 @@
+"""Summary table, confidence intervals and figures from a results file."""
+
+from __future__ import annotations
+
+import os
+import stat
+from types import SimpleNamespace
+
+import pytest
+from layerfusion_recipes.core.stats import excludes_zero, mean_ci
+from layerfusion_recipes.reporting import plot
+from layerfusion_recipes.reporting.plot import (
+    cell_text,
+    markdown_table,
+    paired_differences,
+    paired_table,
+    reported_score,
+    summarize,
+    write_report,
+)
+
+from peft_layerfusion.registration import ENCODER_METHODS
+
+
+def test_mean_ci_uses_student_t():
+    mean, half = mean_ci([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3**0.5, rel=1e-3)  # t(0.975, 2) = 4.303
+    assert mean_ci([0.7]) == (0.7, 0.0)
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def test_a_difference_is_resolved_only_when_its_interval_excludes_zero():
+    assert excludes_zero(-5.5, 1.2, 3) and excludes_zero(0.5, 0.4, 2)
+    assert not excludes_zero(2.0, 2.0, 3)  # the interval touches 0
+    assert not excludes_zero(2.0, 0.0, 1)  # one pair: no interval
+
+
+def test_the_paired_methods_derive_from_the_registry(monkeypatch):
+    assert plot.method_pairs() == (
+        ("dwatt", "extra_layers"),
+        ("concat", "extra_layers"),
+        ("dwatt", "concat"),
+        ("dwatt", "none"),
+        ("concat", "none"),
+        ("average", "extra_layers"),
+        ("scalar_mix", "extra_layers"),
+    )
+    # a newly registered method sized to the budget is paired without touching plot.py
+    new = SimpleNamespace(name="new", token_wise=True, module_cls=SimpleNamespace(sized_to_budget=True))
+    monkeypatch.setattr(plot, "ENCODER_METHODS", (*ENCODER_METHODS, new))
+    pairs = plot.method_pairs()
+    assert {("new", "extra_layers"), ("dwatt", "new"), ("concat", "new"), ("new", "none")} <= set(pairs)
+
+
+def _records():
+    records = []
+    for method, base in (("none", 0.4), ("dwatt", 0.6)):
+        for shots in (2, 4):
+            for trial, noise in enumerate((-0.1, 0.0, 0.1)):
+                record = {
+                    "key": f"{method}|fe|{shots}|5|{trial}",
+                    "method": method,
+                    "regime": "fe",
+                    "shots": shots,
+                    "epochs": 5,
+                    "trial": trial,
+                    "best_f1": base + noise + shots / 100,
+                    "curve": [{"epoch": e, "step": 3 * e, "dev_f1": base * e / 5} for e in range(1, 6)],
+                }
+                if method == "dwatt":
+                    record["depth_attention"] = [0.2, 0.3, 0.5]
+                    record["fused_layers"] = [1, 2, 3]
+                records.append(record)
+    return records
+
+
+def test_summarize_and_table_numbers():
+    rows = summarize(_records())
+    assert [(r["method"], r["shots"]) for r in rows] == [("none", 2), ("dwatt", 2), ("none", 4), ("dwatt", 4)]
+    assert rows[0]["mean"] == pytest.approx(42.0) and rows[0]["n"] == 3
+    assert rows[0]["ci"] == pytest.approx(4.303 * 10 / 3**0.5, rel=1e-3)
+    table = markdown_table(rows)
+    assert "| regime | epochs | shots | none | dwatt |" in table
+    assert "| fe | 5 | 4 | 44.0 ± 24.8 (n=3) | 64.0 ± 24.8 (n=3) |" in table
+
+
+def test_table_columns_follow_the_registry_whatever_cell_comes_first():
+    records = [r for r in _records() if (r["method"], r["shots"]) != ("none", 2)]  # N=2: dwatt alone
+    table = markdown_table(summarize(records))
+    assert "| regime | epochs | shots | none | dwatt |" in table
+    assert "| fe | 5 | 2 | - | 62.0 ± 24.8 (n=3) |" in table
+
+
+def test_write_report_writes_pngs(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        paths = write_report(_records(), tmp_path)
+    finally:
+        os.umask(previous)
+    for path in paths.values():  # others may read the results (mkstemp alone gives 0600)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    assert set(paths) == {"table", "f1_vs_shots", "dev_curves", "dwatt_attention"}
+    for name in ("f1_vs_shots", "dev_curves", "dwatt_attention"):
+        assert paths[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[name].stat().st_size > 5000
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob("tmp*"))
+    no_dwatt = [r for r in _records() if r["method"] == "none"]
+    assert "dwatt_attention" not in write_report(no_dwatt, tmp_path / "b")
+
+
+def test_paired_differences_use_each_method_at_its_selected_lr():
+    records = []
+    runs = (("dwatt", 1e-2, (0.60, 0.70, 0.65)), ("none", 1e-3, (0.40, 0.45, 0.55)))
+    for method, good_lr, test_scores in runs:
+        for lr in (1e-3, 1e-2):
+            for trial, test in enumerate(test_scores):
+                chosen = lr == good_lr
+                records.append({
+                    "key": f"{method}|{lr}|{trial}", "setup": "s", "method": method, "regime": "fe",
+                    "shots": 8, "epochs": 5, "trial": trial, "lr": lr,
+                    "dev_f1": 0.9 if chosen else 0.1, "test_f1": test if chosen else 0.0,
+                })  # fmt: skip
+    differences = paired_differences(records, summarize(records))
+    (dwatt_none,) = [d for d in differences if d["pair"] == ("dwatt", "none")]
+    mean, half = mean_ci([20.0, 25.0, 10.0])  # (60-40, 70-45, 65-55) in points
+    assert dwatt_none["n"] == 3 and dwatt_none["mean"] == pytest.approx(mean)
+    assert dwatt_none["ci"] == pytest.approx(half)
+    assert "| fe | 5 | 8 | +18.3 ± 19.0 |" in paired_table(differences)  # CI wider than the mean: not bold
+
+
+def test_reported_score_is_test_f1_only_where_the_cell_reports_test():
+    record = {"dev_f1": 0.6, "test_f1": 0.5}
+    assert reported_score(record, "test") == 0.5
+    assert reported_score(record, "dev") == 0.6
+    assert reported_score({"best_f1": 0.4}, "dev") == 0.4  # files from before dev_f1
+
+
+def test_a_cell_of_one_trial_claims_no_interval():
+    row = {"mean": 46.0, "ci": 0.0, "lr": 3e-4, "edge": False, "score": "test", "dev_mean": 57.1}
+    assert cell_text({**row, "n": 1}) == "46.0 @0.0003 (dev 57.1) (n=1)"
+    assert cell_text({**row, "n": 2}) == "46.0 ± 0.0 @0.0003 (dev 57.1) (n=2)"
+
+
+def test_a_setup_column_only_where_one_group_mixes_setups():
+    """Languages differ in setup (the language is part of it): that alone adds no setup column."""
+    rows = []
+    for language, setup in (("en", "s-en"), ("de", "s-de")):
+        rows += [{**row, "setup": setup, "language": language} for row in summarize(_records())]
+    header = markdown_table(rows, lead=("language",)).splitlines()[0]
+    assert header.startswith("| language | regime |")
+    rows.append({**rows[0], "setup": "s-en-other"})
+    assert markdown_table(rows, lead=("language",)).splitlines()[0].startswith("| language | setup |")

@@ -1,0 +1,156 @@
+"""`layerfusion ner|sweep|plot|mlm`: help for every option, smoke runs on a tiny random model."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+from conftest import write_tiny_model, write_toy_data
+from layerfusion_recipes.arguments import DEFAULT_LR_GRIDS
+from layerfusion_recipes.cli import COMMANDS, build_parser, main
+from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.sweep_log import read_sweep_log
+from layerfusion_recipes.ner.experiment import Experiment
+
+RECIPES = tuple(COMMANDS)
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_option_has_help(name, capsys):
+    parser = _subparsers()[name]
+    for action in parser._actions:
+        assert action.help and len(action.help) > 10, (name, action.dest)
+    with pytest.raises(SystemExit) as exit_info:
+        main([name, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: layerfusion " + name in capsys.readouterr().out
+
+
+def test_help_imports_no_heavy_library():
+    """`layerfusion --help` and every `layerfusion COMMAND --help` build their parsers from the
+    standard library alone: torch, transformers and peft load only when a command runs."""
+    script = (
+        "import sys\n"
+        "from layerfusion_recipes.cli import build_parser\n"
+        "build_parser()\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'peft', 'peft_layerfusion', 'datasets') "
+        "if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_unknown_method_is_one_line_with_the_allowed_names(capsys):
+    assert main(["ner", "--methods", "dwat", "--model", "m", "--data", "d", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "layerfusion ner: error: --methods: unknown ['dwat']; allowed: "
+        + ", ".join(["none", "dwatt", "concat", "average", "scalar_mix", "extra_layers"])
+    ]
+
+
+def test_methods_lists_the_registry(capsys):
+    from peft_layerfusion.registration import METHODS
+
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert all(method.name in out and method.name.upper() in out for method in METHODS)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    return write_tiny_model(root / "model"), write_toy_data(root / "data", train=30, dev=8, test=8)
+
+
+def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys):
+    model, data = tiny
+    argv = [
+        "ner",
+        "--model",
+        model,
+        "--data",
+        data,
+        "--methods",
+        "none",
+        "dwatt",
+        "--shots",
+        "2",
+        "--epochs",
+        "2",
+        "--trials",
+        "2",
+        "--lr",
+        "0.03",
+        "--output",
+        str(tmp_path),
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| regime | epochs | shots | none | dwatt |" in out and "(n=2)" in out
+    assert len(read_records(tmp_path / "results.jsonl")) == 4
+    for name in ("table.md", "f1_vs_shots.png", "dev_curves.png", "dwatt_attention.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert main(argv) == 0  # resumed: nothing to run
+    assert len(read_records(tmp_path / "results.jsonl")) == 4
+    assert main(["plot", str(tmp_path / "results.jsonl"), "--output", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "f1_vs_shots.png").exists()
+
+
+def test_sweep_from_yaml(tiny, tmp_path, capsys):
+    model, data = tiny
+    config = tmp_path / "grid.yaml"
+    config.write_text(
+        f"model: {model}\ndata: {data}\nmethods: [average]\nshots: [2, 3]\nepochs: [1]\ntrials: 1\n"
+    )
+    assert main(["sweep", "--config", str(config), "--results", str(tmp_path / "r.jsonl"), "--quiet"]) == 0
+    records = read_records(tmp_path / "r.jsonl")  # no lr given: the FE regime's default grid
+    size = len(DEFAULT_LR_GRIDS["fe"])
+    assert sorted(r["shots"] for r in records) == [2] * size + [3] * size
+    assert sorted({r["lr"] for r in records}) == list(DEFAULT_LR_GRIDS["fe"])
+    assert "average" in capsys.readouterr().out
+
+
+def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, monkeypatch):
+    model, data = tiny
+    config = tmp_path / "grid.yaml"
+    config.write_text(
+        f"model: {model}\ndata: {data}\nmethods: [none]\nshots: [2, 3]\nepochs: [1]\ntrials: 1\nlr: 0.03\n"
+        f"output: {tmp_path / 'out'}\n"
+    )
+    argv = ["sweep", "--config", str(config), "--quiet"]
+    monkeypatch.setattr(sys, "argv", ["layerfusion", *argv])
+    run = Experiment.run  # one LR per cell: each cell is one run
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C during the second cell
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Experiment, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert len(calls) == 2
+    monkeypatch.setattr(Experiment, "run", run)
+    assert main(argv) == 0  # resumes: the second cell only
+    results = tmp_path / "out" / "results.jsonl"
+    assert len(read_records(results)) == 2
+    first, second = read_sweep_log(results)
+    assert (first["completed"], first["error"]) == (False, "KeyboardInterrupt")
+    assert (second["completed"], second["error"]) == (True, None)
+    assert (first["runs"], first["runs_total"], second["runs"], second["runs_total"]) == (1, 1, 1, 2)
+    for line in first, second:
+        assert line["argv"] == ["layerfusion", *argv] and line["config"] == str(config)
+        assert (line["workers"], line["threads"], line["num_processes"], line["runs_planned"]) == (1, 1, 1, 2)
+        assert line["peak_rss_mb"] == max(line["peak_rss_self_mb"], line["peak_rss_children_mb"]) > 0
+        assert line["wall_s"] > 0 and line["results"] == str(results)
