@@ -1,47 +1,53 @@
-"""One experiment (model + data) and the runs of its cells: method x regime x shots x epochs x trial.
+"""NER over the shared few-shot core: one experiment (model + data) and the runs of its cells.
 
-The :class:`Experiment` loads the tokenizer, encodes the dev split once and, for the FE
-regime, owns the :class:`~layerfusion_recipes.ner.cache.FeatureCache` shared by every cell.
-:meth:`Experiment.run` trains one cell and returns a JSON-ready record. Seeds: trial ``t`` draws its
-N-shot sample from seed ``(t, shots)`` (so every method sees the same sample in a trial: paired comparison)
-and initialises the head and fusion module from seed ``seed + t``.
+The :class:`Experiment` loads the tokenizer, encodes the dev and test splits once and, for the FE
+regime, owns the feature cache shared by every cell
+(:class:`~layerfusion_recipes.core.experiment.FewShotExperiment` does the rest). What is NER's own:
+the token classifier, the N-shot sample (``N * C`` sentences uniformly, C = entity types;
+:func:`sample_size`), the loss at the labelled positions
+(:class:`~layerfusion_recipes.ner.training.TokenClassifierRunner`), seqeval's micro-F1
+(:class:`~layerfusion_recipes.ner.scoring.SpanScorer`) and the gold entities the model cannot reach.
 
-Learning rates: a cell trains every LR of its regime's grid (``--lr`` values, else
-:data:`DEFAULT_LR_GRIDS`); :meth:`Experiment.run_lrs` trains them together on the feature
-cache (:mod:`layerfusion_recipes.ner.candidates`) and one after another otherwise. A record's ``key`` names
-the cell, its own LR and the settings that change a result (:meth:`ExperimentSettings.setup`),
-never the grid it ran in; :mod:`layerfusion_recipes.core.selection` picks the LR per cell on dev.
+Seeds (:mod:`layerfusion_recipes.core.cells`): trial ``t`` draws its N-shot sample from seed
+``(shots, t)`` (so every method sees the same sample in a trial: paired comparison) and initialises
+the head and fusion module from seed ``seed + t``. A record's ``key`` names the cell, its own LR and
+the settings that change a result (:data:`SETUP_FIELDS`), never the grid it ran in.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
-from peft_layerfusion.discovery import find_encoder_blocks
-from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
-from peft_layerfusion.registration import method_named
-from peft_layerfusion.utils import eval_mode
-
-from ..arguments import DEFAULT_LR_GRIDS, lr_grid
-from ..core.models import PLAIN_HEAD, adapter_summary, apply_regime, load_token_classifier, regime_options
+from ..core.cells import Cell, lrs_train_together, record_key, sample_seed
+from ..core.experiment import FewShotExperiment, TaskSettings
+from ..core.fitting import RunResult
+from ..core.models import load_token_classifier
+from ..core.runner import Runner
 from ..data.gold import GoldReach, gold_reach
-from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
+from ..data.readers import NerDataset, encode_ner
 from ..data.sampling import sample_shots
 from ..data.sources import NerColumns, load_ner
-from .cache import FeatureCache
-from .candidates import StackedRunner, train_candidates
-from .training import RunResult, TokenClassifierRunner, TrainSettings, train_token_classifier
+from .candidates import StackedRunner
+from .scoring import SpanScorer
+from .training import RunResult as NerRunResult
+from .training import TokenClassifierRunner
 
-FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
-FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
+__all__ = [
+    "Cell",
+    "Experiment",
+    "ExperimentSettings",
+    "check_sample_sizes",
+    "lrs_train_together",
+    "record_key",
+    "sample_seed",
+    "sample_size",
+]
+
 # ExperimentSettings fields that change a result, hence part of every record key
 SETUP_FIELDS = (
     "model",
@@ -60,34 +66,8 @@ SETUP_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One point of the grid; ``key`` identifies it in a results file."""
-
-    method: str
-    regime: str
-    shots: int
-    epochs: int
-    trial: int
-
-    @property
-    def key(self) -> str:
-        """The cell's place in the grid (a record key adds its LR and setup: :func:`record_key`)."""
-        return f"{self.method}|{self.regime}|{self.shots}|{self.epochs}|{self.trial}"
-
-
-def record_key(cell: Cell, lr: float, setup: str) -> str:
-    """Key of the record of ``cell`` trained at max LR ``lr`` under settings ``setup``.
-
-    Example:
-        >>> record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
-        'dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
-    """
-    return f"{cell.key}|lr={float(lr)!r}|{setup}"
-
-
 @dataclass
-class ExperimentSettings:
+class ExperimentSettings(TaskSettings):
     """Everything about an experiment except the grid.
 
     Args:
@@ -118,68 +98,18 @@ class ExperimentSettings:
             the paper's WikiANN protocol. ``False``: a new sample each trial.
     """
 
-    model: str
-    data: str
+    SETUP_FIELDS: ClassVar[tuple[str, ...]] = SETUP_FIELDS
+
     language: str | None = None
     tokens_column: str | None = None
     tags_column: str | None = None
     label_names: tuple[str, ...] | None = None
     tag_scheme: str = "auto"
-    max_length: int = 128
-    lr: float | Sequence[float] | None = None
-    batch_size: int = 16
-    eval_every: int = 1
-    seed: int = 0
-    use_cache: bool = True
-    cache_dir: str | None = None
-    head_modules: tuple[str, ...] = ("classifier",)
-    method_options: dict[str, Any] = field(default_factory=dict)
-    dev_limit: int | None = None
-    test_limit: int | None = None
     train_sentences: int | None = None
-    fixed_sample: bool = False
 
-    def lr_for(self, regime: str) -> float:
-        """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
-        if self.lr is None:
-            return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
-        grid = self.lr_grid(regime)
-        if len(grid) != 1:
-            raise ValueError(f"lr has {len(grid)} values {list(grid)}: pick one for a lone run")
-        return grid[0]
-
-    def lr_grid(self, regime: str) -> tuple[float, ...]:
-        """The LR candidates of ``regime``: the ``lr`` values (sorted, unique) or its default grid.
-
-        Example:
-            >>> ExperimentSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
-            (0.001, 0.003)
-        """
-        try:
-            return lr_grid(self.lr, DEFAULT_LR_GRIDS, regime, "lr")
-        except ValueError as error:  # the whole value, as the YAML file or caller gave it
-            raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}") from error
-
-    def setup(self) -> str:
-        """Fingerprint (12 hex digits) of the settings that change a result (:data:`SETUP_FIELDS`).
-
-        Existing model and data paths count by their absolute real path.
-
-        Example:
-            >>> ExperimentSettings("m", "d").setup() == ExperimentSettings("m", "e").setup()
-            False
-        """
-        text = json.dumps(self.setup_fields(), sort_keys=True, default=str)
-        return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-    def setup_fields(self) -> dict[str, Any]:
-        """The :data:`SETUP_FIELDS` of these settings (paths made absolute), as stored in records."""
-        fields = {name: getattr(self, name) for name in SETUP_FIELDS}
-        for name in ("model", "data"):
-            if os.path.exists(fields[name]):
-                fields[name] = os.path.realpath(fields[name])
-        fields["head_modules"] = list(fields["head_modules"])
-        return fields
+    def make_experiment(self) -> Experiment:
+        """The :class:`Experiment` of these settings (what a sweep's workers build)."""
+        return Experiment(self)
 
 
 def sample_size(settings: ExperimentSettings, shots: int, num_types: int) -> int:
@@ -215,13 +145,9 @@ def check_sample_sizes(
         )
 
 
-def sample_seed(shots: int, trial: int) -> int:
-    """Seed of the N-shot sample of a trial (stable across processes and Python versions)."""
-    return int(hashlib.sha1(f"{shots}|{trial}".encode()).hexdigest()[:8], 16)
-
-
-class Experiment:
-    """Model + data, prepared once; :meth:`run` trains one :class:`Cell`.
+class Experiment(FewShotExperiment):
+    """Model + data, prepared once; :meth:`run` trains one :class:`Cell` (see
+    :class:`~layerfusion_recipes.core.experiment.FewShotExperiment`).
 
     Args:
         settings: See :class:`ExperimentSettings`.
@@ -240,6 +166,7 @@ class Experiment:
             settings.tokens_column, settings.tags_column, settings.label_names, settings.tag_scheme
         )
         self.data = dataset if dataset is not None else load_ner(settings.data, settings.language, 0, columns)
+        self.data_name = self.data.name
         self.labels = self.data.labels
         self.label2id = {label: i for i, label in enumerate(self.labels)}
         self.id2label = dict(enumerate(self.labels))
@@ -264,7 +191,7 @@ class Experiment:
         )  # empty without a test split: records then carry test_f1 = None
         self.test_reach = self._check_reach(gold_reach(self.test, self.id2label), "test")
         self.setup = settings.setup()
-        self._cache: FeatureCache | None = None
+        self._cache = None
 
     def _check_reach(self, reach: GoldReach, split: str) -> GoldReach:
         """Say how many gold entities of ``split`` the model cannot see; refuse when it sees none."""
@@ -281,6 +208,12 @@ class Experiment:
     def num_types(self) -> int:
         return len(self.data.entity_types)
 
+    def load_model(self, seed: int) -> torch.nn.Module:
+        return load_token_classifier(self.settings.model, len(self.labels), seed=seed)
+
+    def check_shots(self, shots: Iterable[int]) -> None:
+        check_sample_sizes(self.settings, shots, len(self.data.train), self.num_types)
+
     def train_sample(self, shots: int, trial: int) -> list[dict]:
         """The encoded training sentences of a trial (raises if the train split is too small)."""
         check_sample_sizes(self.settings, [shots], len(self.data.train), self.num_types)
@@ -292,186 +225,26 @@ class Experiment:
         sample = sample_shots(self.data.train, size, types, sample_seed(shots, sample_trial))
         return encode_ner(self.tokenizer, sample, self.label2id, self.settings.max_length)
 
-    def cache(self) -> FeatureCache:
-        """The feature cache (built on first use, dev set filled)."""
-        if self._cache is None:
-            base = load_token_classifier(self.settings.model, len(self.labels), seed=0)
-            self._cache = FeatureCache(
-                base,
-                find_encoder_blocks(base),
-                self.settings.model,
-                self.settings.max_length,
-                self.settings.cache_dir,
-                tokenizer=self.tokenizer,
-            )
-            self._cache.fill(self.dev + self.test)
-        return self._cache
+    def scorer_of(self, features: Sequence[dict]) -> SpanScorer:
+        return SpanScorer(features, self.id2label)
 
-    def build(self, cell: Cell) -> tuple[torch.nn.Module, Any]:
-        """The model of a cell (init seeded by the trial) and its encoder blocks."""
-        base = load_token_classifier(
-            self.settings.model, len(self.labels), seed=self.settings.seed + cell.trial
-        )
-        located = find_encoder_blocks(base)
-        torch.manual_seed(self.settings.seed + cell.trial)
-        model = apply_regime(
-            base,
-            cell.method,
-            cell.regime,
-            head_modules=self.settings.head_modules,
-            **regime_options(cell.regime, self.settings.method_options),
-        )
-        return model, located
+    def runner(self, model: torch.nn.Module, located, cache, count: int | None = None) -> Runner:
+        if count is None:
+            return TokenClassifierRunner(model, located, cache)
+        return StackedRunner(model, count, located, cache)
 
-    def run(self, cell: Cell, use_cache: bool | None = None, lr: float | None = None) -> dict[str, Any]:
-        """Train one cell at one LR (default :meth:`ExperimentSettings.lr_for`); returns its record.
-
-        The record holds ``key`` (:func:`record_key`), the cell fields, ``lr``, ``dev_f1`` (best
-        dev F1, also ``best_f1``), ``best_epoch``, ``test_f1`` (test F1 of the best dev epoch;
-        ``None`` without a test split), ``curve``, ``setup`` and ``settings`` (what the key hashes).
-        """
-        use_cache = self.settings.use_cache if use_cache is None else use_cache
-        lr = self.settings.lr_for(cell.regime) if lr is None else float(lr)
-        train = self.train_sample(cell.shots, cell.trial)
-        model, located = self.build(cell)
-        cache = self._filled_cache(train) if use_cache and cell.regime == "fe" else None
-        runner = TokenClassifierRunner(model, located, cache)
-        result = train_token_classifier(
-            runner, train, self.dev, self.id2label, self.train_settings(cell, lr), test=self.test or None
-        )
-        return self._record(cell, lr, result, runner, len(train))
-
-    def run_lrs(
-        self, cell: Cell, lrs: Sequence[float], use_cache: bool | None = None
-    ) -> list[dict[str, Any]]:
-        """Train one cell at each LR of ``lrs``; one record per LR, each equal to :meth:`run`'s.
-
-        On the feature cache (FE) the candidates of a token-wise method (the plain head, Average,
-        ScalarMix, Concat, DWAtt) train together in one pass
-        (:func:`~layerfusion_recipes.ner.candidates.train_candidates`); otherwise one after another: the
-        uncached regimes, and R+n, whose extra block has no vmap batching rule for CPU attention (4 LRs
-        stacked measured at 8x one LR; one after another they cost 4x). See :meth:`iter_lrs`.
-
-        Example:
-            >>> [r["dev_f1"] for r in experiment.run_lrs(Cell("dwatt", "fe", 8, 25, 0), [1e-3, 1e-2])]
-        """
-        return list(self.iter_lrs(cell, lrs, use_cache))
-
-    def iter_lrs(
-        self, cell: Cell, lrs: Sequence[float], use_cache: bool | None = None
-    ) -> Iterator[dict[str, Any]]:
-        """:meth:`run_lrs`, yielding each record as soon as it exists: where the LRs run one after
-        another, a sweep stores each run when it ends (an interrupted cell keeps its finished LRs).
-
-        Example:
-            >>> for record in experiment.iter_lrs(Cell("none", "lora", 8, 25, 0), [1e-3, 1e-2]):
-            ...     append_record("results.jsonl", record)
-        """
-        use_cache = self.settings.use_cache if use_cache is None else use_cache
-        if len(lrs) < 2 or not lrs_train_together(cell, use_cache):
-            for lr in lrs:
-                yield self.run(cell, use_cache, lr)
-            return
-        model, located = self.build(cell)
-        train = self.train_sample(cell.shots, cell.trial)
-        runner = StackedRunner(model, len(lrs), located, self._filled_cache(train))
-        results = train_candidates(
-            runner, train, self.dev, self.id2label, self.train_settings(cell, lrs[0]), lrs, self.test or None
-        )
-        for index, (lr, result) in enumerate(zip(lrs, results, strict=True)):
-            runner.load_candidate(index)  # the model as this candidate's lone run leaves it
-            yield self._record(cell, float(lr), result, runner, len(train))
-
-    def train_settings(self, cell: Cell, lr: float) -> TrainSettings:
-        """The optimisation settings of ``cell`` at max LR ``lr``."""
-        return TrainSettings(
-            epochs=cell.epochs,
-            lr=lr,
-            batch_size=self.settings.batch_size,
-            eval_every=self.settings.eval_every,
-            seed=self.settings.seed + cell.trial,
-        )
-
-    def _filled_cache(self, train: list[dict]) -> FeatureCache:
-        cache = self.cache()
-        cache.fill(train)
-        return cache
-
-    def _record(
-        self, cell: Cell, lr: float, result: RunResult, runner: TokenClassifierRunner, train_size: int
-    ) -> dict[str, Any]:
-        """The JSON-ready record of one run (``runner.model`` in the state the run left it)."""
-        record = {
-            "key": record_key(cell, lr, self.setup),
-            **asdict(cell),
-            **result.to_dict(),
-            "dev_f1": result.best_f1,
-            "train_sentences": train_size,
+    def record_fields(self, result: RunResult, train: Sequence[dict]) -> dict[str, Any]:
+        """NER's fields: ``best_f1``/``dev_f1`` (best dev micro-F1), ``best_epoch``, ``curve``,
+        ``seconds``, ``test_f1`` (test micro-F1 of the best dev epoch; ``None`` without a test
+        split), the sample's size and the gold entities of dev and test (and how many are out of
+        reach)."""
+        ner = NerRunResult.of(result)
+        return {
+            **ner.to_dict(),
+            "dev_f1": ner.best_f1,
+            "train_sentences": len(train),
             "dev_entities": self.dev_reach.entities,
             "dev_entities_out_of_reach": self.dev_reach.out_of_reach,
             "test_entities": self.test_reach.entities,
             "test_entities_out_of_reach": self.test_reach.out_of_reach,
-            "lr": lr,
-            "cached": runner.cache is not None,
-            "model": self.settings.model,
-            "data": self.data.name,
-            "setup": self.setup,
-            "settings": self.settings.setup_fields(),
-            "pid": os.getpid(),
         }
-        if self.settings.method_options:
-            record["method_options"] = dict(self.settings.method_options)  # e.g. {"lora_r": 114}
-        adapter = adapter_summary(runner.model)
-        if adapter is not None:  # AdapterHub regimes: e.g. {"kind": "seqbn", "reduction_factor": 16.0, ...}
-            record["adapter"] = adapter
-        layer = fusion_layer_of(runner.model)
-        if layer is not None and active_fusion_module(runner.model).shows_depth_attention:
-            plain = TokenClassifierRunner(runner.model, runner.located, runner.cache)
-            record["depth_attention"] = depth_attention_profile(plain, self.dev)
-            record["fused_layers"] = list(next(iter(layer.fused_layers.values())))
-        return record
-
-
-def lrs_train_together(cell: Cell, use_cache: bool) -> bool:
-    """Whether :meth:`Experiment.run_lrs` trains the LRs of ``cell`` together in one pass: on the
-    feature cache (FE) with the plain head or a token-wise fusion method (the registry's flag).
-
-    Example:
-        >>> lrs_train_together(Cell("extra_layers", "fe", 8, 25, 0), use_cache=True)
-        False
-    """
-    if not (use_cache and cell.regime == "fe"):
-        return False
-    return cell.method == PLAIN_HEAD or method_named(cell.method).token_wise
-
-
-@torch.no_grad()
-def depth_attention_profile(
-    runner: TokenClassifierRunner, features: list[dict], batch_size: int = 64
-) -> list[float]:
-    """DWAtt's depth-attention weights ``a_n`` averaged over the labelled tokens of ``features``.
-
-    Returns one weight per fused layer (they sum to 1).
-
-    Example:
-        >>> depth_attention_profile(TokenClassifierRunner(model), dev_features)  # e.g. [0.1, 0.05, ..., 0.4]
-    """
-    module = active_fusion_module(runner.model)
-    seen: list[torch.Tensor] = []
-    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[1].states[-1]))
-    total, count = None, 0
-    device = next(runner.model.parameters()).device  # the device its run trained it on
-    with eval_mode(runner.model):
-        try:
-            for start in range(0, len(features), batch_size):
-                _, labels = runner.logits(features[start : start + batch_size], device)
-                # the runner fuses the labelled positions only: the module saw exactly those
-                weights = module.depth_attention(seen.pop()).flatten(0, -2)  # (labelled tokens, K)
-                if weights.shape[0] != int((labels != IGNORE_INDEX).sum()):
-                    raise RuntimeError("depth attention was not computed on the labelled tokens only")
-                summed = weights.sum(0)  # (K,)
-                total = summed if total is None else total + summed
-                count += weights.shape[0]
-        finally:
-            handle.remove()
-    return (total / max(count, 1)).tolist()

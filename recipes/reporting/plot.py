@@ -1,16 +1,21 @@
 """``layerfusion plot``: paper-style figures and a markdown table from a results file.
 
-* ``f1_vs_shots.png``: per method, the reported F1 (test F1 at the dev-selected LR and epoch;
-  best dev F1 without a test split) vs shots (mean over trials, 95% t-CI band), each point
-  labelled with its selected LR ("edge": at the edge of its grid), one panel per max-epochs
-  (and regime);
+The score is the records' metric (:func:`~layerfusion_recipes.core.selection.record_metric`):
+seqeval micro-F1 for NER (``F1`` below), accuracy (and macro-F1 beside it) for ``classify``.
+
+* ``f1_vs_shots.png`` (``accuracy_vs_shots.png``...): per method, the reported score (test score
+  at the dev-selected LR and epoch; best dev score without a test split) vs shots (mean over
+  trials, 95% t-CI band; the full train set at the right, "all"), each point labelled with its
+  selected LR ("edge": at the edge of its grid), one panel per max-epochs (and regime);
 * ``f1_vs_lr.png`` (when a cell has several LRs): mean dev F1 (solid) and test F1 (dashed) vs
   LR per method, the selected LR marked, one panel per (regime, epochs, shots);
 * ``dev_curves.png``: dev F1 vs training steps (mean over trials) per method;
 * ``dwatt_attention.png``: for DWAtt cells, the mean depth-attention weight of every fused
   layer (which layers the task uses), one row per (regime, shots, epochs);
 * ``table.md``: per cell, the selected LR and test F1 mean +- CI, best dev F1 beside it,
-  a selected LR at the edge of its grid flagged ("widen the grid").
+  a selected LR at the edge of its grid flagged ("widen the grid"); the paired differences; for
+  records with several metrics (``classify``: accuracy, macro-F1) one table and paired table
+  each, every one at the LR and epoch the first metric selected on dev.
 
 LR selection: :mod:`layerfusion_recipes.core.selection`.
 """
@@ -19,21 +24,82 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
+from ..core.cells import FULL_TRAIN
 from ..core.models import METHOD_NAMES, PLAIN_HEAD
 from ..core.records import read_records
-from ..core.selection import cell_of, cells, dev_f1, select_lr
+from ..core.selection import cell_of, cells, dev_score, record_metric, select_lr, test_score
 from ..core.stats import excludes_zero, mean_ci, paired_mean_ci
 
 GROUP = ("regime", "epochs", "shots", "method")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How the tables and figures name a metric.
+
+    Args:
+        long: In a legend's "Test ..." (``micro-F1 (seqeval)``).
+        short: After "dev" (``F1``).
+        axis: On a figure's axis (``micro-F1``).
+    """
+
+    long: str
+    short: str
+    axis: str
+
+
+METRICS: dict[str, Metric] = {
+    "f1": Metric("micro-F1 (seqeval)", "F1", "micro-F1"),
+    "accuracy": Metric("accuracy", "accuracy", "accuracy"),
+    "macro_f1": Metric("macro-F1", "macro-F1", "macro-F1"),
+}
+
+
+def metric_named(metric: str) -> Metric:
+    """The :class:`Metric` of a record metric (an unknown one is named as it is)."""
+    return METRICS.get(metric, Metric(metric, metric, metric))
+
+
+def record_metrics(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The metrics the records hold, the selecting one first: their ``metrics`` field (``classify``),
+    else their :func:`~layerfusion_recipes.core.selection.record_metric` (NER: ``["f1"]``).
+
+    Example:
+        >>> record_metrics([{"metric": "accuracy", "metrics": ["accuracy", "macro_f1"]}])
+        ['accuracy', 'macro_f1']
+        >>> record_metrics([{"dev_f1": 0.5}])
+        ['f1']
+    """
+    found: dict[str, None] = {}
+    for record in records:
+        found.update(dict.fromkeys(record.get("metrics", [record_metric(record)])))
+    return list(found)
+
+
+def shots_order(shots: int) -> float:
+    """Sort key of shots: the full train set after every N."""
+    return math.inf if shots == FULL_TRAIN else shots
+
+
+def shots_text(shots: int) -> str:
+    """The shots of a cell as the tables write them: ``all`` for the full train set.
+
+    Example:
+        >>> shots_text(8), shots_text(FULL_TRAIN)
+        ('8', 'all')
+    """
+    return "all" if shots == FULL_TRAIN else str(shots)
 
 
 def method_rank(method: str) -> tuple[int, str]:
@@ -43,14 +109,15 @@ def method_rank(method: str) -> tuple[int, str]:
     return known, method
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(records: Sequence[dict[str, Any]], metric: str | None = None) -> list[dict[str, Any]]:
     """One row per cell (setup, regime, epochs, shots, method), its LR selected on dev.
 
-    Row fields: the cell's, ``lr`` (selected), ``lrs`` (its grid), ``edge`` (selected LR at the
-    edge of a grid of 2+), ``mean``/``ci``/``n`` (the reported score in points: test F1 at the
-    dev-selected LR when every run there has one, else best dev F1; ``score`` says which),
-    ``dev_mean``/``dev_ci`` (best dev F1 at the selected LR, the paper's number), and per LR
-    ``dev_by_lr`` / ``test_by_lr`` (means in points; test ``None`` where missing).
+    Row fields: the cell's, ``lr`` (selected, on the records' own metric), ``lrs`` (its grid),
+    ``edge`` (selected LR at the edge of a grid of 2+), ``metric`` (the reported one: ``metric``,
+    else the records' own), ``mean``/``ci``/``n`` (the reported score in points: test score at the
+    dev-selected LR when every run there has one, else best dev score; ``score`` says which),
+    ``dev_mean``/``dev_ci`` (dev score at the selected LR and each run's best epoch, the paper's
+    number), and per LR ``dev_by_lr`` / ``test_by_lr`` (means in points; test ``None`` where missing).
 
     Example:
         >>> record = {"key": "k", "regime": "fe", "epochs": 25, "shots": 8, "method": "dwatt", "best_f1": 0.5}
@@ -59,13 +126,14 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     rows = []
     grouped = cells(records)
-    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], c[3], method_rank(c[4]))):
+    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], shots_order(c[3]), method_rank(c[4]))):
         runs = grouped[cell]
         selection = select_lr(runs)
+        own = metric or record_metric(runs[0])
         chosen = [r for r in runs if r.get("lr") == selection.lr]
-        dev_mean, dev_ci = mean_ci([100.0 * dev_f1(r) for r in chosen])
-        score = "test" if all(r.get("test_f1") is not None for r in chosen) else "dev"
-        mean, half = mean_ci([100.0 * reported_score(r, score) for r in chosen])
+        dev_mean, dev_ci = mean_ci([100.0 * dev_score(r, own) for r in chosen])
+        score = "test" if all(test_score(r, own) is not None for r in chosen) else "dev"
+        mean, half = mean_ci([100.0 * reported_score(r, score, own) for r in chosen])
         rows.append(
             {
                 **dict(zip(("setup", *GROUP), cell, strict=True)),
@@ -73,26 +141,36 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "lrs": selection.lrs,
                 "edge": selection.at_edge,
                 "selection_trials": selection.trials,
+                "metric": own,
+                "selected_by": record_metric(runs[0]),
                 "score": score,
                 "mean": mean,
                 "ci": half,
                 "n": len(chosen),
                 "dev_mean": dev_mean,
                 "dev_ci": dev_ci,
-                "dev_by_lr": {lr: 100.0 * m for lr, m in selection.dev_means.items()},
-                "test_by_lr": _test_means(runs, selection.lrs),
+                "dev_by_lr": (
+                    {lr: 100.0 * m for lr, m in selection.dev_means.items()}
+                    if own == record_metric(runs[0])
+                    else _means(runs, selection.lrs, dev_score, own)
+                ),
+                "test_by_lr": _means(runs, selection.lrs, test_score, own),
             }
         )
     return rows
 
 
-def _test_means(
-    runs: Sequence[dict[str, Any]], lrs: Sequence[float | None]
+def _means(
+    runs: Sequence[dict[str, Any]],
+    lrs: Sequence[float | None],
+    score: Callable[[dict, str], float | None],
+    metric: str,
 ) -> dict[float | None, float | None]:
+    """Mean ``score(run, metric)`` of the runs at each LR, in points (``None`` where a run has none)."""
     means = {}
     for lr in lrs:
-        tests = [r.get("test_f1") for r in runs if r.get("lr") == lr]
-        means[lr] = 100.0 * sum(tests) / len(tests) if all(t is not None for t in tests) else None
+        values = [score(r, metric) for r in runs if r.get("lr") == lr]
+        means[lr] = 100.0 * sum(values) / len(values) if all(v is not None for v in values) else None
     return means
 
 
@@ -172,26 +250,50 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> 
     for (*leading, setup_name, regime, epochs, shots), texts in by_cell.items():
         first = [setup_name or "(legacy)"] if setup else []
         lines.append(
-            markdown_row([*leading, *first, regime, epochs, shots, *(texts.get(m, "-") for m in methods)])
+            markdown_row(
+                [*leading, *first, regime, epochs, shots_text(shots), *(texts.get(m, "-") for m in methods)]
+            )
         )
-    tested = any(row["score"] == "test" for row in rows)
-    legend = (
-        "\nTest micro-F1 (seqeval) at each run's best dev epoch, mean ± 95% CI (t) over trials, at the LR "
-        "(@) selected on dev (mean best dev F1 over trials, ties to the smaller LR); (dev x) is the best "
-        "dev F1 at that LR (the paper's number, chosen on the data it reports).\n"
-        if tested
-        else "\nDev micro-F1 (seqeval), best over epochs, mean ± 95% CI (t) over trials, at the LR (@) "
-        "selected on dev (the records have no test score: no test split, or written before test scoring; "
-        "this number is optimistic).\n"
-    )
+    legend = table_legend(rows)
     flagged = [row for row in rows if row["edge"]]
     if flagged:
         legend += "\n⚠ widen the grid: the selected LR is at the edge of its grid:\n" + "".join(
-            f"- {_lead_text(r, lead)}{r['method']} {r['regime']} {r['epochs']} epochs N={r['shots']}: "
+            f"- {_lead_text(r, lead)}{r['method']} {r['regime']} {r['epochs']} epochs "
+            f"N={shots_text(r['shots'])}: "
             f"{format_lr(r['lr'])} of [{', '.join(map(format_lr, r['lrs']))}]\n"
             for r in flagged
         )
     return "\n".join(lines) + "\n" + legend
+
+
+def table_legend(rows: Sequence[dict[str, Any]]) -> str:
+    """The legend under :func:`markdown_table`: which score, where its epoch and LR come from.
+
+    Example:
+        >>> table_legend([{"score": "test", "metric": "accuracy", "selected_by": "accuracy"}])[:40]
+        "\\nTest accuracy at each run's best dev epoch"
+    """
+    tested = any(row["score"] == "test" for row in rows)
+    own, by = (rows[0].get("metric", "f1"), rows[0].get("selected_by", "f1")) if rows else ("f1", "f1")
+    metric, selecting = metric_named(own), metric_named(by)
+    if not tested:
+        return (
+            f"\nDev {metric.long}, best over epochs, mean ± 95% CI (t) over trials, at the LR (@) "
+            "selected on dev (the records have no test score: no test split, or written before test scoring; "
+            "this number is optimistic).\n"
+        )
+    if own == by:
+        return (
+            f"\nTest {metric.long} at each run's best dev epoch, mean ± 95% CI (t) over trials, at the LR "
+            f"(@) selected on dev (mean best dev {selecting.short} over trials, ties to the smaller LR); "
+            f"(dev x) is the best dev {metric.short} at that LR (the paper's number, chosen on the data it "
+            "reports).\n"
+        )
+    return (
+        f"\nTest {metric.long} at each run's best dev epoch (best by dev {selecting.short}), mean ± 95% "
+        f"CI (t) over trials, at the LR (@) selected on dev (mean best dev {selecting.short} over trials, "
+        f"ties to the smaller LR); (dev x) is the dev {metric.short} at those epochs and LR.\n"
+    )
 
 
 def _lead_text(row: dict[str, Any], lead: Sequence[str]) -> str:
@@ -212,25 +314,38 @@ def _pyplot():
     return plt
 
 
-def _finish_panels(plt, figure, axes, path: str | os.PathLike) -> Path:
+def _finish_panels(plt, figure, axes, path: str | os.PathLike, metric: str = "f1") -> Path:
     """Label the first panel's y axis, put the legend on the last, save the PNG and close it."""
-    axes[0][0].set_ylabel("micro-F1")
+    axes[0][0].set_ylabel(metric_named(metric).axis)
     axes[0][-1].legend(fontsize=8)
     saved = _save(figure, Path(path))
     plt.close(figure)
     return saved
 
 
+def shots_axis(shots: Sequence[int]) -> dict[int, float]:
+    """Where each shots value sits on a log2 axis: N at N, the full train set at twice the largest N
+    (1 without one).
+
+    Example:
+        >>> shots_axis([8, 32, FULL_TRAIN])
+        {8: 8, 32: 32, 0: 64}
+    """
+    largest = max((n for n in shots if n != FULL_TRAIN), default=0.5)
+    return {n: 2 * largest if n == FULL_TRAIN else n for n in shots}
+
+
 def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
-    """F1 vs shots with CI bands per method, one panel per (regime, max epochs)."""
+    """The reported score vs shots with CI bands per method, one panel per (regime, max epochs)."""
     plt = _pyplot()
     panels = list(dict.fromkeys((row["regime"], row["epochs"]) for row in rows))
+    where = shots_axis([row["shots"] for row in rows])
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, (regime, epochs) in zip(axes[0], panels, strict=True):
         panel = [row for row in rows if (row["regime"], row["epochs"]) == (regime, epochs)]
         for method in dict.fromkeys(row["method"] for row in panel):
-            line = sorted((r for r in panel if r["method"] == method), key=lambda r: r["shots"])
-            shots = [r["shots"] for r in line]
+            line = sorted((r for r in panel if r["method"] == method), key=lambda r: shots_order(r["shots"]))
+            shots = [where[r["shots"]] for r in line]
             mean = [r["mean"] for r in line]
             ax.plot(shots, mean, marker="o", label=method)
             for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
@@ -244,9 +359,12 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
                 alpha=0.2,
             )
         ax.set_xscale("log", base=2)
+        if FULL_TRAIN in where:
+            ticks = sorted(where, key=shots_order)
+            ax.set_xticks([where[n] for n in ticks], [shots_text(n) for n in ticks])
         ax.set_title(f"{regime}, max {epochs} epochs")
         ax.set_xlabel("shots N")
-    return _finish_panels(plt, figure, axes, path)
+    return _finish_panels(plt, figure, axes, path, rows[0]["metric"] if rows else "f1")
 
 
 def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
@@ -273,13 +391,13 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         ax.minorticks_off()  # one labelled tick per LR of the panel, none between them
         ticks = sorted({lr for row in panel_rows for lr in row["lrs"]})
         ax.set_xticks(ticks, [format_lr(lr) for lr in ticks], rotation=45, fontsize=8)
-        ax.set_title("{}, {} epochs, N={}".format(*panel))
+        ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("max LR (circled: selected on dev)")
     handles: dict[str, Any] = {}  # every method once, with its colour in every panel
     for ax in axes[0]:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    axes[0][0].set_ylabel("micro-F1 (solid: dev, dashed: test)")
+    axes[0][0].set_ylabel(f"{metric_named(rows[0]['metric']).axis} (solid: dev, dashed: test)")
     axes[0][-1].legend(list(handles.values()), list(handles), fontsize=8)
     saved = _save(figure, Path(path))
     plt.close(figure)
@@ -287,8 +405,9 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
 
 
 def plot_dev_curves(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
-    """Dev F1 vs training steps (mean over trials) per method, one panel per (regime, epochs, shots)."""
+    """Dev score vs training steps (mean over trials) per method, one panel per (regime, epochs, shots)."""
     plt = _pyplot()
+    metric = record_metric(records[0])
     curves: dict[tuple, dict[str, list[list[dict]]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
         curves[(record["regime"], record["epochs"], record["shots"])][record["method"]].append(
@@ -300,11 +419,11 @@ def plot_dev_curves(records: Sequence[dict[str, Any]], path: str | os.PathLike) 
         for method, runs in curves[panel].items():
             length = min(len(run) for run in runs)
             steps = [runs[0][i]["step"] for i in range(length)]
-            mean = [100 * sum(run[i]["dev_f1"] for run in runs) / len(runs) for i in range(length)]
+            mean = [100 * sum(run[i][f"dev_{metric}"] for run in runs) / len(runs) for i in range(length)]
             ax.plot(steps, mean, label=method)
-        ax.set_title("{}, {} epochs, N={}".format(*panel))
+        ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("training steps")
-    return _finish_panels(plt, figure, axes, path)
+    return _finish_panels(plt, figure, axes, path, metric)
 
 
 def plot_depth_attention(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
@@ -322,7 +441,7 @@ def plot_depth_attention(records: Sequence[dict[str, Any]], path: str | os.PathL
     figure, ax = plt.subplots(figsize=(1.0 + 0.6 * layers, 0.9 + 0.4 * len(keys)))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis")
     ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
-    ax.set_yticks(range(len(keys)), [f"{r} N={n} ep={e}" for r, n, e in keys])
+    ax.set_yticks(range(len(keys)), [f"{r} N={shots_text(n)} ep={e}" for r, n, e in keys])
     ax.set_xlabel("fused layer")
     ax.set_title("DWAtt mean depth attention (dev tokens)")
     figure.colorbar(image, ax=ax)
@@ -363,16 +482,18 @@ def method_pairs() -> tuple[tuple[str, str], ...]:
 PAIRS = method_pairs()
 
 
-def reported_score(record: dict[str, Any], score: str) -> float:
+def reported_score(record: dict[str, Any], score: str, metric: str | None = None) -> float:
     """The score (0..1) the tables report for ``record``, a run of a cell whose row (:func:`summarize`)
-    says ``score``: ``"test"`` (every run at the cell's LR has a test F1) gives its test F1,
-    ``"dev"`` its best dev F1.
+    says ``score``: ``"test"`` (every run at the cell's LR has a test score) gives its test score,
+    ``"dev"`` its best dev score, in ``metric`` (default: the record's own).
 
     Example:
         >>> reported_score({"dev_f1": 0.6, "test_f1": 0.5}, "test")
         0.5
     """
-    return record["test_f1"] if score == "test" else dev_f1(record)
+    value = test_score(record, metric) if score == "test" else dev_score(record, metric)
+    assert value is not None, "a test row of a record without a test score"
+    return value
 
 
 def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict]:
@@ -392,7 +513,9 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
         row = chosen.get(key)
         if row is None or record.get("lr") != row["lr"]:
             continue
-        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(record, row["score"])
+        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(
+            record, row["score"], row["metric"]
+        )
     out = []
     for setup, regime, epochs, shots in dict.fromkeys(k[:4] for k in chosen):
         for first, second in PAIRS:
@@ -425,7 +548,7 @@ def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()
     by_cell: dict[tuple, dict[tuple, str]] = {}
     for d in differences:
         text = f"{d['mean']:+.1f} ± {d['ci']:.1f}"
-        cell = (*(d[field] for field in lead), d["regime"], d["epochs"], d["shots"])
+        cell = (*(d[field] for field in lead), d["regime"], d["epochs"], shots_text(d["shots"]))
         by_cell.setdefault(cell, {})[d["pair"]] = (
             f"**{text}**" if excludes_zero(d["mean"], d["ci"], d["n"]) else text
         )
@@ -444,7 +567,9 @@ def _tables(table: str, paired: str) -> str:
 
 def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]] | None = None) -> str:
     """The text of ``table.md``: :func:`markdown_table` then, when two paired methods are in the
-    records, :func:`paired_table` of their :func:`paired_differences`.
+    records, :func:`paired_table` of their :func:`paired_differences`; the same again for each
+    further metric of the records (:func:`record_metrics`: ``classify``'s macro-F1), at the LRs and
+    epochs the first one selected.
 
     Args:
         records: The records of a results file.
@@ -454,7 +579,11 @@ def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         >>> print(table_markdown(read_records("out/results.jsonl")))
     """
     rows = summarize(records) if rows is None else rows
-    return _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
+    text = _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
+    for metric in record_metrics(records)[1:]:
+        other = summarize(records, metric)
+        text += "\n" + _tables(markdown_table(other), paired_table(paired_differences(records, other)))
+    return text
 
 
 def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field: str) -> str:
@@ -481,21 +610,25 @@ def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field
 def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -> dict[str, Path]:
     """Write ``table.md`` and the figures into ``output``; returns their paths by name.
 
+    The figures of the score are named after the records' metric: ``f1_vs_shots.png`` for NER,
+    ``accuracy_vs_shots.png`` for ``classify``.
+
     Example:
         >>> write_report(read_records("out/results.jsonl"), "out")["f1_vs_shots"]
     """
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
+    metric = record_metric(records[0])
     table = atomic_write_text(output / "table.md", table_markdown(records, rows))
     paths = {
         "table": table,
-        "f1_vs_shots": plot_f1_vs_shots(rows, output / "f1_vs_shots.png"),
+        f"{metric}_vs_shots": plot_f1_vs_shots(rows, output / f"{metric}_vs_shots.png"),
         "dev_curves": plot_dev_curves(records, output / "dev_curves.png"),
     }
-    by_lr = plot_f1_vs_lr(rows, output / "f1_vs_lr.png")
+    by_lr = plot_f1_vs_lr(rows, output / f"{metric}_vs_lr.png")
     if by_lr is not None:
-        paths["f1_vs_lr"] = by_lr
+        paths[f"{metric}_vs_lr"] = by_lr
     heatmap = plot_depth_attention(records, output / "dwatt_attention.png")
     if heatmap is not None:
         paths["dwatt_attention"] = heatmap

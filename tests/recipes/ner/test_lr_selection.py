@@ -13,8 +13,7 @@ from conftest import toy_dataset, write_tiny_model
 from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.core.selection import select_lr
-from layerfusion_recipes.ner import candidates
-from layerfusion_recipes.ner import experiment as experiment_module
+from layerfusion_recipes.core import experiment as experiment_module
 from layerfusion_recipes.ner.candidates import StackedRunner, evaluate_candidates, train_candidates
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.ner.settings import resolve
@@ -148,13 +147,18 @@ def test_stacked_candidates_equal_lone_runs(experiment, method):
 def test_only_token_wise_methods_stack_their_lrs(experiment, monkeypatch):
 
     stacked = []
-    original = candidates.train_candidates
-    # the experiment calls the function it imported
-    monkeypatch.setattr(experiment_module, "train_candidates", lambda *a: stacked.append(a) or original(*a))
+    original = experiment_module.fit
+
+    def fit(*args, lrs=None, **kwargs):  # the experiment calls the function it imported
+        if lrs is not None:
+            stacked.append(lrs)
+        return original(*args, lrs=lrs, **kwargs)
+
+    monkeypatch.setattr(experiment_module, "fit", fit)
     experiment.run_lrs(Cell("extra_layers", "fe", 2, 1, 0), [1e-3, 1e-2])  # R+n: one after another
     assert stacked == []
     experiment.run_lrs(Cell("scalar_mix", "fe", 2, 1, 0), [1e-3, 1e-2])
-    assert len(stacked) == 1 and stacked[0][-2] == [1e-3, 1e-2]
+    assert stacked == [[1e-3, 1e-2]]
     experiment.run_lrs(Cell("none", "lora", 2, 1, 0), [1e-3, 1e-2])  # uncached regime
     assert len(stacked) == 1
 
