@@ -123,18 +123,29 @@ def _replace_hidden(args: tuple, kwargs: dict[str, Any], hidden: torch.Tensor) -
 
 
 def _with_hidden(output: Any, hidden: torch.Tensor) -> Any:
-    """``output`` (tensor, tuple or ModelOutput) with its last hidden state replaced."""
+    """``output`` (tensor, tuple or ModelOutput) with its last hidden state replaced.
+
+    Where the output also carries all hidden states (a tuple ending with the last hidden
+    state itself), that last entry is replaced too: some models (DeBERTa) feed their head
+    from it instead of the last hidden state. Both the ``ModelOutput`` and the plain tuple
+    (``return_dict=False``) forms are handled, so the head sees the fused state either way.
+    """
     if isinstance(output, torch.Tensor):
         return hidden
     if hasattr(output, "last_hidden_state"):
         last = output.last_hidden_state
         output.last_hidden_state = hidden  # ModelOutput keeps dict and tuple views in sync
         states = getattr(output, "hidden_states", None)
-        if isinstance(states, tuple) and states and states[-1] is last:
-            # some models (DeBERTa) read the last entry of all hidden states instead
+        if _ends_with(states, last):
             output.hidden_states = (*states[:-1], hidden)
         return output
-    return (hidden, *output[1:])
+    last = output[0]
+    return (hidden, *((*entry[:-1], hidden) if _ends_with(entry, last) else entry for entry in output[1:]))
+
+
+def _ends_with(states: Any, last: torch.Tensor) -> bool:
+    """Whether ``states`` is a tuple of hidden states whose last entry is ``last`` itself."""
+    return isinstance(states, tuple) and bool(states) and states[-1] is last
 
 
 class ThreadState(threading.local):
