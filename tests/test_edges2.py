@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers as tf
-from conftest import ToyBlock
+from conftest import ToyBlock, fusion_of, perturb_
 from peft import get_peft_model
+from test_methods import REFERENCES
 from torch import nn
 
 from peft_layerfusion import DWAttConfig, find_encoder_blocks
+from peft_layerfusion.hooks import first_tensor
+from peft_layerfusion.registration import ENCODER_METHODS
 
 
 # ----------------------------------------------------------------------------- Funnel (item 8)
@@ -47,3 +52,113 @@ class DecoderOnlyToy(nn.Module):
 
 def test_a_decoder_without_an_encoder_beside_it_is_still_found():
     assert find_encoder_blocks(DecoderOnlyToy()).blocks_name == "decoder.layers"
+
+
+# ----------------------------------------------------------------------------- layer drop (item 7)
+AUDIO_SIZES = dict(
+    hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48, vocab_size=12,
+    conv_dim=(8, 8), conv_stride=(4, 4), conv_kernel=(8, 8),
+    num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
+)  # fmt: skip
+# Layer drop is the only randomness left in training mode (no dropout, no SpecAugment masks).
+NO_AUDIO_NOISE = dict(
+    hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+    final_dropout=0.0, mask_time_prob=0.0, mask_feature_prob=0.0,
+)  # fmt: skip
+AUDIO = {
+    "wav2vec2": (tf.Wav2Vec2ForCTC, tf.Wav2Vec2Config, "wav2vec2"),
+    "hubert": (tf.HubertForCTC, tf.HubertConfig, "hubert"),
+}
+LAYER_DROP = 0.5
+
+
+def tiny_audio(family: str) -> nn.Module:
+    model_cls, config_cls, _ = AUDIO[family]
+    torch.manual_seed(0)
+    return model_cls(config_cls(**AUDIO_SIZES, **NO_AUDIO_NOISE, layerdrop=LAYER_DROP)).eval()
+
+
+def encoder_of(model: nn.Module, family: str) -> nn.Module:
+    return getattr(model, AUDIO[family][2]).encoder
+
+
+def dropped_reference(base: nn.Module, family: str, ran: list[int], fuse, audio: torch.Tensor):
+    """Logits of ``base`` with the blocks that did not run taken out, ``fuse(z_0 .. z_L)`` before the head.
+
+    The model without the dropped blocks, in eval mode (no layer drop), gives ``z_0`` and the
+    output of every block that ran (``output_hidden_states``); a dropped block passes its input on.
+    """
+    reduced = copy.deepcopy(base).eval()
+    encoder = encoder_of(reduced, family)
+    encoder.layers = nn.ModuleList(encoder.layers[i] for i in ran)
+    with torch.no_grad():
+        computed = list(reduced(audio, output_hidden_states=True).hidden_states)  # z_0, one per block run
+        z = [computed.pop(0)]
+        for index in range(base.config.num_hidden_layers):
+            z.append(computed.pop(0) if index in ran else z[-1])
+        return reduced.lm_head(fuse(z))
+
+
+def fuse_of(method, module, num_blocks: int):
+    if method.name == "extra_layers":  # R+n: its blocks on z_L (no padding: no mask)
+        def run_blocks(z):
+            hidden = z[-1]
+            for block in module.blocks:
+                hidden = first_tensor(block(hidden))
+            return hidden
+
+        return run_blocks
+    formula = REFERENCES[method.config_cls]
+    return lambda z: formula(z, list(range(1, num_blocks + 1)), module)
+
+
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=[m.name for m in ENCODER_METHODS])
+@pytest.mark.parametrize("family", list(AUDIO))
+def test_layer_drop_fuses_the_states_the_model_computed(family, method):
+    base = tiny_audio(family)
+    model = get_peft_model(copy.deepcopy(base), method.config_cls(modules_to_save=["lm_head"]))
+    perturb_(fusion_of(model), scale=0.2)
+    model.train()
+    ran: list[int] = []
+    for index, layer in enumerate(encoder_of(model.base_model.model, family).layers):
+        layer.register_forward_pre_hook(lambda module, args, index=index: ran.append(index))
+    audio = torch.randn(2, 400, generator=torch.Generator().manual_seed(0))
+    module = fusion_of(model).eval()  # no dropout of its own (DWAtt's attention, R+n's blocks)
+    fuse = fuse_of(method, module, base.config.num_hidden_layers)
+    patterns = set()
+    for seed in range(16):
+        ran.clear()
+        torch.manual_seed(seed)
+        if seed == 0:  # the dropped steps train: gradients reach the fusion
+            model(audio).logits.square().sum().backward()
+            continue
+        try:
+            with torch.no_grad():
+                got = model(audio).logits
+        except RuntimeError as error:  # every block dropped (probability 1/16 here): one clear line
+            assert not ran and "skipped every block" in str(error)
+            continue
+        expected = dropped_reference(base, family, list(ran), fuse, audio)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        patterns.add(tuple(ran))
+    assert any(p[0] != 0 for p in patterns) and any(p[-1] != 3 for p in patterns) and len(patterns) >= 4
+    assert all(p.grad is not None for p in fusion_of(model).parameters())
+
+
+def test_a_block_missing_in_eval_mode_is_still_refused():
+    base = tiny_audio("wav2vec2")
+    model = get_peft_model(base, DWAttConfig(modules_to_save=["lm_head"])).eval()
+    encoder = encoder_of(base, "wav2vec2")
+    original_forward = encoder.forward
+
+    def skip_block_1(hidden_states, attention_mask=None, **kwargs):  # an early exit, in eval mode
+        layers = encoder.layers
+        encoder.layers = nn.ModuleList([layers[0], layers[2], layers[3]])
+        try:
+            return original_forward(hidden_states, attention_mask=attention_mask, **kwargs)
+        finally:
+            encoder.layers = layers
+
+    encoder.forward = skip_block_1
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"blocks \[1\] .* eval-mode forward"):
+        model(torch.randn(1, 400))
