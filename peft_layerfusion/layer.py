@@ -236,6 +236,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
 
     def delete_adapter(self, adapter_name: str) -> None:
         self._remove_model_hooks(adapter_name)
+        self.fused_layers.pop(adapter_name, None)
         super().delete_adapter(adapter_name)
 
     def active_fusion_name(self) -> Optional[str]:

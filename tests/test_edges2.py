@@ -8,13 +8,15 @@ import pytest
 import torch
 import transformers as tf
 from conftest import ToyBlock, fusion_of, perturb_
-from peft import get_peft_model
+from peft import PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
+from test_matrix import Case, output
 from test_methods import REFERENCES
 from torch import nn
 
-from peft_layerfusion import DWAttConfig, find_encoder_blocks
+from peft_layerfusion import DWAttConfig, count_hooks, find_encoder_blocks
 from peft_layerfusion.hooks import first_tensor
-from peft_layerfusion.registration import ENCODER_METHODS
+from peft_layerfusion.registration import ENCODER_METHODS, METHODS
 
 
 # ----------------------------------------------------------------------------- Funnel (item 8)
@@ -162,3 +164,86 @@ def test_a_block_missing_in_eval_mode_is_still_refused():
     encoder.forward = skip_block_1
     with torch.no_grad(), pytest.raises(RuntimeError, match=r"blocks \[1\] .* eval-mode forward"):
         model(torch.randn(1, 400))
+
+
+# ----------------------------------------------------------------------------- failed loads (items 6, 9)
+def corrupt(folder, how: str) -> None:
+    """Edit a saved adapter: ``"shape"`` gives one tensor a wrong shape; ``"head"`` drops the head's."""
+    path = folder / "adapter_model.safetensors"
+    weights = load_file(path)
+    if how == "head":
+        weights = {k: v for k, v in weights.items() if ".classifier." not in k and ".lm_head." not in k}
+    else:
+        shaped = [k for k, v in weights.items() if v.dim() > 0]
+        key = next((k for k in shaped if ".layer_fusion." in k), shaped[0])  # Average: a LoRA tensor
+        weights[key] = torch.zeros(*weights[key].shape[:-1], weights[key].shape[-1] + 1)
+    save_file(weights, path)
+
+
+def adapted_case(method):
+    case = Case(method)
+    options = {"target_modules": ["q_proj"] if method.seq2seq else ["query"]}  # LoRA layers too
+    base = case.base()
+    torch.manual_seed(0)
+    model = get_peft_model(base, case.config(**options)).eval()
+    perturb_(fusion_of(model), scale=0.2)
+    return case, model, options
+
+
+def observable_state(model: nn.Module) -> dict:
+    """What a leftover adapter would change: parameter names, hooks, modules, the root's attributes."""
+    return {
+        "params": sorted(name for name, _ in model.named_parameters()),
+        "modules": sorted(name for name, _ in model.named_modules()),
+        "hooks": count_hooks(model, package=None),
+        "root": sorted(vars(model)),
+    }
+
+
+@pytest.mark.parametrize("how", ["shape", "head"])
+@pytest.mark.parametrize("method", METHODS, ids=[m.name for m in METHODS])
+def test_a_failed_load_adapter_leaves_no_adapter(method, how, tmp_path):
+    case, model, options = adapted_case(method)
+    if how == "head" and method.seq2seq:
+        pytest.skip("the seq2seq cases save no head")
+    inputs = case.inputs()
+    model.save_pretrained(tmp_path)
+    corrupt(tmp_path, how)
+    before, outputs = observable_state(model), output(model, inputs)
+    error = ValueError if how == "head" else RuntimeError
+    with pytest.raises(error, match="lack the keys" if how == "head" else "size mismatch"):
+        model.load_adapter(str(tmp_path), adapter_name="b")
+    assert list(model.peft_config) == ["default"]
+    assert observable_state(model) == before
+    with pytest.raises(ValueError):
+        model.set_adapter("b")
+    assert torch.equal(output(model, inputs), outputs)
+    model.add_adapter("b", case.config(**options))  # the name is free again
+
+
+@pytest.mark.parametrize("how", ["shape", "head"])
+def test_a_failed_from_pretrained_gives_the_base_back(how, tmp_path):
+    case, model, _ = adapted_case(METHODS[0])
+    model.save_pretrained(tmp_path)
+    corrupt(tmp_path, how)
+    base = case.base()
+    before, outputs = observable_state(base), output(base, case.inputs())
+    with pytest.raises(ValueError if how == "head" else RuntimeError):
+        PeftModel.from_pretrained(base, str(tmp_path))
+    assert observable_state(base) == before
+    assert all(p.requires_grad for p in base.parameters())  # as built, not frozen by the failed load
+    assert torch.equal(output(base, case.inputs()), outputs)
+    get_peft_model(base, case.config())  # a clean base: no "already carries a layer-fusion adapter"
+
+
+def test_missing_head_keys_are_one_line_naming_the_file_and_the_fix(tmp_path):
+    _, model, _ = adapted_case(METHODS[0])
+    model.save_pretrained(tmp_path)
+    corrupt(tmp_path, "head")
+    with pytest.raises(ValueError) as error:
+        model.load_adapter(str(tmp_path), adapter_name="b")
+    message = str(error.value)
+    assert "\n" not in message
+    assert str(tmp_path / "adapter_model.safetensors") in message
+    assert "['base_model.model.classifier.bias', 'base_model.model.classifier.weight']" in message
+    assert "Save the adapter again" in message and "modules_to_save" in message
