@@ -7,14 +7,16 @@ import copy
 import pytest
 import torch
 import transformers as tf
-from conftest import ToyBlock, fusion_of, perturb_
+from conftest import TINY, ToyBlock, fusion_of, perturb_
 from peft import PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from test_matrix import Case, output
 from test_methods import REFERENCES
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from peft_layerfusion import DWAttConfig, count_hooks, find_encoder_blocks
+from peft_layerfusion.comparison.audit import audit
 from peft_layerfusion.hooks import first_tensor
 from peft_layerfusion.registration import ENCODER_METHODS, METHODS
 
@@ -247,3 +249,42 @@ def test_missing_head_keys_are_one_line_naming_the_file_and_the_fix(tmp_path):
     assert str(tmp_path / "adapter_model.safetensors") in message
     assert "['base_model.model.classifier.bias', 'base_model.model.classifier.weight']" in message
     assert "Save the adapter again" in message and "modules_to_save" in message
+
+
+# ----------------------------------------------------------------------------- the audit (item 9)
+SIZES = ["hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads"]
+
+
+@pytest.mark.parametrize("field", SIZES)
+def test_audit_refuses_a_negative_size_in_one_line(field):
+    config = tf.BertConfig(**{**TINY, field: -4})
+    with pytest.raises(ValueError, match=rf"^`{field}`=-4 in the bert config is negative") as error:
+        audit(config)
+    assert "\n" not in str(error.value)
+
+
+def test_audit_turns_a_failed_build_into_one_line():
+    expected = r"^Cannot build a bert model from this config \(ZeroDivisionError"
+    with pytest.raises(ValueError, match=expected) as error:
+        audit(tf.BertConfig(**{**TINY, "hidden_size": 0}))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("regime", ["fe", "bitfit", "ft"])
+def test_audit_builds_every_fusion_module_on_the_meta_device(regime):
+    """No parameter is ever allocated for real: each is on the meta device when it is registered."""
+    devices: list[tuple[str, str]] = []
+
+    def record(module: nn.Module, name: str, param: torch.Tensor | None) -> None:
+        if param is not None:
+            devices.append((type(module).__name__, param.device.type))
+
+    handle = register_module_parameter_registration_hook(record)
+    try:
+        report = audit(tf.BertConfig(**TINY), regime)
+    finally:
+        handle.remove()
+    assert report["dwatt"]["total"] > 0 and report["concat"]["total"] > 0
+    kinds = {kind for kind, _ in devices}
+    assert {"DWAtt", "StackedBottleneckMLP", "ScalarMix"} <= kinds  # the fusion modules were built
+    assert [entry for entry in devices if entry[1] != "meta"] == []
