@@ -263,10 +263,16 @@ def test_audit_refuses_a_negative_size_in_one_line(field):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("field", ["hidden_size", "num_hidden_layers"])
+def test_audit_refuses_no_width_or_no_blocks_in_one_line(field):
+    with pytest.raises(ValueError, match=rf"^`{field}`=0 in the bert config: the hidden width"):
+        audit(tf.BertConfig(**{**TINY, field: 0}))
+
+
 def test_audit_turns_a_failed_build_into_one_line():
-    expected = r"^Cannot build a bert model from this config \(ZeroDivisionError"
+    expected = r"^Cannot build a bert model from this config \(ValueError: The hidden size \(30\) is not a"
     with pytest.raises(ValueError, match=expected) as error:
-        audit(tf.BertConfig(**{**TINY, "hidden_size": 0}))
+        audit(tf.BertConfig(**{**TINY, "hidden_size": 30}))  # 4 heads
     assert "\n" not in str(error.value)
 
 

@@ -73,21 +73,32 @@ def load_model_config(config_or_path: str | os.PathLike | PretrainedConfig) -> P
 # Config fields that size a model (by name): a negative value cannot build one.
 SIZE_FIELD_SUFFIXES = ("_size", "_layers", "_heads", "_dim", "_ff")
 SIZE_FIELDS = ("dim", "d_model", "d_ff", "d_kv", "n_layer", "n_head", "n_embd", "n_inner")
+# ... and these must be positive: the width of the hidden states, the number of blocks.
+POSITIVE_FIELDS = (
+    *("hidden_size", "d_model", "dim", "n_embd"),
+    *("num_hidden_layers", "num_layers", "n_layers", "n_layer"),
+)
 
 
 def check_sizes(config: PretrainedConfig) -> None:
-    """Raise a one-line ``ValueError`` for a negative size field (``hidden_size``, ``num_hidden_layers``...).
+    """Raise a one-line ``ValueError`` for a negative size field, or a width or block count of 0.
 
     Example:
         >>> check_sizes(BertConfig(hidden_size=-32))
         ValueError: `hidden_size`=-32 in the bert config is negative: a size must be >= 0 ...
     """
     for name, value in sorted(config.to_dict().items()):
-        sized = name in SIZE_FIELDS or name.endswith(SIZE_FIELD_SUFFIXES)
-        if sized and isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if value < 0 and (name in SIZE_FIELDS or name.endswith(SIZE_FIELD_SUFFIXES)):
             raise ValueError(
                 f"`{name}`={value} in the {config.model_type} config is negative: a size must be >= 0 "
                 "(fix the config.json)."
+            )
+        if value == 0 and name in POSITIVE_FIELDS:
+            raise ValueError(
+                f"`{name}`=0 in the {config.model_type} config: the hidden width and the number of blocks "
+                "must be positive (fix the config.json)."
             )
 
 
