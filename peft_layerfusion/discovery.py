@@ -99,36 +99,6 @@ def _looks_like_blocks(name: str, blocks: nn.ModuleList, module_names: set[str] 
     return len(kinds) == 1 and all(len(block._modules) > 0 for block in blocks)
 
 
-def _beside_an_encoder(name: str, module_names: set[str]) -> bool:
-    """Whether the list ``name`` sits in a ``<p>.decoder`` next to a ``<p>.encoder``.
-
-    Such a decoder is not the encoder (Funnel's ``funnel.decoder.layers`` upsample the pooled
-    encoder output): the generic search passes it over. Decoder-only stacks (no ``encoder``
-    beside them) are not affected.
-    """
-    parts = name.split(".")
-    return any(
-        part == "decoder" and ".".join([*parts[:i], "encoder"]) in module_names
-        for i, part in enumerate(parts[:-1])
-    )
-
-
-def _check_runnable(located: EncoderBlocks) -> None:
-    """Raise if the blocks are groups of blocks, or their container is a list that never runs."""
-    if any(isinstance(block, (nn.ModuleList, nn.ModuleDict)) for block in located.blocks):
-        raise ValueError(
-            f"`{located.blocks_name}` holds groups of blocks (ModuleLists), not blocks: layer fusion needs "
-            "one flat list of blocks that run on states of one shape (Funnel pools the sequence between its "
-            "groups, so their states have different lengths and cannot be fused)."
-        )
-    if isinstance(located.container, (nn.ModuleList, nn.ModuleDict)):
-        raise ValueError(
-            f"The blocks `{located.blocks_name}` sit in `{located.container_name}`, a "
-            f"{type(located.container).__name__} that is never called itself, so the fusion could not "
-            "replace its output: set `blocks_path` to a list whose parent module runs the blocks."
-        )
-
-
 def refuse_decoder_only(model: nn.Module) -> None:
     """Raise if ``model`` is a decoder-only (causal) language model.
 
@@ -176,6 +146,36 @@ def shares_weights(located: EncoderBlocks) -> bool:
             if owners.setdefault(id(param), index) != index:
                 return True
     return False
+
+
+def _beside_an_encoder(name: str, module_names: set[str]) -> bool:
+    """Whether the list ``name`` sits in a ``<p>.decoder`` next to a ``<p>.encoder``.
+
+    Such a decoder is not the encoder (Funnel's ``funnel.decoder.layers`` upsample the pooled
+    encoder output): the generic search passes it over. Decoder-only stacks (no ``encoder``
+    beside them) are not affected.
+    """
+    parts = name.split(".")
+    return any(
+        part == "decoder" and ".".join([*parts[:i], "encoder"]) in module_names
+        for i, part in enumerate(parts[:-1])
+    )
+
+
+def _check_runnable(located: EncoderBlocks) -> None:
+    """Raise if the blocks are groups of blocks, or their container is a list that never runs."""
+    if any(isinstance(block, (nn.ModuleList, nn.ModuleDict)) for block in located.blocks):
+        raise ValueError(
+            f"`{located.blocks_name}` holds groups of blocks (ModuleLists), not blocks: layer fusion needs "
+            "one flat list of blocks that run on states of one shape (Funnel pools the sequence between its "
+            "groups, so their states have different lengths and cannot be fused)."
+        )
+    if isinstance(located.container, (nn.ModuleList, nn.ModuleDict)):
+        raise ValueError(
+            f"The blocks `{located.blocks_name}` sit in `{located.container_name}`, a "
+            f"{type(located.container).__name__} that is never called itself, so the fusion could not "
+            "replace its output: set `blocks_path` to a list whose parent module runs the blocks."
+        )
 
 
 def _resolve(model: nn.Module, blocks_name: str, blocks: nn.ModuleList) -> EncoderBlocks:
