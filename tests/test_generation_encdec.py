@@ -90,39 +90,29 @@ def encoder_outputs_of(model, inputs: dict):
         return model.get_encoder()(**inputs)
 
 
+@pytest.mark.parametrize("search", ["greedy", "beam"])
 @pytest.mark.parametrize("given", [False, True], ids=["input_ids", "encoder_outputs"])
 @pytest.mark.parametrize("method", ENCODER_METHODS, ids=[m.name for m in ENCODER_METHODS])
 @pytest.mark.parametrize("family", list(BUILDERS))
-def test_greedy_generate_equals_uncached_argmax(family, method, given):
+def test_generate_equals_uncached_step_by_step_search(family, method, given, search):
     model, base = fused_model(family, method)
     inputs = source()
-    expected = greedy_reference(model, inputs)
     call = {"encoder_outputs": encoder_outputs_of(model, inputs), "attention_mask": inputs["attention_mask"]}
+    beam = search == "beam"
+    options = generate_options(num_beams=BEAMS, length_penalty=0.0) if beam else generate_options()
     with torch.no_grad():
-        got = model.generate(**(call if given else inputs), **generate_options())
-    assert torch.equal(got, expected)
-    plain = greedy_reference(base, inputs)
+        got = model.generate(
+            **(call if given else inputs), **options, output_scores=True, return_dict_in_generate=True
+        )
+    if beam:  # the beams and their summed log-probabilities (length_penalty 0)
+        expected, expected_scores = beam_reference(model, inputs)
+        torch.testing.assert_close(got.sequences_scores, expected_scores, atol=1e-4, rtol=1e-5)
+    else:
+        expected = greedy_reference(model, inputs)
+    assert torch.equal(got.sequences, expected)
     fused_steps, plain_steps = step_log_probs(model, inputs, expected), step_log_probs(base, inputs, expected)
     finite = torch.isfinite(plain_steps)
     assert (fused_steps[finite] - plain_steps[finite]).abs().max() > 1e-4  # the fusion reaches the decoder
-    assert plain.shape == got.shape
-
-
-@pytest.mark.parametrize("given", [False, True], ids=["input_ids", "encoder_outputs"])
-@pytest.mark.parametrize("method", ENCODER_METHODS, ids=[m.name for m in ENCODER_METHODS])
-@pytest.mark.parametrize("family", list(BUILDERS))
-def test_beam_search_equals_uncached_beam_search(family, method, given):
-    model, _ = fused_model(family, method)
-    inputs = source()
-    expected, expected_scores = beam_reference(model, inputs)
-    call = {"encoder_outputs": encoder_outputs_of(model, inputs), "attention_mask": inputs["attention_mask"]}
-    with torch.no_grad():
-        got = model.generate(
-            **(call if given else inputs), **generate_options(num_beams=BEAMS, length_penalty=0.0),
-            output_scores=True, return_dict_in_generate=True,
-        )  # fmt: skip
-    assert torch.equal(got.sequences, expected)
-    torch.testing.assert_close(got.sequences_scores, expected_scores, atol=1e-4, rtol=1e-5)
 
 
 def test_decoding_states_the_adapter_did_not_fuse_is_refused():
