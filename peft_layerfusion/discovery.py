@@ -84,13 +84,16 @@ def _block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
 
 
-def _looks_like_blocks(name: str, blocks: nn.ModuleList) -> bool:
+def _looks_like_blocks(name: str, blocks: nn.ModuleList, module_names: set[str] = frozenset()) -> bool:
     """Whether a list found by a generic suffix can be an encoder's blocks.
 
-    Not inside a task head (``classifier.layers``), and made of composite modules of one class
-    (transformer blocks), not of bare ``Linear``/``Dropout`` leaves.
+    Not inside a task head (``classifier.layers``), not in a decoder beside an encoder (of the
+    modules ``module_names``), and made of composite modules of one class (transformer blocks),
+    not of bare ``Linear``/``Dropout`` leaves.
     """
     if any(part in HEAD_MODULE_NAMES for part in name.split(".")[:-1]):
+        return False
+    if _beside_an_encoder(name, module_names):
         return False
     kinds = {type(block) for block in blocks}
     return len(kinds) == 1 and all(len(block._modules) > 0 for block in blocks)
@@ -159,6 +162,36 @@ def shares_weights(located: EncoderBlocks) -> bool:
     return False
 
 
+def _beside_an_encoder(name: str, module_names: set[str]) -> bool:
+    """Whether the list ``name`` sits in a ``<p>.decoder`` next to a ``<p>.encoder``.
+
+    Such a decoder is not the encoder (Funnel's ``funnel.decoder.layers`` upsample the pooled
+    encoder output): the generic search passes it over. Decoder-only stacks (no ``encoder``
+    beside them) are not affected.
+    """
+    parts = name.split(".")
+    return any(
+        part == "decoder" and ".".join([*parts[:i], "encoder"]) in module_names
+        for i, part in enumerate(parts[:-1])
+    )
+
+
+def _check_runnable(located: EncoderBlocks) -> None:
+    """Raise if the blocks are groups of blocks, or their container is a list that never runs."""
+    if any(isinstance(block, (nn.ModuleList, nn.ModuleDict)) for block in located.blocks):
+        raise ValueError(
+            f"`{located.blocks_name}` holds groups of blocks (ModuleLists), not blocks: layer fusion needs "
+            "one flat list of blocks that run on states of one shape (Funnel pools the sequence between its "
+            "groups, so their states have different lengths and cannot be fused)."
+        )
+    if isinstance(located.container, (nn.ModuleList, nn.ModuleDict)):
+        raise ValueError(
+            f"The blocks `{located.blocks_name}` sit in `{located.container_name}`, a "
+            f"{type(located.container).__name__} that is never called itself, so the fusion could not "
+            "replace its output: set `blocks_path` to a list whose parent module runs the blocks."
+        )
+
+
 def _resolve(model: nn.Module, blocks_name: str, blocks: nn.ModuleList) -> EncoderBlocks:
     container_name = blocks_name.rpartition(".")[0]
     container = model.get_submodule(container_name) if container_name else model
@@ -196,22 +229,27 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
     """
     refuse_decoder_only(model)
     lists = _block_lists(model)
+    module_names = {name for name, _ in model.named_modules()}
     suffixes = (blocks_path,) if blocks_path else _search_order(model)
     for suffix in suffixes:
         # The shallowest match wins: in encoder-decoder models `encoder.layers` is matched
         # before anything under the decoder because the suffix names the encoder.
         matches = [(n, m) for n, m in lists if _matches_suffix(n, suffix)]
         if not blocks_path:  # the generic search skips heads' lists and lists of bare layers
-            matches = [(n, m) for n, m in matches if _looks_like_blocks(n, m)]
+            matches = [(n, m) for n, m in matches if _looks_like_blocks(n, m, module_names)]
         if matches:
             name, blocks = min(matches, key=lambda nm: nm[0].count("."))
-            return _resolve(model, name, blocks)
+            located = _resolve(model, name, blocks)
+            _check_runnable(located)
+            return located
     candidates = [n for n, _ in lists if not re.search(r"\.\d+(\.|$)", n)][:10]
     searched = f"blocks_path={blocks_path!r}" if blocks_path else f"the suffixes {list(suffixes)}"
+    passed = [n for n in candidates if not blocks_path and _beside_an_encoder(n, module_names)]
+    passed_note = f" Passed over (a decoder beside the model's encoder): {passed}." if passed else ""
     raise ValueError(
         f"Could not find the encoder blocks of {type(model).__name__}: searched for an nn.ModuleList "
         f"named by {searched}. Name the block list yourself with the config field `blocks_path` "
-        f"(e.g. blocks_path='encoder.layer'). Non-empty ModuleLists in this model: {candidates}."
+        f"(e.g. blocks_path='encoder.layer'). Non-empty ModuleLists in this model: {candidates}.{passed_note}"
     )
 
 

@@ -20,8 +20,15 @@ Open captures live in a per-thread stack (:class:`ThreadState`): concurrent forw
 one model in several threads, and a forward that calls the model again from inside a
 hook, each fuse their own states. The hooks hold their capture as bound methods or
 callable objects (never closures), so ``copy.deepcopy`` of a model re-binds them to the
-copy. A container that runs without all of its blocks, or whose output is not the blocks'
-hidden state, raises (naming ``blocks_path``) instead of fusing the wrong tensors.
+copy. A container whose output is not the blocks' hidden state raises (naming
+``blocks_path``) instead of fusing the wrong tensors.
+
+Layer drop (wav2vec2, HuBERT, BART ``encoder_layerdrop``...): in training a block may be
+skipped, and its output is then its input. A forward hook on every block keeps its output, so
+the state of a skipped block is exact: ``z_i`` of a block that did not run is the output of the
+last block before it that ran (or, when none before it ran, the input of the first one after it
+that did). A container in eval mode that runs without all of its blocks, or a training forward
+in which no block ran at all, raises instead.
 """
 
 from __future__ import annotations
@@ -123,18 +130,29 @@ def _replace_hidden(args: tuple, kwargs: dict[str, Any], hidden: torch.Tensor) -
 
 
 def _with_hidden(output: Any, hidden: torch.Tensor) -> Any:
-    """``output`` (tensor, tuple or ModelOutput) with its last hidden state replaced."""
+    """``output`` (tensor, tuple or ModelOutput) with its last hidden state replaced.
+
+    Where the output also carries all hidden states (a tuple ending with the last hidden
+    state itself), that last entry is replaced too: some models (DeBERTa) feed their head
+    from it instead of the last hidden state. Both the ``ModelOutput`` and the plain tuple
+    (``return_dict=False``) forms are handled, so the head sees the fused state either way.
+    """
     if isinstance(output, torch.Tensor):
         return hidden
     if hasattr(output, "last_hidden_state"):
         last = output.last_hidden_state
         output.last_hidden_state = hidden  # ModelOutput keeps dict and tuple views in sync
         states = getattr(output, "hidden_states", None)
-        if isinstance(states, tuple) and states and states[-1] is last:
-            # some models (DeBERTa) read the last entry of all hidden states instead
+        if _ends_with(states, last):
             output.hidden_states = (*states[:-1], hidden)
         return output
-    return (hidden, *output[1:])
+    last = output[0]
+    return (hidden, *((*entry[:-1], hidden) if _ends_with(entry, last) else entry for entry in output[1:]))
+
+
+def _ends_with(states: Any, last: torch.Tensor) -> bool:
+    """Whether ``states`` is a tuple of hidden states whose last entry is ``last`` itself."""
+    return isinstance(states, tuple) and bool(states) and states[-1] is last
 
 
 class ThreadState(threading.local):
@@ -163,6 +181,7 @@ class _Frame:
     states: list[torch.Tensor | None]
     last_call: tuple[tuple, dict] = ((), {})
     runs: list[int] | None = None  # how often each block ran in this forward
+    outputs: list[Any] | None = None  # each block's output (tensor, tuple...): states of dropped blocks
 
 
 class BoundHook:
@@ -220,6 +239,7 @@ class BlockCapture:
         for index, block in enumerate(blocks):
             hook = BoundHook(self.record_input, index)  # survives copy.deepcopy with the model
             self.handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
+            self.handles.append(block.register_forward_hook(BoundHook(self.record_output, index)))
         self.handles.append(container.register_forward_hook(self._close_capture, always_call=True))
 
     # ------------------------------------------------------------- per-thread state
@@ -248,7 +268,9 @@ class BlockCapture:
     # ------------------------------------------------------------- hooks
     def _open_capture(self, module: nn.Module, args: tuple) -> None:
         num_blocks = self.located.num_blocks
-        self._frames().append(_Frame(states=[None] * (num_blocks + 1), runs=[0] * num_blocks))
+        self._frames().append(
+            _Frame(states=[None] * (num_blocks + 1), runs=[0] * num_blocks, outputs=[None] * num_blocks)
+        )
 
     def record_input(self, index: int, block: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook of block ``index`` (bound by :class:`BoundHook`): keep its input hidden state."""
@@ -258,8 +280,13 @@ class BlockCapture:
         frame = frames[-1]
         frame.states[index] = _hidden_from_call(args, kwargs)
         frame.runs[index] += 1
-        if index == self.located.num_blocks - 1:
-            frame.last_call = (args, kwargs)
+        frame.last_call = (args, kwargs)  # the last block's call, or the last that ran when it was dropped
+
+    def record_output(self, index: int, block: nn.Module, args: tuple, output: Any) -> None:
+        """Forward hook of block ``index``: keep its output (the next state, if the next block is dropped)."""
+        frames = self._frames()
+        if frames:
+            frames[-1].outputs[index] = output
 
     def _close_capture(self, module: nn.Module, args: tuple, output: Any) -> Any:
         frames = self._frames()
@@ -272,7 +299,9 @@ class BlockCapture:
         states = frame.states
         missing = [i for i, s in enumerate(states[:-1]) if s is None]
         if missing:
-            raise self._not_run_error(missing)
+            if not module.training or len(missing) == self.located.num_blocks:
+                raise self._not_run_error(missing, module.training)
+            self._fill_dropped(frame, missing)
         if any(runs > 1 for runs in frame.runs):
             warn_shared_blocks(self.located, self.blocks_path, frame.runs)
         states[-1] = self._encoder_output(output, states[-2])
@@ -283,11 +312,30 @@ class BlockCapture:
         path = f"blocks_path={self.blocks_path!r}" if self.blocks_path else "the discovered blocks"
         return f"{path} (block list `{self.located.blocks_name}`, container `{self.located.container_name}`)"
 
-    def _not_run_error(self, missing: list[int]) -> RuntimeError:
+    @staticmethod
+    def _fill_dropped(frame: _Frame, missing: list[int]) -> None:
+        """The states of blocks skipped by layer drop (a skipped block's output is its input).
+
+        ``z_i`` of a skipped block ``i`` is the output of the last block before it that ran, or,
+        when none before it ran, the input of the first block after it that ran.
+        """
+        states, outputs = frame.states, frame.outputs
+        ran = [i for i in range(len(outputs)) if i not in missing]
+        for i in missing:
+            before = [j for j in ran if j < i]
+            states[i] = first_tensor(outputs[before[-1]]) if before else states[min(j for j in ran if j > i)]
+
+    def _not_run_error(self, missing: list[int], training: bool) -> RuntimeError:
+        if training:  # layer drop skipped every block: no state of this forward is known
+            return RuntimeError(
+                f"Layer fusion: layer drop skipped every block of {self._where()} in this training step "
+                "(probability layerdrop ** num_blocks), so no block state is known to fuse. Lower the "
+                "model's layer drop (config.layerdrop / encoder_layerdrop) or use more blocks."
+            )
         return RuntimeError(
             f"Layer fusion: the container ran but blocks {missing} of {self._where()} did not run in this "
-            "forward (layer drop, early exit, or a block list that is not the encoder's): the fused states "
-            "would be wrong. Set `blocks_path` to the encoder's list of blocks, or disable layer drop."
+            "eval-mode forward (early exit, or a block list that is not the encoder's): the fused states "
+            "would be wrong. Set `blocks_path` to the encoder's list of blocks."
         )
 
     def _encoder_output(self, output: Any, last_input: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ and fuse everywhere, which is also exact.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Optional
@@ -52,6 +53,7 @@ from .hooks import (
     select_positions,
     warn_shared_blocks,
 )
+from .seq2seq.hooks import ENCODER_STATES_ARG, argument, find_seq2seq_parts, repeats_of
 
 LAYER_NAME = "layer_fusion"  # attribute of the container holding the LayerFusionLayer
 FUSION_SUFFIX = "fusion"  # the per-adapter ModuleDict is named f"{prefix}{FUSION_SUFFIX}"
@@ -78,6 +80,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self.capture = BlockCapture(located, self.fuse, blocks_path)
         self.model_hooks: dict[str, list[RemovableHandle]] = {}  # per adapter, outside the encoder
         self.root_hooks: list[RemovableHandle] = []  # on the whole model: did the fusion run?
+        self.watches_decoder = False  # an encoder-decoder model: fused outputs are kept for its decoder
         self._local = ThreadState()  # per thread: `positions`, the root forwards open
 
     @property
@@ -95,6 +98,11 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
 
         A fusion whose hooks never fire (a block list the forward does not run) would leave the
         output un-fused while its parameters "train"; the check raises instead, naming ``blocks_path``.
+
+        In an encoder-decoder model, a forward may run the decoder alone on encoder states computed
+        before (every cached step of ``generate()``, or ``encoder_outputs=`` given): a hook on the
+        decoder checks that those states are the output this adapter fused (see
+        :meth:`check_decoder_input`), and such a forward counts as fused.
         """
         if self.root_hooks:
             return
@@ -102,22 +110,74 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
             model.register_forward_pre_hook(self._enter_model),
             model.register_forward_hook(self._leave_model, always_call=True),
         ]
+        decoder = _decoder_of(model)
+        if decoder is not None:
+            self.watches_decoder = True
+            check = decoder.register_forward_pre_hook(self.check_decoder_input, with_kwargs=True)
+            self.root_hooks.append(check)
+
+    def _remember_fused(self, adapter_name: str, fused: torch.Tensor) -> None:
+        """Keep ``fused`` (the new encoder output) for :meth:`check_decoder_input`: a weak reference
+        (the tensor itself) and its detached values (the states ``generate`` repeats for its beams)."""
+        self._local.fused = (adapter_name, weakref.ref(fused), fused.detach())
+        self._local.verified = None
+
+    def _fused_by(self, name: str, states: torch.Tensor) -> bool:
+        """Whether ``states`` are this thread's last fused output of adapter ``name`` (or it repeated)."""
+        verified = getattr(self._local, "verified", None)  # the decoder's states at the previous step
+        if verified is not None and verified[0] == name and verified[1]() is states:
+            return True
+        fused = getattr(self._local, "fused", None)
+        if fused is None or fused[0] != name:
+            return False
+        if fused[1]() is not states and repeats_of(fused[2], states) is None:
+            return False
+        self._local.verified = (name, weakref.ref(states))  # later steps: an identity check
+        return True
+
+    @property
+    def decoded_count(self) -> int:
+        """How many decoder calls of this thread read encoder states checked to be fused."""
+        return getattr(self._local, "decoded", 0)
+
+    def check_decoder_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook of the decoder: its encoder states must be what the active adapter fused.
+
+        They are when they are this thread's last fused encoder output itself, or its values
+        repeated on the batch (``generate``'s beams). Anything else (``encoder_outputs`` computed
+        with the adapter disabled, by another adapter or model, or before a later encoder call)
+        would decode un-fused states: raises instead.
+        """
+        name = None if self.disable_adapters else self.active_fusion_name()
+        states = argument(module, ENCODER_STATES_ARG, args, kwargs)
+        if name is None or self.fusion_modules[name].seq2seq or not isinstance(states, torch.Tensor):
+            return
+        if not self._fused_by(name, states):
+            raise RuntimeError(
+                f"Layer fusion adapter {name!r}: the decoder received encoder states that this adapter "
+                "did not fuse (encoder_outputs computed with the adapter disabled, by another adapter or "
+                "model, or before a later encoder call), so the output would not be fused. Pass input_ids "
+                "(generate() runs the encoder), or encoder_outputs of model.get_encoder() run just before "
+                "with this adapter."
+            )
+        self._local.decoded = self.decoded_count + 1
 
     def _entered(self) -> list[list[int]]:
-        """Per open forward of the whole model (innermost last): ``[closed before, closed by nested]``."""
+        """Per open forward of the whole model (innermost last): ``[closed before, closed by nested,
+        decoded before]`` (capture and checked-decoder counts of this thread)."""
         entered = getattr(self._local, "entered", None)
         if entered is None:
             entered = self._local.entered = []
         return entered
 
     def _enter_model(self, module: nn.Module, args: tuple) -> None:
-        self._entered().append([self.capture.closed_count, 0])
+        self._entered().append([self.capture.closed_count, 0, self.decoded_count])
 
     def _leave_model(self, module: nn.Module, args: tuple, output: object) -> None:
         entered = self._entered()
         if not entered:
             return
-        closed_before, closed_nested = entered.pop()
+        closed_before, closed_nested, decoded_before = entered.pop()
         closed = self.capture.closed_count - closed_before
         if entered:  # a forward nested in another one (a hook calling the model)
             entered[-1][1] += closed
@@ -129,7 +189,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         own = closed - closed_nested
         if own > 1:  # the container itself runs several times (a shared block group, as in ALBERT)
             warn_shared_blocks(self.located, self.capture.blocks_path, runs=[own])
-        if own == 0:
+        if own == 0 and self.decoded_count == decoded_before:  # no encoder run, no decoder on fused states
             raise RuntimeError(
                 f"Layer fusion adapter {name!r} did not run in this forward of {type(module).__name__}: the "
                 f"hooks on {self.capture._where()} never fired, so the output is not fused. Set the config "
@@ -176,6 +236,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
 
     def delete_adapter(self, adapter_name: str) -> None:
         self._remove_model_hooks(adapter_name)
+        self.fused_layers.pop(adapter_name, None)
         super().delete_adapter(adapter_name)
 
     def active_fusion_name(self) -> Optional[str]:
@@ -208,7 +269,10 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         fused = module(states, capture)
         if index is not None:
             fused = scatter_positions(fused, last, index)
-        return fused.to(output_dtype)
+        fused = fused.to(output_dtype)
+        if self.watches_decoder and not module.seq2seq:
+            self._remember_fused(name, fused)
+        return fused
 
     def merge(self, safe_merge: bool = False, adapter_names: Optional[list[str]] = None) -> None:
         raise merge_error()
@@ -223,6 +287,16 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self.root_hooks.clear()
         for adapter_name in list(self.model_hooks):
             self._remove_model_hooks(adapter_name)
+
+
+def _decoder_of(model: nn.Module) -> Optional[nn.Module]:
+    """The decoder of an encoder-decoder ``model`` (``None`` for any other model)."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return None
+    try:
+        return find_seq2seq_parts(model).decoder
+    except ValueError:
+        return None
 
 
 def merge_error() -> NotImplementedError:

@@ -135,7 +135,8 @@ class LayerFusionModel(LoraModel):
             layer = LayerFusionLayer(located, self.prefix, config.blocks_path)
             layer.train(located.container.training)
             located.container.add_module(LAYER_NAME, layer)
-        if low_cpu_mem_usage:  # built on the meta device; the checkpoint fills it in
+        on_meta = _device_of(located.container).type == "meta"  # e.g. the parameter audit's model
+        if low_cpu_mem_usage or on_meta:  # built on the meta device (no memory); a checkpoint fills it in
             with init_empty_weights(include_buffers=True):
                 module = module_cls(config, context)
         else:

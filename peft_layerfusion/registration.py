@@ -25,6 +25,7 @@ from .bitfit import BitFitConfig, BitFitModel
 from .card import install_card_hook
 from .config import LayerFusionConfig
 from .fusion import FusionModule
+from .loading import install_load_guards
 from .methods.average import AverageConfig, AverageModel
 from .methods.concat import ConcatConfig, ConcatModel
 from .methods.dwatt import DWAttConfig, DWAttModel
@@ -151,3 +152,4 @@ def register_all() -> None:
             prefix=f"{name}_",
         )
     install_card_hook()  # saved adapters get a card naming peft_layerfusion (see card.py)
+    install_load_guards()  # a failed load leaves no adapter behind (see loading.py)

@@ -87,15 +87,60 @@ def load_model_config(config_or_path: str | os.PathLike | PretrainedConfig) -> P
         ) from error
 
 
+# Config fields that size a model (by name): a negative value cannot build one.
+SIZE_FIELD_SUFFIXES = ("_size", "_layers", "_heads", "_dim", "_ff")
+SIZE_FIELDS = ("dim", "d_model", "d_ff", "d_kv", "n_layer", "n_head", "n_embd", "n_inner")
+# ... and these must be positive: the width of the hidden states, the number of blocks.
+POSITIVE_FIELDS = (
+    *("hidden_size", "d_model", "dim", "n_embd"),
+    *("num_hidden_layers", "num_layers", "n_layers", "n_layer"),
+)
+
+
+def check_sizes(config: PretrainedConfig) -> None:
+    """Raise a one-line ``ValueError`` for a negative size field, or a width or block count of 0.
+
+    Example:
+        >>> check_sizes(BertConfig(hidden_size=-32))
+        ValueError: `hidden_size`=-32 in the bert config is negative: a size must be >= 0 ...
+    """
+    for name, value in sorted(config.to_dict().items()):
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if value < 0 and (name in SIZE_FIELDS or name.endswith(SIZE_FIELD_SUFFIXES)):
+            raise ValueError(
+                f"`{name}`={value} in the {config.model_type} config is negative: a size must be >= 0 "
+                "(fix the config.json)."
+            )
+        if value == 0 and name in POSITIVE_FIELDS:
+            raise ValueError(
+                f"`{name}`=0 in the {config.model_type} config: the hidden width and the number of blocks "
+                "must be positive (fix the config.json)."
+            )
+
+
 def meta_model(config: PretrainedConfig) -> nn.Module:
     """The bare encoder (``AutoModel``) of ``config`` on the meta device: shapes, no memory.
+
+    Raises:
+        ValueError: in one line, for a config that cannot build a model (a negative size, a
+            width of 0...).
 
     Example:
         >>> meta_model(load_model_config("roberta-large.json")).device
         device(type='meta')
     """
-    with torch.device("meta"):
-        return AutoModel.from_config(config)
+    check_sizes(config)
+    try:
+        with torch.device("meta"):
+            return AutoModel.from_config(config)
+    except (RuntimeError, ZeroDivisionError, ValueError) as error:
+        detail = (str(error).strip().splitlines() or ["-"])[0]
+        reason = f"{type(error).__name__}: {detail}"
+        raise ValueError(
+            f"Cannot build a {config.model_type} model from this config ({reason}): check its sizes "
+            "(hidden_size, num_hidden_layers, num_attention_heads, ...)."
+        ) from error
 
 
 def component_of(name: str) -> str | None:

@@ -147,10 +147,8 @@ class EncoderMemory:
             RuntimeError: if ``encoder_hidden_states`` is not the stored output repeated.
         """
         last = self._last
-        if last is None or encoder_hidden_states.shape[1:] != last.shape[1:]:
-            raise self._mismatch()
-        repeats, remainder = divmod(encoder_hidden_states.shape[0], last.shape[0])
-        if remainder or not torch.equal(_repeat(last, repeats, 0), encoder_hidden_states.to(last.dtype)):
+        repeats = repeats_of(last, encoder_hidden_states) if last is not None else None
+        if repeats is None:
             raise self._mismatch()
         dims = batch_dims or {}
         return {k: _repeat(v, repeats, dims.get(k, 0)) for k, v in self._tensors.items()}
@@ -162,6 +160,24 @@ class EncoderMemory:
             "encoder with the adapter active in the same call (model(input_ids=..., labels=...)) or "
             "through generate(), not with `encoder_outputs` computed separately or with the adapter disabled."
         )
+
+
+def repeats_of(stored: torch.Tensor, given: torch.Tensor) -> Optional[int]:
+    """``n`` when ``given`` is ``stored`` ``(B, ...)`` repeated ``n`` times on the batch (``generate``'s
+    beams), else ``None``.
+
+    Example:
+        >>> repeats_of(x, x.repeat_interleave(3, dim=0))
+        3
+    """
+    if given is stored:
+        return 1
+    if given.shape[1:] != stored.shape[1:] or stored.shape[0] == 0:
+        return None
+    repeats, remainder = divmod(given.shape[0], stored.shape[0])
+    if remainder or not torch.equal(_repeat(stored, repeats, 0), given.to(stored.dtype)):
+        return None
+    return repeats
 
 
 def _repeat(tensor: torch.Tensor, repeats: int, dim: int) -> torch.Tensor:

@@ -298,7 +298,7 @@ class SurfaceFusion(FusionModule):
             parts.decoder.register_forward_pre_hook(self._keep_decoder_call, with_kwargs=True),
             parts.lm_head.register_forward_pre_hook(self._keep_state),
             context.model.register_forward_hook(BoundHook(self._fuse_output, is_active), with_kwargs=True),
-            wrap_generate(context.model, FusedBeamScores(self)),
+            wrap_generate(context.model, FusedBeamScores(self, is_active)),
         ]
 
     def _keep_source(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -345,28 +345,48 @@ class FusedBeamScores(LogitsProcessor):
     Beam search hands processors ``log_softmax(logits)``; with ``logits = log p`` (fused) that is
     ``log p - logsumexp(log p)``, so adding the recorded ``logsumexp`` per row restores ``log p``.
 
+    Args:
+        fusion: The SurfaceFusion module whose normaliser is added back.
+        is_active: True while that module's adapter is the active, enabled fusion adapter; any
+            other time (another adapter active, this one disabled or deleted) the scores pass as
+            they are, whatever normaliser the module kept from an earlier forward.
+
     Example:
         >>> model.generate(**inputs, num_beams=4)  # appended automatically by the adapter
     """
 
-    def __init__(self, fusion: SurfaceFusion) -> None:
-        self.fusion = fusion
+    def __init__(self, fusion: SurfaceFusion, is_active: Callable[[], bool]) -> None:
+        self.fusion, self.is_active = fusion, is_active
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         normaliser = self.fusion.last_normaliser  # None when the adapter was inactive at this step
-        if normaliser is None or normaliser.shape[0] != scores.shape[0]:
+        if normaliser is None or normaliser.shape[0] != scores.shape[0] or not self.is_active():
             return scores
         return scores + normaliser.to(scores.device, scores.dtype)[:, None]  # (rows, vocab)
 
 
 class GenerateWrapper:
-    """Handle of :func:`wrap_generate`: ``remove()`` restores the model's own ``generate``."""
+    """Handle of :func:`wrap_generate`: ``remove()`` takes its wrapper out of ``model.generate``.
 
-    def __init__(self, model: nn.Module, wrapped: Callable) -> None:
+    Several adapters wrap in turn (each wrapper calls the one below it); removing one, wherever it
+    sits in that chain, links its neighbours, so a deleted adapter never stays inside ``generate``.
+    The last removal restores the class's own ``generate``.
+    """
+
+    def __init__(self, model: nn.Module, wrapped: FusedGenerate) -> None:
         self.model, self.wrapped = model, wrapped
 
     def remove(self) -> None:
-        if self.model.__dict__.get("generate") is self.wrapped:
+        outer, current = None, self.model.__dict__.get("generate")
+        while isinstance(current, FusedGenerate) and current is not self.wrapped:
+            outer, current = current, current.original
+        if current is not self.wrapped:
+            return  # already removed
+        if outer is not None:
+            outer.original = current.original
+        elif isinstance(current.original, FusedGenerate):
+            self.model.__dict__["generate"] = current.original
+        else:
             del self.model.__dict__["generate"]
 
 
@@ -378,7 +398,7 @@ def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapp
         processor: The processor to append.
 
     Example:
-        >>> handle = wrap_generate(model, FusedBeamScores(fusion))
+        >>> handle = wrap_generate(model, FusedBeamScores(fusion, is_active))
         >>> handle.remove()  # model.generate is the class's again
     """
     generate = FusedGenerate(model, model.generate, processor)

@@ -43,6 +43,7 @@ def free_port() -> int:
 def launched(launcher: list[str], argv: list[str], output: Path) -> dict:
     """Run ``LAUNCHER ddp_driver.py ARGV OUTPUT`` with 2 CPU processes; the main process's record."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(DRIVER.parents[1]), env.get("PYTHONPATH", "")])  # conftest
     command = [sys.executable, "-m", *launcher, str(DRIVER), *argv, str(output)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=DRIVER.parent)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,139 @@
+"""Loading an adapter that fails leaves nothing behind, and says why in one line.
+
+peft's ``PeftModel.load_adapter(path, name)`` first adds the adapter (a freshly initialised
+fusion module, its hooks, LoRA layers, copies of ``modules_to_save``), then reads the weights
+into it. When reading fails (a file of another model, a truncated or edited file), peft raises
+but keeps the adapter registered: ``set_adapter(name)`` would then activate a random fusion
+module (a leftover LoRA is a no-op at init; a leftover fusion is not). ``PeftModel.from_pretrained``
+likewise leaves the base model it was given carrying hooks and a random fusion.
+
+:func:`install_load_guards` (called by ``registration.register_all``) wraps both once, for this
+package's adapter types only:
+
+* ``load_adapter``: a new adapter whose load fails is deleted again (its ``peft_config`` entry,
+  fusion module, hooks, LoRA layers and ``modules_to_save`` copies);
+* ``from_pretrained``: the base model is put back as it was (children, hooks, ``requires_grad``,
+  attributes: :class:`~.model.ModelSnapshot`);
+* a weights file that lacks the keys of a module in ``modules_to_save`` (peft raises a bare
+  ``KeyError``) becomes a ``ValueError`` naming the file, the missing keys and what to do.
+
+Example:
+    >>> model.load_adapter("corrupt_adapter", adapter_name="b")  # raises ...
+    >>> "b" in model.peft_config
+    False
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, Optional
+
+from peft import PeftModel
+from peft.utils import SAFETENSORS_WEIGHTS_NAME
+from peft.utils.other import AuxiliaryTrainingWrapper
+from safetensors import safe_open
+from torch import nn
+
+from .card import is_layerfusion_config
+from .layer import LayerFusionLayer
+from .model import ModelSnapshot
+
+_GUARD_MARK = "_peft_layerfusion_load_guard"
+
+
+def install_load_guards() -> None:
+    """Wrap ``PeftModel.load_adapter`` and ``PeftModel.from_pretrained`` (idempotent)."""
+    load_adapter: Callable[..., Any] = PeftModel.load_adapter
+    if not getattr(load_adapter, _GUARD_MARK, False):
+
+        @functools.wraps(load_adapter)
+        def guarded_load_adapter(self: PeftModel, model_id: str, adapter_name: str, *args: Any, **kw: Any):
+            return load_or_roll_back(load_adapter, self, model_id, adapter_name, *args, **kw)
+
+        setattr(guarded_load_adapter, _GUARD_MARK, True)
+        PeftModel.load_adapter = guarded_load_adapter
+    from_pretrained: Callable[..., PeftModel] = PeftModel.__dict__["from_pretrained"].__func__
+    if not getattr(from_pretrained, _GUARD_MARK, False):
+
+        @functools.wraps(from_pretrained)
+        def guarded_from_pretrained(cls: type, model: nn.Module, model_id: str, *args: Any, **kwargs: Any):
+            snapshot = ModelSnapshot(model)
+            try:
+                return from_pretrained(cls, model, model_id, *args, **kwargs)
+            except Exception:
+                restore_if_ours(model, snapshot)
+                raise
+
+        setattr(guarded_from_pretrained, _GUARD_MARK, True)
+        PeftModel.from_pretrained = classmethod(guarded_from_pretrained)
+
+
+def load_or_roll_back(
+    load_adapter: Callable[..., Any], model: PeftModel, model_id: str | os.PathLike, adapter_name: str,
+    *args: Any, **kwargs: Any,
+) -> Any:  # fmt: skip
+    """``load_adapter(model, model_id, adapter_name, ...)``; if it fails, a new adapter of ours is deleted.
+
+    Args:
+        load_adapter: peft's own ``PeftModel.load_adapter``.
+        model: The PeftModel.
+        model_id: Where the adapter is.
+        adapter_name: Its name in ``model``.
+        *args: Passed on.
+        **kwargs: Passed on.
+
+    Raises:
+        ValueError: for a weights file without the keys of a module in ``modules_to_save``.
+    """
+    new = adapter_name not in model.peft_config
+    try:
+        return load_adapter(model, model_id, adapter_name, *args, **kwargs)
+    except Exception as error:
+        config = model.peft_config.get(adapter_name)
+        if config is None or not is_layerfusion_config(config):
+            raise
+        keys_error = isinstance(error, KeyError)
+        message = _missing_keys_message(model, model_id, adapter_name, kwargs) if keys_error else None
+        if new:
+            model.delete_adapter(adapter_name)
+        if message is not None:
+            raise ValueError(message) from error
+        raise
+
+
+def restore_if_ours(model: nn.Module, snapshot: ModelSnapshot) -> None:
+    """Put ``model`` back as ``snapshot`` found it if a failed load gave it an adapter of ours."""
+    configs = model.__dict__.get("peft_config") if "peft_config" not in snapshot.root_attributes else None
+    if isinstance(configs, dict) and any(is_layerfusion_config(c) for c in configs.values()):
+        for layer in [m for m in model.modules() if isinstance(m, LayerFusionLayer)]:
+            layer.remove_hooks()
+        snapshot.restore()
+
+
+def _missing_keys_message(
+    model: PeftModel, model_id: str | os.PathLike, adapter_name: str, kwargs: dict[str, Any]
+) -> Optional[str]:
+    """One line naming the weights file, the keys of ``modules_to_save`` it lacks, and what to do."""
+    expected = {  # what peft looks up for every modules_to_save wrapper of this adapter
+        f"{name}.{key}": name
+        for name, module in model.named_modules()
+        if isinstance(module, AuxiliaryTrainingWrapper)
+        for key in module.adapter_state_dict_load_map(adapter_name)
+    }
+    path = os.path.join(os.fspath(model_id), kwargs.get("subfolder") or "", SAFETENSORS_WEIGHTS_NAME)
+    if not expected or not os.path.isfile(path):
+        return None
+    with safe_open(path, framework="pt") as weights:
+        present = set(weights.keys())
+    missing = sorted(key for key in expected if key not in present)
+    if not missing:
+        return None
+    modules = sorted({expected[key].removeprefix("base_model.model.") for key in missing})
+    return (
+        f"The adapter weights {path} lack the keys {missing} of `modules_to_save` {modules}: the file was "
+        f"saved without them or edited. Save the adapter again from the trained model, or drop {modules} "
+        "from its adapter_config.json (`modules_to_save`, or the `task_type` that adds a head) to load it "
+        "with the base model's own modules."
+    )
