@@ -13,7 +13,7 @@ import argparse
 import math
 import pathlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .data.tags import TAG_SCHEMES
@@ -43,6 +43,7 @@ DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "ft": (1e-4, 3e-4, 1e-3),
 }
 
+FULL_TRAIN = 0  # the shots of a cell trained on the whole train split (``--shots all``)
 # integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
 POSITIVE_INT_OPTIONS = (
     "max_length",
@@ -160,12 +161,14 @@ def check_positive_ints(options: dict[str, Any], source: str) -> None:
     for name in POSITIVE_INT_OPTIONS:
         value = options.get(name)
         values = value if isinstance(value, list) else [value]
+        if name == "shots":  # `all` (the whole train split) is the task's to accept or refuse
+            values = [v for v in values if v != "all"]
         if value is not None and not all(type(v) is int and v >= 1 for v in values):
             raise ValueError(f"{source}: {name} must be integers >= 1, got {value!r}")
 
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model, data, optimisation, grid and output options (every one with its help)."""
+    """``layerfusion ner`` / ``sweep``: model, data, optimisation, grid and output options."""
     data = parser.add_argument_group("model and data")
     data.add_argument(
         "--model",
@@ -225,6 +228,60 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "differ only by initialisation and order (the paper's WikiANN protocol). Default: a new "
         "sample each trial.",
     )
+    add_few_shot_arguments(parser, NER_WORDS)
+
+
+def shots_value(text: str) -> int:
+    """argparse ``type`` of ``--shots``: an integer >= 1, or ``all`` (:data:`FULL_TRAIN`: the whole
+    train split).
+
+    Example:
+        >>> shots_value("8"), shots_value("all")
+        (8, 0)
+    """
+    return FULL_TRAIN if text.strip().lower() == "all" else positive_int(text)
+
+
+@dataclass(frozen=True)
+class TaskWords:
+    """How the shared few-shot options name a task's things in their help, and what ``--shots`` takes.
+
+    Args:
+        examples: What a training sample is made of (``sentences``).
+        score: The dev score (``dev micro-F1``).
+        shots: The help of ``--shots``.
+        shots_type: The argparse type of ``--shots`` (:func:`positive_int`, :func:`shots_value`).
+        batch: The help of ``--batch-size``.
+        head: The help of ``--head-modules``.
+        regimes: The help of ``--regimes``.
+    """
+
+    examples: str
+    score: str
+    shots: str
+    shots_type: Any
+    batch: str
+    head: str
+    regimes: str
+
+
+REGIMES_HELP = "fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder biases"
+NER_WORDS = TaskWords(
+    examples="sentences",
+    score="dev micro-F1",
+    shots="N of the N-shot protocol: N*C sentences sampled, C = number of entity types. "
+    "Paper: 8 16 32 64 128.",
+    shots_type=positive_int,
+    batch="Sentences per step (paper: 16 for NER).",
+    head="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
+    regimes=f"{REGIMES_HELP}; adapter_seqbn, adapter_double_seqbn: AdapterHub bottleneck adapters (Pfeiffer, "
+    "Houlsby), method none only, sized by `method_options: {adapter_reduction_factor: F}` in the "
+    "YAML (default 16), needs transformers 4.57 + adapters 1.3.0 (the `adapters` extra). Default: fe.",
+)
+
+
+def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
+    """The options every few-shot task shares: optimisation and LR grid, the grid, the output."""
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
     grids = describe_lr_grids(DEFAULT_LR_GRIDS)
     train.add_argument(
@@ -232,8 +289,8 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         type=learning_rate,
         help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
-        "(mean best dev F1 over trials, ties to the smaller) and reported with the test F1 of each "
-        f"run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
+        f"(mean best {words.score} over trials, ties to the smaller) and reported with the test score of "
+        f"each run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
     )
     train.add_argument(
         "--select-trials",
@@ -242,11 +299,11 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "trials at the selected LR only: M*G + (T-M) runs per cell instead of T*G (G LRs, T trials). "
         "Default: every trial runs every LR.",
     )
-    train.add_argument("--batch-size", type=positive_int, help="Sentences per step (paper: 16 for NER).")
+    train.add_argument("--batch-size", type=positive_int, help=words.batch)
     train.add_argument(
         "--eval-every",
         type=positive_int,
-        help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported.",
+        help=f"Evaluate {words.score} every k epochs (and after the last); the best dev epoch is kept.",
     )
     train.add_argument(
         "--seed", type=int, help="Base seed; trial t uses seed+t for the init and a new N-shot sample."
@@ -256,13 +313,13 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="Do not train FE cells on the feature cache (block "
-        "outputs computed once per sentence); slower, same results.",
+        f"outputs computed once per {words.examples[:-1]}); slower, same results.",
     )
     train.add_argument("--cache-dir", help="Folder persisting the feature cache (shared by --workers).")
     train.add_argument(
         "--head-modules",
         nargs="+",
-        help="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
+        help=words.head,
     )
     grid = parser.add_argument_group("grid (flags override the YAML --config)")
     grid.add_argument(
@@ -279,18 +336,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument(
         "--regimes",
         nargs="+",
-        help="fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder "
-        "biases; adapter_seqbn, adapter_double_seqbn: AdapterHub bottleneck adapters (Pfeiffer, "
-        "Houlsby), method none only, sized by `method_options: {adapter_reduction_factor: F}` in the "
-        "YAML (default 16), needs transformers 4.57 + adapters 1.3.0 (the `adapters` extra). Default: fe.",
+        help=words.regimes,
     )
-    grid.add_argument(
-        "--shots",
-        nargs="+",
-        type=positive_int,
-        help="N of the N-shot protocol: N*C sentences sampled, "
-        "C = number of entity types. Paper: 8 16 32 64 128.",
-    )
+    grid.add_argument("--shots", nargs="+", type=words.shots_type, help=words.shots)
     grid.add_argument("--epochs", nargs="+", type=positive_int, help="Max epochs (paper: 25 50 75 100).")
     grid.add_argument(
         "--trials", type=positive_int, help="Trials per cell, each with a new seed and sample (paper: 5)."
@@ -317,6 +365,79 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "cores/workers each). 1 is often fastest on a busy machine.",
     )
     out.add_argument("--quiet", action="store_true", default=None, help="No progress bar.")
+
+
+CLASSIFY_WORDS = TaskWords(
+    examples="examples",
+    score="dev accuracy (--metric)",
+    shots="N examples of each class sampled from train per trial (stratified; every method of a trial "
+    "trains on the same sample), or `all`: the whole train split. Default: 8 32.",
+    shots_type=shots_value,
+    batch="Examples per step (default 8).",
+    head="Head modules trained with the fusion (peft modules_to_save); default: the modules the "
+    "checkpoint lacks (the new head: BERT's classifier, a decoder's score).",
+    regimes=f"{REGIMES_HELP}. Default: fe.",
+)
+
+
+def add_classify_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion classify``: model, data, columns, pooling, metric, then the shared few-shot options."""
+    data = parser.add_argument_group("model and data")
+    data.add_argument(
+        "--model",
+        help="Encoder or decoder: a local folder, a Hub name (online only), a .gguf file, or gemma3-270m "
+        "(the offline decoder of the `llm` extra). Required.",
+    )
+    data.add_argument(
+        "--data",
+        help="Required. A datasets save_to_disk folder; a folder of train/dev (val, valid, validation)/test "
+        "files; or one file (cut 60/20/20 with seed 0). Files: .csv, .tsv/.txt (TAB, header line, no "
+        "quoting: GLUE's layout), .jsonl/.json, .parquet, .arrow. Or a Hub name (online only). Without a "
+        "dev split, dev is cut from train (20%%, seed 0) and said on stderr.",
+    )
+    data.add_argument(
+        "--text-column",
+        help="Text column (default: a pair by convention, e.g. premise/hypothesis, sentence1/sentence2, "
+        "question/sentence, title/body; else text, sentence, content, review, ...).",
+    )
+    data.add_argument("--text-pair-column", help="Second text of a sentence pair (default: by convention).")
+    data.add_argument(
+        "--label-column",
+        help="Label column, ids or names (default: label, labels, class, category or target, else the one "
+        "column ending in `label`). The label set is taken from train, in a stable order.",
+    )
+    data.add_argument("--max-length", type=positive_int, help="Tokenizer max length in sub-words (128).")
+    data.add_argument(
+        "--dev-limit",
+        type=positive_int,
+        help="Evaluate on N dev examples drawn with seed 0 (default: all).",
+    )
+    data.add_argument(
+        "--test-limit",
+        type=positive_int,
+        help="Score N test examples drawn with seed 0 (default: all).",
+    )
+    data.add_argument(
+        "--pooling",
+        choices=("model", "mean"),
+        help="model: the model's own sequence-classification head (first token / pooler for BERT-like "
+        "encoders, last real token for decoders); mean: the mean over the real tokens, then a linear "
+        "head. Default: model.",
+    )
+    data.add_argument(
+        "--metric",
+        choices=("accuracy", "macro_f1"),
+        help="The dev metric that picks each run's best epoch and each cell's LR (both are reported on "
+        "test). Default: accuracy.",
+    )
+    parser.add_argument(
+        "--fixed-sample",
+        action="store_true",
+        default=None,
+        help="Draw the training sample once (trial 0's) and train every trial on it; trials then differ "
+        "only by initialisation and order. Default: a new sample each trial.",
+    )
+    add_few_shot_arguments(parser, CLASSIFY_WORDS)
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:

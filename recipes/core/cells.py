@@ -21,9 +21,8 @@ from typing import Any, Protocol
 
 from peft_layerfusion.registration import method_named
 
+from ..arguments import FULL_TRAIN
 from .models import PLAIN_HEAD
-
-FULL_TRAIN = 0  # the shots of a cell trained on the whole train split (``--shots all``)
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,12 @@ def longest_first(cells: Iterable[Cell]) -> list[Cell]:
         >>> [c.shots for c in longest_first([Cell("none", "fe", 8, 25, 0), Cell("none", "fe", 128, 25, 0)])]
         [128, 8]
     """
-    return sorted(cells, key=lambda cell: cell.epochs * (cell.shots or math.inf), reverse=True)
+    return sorted(cells, key=lambda cell: cell.epochs * shots_size(cell.shots), reverse=True)
+
+
+def shots_size(shots: int) -> float:
+    """A cell's shots as a size: N, or infinity for the full train set (:data:`FULL_TRAIN`)."""
+    return math.inf if shots == FULL_TRAIN else shots
 
 
 def longest_first_units(units: Iterable[Unit]) -> list[Unit]:

@@ -15,7 +15,11 @@ from typing import Any
 
 import yaml
 
-from ..arguments import check_positive_ints
+from ..arguments import FULL_TRAIN, check_positive_ints
+from .models import METHOD_NAMES, check_adapter_grid
+
+GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
+RUN_KEYS = ("output", "results", "workers", "quiet", "threads", "select_trials")
 
 
 def load_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -75,3 +79,34 @@ def check_names(option: str, values: list[str] | None, allowed: tuple[str, ...])
     unknown = [value for value in values or () if value not in allowed]
     if unknown:
         raise ValueError(f"--{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
+
+
+def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any]:
+    """The grid and run options of a few-shot task (:data:`GRID_KEYS`, :data:`RUN_KEYS`), checked.
+
+    Args:
+        pick: ``name -> value``: the flag, else the YAML's, else the task's default (:func:`option`).
+        settings: The task's settings (their ``lr_grid`` refuses a bad ``--lr`` for each regime).
+        regimes: The regimes the task trains.
+
+    Returns:
+        ``{methods, regimes, shots, epochs, trials, output, results, workers, quiet, threads,
+        select_trials}``; ``results`` is the results file (:func:`results_path`), a YAML ``shots``
+        value ``all`` is :data:`~layerfusion_recipes.arguments.FULL_TRAIN`.
+
+    Raises:
+        ValueError: An unknown method or regime, an AdapterHub regime with a fusion method, a bad LR.
+
+    Example:
+        >>> grid_options(lambda name: defaults.get(name), settings, ("fe", "ft", "lora", "bitfit"))["results"]
+        'layerfusion-results/results.jsonl'
+    """
+    grid = {key: pick(key) for key in (*GRID_KEYS, *RUN_KEYS)}
+    grid["results"] = results_path(grid["output"], grid["results"])
+    grid["shots"] = [FULL_TRAIN if value == "all" else value for value in grid["shots"] or ()]
+    check_names("methods", grid["methods"], METHOD_NAMES)
+    check_names("regimes", grid["regimes"], regimes)
+    check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
+    for regime in grid["regimes"] or ():
+        settings.lr_grid(regime)  # a bad --lr / lr: stops here, naming the values
+    return grid

@@ -20,13 +20,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ..core.errors import UserError
 from .tags import TAG_RULE, is_valid_tag
 
+T = TypeVar("T")
 IGNORE_INDEX = -100  # label of sub-tokens after the first and of special tokens
 _LANG_PREFIX = re.compile(r"^[a-z]{2,3}:(?=.)")
 
@@ -212,9 +213,10 @@ def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
 
 
 def split_sentences(
-    sentences: Sequence[NerSentence], seed: int = 0, dev: float = 0.2, test: float = 0.2
-) -> tuple[list[NerSentence], list[NerSentence], list[NerSentence]]:
-    """Shuffle with a fixed seed and cut into train/dev/test (for single-split corpora).
+    sentences: Sequence[T], seed: int = 0, dev: float = 0.2, test: float = 0.2
+) -> tuple[list[T], list[T], list[T]]:
+    """Shuffle with a fixed seed and cut into train/dev/test (for single-split corpora); any
+    examples (NER sentences, classification examples).
 
     Example:
         >>> train, dev, test = split_sentences(read_ner_file("ner.txt"), seed=0)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..core.cells import FULL_TRAIN
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, demo_data_path, demo_model_path
-from ..core.models import METHOD_NAMES, NER_REGIME_NAMES, check_adapter_grid
-from ..core.settings import check_names, load_config, option, results_path
+from ..core.models import NER_REGIME_NAMES
+from ..core.settings import grid_options, load_config, option
 from .experiment import ExperimentSettings
 
-GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 PAPER_GRID: dict[str, Any] = {
     "methods": DEMO_GRID["methods"],  # the last-layer head and the methods sized to one budget
     "regimes": ["fe"],
@@ -77,12 +77,10 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         fixed_sample=bool(pick("fixed_sample")),
         method_options=dict(loaded.get("method_options", {})),
     )
-    run_keys = ("output", "results", "workers", "quiet", "threads", "select_trials")
-    grid = {key: pick(key) for key in (*GRID_KEYS, *run_keys)}
-    grid["results"] = results_path(grid["output"], grid["results"])
-    check_names("methods", grid["methods"], METHOD_NAMES)
-    check_names("regimes", grid["regimes"], NER_REGIME_NAMES)
-    check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
-    for regime in grid["regimes"] or ():
-        settings.lr_grid(regime)  # a bad --lr / lr: stops here, naming the values
+    grid = grid_options(pick, settings, NER_REGIME_NAMES)
+    if FULL_TRAIN in grid["shots"]:
+        raise ValueError(
+            "--shots all: NER samples N*C sentences per trial; for a fixed number of sentences use "
+            "--train-sentences"
+        )
     return settings, grid

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +34,7 @@ from typing import Any
 from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
-from ..core.cells import FULL_TRAIN
+from ..core.cells import FULL_TRAIN, shots_size
 from ..core.models import METHOD_NAMES, PLAIN_HEAD
 from ..core.records import read_records
 from ..core.selection import cell_of, cells, dev_score, record_metric, select_lr, test_score
@@ -87,11 +86,6 @@ def record_metrics(records: Sequence[dict[str, Any]]) -> list[str]:
     return list(found)
 
 
-def shots_order(shots: int) -> float:
-    """Sort key of shots: the full train set after every N."""
-    return math.inf if shots == FULL_TRAIN else shots
-
-
 def shots_text(shots: int) -> str:
     """The shots of a cell as the tables write them: ``all`` for the full train set.
 
@@ -126,7 +120,7 @@ def summarize(records: Sequence[dict[str, Any]], metric: str | None = None) -> l
     """
     rows = []
     grouped = cells(records)
-    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], shots_order(c[3]), method_rank(c[4]))):
+    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], shots_size(c[3]), method_rank(c[4]))):
         runs = grouped[cell]
         selection = select_lr(runs)
         own = metric or record_metric(runs[0])
@@ -222,7 +216,7 @@ def markdown_row(columns: Sequence[Any]) -> str:
     return "| " + " | ".join(map(str, columns)) + " |"
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> str:
+def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = (), edges: bool = True) -> str:
     """Rows of :func:`summarize` as a markdown table (one column per method, in the registry's order),
     legend and edge flags.
 
@@ -231,6 +225,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> 
         lead: Row fields written first in every line and in its edge flag, and grouping the lines with
             the cell's fields: e.g. ``("language",)`` for the rows of several results files, each row
             tagged with its file's language (:func:`grouped_table_markdown`).
+        edges: List the cells whose selected LR is at the edge of its grid under the legend (a
+            second table of the same cells, another metric, leaves them to the first).
 
     Example:
         >>> print(markdown_table(summarize(read_records("out/results.jsonl"))))
@@ -255,7 +251,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> 
             )
         )
     legend = table_legend(rows)
-    flagged = [row for row in rows if row["edge"]]
+    flagged = [row for row in rows if row["edge"]] if edges else []
     if flagged:
         legend += "\n⚠ widen the grid: the selected LR is at the edge of its grid:\n" + "".join(
             f"- {_lead_text(r, lead)}{r['method']} {r['regime']} {r['epochs']} epochs "
@@ -344,7 +340,7 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
     for ax, (regime, epochs) in zip(axes[0], panels, strict=True):
         panel = [row for row in rows if (row["regime"], row["epochs"]) == (regime, epochs)]
         for method in dict.fromkeys(row["method"] for row in panel):
-            line = sorted((r for r in panel if r["method"] == method), key=lambda r: shots_order(r["shots"]))
+            line = sorted((r for r in panel if r["method"] == method), key=lambda r: shots_size(r["shots"]))
             shots = [where[r["shots"]] for r in line]
             mean = [r["mean"] for r in line]
             ax.plot(shots, mean, marker="o", label=method)
@@ -360,7 +356,7 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
             )
         ax.set_xscale("log", base=2)
         if FULL_TRAIN in where:
-            ticks = sorted(where, key=shots_order)
+            ticks = sorted(where, key=shots_size)
             ax.set_xticks([where[n] for n in ticks], [shots_text(n) for n in ticks])
         ax.set_title(f"{regime}, max {epochs} epochs")
         ax.set_xlabel("shots N")
@@ -582,7 +578,8 @@ def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
     text = _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
     for metric in record_metrics(records)[1:]:
         other = summarize(records, metric)
-        text += "\n" + _tables(markdown_table(other), paired_table(paired_differences(records, other)))
+        differences = paired_differences(records, other)
+        text += "\n" + _tables(markdown_table(other, edges=False), paired_table(differences))
     return text
 
 
