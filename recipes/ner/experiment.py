@@ -68,34 +68,18 @@ SETUP_FIELDS = (
 
 @dataclass
 class ExperimentSettings(TaskSettings):
-    """Everything about an experiment except the grid.
+    """Everything about a NER experiment except the grid (the shared fields:
+    :class:`~layerfusion_recipes.core.experiment.TaskSettings`; ``model`` is an
+    ``AutoModelForTokenClassification`` name or path, ``data`` see ``data.sources.load_ner``).
 
     Args:
-        model: Encoder name or path (``AutoModelForTokenClassification``).
-        data: Dataset directory, file, or Hub name (see ``data.sources.load_ner``).
         language: WikiANN language.
         tokens_column: Token column of tabular data (``None``: by convention).
         tags_column: Tag column of tabular data (``None``: by convention).
         label_names: Names of integer tags (``None``: the ``ClassLabel`` names).
         tag_scheme: Tag scheme of the data (``auto`` detects; converted to IOB2).
-        max_length: Tokenizer max length.
-        lr: Max LR, or several (LR selection on dev); ``None``: the regime's
-            :data:`DEFAULT_LR_GRIDS` in a sweep, 1e-3 (FE) / 5e-5 (others) for a lone :meth:`Experiment.run`.
-        batch_size: Training batch size (16 for NER in the paper).
-        eval_every: Dev evaluation every k epochs.
-        seed: Base seed.
-        use_cache: Train FE cells on the feature cache.
-        cache_dir: Folder persisting the feature cache (shared by sweep workers).
-        head_modules: Modules of the head that train with the fusion (``modules_to_save``).
-        method_options: Extra options of the regimes and fusion configs (e.g. ``lora_r``, ``d_pos``);
-            ``adapter_reduction_factor`` sizes the AdapterHub regimes and reaches only them
-            (:func:`~layerfusion_recipes.core.models.regime_options`).
-        dev_limit: Evaluate on at most this many dev sentences (``None``: all).
-        test_limit: Score at most this many test sentences (``None``: all).
         train_sentences: Sample exactly this many training sentences per trial instead of
             ``N * C`` (e.g. a fixed 100-sentence budget); ``None``: the N-shot protocol.
-        fixed_sample: Every trial trains on trial 0's sample (only init and order change);
-            the paper's WikiANN protocol. ``False``: a new sample each trial.
     """
 
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = SETUP_FIELDS

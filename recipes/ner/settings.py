@@ -11,7 +11,7 @@ from typing import Any
 from ..core.cells import FULL_TRAIN
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, demo_data_path, demo_model_path
 from ..core.models import NER_REGIME_NAMES
-from ..core.settings import grid_options, load_config, option
+from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ExperimentSettings
 
 PAPER_GRID: dict[str, Any] = {
@@ -56,6 +56,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     demo = pick("model") is None and pick("data") is None
     defaults.update(DEMO_GRID if demo else PAPER_GRID)
     settings = ExperimentSettings(
+        **{**task_fields(pick, loaded), "dev_limit": pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None)},
         model=pick("model") or demo_model_path(),
         data=pick("data") or demo_data_path(),
         language=pick("language"),
@@ -63,19 +64,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         tags_column=pick("tags_column"),
         label_names=tuple(pick("label_names")) if pick("label_names") else None,
         tag_scheme=pick("tag_scheme") or "auto",
-        max_length=pick("max_length"),
-        lr=pick("lr"),
-        batch_size=pick("batch_size"),
-        eval_every=pick("eval_every"),
-        seed=pick("seed"),
-        use_cache=not pick("no_cache"),
-        cache_dir=pick("cache_dir"),
-        head_modules=tuple(pick("head_modules")),
-        dev_limit=pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None),
-        test_limit=pick("test_limit"),
         train_sentences=pick("train_sentences"),
-        fixed_sample=bool(pick("fixed_sample")),
-        method_options=dict(loaded.get("method_options", {})),
     )
     grid = grid_options(pick, settings, NER_REGIME_NAMES)
     if FULL_TRAIN in grid["shots"]:
