@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from .core.errors import DataSourceError, UserError
+from .data.locations import check_source
 from .data.tags import TAG_SCHEMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
@@ -459,3 +461,36 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         option = f"--{name.replace('_', '-')}"
         parser.add_argument(option, type=type(value), default=value, dest=name, help=f"(default: {value})")
+
+
+# Checks that need no library: run before a command's module (and torch, transformers, peft) is
+# imported, so a missing path answers in one line at once. The library's names are checked later.
+def check_experiment_paths(args: argparse.Namespace) -> None:
+    """``ner`` / ``sweep`` / ``mlm``: ``--data`` is an existing path or a Hub name, ``--config`` a file
+    (the data is read before the model, so a bad ``--model`` is said after the data's errors)."""
+    check_source(args.data)
+    config = getattr(args, "config", None)
+    if config and not pathlib.Path(config).is_file():
+        raise DataSourceError(f"--config {config!r}: no such file")
+
+
+def check_seq2seq_paths(args: argparse.Namespace) -> None:
+    """``seq2seq``: a data folder or both text files, each existing."""
+    if not args.data and not (args.train_file and args.test_file):
+        raise UserError("give --data DIR (valid.txt, test.txt) or --train-file and --test-file")
+    paths = {"--data": args.data, "--train-file": args.train_file, "--test-file": args.test_file}
+    for option, path in paths.items():
+        if path and not pathlib.Path(path).exists():
+            raise DataSourceError(f"{option} {path!r}: no such file or directory")
+
+
+def check_audit_config(args: argparse.Namespace) -> None:
+    """``audit``: CONFIG is an existing path or a Hub name."""
+    check_source(args.config, "CONFIG")
+
+
+def check_results_file(args: argparse.Namespace) -> None:
+    """``plot``: the results file exists."""
+    if not pathlib.Path(args.results).is_file():
+        raise DataSourceError(f"{args.results!r}: no such results file")
+

@@ -49,8 +49,8 @@ from ..core.loop import TrainingLoop, restore, snapshot
 from ..core.models import apply_regime, load_pretrained, trainable_parameters
 from ..core.selection import at_grid_edge, best_on_dev, select_then_repeat
 from ..core.sweep_log import peak_rss_mb
+from ..data.locations import looks_like_hub_name
 from ..data.readers import IGNORE_INDEX, read_text
-from ..data.sources import looks_like_hub_name
 from .settings import MlmSettings
 
 SELECTION_RULE = "lowest dev perplexity (held-out split), ties to the smaller LR; test perplexity not used"
