@@ -15,32 +15,22 @@ with that LR): same initial parameters (copies of one built model), same batches
 shuffling seed), same dropout masks (``randomness="same"`` draws one mask per call, exactly
 as a lone run does, since the draws depend only on the seed and the shapes), the same loss per
 candidate (the summed loss gives each candidate its own gradient) and one AdamW param group
-per candidate under the same linear schedule. ``tests/test_lr_selection.py`` checks the records
+per candidate under the same linear schedule, in the one loop (:func:`~layerfusion_recipes.ner.training.fit`).
+``tests/recipes/ner/test_lr_selection.py`` checks the records
 against lone runs.
 """
 
 from __future__ import annotations
 
-import copy
-import time
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from ..core.loop import TrainingLoop, restore, snapshot
+from ..core.loop import restore
 from ..core.processes import process_state
-from ..data.readers import IGNORE_INDEX
 from .scoring import SpanScorer
-from .training import (
-    RunResult,
-    TokenClassifierRunner,
-    TrainSettings,
-    evaluates_at,
-    predict_labelled,
-    shuffled_batches,
-)
+from .training import RunResult, TokenClassifierRunner, TrainSettings, fit, predict_labelled
 
 
 class StackedRunner(TokenClassifierRunner):
@@ -87,6 +77,20 @@ class StackedRunner(TokenClassifierRunner):
         self.candidates = [
             [p.detach().to(device).requires_grad_(True) for p in candidate] for candidate in self.candidates
         ]
+
+    def candidate_parameters(self) -> list[list[torch.Tensor]]:
+        """Every candidate's parameters, moved to this process's device (before the optimizer holds them)."""
+        self.to(process_state().device)
+        return self.candidates
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The candidates' cross-entropies of ``(K, batch, seq, labels)`` logits, summed: each
+        candidate gets its own gradient."""
+        return torch.stack([super(StackedRunner, self).loss(candidate, labels) for candidate in logits]).sum()
+
+    def scores(self, scorer: SpanScorer, predicted: torch.Tensor) -> list[float]:
+        """Every candidate's micro-F1 from ``(K, positions)`` predictions, in one batched parse."""
+        return scorer.f1s(predicted)
 
     def load_candidate(self, index: int) -> None:
         """Copy candidate ``index``'s parameters into the model (e.g. to inspect it alone)."""
@@ -145,44 +149,4 @@ def train_candidates(
         >>> runner = StackedRunner(model, 4, located, cache)
         >>> results = train_candidates(runner, train, dev, id2label, TrainSettings(), [1e-3, 1e-2])
     """
-    if len(lrs) != len(runner.candidates):
-        raise ValueError(f"lrs has {len(lrs)} values for {len(runner.candidates)} candidates")
-    start = time.perf_counter()
-    loader = shuffled_batches(len(train), settings)
-    runner.to(process_state().device)  # new candidate tensors: before the optimizer holds them
-    groups = [{"params": params, "lr": lr} for params, lr in zip(runner.candidates, lrs, strict=True)]
-    # one seed: the dropout draws of a lone run, shared by every candidate
-    loop = TrainingLoop(
-        runner.model, groups, settings.epochs * len(loader), settings.seed, settings.weight_decay
-    )
-    runner = copy.copy(runner)
-    runner.model = loop.model
-    scorer = SpanScorer(dev, id2label)
-    results = [RunResult(best_f1=-1.0, best_epoch=0) for _ in lrs]
-    best_states: list[list[torch.Tensor] | None] = [None] * len(lrs)
-    for epoch in range(1, settings.epochs + 1):
-        for indices in loader:
-            logits, labels = runner.logits([train[i] for i in indices], loop.device)  # (K, b, s, C)
-            losses = [
-                F.cross_entropy(candidate.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-                for candidate in logits
-            ]
-            loop.step(torch.stack(losses).sum())  # each candidate gets its own gradient
-        if evaluates_at(epoch, settings):
-            scores = evaluate_candidates(runner, dev, id2label, settings.eval_batch_size, loop.device, scorer)
-            for k, (result, f1) in enumerate(zip(results, scores, strict=True)):
-                result.curve.append({"epoch": epoch, "step": loop.steps, "dev_f1": f1})
-                if f1 > result.best_f1:
-                    result.best_f1, result.best_epoch = f1, epoch
-                    best_states[k] = snapshot(runner.candidates[k]) if test else None
-    if test:
-        for candidate, saved in zip(runner.candidates, best_states, strict=True):
-            if saved is not None:
-                restore(candidate, saved)
-        scores = evaluate_candidates(runner, test, id2label, settings.eval_batch_size, loop.device)
-        for result, f1 in zip(results, scores, strict=True):
-            result.test_f1 = f1
-    seconds = time.perf_counter() - start
-    for result in results:
-        result.seconds = seconds
-    return results
+    return fit(runner, train, dev, id2label, settings, lrs, test)
