@@ -30,7 +30,7 @@ from torch.func import functional_call, vmap
 from ..core.loop import restore
 from ..core.processes import process_state
 from .scoring import SpanScorer
-from .training import RunResult, TokenClassifierRunner, TrainSettings, fit, predict_labelled
+from .training import RunResult, TokenClassifierRunner, TrainSettings, fit
 
 
 class StackedRunner(TokenClassifierRunner):
@@ -96,26 +96,6 @@ class StackedRunner(TokenClassifierRunner):
         """Copy candidate ``index``'s parameters into the model (e.g. to inspect it alone)."""
         named = dict(self.model.named_parameters())
         restore([named[name] for name in self.names], self.candidates[index])
-
-
-def evaluate_candidates(
-    runner: StackedRunner,
-    features: Sequence[dict],
-    id2label: dict[int, str],
-    batch_size: int,
-    device: torch.device,
-    scorer: SpanScorer | None = None,
-) -> list[float]:
-    """Micro-F1 of every candidate of ``runner`` on ``features``, from one forward pass over them.
-
-    Each score is :func:`~layerfusion_recipes.ner.training.evaluate_f1`'s (same batches, same
-    predictions); all candidates are scored in one batched parse (:class:`SpanScorer`).
-
-    Example:
-        >>> evaluate_candidates(runner, dev, id2label, 64, torch.device("cpu"))  # [0.41, 0.55, ...]
-    """
-    scorer = scorer or SpanScorer(features, id2label)
-    return scorer.f1s(predict_labelled(runner, features, batch_size, device))  # (K, positions) -> K
 
 
 def train_candidates(

@@ -148,26 +148,40 @@ def predict_labelled(
     return torch.cat(predicted, dim=-1)
 
 
-def evaluate_f1(
+def evaluate(
     runner: TokenClassifierRunner,
     features: Sequence[dict],
     id2label: dict[int, str],
     batch_size: int,
     device: torch.device,
     scorer: SpanScorer | None = None,
-) -> float:
-    """Dev micro-F1 of ``runner``'s model (eval mode during the call), against the full gold.
+) -> list[float]:
+    """Micro-F1 of each candidate of ``runner`` (one for a lone runner, K for a stacked one) on
+    ``features``, from one forward pass (eval mode during the call), against the full gold.
 
     Every word of every sentence is scored: words the model cannot see count as predicted ``O``.
-    The number is seqeval's ``f1_score`` (:mod:`layerfusion_recipes.ner.scoring`).
-    ``scorer``: a :class:`~layerfusion_recipes.ner.scoring.SpanScorer` of ``features`` (made once per
-    run; built here if omitted).
+    The number is seqeval's ``f1_score`` (:mod:`layerfusion_recipes.ner.scoring`); all candidates
+    are scored in one batched parse. ``scorer``: a
+    :class:`~layerfusion_recipes.ner.scoring.SpanScorer` of ``features`` (made once per run; built
+    here if omitted).
+
+    Example:
+        >>> evaluate(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # [0.42]
+    """
+    scorer = scorer or SpanScorer(features, id2label)
+    return runner.scores(scorer, predict_labelled(runner, features, batch_size, device))
+
+
+def evaluate_f1(
+    runner: TokenClassifierRunner, features: Sequence[dict], id2label: dict[int, str], batch_size: int, device
+) -> float:
+    """Micro-F1 of a lone runner's model (:func:`evaluate`'s one score).
 
     Example:
         >>> evaluate_f1(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # 0.42
     """
-    scorer = scorer or SpanScorer(features, id2label)
-    return scorer.f1(predict_labelled(runner, features, batch_size, device))
+    (f1,) = evaluate(runner, features, id2label, batch_size, device)
+    return f1
 
 
 def shuffled_batches(size: int, settings: TrainSettings) -> DataLoader:
@@ -258,8 +272,8 @@ def fit(
         for indices in loader:
             loop.step(runner.loss(*runner.logits([train[i] for i in indices], loop.device)))
         if evaluates_at(epoch, settings):
-            predicted = predict_labelled(runner, dev, settings.eval_batch_size, loop.device)
-            for k, (result, f1) in enumerate(zip(results, runner.scores(scorer, predicted), strict=True)):
+            scores = evaluate(runner, dev, id2label, settings.eval_batch_size, loop.device, scorer)
+            for k, (result, f1) in enumerate(zip(results, scores, strict=True)):
                 result.curve.append({"epoch": epoch, "step": loop.steps, "dev_f1": f1})
                 if f1 > result.best_f1:
                     result.best_f1, result.best_epoch = f1, epoch
@@ -270,8 +284,8 @@ def fit(
         for parameters, saved in zip(candidates, best_states, strict=True):
             if saved is not None:
                 restore(parameters, saved)
-        predicted = predict_labelled(runner, test, settings.eval_batch_size, loop.device)
-        for result, f1 in zip(results, runner.scores(SpanScorer(test, id2label), predicted), strict=True):
+        scores = evaluate(runner, test, id2label, settings.eval_batch_size, loop.device)
+        for result, f1 in zip(results, scores, strict=True):
             result.test_f1 = f1
     seconds = time.perf_counter() - start
     for result in results:

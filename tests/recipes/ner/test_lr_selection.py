@@ -15,13 +15,14 @@ from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.core.selection import select_lr
 from layerfusion_recipes.ner import candidates
 from layerfusion_recipes.ner import experiment as experiment_module
-from layerfusion_recipes.ner.candidates import StackedRunner, evaluate_candidates, train_candidates
+from layerfusion_recipes.ner.candidates import StackedRunner, train_candidates
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.sweep import grid_cells, run_cells
 from layerfusion_recipes.ner.training import (
     TokenClassifierRunner,
     TrainSettings,
+    evaluate,
     evaluate_f1,
     train_token_classifier,
 )
@@ -190,7 +191,7 @@ def test_stacked_models_match_lone_training_within_float_tolerance(experiment, m
             want = lone_runner.logits(experiment.dev, cpu)[0]
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         assert (want - untrained).abs().max() > 1e-2  # it trained
-    scores = evaluate_candidates(runner, experiment.dev, experiment.id2label, 64, cpu)
+    scores = evaluate(runner, experiment.dev, experiment.id2label, 64, cpu)
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
 
 
