@@ -22,15 +22,13 @@ against lone runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch.func import functional_call, vmap
 
 from ..core.loop import restore
 from ..core.processes import process_state
 from .scoring import SpanScorer
-from .training import RunResult, TokenClassifierRunner, TrainSettings, fit
+from .training import TokenClassifierRunner
 
 
 class StackedRunner(TokenClassifierRunner):
@@ -97,36 +95,3 @@ class StackedRunner(TokenClassifierRunner):
         named = dict(self.model.named_parameters())
         restore([named[name] for name in self.names], self.candidates[index])
 
-
-def train_candidates(
-    runner: StackedRunner,
-    train: Sequence[dict],
-    dev: Sequence[dict],
-    id2label: dict[int, str],
-    settings: TrainSettings,
-    lrs: Sequence[float],
-    test: Sequence[dict] | None = None,
-) -> list[RunResult]:
-    """Train every candidate of ``runner`` with its own max LR (``lrs[k]``), in one pass.
-
-    Equals ``K`` calls of :func:`~layerfusion_recipes.ner.training.train_token_classifier` with
-    ``replace(settings, lr=lrs[k])`` on copies of the model (see the module docstring).
-    Each candidate ends in its best-dev-epoch state with ``test``, else in its last state.
-
-    Args:
-        runner: A :class:`StackedRunner` with ``len(lrs)`` candidates.
-        train: Encoded training sentences.
-        dev: Encoded dev sentences.
-        id2label: Label names.
-        settings: Everything but the LR (``settings.lr`` is ignored).
-        lrs: One max LR per candidate.
-        test: Encoded test sentences, scored at each candidate's best dev epoch.
-
-    Returns:
-        One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
-
-    Example:
-        >>> runner = StackedRunner(model, 4, located, cache)
-        >>> results = train_candidates(runner, train, dev, id2label, TrainSettings(), [1e-3, 1e-2])
-    """
-    return fit(runner, train, dev, id2label, settings, lrs, test)
