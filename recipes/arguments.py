@@ -168,6 +168,13 @@ def check_positive_ints(options: dict[str, Any], source: str) -> None:
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, data, optimisation, grid and output options (every one with its help)."""
+    _add_data_arguments(parser)
+    _add_training_arguments(parser)
+    _add_grid_arguments(parser)
+    _add_output_arguments(parser)
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("model and data")
     data.add_argument(
         "--model",
@@ -227,6 +234,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "differ only by initialisation and order (the paper's WikiANN protocol). Default: a new "
         "sample each trial.",
     )
+
+
+def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
     grids = describe_lr_grids(DEFAULT_LR_GRIDS)
     train.add_argument(
@@ -266,6 +276,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         help="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
     )
+
+
+def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (flags override the YAML --config)")
     grid.add_argument(
         "--config",
@@ -297,6 +310,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument(
         "--trials", type=positive_int, help="Trials per cell, each with a new seed and sample (paper: 5)."
     )
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument(
         "--output", help="Output folder (results.jsonl, table.md, figures). Default: ./layerfusion-results."
@@ -398,6 +414,11 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
         "mlm-METHOD-REGIME.json, flagged when at the edge of the grid. Default: per regime "
         f"({describe_lr_grids(DEFAULT_MLM_LR_GRIDS)}). One value: no selection.",
     )
+    _add_mlm_block_arguments(parser)
+
+
+def _add_mlm_block_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion mlm``: batches, blocks, masking, splits, head, seed and output."""
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Blocks per step (paper: 8).")
     parser.add_argument(
         "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
