@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from .core.errors import DataSourceError, UserError
+from .data.locations import check_source
 from .data.tags import TAG_SCHEMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
@@ -166,6 +168,13 @@ def check_positive_ints(options: dict[str, Any], source: str) -> None:
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, data, optimisation, grid and output options (every one with its help)."""
+    _add_data_arguments(parser)
+    _add_training_arguments(parser)
+    _add_grid_arguments(parser)
+    _add_output_arguments(parser)
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("model and data")
     data.add_argument(
         "--model",
@@ -225,6 +234,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "differ only by initialisation and order (the paper's WikiANN protocol). Default: a new "
         "sample each trial.",
     )
+
+
+def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
     grids = describe_lr_grids(DEFAULT_LR_GRIDS)
     train.add_argument(
@@ -264,6 +276,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         help="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
     )
+
+
+def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (flags override the YAML --config)")
     grid.add_argument(
         "--config",
@@ -295,6 +310,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument(
         "--trials", type=positive_int, help="Trials per cell, each with a new seed and sample (paper: 5)."
     )
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument(
         "--output", help="Output folder (results.jsonl, table.md, figures). Default: ./layerfusion-results."
@@ -396,6 +414,11 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
         "mlm-METHOD-REGIME.json, flagged when at the edge of the grid. Default: per regime "
         f"({describe_lr_grids(DEFAULT_MLM_LR_GRIDS)}). One value: no selection.",
     )
+    _add_mlm_block_arguments(parser)
+
+
+def _add_mlm_block_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion mlm``: batches, blocks, masking, splits, head, seed and output."""
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Blocks per step (paper: 8).")
     parser.add_argument(
         "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
@@ -459,3 +482,36 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         option = f"--{name.replace('_', '-')}"
         parser.add_argument(option, type=type(value), default=value, dest=name, help=f"(default: {value})")
+
+
+# Checks that need no library: run before a command's module (and torch, transformers, peft) is
+# imported, so a missing path answers in one line at once. The library's names are checked later.
+def check_experiment_paths(args: argparse.Namespace) -> None:
+    """``ner`` / ``sweep`` / ``mlm``: ``--data`` is an existing path or a Hub name, ``--config`` a file
+    (the data is read before the model, so a bad ``--model`` is said after the data's errors)."""
+    check_source(args.data)
+    config = getattr(args, "config", None)
+    if config and not pathlib.Path(config).is_file():
+        raise DataSourceError(f"--config {config!r}: no such file")
+
+
+def check_seq2seq_paths(args: argparse.Namespace) -> None:
+    """``seq2seq``: a data folder or both text files, each existing."""
+    if not args.data and not (args.train_file and args.test_file):
+        raise UserError("give --data DIR (valid.txt, test.txt) or --train-file and --test-file")
+    paths = {"--data": args.data, "--train-file": args.train_file, "--test-file": args.test_file}
+    for option, path in paths.items():
+        if path and not pathlib.Path(path).exists():
+            raise DataSourceError(f"{option} {path!r}: no such file or directory")
+
+
+def check_audit_config(args: argparse.Namespace) -> None:
+    """``audit``: CONFIG is an existing path or a Hub name."""
+    check_source(args.config, "CONFIG")
+
+
+def check_results_file(args: argparse.Namespace) -> None:
+    """``plot``: the results file exists."""
+    if not pathlib.Path(args.results).is_file():
+        raise DataSourceError(f"{args.results!r}: no such results file")
+

@@ -37,8 +37,8 @@ from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
 from ..data.sampling import sample_shots
 from ..data.sources import NerColumns, load_ner
 from .cache import FeatureCache
-from .candidates import StackedRunner, train_candidates
-from .training import RunResult, TokenClassifierRunner, TrainSettings, train_token_classifier
+from .candidates import StackedRunner
+from .training import RunResult, TokenClassifierRunner, TrainSettings, fit, train_token_classifier
 
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
 FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
@@ -347,9 +347,10 @@ class Experiment:
         """Train one cell at each LR of ``lrs``; one record per LR, each equal to :meth:`run`'s.
 
         On the feature cache (FE) the candidates of a token-wise method (the plain head, Average,
-        ScalarMix, Concat, DWAtt) train together in one pass
-        (:func:`~layerfusion_recipes.ner.candidates.train_candidates`); otherwise one after another: the
-        uncached regimes, and R+n, whose extra block has no vmap batching rule for CPU attention (4 LRs
+        ScalarMix, Concat, DWAtt) train together in one pass (a
+        :class:`~layerfusion_recipes.ner.candidates.StackedRunner` in
+        :func:`~layerfusion_recipes.ner.training.fit`); otherwise one after another: the uncached
+        regimes, and R+n, whose extra block has no vmap batching rule for CPU attention (4 LRs
         stacked measured at 8x one LR; one after another they cost 4x). See :meth:`iter_lrs`.
 
         Example:
@@ -375,7 +376,7 @@ class Experiment:
         model, located = self.build(cell)
         train = self.train_sample(cell.shots, cell.trial)
         runner = StackedRunner(model, len(lrs), located, self._filled_cache(train))
-        results = train_candidates(
+        results = fit(
             runner, train, self.dev, self.id2label, self.train_settings(cell, lrs[0]), lrs, self.test or None
         )
         for index, (lr, result) in enumerate(zip(lrs, results, strict=True)):

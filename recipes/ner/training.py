@@ -114,6 +114,20 @@ class TokenClassifierRunner:
         """The model's ``(batch, seq, labels)`` logits of a collated batch (replay already set up)."""
         return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
 
+    # What the one training loop (:func:`fit`) asks of a runner: its candidates' parameters, their
+    # loss and their scores. One candidate here; ``candidates.StackedRunner`` trains K together.
+    def candidate_parameters(self) -> list[list[nn.Parameter]]:
+        """The trainable parameters of each candidate (one: the model's), before the optimizer exists."""
+        return [trainable_parameters(self.model)]
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of ``(batch, seq, labels)`` logits at the labelled positions."""
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+    def scores(self, scorer: SpanScorer, predicted: torch.Tensor) -> list[float]:
+        """Micro-F1 of each candidate's predictions (:func:`predict_labelled`)."""
+        return [scorer.f1(predicted)]
+
 
 @torch.no_grad()
 def predict_labelled(
@@ -134,26 +148,40 @@ def predict_labelled(
     return torch.cat(predicted, dim=-1)
 
 
-def evaluate_f1(
+def evaluate(
     runner: TokenClassifierRunner,
     features: Sequence[dict],
     id2label: dict[int, str],
     batch_size: int,
     device: torch.device,
     scorer: SpanScorer | None = None,
-) -> float:
-    """Dev micro-F1 of ``runner``'s model (eval mode during the call), against the full gold.
+) -> list[float]:
+    """Micro-F1 of each candidate of ``runner`` (one for a lone runner, K for a stacked one) on
+    ``features``, from one forward pass (eval mode during the call), against the full gold.
 
     Every word of every sentence is scored: words the model cannot see count as predicted ``O``.
-    The number is seqeval's ``f1_score`` (:mod:`layerfusion_recipes.ner.scoring`).
-    ``scorer``: a :class:`~layerfusion_recipes.ner.scoring.SpanScorer` of ``features`` (made once per
-    run; built here if omitted).
+    The number is seqeval's ``f1_score`` (:mod:`layerfusion_recipes.ner.scoring`); all candidates
+    are scored in one batched parse. ``scorer``: a
+    :class:`~layerfusion_recipes.ner.scoring.SpanScorer` of ``features`` (made once per run; built
+    here if omitted).
+
+    Example:
+        >>> evaluate(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # [0.42]
+    """
+    scorer = scorer or SpanScorer(features, id2label)
+    return runner.scores(scorer, predict_labelled(runner, features, batch_size, device))
+
+
+def evaluate_f1(
+    runner: TokenClassifierRunner, features: Sequence[dict], id2label: dict[int, str], batch_size: int, device
+) -> float:
+    """Micro-F1 of a lone runner's model (:func:`evaluate`'s one score).
 
     Example:
         >>> evaluate_f1(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # 0.42
     """
-    scorer = scorer or SpanScorer(features, id2label)
-    return scorer.f1(predict_labelled(runner, features, batch_size, device))
+    (f1,) = evaluate(runner, features, id2label, batch_size, device)
+    return f1
 
 
 def shuffled_batches(size: int, settings: TrainSettings) -> DataLoader:
@@ -202,31 +230,64 @@ def train_token_classifier(
         >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings())
         >>> result.best_f1, result.curve[-1]
     """
+    return fit(runner, train, dev, id2label, settings, [settings.lr], test, on_epoch)[0]
+
+
+def fit(
+    runner: TokenClassifierRunner,
+    train: Sequence[dict],
+    dev: Sequence[dict],
+    id2label: dict[int, str],
+    settings: TrainSettings,
+    lrs: Sequence[float],
+    test: Sequence[dict] | None = None,
+    on_epoch: Callable[[int], None] | None = None,
+) -> list[RunResult]:
+    """The one NER training loop: each candidate of ``runner`` at its max LR ``lrs[k]`` (one for a
+    :class:`TokenClassifierRunner`, K for a stacked one), dev F1 every ``eval_every`` epochs, the
+    best dev epoch's parameters kept and scored on ``test``.
+
+    Returns:
+        One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
+
+    Example:
+        >>> fit(TokenClassifierRunner(model), train, dev, id2label, TrainSettings(), [1e-3])[0].best_f1
+    """
     start = time.perf_counter()
     loader = shuffled_batches(len(train), settings)
-    groups = [{"params": trainable_parameters(runner.model), "lr": settings.lr}]
+    candidates = runner.candidate_parameters()  # (a stacked runner moves them to the device first)
+    if len(lrs) != len(candidates):
+        raise ValueError(f"lrs has {len(lrs)} values for {len(candidates)} candidates")
+    groups = [{"params": params, "lr": lr} for params, lr in zip(candidates, lrs, strict=True)]
+    # one seed: the dropout draws of a lone run, shared by every candidate
     loop = TrainingLoop(
         runner.model, groups, settings.epochs * len(loader), settings.seed, settings.weight_decay
     )
     runner = copy.copy(runner)
     runner.model = loop.model
     scorer = SpanScorer(dev, id2label)
-    result = RunResult(best_f1=-1.0, best_epoch=0)
-    parameters, best_state = loop.parameters, None
+    results = [RunResult(best_f1=-1.0, best_epoch=0) for _ in lrs]
+    best_states: list[list[torch.Tensor] | None] = [None] * len(lrs)
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
-            logits, labels = runner.logits([train[i] for i in indices], loop.device)
-            loop.step(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX))
+            loop.step(runner.loss(*runner.logits([train[i] for i in indices], loop.device)))
         if evaluates_at(epoch, settings):
-            f1 = evaluate_f1(runner, dev, id2label, settings.eval_batch_size, loop.device, scorer)
-            result.curve.append({"epoch": epoch, "step": loop.steps, "dev_f1": f1})
-            if f1 > result.best_f1:
-                result.best_f1, result.best_epoch = f1, epoch
-                best_state = snapshot(parameters) if test else None
+            scores = evaluate(runner, dev, id2label, settings.eval_batch_size, loop.device, scorer)
+            for k, (result, f1) in enumerate(zip(results, scores, strict=True)):
+                result.curve.append({"epoch": epoch, "step": loop.steps, "dev_f1": f1})
+                if f1 > result.best_f1:
+                    result.best_f1, result.best_epoch = f1, epoch
+                    best_states[k] = snapshot(candidates[k]) if test else None
         if on_epoch is not None:
             on_epoch(epoch)
-    if test and best_state is not None:
-        restore(parameters, best_state)
-        result.test_f1 = evaluate_f1(runner, test, id2label, settings.eval_batch_size, loop.device)
-    result.seconds = time.perf_counter() - start
-    return result
+    if test:
+        for parameters, saved in zip(candidates, best_states, strict=True):
+            if saved is not None:
+                restore(parameters, saved)
+        scores = evaluate(runner, test, id2label, settings.eval_batch_size, loop.device)
+        for result, f1 in zip(results, scores, strict=True):
+            result.test_f1 = f1
+    seconds = time.perf_counter() - start
+    for result in results:
+        result.seconds = seconds
+    return results

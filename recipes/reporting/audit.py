@@ -17,7 +17,6 @@ import json
 from peft_layerfusion.comparison.audit import AUDITED_METHODS, audit, format_table, match_report
 from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
 from peft_layerfusion.comparison.regimes import REGIME_NAMES
-from peft_layerfusion.registration import METHODS
 
 from ..core.settings import check_names
 
@@ -44,13 +43,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({method: entry["total"] for method, entry in report.items()}))
     else:
         print(format_table(report))
-    return 0
-
-
-def list_methods(args: argparse.Namespace) -> int:
-    """The ``layerfusion methods`` command: every registered method, from the registry itself."""
-    print(f"{'method':<16}{'PEFT type':<17}{'token-wise':<12}seq2seq")
-    for method in METHODS:
-        print(f"{method.name:<16}{method.name.upper():<17}{str(method.token_wise):<12}{method.seq2seq}")
-    print("none            (the plain last-layer head; recipes only)")
     return 0

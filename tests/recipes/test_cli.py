@@ -56,12 +56,17 @@ def test_unknown_method_is_one_line_with_the_allowed_names(capsys):
     ]
 
 
-def test_methods_lists_the_registry(capsys):
-    from peft_layerfusion.registration import METHODS
+def test_methods_lists_every_registered_type_and_what_it_is(capsys):
+    from peft_layerfusion.registration import BASELINE_TYPES, METHODS
 
     assert main(["methods"]) == 0
-    out = capsys.readouterr().out
-    assert all(method.name in out and method.name.upper() in out for method in METHODS)
+    lines = capsys.readouterr().out.splitlines()
+    names = [m.name for m in METHODS] + [name for name, *_ in BASELINE_TYPES] + ["none"]
+    assert [line.split()[0] for line in lines[1:]] == names  # bitfit included
+    assert [line.split()[1] for line in lines[1:-1]] == [name.upper() for name in names[:-1]]
+    bitfit = next(line for line in lines if line.startswith("bitfit"))
+    assert "train the base model's bias terms only" in bitfit
+    assert "depth-wise attention over every block's output" in lines[1]
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +159,37 @@ def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, mon
         assert (line["workers"], line["threads"], line["num_processes"], line["runs_planned"]) == (1, 1, 1, 2)
         assert line["peak_rss_mb"] == max(line["peak_rss_self_mb"], line["peak_rss_children_mb"]) > 0
         assert line["wall_s"] > 0 and line["results"] == str(results)
+
+
+def test_missing_paths_are_one_line_before_the_library_is_imported(tmp_path):
+    """The light checks of the command line: a missing path answers at once, torch never imported."""
+    missing = str(tmp_path / "nowhere")
+    script = (
+        "import sys\n"
+        "from layerfusion_recipes.cli import main\n"
+        f"codes = [main(argv) for argv in {ARGVS!r}]\n".replace("MISSING", missing)
+        + "print(codes, sorted({'torch', 'transformers', 'peft'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == f"{[2] * len(ARGVS)} []"
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        f"layerfusion ner: error: --data '{missing}': no such file or directory",
+        f"layerfusion sweep: error: --config '{missing}': no such file",
+        f"layerfusion mlm: error: --data '{missing}': no such file or directory",
+        f"layerfusion seq2seq: error: --train-file '{missing}': no such file or directory",
+        "layerfusion seq2seq: error: give --data DIR (valid.txt, test.txt) or --train-file and --test-file",
+        f"layerfusion audit: error: CONFIG '{missing}': no such file or directory",
+        f"layerfusion plot: error: '{missing}': no such results file",
+    ]
+
+
+ARGVS = [
+    ["ner", "--data", "MISSING"],
+    ["sweep", "--config", "MISSING"],
+    ["mlm", "--data", "MISSING"],
+    ["seq2seq", "--train-file", "MISSING", "--test-file", "MISSING"],
+    ["seq2seq"],
+    ["audit", "MISSING"],
+    ["plot", "MISSING"],
+]

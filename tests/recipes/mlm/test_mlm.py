@@ -115,17 +115,7 @@ def fake_runs(monkeypatch):
 
     def fake_train(settings, data, lr):
         calls.append((lr, settings.epochs))
-        dev, test = PERPLEXITIES.get(lr, (50.0, 50.0))
-        return {
-            "model": settings.model,
-            "method": settings.method,
-            "regime": settings.regime,
-            "epochs": settings.epochs,
-            "lr": lr,
-            "dev_ppl": dev,
-            "test_ppl": test,
-            "data": data.note,
-        }
+        return mlm.run_record(settings, lr, *PERPLEXITIES.get(lr, (50.0, 50.0)), data.note)
 
     monkeypatch.setattr(mlm, "train_at_lr", fake_train)
     return calls
