@@ -11,23 +11,21 @@ they cannot train before any run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
+from peft_layerfusion.comparison import regimes
 from peft_layerfusion.comparison.adapters_baseline import (
     SPEC_ATTR,
     adapter_parameter_count,
     require_adapters,
 )
-from peft_layerfusion.comparison.regimes import (
-    ADAPTER_REGIME_NAMES,
-    METHOD_NAMES,
-    REGIME_NAMES,
-    apply_regime,
-)
+from peft_layerfusion.comparison.regimes import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
 from peft_layerfusion.registration import ENCODER_METHODS
 
 from .errors import UserError
@@ -40,6 +38,38 @@ BUDGET_METHOD_NAMES: tuple[str, ...] = tuple(m.name for m in ENCODER_METHODS if 
 NER_REGIME_NAMES: tuple[str, ...] = REGIME_NAMES + ADAPTER_REGIME_NAMES
 # Method options of the AdapterHub regimes -> the keyword of `apply_regime` each one becomes.
 ADAPTER_OPTIONS: dict[str, str] = {"adapter_reduction_factor": "reduction_factor"}
+# What transformers 5 warns each time peft 0.21's `PeftModel.__init__` reads the model's
+# `is_gradient_checkpointing` (deprecated alias of `is_activation_checkpointing`, same value).
+PEFT_ALIAS_WARNING = r"`is_gradient_checkpointing` is deprecated"
+
+
+@contextmanager
+def peft_alias_quiet() -> Iterator[None]:
+    """Inside, the one warning of :data:`PEFT_ALIAS_WARNING` is not shown; every other warning is.
+
+    Every ``get_peft_model`` / ``PeftModel`` of a transformers 5 model triggers it: peft's own
+    ``PeftModel.__init__`` reads the deprecated alias (``getattr(model, "is_gradient_checkpointing",
+    True)``), not the recipes nor the user, so a user of the command can do nothing about it. The
+    recipes build their PEFT models inside this block (:func:`apply_regime`, the seq2seq methods,
+    the audit).
+
+    Example:
+        >>> with peft_alias_quiet():
+        ...     model = get_peft_model(base, DWAttConfig())
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PEFT_ALIAS_WARNING, category=FutureWarning)
+        yield
+
+
+def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> nn.Module:
+    """:func:`peft_layerfusion.comparison.regimes.apply_regime` inside :func:`peft_alias_quiet`.
+
+    Example:
+        >>> peft_model = apply_regime(tiny_model, "dwatt", "fe", head_modules=("classifier",))
+    """
+    with peft_alias_quiet():
+        return regimes.apply_regime(model, method, regime, **kwargs)
 
 
 def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> nn.Module:
@@ -211,5 +241,6 @@ __all__ = [
     "eval_frozen_subtrees",
     "load_pretrained",
     "load_token_classifier",
+    "peft_alias_quiet",
     "regime_options",
 ]

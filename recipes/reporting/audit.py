@@ -19,11 +19,17 @@ from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
 from peft_layerfusion.comparison.regimes import REGIME_NAMES
 from peft_layerfusion.registration import METHODS
 
+from ..core.models import peft_alias_quiet
 from ..core.settings import check_names
 
 
 def run(args: argparse.Namespace) -> int:
     """The ``layerfusion audit`` command."""
+    with peft_alias_quiet():  # the audit builds every method's PeftModel (on the meta device)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     check_names("regime", [args.regime], REGIME_NAMES)
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     if args.match:
