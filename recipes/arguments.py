@@ -401,17 +401,24 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
         "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
     )
     parser.add_argument(
-        "--mlm-probability", type=float, default=0.15, help="Share of tokens predicted (0.15)."
+        "--mlm-probability",
+        type=float,
+        default=0.15,
+        help="Share of tokens predicted, in (0, 1] (0.15).",
     )
     parser.add_argument(
         "--holdout",
         type=float,
         default=0.1,
-        help="Without a train split: share of valid.txt held out as dev, which selects the checkpoint "
-        "and the LR (0.1).",
+        help="Without a train split: share of valid.txt held out as dev, in (0, 1), which selects the "
+        "checkpoint and the LR (0.1).",
     )
-    parser.add_argument("--max-train-blocks", type=int, help="Use at most this many training blocks (speed).")
-    parser.add_argument("--max-eval-blocks", type=int, help="Use at most this many validation/test blocks.")
+    parser.add_argument(
+        "--max-train-blocks", type=positive_int, help="Use at most this many training blocks (speed)."
+    )
+    parser.add_argument(
+        "--max-eval-blocks", type=positive_int, help="Use at most this many validation/test blocks."
+    )
     parser.add_argument(
         "--head-modules",
         nargs="+",
