@@ -47,6 +47,7 @@ DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
 POSITIVE_INT_OPTIONS = (
     "max_length",
     "dev_limit",
+    "test_limit",
     "train_sentences",
     "batch_size",
     "eval_every",
@@ -55,6 +56,7 @@ POSITIVE_INT_OPTIONS = (
     "trials",
     "workers",
     "threads",
+    "select_trials",
 )
 
 
@@ -207,7 +209,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--test-limit",
-        type=int,
+        type=positive_int,
         help="Score the first N test sentences only (default: all; test F1 is taken at each run's "
         "best dev epoch, once per run).",
     )
@@ -237,7 +239,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     )
     train.add_argument(
         "--select-trials",
-        type=int,
+        type=positive_int,
         help="Select each cell's LR on its first M trials (every LR runs there), then run the other "
         "trials at the selected LR only: M*G + (T-M) runs per cell instead of T*G (G LRs, T trials). "
         "Default: every trial runs every LR.",

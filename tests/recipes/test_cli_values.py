@@ -31,6 +31,10 @@ def _argv(tiny, output, *extra: str) -> list[str]:
         ("--trials", "0"),
         ("--batch-size", "0"),
         ("--max-length", "0"),
+        ("--dev-limit", "0"),
+        ("--test-limit", "0"),  # meant "all" silently
+        ("--test-limit", "-1"),
+        ("--select-trials", "0"),
         ("--workers", "0"),
         ("--epochs", "two"),
     ],
@@ -70,14 +74,20 @@ def test_values_the_data_cannot_give_are_refused_before_any_cell_runs(tiny, tmp_
     assert not (tmp_path / "results.jsonl").exists()
 
 
-def test_counts_below_one_in_the_yaml_are_refused(tiny, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("epochs: [25, 0]", "epochs must be integers >= 1, got [25, 0]"),
+        ("test_limit: 0", "test_limit must be integers >= 1, got 0"),
+        ("select_trials: 0", "select_trials must be integers >= 1, got 0"),
+    ],
+)
+def test_counts_below_one_in_the_yaml_are_refused(tiny, tmp_path, capsys, line, message):
     model, data = tiny
     config = tmp_path / "grid.yaml"
-    config.write_text(f"model: {model}\ndata: {data}\nmethods: [none]\nshots: [2]\nepochs: [25, 0]\n")
+    config.write_text(f"model: {model}\ndata: {data}\nmethods: [none]\nshots: [2]\n{line}\n")
     assert main(["sweep", "--config", str(config), "--results", str(tmp_path / "r.jsonl"), "--quiet"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"layerfusion sweep: error: {config}: epochs must be integers >= 1, got [25, 0]"
-    )
+    assert capsys.readouterr().err.strip() == f"layerfusion sweep: error: {config}: {message}"
 
 
 def test_train_settings_and_samples_refuse_impossible_values(tiny):
