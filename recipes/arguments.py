@@ -291,7 +291,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         type=positive_int,
         help="N of the N-shot protocol: N*C sentences sampled, "
-        "C = number of entity types. Paper: 8 16 32 64 128.",
+        "C = number of entity types in the train split. Paper: 8 16 32 64 128.",
     )
     grid.add_argument("--epochs", nargs="+", type=positive_int, help="Max epochs (paper: 25 50 75 100).")
     grid.add_argument(

@@ -200,6 +200,11 @@ def check_sample_sizes(
         Traceback (most recent call last):
         ValueError: --shots 64 asks for 64 x 4 entity types = 256 training sentences, ...
     """
+    if num_types == 0 and not settings.train_sentences:
+        raise ValueError(
+            "the train split has no entity (every tag is O): N x C sentences with C = 0 entity types; "
+            "give --train-sentences K to sample K sentences instead"
+        )
     for n in sorted(set(shots)):
         wanted = sample_size(settings, n, num_types)
         if wanted <= train_size:
@@ -279,7 +284,8 @@ class Experiment:
 
     @property
     def num_types(self) -> int:
-        return len(self.data.entity_types)
+        """``C`` of the N-shot protocol: the entity types of the train split (never dev's or test's)."""
+        return len(self.data.train_entity_types)
 
     def train_sample(self, shots: int, trial: int) -> list[dict]:
         """The encoded training sentences of a trial (raises if the train split is too small)."""
