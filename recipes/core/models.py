@@ -106,6 +106,75 @@ def load_token_classifier(model_name: str, num_labels: int, seed: int) -> nn.Mod
     return load_pretrained(AutoModelForTokenClassification, model_name, seed, num_labels=num_labels)
 
 
+def model_skeleton(auto_class: type, model_name: str, **config_kwargs: Any) -> nn.Module:
+    """The modules of ``auto_class.from_pretrained(model_name)`` on the meta device: its config is
+    read, no weight is loaded or allocated (for checks before any run).
+
+    Example:
+        >>> from transformers import AutoModelForMaskedLM
+        >>> [name for name, _ in model_skeleton(AutoModelForMaskedLM, "bert-base-cased").named_children()]
+        ['bert', 'cls']
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_name, **config_kwargs)
+    with torch.device("meta"):
+        return auto_class.from_config(config)
+
+
+def position_limit(model: nn.Module, tokenizer: Any) -> int | None:
+    """The most tokens one input of ``model`` may hold: its ``max_position_embeddings``, or the
+    tokenizer's ``model_max_length`` where that is smaller (RoBERTa's 514 positions hold 512 tokens);
+    ``None`` when neither says (relative positions, e.g. T5).
+
+    Example:
+        >>> position_limit(model_skeleton(AutoModelForMaskedLM, "roberta-base"), tokenizer)
+        512
+    """
+    limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 10**9]
+    return min(limits) if limits else None
+
+
+def check_length(option: str, value: int, model: nn.Module, tokenizer: Any) -> None:
+    """Raise ``ValueError`` naming ``option`` when ``value`` tokens exceed :func:`position_limit`
+    (the embedding lookup would fail mid-run, on the first input that long).
+
+    Example:
+        >>> check_length("--max-length", 600, bert_base, tokenizer)
+        Traceback (most recent call last):
+        ValueError: --max-length 600: BertForTokenClassification embeds at most 512 positions; use ...
+    """
+    limit = position_limit(model, tokenizer)
+    if limit is not None and value > limit:
+        raise ValueError(
+            f"{option} {value}: {type(model).__name__} embeds at most {limit} positions; "
+            f"use {option} <= {limit}"
+        )
+
+
+def check_head_modules(model: nn.Module, head_modules: Sequence[str], option: str = "--head-modules") -> None:
+    """Raise ``ValueError`` naming ``option`` and the names no module of ``model`` matches.
+
+    peft's ``modules_to_save`` trains every module whose name ends with one of the names and skips a
+    name that matches none, silently: that head would stay at its random initialisation (and with the
+    plain head under FE nothing would train at all).
+
+    Example:
+        >>> check_head_modules(bert_token_classifier, ["clasifier"])
+        Traceback (most recent call last):
+        ValueError: --head-modules ['clasifier']: no module of BertForTokenClassification ends with ...
+    """
+    names = [name for name, _ in model.named_modules() if name]
+    missing = [head for head in head_modules if not any(name.endswith(head) for name in names)]
+    if missing:
+        top = ", ".join(name for name, _ in model.named_children())
+        raise ValueError(
+            f"{option} {missing}: no module of {type(model).__name__} ends with that name; "
+            f"its top-level modules: {top}"
+        )
+
+
 def eval_frozen_subtrees(model: nn.Module) -> nn.Module:
     """``model.train()``, then eval mode for every sub-tree whose parameters are all frozen.
 
@@ -238,9 +307,13 @@ __all__ = [
     "adapter_summary",
     "apply_regime",
     "check_adapter_grid",
+    "check_head_modules",
+    "check_length",
     "eval_frozen_subtrees",
     "load_pretrained",
     "load_token_classifier",
+    "model_skeleton",
     "peft_alias_quiet",
+    "position_limit",
     "regime_options",
 ]

@@ -67,6 +67,8 @@ class MlmSettings:
     output: str = "layerfusion-results"
 
     def __post_init__(self) -> None:
+        if self.block_size < 3:  # [CLS] + at least one token + [SEP]
+            raise ValueError(f"--block-size {self.block_size}: must be >= 3 ([CLS] token [SEP]), e.g. 128")
         # 0 predicts no token (perplexity exp(0 / 1) = 1.000, on which an LR would be selected)
         check_share("--mlm-probability", self.mlm_probability, "the share of tokens predicted, e.g. 0.15")
         check_share(

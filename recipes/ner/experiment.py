@@ -31,7 +31,16 @@ from peft_layerfusion.registration import method_named
 from peft_layerfusion.utils import eval_mode
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
-from ..core.models import PLAIN_HEAD, adapter_summary, apply_regime, load_token_classifier, regime_options
+from ..core.models import (
+    PLAIN_HEAD,
+    adapter_summary,
+    apply_regime,
+    check_head_modules,
+    check_length,
+    load_token_classifier,
+    model_skeleton,
+    regime_options,
+)
 from ..data.gold import GoldReach, gold_reach
 from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
 from ..data.sampling import sample_shots
@@ -238,7 +247,7 @@ class Experiment:
     """
 
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
 
         self.settings = settings
         columns = NerColumns(
@@ -255,6 +264,11 @@ class Experiment:
                 f"--max-length {settings.max_length} leaves no room for a word: the tokenizer adds "
                 f"{special} special tokens; use --max-length > {special}"
             )
+        # before any run: what would fail on the first long sentence, or train no head, silently
+        classifier = AutoModelForTokenClassification
+        skeleton = model_skeleton(classifier, settings.model, num_labels=len(self.labels))
+        check_length("--max-length", settings.max_length, skeleton, self.tokenizer)
+        check_head_modules(skeleton, settings.head_modules)
         dev = self.data.dev[: settings.dev_limit] if settings.dev_limit else self.data.dev
         # sorted by length: less padding in evaluation batches (micro-F1 does not depend on order)
         self.dev = sorted(

@@ -65,6 +65,20 @@ def test_counts_below_one_are_refused_at_parse_time(tiny, tmp_path, capsys, opti
             ("--max-length", "2"),
             "--max-length 2 leaves no room for a word: the tokenizer adds 2 special tokens",
         ),
+        (  # the tiny model has 128 positions: a traceback on the first sentence longer than that
+            ("--max-length", "129"),
+            "--max-length 129: BertForTokenClassification embeds at most 128 positions; "
+            "use --max-length <= 128",
+        ),
+        (  # peft skips a modules_to_save name that matches nothing: no head trained (none: a traceback)
+            ("--head-modules", "nope"),
+            "--head-modules ['nope']: no module of BertForTokenClassification ends with that name; "
+            "its top-level modules: bert, dropout, classifier",
+        ),
+        (
+            ("--head-modules", "classifier", "nope", "--methods", "dwatt", "--regimes", "lora"),
+            "--head-modules ['nope']: no module of BertForTokenClassification ends with that name",
+        ),
     ],
 )
 def test_values_the_data_cannot_give_are_refused_before_any_cell_runs(tiny, tmp_path, capsys, extra, message):
