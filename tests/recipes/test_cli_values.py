@@ -82,10 +82,20 @@ def test_counts_below_one_are_refused_at_parse_time(tiny, tmp_path, capsys, opti
     ],
 )
 def test_values_the_data_cannot_give_are_refused_before_any_cell_runs(tiny, tmp_path, capsys, extra, message):
-    assert main(_argv(tiny, tmp_path, *extra)) == 2
+    assert main(_argv(tiny, tmp_path / "out", *extra)) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"layerfusion ner: error: {message}"), lines
-    assert not (tmp_path / "results.jsonl").exists()
+    assert not (tmp_path / "out").exists()  # no results.jsonl, no sweeps.jsonl: nothing ran
+
+
+def test_bad_data_leaves_no_output_folder(tiny, tmp_path, capsys):
+    model, _ = tiny
+    bad = tmp_path / "bad.txt"
+    bad.write_text("alice\tB-PER\tEXTRA\nbob\n")
+    argv = ["ner", "--model", model, "--data", str(bad), "--output", str(tmp_path / "out"), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"layerfusion ner: error: {bad}")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
