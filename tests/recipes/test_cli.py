@@ -154,3 +154,47 @@ def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, mon
         assert (line["workers"], line["threads"], line["num_processes"], line["runs_planned"]) == (1, 1, 1, 2)
         assert line["peak_rss_mb"] == max(line["peak_rss_self_mb"], line["peak_rss_children_mb"]) > 0
         assert line["wall_s"] > 0 and line["results"] == str(results)
+
+
+def _grid_of(argv: list[str]) -> tuple[dict, int]:
+    from layerfusion_recipes.ner.settings import resolve
+    from layerfusion_recipes.ner.sweep import grid_cells, planned_runs
+
+    settings, grid = resolve(build_parser().parse_args(["ner", *argv]))
+    axes = {name: grid[name] for name in ("methods", "regimes", "shots", "epochs", "trials")}
+    return axes, planned_runs(grid_cells(grid), settings)
+
+
+def test_your_data_gets_a_small_default_grid_and_the_papers_is_behind_an_option(tiny, tmp_path, capsys):
+    from layerfusion_recipes.ner.experiment import ExperimentSettings, check_sample_sizes
+
+    model, data = tiny
+    axes, runs = _grid_of(["--model", model, "--data", data])
+    methods = ["none", "extra_layers", "concat", "dwatt"]
+    assert axes == {"methods": methods, "regimes": ["fe"], "shots": [2, 8], "epochs": [25], "trials": 3}
+    assert runs == 4 * 2 * 1 * 3 * len(DEFAULT_LR_GRIDS["fe"]) == 168  # was the paper's 2,800
+    settings = ExperimentSettings(model=model, data=data)
+    check_sample_sizes(settings, axes["shots"], 30, 3)  # a 30-sentence train split gives both (was: 32)
+    axes, runs = _grid_of(["--model", model, "--data", data, "--paper-grid"])
+    assert (axes["shots"], axes["epochs"], axes["trials"], runs) == (
+        [8, 16, 32, 64, 128],
+        [25, 50, 75, 100],
+        5,
+        2800,
+    )
+    axes, _ = _grid_of(["--model", model, "--data", data, "--paper-grid", "--shots", "8", "--trials", "2"])
+    assert (axes["shots"], axes["epochs"], axes["trials"]) == ([8], [25, 50, 75, 100], 2)  # flags win
+    config = tmp_path / "grid.yaml"
+    config.write_text(f"model: {model}\ndata: {data}\npaper_grid: true\nepochs: [25]\n")
+    axes, _ = _grid_of(["--config", str(config)])
+    assert (axes["shots"], axes["epochs"], axes["trials"]) == ([8, 16, 32, 64, 128], [25], 5)
+
+
+def test_help_gives_each_grid_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["ner", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--shots" in text and "Default: 2 8 (demo: 2 8; --paper-grid: 8 16 32 64 128)." in text
+    assert "Max epochs. Default: 25 (demo: 15; --paper-grid: 25 50 75 100)." in text
+    assert "new seed and sample. Default: 3 (demo: 3; --paper-grid: 5)." in text
+    assert "--paper-grid The paper's grid" in text
