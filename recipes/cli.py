@@ -131,7 +131,7 @@ COMMANDS: dict[str, Command] = {
         "Count each method's new trainable parameters (meta device, no weights).",
         "Each method's new trainable parameters by component, on the meta device (no weights): "
         "`layerfusion audit CONFIG [--json]`, `--regime lora --match dwatt` sizes the baselines "
-        "(LoRA rank, R+n depth, bottleneck adapters) to a method's budget and flags pairs > 5% apart.",
+        "(LoRA rank, R+n depth, bottleneck adapters) to a method's budget and flags each one > 5% from it.",
         arguments.add_audit_arguments,
         "layerfusion_recipes.reporting.audit:run",
     ),
