@@ -249,7 +249,8 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--eval-every",
         type=positive_int,
-        help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported.",
+        help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported. "
+        + describe_default("eval_every"),
     )
     train.add_argument(
         "--seed", type=int, help="Base seed; trial t uses seed+t for the init and a new N-shot sample."

@@ -15,14 +15,13 @@ from ..core.settings import check_names, load_config, option, results_path
 from .experiment import ExperimentSettings
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
-# your --data: a first comparison in minutes (2 shot sizes, 25 epochs, 3 trials, the regime's LR grid)
+# your --data: a first comparison (2 shot sizes, 25 epochs, 3 trials, dev every 5 epochs, each regime's LRs)
 USER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **USER_AXES}
 # --paper-grid: shots 8 .. 128 x epochs 25 .. 100 x 5 trials (2,800 runs under FE)
 PAPER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **PAPER_AXES}
 DEFAULTS: dict[str, Any] = {
     "max_length": 128,
     "batch_size": 16,
-    "eval_every": 1,
     "seed": 0,
     "no_cache": False,
     "fixed_sample": False,

@@ -162,7 +162,7 @@ def _grid_of(argv: list[str]) -> tuple[dict, int]:
 
     settings, grid = resolve(build_parser().parse_args(["ner", *argv]))
     axes = {name: grid[name] for name in ("methods", "regimes", "shots", "epochs", "trials")}
-    return axes, planned_runs(grid_cells(grid), settings)
+    return {**axes, "eval_every": settings.eval_every}, planned_runs(grid_cells(grid), settings)
 
 
 def test_your_data_gets_a_small_default_grid_and_the_papers_is_behind_an_option(tiny, tmp_path, capsys):
@@ -171,17 +171,21 @@ def test_your_data_gets_a_small_default_grid_and_the_papers_is_behind_an_option(
     model, data = tiny
     axes, runs = _grid_of(["--model", model, "--data", data])
     methods = ["none", "extra_layers", "concat", "dwatt"]
-    assert axes == {"methods": methods, "regimes": ["fe"], "shots": [2, 8], "epochs": [25], "trials": 3}
+    small = {
+        "methods": methods,
+        "regimes": ["fe"],
+        "shots": [2, 8],
+        "epochs": [25],
+        "trials": 3,
+        "eval_every": 5,
+    }
+    assert axes == small
     assert runs == 4 * 2 * 1 * 3 * len(DEFAULT_LR_GRIDS["fe"]) == 168  # was the paper's 2,800
     settings = ExperimentSettings(model=model, data=data)
     check_sample_sizes(settings, axes["shots"], 30, 3)  # a 30-sentence train split gives both (was: 32)
     axes, runs = _grid_of(["--model", model, "--data", data, "--paper-grid"])
-    assert (axes["shots"], axes["epochs"], axes["trials"], runs) == (
-        [8, 16, 32, 64, 128],
-        [25, 50, 75, 100],
-        5,
-        2800,
-    )
+    paper = ([8, 16, 32, 64, 128], [25, 50, 75, 100], 5, 1, 2800)
+    assert (axes["shots"], axes["epochs"], axes["trials"], axes["eval_every"], runs) == paper
     axes, _ = _grid_of(["--model", model, "--data", data, "--paper-grid", "--shots", "8", "--trials", "2"])
     assert (axes["shots"], axes["epochs"], axes["trials"]) == ([8], [25, 50, 75, 100], 2)  # flags win
     config = tmp_path / "grid.yaml"
@@ -197,4 +201,5 @@ def test_help_gives_each_grid_default(capsys):
     assert "--shots" in text and "Default: 2 8 (demo: 2 8; --paper-grid: 8 16 32 64 128)." in text
     assert "Max epochs. Default: 25 (demo: 15; --paper-grid: 25 50 75 100)." in text
     assert "new seed and sample. Default: 3 (demo: 3; --paper-grid: 5)." in text
+    assert "the best dev score is reported. Default: 5 (demo: 3; --paper-grid: 1)." in text
     assert "--paper-grid The paper's grid" in text
