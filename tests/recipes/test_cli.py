@@ -193,3 +193,52 @@ ARGVS = [
     ["audit", "MISSING"],
     ["plot", "MISSING"],
 ]
+
+
+def _grid_of(argv: list[str]) -> tuple[dict, int]:
+    from layerfusion_recipes.ner.settings import resolve
+    from layerfusion_recipes.ner.sweep import grid_cells, planned_runs
+
+    settings, grid = resolve(build_parser().parse_args(["ner", *argv]))
+    axes = {name: grid[name] for name in ("methods", "regimes", "shots", "epochs", "trials")}
+    return {**axes, "eval_every": settings.eval_every}, planned_runs(grid_cells(grid), settings)
+
+
+def test_your_data_gets_a_small_default_grid_and_the_papers_is_behind_an_option(tiny, tmp_path, capsys):
+    from layerfusion_recipes.ner.experiment import ExperimentSettings, check_sample_sizes
+
+    model, data = tiny
+    axes, runs = _grid_of(["--model", model, "--data", data])
+    methods = ["none", "extra_layers", "concat", "dwatt"]
+    small = {
+        "methods": methods,
+        "regimes": ["fe"],
+        "shots": [2, 8],
+        "epochs": [25],
+        "trials": 3,
+        "eval_every": 5,
+    }
+    assert axes == small
+    assert runs == 4 * 2 * 1 * 3 * len(DEFAULT_LR_GRIDS["fe"]) == 168  # was the paper's 2,800
+    settings = ExperimentSettings(model=model, data=data)
+    check_sample_sizes(settings, axes["shots"], 30, 3)  # a 30-sentence train split gives both (was: 32)
+    axes, runs = _grid_of(["--model", model, "--data", data, "--paper-grid"])
+    paper = ([8, 16, 32, 64, 128], [25, 50, 75, 100], 5, 1, 2800)
+    assert (axes["shots"], axes["epochs"], axes["trials"], axes["eval_every"], runs) == paper
+    axes, _ = _grid_of(["--model", model, "--data", data, "--paper-grid", "--shots", "8", "--trials", "2"])
+    assert (axes["shots"], axes["epochs"], axes["trials"]) == ([8], [25, 50, 75, 100], 2)  # flags win
+    config = tmp_path / "grid.yaml"
+    config.write_text(f"model: {model}\ndata: {data}\npaper_grid: true\nepochs: [25]\n")
+    axes, _ = _grid_of(["--config", str(config)])
+    assert (axes["shots"], axes["epochs"], axes["trials"]) == ([8, 16, 32, 64, 128], [25], 5)
+
+
+def test_help_gives_each_grid_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["ner", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--shots" in text and "Default: 2 8 (demo: 2 8; --paper-grid: 8 16 32 64 128)." in text
+    assert "Max epochs. Default: 25 (demo: 15; --paper-grid: 25 50 75 100)." in text
+    assert "new seed and sample. Default: 3 (demo: 3; --paper-grid: 5)." in text
+    assert "the best dev score is reported. Default: 5 (demo: 3; --paper-grid: 1)." in text
+    assert "--paper-grid The paper's grid" in text
