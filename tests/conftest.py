@@ -192,7 +192,7 @@ def write_tiny_model(
         num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=2 * width,
-        max_position_embeddings=64,
+        max_position_embeddings=128,  # the recipes' default --max-length fits
     )
     BertModel(config).save_pretrained(directory)
     return str(directory)
