@@ -17,10 +17,6 @@ import re
 from dataclasses import dataclass
 
 from torch import nn
-from transformers.models.auto.modeling_auto import (
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-)
 
 # Suffixes of the block list, per `config.model_type`. Checked first.
 KNOWN_BLOCK_PATHS: dict[str, str] = {
@@ -39,6 +35,8 @@ KNOWN_BLOCK_PATHS: dict[str, str] = {
     "marian": "encoder.layers",
     "t5": "encoder.block",
     "mt5": "encoder.block",
+    "gpt2": "h",
+    "opt": "decoder.layers",
 }
 
 # Generic suffixes tried, in this order, for any other model type.
@@ -64,12 +62,19 @@ class EncoderBlocks:
         blocks: The block list itself.
         container_name: Qualified name of the module owning ``blocks`` ("" for the root).
         container: The module whose output's last hidden state the fusion replaces.
+        final_norms: Norm modules inside the container, outside the blocks: whichever of them
+            reads the last block's output in a forward is the stack's final norm ``F`` (a
+            pre-norm stack's; see the placement rule in ``fusion.py``).
+        outer_norms: Norm modules that are direct children of the container's ancestors (ViT on
+            transformers 4.x applies its final norm outside the block container).
     """
 
     blocks_name: str
     blocks: nn.ModuleList
     container_name: str
     container: nn.Module
+    final_norms: tuple[nn.Module, ...] = ()
+    outer_norms: tuple[nn.Module, ...] = ()
 
     @property
     def num_blocks(self) -> int:
@@ -96,38 +101,6 @@ def _looks_like_blocks(name: str, blocks: nn.ModuleList) -> bool:
     return len(kinds) == 1 and all(len(block._modules) > 0 for block in blocks)
 
 
-def refuse_decoder_only(model: nn.Module) -> None:
-    """Raise if ``model`` is a decoder-only (causal) language model.
-
-    Layer fusion is defined for encoders (and the encoder of encoder-decoder models). In a
-    decoder-only model (Llama, GPT-2, ``is_decoder=True`` BERT) every block reads and writes a
-    key/value cache indexed by its ``layer_idx``: R+n's extra blocks would write into the last
-    layer's cache, and a fused last state is not what cached generation steps see, so cached and
-    uncached outputs would differ without a word. Such models are refused.
-
-    Raises:
-        ValueError: naming the model type and why.
-
-    Example:
-        >>> refuse_decoder_only(BertForTokenClassification(BertConfig()))  # an encoder: fine
-    """
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "is_encoder_decoder", False):
-        return
-    model_type = getattr(config, "model_type", None)
-    causal_only = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in (
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    )
-    if getattr(config, "is_decoder", False) or causal_only:
-        raise ValueError(
-            f"{type(model).__name__} (model_type={model_type!r}) is a decoder-only (causal) model: layer "
-            "fusion supports encoders and encoder-decoder models only. Its blocks keep a key/value cache "
-            "per layer, which fused states and R+n's extra blocks would corrupt (cached and uncached "
-            "outputs would differ). Use an encoder (BERT, RoBERTa, ModernBERT...) or an encoder-decoder "
-            "model (BART, T5...)."
-        )
-
-
 def shares_weights(located: EncoderBlocks) -> bool:
     """Whether the blocks share weights: one module listed several times, or a parameter in two blocks.
 
@@ -145,10 +118,26 @@ def shares_weights(located: EncoderBlocks) -> bool:
     return False
 
 
+def is_norm(module: nn.Module) -> bool:
+    """Whether ``module`` is a normalisation layer (``nn.LayerNorm``, ``nn.RMSNorm``, ``LlamaRMSNorm``...)."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.endswith("Norm")
+
+
 def _resolve(model: nn.Module, blocks_name: str, blocks: nn.ModuleList) -> EncoderBlocks:
     container_name = blocks_name.rpartition(".")[0]
     container = model.get_submodule(container_name) if container_name else model
-    return EncoderBlocks(blocks_name, blocks, container_name, container)
+    in_blocks = {id(m) for m in blocks.modules()}
+    final_norms = tuple(m for m in container.modules() if is_norm(m) and id(m) not in in_blocks)
+    in_container = {id(m) for m in container.modules()}
+    parts = container_name.split(".") if container_name else []
+    ancestors = [model.get_submodule(".".join(parts[:i])) if i else model for i in range(len(parts))]
+    outer_norms = tuple(
+        child
+        for ancestor in ancestors
+        for child in ancestor.children()
+        if is_norm(child) and id(child) not in in_container
+    )
+    return EncoderBlocks(blocks_name, blocks, container_name, container, final_norms, outer_norms)
 
 
 def _search_order(model: nn.Module) -> tuple[str, ...]:
@@ -172,7 +161,7 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
 
     Raises:
         ValueError: if nothing is found, naming what was searched and how to set
-            ``blocks_path``; for decoder-only models (:func:`refuse_decoder_only`).
+            ``blocks_path``.
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -180,7 +169,6 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
         >>> found.blocks_name, found.num_blocks
         ('encoder.layer', 2)
     """
-    refuse_decoder_only(model)
     lists = _block_lists(model)
     suffixes = (blocks_path,) if blocks_path else _search_order(model)
     for suffix in suffixes:

@@ -54,6 +54,10 @@ class FusionModule(nn.Module):
     token_wise: ClassVar[bool] = False
     # True for sequence-to-sequence methods, which act on the decoder (need an encoder-decoder model).
     seq2seq: ClassVar[bool] = False
+    # True for modules that continue the residual stream (R+n's extra blocks): they receive the raw
+    # z_0 .. z_L of a pre-norm stack and apply ``capture.final_norm`` themselves. The others receive
+    # ẑ_n = F(z_n) (see the placement rule in this module's docstring).
+    reads_residual_stream: ClassVar[bool] = False
     # False for methods with (almost) no parameters (Average, ScalarMix): budget audits use them as
     # references and never size or flag them against the parameter-heavy methods.
     sized_to_budget: ClassVar[bool] = True

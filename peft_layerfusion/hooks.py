@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -46,20 +46,44 @@ class Capture:
     """What one forward of the encoder exposed to the fusion.
 
     Args:
-        states: ``z_0 .. z_L``, each ``(batch, seq, d)``.
+        states: ``z_0 .. z_L``, each ``(batch, seq, d)``: the blocks' residual stream (for a
+            pre-norm stack, ``z_L`` is the last block's output, before the final norm).
         last_block_args: Positional arguments of the last block's call, hidden state
             first (re-used to run extra blocks of the same kind).
         last_block_kwargs: Keyword arguments of that call.
+        final_norm: The stack's final norm ``F`` (pre-norm stacks; ``None`` for post-norm ones),
+            see the placement rule in ``fusion.py``.
+        normed_last: ``F(z_L)`` as the model computed it (``None``: computed on demand).
     """
 
     states: list[torch.Tensor]
     last_block_args: tuple
     last_block_kwargs: dict[str, Any]
+    final_norm: nn.Module | None = None
+    normed_last: torch.Tensor | None = None
 
     def call_like_last_block(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Run ``block`` on ``hidden`` with the arguments the last block received."""
         args, kwargs = _replace_hidden(self.last_block_args, self.last_block_kwargs, hidden)
         return first_tensor(block(*args, **kwargs))
+
+    def apply_final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``F(hidden)`` with the stack's final norm, in the norm's dtype (``hidden`` itself without one)."""
+        if self.final_norm is None:
+            return hidden
+        dtype = next((p.dtype for p in self.final_norm.parameters()), hidden.dtype)
+        return self.final_norm(hidden.to(dtype))
+
+    def normalised(self) -> Capture:
+        """This capture with every state through the final norm: ``ẑ_n = F(z_n)`` (itself without one).
+
+        ``ẑ_L`` is the model's own ``F(z_L)`` (the very tensor its head reads) when it is known.
+        """
+        if self.final_norm is None:
+            return self
+        last = self.normed_last if self.normed_last is not None else self.apply_final_norm(self.states[-1])
+        states = [self.apply_final_norm(state) for state in self.states[:-1]] + [last]
+        return replace(self, states=states, final_norm=None, normed_last=None)
 
     def to(self, dtype: torch.dtype) -> Capture:
         """This capture with every floating tensor (states and last-block arguments) cast to ``dtype``.
@@ -74,10 +98,12 @@ class Capture:
             >>> capture.to(torch.float32).states[0].dtype
             torch.float32
         """
-        return Capture(
+        return replace(
+            self,
             states=[s.to(dtype) for s in self.states],
             last_block_args=_cast_floats(self.last_block_args, dtype),
             last_block_kwargs=_cast_floats(self.last_block_kwargs, dtype),
+            normed_last=None if self.normed_last is None else self.normed_last.to(dtype),
         )
 
 
@@ -113,6 +139,20 @@ def _hidden_from_call(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
         if key in kwargs:
             return kwargs[key]
     raise RuntimeError(f"Cannot find the hidden state among the block's arguments {list(kwargs)}")
+
+
+def _is_tensor(candidate: Any, tensor: torch.Tensor | None) -> bool:
+    """Whether ``candidate`` is ``tensor`` (the same object, or the same storage, offset and shape)."""
+    if tensor is None or not isinstance(candidate, torch.Tensor):
+        return False
+    if candidate is tensor:
+        return True
+    return (
+        candidate.data_ptr() == tensor.data_ptr()
+        and candidate.shape == tensor.shape
+        and candidate.stride() == tensor.stride()
+        and candidate.dtype == tensor.dtype
+    )
 
 
 def _replace_hidden(args: tuple, kwargs: dict[str, Any], hidden: torch.Tensor) -> tuple[tuple, dict]:
@@ -163,6 +203,9 @@ class _Frame:
     states: list[torch.Tensor | None]
     last_call: tuple[tuple, dict] = ((), {})
     runs: list[int] | None = None  # how often each block ran in this forward
+    last_output: torch.Tensor | None = None  # the last block's output: z_L of the residual stream
+    fused: bool = False  # the final norm already fused this capture (pre-norm stacks)
+    speculative: torch.Tensor | None = None  # fused at the container, pending a final norm outside it
 
 
 class BoundHook:
@@ -220,6 +263,11 @@ class BlockCapture:
         for index, block in enumerate(blocks):
             hook = BoundHook(self.record_input, index)  # survives copy.deepcopy with the model
             self.handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
+        self.handles.append(blocks[-1].register_forward_hook(self.record_output))
+        for norm in self.located.final_norms:
+            self.handles.append(norm.register_forward_hook(self._at_final_norm, with_kwargs=True))
+        for norm in self.located.outer_norms:
+            self.handles.append(norm.register_forward_hook(self._at_outer_norm, with_kwargs=True))
         self.handles.append(container.register_forward_hook(self._close_capture, always_call=True))
 
     # ------------------------------------------------------------- per-thread state
@@ -247,6 +295,7 @@ class BlockCapture:
 
     # ------------------------------------------------------------- hooks
     def _open_capture(self, module: nn.Module, args: tuple) -> None:
+        self._local.pending = None  # a capture no outer norm read is stale now
         num_blocks = self.located.num_blocks
         self._frames().append(_Frame(states=[None] * (num_blocks + 1), runs=[0] * num_blocks))
 
@@ -261,23 +310,63 @@ class BlockCapture:
         if index == self.located.num_blocks - 1:
             frame.last_call = (args, kwargs)
 
+    def record_output(self, block: nn.Module, args: tuple, output: Any) -> None:
+        """Forward hook of the last block: keep ``z_L``, the residual stream before any final norm."""
+        frames = self._frames()
+        if frames:
+            frames[-1].last_output = first_tensor(output)
+
+    def _at_final_norm(self, norm: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Forward hook of a norm inside the container: if it reads ``z_L``, it is the final norm ``F``.
+
+        The capture is fused here, with ``F`` (the pre-norm placement rule in ``fusion.py``), and
+        the fused state becomes the norm's output: what the rest of the container and the head read.
+        """
+        frame = self._frames()[-1] if self._frames() else None
+        if frame is None or frame.fused or not _is_tensor(_hidden_from_call(args, kwargs), frame.last_output):
+            return None
+        frame.fused = True  # before fusing: the fusion calls F again (on other tensors)
+        states = self._checked_states(frame)
+        states[-1] = frame.last_output
+        return self.fuse(Capture(states, *frame.last_call, final_norm=norm, normed_last=output))
+
+    def _at_outer_norm(self, norm: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Forward hook of a norm outside the container (ViT on transformers 4.x): the same rule, later.
+
+        The container fused as for a post-norm stack (it cannot know what runs after it); if this
+        norm then reads that fused state, the capture is fused again from ``z_L`` with ``F`` = this
+        norm, and that replaces the norm's output.
+        """
+        pending = getattr(self._local, "pending", None)
+        if pending is None or not _is_tensor(_hidden_from_call(args, kwargs), pending.speculative):
+            return None
+        self._local.pending = None  # before fusing: the fusion calls F again
+        return self.fuse(Capture(pending.states, *pending.last_call, final_norm=norm))
+
     def _close_capture(self, module: nn.Module, args: tuple, output: Any) -> Any:
         frames = self._frames()
         if not frames:
             return None
         frame = frames.pop()
         self._local.closed = self.closed_count + 1
-        if output is None:  # the container's forward raised: nothing to fuse
+        if output is None or frame.fused:  # the forward raised, or the final norm fused already
             return None
-        states = frame.states
-        missing = [i for i, s in enumerate(states[:-1]) if s is None]
+        states = self._checked_states(frame)
+        states[-1] = self._encoder_output(output, states[-2])
+        fused = self.fuse(Capture(states, *frame.last_call))
+        if fused is not None and self.located.outer_norms:
+            frame.speculative = fused  # a final norm outside the container may read it (see _at_outer_norm)
+            self._local.pending = frame
+        return None if fused is None else _with_hidden(output, fused)
+
+    def _checked_states(self, frame: _Frame) -> list[torch.Tensor | None]:
+        """The frame's states, after checking every block ran (warning if one ran several times)."""
+        missing = [i for i, s in enumerate(frame.states[:-1]) if s is None]
         if missing:
             raise self._not_run_error(missing)
         if any(runs > 1 for runs in frame.runs):
             warn_shared_blocks(self.located, self.blocks_path, frame.runs)
-        states[-1] = self._encoder_output(output, states[-2])
-        fused = self.fuse(Capture(states, *frame.last_call))
-        return None if fused is None else _with_hidden(output, fused)
+        return frame.states
 
     def _where(self) -> str:
         path = f"blocks_path={self.blocks_path!r}" if self.blocks_path else "the discovered blocks"
@@ -394,11 +483,13 @@ def select_positions(capture: Capture, index: torch.Tensor) -> Capture:
     Gathered with ``index_select`` (about 2.5x faster than boolean indexing, which searches
     the mask again per state).
     """
-    return Capture(
-        states=[state.flatten(0, 1).index_select(0, index).unsqueeze(0) for state in capture.states],
-        last_block_args=capture.last_block_args,
-        last_block_kwargs=capture.last_block_kwargs,
-    )  # each state (1, selected, d)
+
+    def select(state: torch.Tensor) -> torch.Tensor:
+        return state.flatten(0, 1).index_select(0, index).unsqueeze(0)
+
+    normed_last = None if capture.normed_last is None else select(capture.normed_last)
+    states = [select(state) for state in capture.states]  # each (1, selected, d)
+    return replace(capture, states=states, normed_last=normed_last)
 
 
 def scatter_positions(fused: torch.Tensor, last: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

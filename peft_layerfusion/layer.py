@@ -195,11 +195,13 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         if name is None:
             return None
         module = self.fusion_modules[name]
+        if not module.reads_residual_stream:  # the pre-norm rule (fusion.py): mix ẑ_n = F(z_n)
+            capture = capture.normalised()
         output_dtype = capture.states[-1].dtype
         module_dtype = next((p.dtype for p in module.parameters()), output_dtype)
         if module_dtype != output_dtype:  # e.g. fp32 adapter on a bf16 model (masks cast too)
             capture = capture.to(module_dtype)
-        last = capture.states[-1]  # z_L: (batch, seq, d)
+        last = capture.states[-1]  # ẑ_L (z_L of a post-norm stack): (batch, seq, d)
         positions = self.positions if module.token_wise else None
         index = None if positions is None else position_index(positions, last)
         if index is not None:  # fuse only where it is read; z_L elsewhere
