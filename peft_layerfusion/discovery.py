@@ -65,8 +65,6 @@ class EncoderBlocks:
         final_norms: Norm modules inside the container, outside the blocks: whichever of them
             reads the last block's output in a forward is the stack's final norm ``F`` (a
             pre-norm stack's; see the placement rule in ``fusion.py``).
-        outer_norms: Norm modules that are direct children of the container's ancestors (ViT on
-            transformers 4.x applies its final norm outside the block container).
     """
 
     blocks_name: str
@@ -74,7 +72,6 @@ class EncoderBlocks:
     container_name: str
     container: nn.Module
     final_norms: tuple[nn.Module, ...] = ()
-    outer_norms: tuple[nn.Module, ...] = ()
 
     @property
     def num_blocks(self) -> int:
@@ -128,16 +125,7 @@ def _resolve(model: nn.Module, blocks_name: str, blocks: nn.ModuleList) -> Encod
     container = model.get_submodule(container_name) if container_name else model
     in_blocks = {id(m) for m in blocks.modules()}
     final_norms = tuple(m for m in container.modules() if is_norm(m) and id(m) not in in_blocks)
-    in_container = {id(m) for m in container.modules()}
-    parts = container_name.split(".") if container_name else []
-    ancestors = [model.get_submodule(".".join(parts[:i])) if i else model for i in range(len(parts))]
-    outer_norms = tuple(
-        child
-        for ancestor in ancestors
-        for child in ancestor.children()
-        if is_norm(child) and id(child) not in in_container
-    )
-    return EncoderBlocks(blocks_name, blocks, container_name, container, final_norms, outer_norms)
+    return EncoderBlocks(blocks_name, blocks, container_name, container, final_norms)
 
 
 def _search_order(model: nn.Module) -> tuple[str, ...]:

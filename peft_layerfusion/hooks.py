@@ -51,9 +51,9 @@ class Capture:
         last_block_args: Positional arguments of the last block's call, hidden state
             first (re-used to run extra blocks of the same kind).
         last_block_kwargs: Keyword arguments of that call.
-        final_norm: The stack's final norm ``F`` (pre-norm stacks; ``None`` for post-norm ones),
-            see the placement rule in ``fusion.py``.
-        normed_last: ``F(z_L)`` as the model computed it (``None``: computed on demand).
+        final_norm: The stack's final norm ``F`` when it runs inside the container (pre-norm
+            stacks; ``None`` otherwise): the fused state goes through it (the rule in ``fusion.py``).
+        normed_last: ``F(z_L)`` as the model computed it (with ``final_norm``).
     """
 
     states: list[torch.Tensor]
@@ -73,17 +73,6 @@ class Capture:
             return hidden
         dtype = next((p.dtype for p in self.final_norm.parameters()), hidden.dtype)
         return self.final_norm(hidden.to(dtype))
-
-    def normalised(self) -> Capture:
-        """This capture with every state through the final norm: ``ẑ_n = F(z_n)`` (itself without one).
-
-        ``ẑ_L`` is the model's own ``F(z_L)`` (the very tensor its head reads) when it is known.
-        """
-        if self.final_norm is None:
-            return self
-        last = self.normed_last if self.normed_last is not None else self.apply_final_norm(self.states[-1])
-        states = [self.apply_final_norm(state) for state in self.states[:-1]] + [last]
-        return replace(self, states=states, final_norm=None, normed_last=None)
 
     def to(self, dtype: torch.dtype) -> Capture:
         """This capture with every floating tensor (states and last-block arguments) cast to ``dtype``.
@@ -205,7 +194,6 @@ class _Frame:
     runs: list[int] | None = None  # how often each block ran in this forward
     last_output: torch.Tensor | None = None  # the last block's output: z_L of the residual stream
     fused: bool = False  # the final norm already fused this capture (pre-norm stacks)
-    speculative: torch.Tensor | None = None  # fused at the container, pending a final norm outside it
 
 
 class BoundHook:
@@ -266,8 +254,6 @@ class BlockCapture:
         self.handles.append(blocks[-1].register_forward_hook(self.record_output))
         for norm in self.located.final_norms:
             self.handles.append(norm.register_forward_hook(self._at_final_norm, with_kwargs=True))
-        for norm in self.located.outer_norms:
-            self.handles.append(norm.register_forward_hook(self._at_outer_norm, with_kwargs=True))
         self.handles.append(container.register_forward_hook(self._close_capture, always_call=True))
 
     # ------------------------------------------------------------- per-thread state
@@ -295,7 +281,6 @@ class BlockCapture:
 
     # ------------------------------------------------------------- hooks
     def _open_capture(self, module: nn.Module, args: tuple) -> None:
-        self._local.pending = None  # a capture no outer norm read is stale now
         num_blocks = self.located.num_blocks
         self._frames().append(_Frame(states=[None] * (num_blocks + 1), runs=[0] * num_blocks))
 
@@ -317,10 +302,12 @@ class BlockCapture:
             frames[-1].last_output = first_tensor(output)
 
     def _at_final_norm(self, norm: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        """Forward hook of a norm inside the container: if it reads ``z_L``, it is the final norm ``F``.
+        """Forward hook of a norm inside the container: if it read ``z_L``, it is the final norm ``F``.
 
-        The capture is fused here, with ``F`` (the pre-norm placement rule in ``fusion.py``), and
-        the fused state becomes the norm's output: what the rest of the container and the head read.
+        The capture is fused here: the fusion replaces ``z_L`` and ``F`` runs on its result (the
+        placement rule in ``fusion.py``), which becomes the norm's output, what the rest of the
+        container and the head read. (A final norm outside the container, as in ViT on
+        transformers 4.x, needs nothing: it runs on the container's fused output by itself.)
         """
         frame = self._frames()[-1] if self._frames() else None
         if frame is None or frame.fused or not _is_tensor(_hidden_from_call(args, kwargs), frame.last_output):
@@ -329,19 +316,6 @@ class BlockCapture:
         states = self._checked_states(frame)
         states[-1] = frame.last_output
         return self.fuse(Capture(states, *frame.last_call, final_norm=norm, normed_last=output))
-
-    def _at_outer_norm(self, norm: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        """Forward hook of a norm outside the container (ViT on transformers 4.x): the same rule, later.
-
-        The container fused as for a post-norm stack (it cannot know what runs after it); if this
-        norm then reads that fused state, the capture is fused again from ``z_L`` with ``F`` = this
-        norm, and that replaces the norm's output.
-        """
-        pending = getattr(self._local, "pending", None)
-        if pending is None or not _is_tensor(_hidden_from_call(args, kwargs), pending.speculative):
-            return None
-        self._local.pending = None  # before fusing: the fusion calls F again
-        return self.fuse(Capture(pending.states, *pending.last_call, final_norm=norm))
 
     def _close_capture(self, module: nn.Module, args: tuple, output: Any) -> Any:
         frames = self._frames()
@@ -354,9 +328,6 @@ class BlockCapture:
         states = self._checked_states(frame)
         states[-1] = self._encoder_output(output, states[-2])
         fused = self.fuse(Capture(states, *frame.last_call))
-        if fused is not None and self.located.outer_norms:
-            frame.speculative = fused  # a final norm outside the container may read it (see _at_outer_norm)
-            self._local.pending = frame
         return None if fused is None else _with_hidden(output, fused)
 
     def _checked_states(self, frame: _Frame) -> list[torch.Tensor | None]:
@@ -483,13 +454,8 @@ def select_positions(capture: Capture, index: torch.Tensor) -> Capture:
     Gathered with ``index_select`` (about 2.5x faster than boolean indexing, which searches
     the mask again per state).
     """
-
-    def select(state: torch.Tensor) -> torch.Tensor:
-        return state.flatten(0, 1).index_select(0, index).unsqueeze(0)
-
-    normed_last = None if capture.normed_last is None else select(capture.normed_last)
-    states = [select(state) for state in capture.states]  # each (1, selected, d)
-    return replace(capture, states=states, normed_last=normed_last)
+    states = [state.flatten(0, 1).index_select(0, index).unsqueeze(0) for state in capture.states]
+    return replace(capture, states=states)  # each state (1, selected, d)
 
 
 def scatter_positions(fused: torch.Tensor, last: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,9 @@ def uncached_greedy(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Te
         for _ in range(NEW_TOKENS):
             logits = model(input_ids=ids, use_cache=False).logits[:, -1]  # (batch, vocab)
             scores.append(logits)
-            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+            allowed = logits.clone()
+            allowed[:, EOS] = -torch.inf  # as min_new_tokens does in generate()
+            ids = torch.cat([ids, allowed.argmax(-1, keepdim=True)], dim=1)
     return ids[:, -NEW_TOKENS:], torch.stack(scores)
 
 

@@ -4,10 +4,10 @@ Families: Llama, Qwen2, Qwen3, Mistral, Gemma 3 (text), Phi-3, GPT-2, GPT-NeoX, 
 configs, ``tiny_decoders.py``). Heads: ``*ForCausalLM``, ``*ForSequenceClassification`` (pooled at
 the last real token, right and left padding), ``*ForTokenClassification`` where transformers has one.
 
-* token-wise methods (the registry's ``token_wise`` ones): the head's output equals the head applied
-  to the method's formula (``test_methods.REFERENCES``) on ``ẑ_n = F(z_n)``, recomputed from
-  ``output_hidden_states`` of an untouched copy and the model's own final norm ``F`` (the pre-norm
-  placement rule of ``fusion.py``);
+* token-wise methods (the registry's ``token_wise`` ones): the head's output equals the model's
+  own final norm ``F`` and head applied to the method's formula (``test_methods.REFERENCES``) on the
+  residual stream ``z_0 .. z_L``, recomputed from ``output_hidden_states`` of an untouched copy (the
+  pre-norm placement rule of ``fusion.py``);
 * R+n: the model with its extra blocks appended to the block list ("the model with n more
   blocks": causal mask, rotary positions and final norm its own).
 """
@@ -27,13 +27,13 @@ from tiny_decoders import (
     NAMES,
     TASK_TYPES,
     head_output,
-    normed_states,
     padded,
+    residual_stream,
     token_ids,
     with_blocks_appended,
 )
 
-from peft_layerfusion import ExtraLayersConfig, find_encoder_blocks
+from peft_layerfusion import ExtraLayersConfig, find_encoder_blocks, fused_positions
 from peft_layerfusion.registration import ENCODER_METHODS, SEQ2SEQ_METHODS
 
 TOKEN_WISE = [method for method in ENCODER_METHODS if method.token_wise]
@@ -74,7 +74,7 @@ def test_token_wise_fusion_equals_the_recomputation(name, head, side, method):
     reference = family.build(head)
     model = adapted(family.build(head), method.config_cls(task_type=TASK_TYPES[head]))
     inputs = inputs_for(head, side)
-    states = normed_states(family, reference, inputs)
+    states = residual_stream(family, reference, inputs)
     layers = list(range(1, len(states)))
     h = REFERENCES[method.config_cls](states, layers, fusion_of(model))
     expected = head_output(family, reference, head, h, inputs)
@@ -163,3 +163,20 @@ def test_bert_as_a_decoder_is_accepted_and_recomputed():
         hidden = reference.bert(input_ids=ids, output_hidden_states=True).hidden_states
         expected = reference.cls(REFERENCES[method.config_cls](hidden, [1, 2], fusion_of(model)))
         torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=ATOL, rtol=1e-5)
+
+
+def test_fused_positions_on_a_pre_norm_decoder():
+    # Selected positions: the full fusion's output; the others: the base's F(z_L), bitwise.
+    family = FAMILIES["llama"]
+    model = adapted(family.build("token"), TOKEN_WISE[0].config_cls(task_type="TOKEN_CLS"))
+    inputs = inputs_for("token", "right")
+    mask = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+    mask[0, 2] = mask[1, 5] = True
+    full = output_of(model, inputs)
+    with fused_positions(model, mask):
+        partial = output_of(model, inputs)
+    with model.disable_adapter():
+        plain = output_of(model, inputs)
+    torch.testing.assert_close(partial[mask], full[mask], atol=1e-6, rtol=1e-6)
+    assert torch.equal(partial[~mask], plain[~mask])
+    assert (full[mask] - plain[mask]).abs().max() > 1e-3

@@ -2,8 +2,8 @@
 
 Each family names, independently of the library's discovery, its block list and its final norm
 ``F`` (the module a pre-norm stack applies to ``z_L`` before the head): the references below
-recompute every fused output from ``output_hidden_states`` and that norm, and R+n from the
-model with its extra blocks appended.
+recompute every fused output from ``output_hidden_states`` (``z_L`` from that norm's input), then
+``F`` and the head, and R+n from the model with its extra blocks appended.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Family:
             "token": tf.AutoModelForTokenClassification,
         }[head]
         torch.manual_seed(seed)
-        return auto.from_config(config).eval()
+        return with_norm_gains(auto.from_config(config).eval(), seed)
 
     def backbone_of(self, model: nn.Module) -> nn.Module:
         return getattr(model, self.backbone)
@@ -69,6 +69,18 @@ class Family:
 
     def blocks_of(self, model: nn.Module) -> nn.ModuleList:
         return self.backbone_of(model).get_submodule(self.blocks)
+
+
+def with_norm_gains(model: nn.Module, seed: int = 0) -> nn.Module:
+    """``model`` with every norm's gain (and bias) drawn away from 1 (0): a norm applied twice, or
+    skipped, then shows (a unit-gain RMS norm is idempotent)."""
+    generator = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("Norm") or isinstance(module, nn.LayerNorm):
+                for param in module.parameters():
+                    param.add_(0.5 * torch.randn(param.shape, generator=generator))
+    return model
 
 
 def _rotary(config_cls, **extra) -> Callable[[], tf.PretrainedConfig]:
@@ -160,20 +172,27 @@ def padded(side: str, lengths: tuple[int, ...] = (7, 5), seed: int = 1) -> dict[
     return {"input_ids": ids.masked_fill(mask == 0, PAD), "attention_mask": mask}
 
 
-def normed_states(family: Family, reference: nn.Module, inputs: dict) -> list[torch.Tensor]:
-    """``ẑ_0 .. ẑ_L`` of an untouched model: ``F(z_n)`` from ``output_hidden_states`` (last: ``F(z_L)``)."""
-    with torch.no_grad():
-        backbone = family.backbone_of(reference)
-        hidden = backbone(**inputs, output_hidden_states=True, use_cache=False).hidden_states
-        norm = family.norm_of(reference)
-        return [norm(z) for z in hidden[:-1]] + [hidden[-1]]
+def residual_stream(family: Family, reference: nn.Module, inputs: dict) -> list[torch.Tensor]:
+    """``z_0 .. z_L`` of an untouched model: ``output_hidden_states`` and, for ``z_L`` (which the
+    hidden states give after the final norm), the final norm's input."""
+    seen = []
+    handle = family.norm_of(reference).register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            backbone = family.backbone_of(reference)
+            hidden = backbone(**inputs, output_hidden_states=True, use_cache=False).hidden_states
+    finally:
+        handle.remove()
+    return [*hidden[:-1], seen[-1]]
 
 
 def head_output(
     family: Family, reference: nn.Module, head: str, h: torch.Tensor, inputs: dict
-) -> torch.Tensor:  # noqa: E501
-    """What ``reference``'s head makes of the final state ``h`` (``seq``: pooled at the last real token)."""
+) -> torch.Tensor:
+    """What ``reference`` makes of ``h`` in place of ``z_L``: its final norm, then its head (``seq``:
+    pooled at the last real token)."""
     with torch.no_grad():
+        h = family.norm_of(reference)(h)
         if head == "causal":
             return reference.get_output_embeddings()(h)
         if head == "token":

@@ -185,8 +185,6 @@ class ExtraLayers(FusionModule):
     ``z_L`` then enters the stack as a leaf that requires grad.
     """
 
-    reads_residual_stream = True  # the blocks continue z_L; the final norm F comes after them
-
     def __init__(self, config: ExtraLayersConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         last_block = context.located.blocks[-1]
@@ -214,7 +212,7 @@ class ExtraLayers(FusionModule):
         reserve_cache_slots(caches, self.first_slot, len(self.blocks))
         for block in self.blocks:
             hidden = capture.call_like_last_block(block, hidden)
-        return capture.apply_final_norm(hidden)  # F after the extra blocks: the model with n more blocks
+        return hidden  # the final norm F (if any) runs on it next: the model with n more blocks
 
     def _needs_input_grad(self, hidden: torch.Tensor) -> bool:
         """Whether ``z_L`` must be made to require grad so checkpointed blocks get gradients."""
