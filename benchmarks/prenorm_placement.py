@@ -1,13 +1,14 @@
 """Where should a pre-norm stack's final norm go in a layer fusion? The measurement behind the rule.
 
 A pre-norm stack (Llama, Gemma, GPT-2, T5, ViT...) carries a residual stream ``z_0 .. z_L`` whose
-size grows with depth, and applies its final norm ``F`` once, to ``z_L``, before the head. Three
+size grows with depth, and applies its final norm ``F`` once, to ``z_L``, before the head. Four
 placements of a parameter-free fusion (Average; ScalarMix is Average with learned weights) are
 compared, each fed to the frozen model's own head path:
 
-* ``raw-then-F``:   ``h = F(mean_n z_n)``        (mix the residual stream, normalise once)
+* ``raw-then-F``:   ``h = F(mean_n z_n)``        (the library's rule: mix the stream, then F)
 * ``F-each``:       ``h = mean_n F(z_n)``        (normalise each state as the head would, then mix)
 * ``F-each-then-F``: ``h = F(mean_n F(z_n))``
+* ``RMS-each-then-F``: ``h = F(mean_n z_n / RMS(z_n))`` (a parameter-free norm of each state first)
 
 and, as the plain head, ``h = F(z_L)``. Printed: the residual stream's RMS per layer, each
 rule's effective number of layers in the mix (``1 / Σ share_n²``, share = a layer's part of the
@@ -16,11 +17,14 @@ dimensions, how much ScalarMix's scale ``γ`` can still change ``h`` (relative c
 for ``γ = 1 -> 1.1``), the size of DWAtt's correction against ``h``'s own term at
 initialisation, and a frozen-feature linear probe on SST-2 (features: ``h`` at the last token,
 as ``*ForSequenceClassification`` pools them; logistic regression, its L2 weight chosen on a
-held-out part of the training sentences; accuracy on the validation split).
+held-out part of the training sentences; accuracy on the validation split), and the frozen LM head's WikiText-2 perplexity reading ``h`` (Average, and ScalarMix trained a
+few steps). Results and the decision: the docstring of ``peft_layerfusion/fusion.py``.
 
-Run (Gemma 3 270M float32 copy, SST-2 from the evaluation data)::
+Run (Gemma 3 270M float32 copy; SST-2 and WikiText-2 from the evaluation data; about 20 min each
+on 1-2 CPU threads)::
 
-    python benchmarks/prenorm_placement.py --model PATH --sst2 ../shared/data/sst2 --train 1000
+    python benchmarks/prenorm_placement.py --model PATH --sst2 DATA/sst2 --train 1000
+    python benchmarks/prenorm_placement.py --model PATH --wikitext DATA/wikitext-2 --threads 1
 """
 
 from __future__ import annotations
