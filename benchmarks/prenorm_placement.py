@@ -18,7 +18,8 @@ for ``γ = 1 -> 1.1``), the size of DWAtt's correction against ``h``'s own term 
 initialisation, and a frozen-feature linear probe on SST-2 (features: ``h`` at the last token,
 as ``*ForSequenceClassification`` pools them; logistic regression, its L2 weight chosen on a
 held-out part of the training sentences; accuracy on the validation split), and the frozen LM
-head's WikiText-2 perplexity reading ``h`` (Average, and ScalarMix trained a few steps). Results and the decision: the docstring of ``peft_layerfusion/fusion.py``.
+head's WikiText-2 perplexity reading ``h`` (Average, and ScalarMix trained a few steps).
+Results and the decision: the docstring of ``peft_layerfusion/fusion.py``.
 
 Run (Gemma 3 270M float32 copy; SST-2 and WikiText-2 from the evaluation data; about 20 min each
 on 1-2 CPU threads)::
