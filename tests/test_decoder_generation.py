@@ -19,9 +19,7 @@ import copy
 import pytest
 import torch
 import transformers as tf
-from conftest import fusion_of, perturb_
-from peft import get_peft_model
-from tiny_decoders import EOS, FAMILIES, NAMES, WINDOW, padded, token_ids
+from tiny_decoders import EOS, FAMILIES, NAMES, WINDOW, adapted, padded, token_ids
 
 from peft_layerfusion import ExtraLayersConfig
 from peft_layerfusion.registration import ENCODER_METHODS
@@ -42,11 +40,8 @@ def config_for(method, **options):
     return method.config_cls(task_type="CAUSAL_LM", **options)
 
 
-def adapted(base: torch.nn.Module, method, **options) -> torch.nn.Module:
-    torch.manual_seed(5)
-    model = get_peft_model(base, config_for(method, **options)).eval()
-    perturb_(fusion_of(model), scale=0.3, seed=7)
-    return model
+def adapted_with(base: torch.nn.Module, method, **options) -> torch.nn.Module:
+    return adapted(base, config_for(method, **options), scale=0.3)
 
 
 def uncached_greedy(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +73,7 @@ def assert_scores_close(cached: tuple[torch.Tensor, ...] | torch.Tensor, uncache
 @pytest.mark.parametrize("name", NAMES)
 def test_cached_greedy_equals_uncached_forwards(name, method):
     family = FAMILIES[name]
-    model = adapted(family.build("causal"), method)
+    model = adapted_with(family.build("causal"), method)
     ids = token_ids(2, 7 if family.sliding else 5)  # longer than the window when there is one
     tokens, scores = uncached_greedy(model, ids)
     out = cached_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids))
@@ -92,7 +87,7 @@ def test_cached_greedy_equals_uncached_forwards(name, method):
 @pytest.mark.parametrize("name", NAMES)
 def test_cached_beam_search_and_left_padded_batch_equal_uncached(name, method):
     family = FAMILIES[name]
-    model = adapted(family.build("causal"), method)
+    model = adapted_with(family.build("causal"), method)
     settings = {**no_eos(model), "output_logits": True, "return_dict_in_generate": True}
     ids = token_ids(2, 7)
     with torch.no_grad():
@@ -115,7 +110,7 @@ def test_sliding_window_is_smaller_than_the_sequence(name):
 
 
 def test_extra_layers_keep_their_own_cache_slots():
-    model = adapted(FAMILIES["gemma3_text"].build("causal"), method_named_extra())
+    model = adapted_with(FAMILIES["gemma3_text"].build("causal"), method_named_extra())
     ids = token_ids(1, 7)
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
@@ -131,7 +126,7 @@ def method_named_extra():
 
 
 def test_extra_layers_refuse_a_cache_they_cannot_extend_in_one_line():
-    model = adapted(FAMILIES["llama"].build("causal"), method_named_extra())
+    model = adapted_with(FAMILIES["llama"].build("causal"), method_named_extra())
 
     class FixedCache(tf.DynamicCache):
         """A cache whose layers need a setting the extra slot cannot read back."""
@@ -174,10 +169,8 @@ DECODER_STACKS = {"t5": (tiny_t5, "decoder.block"), "bart": (tiny_bart, "decoder
 def test_decoder_stack_of_an_encoder_decoder_generates_exactly(stack, method):
     build, blocks_path = DECODER_STACKS[stack]
     base = build()
-    torch.manual_seed(5)
     options = {"num_extra_layers": 1} if method.config_cls is ExtraLayersConfig else {}
-    model = get_peft_model(copy.deepcopy(base), method.config_cls(blocks_path=blocks_path, **options)).eval()
-    perturb_(fusion_of(model), scale=0.3, seed=7)
+    model = adapted(copy.deepcopy(base), method.config_cls(blocks_path=blocks_path, **options), scale=0.3)
     src = token_ids(2, 6)
     settings = {**no_eos(model), "output_logits": True, "return_dict_in_generate": True}
     greedy = {}

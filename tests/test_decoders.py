@@ -19,13 +19,14 @@ import copy
 import pytest
 import torch
 import transformers as tf
-from conftest import fusion_of, perturb_
+from conftest import fusion_of
 from peft import get_peft_model
 from test_methods import REFERENCES
 from tiny_decoders import (
     FAMILIES,
     NAMES,
     TASK_TYPES,
+    adapted,
     head_output,
     padded,
     residual_stream,
@@ -58,13 +59,6 @@ def inputs_for(head: str, side: str) -> dict[str, torch.Tensor]:
 def output_of(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return model(**inputs, use_cache=False).logits
-
-
-def adapted(base: torch.nn.Module, config) -> torch.nn.Module:
-    torch.manual_seed(5)
-    model = get_peft_model(base, config).eval()
-    perturb_(fusion_of(model), scale=0.2, seed=7)  # no special init (zeros, ones) hides a mistake
-    return model
 
 
 @pytest.mark.parametrize("method", TOKEN_WISE, ids=[m.name for m in TOKEN_WISE])

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 import transformers as tf
-from conftest import fusion_of, perturb_
-from peft import get_peft_model
+from conftest import fusion_of
 from test_methods import REFERENCES
-from tiny_decoders import with_norm_gains
+from tiny_decoders import adapted, with_norm_gains
 from torch import nn
 
 from peft_layerfusion import ExtraLayersConfig, find_encoder_blocks
@@ -238,13 +237,6 @@ def final_norm(family: Family, model: nn.Module) -> nn.Module | None:
         return None
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return family.encoder_of(base).get_submodule(family.final_norm)
-
-
-def adapted(base: nn.Module, config) -> nn.Module:
-    torch.manual_seed(5)
-    model = get_peft_model(base, config).eval()
-    perturb_(fusion_of(model), scale=0.2, seed=7)
-    return model
 
 
 @pytest.mark.parametrize("method", TOKEN_WISE, ids=[m.name for m in TOKEN_WISE])

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 import transformers as tf
+from conftest import fusion_of, perturb_
+from peft import get_peft_model
 from torch import nn
 
 VOCAB, PAD, BOS, EOS = 100, 0, 1, 2
@@ -220,3 +222,12 @@ def with_blocks_appended(family: Family, model: nn.Module, blocks: list[nn.Modul
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = [*config.layer_types, *(config.layer_types[-1] for _ in blocks)]
     return deeper
+
+
+def adapted(base: nn.Module, config, scale: float = 0.2) -> nn.Module:
+    """``base`` with ``config``'s adapter (built with seed 5), its fusion module perturbed: no special
+    init (zeros, ones) can hide a mistake."""
+    torch.manual_seed(5)
+    model = get_peft_model(base, config).eval()
+    perturb_(fusion_of(model), scale=scale, seed=7)
+    return model
