@@ -8,7 +8,10 @@ One :class:`BlockCapture` per model. It registers
   block ``i`` otherwise) and, for the last block, its call arguments,
 * a forward hook on the **container** that reads ``z_L`` from the container's output
   (exactly what a head would have seen), calls ``fuse`` and puts the result in place of
-  the last hidden state, then closes the capture.
+  the last hidden state, then closes the capture;
+* for pre-norm stacks, a forward hook on the last block (its output is ``z_L``) and one on each
+  norm module of the container: the norm that reads ``z_L`` is the final norm ``F``, and the
+  capture is fused there instead, ``F`` running on the fused state (the rule in ``fusion.py``).
 
 Why inputs instead of outputs: the input of block ``i + 1`` is the tensor the model
 really carries on (with its autograd history), also under re-entrant gradient
