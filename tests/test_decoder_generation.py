@@ -184,3 +184,19 @@ def test_decoder_stack_of_an_encoder_decoder_generates_exactly(stack, method):
             greedy = greedy or runs
         plain = base.generate(input_ids=src, use_cache=True, **settings)
     assert (torch.stack(plain.logits) - torch.stack(greedy[True].logits)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=METHOD_IDS)
+def test_a_bart_decoder_alone_generates_exactly(method):
+    # BartForCausalLM: a post-norm decoder (no final norm), found by the generic `layers` suffix.
+    torch.manual_seed(0)
+    config = tf.BartConfig(vocab_size=100, d_model=32, decoder_layers=2, decoder_attention_heads=4,
+                           decoder_ffn_dim=48, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                           eos_token_id=EOS, forced_eos_token_id=None, is_decoder=True,
+                           is_encoder_decoder=False)  # fmt: skip
+    model = adapted_with(tf.BartForCausalLM(config).eval(), method)
+    ids = token_ids(2, 5)
+    tokens, scores = uncached_greedy(model, ids)
+    out = cached_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert torch.equal(out.sequences[:, -NEW_TOKENS:], tokens)
+    assert_scores_close(out.logits, scores)
