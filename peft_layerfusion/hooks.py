@@ -330,8 +330,24 @@ class BlockCapture:
             return None
         states = self._checked_states(frame)
         states[-1] = self._encoder_output(output, states[-2])
+        if frame.last_output is not None and not _is_tensor(states[-1], frame.last_output):
+            self._warn_unknown_transform()
         fused = self.fuse(Capture(states, *frame.last_call))
         return None if fused is None else _with_hidden(output, fused)
+
+    def _warn_unknown_transform(self) -> None:
+        """Warn (once per capture) that the container changed ``z_L`` with no norm module seen doing it."""
+        if getattr(self, "_warned_transform", False):
+            return
+        self._warned_transform = True
+        warnings.warn(
+            f"Layer fusion: the container of {self._where()} returns something else than its last block's "
+            "output, and no norm module inside it read that output (a functional final norm?): the fused "
+            "state replaces the container's output, so z_L and the other states may be on different scales. "
+            "See the placement rule in peft_layerfusion/fusion.py.",
+            UserWarning,
+            stacklevel=2,
+        )
 
     def _checked_states(self, frame: _Frame) -> list[torch.Tensor | None]:
         """The frame's states, after checking every block ran (warning if one ran several times)."""

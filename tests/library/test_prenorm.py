@@ -21,6 +21,7 @@ import pytest
 import torch
 import transformers as tf
 from conftest import fusion_of
+from peft import get_peft_model
 from test_methods import REFERENCES
 from tiny_decoders import adapted, with_norm_gains
 from torch import nn
@@ -290,3 +291,24 @@ def test_the_final_norm_found_is_the_one_the_model_applies(name):
     if norm is not None:
         inside = any(module is norm for module in located.container.modules())
         assert any(candidate is norm for candidate in located.final_norms) == inside
+
+
+class FunctionalNormStack(nn.Module):
+    """Blocks, then a final norm written as a function (no module to hook)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(V, 8)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(input_ids)
+        for block in self.layers:
+            hidden = hidden + block(hidden)
+        return torch.nn.functional.layer_norm(hidden, (8,))
+
+
+def test_a_final_norm_without_a_module_is_warned_about():
+    model = get_peft_model(FunctionalNormStack(), TOKEN_WISE[0].config_cls(blocks_path="layers"))
+    with pytest.warns(UserWarning, match="no norm module inside it read that output"):
+        model(TEXT["input_ids"])
