@@ -200,3 +200,16 @@ def test_a_bart_decoder_alone_generates_exactly(method):
     out = cached_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids))
     assert torch.equal(out.sequences[:, -NEW_TOKENS:], tokens)
     assert_scores_close(out.logits, scores)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_extra_layers_with_a_static_cache_equal_uncached(name):
+    # cache_implementation="static": the extra slot is a StaticLayer of the same max_cache_len.
+    model = adapted_with(FAMILIES[name].build("causal"), method_named_extra())
+    ids = token_ids(2, 7)
+    settings = {**no_eos(model), "output_logits": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        static = model.generate(input_ids=ids, cache_implementation="static", **settings)
+        uncached = model.generate(input_ids=ids, use_cache=False, **settings)
+    assert torch.equal(static.sequences, uncached.sequences)
+    assert_scores_close(static.logits, torch.stack(uncached.logits))
