@@ -15,6 +15,7 @@ the last real token, right and left padding), ``*ForTokenClassification`` where 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -202,3 +203,13 @@ def test_gradient_checkpointing_gives_the_same_gradients_on_a_pre_norm_decoder(c
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
         assert "lora_A" in name or grad.abs().max() > 0, name  # (LoRA's B starts at zero: A gets none yet)
+
+
+def test_a_causal_lm_head_left_frozen_is_not_warned_about_a_classifier_head_is():
+    # An LM head stays frozen under PEFT (as with LoRA); a fresh classification head must train.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_peft_model(FAMILIES["llama"].build("causal"), TOKEN_WISE[0].config_cls())
+    assert not [w for w in caught if "task head" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"no parameter of the task head \['score'\] trains"):
+        get_peft_model(FAMILIES["llama"].build("seq"), TOKEN_WISE[0].config_cls())
