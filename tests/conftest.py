@@ -265,16 +265,25 @@ def write_toy_data(directory: str | os.PathLike, **sizes: int) -> str:
     return str(directory)
 
 
-def write_tiny_decoder(directory: str | os.PathLike, seed: int = 0, layers: int = 2, width: int = 32) -> str:
-    """Save a tiny random Llama (``layers`` blocks, width ``width``) and a tokenizer that starts every
-    text with ``<s>`` and pads with ``<pad>`` (id 0); return the path.
+def write_tiny_decoder(
+    directory: str | os.PathLike, seed: int = 0, layers: int = 2, width: int = 32, family: str = "llama"
+) -> str:
+    """Save a tiny random decoder (``layers`` blocks, width ``width``; ``family`` ``llama``, or
+    ``gemma3_text`` and ``opt``, which have no token-classification class in transformers) and a
+    tokenizer that starts every text with ``<s>`` and pads with ``<pad>`` (id 0); return the path.
 
     Example:
         >>> path = write_tiny_decoder(tmp_path / "llama")
         >>> AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
     """
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        AutoModelForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        OPTConfig,
+        PreTrainedTokenizerFast,
+    )
 
     directory = Path(directory)
     vocab = ["<pad>", "<unk>", "<s>", "</s>", *WORDS, *"abcdefghijklmnopqrstuvwxyz"]
@@ -291,19 +300,29 @@ def write_tiny_decoder(directory: str | os.PathLike, seed: int = 0, layers: int 
     )
     tokenizer.save_pretrained(directory)
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    common = dict(
         vocab_size=len(ids),
         hidden_size=width,
-        intermediate_size=2 * width,
         num_hidden_layers=layers,
         num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=64,
         pad_token_id=0,
         bos_token_id=ids["<s>"],
         eos_token_id=ids["</s>"],
     )
-    LlamaForCausalLM(config).save_pretrained(directory)
+    rotary = dict(intermediate_size=2 * width, num_key_value_heads=2)
+    config = {
+        "llama": lambda: LlamaConfig(**common, **rotary),
+        "gemma3_text": lambda: Gemma3TextConfig(
+            **common,
+            **rotary,
+            head_dim=8,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        "opt": lambda: OPTConfig(**common, ffn_dim=2 * width, word_embed_proj_dim=width),
+    }[family]()
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
     return str(directory)
 
 

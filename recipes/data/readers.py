@@ -272,10 +272,36 @@ def align_labels(word_ids: Sequence[int | None], word_labels: Sequence[int]) -> 
     return labels
 
 
+PROBE_WORDS = ("Hello", "world", ".")  # a running text whose pre-split tokens must match
+
+
+def word_separator(tokenizer) -> str:
+    """What goes before each word but the first so that the pre-split words tokenize as the running
+    text does: ``""`` where the tokenizer splits on spaces itself (BERT's WordPiece), ``" "`` where a
+    word's start is part of its first token (SentencePiece and byte-level BPE: Gemma's ``▁world``,
+    Llama 3's ``Ġworld``), which pre-split words would otherwise lose (``world`` mid-word pieces a
+    decoder never saw at a word start). Found by comparing both with the text ``Hello world .``;
+    ``""`` when neither matches.
+
+    Example:
+        >>> word_separator(bert_tokenizer), word_separator(gemma_tokenizer)
+        ('', ' ')
+    """
+    text = tokenizer(" ".join(PROBE_WORDS))["input_ids"]
+    for separator in ("", " "):
+        words = [PROBE_WORDS[0], *(separator + word for word in PROBE_WORDS[1:])]
+        if tokenizer(words, is_split_into_words=True)["input_ids"] == text:
+            return separator
+    return ""
+
+
 def encode_ner(
     tokenizer, sentences: Sequence[NerSentence], label2id: dict[str, int], max_length: int = 128
 ) -> list[dict[str, list[int]]]:
     """Tokenize pre-split sentences (fast tokenizer, ``is_split_into_words``) and align labels.
+
+    Words are given as the running text tokenizes them (:func:`word_separator`: a space before each
+    word but the first where the tokenizer marks word starts inside its tokens, as decoders' do).
 
     Returns one dict per sentence with ``input_ids``, ``attention_mask``, ``labels`` (what the
     model sees, truncated to ``max_length``), and the full gold for scoring: ``word_labels`` (the
@@ -287,9 +313,9 @@ def encode_ner(
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("Label alignment needs a fast tokenizer (word_ids); got a slow one.")
-    encoded = tokenizer(
-        [list(s.tokens) for s in sentences], is_split_into_words=True, truncation=True, max_length=max_length
-    )
+    separator = word_separator(tokenizer)
+    words = [[word if i == 0 else separator + word for i, word in enumerate(s.tokens)] for s in sentences]
+    encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length)
     features = []
     for index, sentence in enumerate(sentences):
         word_labels = [label2id[tag] for tag in sentence.tags]

@@ -26,7 +26,7 @@ import torch
 from ..core.cells import Cell, lrs_train_together, record_key, sample_seed
 from ..core.experiment import FewShotExperiment, TaskSettings
 from ..core.fitting import RunResult
-from ..core.models import check_head_modules, check_length, load_token_classifier, model_skeleton
+from ..core.models import check_head_modules, check_length, load_token_classifier, token_classifier_skeleton
 from ..core.runner import Runner
 from ..data.gold import GoldReach, gold_reach
 from ..data.readers import NerDataset, encode_ner
@@ -148,7 +148,7 @@ class Experiment(FewShotExperiment):
     """
 
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
-        from transformers import AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.settings = settings
         columns = NerColumns(
@@ -167,8 +167,7 @@ class Experiment(FewShotExperiment):
                 f"{special} special tokens; use --max-length > {special}"
             )
         # before any run: what would fail on the first long sentence, or train no head, silently
-        classifier = AutoModelForTokenClassification
-        skeleton = model_skeleton(classifier, settings.model, num_labels=len(self.labels))
+        skeleton = token_classifier_skeleton(settings.model, len(self.labels))
         check_length("--max-length", settings.max_length, skeleton, self.tokenizer)
         check_head_modules(skeleton, settings.head_modules)
         dev = self.data.dev[: settings.dev_limit] if settings.dev_limit else self.data.dev

@@ -10,8 +10,9 @@ from typing import Any
 
 from ..core.cells import FULL_TRAIN
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, demo_model_path
+from ..core.gemma import resolve_model
 from ..core.grids import PAPER_AXES, USER_AXES
-from ..core.models import NER_REGIME_NAMES
+from ..core.models import NER_REGIME_NAMES, default_token_head
 from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ExperimentSettings
 
@@ -25,7 +26,6 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "no_cache": False,
     "fixed_sample": False,
-    "head_modules": ["classifier"],
     "output": "layerfusion-results",
     "workers": 1,
     "quiet": False,
@@ -35,7 +35,10 @@ DEFAULTS: dict[str, Any] = {
 def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any]]:
     """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over defaults.
 
-    Grid defaults: :data:`PAPER_GRID` with ``--paper-grid``, else
+    ``--model`` may name an offline decoder (``gemma3-270m``, a ``.gguf`` file:
+    :func:`~layerfusion_recipes.core.gemma.resolve_model`); ``--head-modules`` defaults to the model's
+    token head (:func:`~layerfusion_recipes.core.models.default_token_head`: ``classifier``, a
+    Llama-like decoder's ``score``). Grid defaults: :data:`PAPER_GRID` with ``--paper-grid``, else
     :data:`~layerfusion_recipes.core.demo.DEMO_GRID` without --model/--data, else :data:`USER_GRID`.
 
     Returns:
@@ -52,9 +55,15 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
 
     demo = pick("model") is None and pick("data") is None
     defaults.update(PAPER_GRID if pick("paper_grid") else DEMO_GRID if demo else USER_GRID)
+    model = resolve_model(pick("model")) if pick("model") else demo_model_path()
+    fields = task_fields(pick, loaded)
     settings = ExperimentSettings(
-        **{**task_fields(pick, loaded), "dev_limit": pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None)},
-        model=pick("model") or demo_model_path(),
+        **{
+            **fields,
+            "dev_limit": pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None),
+            "head_modules": fields["head_modules"] or default_token_head(model),
+        },
+        model=model,
         data=pick("data") or demo_data_path(),
         language=pick("language"),
         tokens_column=pick("tokens_column"),

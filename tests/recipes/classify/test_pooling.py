@@ -104,7 +104,6 @@ def test_mean_pooling_averages_the_real_tokens(paths, method):
     torch.testing.assert_close(runner_logits(exp, method, features), expected, rtol=0, atol=1e-6)
 
 
-@pytest.mark.usefixtures("accept_decoders")
 def test_decoder_head_reads_the_last_real_token(paths):
     exp = experiment(paths, model="decoder")
     assert exp.positions == "last"
@@ -124,7 +123,7 @@ def test_decoder_head_reads_the_last_real_token(paths):
 )
 @pytest.mark.parametrize("method", TOKEN_WISE)
 def test_fusing_the_read_positions_only_equals_fusing_everywhere(
-    paths, accept_decoders, model, pooling, method
+    paths, model, pooling, method
 ):
     exp = experiment(paths, model=model, pooling=pooling)
     features = batch_of(exp)
@@ -140,7 +139,7 @@ def test_fusing_the_read_positions_only_equals_fusing_everywhere(
     [("encoder", "model", "data"), ("encoder", "model", "pairs"), ("encoder", "mean", "data"), DECODER_CACHE],
 )
 @pytest.mark.parametrize("method", ["none", "dwatt", "extra_layers"])
-def test_cached_logits_equal_the_model(paths, accept_decoders, model, pooling, data, method):
+def test_cached_logits_equal_the_model(paths, model, pooling, data, method):
     exp = experiment(paths, model=model, pooling=pooling, data=data)
     features = batch_of(exp)
     cached = runner_logits(exp, method, features, exp.cache())
