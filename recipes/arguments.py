@@ -491,7 +491,11 @@ def add_classify_arguments(parser: argparse.ArgumentParser) -> None:
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion audit``: a model config and what to count."""
     parser.add_argument(
-        "config", metavar="CONFIG", help="config.json path, model directory or cached Hub name"
+        "config",
+        metavar="CONFIG",
+        help="config.json path, model directory, cached Hub name, a published LLM shape (e.g. "
+        "llama-3.1-8b; an unknown name lists them), a .gguf file or gemma3-270m (the offline decoder of "
+        "the `llm` extra)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object {method: params}")
     parser.add_argument("--regime", default="fe", help="training regime: fe, ft, lora, bitfit (default: fe)")

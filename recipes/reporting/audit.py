@@ -5,6 +5,8 @@ Command line::
     layerfusion audit roberta-large.json            # readable table
     layerfusion audit roberta-large.json --json     # {"dwatt": 26353152, "concat": ...}
     layerfusion audit DIR --regime lora --match dwatt  # budget-matched baselines, flags > 5%
+    layerfusion audit gemma3-270m                   # the offline decoder (`llm` extra), or a .gguf file
+    layerfusion audit llama-3.1-8b                  # a published LLM shape (no weights at all)
 
 The counting itself is :mod:`peft_layerfusion.comparison.audit`.
 """
@@ -25,6 +27,7 @@ from peft_layerfusion.comparison.audit import (
 from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
 from peft_layerfusion.comparison.regimes import REGIME_NAMES
 
+from ..core.gemma import resolve_model
 from ..core.models import peft_alias_quiet
 from ..core.settings import check_names
 
@@ -40,10 +43,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     check_names("regime", [args.regime], REGIME_NAMES)
+    config = resolve_model(args.config)  # gemma3-270m, a .gguf file: their float32 copy's folder
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     if args.match:
         check_names("match", [args.match], AUDITED_METHODS)
-        report = match_report(args.config, args.regime, args.match, tolerance)
+        report = match_report(config, args.regime, args.match, tolerance)
         if args.json:
             print(json.dumps({name: row["total"] for name, row in report["rows"].items()}))
             return 0
@@ -53,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
         print(format_table(report["rows"], reference=args.match))
         print("\n".join(budget_lines(report["rows"], args.match, tolerance)))
         return 0
-    report = audit(args.config, args.regime)
+    report = audit(config, args.regime)
     if args.json:
         print(json.dumps({method: entry["total"] for method, entry in report.items()}))
     else:

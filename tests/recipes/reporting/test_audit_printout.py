@@ -1,11 +1,17 @@
-"""`layerfusion audit --match`: flags only the baselines it sized, says when one cannot reach the budget."""
+"""`layerfusion audit`: decoder configs and the named offline decoder; `--match` flags only the baselines it
+sized, says when one cannot reach the budget."""
 
 from __future__ import annotations
 
-from conftest import TINY
+import json
+
+import pytest
+from conftest import TINY, write_tiny_decoder
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.reporting.audit import budget_lines
-from transformers import BertConfig
+from transformers import AutoModel, BertConfig
+
+from peft_layerfusion.discovery import find_encoder_blocks
 
 
 def test_match_flags_only_the_rows_it_sized_and_says_r_plus_n_cannot_reach_the_budget(tmp_path, capsys):
@@ -43,3 +49,25 @@ def test_budget_lines_of_sized_unsized_and_reference_rows():
         "FLAG: +extra_layers (n=2) is -6.0% from dwatt's budget (> 5%)",
     ]
     assert budget_lines(rows, "dwatt", 0.5) == ["every baseline sized here is within 50% of dwatt's budget"]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "opt"])
+def test_audit_counts_each_method_on_a_decoder_config(tmp_path, capsys, family):
+    folder = write_tiny_decoder(tmp_path / family, family=family)  # 2 blocks, d = 32
+    capsys.readouterr()
+    assert main(["audit", folder, "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    blocks = find_encoder_blocks(AutoModel.from_pretrained(folder)).blocks
+    assert counts["concat"] == 2 * 32 * 32 + 32  # W over z_1, z_2 and a bias
+    assert counts["scalar_mix"] == 2 + 2 and counts["average"] == 0  # 2 logits, gamma, blend
+    assert counts["extra_layers"] == sum(p.numel() for p in blocks[-1].parameters())  # one more block
+    assert counts["dwatt"] > counts["concat"]
+
+
+def test_audit_reads_the_named_offline_decoder_from_its_cache_folder(tmp_path, capsys, monkeypatch):
+    """`layerfusion audit gemma3-270m` audits the converted copy (here a tiny stand-in's config)."""
+    write_tiny_decoder(tmp_path / "cache" / "models" / "gemma3-270m", family="gemma3_text")
+    monkeypatch.setenv("LAYERFUSION_CACHE", str(tmp_path / "cache"))
+    capsys.readouterr()
+    assert main(["audit", "gemma3-270m", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["concat"] == 2 * 32 * 32 + 32
