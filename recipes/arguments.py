@@ -406,7 +406,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 CLASSIFY_WORDS = TaskWords(
     examples="example",
-    score="dev accuracy (macro-F1 with --metric macro_f1)",
+    score="dev score of --metric (accuracy or macro-F1)",
     test="test accuracy and macro-F1",
     eval_every="Evaluate on dev every k epochs (and after the last); each run keeps its best dev epoch. "
     "Default: 1.",
