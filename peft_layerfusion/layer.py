@@ -113,7 +113,8 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         ]
         decoder = _decoder_of(model)
         # a fusion of the decoder's own stack (blocks_path="decoder.block") reads no encoder states
-        fuses_the_decoder = decoder is not None and any(m is self.located.container for m in decoder.modules())
+        container = self.located.container
+        fuses_the_decoder = decoder is not None and any(m is container for m in decoder.modules())
         if decoder is not None and not fuses_the_decoder:
             self.watches_decoder = True
             check = decoder.register_forward_pre_hook(self.check_decoder_input, with_kwargs=True)
