@@ -57,6 +57,7 @@ from peft_layerfusion.discovery import EncoderBlocks, hidden_size_of
 from peft_layerfusion.hooks import BlockCapture, Capture
 from peft_layerfusion.utils import eval_mode
 
+from ..arguments import CACHE_DTYPES
 from .cache_files import (
     SHARD_SUFFIX,
     CorruptShardError,
@@ -68,11 +69,7 @@ from .cache_files import (
 )
 
 # storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round
-STORAGE_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+STORAGE_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in CACHE_DTYPES}
 FLUSH_BYTES = 256 * 2**20  # with a directory, a fill writes a shard (and maps it) every 256 MiB of states
 
 Feature = Mapping[str, Sequence[int]]  # an encoded sentence: input_ids (+ labels, ...)
@@ -182,6 +179,76 @@ class CachePlan:
         return text + (f", model {gigabytes(self.model_bytes)}" if self.model_bytes else "")
 
 
+def plan_cache(
+    base_model: nn.Module,
+    located: EncoderBlocks,
+    positions: KeptPositions,
+    dtype: str,
+    features: Sequence[Feature],
+) -> CachePlan:
+    """The :class:`CachePlan` of a cache of ``base_model`` holding ``features``, computing nothing.
+
+    Example:
+        >>> plan_cache(base, find_encoder_blocks(base), ALL_POSITIONS, "float32", dev + test).nbytes
+    """
+    keys = {(tuple(feature["input_ids"]), positions.of(feature)) for feature in features}
+    return CachePlan(
+        sentences=len(keys),
+        positions=sum(len(kept) for _, kept in keys),
+        num_blocks=located.num_blocks,
+        width=hidden_size_of(base_model, located),
+        dtype=dtype,
+        kept=positions.name,
+        model_bytes=sum(parameter.nbytes for parameter in base_model.parameters()),
+    )
+
+
+def memory_check(plan: CachePlan, copies: int, mapped: bool, available: int | None) -> tuple[str, str | None]:
+    """What a run holding ``plan`` in ``copies`` processes needs, against the memory ``available``.
+
+    Each process holds the model; without ``mapped`` (a cache directory) each also holds the
+    states, with it they are mapped from the shards and shared through the page cache (one copy,
+    which the kernel pages from disk when memory is short: never refused).
+
+    Args:
+        plan: The cache's :class:`CachePlan`.
+        copies: Processes that each hold a cache (workers x processes of a launch).
+        mapped: The states are memory-mapped from a cache directory.
+        available: Bytes available (:func:`available_memory`; ``None``: unknown, never refused).
+
+    Returns:
+        ``(line, refusal)``: one line saying the bytes, and ``None`` or a one-line refusal naming the
+        options that would make it fit.
+
+    Example:
+        >>> line, refusal = memory_check(plan, copies=2, mapped=False, available=16 * 10**9)
+    """
+    needed = copies * (plan.model_bytes + (0 if mapped else plan.nbytes))
+    held = (
+        f"memory-mapped from the cache directory, one copy for {copies} process(es)"
+        if mapped
+        else f"{copies} process(es) hold {gigabytes(needed)} in memory"
+    )
+    free = "unknown memory available" if available is None else f"{gigabytes(available)} available"
+    line = f"{plan.describe()}; {held}; {free}"
+    if mapped or available is None or needed <= available:
+        return line, None
+    options = []
+    half = copies * (plan.model_bytes + plan.with_dtype("bfloat16").nbytes)
+    if plan.dtype == "float32" and half <= available:
+        options.append(f"--cache-dtype bfloat16 ({gigabytes(half)})")
+    if copies > 1 and plan.model_bytes + plan.nbytes <= available:
+        options.append(f"--workers 1 ({gigabytes(plan.model_bytes + plan.nbytes)})")
+    options.append("--cache-dir DIR (memory-mapped, shared by the workers, paged from disk when short)")
+    options.append("fewer evaluation sentences (--dev-limit, --test-limit)")
+    what = plan.describe().removeprefix("feature cache: ")
+    refusal = (
+        f"the feature cache needs {gigabytes(needed)} in memory ({what}, x {copies} process(es)) but "
+        f"{gigabytes(available)} is available; it fits with {', '.join(options)} or --no-cache"
+    )
+    return line, refusal
+
+
 def gigabytes(nbytes: float) -> str:
     """``nbytes`` in GB (10**9 bytes), two decimals: ``'2.21 GB'``."""
     return f"{nbytes / 1e9:.2f} GB"
@@ -274,16 +341,7 @@ class FeatureCache:
 
     def plan(self, features: Sequence[Feature]) -> CachePlan:
         """What this cache holds once ``features`` are filled (:class:`CachePlan`), computing nothing."""
-        keys = {self.key_of(feature) for feature in features}
-        return CachePlan(
-            sentences=len(keys),
-            positions=sum(len(kept) for _, kept in keys),
-            num_blocks=self.located.num_blocks,
-            width=hidden_size_of(self.base_model, self.located),
-            dtype=self.dtype_name,
-            kept=self.positions.name,
-            model_bytes=sum(parameter.nbytes for parameter in self.base_model.parameters()),
-        )
+        return plan_cache(self.base_model, self.located, self.positions, self.dtype_name, features)
 
     def key_of(self, feature: Feature) -> SentenceKey:
         """The cache key of an encoded sentence: its token ids and its kept positions."""

@@ -33,7 +33,14 @@ from peft_layerfusion.registration import method_named
 from peft_layerfusion.utils import eval_mode
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
-from ..core.feature_cache import ALL_POSITIONS, CachePlan, FeatureCache, KeptPositions, storage_dtype
+from ..core.feature_cache import (
+    ALL_POSITIONS,
+    CachePlan,
+    FeatureCache,
+    KeptPositions,
+    plan_cache,
+    storage_dtype,
+)
 from ..core.models import PLAIN_HEAD, adapter_summary, apply_regime, load_token_classifier, regime_options
 from ..data.gold import GoldReach, gold_reach
 from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
@@ -351,7 +358,11 @@ class Experiment:
         features = [*self.dev, *self.test]
         for shots, trial in dict.fromkeys((cell.shots, cell.trial) for cell in cached):
             features += self.train_sample(shots, trial)
-        return self._cache_object().plan(features)
+        if self._cache is not None:
+            return self._cache.plan(features)
+        base = load_token_classifier(self.settings.model, len(self.labels), seed=0)  # not kept
+        positions = CACHE_POSITIONS[self.settings.cache_positions]
+        return plan_cache(base, find_encoder_blocks(base), positions, self.settings.cache_dtype, features)
 
     def build(self, cell: Cell) -> tuple[torch.nn.Module, Any]:
         """The model of a cell (init seeded by the trial) and its encoder blocks."""

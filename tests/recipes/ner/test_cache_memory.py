@@ -18,6 +18,7 @@ from layerfusion_recipes.core.feature_cache import (
     CachePlan,
     FeatureCache,
     KeptPositions,
+    memory_check,
 )
 from layerfusion_recipes.core.models import PLAIN_HEAD, load_token_classifier
 from layerfusion_recipes.ner.experiment import (
@@ -237,3 +238,65 @@ def test_a_fill_writes_a_shard_every_flush_bytes(tmp_path, model_path, monkeypat
     assert cache.fill(experiment.dev, batch_size=4) == 10
     assert len(list(cache.path.glob("*.safetensors"))) == 3  # batches of 4, 4 (a shard each) and 2
     assert len(FeatureCache(base, find_encoder_blocks(base), model_path, 128, tmp_path)) == 10
+
+
+# ----------------------------------------------------------------------------- the memory check
+
+
+def test_a_cache_that_cannot_fit_is_refused_naming_what_would_make_it_fit():
+    plan = CachePlan(5000, 100_000, 24, 1024, "float32", "labelled", model_bytes=1_300_000_000)  # 9.83 GB
+    line, refusal = memory_check(plan, copies=1, mapped=False, available=8 * 10**9)
+    assert line.endswith("9.83 GB, model 1.30 GB; 1 process(es) hold 11.13 GB in memory; 8.00 GB available")
+    assert refusal == (
+        "the feature cache needs 11.13 GB in memory (5000 sentences, 100000 labelled positions x 24 blocks "
+        "x 1024 x 4 B (float32) = 9.83 GB, model 1.30 GB, x 1 process(es)) but 8.00 GB is available; it "
+        "fits with --cache-dtype bfloat16 (6.22 GB), --cache-dir DIR (memory-mapped, shared by the "
+        "workers, paged from disk when short), fewer evaluation sentences (--dev-limit, --test-limit) "
+        "or --no-cache"
+    )
+    assert memory_check(plan, 1, mapped=False, available=12 * 10**9)[1] is None
+    _, two = memory_check(plan, copies=2, mapped=False, available=12 * 10**9)
+    assert "--workers 1 (11.13 GB)" in two and "bfloat16" not in two  # two halves need 12.44 GB
+    line, never = memory_check(plan, copies=2, mapped=True, available=1)  # paged, never refused
+    assert never is None and "2 process(es) hold" not in line and "one copy for 2" in line
+    assert memory_check(plan, 1, mapped=False, available=None)[1] is None  # unknown: not refused
+
+
+@pytest.fixture()
+def cli_run(tmp_path, model_path):
+    from conftest import write_toy_data
+
+    data = write_toy_data(tmp_path / "data", train=40, dev=10, test=8)
+    return [
+        "sweep", "--model", model_path, "--data", data, "--methods", "none", "concat", "--shots", "2",
+        "--epochs", "1", "--trials", "1", "--lr", "1e-2", "--output", str(tmp_path / "out"), "--quiet",
+    ]  # fmt: skip
+
+
+def test_dry_run_prints_the_bytes_alone_and_runs_nothing(tmp_path, cli_run, capsys):
+    from layerfusion_recipes.cli import main
+
+    assert main([*cli_run, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "runs planned: 2" in out
+    assert "labelled positions x 3 blocks x 32 x 4 B (float32)" in out and "available" in out
+    assert not (tmp_path / "out").exists()  # no results, no sweeps.jsonl
+
+
+def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
+    tmp_path, cli_run, monkeypatch, capsys
+):
+    from layerfusion_recipes.cli import main
+    from layerfusion_recipes.core.sweep_log import read_sweep_log
+    from layerfusion_recipes.ner import sweep
+
+    monkeypatch.setattr(sweep, "available_memory", lambda: 1000)
+    assert main(cli_run) == 2
+    err = capsys.readouterr().err
+    assert "error: the feature cache needs" in err and "it fits with --cache-dir DIR" in err
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+    monkeypatch.setattr(sweep, "available_memory", lambda: 10**12)
+    assert main([*cli_run, "--cache-dtype", "bfloat16"]) == 0
+    assert "labelled positions x 3 blocks x 32 x 2 B (bfloat16)" in capsys.readouterr().err
+    (line,) = [entry for entry in read_sweep_log(tmp_path / "out" / "sweeps.jsonl") if entry["completed"]]
+    assert line["cache_bytes"] > 0 and line["cache_model_bytes"] > 0
