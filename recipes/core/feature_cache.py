@@ -454,9 +454,14 @@ class FeatureCache:
         width = max(len(ids) for ids, _ in keys)
         first = self.states[keys[0]]
         out = first.new_zeros((len(keys), width, *first.shape[1:]), dtype=torch.float32)  # (batch, seq, L, d)
-        rows = torch.tensor([row * width + p for row, (_, kept) in enumerate(keys) for p in kept])  # (kept,)
-        kept = torch.cat([self.states[key] for key in keys]).to(torch.float32)  # (kept, L, d)
-        out.flatten(0, 1).index_copy_(0, rows, kept)
+        scattered = [(row, key) for row, key in enumerate(keys) if key[1][-1] != len(key[1]) - 1]
+        for row, key in enumerate(keys):
+            if key[1][-1] == len(key[1]) - 1:  # positions 0 .. n-1 (every position, the first): a slice
+                out[row, : len(key[1])] = self.states[key]  # cast to float32 on the copy
+        if scattered:  # any other positions: one copy for the whole batch
+            rows = torch.tensor([row * width + p for row, (_, kept) in scattered for p in kept])  # (kept,)
+            kept = torch.cat([self.states[key] for _, key in scattered]).to(torch.float32)  # (kept, L, d)
+            out.flatten(0, 1).index_copy_(0, rows, kept)
         return out.permute(2, 0, 1, 3)  # (L, batch, seq, d)
 
     @contextmanager
