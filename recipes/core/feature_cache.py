@@ -41,6 +41,7 @@ uncached one minus the encoder's blocks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import uuid
 import warnings
@@ -54,7 +55,7 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from peft_layerfusion.discovery import EncoderBlocks, hidden_size_of
-from peft_layerfusion.hooks import BlockCapture, Capture
+from peft_layerfusion.hooks import first_tensor
 from peft_layerfusion.utils import eval_mode
 
 from ..arguments import CACHE_DTYPES
@@ -286,6 +287,65 @@ def padded_inputs(features: Sequence[Feature]) -> tuple[torch.Tensor, torch.Tens
     return ids, mask
 
 
+def flat_positions(
+    keys: Sequence[SentenceKey], width: int, rows: Sequence[int] | None = None
+) -> torch.Tensor:
+    """Where the kept positions of ``keys`` are in a ``(batch, width)`` batch flattened: ``(kept,)``.
+
+    Args:
+        keys: Sentences of the batch.
+        width: Its padded length.
+        rows: The row of each sentence (default: ``0, 1, ...``).
+
+    Example:
+        >>> flat_positions([((5, 6, 7), (1, 2)), ((8, 9), (0,))], width=3)
+        tensor([1, 2, 3])
+    """
+    rows = range(len(keys)) if rows is None else rows
+    return torch.tensor([row * width + p for row, (_, kept) in zip(rows, keys, strict=True) for p in kept])
+
+
+class _KeptRows:
+    """Forward hooks that copy the rows of ``z_1 .. z_L`` at :attr:`rows` (positions of the flattened
+    batch) as the encoder computes them: ``z_i`` is the output of block ``i`` for ``i < L`` (the input
+    of the next one) and ``z_L`` the encoder's output, as :class:`~peft_layerfusion.hooks.BlockCapture`
+    captures them; each full state is freed as soon as the next block has read it.
+
+    Args:
+        located: The encoder's blocks.
+        dtype: Storage dtype of the copies.
+    """
+
+    def __init__(self, located: EncoderBlocks, dtype: torch.dtype) -> None:
+        self.num_blocks, self.dtype = located.num_blocks, dtype
+        self.rows: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self.kept: torch.Tensor | None = None  # (kept, L, d) of the batch being computed
+        self.handles = [
+            block.register_forward_hook(functools.partial(self._keep, index))
+            for index, block in enumerate(located.blocks[:-1])
+        ]
+        self.handles.append(
+            located.container.register_forward_hook(functools.partial(self._keep, self.num_blocks - 1))
+        )
+
+    def _keep(self, index: int, module: nn.Module, args: tuple, output: object) -> None:
+        hidden = first_tensor(output)  # (batch, seq, d)
+        if self.kept is None:
+            self.kept = torch.empty((len(self.rows), self.num_blocks, hidden.shape[-1]), dtype=self.dtype)
+        self.kept[:, index] = hidden.flatten(0, 1).index_select(0, self.rows)  # cast on the copy
+
+    def take(self) -> torch.Tensor:
+        """The batch's ``(kept, L, d)`` states (the next batch starts a new tensor)."""
+        kept, self.kept = self.kept, None
+        if kept is None:
+            raise RuntimeError("the encoder ran no block: nothing to cache")
+        return kept
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 class FeatureCache:
     """``z_1 .. z_L`` at the kept positions of each sentence, for one frozen encoder.
 
@@ -359,8 +419,7 @@ class FeatureCache:
         if not missing:
             return 0
         keys = list(missing)
-        captured: list[Capture] = []
-        capture = BlockCapture(self.located, lambda c: captured.append(c))
+        kept = _KeptRows(self.located, self.dtype)  # z_1 .. z_L at the kept positions, as they are computed
         handle = self.located.blocks[-1].register_forward_hook(self._record_output_kind)
         pending: list[tuple[list[SentenceKey], torch.Tensor]] = []  # computed, not written yet
         try:
@@ -368,33 +427,21 @@ class FeatureCache:
                 for start in range(0, len(keys), batch_size):
                     chunk = keys[start : start + batch_size]
                     ids, mask = padded_inputs([missing[key] for key in chunk])
+                    kept.rows = flat_positions(chunk, ids.shape[1])
                     self.base_model(input_ids=ids, attention_mask=mask)
-                    kept = self._kept_states(captured.pop().states[1:], chunk, ids.shape[1])
-                    row = 0
+                    states, row = kept.take(), 0  # (kept, L, d)
                     for key in chunk:
-                        self.states[key] = kept[row : row + len(key[1])]  # (kept, L, d)
+                        self.states[key] = states[row : row + len(key[1])]  # (kept, L, d)
                         row += len(key[1])
-                    pending.append((chunk, kept))
+                    pending.append((chunk, states))
                     if sum(states.nbytes for _, states in pending) >= FLUSH_BYTES:
                         self._write_shard(pending)
                         pending = []
         finally:
-            capture.remove()
+            kept.remove()
             handle.remove()
         self._write_shard(pending)
         return len(keys)
-
-    def _kept_states(self, states: Sequence[torch.Tensor], keys: Sequence[SentenceKey], width: int):
-        """The states at the kept positions of a batch, sentence after sentence: ``(kept, L, d)``.
-
-        Args:
-            states: ``z_1 .. z_L`` of the batch, each ``(batch, seq, d)``.
-            keys: The batch's sentences.
-            width: ``seq``.
-        """
-        rows = torch.tensor([row * width + p for row, (_, kept) in enumerate(keys) for p in kept])  # (kept,)
-        gathered = [state.flatten(0, 1).index_select(0, rows) for state in states]  # L x (kept, d)
-        return torch.stack(gathered, dim=1).to(self.dtype)  # (kept, L, d)
 
     def _record_output_kind(self, module: nn.Module, args: tuple, output: object) -> None:
         self.block_output_len = None if isinstance(output, torch.Tensor) else len(output)
@@ -459,7 +506,7 @@ class FeatureCache:
             if key[1][-1] == len(key[1]) - 1:  # positions 0 .. n-1 (every position, the first): a slice
                 out[row, : len(key[1])] = self.states[key]  # cast to float32 on the copy
         if scattered:  # any other positions: one copy for the whole batch
-            rows = torch.tensor([row * width + p for row, (_, kept) in scattered for p in kept])  # (kept,)
+            rows = flat_positions([key for _, key in scattered], width, [row for row, _ in scattered])
             kept = torch.cat([self.states[key] for _, key in scattered]).to(torch.float32)  # (kept, L, d)
             out.flatten(0, 1).index_copy_(0, rows, kept)
         return out.permute(2, 0, 1, 3)  # (L, batch, seq, d)

@@ -19,6 +19,7 @@ from layerfusion_recipes.core.feature_cache import (
     FeatureCache,
     KeptPositions,
     memory_check,
+    padded_inputs,
 )
 from layerfusion_recipes.core.models import PLAIN_HEAD, load_token_classifier
 from layerfusion_recipes.ner.experiment import (
@@ -32,6 +33,7 @@ from layerfusion_recipes.ner.experiment import (
 from torch.nn.utils.rnn import pad_sequence
 
 from peft_layerfusion.discovery import find_encoder_blocks
+from peft_layerfusion.hooks import BlockCapture
 from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = [PLAIN_HEAD, *(method.name for method in ENCODER_METHODS)]  # every method the NER recipe runs
@@ -300,3 +302,19 @@ def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
     assert "labelled positions x 3 blocks x 32 x 2 B (bfloat16)" in capsys.readouterr().err
     (line,) = [entry for entry in read_sweep_log(tmp_path / "out" / "sweeps.jsonl") if entry["completed"]]
     assert line["cache_bytes"] > 0 and line["cache_model_bytes"] > 0
+
+
+def test_a_fill_keeps_bitwise_what_the_block_capture_sees_at_the_kept_positions(model_path):
+    experiment = _experiment(model_path, "labelled")
+    cache = experiment.cache()  # dev + test, one fill batch (fewer than 64 sentences)
+    features = list({cache.key_of(f): f for f in [*experiment.dev, *experiment.test]}.values())
+    captured = []
+    capture = BlockCapture(cache.located, captured.append)
+    ids, mask = padded_inputs(features)
+    with torch.no_grad():
+        cache.base_model.eval()(input_ids=ids, attention_mask=mask)
+    capture.remove()
+    states = torch.stack(captured[0].states[1:], dim=2)  # z_1 .. z_L: (batch, seq, L, d)
+    for row, feature in enumerate(features):
+        key = cache.key_of(feature)
+        assert torch.equal(cache.states[key], states[row, list(key[1])])
