@@ -379,8 +379,9 @@ class FeatureCache:
         positions: KeptPositions = ALL_POSITIONS,
         dtype: str = "float32",
     ) -> None:
-        self.base_model = base_model
-        self.located = located
+        self.base_model: nn.Module | None = base_model  # None once released (release_encoder)
+        self.located: EncoderBlocks | None = located
+        self.num_blocks = located.num_blocks
         self.model_name = model_name
         self.positions = positions
         self.dtype, self.dtype_name = storage_dtype(dtype), dtype
@@ -401,6 +402,8 @@ class FeatureCache:
 
     def plan(self, features: Sequence[Feature]) -> CachePlan:
         """What this cache holds once ``features`` are filled (:class:`CachePlan`), computing nothing."""
+        if self.base_model is None or self.located is None:
+            raise RuntimeError("the feature cache's encoder was released: plan before release_encoder()")
         return plan_cache(self.base_model, self.located, self.positions, self.dtype_name, features)
 
     def key_of(self, feature: Feature) -> SentenceKey:
@@ -418,6 +421,11 @@ class FeatureCache:
                 missing.setdefault(key, feature)
         if not missing:
             return 0
+        if self.base_model is None or self.located is None:
+            raise RuntimeError(
+                f"the feature cache's encoder was released (release_encoder) but {len(missing)} sentences "
+                "are not cached: fill every sentence a sweep reads before releasing it"
+            )
         keys = list(missing)
         kept = _KeptRows(self.located, self.dtype)  # z_1 .. z_L at the kept positions, as they are computed
         handle = self.located.blocks[-1].register_forward_hook(self._record_output_kind)
@@ -442,6 +450,11 @@ class FeatureCache:
             handle.remove()
         self._write_shard(pending)
         return len(keys)
+
+    def release_encoder(self) -> None:
+        """Let the encoder that fills the cache go (its weights leave this process's memory): every
+        sentence the run reads is cached. A later fill of a sentence not cached raises."""
+        self.base_model = self.located = None
 
     def _record_output_kind(self, module: nn.Module, args: tuple, output: object) -> None:
         self.block_output_len = None if isinstance(output, torch.Tensor) else len(output)
@@ -474,7 +487,7 @@ class FeatureCache:
 
     def _map_shard(self, shard: Path) -> None:
         """Serve the sentences of ``shard`` from the file (memory-mapped)."""
-        states, block_output_len = read_shard(shard, self.key, self.located.num_blocks)
+        states, block_output_len = read_shard(shard, self.key, self.num_blocks)
         self.states.update(states)
         self.block_output_len = block_output_len
         self._read_shards.add(shard.name)

@@ -345,6 +345,26 @@ class Experiment:
             )
         return self._cache
 
+    def cached_cells(self, cells: Iterable[Cell]) -> list[Cell]:
+        """The cells of ``cells`` that replay the feature cache (FE, unless ``use_cache`` is off)."""
+        return [cell for cell in cells if self.settings.use_cache and cell.regime == "fe"]
+
+    def prefill_cache(self, cells: Iterable[Cell]) -> None:
+        """Fill the feature cache with everything ``cells`` read, in the order their runs would (the
+        dev and test sets, then each cell's training sample), then release the encoder that fills it:
+        its weights leave memory, and the runs replay the cache alone.
+
+        Example:
+            >>> experiment.prefill_cache(grid_cells(grid))  # then experiment.run(...) for each cell
+        """
+        cached = self.cached_cells(cells)
+        if not cached:
+            return
+        cache = self.cache()
+        for cell in cached:
+            cache.fill(self.train_sample(cell.shots, cell.trial))
+        cache.release_encoder()
+
     def cache_plan(self, cells: Iterable[Cell]) -> CachePlan | None:
         """What the feature cache of ``cells`` will hold, before anything is computed: the dev and
         test sets and every training sample of the cells that replay it (``None``: none does).
@@ -352,7 +372,7 @@ class Experiment:
         Example:
             >>> experiment.cache_plan(grid_cells(grid)).nbytes  # e.g. 2211840000
         """
-        cached = [cell for cell in cells if self.settings.use_cache and cell.regime == "fe"]
+        cached = self.cached_cells(cells)
         if not cached:
             return None
         features = [*self.dev, *self.test]

@@ -186,8 +186,7 @@ def run_cells(
     state = process_state()
     check_workers(workers, state.num_processes)
     grids = {cell.regime: settings.lr_grid(cell.regime) for cell in cells}
-    first = [c for c in cells if select_trials is None or c.trial < select_trials]
-    later = [c for c in cells if select_trials is not None and c.trial >= select_trials]
+    first, later = split_trials(cells, select_trials)
     wanted = {record_key(c, lr, setup) for c in first for lr in grids[c.regime]}
     mine = _share_of(state)
     first_units = mine([(cell, grids[cell.regime]) for cell in first])
@@ -217,6 +216,19 @@ def run_cells(
         runner.close()
         bar.close()
     return [record for record in read_records(results) if record["key"] in wanted]
+
+
+def split_trials(cells: list[Cell], select_trials: int | None) -> tuple[list[Cell], list[Cell]]:
+    """``(first, later)``: the cells that run every LR (the selection trials; all without
+    ``select_trials``) and those that run the selected one, each in grid order (the order they run).
+
+    Example:
+        >>> [len(part) for part in split_trials(grid_cells(grid), select_trials=1)]  # 3 trials
+        [2, 4]
+    """
+    first = [c for c in cells if select_trials is None or c.trial < select_trials]
+    later = [c for c in cells if select_trials is not None and c.trial >= select_trials]
+    return first, later
 
 
 def _share_of(state) -> Callable[[list[Unit]], list[Unit]]:
@@ -378,6 +390,10 @@ def _sweep(
         raise UserError(refusal)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
+    if plan is not None and grid["workers"] == 1 and state.num_processes == 1:
+        # everything the runs read, in the order they run; then the encoder that computes it goes
+        first, later = split_trials(cells, grid["select_trials"])
+        experiment.prefill_cache(first + later)
     records = run_cells(
         cells,
         grid["results"],

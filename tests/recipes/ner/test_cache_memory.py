@@ -318,3 +318,21 @@ def test_a_fill_keeps_bitwise_what_the_block_capture_sees_at_the_kept_positions(
     for row, feature in enumerate(features):
         key = cache.key_of(feature)
         assert torch.equal(cache.states[key], states[row, list(key[1])])
+
+
+def test_a_prefilled_cache_lets_its_encoder_go_and_gives_the_same_records(model_path):
+    cells = [
+        Cell(m, "fe", shots, epochs, trial)
+        for m in ("dwatt", "none")
+        for shots, epochs, trial in ((3, 3, 1), (2, 2, 0))
+    ]
+    lazy, prefilled = _experiment(model_path, "labelled"), _experiment(model_path, "labelled")
+    prefilled.prefill_cache(
+        [*cells, Cell("concat", "ft", 8, 1, 0)]
+    )  # what _records runs, and an uncached cell
+    cache = prefilled.cache()
+    assert cache.base_model is None and cache.located is None  # the encoder's weights are gone
+    for method in ("dwatt", "none"):
+        assert _records(prefilled, method) == _records(lazy, method)
+    with pytest.raises(RuntimeError, match="encoder was released"):
+        cache.fill(prefilled.train_sample(4, 3))  # a sample no cell reads
