@@ -1,7 +1,9 @@
 """One experiment (model + data) and the runs of its cells: method x regime x shots x epochs x trial.
 
 The :class:`Experiment` loads the tokenizer, encodes the dev split once and, for the FE
-regime, owns the :class:`~layerfusion_recipes.ner.cache.FeatureCache` shared by every cell.
+regime, owns the :class:`~layerfusion_recipes.core.feature_cache.FeatureCache` shared by every cell
+(keeping the labelled positions only where every method of the sweep reads no other:
+:data:`LABELLED_POSITIONS`, :func:`cache_positions_for`).
 :meth:`Experiment.run` trains one cell and returns a JSON-ready record. Seeds: trial ``t`` draws its
 N-shot sample from seed ``(t, shots)`` (so every method sees the same sample in a trial: paired comparison)
 and initialises the head and fusion module from seed ``seed + t``.
@@ -31,6 +33,14 @@ from peft_layerfusion.registration import method_named
 from peft_layerfusion.utils import eval_mode
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
+from ..core.feature_cache import (
+    ALL_POSITIONS,
+    CachePlan,
+    FeatureCache,
+    KeptPositions,
+    plan_cache,
+    storage_dtype,
+)
 from ..core.models import (
     PLAIN_HEAD,
     adapter_summary,
@@ -45,10 +55,17 @@ from ..data.gold import GoldReach, gold_reach
 from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
 from ..data.sampling import sample_shots
 from ..data.sources import NerColumns, load_ner
-from .cache import FeatureCache
 from .candidates import StackedRunner
 from .training import RunResult, TokenClassifierRunner, TrainSettings, fit, train_token_classifier
 
+
+def _labelled_positions(feature: dict) -> list[int]:
+    return [position for position, label in enumerate(feature["labels"]) if label != IGNORE_INDEX]
+
+
+# what the loss and the scorer read: the labelled positions (the first sub-word of each word)
+LABELLED_POSITIONS = KeptPositions("labelled", _labelled_positions)
+CACHE_POSITIONS: dict[str, KeptPositions] = {"all": ALL_POSITIONS, "labelled": LABELLED_POSITIONS}
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
 FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
 # ExperimentSettings fields that change a result, hence part of every record key
@@ -125,6 +142,12 @@ class ExperimentSettings:
             ``N * C`` (e.g. a fixed 100-sentence budget); ``None``: the N-shot protocol.
         fixed_sample: Every trial trains on trial 0's sample (only init and order change);
             the paper's WikiANN protocol. ``False``: a new sample each trial.
+        cache_dtype: Storage dtype of the feature cache (``float32``: exact; ``bfloat16`` or
+            ``float16``: half the memory, cast back to float32 on use, results change a little);
+            part of the setup (:meth:`setup_fields`) when not float32.
+        cache_positions: Positions the feature cache keeps (:data:`CACHE_POSITIONS`): ``all``, or
+            ``labelled`` (only those the loss and the scorer read; every cached method must read
+            no other: :func:`cache_positions_for`). The same records either way.
     """
 
     model: str
@@ -147,6 +170,8 @@ class ExperimentSettings:
     test_limit: int | None = None
     train_sentences: int | None = None
     fixed_sample: bool = False
+    cache_dtype: str = "float32"
+    cache_positions: str = "all"
 
     def lr_for(self, regime: str) -> float:
         """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
@@ -188,6 +213,8 @@ class ExperimentSettings:
             if os.path.exists(fields[name]):
                 fields[name] = os.path.realpath(fields[name])
         fields["head_modules"] = list(fields["head_modules"])
+        if self.cache_dtype != "float32":  # rounded features: other results (float32 keeps older keys)
+            fields["cache_dtype"] = self.cache_dtype
         return fields
 
 
@@ -283,7 +310,9 @@ class Experiment:
         )  # empty without a test split: records then carry test_f1 = None
         self.test_reach = self._check_reach(gold_reach(self.test, self.id2label), "test")
         self.setup = settings.setup()
+        storage_dtype(settings.cache_dtype)  # a bad value stops here, naming the allowed ones
         self._cache: FeatureCache | None = None
+        self._cache_filled = False
 
     def _check_reach(self, reach: GoldReach, split: str) -> GoldReach:
         """Say how many gold entities of ``split`` the model cannot see; refuse when it sees none."""
@@ -313,7 +342,15 @@ class Experiment:
         return encode_ner(self.tokenizer, sample, self.label2id, self.settings.max_length)
 
     def cache(self) -> FeatureCache:
-        """The feature cache (built on first use, dev set filled)."""
+        """The feature cache (built on first use, dev and test sets filled)."""
+        cache = self._cache_object()
+        if not self._cache_filled:
+            cache.fill(self.dev + self.test)
+            self._cache_filled = True
+        return cache
+
+    def _cache_object(self) -> FeatureCache:
+        """The feature cache, built (not filled) on first use."""
         if self._cache is None:
             base = load_token_classifier(self.settings.model, len(self.labels), seed=0)
             self._cache = FeatureCache(
@@ -323,9 +360,49 @@ class Experiment:
                 self.settings.max_length,
                 self.settings.cache_dir,
                 tokenizer=self.tokenizer,
+                positions=CACHE_POSITIONS[self.settings.cache_positions],
+                dtype=self.settings.cache_dtype,
             )
-            self._cache.fill(self.dev + self.test)
         return self._cache
+
+    def cached_cells(self, cells: Iterable[Cell]) -> list[Cell]:
+        """The cells of ``cells`` that replay the feature cache (FE, unless ``use_cache`` is off)."""
+        return [cell for cell in cells if self.settings.use_cache and cell.regime == "fe"]
+
+    def prefill_cache(self, cells: Iterable[Cell]) -> None:
+        """Fill the feature cache with everything ``cells`` read, in the order their runs would (the
+        dev and test sets, then each cell's training sample), then release the encoder that fills it:
+        its weights leave memory, and the runs replay the cache alone.
+
+        Example:
+            >>> experiment.prefill_cache(grid_cells(grid))  # then experiment.run(...) for each cell
+        """
+        cached = self.cached_cells(cells)
+        if not cached:
+            return
+        cache = self.cache()
+        for cell in cached:
+            cache.fill(self.train_sample(cell.shots, cell.trial))
+        cache.release_encoder()
+
+    def cache_plan(self, cells: Iterable[Cell]) -> CachePlan | None:
+        """What the feature cache of ``cells`` will hold, before anything is computed: the dev and
+        test sets and every training sample of the cells that replay it (``None``: none does).
+
+        Example:
+            >>> experiment.cache_plan(grid_cells(grid)).nbytes  # e.g. 2211840000
+        """
+        cached = self.cached_cells(cells)
+        if not cached:
+            return None
+        features = [*self.dev, *self.test]
+        for shots, trial in dict.fromkeys((cell.shots, cell.trial) for cell in cached):
+            features += self.train_sample(shots, trial)
+        if self._cache is not None:
+            return self._cache.plan(features)
+        base = load_token_classifier(self.settings.model, len(self.labels), seed=0)  # not kept
+        positions = CACHE_POSITIONS[self.settings.cache_positions]
+        return plan_cache(base, find_encoder_blocks(base), positions, self.settings.cache_dtype, features)
 
     def build(self, cell: Cell) -> tuple[torch.nn.Module, Any]:
         """The model of a cell (init seeded by the trial) and its encoder blocks."""
@@ -354,7 +431,7 @@ class Experiment:
         lr = self.settings.lr_for(cell.regime) if lr is None else float(lr)
         train = self.train_sample(cell.shots, cell.trial)
         model, located = self.build(cell)
-        cache = self._filled_cache(train) if use_cache and cell.regime == "fe" else None
+        cache = self._filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
         runner = TokenClassifierRunner(model, located, cache)
         result = train_token_classifier(
             runner, train, self.dev, self.id2label, self.train_settings(cell, lr), test=self.test or None
@@ -395,7 +472,7 @@ class Experiment:
             return
         model, located = self.build(cell)
         train = self.train_sample(cell.shots, cell.trial)
-        runner = StackedRunner(model, len(lrs), located, self._filled_cache(train))
+        runner = StackedRunner(model, len(lrs), located, self._filled_cache(train, cell))
         results = fit(
             runner, train, self.dev, self.id2label, self.train_settings(cell, lrs[0]), lrs, self.test or None
         )
@@ -413,7 +490,12 @@ class Experiment:
             seed=self.settings.seed + cell.trial,
         )
 
-    def _filled_cache(self, train: list[dict]) -> FeatureCache:
+    def _filled_cache(self, train: list[dict], cell: Cell) -> FeatureCache:
+        if self.settings.cache_positions != "all" and not reads_labelled_only(cell.method):
+            raise ValueError(
+                f"method {cell.method} reads every position but the feature cache keeps the "
+                f"{self.settings.cache_positions} ones only; use cache_positions='all'"
+            )
         cache = self.cache()
         cache.fill(train)
         return cache
@@ -463,7 +545,30 @@ def lrs_train_together(cell: Cell, use_cache: bool) -> bool:
     """
     if not (use_cache and cell.regime == "fe"):
         return False
-    return cell.method == PLAIN_HEAD or method_named(cell.method).token_wise
+    return reads_labelled_only(cell.method)
+
+
+def reads_labelled_only(method: str) -> bool:
+    """Whether a run of ``method`` reads the encoder's states at the labelled positions only: the
+    plain head and the token-wise fusion methods (the registry's flag); R+n attends over every
+    position.
+
+    Example:
+        >>> reads_labelled_only("dwatt"), reads_labelled_only("extra_layers")
+        (True, False)
+    """
+    return method == PLAIN_HEAD or method_named(method).token_wise
+
+
+def cache_positions_for(methods: Iterable[str]) -> str:
+    """The :data:`CACHE_POSITIONS` a feature cache shared by ``methods`` keeps: ``labelled`` when
+    every one of them reads no other position, else ``all``.
+
+    Example:
+        >>> cache_positions_for(["none", "concat"]), cache_positions_for(["none", "extra_layers"])
+        ('labelled', 'all')
+    """
+    return "labelled" if all(reads_labelled_only(method) for method in methods) else "all"
 
 
 @torch.no_grad()

@@ -9,10 +9,11 @@ import argparse
 from typing import Any
 
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, demo_model_path
+from ..core.feature_cache import storage_dtype
 from ..core.grids import PAPER_AXES, USER_AXES
 from ..core.models import METHOD_NAMES, NER_REGIME_NAMES, check_adapter_grid
 from ..core.settings import check_names, load_config, option, results_path
-from .experiment import ExperimentSettings
+from .experiment import ExperimentSettings, cache_positions_for
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 # your --data: a first comparison (2 shot sizes, 25 epochs, 3 trials, dev every 5 epochs, each regime's LRs)
@@ -73,11 +74,14 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         train_sentences=pick("train_sentences"),
         fixed_sample=bool(pick("fixed_sample")),
         method_options=dict(loaded.get("method_options", {})),
+        cache_dtype=pick("cache_dtype") or "float32",
     )
-    run_keys = ("output", "results", "workers", "quiet", "threads", "select_trials")
+    run_keys = ("output", "results", "workers", "quiet", "threads", "select_trials", "dry_run")
     grid = {key: pick(key) for key in (*GRID_KEYS, *run_keys)}
     grid["results"] = results_path(grid["output"], grid["results"])
     check_names("methods", grid["methods"], METHOD_NAMES)
+    storage_dtype(settings.cache_dtype)  # a bad value in the YAML stops here, naming the allowed ones
+    settings.cache_positions = cache_positions_for(grid["methods"] or ())  # what every method reads
     check_names("regimes", grid["regimes"], NER_REGIME_NAMES)
     check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
     for regime in grid["regimes"] or ():

@@ -23,10 +23,10 @@ from torch.utils.data import DataLoader
 from peft_layerfusion.layer import fused_positions
 from peft_layerfusion.utils import eval_mode
 
+from ..core.feature_cache import FeatureCache
 from ..core.loop import TrainingLoop, restore, snapshot
 from ..core.models import trainable_parameters
 from ..data.readers import IGNORE_INDEX, collate
-from .cache import FeatureCache
 from .scoring import SpanScorer, labelled_predictions
 
 
@@ -93,16 +93,11 @@ class TokenClassifierRunner:
     def __init__(self, model: nn.Module, located=None, cache: FeatureCache | None = None) -> None:
         self.model, self.located, self.cache = model, located, cache
 
-    def logits(
-        self, features: Sequence[dict], device: torch.device, memo: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(batch, seq, labels)`` logits and ``(batch, seq)`` labels of a list of features.
-
-        ``memo``: keep the padded cached states of this batch (evaluation batches repeat).
-        """
+    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(batch, seq, labels)`` logits and ``(batch, seq)`` labels of a list of features."""
         batch = {k: v.to(device) for k, v in collate(features).items()}
         replay = (
-            self.cache.replay(self.located, self.cache.batch_states(features, memo))
+            self.cache.replay(self.located, self.cache.batch_states(features))
             if self.cache
             else nullcontext()
         )
@@ -143,7 +138,7 @@ def predict_labelled(
     predicted = []
     with eval_mode(runner.model):
         for start in range(0, len(features), batch_size):
-            logits, labels = runner.logits(features[start : start + batch_size], device, memo=True)
+            logits, labels = runner.logits(features[start : start + batch_size], device)
             predicted.append(labelled_predictions(logits, labels))  # (..., batch positions)
     return torch.cat(predicted, dim=-1)
 
