@@ -112,7 +112,8 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
             model.register_forward_hook(self._leave_model, always_call=True),
         ]
         decoder = _decoder_of(model)
-        if decoder is not None:
+        # only when the fused blocks feed the decoder (a fused decoder stack reads plain encoder states)
+        if decoder is not None and not any(m is self.located.container for m in decoder.modules()):
             self.watches_decoder = True
             check = decoder.register_forward_pre_hook(self.check_decoder_input, with_kwargs=True)
             self.root_hooks.append(check)
