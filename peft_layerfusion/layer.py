@@ -288,7 +288,8 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         return fused
 
     def merge(self, safe_merge: bool = False, adapter_names: Optional[list[str]] = None) -> None:
-        raise merge_error()
+        """Nothing to merge: the fusion module keeps running (``merge_adapter`` merges the LoRA layers)."""
+        return None
 
     def unmerge(self) -> None:
         return None
@@ -313,9 +314,11 @@ def _decoder_of(model: nn.Module) -> Optional[nn.Module]:
 
 
 def merge_error() -> NotImplementedError:
+    """The one-line refusal of ``merge_and_unload()``, saying what to do instead."""
     return NotImplementedError(
-        "A layer-fusion module reads every block's output and cannot be folded into the base weights. "
-        "Use `unload()` to get the base model back, or keep the PeftModel for inference."
+        "merge_and_unload() cannot fold a layer-fusion module into the base weights (it runs on the blocks' "
+        "outputs at every forward): call merge_adapter() to merge only the LoRA part in place while the "
+        "PeftModel keeps running the fusion, or unload() for the plain base model."
     )
 
 
