@@ -276,6 +276,8 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
     """
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return  # a seq2seq LM head (tied or not) usually stays frozen under PEFT, on purpose
+    if callable(getattr(model, "can_generate", None)) and model.can_generate():
+        return  # so does a causal LM's vocabulary head (as with LoRA)
     heads = _head_modules(model)
     head_names = {name for name, _ in heads}
     backbone_params = {  # everything outside the head: a head weight tied to it does not count

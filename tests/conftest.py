@@ -16,7 +16,6 @@ from torch import nn
 from transformers import BertConfig, BertForTokenClassification
 
 import peft_layerfusion  # noqa: F401  (registers the PEFT types)
-import peft_layerfusion.discovery as discovery
 from peft_layerfusion import count_hooks
 from peft_layerfusion.config import LayerFusionConfig
 from peft_layerfusion.fusion import FusionModule
@@ -352,9 +351,3 @@ def attention_mask() -> torch.Tensor:
     mask[1, 5:] = 0  # the second sequence is padded
     return mask
 
-
-@pytest.fixture
-def accept_decoders(monkeypatch):
-    """Turn off ``discovery.refuse_decoder_only`` for one test (``raising=False``: a no-op once the
-    library accepts decoder-only models and the function is gone)."""
-    monkeypatch.setattr(discovery, "refuse_decoder_only", lambda model: None, raising=False)
