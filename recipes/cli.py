@@ -40,6 +40,20 @@ runs among the N processes, each run trained by one process with the full batch 
 records as one process). On CPU: ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu ...
 """
 
+CLASSIFY_DESCRIPTION = """\
+Few-shot sentence and sentence-pair classification with the NER recipe's protocol, then a table
+and figures. --data and --model are required (the offline demo is `layerfusion ner`).
+
+Protocol: N examples of each class sampled from train (`--shots all`: the whole train split), the
+same sample for every method of a trial; AdamW with the LR linear to zero over max epochs; dev
+accuracy (--metric macro_f1: macro-F1) every k epochs. Every cell trains each LR of its grid; the
+LR is selected on dev and the table reports the test accuracy and macro-F1 of each run's best dev
+epoch (mean and 95% t-CI over trials), paired differences between methods. Without a dev split,
+dev is cut from train (said on stderr). Results go to OUTPUT/results.jsonl (resumable), a line per
+invocation to OUTPUT/sweeps.jsonl, OUTPUT/table.md and PNG figures. FE cells train on the feature
+cache. `accelerate launch -m layerfusion_recipes.cli classify ...` divides the runs among processes.
+"""
+
 MLM_DESCRIPTION = """\
 Masked-LM perplexity with a fusion method and a regime: the fused state replaces z_L as the
 LM head's input. Each LR of the grid (--lr, else the regime's default) is one run with the
@@ -97,6 +111,13 @@ COMMANDS: dict[str, Command] = {
         arguments.add_experiment_arguments,
         "layerfusion_recipes.ner.sweep:sweep_main",
         arguments.check_experiment_paths,
+    ),
+    "classify": Command(
+        "Few-shot sentence (pair) classification: every method, LR selected on dev, test accuracy/macro-F1.",
+        CLASSIFY_DESCRIPTION,
+        arguments.add_classify_arguments,
+        "layerfusion_recipes.classify.command:classify_main",
+        arguments.check_classify_paths,
     ),
     "plot": Command(
         "Figures and a markdown table from a results file.",

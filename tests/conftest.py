@@ -166,8 +166,11 @@ WORDS = (
 ENTITIES = {"alice": "PER", "bob": "PER", "paris": "LOC", "london": "LOC", "acme": "ORG"}
 
 
-def write_tiny_model(directory: str | os.PathLike, seed: int = 0, layers: int = 3, width: int = 32) -> str:
-    """Save a tiny random BERT (``layers`` blocks, width ``width``) and its tokenizer; return the path.
+def write_tiny_model(
+    directory: str | os.PathLike, seed: int = 0, layers: int = 3, width: int = 32, segments: bool = False
+) -> str:
+    """Save a tiny random BERT (``layers`` blocks, width ``width``) and its tokenizer (with ``segments``,
+    token type ids 1 for the second text of a pair, as BERT's tokenizers); return the path.
 
     Example:
         >>> path = write_tiny_model(tmp_path / "tiny")
@@ -180,7 +183,7 @@ def write_tiny_model(directory: str | os.PathLike, seed: int = 0, layers: int = 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *"abcdefghijklmnopqrstuvwxyz"]
     vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
     vocab = list(dict.fromkeys(vocab))
-    wordpiece_tokenizer(vocab).save_pretrained(directory)
+    wordpiece_tokenizer(vocab, segments).save_pretrained(directory)
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=len(dict.fromkeys(vocab)),
@@ -194,8 +197,9 @@ def write_tiny_model(directory: str | os.PathLike, seed: int = 0, layers: int = 
     return str(directory)
 
 
-def wordpiece_tokenizer(vocab: list[str]):
-    """A lower-casing BERT-style WordPiece fast tokenizer over ``vocab``, built with ``tokenizers``.
+def wordpiece_tokenizer(vocab: list[str], segments: bool = False):
+    """A lower-casing BERT-style WordPiece fast tokenizer over ``vocab``, built with ``tokenizers``
+    (with ``segments``: ``token_type_ids``, 1 for the second text of a pair).
 
     Built from parts rather than ``BertTokenizerFast(vocab=...)``, whose vocabulary arguments
     differ between transformers 4.57 and 5.x.
@@ -213,11 +217,13 @@ def wordpiece_tokenizer(vocab: list[str]):
     backend.decoder = decoders.WordPiece()
     backend.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1" if segments else "[CLS] $A [SEP] $B [SEP]",
         special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
     )
+    types = {"model_input_names": ["input_ids", "token_type_ids", "attention_mask"]} if segments else {}
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
+        **types,
         unk_token="[UNK]",
         pad_token="[PAD]",
         cls_token="[CLS]",
@@ -256,6 +262,75 @@ def write_toy_data(directory: str | os.PathLike, **sizes: int) -> str:
             "\n".join(f"{t}\t{g}" for t, g in zip(s.tokens, s.tags, strict=True)) for s in split
         )
         (directory / f"{name}.txt").write_text(text + "\n")
+    return str(directory)
+
+
+def write_tiny_decoder(directory: str | os.PathLike, seed: int = 0, layers: int = 2, width: int = 32) -> str:
+    """Save a tiny random Llama (``layers`` blocks, width ``width``) and a tokenizer that starts every
+    text with ``<s>`` and pads with ``<pad>`` (id 0); return the path.
+
+    Example:
+        >>> path = write_tiny_decoder(tmp_path / "llama")
+        >>> AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    directory = Path(directory)
+    vocab = ["<pad>", "<unk>", "<s>", "</s>", *WORDS, *"abcdefghijklmnopqrstuvwxyz"]
+    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+    ids = {token: i for i, token in enumerate(dict.fromkeys(vocab))}
+    backend = Tokenizer(models.WordPiece(ids, unk_token="<unk>"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", ids["<s>"])]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(ids),
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,  # the default --max-length 128 fits
+        pad_token_id=0,
+        bos_token_id=ids["<s>"],
+        eos_token_id=ids["</s>"],
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return str(directory)
+
+
+def write_text_data(directory: str | os.PathLike, sizes=(("train", 24), ("dev", 10), ("test", 10)),
+                    pairs: bool = False, seed: int = 0) -> str:  # fmt: skip
+    """Write CSV splits ``train.csv``/``dev.csv``/``test.csv`` of a 3-class toy task over :data:`WORDS`
+    (a place name decides the class), header ``text,label`` (``premise,hypothesis,label`` with
+    ``pairs``), label names; return the folder.
+
+    Example:
+        >>> load_texts(write_text_data(tmp_path / "data")).labels
+        ['loc', 'org', 'per']
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    plain = [w for w in WORDS if not w.startswith("##") and w not in ENTITIES]
+    for split, size in sizes:
+        lines = ["premise,hypothesis,label" if pairs else "text,label"]
+        for index in range(size):
+            entity = list(ENTITIES)[index % len(ENTITIES)]
+            words = [rng.choice(plain) for _ in range(rng.randint(2, 6))]
+            words.insert(rng.randint(0, len(words)), entity)
+            text = " ".join(words)
+            second = f",{' '.join(rng.choice(plain) for _ in range(3))}" if pairs else ""
+            lines.append(f"{text}{second},{ENTITIES[entity].lower()}")
+        (directory / f"{split}.csv").write_text("\n".join(lines) + "\n")
     return str(directory)
 
 

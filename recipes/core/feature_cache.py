@@ -287,6 +287,15 @@ def padded_inputs(features: Sequence[Feature]) -> tuple[torch.Tensor, torch.Tens
     return ids, mask
 
 
+def padded_token_types(features: Sequence[Feature]) -> dict[str, torch.Tensor]:
+    """``{"token_type_ids": (batch, seq)}`` of ``features`` padded with zeros where they carry token
+    types (a BERT sentence pair's segments change every state), else ``{}``."""
+    if "token_type_ids" not in features[0]:
+        return {}
+    types = pad_sequence([torch.tensor(f["token_type_ids"]) for f in features], batch_first=True)
+    return {"token_type_ids": types}
+
+
 def flat_positions(
     keys: Sequence[SentenceKey], width: int, rows: Sequence[int] | None = None
 ) -> torch.Tensor:
@@ -308,7 +317,8 @@ def flat_positions(
 class _KeptRows:
     """Forward hooks that copy the rows of ``z_1 .. z_L`` at :attr:`rows` (positions of the flattened
     batch) as the encoder computes them: ``z_i`` is the output of block ``i`` for ``i < L`` (the input
-    of the next one) and ``z_L`` the encoder's output, as :class:`~peft_layerfusion.hooks.BlockCapture`
+    of the next one) and ``z_L`` the encoder's output (the last block's, before the final norm, in a
+    pre-norm stack), as :class:`~peft_layerfusion.hooks.BlockCapture`
     captures them; each full state is freed as soon as the next block has read it.
 
     Args:
@@ -320,13 +330,14 @@ class _KeptRows:
         self.num_blocks, self.dtype = located.num_blocks, dtype
         self.rows: torch.Tensor = torch.empty(0, dtype=torch.long)
         self.kept: torch.Tensor | None = None  # (kept, L, d) of the batch being computed
+        # z_L: the last block's output where a final norm F reads it (a pre-norm stack: the container
+        # returns F(z_L), and a replay runs F on the cached z_L); else the container's output
+        last = located.blocks[-1] if located.final_norms else located.container
         self.handles = [
             block.register_forward_hook(functools.partial(self._keep, index))
             for index, block in enumerate(located.blocks[:-1])
         ]
-        self.handles.append(
-            located.container.register_forward_hook(functools.partial(self._keep, self.num_blocks - 1))
-        )
+        self.handles.append(last.register_forward_hook(functools.partial(self._keep, self.num_blocks - 1)))
 
     def _keep(self, index: int, module: nn.Module, args: tuple, output: object) -> None:
         hidden = first_tensor(output)  # (batch, seq, d)
@@ -434,9 +445,11 @@ class FeatureCache:
             with eval_mode(self.base_model):
                 for start in range(0, len(keys), batch_size):
                     chunk = keys[start : start + batch_size]
-                    ids, mask = padded_inputs([missing[key] for key in chunk])
+                    batch = [missing[key] for key in chunk]
+                    ids, mask = padded_inputs(batch)
                     kept.rows = flat_positions(chunk, ids.shape[1])
-                    self.base_model(input_ids=ids, attention_mask=mask)
+                    # token types too: a BERT pair's segments
+                    self.base_model(input_ids=ids, attention_mask=mask, **padded_token_types(batch))
                     states, row = kept.take(), 0  # (kept, L, d)
                     for key in chunk:
                         self.states[key] = states[row : row + len(key[1])]  # (kept, L, d)

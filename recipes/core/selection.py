@@ -26,9 +26,33 @@ from typing import Any
 CELL_FIELDS = ("setup", "regime", "epochs", "shots", "method")
 
 
-def dev_f1(record: dict[str, Any]) -> float:
-    """Best dev F1 of a record (``best_f1`` in files written before ``dev_f1`` existed)."""
-    return record["dev_f1"] if "dev_f1" in record else record["best_f1"]
+def record_metric(record: dict[str, Any]) -> str:
+    """The metric that selects a record's best epoch and LR: its ``metric`` field (``"accuracy"``,
+    ``"macro_f1"`` for ``classify``), else ``"f1"`` (NER's micro-F1, whose records name none)."""
+    return record.get("metric", "f1")
+
+
+def dev_score(record: dict[str, Any], metric: str | None = None) -> float:
+    """Best dev score of a record in ``metric`` (default: :func:`record_metric`): its ``dev_METRIC``
+    field (``best_f1`` in NER files written before ``dev_f1`` existed).
+
+    Example:
+        >>> dev_score({"dev_f1": 0.5}), dev_score({"metric": "accuracy", "dev_accuracy": 0.8, "dev_f1": 0.1})
+        (0.5, 0.8)
+    """
+    name = f"dev_{metric or record_metric(record)}"
+    return record[name] if name in record or name != "dev_f1" else record["best_f1"]
+
+
+def test_score(record: dict[str, Any], metric: str | None = None) -> float | None:
+    """The test score of a record's best dev epoch in ``metric`` (default: :func:`record_metric`);
+    ``None`` without one (no test split).
+
+    Example:
+        >>> test_score({"metric": "accuracy", "test_accuracy": 0.75, "test_macro_f1": 0.7}, "macro_f1")
+        0.7
+    """
+    return record.get(f"test_{metric or record_metric(record)}")
 
 
 def cell_of(record: dict[str, Any]) -> tuple:
@@ -147,7 +171,7 @@ def select_lr(records: Sequence[dict[str, Any]]) -> Selection:
         raise ValueError("select_lr needs at least one record")
     by_lr: dict[float | None, dict[int, float]] = defaultdict(dict)
     for record in records:
-        by_lr[record.get("lr")].setdefault(record["trial"], dev_f1(record))
+        by_lr[record.get("lr")].setdefault(record["trial"], dev_score(record))
     lrs = sorted(by_lr, key=_lr_order)
     common = set.intersection(*(set(runs) for runs in by_lr.values()))
     dev_means = {}

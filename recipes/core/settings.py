@@ -15,7 +15,13 @@ from typing import Any
 
 import yaml
 
-from ..arguments import check_positive_ints
+from ..arguments import FULL_TRAIN, check_positive_ints
+from .experiment import cache_positions_for
+from .feature_cache import storage_dtype
+from .models import METHOD_NAMES, check_adapter_grid
+
+GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
+RUN_KEYS = ("output", "results", "workers", "quiet", "threads", "select_trials", "dry_run")
 
 
 def load_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -75,3 +81,67 @@ def check_names(option: str, values: list[str] | None, allowed: tuple[str, ...])
     unknown = [value for value in values or () if value not in allowed]
     if unknown:
         raise ValueError(f"--{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
+
+
+def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
+    """The options of the fields every few-shot task's settings share
+    (:class:`~layerfusion_recipes.core.experiment.TaskSettings`, model and data aside).
+
+    Args:
+        pick: ``name -> value``: the flag, else the YAML's, else the task's default (:func:`option`).
+        loaded: The YAML options (:func:`load_config`; its ``method_options``).
+
+    Example:
+        >>> task_fields(lambda name: {"seed": 1}.get(name), {})["seed"]
+        1
+    """
+    head = pick("head_modules")
+    return {
+        "max_length": pick("max_length"),
+        "lr": pick("lr"),
+        "batch_size": pick("batch_size"),
+        "eval_every": pick("eval_every"),
+        "seed": pick("seed"),
+        "use_cache": not pick("no_cache"),
+        "cache_dir": pick("cache_dir"),
+        "cache_dtype": pick("cache_dtype") or "float32",
+        "head_modules": tuple(head) if head else None,
+        "dev_limit": pick("dev_limit"),
+        "test_limit": pick("test_limit"),
+        "fixed_sample": bool(pick("fixed_sample")),
+        "method_options": dict(loaded.get("method_options", {})),
+    }
+
+
+def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any]:
+    """The grid and run options of a few-shot task (:data:`GRID_KEYS`, :data:`RUN_KEYS`), checked.
+
+    Args:
+        pick: ``name -> value``: the flag, else the YAML's, else the task's default (:func:`option`).
+        settings: The task's settings (their ``lr_grid`` refuses a bad ``--lr`` for each regime).
+        regimes: The regimes the task trains.
+
+    Returns:
+        ``{methods, regimes, shots, epochs, trials, output, results, workers, quiet, threads,
+        select_trials, dry_run}``; ``results`` is the results file (:func:`results_path`), a YAML ``shots``
+        value ``all`` is :data:`~layerfusion_recipes.arguments.FULL_TRAIN`.
+
+    Raises:
+        ValueError: An unknown method or regime, an AdapterHub regime with a fusion method, a bad LR.
+
+    Example:
+        >>> grid_options(lambda name: defaults.get(name), settings, ("fe", "ft", "lora", "bitfit"))["results"]
+        'layerfusion-results/results.jsonl'
+    """
+    grid = {key: pick(key) for key in (*GRID_KEYS, *RUN_KEYS)}
+    grid["results"] = results_path(grid["output"], grid["results"])
+    grid["shots"] = [FULL_TRAIN if value == "all" else value for value in grid["shots"] or ()]
+    check_names("methods", grid["methods"], METHOD_NAMES)
+    check_names("regimes", grid["regimes"], regimes)
+    check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
+    for regime in grid["regimes"] or ():
+        settings.lr_grid(regime)  # a bad --lr / lr: stops here, naming the values
+    storage_dtype(settings.cache_dtype)  # a bad value in the YAML stops here, naming the allowed ones
+    # what every method reads: the cache keeps the head's positions only where no method reads others
+    settings.cache_positions = cache_positions_for(grid["methods"] or (), settings.READ_POSITIONS)
+    return grid

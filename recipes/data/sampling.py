@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -28,3 +28,28 @@ def sample_shots(sentences: Sequence[T], shots: int, num_types: int, seed: int) 
         raise ValueError(f"shots and num_types must be >= 1, got shots={shots}, num_types={num_types}")
     size = min(shots * num_types, len(sentences))
     return [sentences[i] for i in random.Random(seed).sample(range(len(sentences)), size)]
+
+
+def sample_per_class(
+    examples: Sequence[T], shots: int, labels: Sequence[str], label_of: Callable[[T], str], seed: int
+) -> list[T]:
+    """``shots`` examples of every class of ``labels``, drawn without replacement (stratified: the
+    few-shot protocol of sentence classification), class after class in ``labels`` order.
+
+    Raises:
+        ValueError: A class has fewer than ``shots`` examples (naming it, its count and the largest N).
+
+    Example:
+        >>> sample = sample_per_class(data.train, 8, data.labels, lambda e: e.label, seed=0)  # 8 x C
+    """
+    by_class: dict[str, list[int]] = {label: [] for label in labels}
+    for index, example in enumerate(examples):
+        by_class[label_of(example)].append(index)
+    smallest = min(by_class, key=lambda label: len(by_class[label]))
+    if len(by_class[smallest]) < shots:
+        raise ValueError(
+            f"--shots {shots} asks for {shots} examples of each class; class {smallest!r} has "
+            f"{len(by_class[smallest])} in train: use --shots <= {len(by_class[smallest])} (or --shots all)"
+        )
+    rng = random.Random(seed)
+    return [examples[i] for label in labels for i in rng.sample(by_class[label], shots)]

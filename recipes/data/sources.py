@@ -26,11 +26,11 @@ import io
 import os
 import sys
 import tokenize
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.errors import DataSourceError, UserError, first_line
 from .locations import TABULAR_BUILDERS, TEXT_SUFFIXES, looks_like_hub_name
@@ -40,6 +40,7 @@ from .tags import TAG_RULE, TAG_SCHEMES, is_valid_tag, to_iob2
 SPLIT_ALIASES = {"train": ("train",), "dev": ("dev", "val", "valid", "validation"), "test": ("test",)}
 TOKEN_COLUMNS = ("tokens", "words")
 TAG_COLUMNS = ("ner_tags", "tags", "labels")
+T = TypeVar("T")
 
 
 class NerColumnError(UserError, ValueError):
@@ -190,7 +191,7 @@ def dataset_sentences(dataset: Any, columns: NerColumns, where: str) -> list[Ner
 
 
 @contextmanager
-def _quiet_datasets() -> Iterator[None]:
+def quiet_datasets() -> Iterator[None]:
     """No "Generating train split" progress bars while reading local files."""
     import datasets
 
@@ -240,7 +241,7 @@ def read_tabular(path: Path, columns: NerColumns, split: str = "train") -> list[
 
     builder = TABULAR_BUILDERS[path.suffix.lower()]
     try:
-        with _quiet_datasets():
+        with quiet_datasets():
             table = datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
     except Exception as error:  # pyarrow/json decode errors: unreadable as `builder`
         raise NerColumnError(
@@ -256,7 +257,7 @@ def read_split_file(path: Path, columns: NerColumns) -> list[NerSentence]:
     return read_ner_file(path)
 
 
-def _split_files(directory: Path) -> dict[str, Path]:
+def split_files(directory: Path) -> dict[str, Path]:
     """``{train|dev|test: file}`` of a directory; two files for one split are refused."""
     found: dict[str, list[Path]] = {}
     for path in sorted(directory.iterdir()):
@@ -292,20 +293,28 @@ def _dataset_splits(
     return splits, notes
 
 
-def load_hub(
-    name: str, language: str | None, columns: NerColumns
-) -> tuple[dict[str, list[NerSentence]], list[str]]:
-    """Splits of a Hub dataset (``datasets.load_dataset(name[, language])``; needs a connection)."""
+def hub_dataset(name: str, config: str | None = None) -> Any:
+    """``datasets.load_dataset(name[, config])`` (needs a connection); one line when it fails.
+
+    Raises:
+        DataSourceError: ``--data NAME: no such file or directory, and not loadable from the Hub (why)``.
+    """
     import datasets
 
     try:
-        raw = datasets.load_dataset(name, language) if language else datasets.load_dataset(name)
+        return datasets.load_dataset(name, config) if config else datasets.load_dataset(name)
     except Exception as error:  # offline, unknown name...
         raise DataSourceError(
             f"--data {name!r}: no such file or directory, and not loadable from the Hugging Face Hub "
             f"({first_line(error)})"
         ) from error
-    return _dataset_splits(raw, columns, name)
+
+
+def load_hub(
+    name: str, language: str | None, columns: NerColumns
+) -> tuple[dict[str, list[NerSentence]], list[str]]:
+    """Splits of a Hub dataset (``datasets.load_dataset(name[, language])``; needs a connection)."""
+    return _dataset_splits(hub_dataset(name, language), columns, name)
 
 
 def load_splits(
@@ -327,7 +336,7 @@ def load_splits(
         splits, notes = _dataset_splits(load_saved(path), columns, str(path))
         return splits, str(path), notes
     if path.is_dir():
-        files = _split_files(path)
+        files = split_files(path)
         if "train" not in files:
             raise DataSourceError(
                 f"{path}: needs a train file (train.txt, train.jsonl, ... or a save_to_disk "
@@ -342,6 +351,31 @@ def load_splits(
     raise DataSourceError(f"--data {source!r}: no such file or directory")
 
 
+def cut_missing_splits(
+    splits: Mapping[str, list[T]], name: str, split_seed: int = 0
+) -> tuple[list[T], list[T], list[T], list[str]]:
+    """Train, dev and test of the splits found (``train``/``dev``/``test``, or one split ``all``):
+    a missing dev split (and a missing test split) is cut from train with ``split_seed``, 20% each,
+    the rest trains; a note says so.
+
+    Example:
+        >>> train, dev, test, notes = cut_missing_splits({"train": examples}, "trec")
+        >>> notes
+        ['trec: no dev split: cut into train/dev/test 60/20/20 with seed 0']
+    """
+    notes: list[str] = []
+    train = splits.get("train", splits.get("all", []))
+    dev, test = splits.get("dev"), splits.get("test")
+    if dev is None:
+        test_share = 0.2 if test is None else 0.0
+        train, dev, cut_test = split_sentences(train, seed=split_seed, dev=0.2, test=test_share)
+        parts = "train/dev/test 60/20/20" if test is None else "train/dev 80/20"
+        what = "one split only" if "all" in splits else "no dev split"
+        notes.append(f"{name}: {what}: cut into {parts} with seed {split_seed}")
+        test = cut_test if test is None else test
+    return train, dev, test or [], notes
+
+
 def assemble(
     splits: dict[str, list[NerSentence]], name: str, split_seed: int = 0, tag_scheme: str = "auto"
 ) -> NerDataset:
@@ -354,17 +388,7 @@ def assemble(
         >>> data = assemble({"all": sentences}, "ner.jsonl")
         >>> data.notes  # ['ner.jsonl: one split only: cut into train/dev/test 60/20/20 with seed 0']
     """
-    notes: list[str] = []
-    train = splits.get("train", splits.get("all", []))
-    dev, test = splits.get("dev"), splits.get("test")
-    if dev is None:
-        test_share = 0.2 if test is None else 0.0
-        train, dev, cut_test = split_sentences(train, seed=split_seed, dev=0.2, test=test_share)
-        parts = "train/dev/test 60/20/20" if test is None else "train/dev 80/20"
-        what = "one split only" if "all" in splits else "no dev split"
-        notes.append(f"{name}: {what}: cut into {parts} with seed {split_seed}")
-        test = cut_test if test is None else test
-    test = test or []
+    train, dev, test, notes = cut_missing_splits(splits, name, split_seed)
     if not train:
         raise DataSourceError(f"{name}: no training sentence found")
     tags, note = to_iob2([s.tags for part in (train, dev, test) for s in part], tag_scheme)

@@ -29,7 +29,6 @@ import torch
 from seqeval.metrics.sequence_labeling import end_of_chunk, start_of_chunk
 
 from ..data.gold import word_label_ids
-from ..data.readers import IGNORE_INDEX
 
 
 def parse_label(label: str) -> tuple[str, str]:
@@ -129,6 +128,8 @@ class SpanScorer:
         >>> scorer.f1s(torch.stack([candidate_0_ids, candidate_1_ids]))  # (2, positions) -> [0.41, 0.55]
     """
 
+    metrics = ("f1",)  # a core.fitting.Scorer: the one metric, micro-F1
+
     def __init__(self, features: Sequence[dict], id2label: dict[int, str]) -> None:
         if sorted(id2label) != list(range(len(id2label))):
             raise ValueError(f"id2label must have the ids 0..{len(id2label) - 1}, got {sorted(id2label)}")
@@ -146,7 +147,8 @@ class SpanScorer:
 
     def f1s(self, predicted: torch.Tensor) -> list[float]:
         """Micro-F1 (0..1) of each row of ``predicted`` ``(K, positions)``: label ids of the
-        labelled positions, sentence after sentence (see :func:`labelled_predictions`)."""
+        labelled positions, sentence after sentence
+        (see :func:`~layerfusion_recipes.core.runner.labelled_predictions`)."""
         if predicted.dim() != 2 or predicted.shape[1] != len(self.where):
             raise ValueError(
                 f"predicted must be (candidates, {len(self.where)}) label ids (one per labelled "
@@ -161,17 +163,10 @@ class SpanScorer:
             for correct, found in zip(shared.sum(1).tolist(), spans.ends.sum(1).tolist(), strict=True)
         ]
 
+    def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]:
+        """:meth:`f1s` as :class:`~layerfusion_recipes.core.fitting.Scorer` scores: ``[{"f1": F}, ...]``."""
+        return [{"f1": f1} for f1 in self.f1s(predicted)]
+
     def f1(self, predicted: torch.Tensor) -> float:
         """Micro-F1 (0..1) of one prediction set ``(positions,)``."""
         return self.f1s(predicted.unsqueeze(0))[0]
-
-
-def labelled_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Predicted label ids of the labelled positions, row after row: ``(..., batch, seq, C)``
-    logits and ``(batch, seq)`` labels give ``(..., positions)``.
-
-    Example:
-        >>> labelled_predictions(torch.randn(4, 2, 5, 3), labels).shape  # 4 candidates
-        torch.Size([4, 7])
-    """
-    return logits.argmax(-1)[..., labels != IGNORE_INDEX]

@@ -1,88 +1,63 @@
-"""NER training: AdamW, LR linear from max to zero, dev F1 per epoch, test F1 at the best dev epoch.
+"""NER training: the shared loop (:func:`~layerfusion_recipes.core.fitting.fit`) scored with seqeval's
+micro-F1 (:class:`~layerfusion_recipes.ner.scoring.SpanScorer`), the loss read at the labelled
+positions (the first sub-word of each word).
 
-The optimisation core is :class:`~layerfusion_recipes.core.loop.TrainingLoop` (device and mixed precision
-from accelerate, but one run is trained by one process: no data parallelism, the full batch): under
-``accelerate launch -m layerfusion_recipes.cli ner ...`` the processes share out the sweep's runs
-(:mod:`layerfusion_recipes.core.processes`), and a run's numbers do not depend on how many there are.
-On one CPU it is a plain torch loop.
+:func:`train_token_classifier` is one run, :func:`fit` one run per candidate of a runner (a
+:class:`~layerfusion_recipes.ner.candidates.StackedRunner` trains several LRs in one pass on the
+feature cache). Their results keep NER's names (``best_f1``, ``test_f1``, ``dev_f1`` in the curve).
 """
 
 from __future__ import annotations
 
-import copy
-import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
-from peft_layerfusion.layer import fused_positions
-from peft_layerfusion.utils import eval_mode
-
+from ..core import fitting
 from ..core.feature_cache import FeatureCache
-from ..core.loop import TrainingLoop, restore, snapshot
-from ..core.models import trainable_parameters
-from ..data.readers import IGNORE_INDEX, collate
-from .scoring import SpanScorer, labelled_predictions
+from ..core.fitting import TrainSettings
+from ..core.runner import Runner, labelled_positions
+from .scoring import SpanScorer
+
+__all__ = ["RunResult", "TokenClassifierRunner", "TrainSettings", "evaluate", "evaluate_f1", "fit"]
 
 
 @dataclass
-class TrainSettings:
-    """Optimisation settings of one run.
+class RunResult(fitting.RunResult):
+    """A run's :class:`~layerfusion_recipes.core.fitting.RunResult` under NER's names: ``best_f1``
+    (best dev micro-F1), ``test_f1`` (test micro-F1 of the best dev epoch; ``None`` without a test
+    split)."""
 
-    Args:
-        epochs: Max epochs; the LR decays linearly from ``lr`` to zero over them.
-        lr: Max learning rate of AdamW.
-        batch_size: Sentences per step (16 for NER in the paper).
-        eval_every: Evaluate on dev every ``k`` epochs (and after the last one).
-        weight_decay: AdamW weight decay.
-        seed: Seed of the shuffling and of dropout (the model's init is seeded by the caller).
-        eval_batch_size: Sentences per evaluation batch.
+    @classmethod
+    def of(cls, result: fitting.RunResult) -> RunResult:
+        return cls(**vars(result))
 
-    Raises:
-        ValueError: ``epochs``, ``batch_size``, ``eval_every`` or ``eval_batch_size`` below 1.
-    """
+    @property
+    def best_f1(self) -> float:
+        return self.best_score
 
-    epochs: int = 20
-    lr: float = 1e-3
-    batch_size: int = 16
-    eval_every: int = 1
-    weight_decay: float = 0.0
-    seed: int = 0
-    eval_batch_size: int = 64
+    @property
+    def test_f1(self) -> float | None:
+        return None if self.test is None else self.test["f1"]
 
-    def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"TrainSettings.{name} must be an integer >= 1, got {value!r}")
+    def to_dict(self) -> dict[str, Any]:
+        """The fields of a NER record: ``best_f1``, ``best_epoch``, ``curve``, ``seconds``, ``test_f1``."""
+        return {
+            "best_f1": self.best_f1,
+            "best_epoch": self.best_epoch,
+            "curve": self.curve,
+            "seconds": self.seconds,
+            "test_f1": self.test_f1,
+        }
 
 
-@dataclass
-class RunResult:
-    """Best dev score, its epoch, the curve ``[{"epoch", "step", "dev_f1"}, ...]`` and the test
-    score of the best dev epoch's checkpoint (``test_f1``; ``None`` without a test split)."""
-
-    best_f1: float
-    best_epoch: int
-    curve: list[dict] = field(default_factory=list)
-    seconds: float = 0.0
-    test_f1: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-class TokenClassifierRunner:
-    """Forward passes of a token classifier, through a feature cache or not.
-
-    Only the labelled positions (first sub-words) are read, by the loss and by seqeval, so
-    token-wise fusion modules run on those alone (:func:`~peft_layerfusion.fused_positions`):
-    same numbers there, about a quarter of the fusion work on CoNLL-2003.
+class TokenClassifierRunner(Runner):
+    """A :class:`~layerfusion_recipes.core.runner.Runner` of a token classifier: token-wise fusion runs
+    on the labelled positions only (the loss and seqeval read nothing else; same numbers there, about
+    a quarter of the fusion work on CoNLL-2003).
 
     Args:
         model: The model (already wrapped by its regime).
@@ -91,60 +66,16 @@ class TokenClassifierRunner:
     """
 
     def __init__(self, model: nn.Module, located=None, cache: FeatureCache | None = None) -> None:
-        self.model, self.located, self.cache = model, located, cache
-
-    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(batch, seq, labels)`` logits and ``(batch, seq)`` labels of a list of features."""
-        batch = {k: v.to(device) for k, v in collate(features).items()}
-        replay = (
-            self.cache.replay(self.located, self.cache.batch_states(features))
-            if self.cache
-            else nullcontext()
-        )
-        with replay, fused_positions(self.model, batch["labels"] != IGNORE_INDEX):
-            logits = self.forward(batch)
-        return logits, batch["labels"]
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The model's ``(batch, seq, labels)`` logits of a collated batch (replay already set up)."""
-        return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-
-    # What the one training loop (:func:`fit`) asks of a runner: its candidates' parameters, their
-    # loss and their scores. One candidate here; ``candidates.StackedRunner`` trains K together.
-    def candidate_parameters(self) -> list[list[nn.Parameter]]:
-        """The trainable parameters of each candidate (one: the model's), before the optimizer exists."""
-        return [trainable_parameters(self.model)]
-
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of ``(batch, seq, labels)`` logits at the labelled positions."""
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-
-    def scores(self, scorer: SpanScorer, predicted: torch.Tensor) -> list[float]:
-        """Micro-F1 of each candidate's predictions (:func:`predict_labelled`)."""
-        return [scorer.f1(predicted)]
+        super().__init__(model, located, cache, positions=labelled_positions)
 
 
-@torch.no_grad()
-def predict_labelled(
-    runner: TokenClassifierRunner, features: Sequence[dict], batch_size: int, device: torch.device
-) -> torch.Tensor:
-    """Label ids ``runner`` predicts at the labelled positions of ``features`` (eval mode during the
-    call), sentence after sentence: ``(positions,)``, or ``(K, positions)`` for a runner whose
-    logits have a leading candidate dimension.
-
-    Example:
-        >>> predict_labelled(runner, dev, 64, torch.device("cpu"))  # tensor([0, 3, 0, ...])
-    """
-    predicted = []
-    with eval_mode(runner.model):
-        for start in range(0, len(features), batch_size):
-            logits, labels = runner.logits(features[start : start + batch_size], device)
-            predicted.append(labelled_predictions(logits, labels))  # (..., batch positions)
-    return torch.cat(predicted, dim=-1)
+def span_scorer(id2label: dict[int, str]) -> Callable[[Sequence[dict]], SpanScorer]:
+    """The scorer factory of :func:`~layerfusion_recipes.core.fitting.fit` for NER splits."""
+    return lambda features: SpanScorer(features, id2label)
 
 
 def evaluate(
-    runner: TokenClassifierRunner,
+    runner: Runner,
     features: Sequence[dict],
     id2label: dict[int, str],
     batch_size: int,
@@ -164,11 +95,11 @@ def evaluate(
         >>> evaluate(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # [0.42]
     """
     scorer = scorer or SpanScorer(features, id2label)
-    return runner.scores(scorer, predict_labelled(runner, features, batch_size, device))
+    return [scores["f1"] for scores in fitting.evaluate(runner, features, scorer, batch_size, device)]
 
 
 def evaluate_f1(
-    runner: TokenClassifierRunner, features: Sequence[dict], id2label: dict[int, str], batch_size: int, device
+    runner: Runner, features: Sequence[dict], id2label: dict[int, str], batch_size: int, device
 ) -> float:
     """Micro-F1 of a lone runner's model (:func:`evaluate`'s one score).
 
@@ -177,22 +108,6 @@ def evaluate_f1(
     """
     (f1,) = evaluate(runner, features, id2label, batch_size, device)
     return f1
-
-
-def shuffled_batches(size: int, settings: TrainSettings) -> DataLoader:
-    """Index batches of a training set of ``size`` sentences, shuffled each epoch from ``settings.seed``."""
-    return DataLoader(
-        list(range(size)),
-        batch_size=settings.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(settings.seed),
-        collate_fn=lambda idx: idx,
-    )
-
-
-def evaluates_at(epoch: int, settings: TrainSettings) -> bool:
-    """Whether dev is scored after ``epoch``: every ``eval_every`` epochs and after the last."""
-    return epoch % settings.eval_every == 0 or epoch == settings.epochs
 
 
 def train_token_classifier(
@@ -206,10 +121,8 @@ def train_token_classifier(
 ) -> RunResult:
     """Train ``runner.model`` on ``train``; dev F1 every ``eval_every`` epochs; best score kept.
 
-    Frozen sub-trees of the model (e.g. the encoder in FE) stay in eval mode (no dropout).
-    With ``test``, the trainable parameters of the best dev epoch (the first, on ties) are kept
-    and scored on ``test`` after training (``RunResult.test_f1``); the model then ends in that
-    best-dev-epoch state. Without it, the model ends in its last state.
+    With ``test``, the trainable parameters of the best dev epoch (the first, on ties) are scored on
+    ``test`` (``RunResult.test_f1``) and the model ends in that state; without it, in its last state.
 
     Args:
         runner: Model (+ optional feature cache).
@@ -229,7 +142,7 @@ def train_token_classifier(
 
 
 def fit(
-    runner: TokenClassifierRunner,
+    runner: Runner,
     train: Sequence[dict],
     dev: Sequence[dict],
     id2label: dict[int, str],
@@ -238,9 +151,9 @@ def fit(
     test: Sequence[dict] | None = None,
     on_epoch: Callable[[int], None] | None = None,
 ) -> list[RunResult]:
-    """The one NER training loop: each candidate of ``runner`` at its max LR ``lrs[k]`` (one for a
-    :class:`TokenClassifierRunner`, K for a stacked one), dev F1 every ``eval_every`` epochs, the
-    best dev epoch's parameters kept and scored on ``test``.
+    """The shared loop (:func:`~layerfusion_recipes.core.fitting.fit`) scored with micro-F1: each
+    candidate of ``runner`` at its max LR ``lrs[k]`` (one for a :class:`TokenClassifierRunner`, K for
+    a stacked one).
 
     Returns:
         One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
@@ -248,41 +161,5 @@ def fit(
     Example:
         >>> fit(TokenClassifierRunner(model), train, dev, id2label, TrainSettings(), [1e-3])[0].best_f1
     """
-    start = time.perf_counter()
-    loader = shuffled_batches(len(train), settings)
-    candidates = runner.candidate_parameters()  # (a stacked runner moves them to the device first)
-    if len(lrs) != len(candidates):
-        raise ValueError(f"lrs has {len(lrs)} values for {len(candidates)} candidates")
-    groups = [{"params": params, "lr": lr} for params, lr in zip(candidates, lrs, strict=True)]
-    # one seed: the dropout draws of a lone run, shared by every candidate
-    loop = TrainingLoop(
-        runner.model, groups, settings.epochs * len(loader), settings.seed, settings.weight_decay
-    )
-    runner = copy.copy(runner)
-    runner.model = loop.model
-    scorer = SpanScorer(dev, id2label)
-    results = [RunResult(best_f1=-1.0, best_epoch=0) for _ in lrs]
-    best_states: list[list[torch.Tensor] | None] = [None] * len(lrs)
-    for epoch in range(1, settings.epochs + 1):
-        for indices in loader:
-            loop.step(runner.loss(*runner.logits([train[i] for i in indices], loop.device)))
-        if evaluates_at(epoch, settings):
-            scores = evaluate(runner, dev, id2label, settings.eval_batch_size, loop.device, scorer)
-            for k, (result, f1) in enumerate(zip(results, scores, strict=True)):
-                result.curve.append({"epoch": epoch, "step": loop.steps, "dev_f1": f1})
-                if f1 > result.best_f1:
-                    result.best_f1, result.best_epoch = f1, epoch
-                    best_states[k] = snapshot(candidates[k]) if test else None
-        if on_epoch is not None:
-            on_epoch(epoch)
-    if test:
-        for parameters, saved in zip(candidates, best_states, strict=True):
-            if saved is not None:
-                restore(parameters, saved)
-        scores = evaluate(runner, test, id2label, settings.eval_batch_size, loop.device)
-        for result, f1 in zip(results, scores, strict=True):
-            result.test_f1 = f1
-    seconds = time.perf_counter() - start
-    for result in results:
-        result.seconds = seconds
-    return results
+    results = fitting.fit(runner, train, dev, settings, span_scorer(id2label), lrs, test, on_epoch)
+    return [RunResult.of(result) for result in results]

@@ -1,19 +1,24 @@
 """``layerfusion plot``: paper-style figures and a markdown table from a results file.
 
-* ``f1_vs_shots.png``: per method, the reported F1 (test F1 at the dev-selected LR and epoch;
-  best dev F1 without a test split) vs shots (mean over trials, 95% t-CI band), each point
-  labelled with its selected LR ("edge": at the edge of its grid), one panel per max-epochs
-  (and regime);
+The score is the records' metric (:func:`~layerfusion_recipes.core.selection.record_metric`):
+seqeval micro-F1 for NER (``F1`` below), accuracy (and macro-F1 beside it) for ``classify``.
+
+* ``f1_vs_shots.png`` (``accuracy_vs_shots.png``...): per method, the reported score (test score
+  at the dev-selected LR and epoch; best dev score without a test split) vs shots (mean over
+  trials, 95% t-CI band; the full train set at the right, "all"), each point labelled with its
+  selected LR ("edge": at the edge of its grid), one panel per max-epochs (and regime);
 * ``f1_vs_lr.png`` (when a cell has several LRs): mean dev F1 (solid) and test F1 (dashed) vs
   LR per method, the selected LR marked, one panel per (regime, epochs, shots);
 * ``dev_curves.png``: dev F1 vs training steps (mean over trials) per method at its selected LR;
 * ``dwatt_attention.png``: for DWAtt cells, the mean depth-attention weight of every fused
   layer (which layers the task uses) at the selected LR, one row per (regime, shots, epochs);
 * ``table.md``: per cell, the selected LR and test F1 mean +- CI, best dev F1 beside it,
-  a selected LR at the edge of its grid flagged ("widen the grid").
+  a selected LR at the edge of its grid flagged ("widen the grid"); the paired differences; for
+  records with several metrics (``classify``: accuracy, macro-F1) one table and paired table
+  each, every one at the LR and epoch the first metric selected on dev.
 
 Every figure draws a method in one colour (:func:`method_color`, the registry's order), puts one
-legend beside its panels, clips CI bands to [0, 100] F1 and labels its y axis with the score it shows.
+legend beside its panels, clips CI bands to [0, 100] and labels its y axis with the score it shows.
 
 LR selection: :mod:`layerfusion_recipes.core.selection`.
 """
@@ -25,19 +30,74 @@ import itertools
 import os
 import zlib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
+from ..core.cells import FULL_TRAIN, shots_size
 from ..core.models import METHOD_NAMES, PLAIN_HEAD
 from ..core.records import read_records
-from ..core.selection import cell_of, cells, dev_f1, select_lr
+from ..core.selection import cell_of, cells, dev_score, record_metric, select_lr, test_score
 from ..core.stats import excludes_zero, mean_ci, paired_mean_ci
 
 GROUP = ("regime", "epochs", "shots", "method")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How the tables and figures name a metric.
+
+    Args:
+        long: In a legend's "Test ..." (``micro-F1 (seqeval)``).
+        short: After "dev" (``F1``).
+        axis: On a figure's axis (``micro-F1``).
+    """
+
+    long: str
+    short: str
+    axis: str
+
+
+METRICS: dict[str, Metric] = {
+    "f1": Metric("micro-F1 (seqeval)", "F1", "micro-F1"),
+    "accuracy": Metric("accuracy", "accuracy", "accuracy"),
+    "macro_f1": Metric("macro-F1", "macro-F1", "macro-F1"),
+}
+
+
+def metric_named(metric: str) -> Metric:
+    """The :class:`Metric` of a record metric (an unknown one is named as it is)."""
+    return METRICS.get(metric, Metric(metric, metric, metric))
+
+
+def record_metrics(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The metrics the records hold, the selecting one first: their ``metrics`` field (``classify``),
+    else their :func:`~layerfusion_recipes.core.selection.record_metric` (NER: ``["f1"]``).
+
+    Example:
+        >>> record_metrics([{"metric": "accuracy", "metrics": ["accuracy", "macro_f1"]}])
+        ['accuracy', 'macro_f1']
+        >>> record_metrics([{"dev_f1": 0.5}])
+        ['f1']
+    """
+    found: dict[str, None] = {}
+    for record in records:
+        found.update(dict.fromkeys(record.get("metrics", [record_metric(record)])))
+    return list(found)
+
+
+def shots_text(shots: int) -> str:
+    """The shots of a cell as the tables write them: ``all`` for the full train set.
+
+    Example:
+        >>> shots_text(8), shots_text(FULL_TRAIN)
+        ('8', 'all')
+    """
+    return "all" if shots == FULL_TRAIN else str(shots)
 
 
 def method_rank(method: str) -> tuple[int, str]:
@@ -47,14 +107,15 @@ def method_rank(method: str) -> tuple[int, str]:
     return known, method
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(records: Sequence[dict[str, Any]], metric: str | None = None) -> list[dict[str, Any]]:
     """One row per cell (setup, regime, epochs, shots, method), its LR selected on dev.
 
-    Row fields: the cell's, ``lr`` (selected), ``lrs`` (its grid), ``edge`` (selected LR at the
-    edge of a grid of 2+), ``mean``/``ci``/``n`` (the reported score in points: test F1 at the
-    dev-selected LR when every run there has one, else best dev F1; ``score`` says which),
-    ``dev_mean``/``dev_ci`` (best dev F1 at the selected LR, the paper's number), and per LR
-    ``dev_by_lr`` / ``test_by_lr`` (means in points; test ``None`` where missing).
+    Row fields: the cell's, ``lr`` (selected, on the records' own metric), ``lrs`` (its grid),
+    ``edge`` (selected LR at the edge of a grid of 2+), ``metric`` (the reported one: ``metric``,
+    else the records' own), ``mean``/``ci``/``n`` (the reported score in points: test score at the
+    dev-selected LR when every run there has one, else best dev score; ``score`` says which),
+    ``dev_mean``/``dev_ci`` (dev score at the selected LR and each run's best epoch, the paper's
+    number), and per LR ``dev_by_lr`` / ``test_by_lr`` (means in points; test ``None`` where missing).
 
     Example:
         >>> record = {"key": "k", "regime": "fe", "epochs": 25, "shots": 8, "method": "dwatt", "best_f1": 0.5}
@@ -63,13 +124,14 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     rows = []
     grouped = cells(records)
-    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], c[3], method_rank(c[4]))):
+    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], shots_size(c[3]), method_rank(c[4]))):
         runs = grouped[cell]
         selection = select_lr(runs)
+        own = metric or record_metric(runs[0])
         chosen = [r for r in runs if r.get("lr") == selection.lr]
-        dev_mean, dev_ci = mean_ci([100.0 * dev_f1(r) for r in chosen])
-        score = "test" if all(r.get("test_f1") is not None for r in chosen) else "dev"
-        mean, half = mean_ci([100.0 * reported_score(r, score) for r in chosen])
+        dev_mean, dev_ci = mean_ci([100.0 * dev_score(r, own) for r in chosen])
+        score = "test" if all(test_score(r, own) is not None for r in chosen) else "dev"
+        mean, half = mean_ci([100.0 * reported_score(r, score, own) for r in chosen])
         rows.append(
             {
                 **dict(zip(("setup", *GROUP), cell, strict=True)),
@@ -77,26 +139,36 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "lrs": selection.lrs,
                 "edge": selection.at_edge,
                 "selection_trials": selection.trials,
+                "metric": own,
+                "selected_by": record_metric(runs[0]),
                 "score": score,
                 "mean": mean,
                 "ci": half,
                 "n": len(chosen),
                 "dev_mean": dev_mean,
                 "dev_ci": dev_ci,
-                "dev_by_lr": {lr: 100.0 * m for lr, m in selection.dev_means.items()},
-                "test_by_lr": _test_means(runs, selection.lrs),
+                "dev_by_lr": (
+                    {lr: 100.0 * m for lr, m in selection.dev_means.items()}
+                    if own == record_metric(runs[0])
+                    else _means(runs, selection.lrs, dev_score, own)
+                ),
+                "test_by_lr": _means(runs, selection.lrs, test_score, own),
             }
         )
     return rows
 
 
-def _test_means(
-    runs: Sequence[dict[str, Any]], lrs: Sequence[float | None]
+def _means(
+    runs: Sequence[dict[str, Any]],
+    lrs: Sequence[float | None],
+    score: Callable[[dict, str], float | None],
+    metric: str,
 ) -> dict[float | None, float | None]:
+    """Mean ``score(run, metric)`` of the runs at each LR, in points (``None`` where a run has none)."""
     means = {}
     for lr in lrs:
-        tests = [r.get("test_f1") for r in runs if r.get("lr") == lr]
-        means[lr] = 100.0 * sum(tests) / len(tests) if all(t is not None for t in tests) else None
+        values = [score(r, metric) for r in runs if r.get("lr") == lr]
+        means[lr] = 100.0 * sum(values) / len(values) if all(v is not None for v in values) else None
     return means
 
 
@@ -148,7 +220,7 @@ def markdown_row(columns: Sequence[Any]) -> str:
     return "| " + " | ".join(map(str, columns)) + " |"
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> str:
+def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = (), edges: bool = True) -> str:
     """Rows of :func:`summarize` as a markdown table (one column per method, in the registry's order),
     legend and edge flags.
 
@@ -157,6 +229,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> 
         lead: Row fields written first in every line and in its edge flag, and grouping the lines with
             the cell's fields: e.g. ``("language",)`` for the rows of several results files, each row
             tagged with its file's language (:func:`grouped_table_markdown`).
+        edges: List the cells whose selected LR is at the edge of its grid under the legend (a
+            second table of the same cells, another metric, leaves them to the first).
 
     Example:
         >>> print(markdown_table(summarize(read_records("out/results.jsonl"))))
@@ -176,26 +250,50 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = ()) -> 
     for (*leading, setup_name, regime, epochs, shots), texts in by_cell.items():
         first = [setup_name or "(legacy)"] if setup else []
         lines.append(
-            markdown_row([*leading, *first, regime, epochs, shots, *(texts.get(m, "-") for m in methods)])
+            markdown_row(
+                [*leading, *first, regime, epochs, shots_text(shots), *(texts.get(m, "-") for m in methods)]
+            )
         )
-    tested = any(row["score"] == "test" for row in rows)
-    legend = (
-        "\nTest micro-F1 (seqeval) at each run's best dev epoch, mean ± 95% CI (t) over trials, at the LR "
-        "(@) selected on dev (mean best dev F1 over trials, ties to the smaller LR); (dev x) is the best "
-        "dev F1 at that LR (the paper's number, chosen on the data it reports).\n"
-        if tested
-        else "\nDev micro-F1 (seqeval), best over epochs, mean ± 95% CI (t) over trials, at the LR (@) "
-        "selected on dev (the records have no test score: no test split, or written before test scoring; "
-        "this number is optimistic).\n"
-    )
-    flagged = [row for row in rows if row["edge"]]
+    legend = table_legend(rows)
+    flagged = [row for row in rows if row["edge"]] if edges else []
     if flagged:
         legend += "\n⚠ widen the grid: the selected LR is at the edge of its grid:\n" + "".join(
-            f"- {_lead_text(r, lead)}{r['method']} {r['regime']} {r['epochs']} epochs N={r['shots']}: "
+            f"- {_lead_text(r, lead)}{r['method']} {r['regime']} {r['epochs']} epochs "
+            f"N={shots_text(r['shots'])}: "
             f"{format_lr(r['lr'])} of [{', '.join(map(format_lr, r['lrs']))}]\n"
             for r in flagged
         )
     return "\n".join(lines) + "\n" + legend
+
+
+def table_legend(rows: Sequence[dict[str, Any]]) -> str:
+    """The legend under :func:`markdown_table`: which score, where its epoch and LR come from.
+
+    Example:
+        >>> table_legend([{"score": "test", "metric": "accuracy", "selected_by": "accuracy"}])[:40]
+        "\\nTest accuracy at each run's best dev epoch"
+    """
+    tested = any(row["score"] == "test" for row in rows)
+    own, by = (rows[0].get("metric", "f1"), rows[0].get("selected_by", "f1")) if rows else ("f1", "f1")
+    metric, selecting = metric_named(own), metric_named(by)
+    if not tested:
+        return (
+            f"\nDev {metric.long}, best over epochs, mean ± 95% CI (t) over trials, at the LR (@) "
+            "selected on dev (the records have no test score: no test split, or written before test scoring; "
+            "this number is optimistic).\n"
+        )
+    if own == by:
+        return (
+            f"\nTest {metric.long} at each run's best dev epoch, mean ± 95% CI (t) over trials, at the LR "
+            f"(@) selected on dev (mean best dev {selecting.short} over trials, ties to the smaller LR); "
+            f"(dev x) is the best dev {metric.short} at that LR (the paper's number, chosen on the data it "
+            "reports).\n"
+        )
+    return (
+        f"\nTest {metric.long} at each run's best dev epoch (best by dev {selecting.short}), mean ± 95% "
+        f"CI (t) over trials, at the LR (@) selected on dev (mean best dev {selecting.short} over trials, "
+        f"ties to the smaller LR); (dev x) is the dev {metric.short} at those epochs and LR.\n"
+    )
 
 
 def _lead_text(row: dict[str, Any], lead: Sequence[str]) -> str:
@@ -286,25 +384,38 @@ def _lr_labels(ax, labels: Sequence[tuple[float, float, str, str]]) -> None:
             )  # fmt: skip
 
 
+def shots_axis(shots: Sequence[int]) -> dict[int, float]:
+    """Where each shots value sits on a log2 axis: N at N, the full train set at twice the largest N
+    (1 without one).
+
+    Example:
+        >>> shots_axis([8, 32, FULL_TRAIN])
+        {8: 8, 32: 32, 0: 64}
+    """
+    largest = max((n for n in shots if n != FULL_TRAIN), default=0.5)
+    return {n: 2 * largest if n == FULL_TRAIN else n for n in shots}
+
+
 def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
-    """F1 vs shots with CI bands per method, one panel per (regime, max epochs); each point labelled
-    with its LR selected on dev, in the method's colour."""
+    """The reported score vs shots with CI bands per method, one panel per (regime, max epochs); each
+    point labelled with its LR selected on dev, in the method's colour."""
     plt = _pyplot()
     panels = list(dict.fromkeys((row["regime"], row["epochs"]) for row in rows))
+    where = shots_axis([row["shots"] for row in rows])
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     labels: list[list[tuple[float, float, str, str]]] = [[] for _ in panels]
     for ax, (regime, epochs), own in zip(axes[0], panels, labels, strict=True):
         panel = [row for row in rows if (row["regime"], row["epochs"]) == (regime, epochs)]
         for method in sorted(dict.fromkeys(row["method"] for row in panel), key=method_rank):
-            line = sorted((r for r in panel if r["method"] == method), key=lambda r: r["shots"])
-            shots = [r["shots"] for r in line]
+            line = sorted((r for r in panel if r["method"] == method), key=lambda r: shots_size(r["shots"]))
+            shots = [where[r["shots"]] for r in line]
             mean = [r["mean"] for r in line]
             color = method_color(method)
             ax.plot(shots, mean, marker="o", label=method, color=color)
             for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
                 if row.get("lrs") and len(row["lrs"]) > 1:
                     own.append((x, y, f"{row['lr']:g}" + (" (edge)" if row["edge"] else ""), method))
-            ax.fill_between(  # an F1 lies in [0, 100]: so does its band
+            ax.fill_between(  # a score lies in [0, 100]: so does its band
                 shots,
                 [max(0.0, m - r["ci"]) for m, r in zip(mean, line, strict=True)],
                 [min(100.0, m + r["ci"]) for m, r in zip(mean, line, strict=True)],
@@ -312,18 +423,18 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
                 color=color,
             )
         ax.set_xscale("log", base=2)
-        smallest, largest = min(r["shots"] for r in panel), max(r["shots"] for r in panel)
+        ticks = sorted({row["shots"] for row in panel}, key=shots_size)
+        smallest, largest = where[ticks[0]], where[ticks[-1]]
         ax.set_xlim(smallest / 2**0.3, largest * 2**0.9)  # room for the LR labels right of the points
-        ax.set_xticks(
-            sorted({row["shots"] for row in panel}), [str(n) for n in sorted({r["shots"] for r in panel})]
-        )
+        ax.set_xticks([where[n] for n in ticks], [shots_text(n) for n in ticks])
         ax.minorticks_off()
         ax.set_title(f"{regime}, max {epochs} epochs")
         ax.set_xlabel("shots N (labels: LR selected on dev)")
     for ax, own in zip(axes[0], labels, strict=True):  # once every panel has its y range (shared)
         _lr_labels(ax, own)
     score = "test" if all(row["score"] == "test" for row in rows) else "dev"
-    return _finish_panels(plt, figure, axes, path, f"{score} micro-F1 (%), mean ± 95% CI")
+    axis = metric_named(rows[0]["metric"] if rows else "f1").axis
+    return _finish_panels(plt, figure, axes, path, f"{score} {axis} (%), mean ± 95% CI")
 
 
 def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
@@ -352,9 +463,10 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         ax.minorticks_off()  # one labelled tick per LR of the panel, none between them
         ticks = sorted({lr for row in panel_rows for lr in row["lrs"]})
         ax.set_xticks(ticks, [format_lr(lr) for lr in ticks], rotation=45, fontsize=8)
-        ax.set_title("{}, {} epochs, N={}".format(*panel))
+        ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("max LR (circled: selected on dev)")
-    return _finish_panels(plt, figure, axes, path, "micro-F1 (%), mean (solid: dev, dashed: test)")
+    axis = metric_named(rows[0]["metric"]).axis
+    return _finish_panels(plt, figure, axes, path, f"{axis} (%), mean (solid: dev, dashed: test)")
 
 
 def plot_dev_curves(
@@ -363,6 +475,7 @@ def plot_dev_curves(
     """Dev F1 vs training steps (mean over trials) per method, one panel per (regime, epochs, shots),
     at each cell's LR selected on dev (the rows of :func:`summarize`, computed when not given)."""
     plt = _pyplot()
+    metric = record_metric(records[0])
     selected = {cell_of(row): row["lr"] for row in (summarize(records) if rows is None else rows)}
     curves: dict[tuple, dict[str, list[list[dict]]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
@@ -378,11 +491,12 @@ def plot_dev_curves(
             runs = curves[panel][method]
             length = min(len(run) for run in runs)
             steps = [runs[0][i]["step"] for i in range(length)]
-            mean = [100 * sum(run[i]["dev_f1"] for run in runs) / len(runs) for i in range(length)]
+            mean = [100 * sum(run[i][f"dev_{metric}"] for run in runs) / len(runs) for i in range(length)]
             ax.plot(steps, mean, label=method, color=method_color(method))
-        ax.set_title("{}, {} epochs, N={}".format(*panel))
+        ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("training steps")
-    return _finish_panels(plt, figure, axes, path, "dev micro-F1 (%) at the selected LR, mean over trials")
+    axis = metric_named(metric).axis
+    return _finish_panels(plt, figure, axes, path, f"dev {axis} (%) at the selected LR, mean over trials")
 
 
 def plot_depth_attention(
@@ -404,7 +518,7 @@ def plot_depth_attention(
     figure, ax = plt.subplots(figsize=(1.0 + 0.6 * layers, 0.9 + 0.4 * len(keys)))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis")
     ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
-    ax.set_yticks(range(len(keys)), [f"{r} N={n} ep={e}" for r, n, e in keys])
+    ax.set_yticks(range(len(keys)), [f"{r} N={shots_text(n)} ep={e}" for r, n, e in keys])
     ax.set_xlabel("fused layer")
     ax.set_title("DWAtt mean depth attention (dev tokens, selected LR)")
     figure.colorbar(image, ax=ax).set_label("mean attention weight (a row sums to 1)")
@@ -445,16 +559,18 @@ def method_pairs() -> tuple[tuple[str, str], ...]:
 PAIRS = method_pairs()
 
 
-def reported_score(record: dict[str, Any], score: str) -> float:
+def reported_score(record: dict[str, Any], score: str, metric: str | None = None) -> float:
     """The score (0..1) the tables report for ``record``, a run of a cell whose row (:func:`summarize`)
-    says ``score``: ``"test"`` (every run at the cell's LR has a test F1) gives its test F1,
-    ``"dev"`` its best dev F1.
+    says ``score``: ``"test"`` (every run at the cell's LR has a test score) gives its test score,
+    ``"dev"`` its best dev score, in ``metric`` (default: the record's own).
 
     Example:
         >>> reported_score({"dev_f1": 0.6, "test_f1": 0.5}, "test")
         0.5
     """
-    return record["test_f1"] if score == "test" else dev_f1(record)
+    value = test_score(record, metric) if score == "test" else dev_score(record, metric)
+    assert value is not None, "a test row of a record without a test score"
+    return value
 
 
 def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict]:
@@ -474,7 +590,9 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
         row = chosen.get(key)
         if row is None or record.get("lr") != row["lr"]:
             continue
-        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(record, row["score"])
+        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(
+            record, row["score"], row["metric"]
+        )
     out = []
     for setup, regime, epochs, shots in dict.fromkeys(k[:4] for k in chosen):
         for first, second in PAIRS:
@@ -507,7 +625,7 @@ def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()
     by_cell: dict[tuple, dict[tuple, str]] = {}
     for d in differences:
         text = f"{d['mean']:+.1f} ± {d['ci']:.1f}"
-        cell = (*(d[field] for field in lead), d["regime"], d["epochs"], d["shots"])
+        cell = (*(d[field] for field in lead), d["regime"], d["epochs"], shots_text(d["shots"]))
         by_cell.setdefault(cell, {})[d["pair"]] = (
             f"**{text}**" if excludes_zero(d["mean"], d["ci"], d["n"]) else text
         )
@@ -526,7 +644,9 @@ def _tables(table: str, paired: str) -> str:
 
 def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]] | None = None) -> str:
     """The text of ``table.md``: :func:`markdown_table` then, when two paired methods are in the
-    records, :func:`paired_table` of their :func:`paired_differences`.
+    records, :func:`paired_table` of their :func:`paired_differences`; the same again for each
+    further metric of the records (:func:`record_metrics`: ``classify``'s macro-F1), at the LRs and
+    epochs the first one selected.
 
     Args:
         records: The records of a results file.
@@ -536,7 +656,12 @@ def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         >>> print(table_markdown(read_records("out/results.jsonl")))
     """
     rows = summarize(records) if rows is None else rows
-    return _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
+    text = _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
+    for metric in record_metrics(records)[1:]:
+        other = summarize(records, metric)
+        differences = paired_differences(records, other)
+        text += "\n" + _tables(markdown_table(other, edges=False), paired_table(differences))
+    return text
 
 
 def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field: str) -> str:
@@ -563,21 +688,25 @@ def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field
 def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -> dict[str, Path]:
     """Write ``table.md`` and the figures into ``output``; returns their paths by name.
 
+    The figures of the score are named after the records' metric: ``f1_vs_shots.png`` for NER,
+    ``accuracy_vs_shots.png`` for ``classify``.
+
     Example:
         >>> write_report(read_records("out/results.jsonl"), "out")["f1_vs_shots"]
     """
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
+    metric = record_metric(records[0])
     table = atomic_write_text(output / "table.md", table_markdown(records, rows))
     paths = {
         "table": table,
-        "f1_vs_shots": plot_f1_vs_shots(rows, output / "f1_vs_shots.png"),
+        f"{metric}_vs_shots": plot_f1_vs_shots(rows, output / f"{metric}_vs_shots.png"),
         "dev_curves": plot_dev_curves(records, output / "dev_curves.png", rows),
     }
-    by_lr = plot_f1_vs_lr(rows, output / "f1_vs_lr.png")
+    by_lr = plot_f1_vs_lr(rows, output / f"{metric}_vs_lr.png")
     if by_lr is not None:
-        paths["f1_vs_lr"] = by_lr
+        paths[f"{metric}_vs_lr"] = by_lr
     heatmap = plot_depth_attention(records, output / "dwatt_attention.png", rows)
     if heatmap is not None:
         paths["dwatt_attention"] = heatmap

@@ -289,8 +289,8 @@ def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
     tmp_path, cli_run, monkeypatch, capsys
 ):
     from layerfusion_recipes.cli import main
+    from layerfusion_recipes.core import sweep
     from layerfusion_recipes.core.sweep_log import read_sweep_log
-    from layerfusion_recipes.ner import sweep
 
     monkeypatch.setattr(sweep, "available_memory", lambda: 1000)
     assert main(cli_run) == 2

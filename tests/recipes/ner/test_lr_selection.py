@@ -11,10 +11,9 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 from layerfusion_recipes.arguments import add_experiment_arguments
+from layerfusion_recipes.core import experiment as experiment_module
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.core.selection import select_lr
-from layerfusion_recipes.ner import experiment as experiment_module
-from layerfusion_recipes.ner import training
 from layerfusion_recipes.ner.candidates import StackedRunner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.ner.settings import resolve
@@ -150,10 +149,14 @@ def test_stacked_candidates_equal_lone_runs(experiment, method):
 def test_only_token_wise_methods_stack_their_lrs(experiment, monkeypatch):
 
     stacked = []
-    original = training.fit
-    # the experiment calls the function it imported (for stacked candidates; a lone run goes
-    # through train_token_classifier)
-    monkeypatch.setattr(experiment_module, "fit", lambda *a: stacked.append(a) or original(*a))
+    original = experiment_module.fit
+
+    def fit(*args):  # the experiment calls the function it imported, lone runs too: keep stacked ones
+        if isinstance(args[0], StackedRunner):
+            stacked.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(experiment_module, "fit", fit)
     experiment.run_lrs(Cell("extra_layers", "fe", 2, 1, 0), [1e-3, 1e-2])  # R+n: one after another
     assert stacked == []
     experiment.run_lrs(Cell("scalar_mix", "fe", 2, 1, 0), [1e-3, 1e-2])

@@ -6,8 +6,9 @@ import random
 
 import pytest
 import torch
+from layerfusion_recipes.core.runner import labelled_predictions
 from layerfusion_recipes.data.gold import spread_to_words
-from layerfusion_recipes.ner.scoring import SpanScorer, TagTable, labelled_predictions
+from layerfusion_recipes.ner.scoring import SpanScorer, TagTable
 from seqeval.metrics import f1_score
 from seqeval.metrics.sequence_labeling import get_entities
 

@@ -1,0 +1,21 @@
+"""``layerfusion classify``: the grid of its options run by the shared sweep
+(:func:`~layerfusion_recipes.core.sweep.run_sweep`), then ``table.md`` and the figures."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..core.sweep import run_sweep
+from .settings import resolve
+
+
+def classify_main(args: argparse.Namespace) -> int:
+    """Resolve the options, run every cell at every LR of its grid (resumable), write the table and
+    the figures; one line and exit code 2 for bad data or options, before any run.
+
+    Example:
+        >>> classify_main(build_parser().parse_args(["classify", "--data", "sst2/", "--model", "minilm/"]))
+        0
+    """
+    settings, grid = resolve(args)
+    return run_sweep(settings, grid, figures=True, config=getattr(args, "config", None))

