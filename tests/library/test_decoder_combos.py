@@ -34,6 +34,7 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from peft.tuners.lora import LoraLayer
 from test_decoder_generation import NEW_TOKENS, assert_scores_close, cached_generate, uncached_greedy
 from test_methods import REFERENCES
+from test_trainer import mean_loss, quiet_arguments
 from tiny_decoders import (
     FAMILIES,
     adapted,
@@ -43,7 +44,7 @@ from tiny_decoders import (
     token_ids,
     with_blocks_appended,
 )
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from peft_layerfusion import ExtraLayersConfig
 from peft_layerfusion.layer import fusion_layer_of
@@ -156,12 +157,6 @@ def test_fusion_and_lora_reload_bitwise(name, method, tmp_path):
 
 
 # ----------------------------------------------------------------------------- Trainer
-def mean_loss(model: torch.nn.Module, rows: list[dict[str, torch.Tensor]]) -> float:
-    batch = {key: torch.stack([row[key] for row in rows]) for key in rows[0]}
-    with torch.no_grad():
-        return model.eval()(**batch, use_cache=False).loss.item()
-
-
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_trainer_trains_fusion_and_lora_then_reloads_bitwise(name, tmp_path):
     torch.manual_seed(0)
@@ -169,10 +164,7 @@ def test_trainer_trains_fusion_and_lora_then_reloads_bitwise(name, tmp_path):
     before = {key: param.detach().clone() for key, param in model.named_parameters()}
     rows = rule_rows()
     loss_before = mean_loss(model, rows)
-    arguments = TrainingArguments(
-        output_dir=str(tmp_path / "run"), max_steps=20, per_device_train_batch_size=4, learning_rate=2e-2,
-        save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
-    )  # fmt: skip
+    arguments = quiet_arguments(str(tmp_path / "run"), max_steps=20, learning_rate=2e-2)
     Trainer(model=model, args=arguments, train_dataset=rows).train()
     loss_after = mean_loss(model, rows)
     print(f"loss {loss_before:.4f} -> {loss_after:.4f}")
