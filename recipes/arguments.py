@@ -426,7 +426,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         choices=CACHE_DTYPES,
         help="Storage of the cached states: float32 (default: the encoder's own numbers), or "
         "bfloat16 / float16: half the memory, cast back to float32 on use, so results change a little "
-        '(see the README, "Feature cache", for the measured F1 effect). Part of the results\' setup '
+        "(the F1 effect is not measured yet). Part of the results' setup "
         "key: runs of another precision never mix.",
     )
     cache.add_argument(
