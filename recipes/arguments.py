@@ -348,7 +348,6 @@ def _add_training_arguments(parser: argparse.ArgumentParser, words: TaskWords) -
         help="Do not train FE cells on the feature cache (block "
         f"outputs computed once per {words.examples}); slower, same results.",
     )
-    train.add_argument("--cache-dir", help="Folder persisting the feature cache (shared by --workers).")
     train.add_argument(
         "--head-modules",
         nargs="+",
@@ -402,6 +401,41 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
         "cores/workers each). 1 is often fastest on a busy machine.",
     )
     out.add_argument("--quiet", action="store_true", default=None, help="No progress bar.")
+    add_cache_arguments(parser)
+
+
+# storage dtypes of the feature cache (``--cache-dtype``); float32, the default, is exact
+CACHE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """The feature cache's options: where it lives, its precision, and its size before a run."""
+    cache = parser.add_argument_group(
+        "feature cache (FE cells; a sweep prints its size first and refuses one that cannot fit)"
+    )
+    cache.add_argument(
+        "--cache-dir",
+        help="Folder persisting the feature cache as memory-mapped shards. Pays off with --workers > 1 "
+        "(one copy shared through the page cache instead of one per worker), when sweeps re-run on "
+        "the same encoder, data and max length (computed once, reused), and when the printed cache "
+        "size nears the memory available (pages are read from disk instead of a refusal). Needs disk "
+        "space of the printed size. Default: in memory, per process.",
+    )
+    cache.add_argument(
+        "--cache-dtype",
+        choices=CACHE_DTYPES,
+        help="Storage of the cached states: float32 (default: the encoder's own numbers), or "
+        "bfloat16 / float16: half the memory, cast back to float32 on use, so results change a little "
+        "(the F1 effect is not measured yet). Part of the results' setup "
+        "key: runs of another precision never mix.",
+    )
+    cache.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="Print the bytes the feature cache will hold (sentences x kept positions x blocks x "
+        "width x bytes), the model's and the memory available, then exit without running.",
+    )
 
 
 CLASSIFY_WORDS = TaskWords(

@@ -111,7 +111,7 @@ def test_every_regime_trains(experiment, regime):
     assert not record["cached"] and record["regime"] == regime and record["test_accuracy"] is not None
 
 
-def test_decoder_family_reads_its_last_token(paths, tmp_path, accept_decoders):
+def test_decoder_family_reads_its_last_token(paths, tmp_path):
     extra = () if PRE_NORM else ("--no-cache",)
     command = argv({**paths, "model": paths["decoder"]}, tmp_path, "--methods", "none", "average", *extra)
     assert main(command) == 0
