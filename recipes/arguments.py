@@ -465,7 +465,7 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
         help="Compared models: vanilla (the model alone) and the variants of the registry's seq2seq "
         "methods (encoder_fusion, surface_hard, surface_soft); default: all of them",
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     parser.add_argument(
         "--seeds",
         nargs="+",
@@ -474,7 +474,7 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
         help="Trials (one model per method and seed)",
     )
     parser.add_argument(
-        "--learning-rates", nargs="+", type=float, default=list(DEFAULT_LEARNING_RATES),
+        "--learning-rates", nargs="+", type=learning_rate, default=list(DEFAULT_LEARNING_RATES),
         help="AdamW learning rates; with several, each method's is selected on dev with the first seed",
     )  # fmt: skip
     for name, value in asdict(Seq2SeqSettings()).items():
