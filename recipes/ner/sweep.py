@@ -41,7 +41,7 @@ import torch
 from ..core.processes import check_workers, process_state, share
 from ..core.records import append_record, finished_keys, read_records
 from ..core.selection import select_lr
-from ..core.sweep_log import logged_sweep
+from ..core.sweep_log import SweepStart, logged_sweep
 from ..reporting.plot import markdown_table, summarize, write_report
 from .experiment import (
     Cell,
@@ -324,7 +324,12 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
 
 
 def _sweep(
-    settings: ExperimentSettings, grid: dict[str, Any], cells: list[Cell], state, figures: bool, start
+    settings: ExperimentSettings,
+    grid: dict[str, Any],
+    cells: list[Cell],
+    state,
+    figures: bool,
+    start: SweepStart,
 ) -> int:
     experiment = Experiment(settings)  # loads and checks the data, the tokenizer, the dev gold
     check_sample_sizes(settings, grid["shots"], len(experiment.data.train), experiment.num_types)
