@@ -323,7 +323,7 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
     for ax, own in zip(axes[0], labels, strict=True):  # once every panel has its y range (shared)
         _lr_labels(ax, own)
     score = "test" if all(row["score"] == "test" for row in rows) else "dev"
-    return _finish_panels(plt, figure, axes, path, f"{score} micro-F1 (%), mean ± 95% CI")
+    return _finish_panels(plt, figure, axes, path, f"{score} micro-F1 (%)\nmean ± 95% CI over trials")
 
 
 def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
@@ -354,7 +354,9 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         ax.set_xticks(ticks, [format_lr(lr) for lr in ticks], rotation=45, fontsize=8)
         ax.set_title("{}, {} epochs, N={}".format(*panel))
         ax.set_xlabel("max LR (circled: selected on dev)")
-    return _finish_panels(plt, figure, axes, path, "micro-F1 (%), mean (solid: dev, dashed: test)")
+    return _finish_panels(
+        plt, figure, axes, path, "micro-F1 (%), mean over trials\n(solid: dev, dashed: test)"
+    )
 
 
 def plot_dev_curves(
@@ -382,7 +384,7 @@ def plot_dev_curves(
             ax.plot(steps, mean, label=method, color=method_color(method))
         ax.set_title("{}, {} epochs, N={}".format(*panel))
         ax.set_xlabel("training steps")
-    return _finish_panels(plt, figure, axes, path, "dev micro-F1 (%) at the selected LR, mean over trials")
+    return _finish_panels(plt, figure, axes, path, "dev micro-F1 (%)\nselected LR, mean over trials")
 
 
 def plot_depth_attention(
@@ -401,13 +403,14 @@ def plot_depth_attention(
     keys = sorted(groups)
     matrix = [[sum(col) / len(col) for col in zip(*groups[key], strict=True)] for key in keys]
     layers = len(matrix[0])
-    figure, ax = plt.subplots(figsize=(1.0 + 0.6 * layers, 0.9 + 0.4 * len(keys)))
+    # wide and tall enough for the title and the colour bar's label whatever the layer and row counts
+    figure, ax = plt.subplots(figsize=(max(4.5, 2.0 + 0.6 * layers), max(2.4, 1.2 + 0.4 * len(keys))))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis")
     ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
     ax.set_yticks(range(len(keys)), [f"{r} N={n} ep={e}" for r, n, e in keys])
     ax.set_xlabel("fused layer")
-    ax.set_title("DWAtt mean depth attention (dev tokens, selected LR)")
-    figure.colorbar(image, ax=ax).set_label("mean attention weight (a row sums to 1)")
+    ax.set_title("DWAtt mean depth attention\n(dev tokens, at the selected LR)", fontsize=10)
+    figure.colorbar(image, ax=ax).set_label("mean attention weight\n(each row sums to 1)")
     path = _save(figure, Path(path))
     plt.close(figure)
     return path
