@@ -304,13 +304,13 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
             for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
                 if row.get("lrs") and len(row["lrs"]) > 1:
                     own.append((x, y, f"{row['lr']:g}" + (" (edge)" if row["edge"] else ""), method))
-            ax.fill_between(  # an F1 lies in [0, 100]: so does its band
-                shots,
-                [max(0.0, m - r["ci"]) for m, r in zip(mean, line, strict=True)],
-                [min(100.0, m + r["ci"]) for m, r in zip(mean, line, strict=True)],
-                alpha=0.2,
-                color=color,
-            )
+            low = [max(0.0, m - r["ci"]) for m, r in zip(mean, line, strict=True)]  # an F1 is in [0, 100]:
+            high = [min(100.0, m + r["ci"]) for m, r in zip(mean, line, strict=True)]  # so is its interval
+            if len(shots) > 1:
+                ax.fill_between(shots, low, high, alpha=0.2, color=color)
+            else:  # one shot size: a band would be a hairline
+                yerr = [[mean[0] - low[0]], [high[0] - mean[0]]]
+                ax.errorbar(shots, mean, yerr=yerr, color=color, capsize=4, alpha=0.6, linestyle="none")
         ax.set_xscale("log", base=2)
         smallest, largest = min(r["shots"] for r in panel), max(r["shots"] for r in panel)
         ax.set_xlim(smallest / 2**0.3, largest * 2**0.9)  # room for the LR labels right of the points

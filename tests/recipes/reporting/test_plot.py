@@ -224,6 +224,18 @@ def test_ci_bands_stay_within_0_and_100_f1(figures):
     assert min(lows) == 0.0  # the t-CI of (0, 2, 12) F1 reaches below 0: clipped there
 
 
+def test_a_method_of_one_shot_size_gets_an_error_bar_within_0_and_100(monkeypatch, tmp_path):
+    from matplotlib.collections import LineCollection
+
+    saved = {}
+    monkeypatch.setattr(plot, "_save", lambda figure, path: saved.setdefault(path.stem, figure) and path)
+    write_report([r for r in _lr_records(("dwatt",)) if r["shots"] == 2], tmp_path)
+    (ax,) = saved["f1_vs_shots"].axes
+    (bar,) = [c for c in ax.collections if isinstance(c, LineCollection)]
+    (segment,) = bar.get_segments()
+    assert segment[0][1] == 0.0 and 0 < segment[1][1] < 100  # (2, 2, 12) + 0.5 points: clipped at 0
+
+
 def test_lr_labels_of_one_point_do_not_overlap(figures):
     (ax,) = figures["f1_vs_shots"].axes
     texts = ax.texts
