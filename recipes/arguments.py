@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .core.grids import describe_default
+from .core.grids import DEMO_AXES, describe_default
 from .data.tags import TAG_SCHEMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
@@ -236,7 +236,8 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         type=learning_rate,
         help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
         "(mean best dev F1 over trials, ties to the smaller) and reported with the test F1 of each "
-        f"run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
+        f"run's best dev epoch. Default: per regime ({grids}); the demo: "
+        f"{' '.join(map('{:g}'.format, DEMO_AXES['lr']))}. One value: no selection.",
     )
     train.add_argument(
         "--select-trials",
