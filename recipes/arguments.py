@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .core.errors import DataSourceError, UserError
-from .core.grids import describe_default
+from .core.grids import DEMO_AXES, describe_default
 from .data.locations import check_source
 from .data.tags import TAG_SCHEMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
@@ -327,7 +327,8 @@ def _add_training_arguments(parser: argparse.ArgumentParser, words: TaskWords) -
         type=learning_rate,
         help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
         f"(mean best {words.score} over trials, ties to the smaller) and reported with the {words.test} "
-        f"of each run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
+        f"of each run's best dev epoch. Default: per regime ({grids}); the demo: "
+        f"{' '.join(map('{:g}'.format, DEMO_AXES['lr']))}. One value: no selection.",
     )
     train.add_argument(
         "--select-trials",
@@ -655,7 +656,7 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
         help="Compared models: vanilla (the model alone) and the variants of the registry's seq2seq "
         "methods (encoder_fusion, surface_hard, surface_soft); default: all of them",
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     parser.add_argument(
         "--seeds",
         nargs="+",
@@ -664,7 +665,7 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
         help="Trials (one model per method and seed)",
     )
     parser.add_argument(
-        "--learning-rates", nargs="+", type=float, default=list(DEFAULT_LEARNING_RATES),
+        "--learning-rates", nargs="+", type=learning_rate, default=list(DEFAULT_LEARNING_RATES),
         help="AdamW learning rates; with several, each method's is selected on dev with the first seed",
     )  # fmt: skip
     for name, value in asdict(Seq2SeqSettings()).items():

@@ -64,7 +64,7 @@ from .feature_cache import CachePlan, available_memory, memory_check
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
-from .sweep_log import logged_sweep
+from .sweep_log import SweepStart, logged_sweep
 
 _WORKER: FewShotExperiment | Exception | None = None
 
@@ -341,7 +341,7 @@ def _sweep(
     cells: list[Cell],
     state,
     figures: bool,
-    start,
+    start: SweepStart,
     fields: dict[str, Any],
 ) -> int:
     experiment = settings.make_experiment()  # loads and checks the data and the tokenizer
