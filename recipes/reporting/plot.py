@@ -466,7 +466,8 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("max LR (circled: selected on dev)")
     axis = metric_named(rows[0]["metric"]).axis
-    return _finish_panels(plt, figure, axes, path, f"{axis} (%), mean over trials\n(solid: dev, dashed: test)")
+    label = f"{axis} (%), mean over trials\n(solid: dev, dashed: test)"
+    return _finish_panels(plt, figure, axes, path, label)
 
 
 def plot_dev_curves(
