@@ -112,7 +112,10 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
             model.register_forward_hook(self._leave_model, always_call=True),
         ]
         decoder = _decoder_of(model)
-        if decoder is not None:
+        # a fusion of the decoder's own stack (blocks_path="decoder.block") reads no encoder states
+        container = self.located.container
+        fuses_the_decoder = decoder is not None and any(m is container for m in decoder.modules())
+        if decoder is not None and not fuses_the_decoder:
             self.watches_decoder = True
             check = decoder.register_forward_pre_hook(self.check_decoder_input, with_kwargs=True)
             self.root_hooks.append(check)
@@ -285,7 +288,8 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         return fused
 
     def merge(self, safe_merge: bool = False, adapter_names: Optional[list[str]] = None) -> None:
-        raise merge_error()
+        """Nothing to merge: the fusion module keeps running (``merge_adapter`` merges the LoRA layers)."""
+        return None
 
     def unmerge(self) -> None:
         return None
@@ -310,9 +314,11 @@ def _decoder_of(model: nn.Module) -> Optional[nn.Module]:
 
 
 def merge_error() -> NotImplementedError:
+    """The one-line refusal of ``merge_and_unload()``, saying what to do instead."""
     return NotImplementedError(
-        "A layer-fusion module reads every block's output and cannot be folded into the base weights. "
-        "Use `unload()` to get the base model back, or keep the PeftModel for inference."
+        "merge_and_unload() cannot fold a layer-fusion module into the base weights (it runs on the blocks' "
+        "outputs at every forward): call merge_adapter() to merge only the LoRA part in place while the "
+        "PeftModel keeps running the fusion, or unload() for the plain base model."
     )
 
 

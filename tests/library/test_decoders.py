@@ -179,13 +179,17 @@ def test_fused_positions_on_a_pre_norm_decoder():
 
 @pytest.mark.parametrize("config_cls", [TOKEN_WISE[0].config_cls, ExtraLayersConfig])
 @pytest.mark.parametrize("use_reentrant", [None, True, False], ids=["plain", "reentrant", "non-reentrant"])
-def test_gradient_checkpointing_gives_the_same_gradients_on_a_pre_norm_decoder(config_cls, use_reentrant):
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_gradient_checkpointing_gives_the_same_gradients_on_a_pre_norm_decoder(
+    name, config_cls, use_reentrant
+):
     # The final norm is found by data flow (the last block's output tensor): checkpointed blocks
     # must still hand it over, and gradients must reach the fusion and the trained blocks alike.
+    # Fusion + LoRA in one adapter, LoRA on the family's attention projections (GPT-2: its Conv1D).
+    family = FAMILIES[name]
+
     def gradients(use_reentrant):
-        model = adapted(
-            FAMILIES["llama"].build("token"), config_cls(task_type="TOKEN_CLS", target_modules=["q_proj"])
-        )
+        model = adapted(family.build("token"), config_cls(task_type="TOKEN_CLS", **family.lora()))
         if use_reentrant is not None:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": use_reentrant}
@@ -198,11 +202,11 @@ def test_gradient_checkpointing_gives_the_same_gradients_on_a_pre_norm_decoder(c
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
     plain, checkpointed = gradients(None), gradients(use_reentrant)
-    assert any("fusion" in name for name in plain) and any("lora" in name for name in plain)
+    assert any("fusion" in key for key in plain) and any("lora" in key for key in plain)
     assert plain.keys() == checkpointed.keys()
-    for name, grad in plain.items():
-        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
-        assert "lora_A" in name or grad.abs().max() > 0, name  # (LoRA's B starts at zero: A gets none yet)
+    for key, grad in plain.items():
+        torch.testing.assert_close(checkpointed[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+        assert "lora_A" in key or grad.abs().max() > 0, key  # (LoRA's B starts at zero: A gets none yet)
 
 
 def test_a_causal_lm_head_left_frozen_is_not_warned_about_a_classifier_head_is():

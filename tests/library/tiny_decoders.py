@@ -45,6 +45,8 @@ class Family:
     final_norm: str  # the final norm F inside the backbone
     heads: tuple[str, ...] = ("causal", "seq", "token")
     sliding: bool = False
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")  # LoRA's attention projections in this family
+    fan_in_fan_out: bool = False  # the targets store W transposed (GPT-2's Conv1D)
 
     def config(self) -> tf.PretrainedConfig:
         return self.make_config()
@@ -62,6 +64,11 @@ class Family:
         }[head]
         torch.manual_seed(seed)
         return with_norm_gains(auto.from_config(config).eval(), seed)
+
+    def lora(self, r: int = 4) -> dict:
+        """LoRA's fields for this family's attention projections (rank ``r``, ``lora_alpha = 2 r``)."""
+        return {"target_modules": list(self.lora_targets), "r": r, "lora_alpha": 2 * r,
+                "fan_in_fan_out": self.fan_in_fan_out}  # fmt: skip
 
     def backbone_of(self, model: nn.Module) -> nn.Module:
         return getattr(model, self.backbone)
@@ -117,7 +124,7 @@ FAMILIES: dict[str, Family] = {
             heads=("causal", "seq"),  # no Gemma3 token-classification head in transformers
             sliding=True,
         ),
-        Family("phi3", _rotary(tf.Phi3Config), "model", "layers", "norm"),
+        Family("phi3", _rotary(tf.Phi3Config), "model", "layers", "norm", lora_targets=("qkv_proj",)),
         Family(
             "gpt2",
             lambda: tf.GPT2Config(
@@ -133,8 +140,17 @@ FAMILIES: dict[str, Family] = {
             "transformer",
             "h",
             "ln_f",
+            lora_targets=("c_attn",),
+            fan_in_fan_out=True,
         ),
-        Family("gpt_neox", lambda: tf.GPTNeoXConfig(**COMMON), "gpt_neox", "layers", "final_layer_norm"),
+        Family(
+            "gpt_neox",
+            lambda: tf.GPTNeoXConfig(**COMMON),
+            "gpt_neox",
+            "layers",
+            "final_layer_norm",
+            lora_targets=("query_key_value",),
+        ),
         Family(
             "opt",
             lambda: tf.OPTConfig(
@@ -162,6 +178,20 @@ NAMES = list(FAMILIES)
 def token_ids(batch: int = 2, length: int = 7, seed: int = 1) -> torch.Tensor:
     """Random ids avoiding the special tokens (pad, bos, eos)."""
     return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def rule_rows(count: int = 16, length: int = 8, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Training rows for a causal LM: sequences whose next token is a fixed function of the current
+    one (learnable), no padding, ``labels`` = ``input_ids`` (the model shifts them)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(count):
+        ids = [int(torch.randint(3, VOCAB, (1,), generator=generator))]
+        while len(ids) < length:
+            ids.append(3 + (7 * ids[-1]) % (VOCAB - 3))
+        ids = torch.tensor(ids)
+        rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()})
+    return rows
 
 
 def padded(side: str, lengths: tuple[int, ...] = (7, 5), seed: int = 1) -> dict[str, torch.Tensor]:

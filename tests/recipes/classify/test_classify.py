@@ -65,7 +65,7 @@ def test_classify_runs_the_grid_writes_tables_and_figures_and_resumes(paths, tmp
     assert sizes == {(2, 2 * 3), (FULL_TRAIN, 24)}  # N per class of 3 classes; the whole train split
     for record in records:
         assert record["metric"] == "accuracy" and record["metrics"] == ["accuracy", "macro_f1"]
-        best = record["curve"][record["best_epoch"] - 1]
+        (best,) = [point for point in record["curve"] if point["epoch"] == record["best_epoch"]]
         assert (
             record["dev_accuracy"] == best["dev_accuracy"] == max(p["dev_accuracy"] for p in record["curve"])
         )
@@ -142,6 +142,11 @@ def test_dev_cut_from_train_is_said(paths, tmp_path, capsys):
         (lambda a: [*a, "--label-column", "stars"], r"no column 'stars' \(--label-column\)"),
         (lambda a: [*a, "--methods", "dwat"], r"--methods: unknown \['dwat'\]"),
         (lambda a: [*a, "--regimes", "adapter_seqbn"], r"--regimes: unknown \['adapter_seqbn'\]"),
+        (lambda a: [*a, "--head-modules", "clasifier"], r"--head-modules \['clasifier'\]: no module of"),
+        (
+            lambda a: [*a, "--max-length", "500"],
+            r"--max-length 500: BertForSequenceClassification embeds at most",
+        ),
     ],
 )
 def test_bad_options_and_data_are_one_line(paths, tmp_path, capsys, change, message):
