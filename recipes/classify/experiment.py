@@ -28,10 +28,11 @@ from torch import nn
 from ..core.cells import FULL_TRAIN, sample_seed
 from ..core.experiment import FewShotExperiment, TaskSettings
 from ..core.fitting import RunResult
+from ..core.probes import states_at
 from ..core.runner import Runner, StackedRunner
 from ..data.sampling import sample_per_class
 from ..data.texts import TextColumns, TextDataset, TextExample, label_counts, load_texts
-from .models import POOLINGS, load_sequence_classifier, position_mask, read_positions
+from .models import POOLINGS, load_sequence_classifier, mean_pool, position_mask, read_positions
 from .scoring import METRICS, ClassScorer
 
 # ClassifySettings fields that change a result, hence part of every record key
@@ -275,6 +276,19 @@ class ClassifyExperiment(FewShotExperiment):
 
     def scorer_of(self, features: Sequence[dict]) -> ClassScorer:
         return ClassScorer(features, len(self.labels), self.settings.metric)
+
+    def probe_inputs(
+        self, states: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block outputs where the head reads them, one per example: at its first or last real
+        token (``(batch, L, d)``), or their mean over the real tokens (mean pooling); and the labels
+        ``(batch,)``."""
+        mask = batch["attention_mask"]  # (batch, seq)
+        if self.positions == "all":
+            by_position = states.permute(1, 2, 0, 3)  # (batch, seq, L, d)
+            pooled = mean_pool(by_position.flatten(2), mask)  # (batch, L * d)
+            return pooled.unflatten(-1, by_position.shape[2:]), batch["labels"]  # (batch, L, d)
+        return states_at(states, position_mask(self.positions, mask)), batch["labels"]
 
     def runner(self, model: nn.Module, located, cache, count: int | None = None) -> Runner:
         options = {"positions": ReadPositions(self.positions), "pad_id": self.pad_id}
