@@ -56,6 +56,7 @@ POSITIVE_INT_OPTIONS = (
     "trials",
     "workers",
     "threads",
+    "probe_layers",
 )
 
 
@@ -365,6 +366,28 @@ def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) ->
         "cores/workers each). 1 is often fastest on a busy machine.",
     )
     out.add_argument("--quiet", action="store_true", default=None, help="No progress bar.")
+    add_probe_arguments(parser)
+
+
+PROBE_TOP = 3  # --probe-layers without a value: the best 3 layers
+
+
+def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--probe-layers``: the layer diagnostics of a few-shot task (on the feature cache)."""
+    group = parser.add_argument_group("layer diagnostics")
+    group.add_argument(
+        "--probe-layers",
+        nargs="?",
+        const=PROBE_TOP,
+        type=positive_int,
+        metavar="K",
+        help="Also train a linear probe on each block output z_1..z_L at the positions the head reads, "
+        "per shots, epochs and trial of the grid, on the feature cache (the FE LR grid, LR selected on "
+        "dev per layer, the test score of its best dev epoch), "
+        "records in OUTPUT/results.probes.jsonl (resumable); layers.png and table.md draw them beside "
+        "the layer weights the ScalarMix and DWAtt runs learned, and the best K layers on dev "
+        f"(default {PROBE_TOP}) are printed as layers=[...] for any fusion config.",
+    )
 
 
 CLASSIFY_WORDS = TaskWords(
@@ -459,6 +482,13 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--output", help="Folder for table.md and the PNG figures (default: the results file's folder)."
+    )
+    parser.add_argument(
+        "--probe-layers",
+        type=positive_int,
+        metavar="K",
+        help="With layer probes beside the results (RESULTS.probes.jsonl): the best K layers on dev "
+        f"printed as layers=[...] (default {PROBE_TOP}).",
     )
 
 

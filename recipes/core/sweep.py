@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from ..arguments import PROBE_TOP
+from ..reporting.layers import best_layers_lines, layers_markdown, write_layer_report
 from ..reporting.plot import markdown_table, summarize, write_report
 from .cells import (
     Cell,
@@ -50,6 +52,7 @@ from .cells import (
     record_key,
 )
 from .experiment import FewShotExperiment, TaskSettings
+from .probes import probes_path, run_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
@@ -274,6 +277,8 @@ def _sweep(settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], stat
     experiment.check_shots(grid["shots"])
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
+    top = grid.get("probe_layers")  # the layer probes first: they fill the feature cache the FE runs read
+    probes = run_probes(experiment, grid, progress=not grid["quiet"]) if top and state.is_main_process else []
     records = run_cells(
         cells,
         grid["results"],
@@ -287,9 +292,15 @@ def _sweep(settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], stat
         return 0  # the main process writes the table and figures, once
     if figures:
         paths = write_report(records, grid["output"])
+        paths.update(write_layer_report(records, probes, grid["output"], top or PROBE_TOP))
         print(paths["table"].read_text())
         print("figures: " + ", ".join(str(p) for key, p in paths.items() if key != "table"))
     else:
         print(markdown_table(summarize(records)))
+        if probes:
+            print(layers_markdown(probes, records, top))
     print(f"results: {grid['results']} ({len(records)} runs)")
+    if probes:
+        print(f"layer probes: {probes_path(grid['results'])} ({len(probes)} records)")
+        print("\n".join(best_layers_lines(probes, top)))
     return 0
