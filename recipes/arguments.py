@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .core.errors import DataSourceError, UserError
+from .core.grids import describe_default
+from .data.locations import check_source
 from .data.tags import TAG_SCHEMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
@@ -48,6 +51,7 @@ FULL_TRAIN = 0  # the shots of a cell trained on the whole train split (``--shot
 POSITIVE_INT_OPTIONS = (
     "max_length",
     "dev_limit",
+    "test_limit",
     "train_sentences",
     "batch_size",
     "eval_every",
@@ -56,6 +60,7 @@ POSITIVE_INT_OPTIONS = (
     "trials",
     "workers",
     "threads",
+    "select_trials",
     "probe_layers",
 )
 
@@ -168,8 +173,91 @@ def check_positive_ints(options: dict[str, Any], source: str) -> None:
             raise ValueError(f"{source}: {name} must be integers >= 1, got {value!r}")
 
 
+def shots_value(text: str) -> int:
+    """argparse ``type`` of ``--shots``: an integer >= 1, or ``all`` (:data:`FULL_TRAIN`: the whole
+    train split).
+
+    Example:
+        >>> shots_value("8"), shots_value("all")
+        (8, 0)
+    """
+    return FULL_TRAIN if text.strip().lower() == "all" else positive_int(text)
+
+
+@dataclass(frozen=True)
+class TaskWords:
+    """What the shared few-shot options say of a task in their help, and what ``--shots`` takes.
+
+    Args:
+        examples: What a training sample is made of (``sentences``).
+        score: The dev score, in the ``--lr`` help (``dev F1``).
+        test: The test score, in the ``--lr`` help (``test F1``).
+        eval_every: The help of ``--eval-every``.
+        batch: The help of ``--batch-size``.
+        head: The help of ``--head-modules``.
+        methods: The help of ``--methods``.
+        regimes: The help of ``--regimes``.
+        shots: The help of ``--shots``.
+        shots_type: The argparse type of ``--shots`` (:func:`positive_int`, :func:`shots_value`).
+        epochs: The help of ``--epochs``.
+        trials: The help of ``--trials``.
+        paper_grid: Whether the task has ``--paper-grid`` (NER).
+    """
+
+    examples: str
+    score: str
+    test: str
+    eval_every: str
+    batch: str
+    head: str
+    methods: str
+    regimes: str
+    shots: str
+    shots_type: Any
+    epochs: str
+    trials: str
+    paper_grid: bool = False
+
+
+REGIMES_HELP = "fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder biases"
+NER_WORDS = TaskWords(
+    examples="sentence",
+    score="dev F1",
+    test="test F1",
+    eval_every="Evaluate dev micro-F1 every k epochs (and after the last); the best dev score is reported. "
+    + describe_default("eval_every"),
+    batch="Sentences per step (paper: 16 for NER).",
+    head="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
+    methods="Fusion methods: `none` (the plain last-layer head) or any encoder method registered in "
+    "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). Default: `none` "
+    "and the methods sized to one parameter budget (R+n, Concat, DWAtt).",
+    regimes="fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder "
+    "biases; adapter_seqbn, adapter_double_seqbn: AdapterHub bottleneck adapters (Pfeiffer, "
+    "Houlsby), method none only, sized by `method_options: {adapter_reduction_factor: F}` in the "
+    "YAML (default 16), needs transformers 4.57 + adapters 1.3.0 (the `adapters` extra). Default: fe.",
+    shots="N of the N-shot protocol: N*C sentences sampled, "
+    f"C = number of entity types in the train split. {describe_default('shots')}",
+    shots_type=positive_int,
+    epochs=f"Max epochs. {describe_default('epochs')}",
+    trials=f"Trials per cell, each with a new seed and sample. {describe_default('trials')}",
+    paper_grid=True,
+)
+
+
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion ner`` / ``sweep``: model, data, optimisation, grid and output options."""
+    _add_data_arguments(parser)
+    add_few_shot_arguments(parser, NER_WORDS)
+
+
+def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
+    """The options every few-shot task shares: optimisation and LR grid, the grid, the output."""
+    _add_training_arguments(parser, words)
+    _add_grid_arguments(parser, words)
+    _add_output_arguments(parser)
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("model and data")
     data.add_argument(
         "--model",
@@ -211,7 +299,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--test-limit",
-        type=int,
+        type=positive_int,
         help="Score the first N test sentences only (default: all; test F1 is taken at each run's "
         "best dev epoch, once per run).",
     )
@@ -229,60 +317,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         "differ only by initialisation and order (the paper's WikiANN protocol). Default: a new "
         "sample each trial.",
     )
-    add_few_shot_arguments(parser, NER_WORDS)
 
 
-def shots_value(text: str) -> int:
-    """argparse ``type`` of ``--shots``: an integer >= 1, or ``all`` (:data:`FULL_TRAIN`: the whole
-    train split).
-
-    Example:
-        >>> shots_value("8"), shots_value("all")
-        (8, 0)
-    """
-    return FULL_TRAIN if text.strip().lower() == "all" else positive_int(text)
-
-
-@dataclass(frozen=True)
-class TaskWords:
-    """How the shared few-shot options name a task's things in their help, and what ``--shots`` takes.
-
-    Args:
-        examples: What a training sample is made of (``sentences``).
-        score: The dev score (``dev micro-F1``).
-        shots: The help of ``--shots``.
-        shots_type: The argparse type of ``--shots`` (:func:`positive_int`, :func:`shots_value`).
-        batch: The help of ``--batch-size``.
-        head: The help of ``--head-modules``.
-        regimes: The help of ``--regimes``.
-    """
-
-    examples: str
-    score: str
-    shots: str
-    shots_type: Any
-    batch: str
-    head: str
-    regimes: str
-
-
-REGIMES_HELP = "fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder biases"
-NER_WORDS = TaskWords(
-    examples="sentences",
-    score="dev micro-F1",
-    shots="N of the N-shot protocol: N*C sentences sampled, C = number of entity types. "
-    "Paper: 8 16 32 64 128.",
-    shots_type=positive_int,
-    batch="Sentences per step (paper: 16 for NER).",
-    head="Head modules trained with the fusion (peft modules_to_save); default: classifier.",
-    regimes=f"{REGIMES_HELP}; adapter_seqbn, adapter_double_seqbn: AdapterHub bottleneck adapters (Pfeiffer, "
-    "Houlsby), method none only, sized by `method_options: {adapter_reduction_factor: F}` in the "
-    "YAML (default 16), needs transformers 4.57 + adapters 1.3.0 (the `adapters` extra). Default: fe.",
-)
-
-
-def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
-    """The options every few-shot task shares: optimisation and LR grid, the grid, the output."""
+def _add_training_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
     train = parser.add_argument_group("training (AdamW, LR linear from max to zero over the run)")
     grids = describe_lr_grids(DEFAULT_LR_GRIDS)
     train.add_argument(
@@ -290,22 +327,18 @@ def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) ->
         nargs="+",
         type=learning_rate,
         help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
-        f"(mean best {words.score} over trials, ties to the smaller) and reported with the test score of "
-        f"each run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
+        f"(mean best {words.score} over trials, ties to the smaller) and reported with the {words.test} "
+        f"of each run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
     )
     train.add_argument(
         "--select-trials",
-        type=int,
+        type=positive_int,
         help="Select each cell's LR on its first M trials (every LR runs there), then run the other "
         "trials at the selected LR only: M*G + (T-M) runs per cell instead of T*G (G LRs, T trials). "
         "Default: every trial runs every LR.",
     )
     train.add_argument("--batch-size", type=positive_int, help=words.batch)
-    train.add_argument(
-        "--eval-every",
-        type=positive_int,
-        help=f"Evaluate {words.score} every k epochs (and after the last); the best dev epoch is kept.",
-    )
+    train.add_argument("--eval-every", type=positive_int, help=words.eval_every)
     train.add_argument(
         "--seed", type=int, help="Base seed; trial t uses seed+t for the init and a new N-shot sample."
     )
@@ -314,7 +347,7 @@ def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) ->
         action="store_true",
         default=None,
         help="Do not train FE cells on the feature cache (block "
-        f"outputs computed once per {words.examples[:-1]}); slower, same results.",
+        f"outputs computed once per {words.examples}); slower, same results.",
     )
     train.add_argument("--cache-dir", help="Folder persisting the feature cache (shared by --workers).")
     train.add_argument(
@@ -322,28 +355,32 @@ def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) ->
         nargs="+",
         help=words.head,
     )
+
+
+def _add_grid_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
     grid = parser.add_argument_group("grid (flags override the YAML --config)")
     grid.add_argument(
         "--config",
         help="YAML file with any of: methods, regimes, shots, epochs, trials and the "
         "long options above (underscores), e.g. `shots: [8, 16]`.",
     )
-    grid.add_argument(
-        "--methods",
-        nargs="+",
-        help="Fusion methods: `none` (the plain last-layer head) or any encoder method registered in "
-        "peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n).",
-    )
-    grid.add_argument(
-        "--regimes",
-        nargs="+",
-        help=words.regimes,
-    )
+    if words.paper_grid:
+        grid.add_argument(
+            "--paper-grid",
+            action="store_true",
+            default=None,
+            help="The paper's grid as the defaults of --shots, --epochs and --trials below (2,800 runs "
+            "with the default methods under FE: hours on a CPU). Default: a small grid (demo or your "
+            "--data).",
+        )
+    grid.add_argument("--methods", nargs="+", help=words.methods)
+    grid.add_argument("--regimes", nargs="+", help=words.regimes)
     grid.add_argument("--shots", nargs="+", type=words.shots_type, help=words.shots)
-    grid.add_argument("--epochs", nargs="+", type=positive_int, help="Max epochs (paper: 25 50 75 100).")
-    grid.add_argument(
-        "--trials", type=positive_int, help="Trials per cell, each with a new seed and sample (paper: 5)."
-    )
+    grid.add_argument("--epochs", nargs="+", type=positive_int, help=words.epochs)
+    grid.add_argument("--trials", type=positive_int, help=words.trials)
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument(
         "--output", help="Output folder (results.jsonl, table.md, figures). Default: ./layerfusion-results."
@@ -391,15 +428,23 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 CLASSIFY_WORDS = TaskWords(
-    examples="examples",
-    score="dev accuracy (--metric)",
+    examples="example",
+    score="dev accuracy (macro-F1 with --metric macro_f1)",
+    test="test accuracy and macro-F1",
+    eval_every="Evaluate on dev every k epochs (and after the last); each run keeps its best dev epoch. "
+    "Default: 1.",
+    batch="Examples per step. Default: 8.",
+    head="Head modules trained with the fusion (peft modules_to_save); default: the modules the "
+    "checkpoint lacks (the new head: BERT's classifier, a decoder's score).",
+    methods="Fusion methods: `none` (the model's own head on the last layer) or any encoder method "
+    "registered in peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). "
+    "Default: all of them.",
+    regimes=f"{REGIMES_HELP}. Default: fe.",
     shots="N examples of each class sampled from train per trial (stratified; every method of a trial "
     "trains on the same sample), or `all`: the whole train split. Default: 8 32.",
     shots_type=shots_value,
-    batch="Examples per step (default 8).",
-    head="Head modules trained with the fusion (peft modules_to_save); default: the modules the "
-    "checkpoint lacks (the new head: BERT's classifier, a decoder's score).",
-    regimes=f"{REGIMES_HELP}. Default: fe.",
+    epochs="Max epochs. Default: 30.",
+    trials="Trials per cell, each with a new seed and sample. Default: 3.",
 )
 
 
@@ -548,22 +593,34 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
         "mlm-METHOD-REGIME.json, flagged when at the edge of the grid. Default: per regime "
         f"({describe_lr_grids(DEFAULT_MLM_LR_GRIDS)}). One value: no selection.",
     )
+    _add_mlm_block_arguments(parser)
+
+
+def _add_mlm_block_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion mlm``: batches, blocks, masking, splits, head, seed and output."""
     parser.add_argument("--batch-size", type=positive_int, default=8, help="Blocks per step (paper: 8).")
     parser.add_argument(
         "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
     )
     parser.add_argument(
-        "--mlm-probability", type=float, default=0.15, help="Share of tokens predicted (0.15)."
+        "--mlm-probability",
+        type=float,
+        default=0.15,
+        help="Share of tokens predicted, in (0, 1] (0.15).",
     )
     parser.add_argument(
         "--holdout",
         type=float,
         default=0.1,
-        help="Without a train split: share of valid.txt held out as dev, which selects the checkpoint "
-        "and the LR (0.1).",
+        help="Without a train split: share of valid.txt held out as dev, in (0, 1), which selects the "
+        "checkpoint and the LR (0.1).",
     )
-    parser.add_argument("--max-train-blocks", type=int, help="Use at most this many training blocks (speed).")
-    parser.add_argument("--max-eval-blocks", type=int, help="Use at most this many validation/test blocks.")
+    parser.add_argument(
+        "--max-train-blocks", type=positive_int, help="Use at most this many training blocks (speed)."
+    )
+    parser.add_argument(
+        "--max-eval-blocks", type=positive_int, help="Use at most this many validation/test blocks."
+    )
     parser.add_argument(
         "--head-modules",
         nargs="+",
@@ -611,3 +668,44 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         option = f"--{name.replace('_', '-')}"
         parser.add_argument(option, type=type(value), default=value, dest=name, help=f"(default: {value})")
+
+
+# Checks that need no library: run before a command's module (and torch, transformers, peft) is
+# imported, so a missing path answers in one line at once. The library's names are checked later.
+def check_experiment_paths(args: argparse.Namespace) -> None:
+    """``ner`` / ``sweep`` / ``mlm``: ``--data`` is an existing path or a Hub name, ``--config`` a file
+    (the data is read before the model, so a bad ``--model`` is said after the data's errors)."""
+    check_source(args.data)
+    config = getattr(args, "config", None)
+    if config and not pathlib.Path(config).is_file():
+        raise DataSourceError(f"--config {config!r}: no such file")
+
+
+def check_classify_paths(args: argparse.Namespace) -> None:
+    """``classify``: ``--data`` given (or in ``--config``), an existing path or a Hub name; ``--config``
+    a file."""
+    if not args.data and not getattr(args, "config", None):
+        raise UserError("--data is required (a data folder, a file or a Hub name)")
+    check_experiment_paths(args)
+
+
+def check_seq2seq_paths(args: argparse.Namespace) -> None:
+    """``seq2seq``: a data folder or both text files, each existing."""
+    if not args.data and not (args.train_file and args.test_file):
+        raise UserError("give --data DIR (valid.txt, test.txt) or --train-file and --test-file")
+    paths = {"--data": args.data, "--train-file": args.train_file, "--test-file": args.test_file}
+    for option, path in paths.items():
+        if path and not pathlib.Path(path).exists():
+            raise DataSourceError(f"{option} {path!r}: no such file or directory")
+
+
+def check_audit_config(args: argparse.Namespace) -> None:
+    """``audit``: CONFIG is an existing path or a Hub name."""
+    check_source(args.config, "CONFIG")
+
+
+def check_results_file(args: argparse.Namespace) -> None:
+    """``plot``: the results file exists."""
+    if not pathlib.Path(args.results).is_file():
+        raise DataSourceError(f"{args.results!r}: no such results file")
+

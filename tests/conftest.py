@@ -192,7 +192,7 @@ def write_tiny_model(
         num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=2 * width,
-        max_position_embeddings=64,
+        max_position_embeddings=128,  # the recipes' default --max-length fits
     )
     BertModel(config).save_pretrained(directory)
     return str(directory)
@@ -299,7 +299,7 @@ def write_tiny_decoder(directory: str | os.PathLike, seed: int = 0, layers: int 
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=128,  # the default --max-length 128 fits
         pad_token_id=0,
         bos_token_id=ids["<s>"],
         eos_token_id=ids["</s>"],

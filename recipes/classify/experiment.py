@@ -28,11 +28,19 @@ from torch import nn
 from ..core.cells import FULL_TRAIN, sample_seed
 from ..core.experiment import FewShotExperiment, TaskSettings
 from ..core.fitting import RunResult
+from ..core.models import check_head_modules, check_length
 from ..core.probes import states_at
 from ..core.runner import Runner, StackedRunner
 from ..data.sampling import sample_per_class
 from ..data.texts import TextColumns, TextDataset, TextExample, label_counts, load_texts
-from .models import POOLINGS, load_sequence_classifier, mean_pool, position_mask, read_positions
+from .models import (
+    POOLINGS,
+    classifier_skeleton,
+    load_sequence_classifier,
+    mean_pool,
+    position_mask,
+    read_positions,
+)
 from .scoring import METRICS, ClassScorer
 
 # ClassifySettings fields that change a result, hence part of every record key
@@ -176,7 +184,7 @@ class ClassifyExperiment(FewShotExperiment):
     """
 
     def __init__(self, settings: ClassifySettings, dataset: TextDataset | None = None) -> None:
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.settings = settings
         columns = TextColumns(settings.text_column, settings.text_pair_column, settings.label_column)
@@ -190,8 +198,11 @@ class ClassifyExperiment(FewShotExperiment):
         self.label2id = {label: i for i, label in enumerate(self.labels)}
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
         self.pad_id = set_pad_token(self.tokenizer)
-        config = AutoConfig.from_pretrained(settings.model)
-        self.positions = read_positions(_Configured(config), settings.pooling)
+        # before any run: what would fail on the first long text, or train no head, silently
+        skeleton = classifier_skeleton(settings.model, len(self.labels), settings.pooling)
+        check_length("--max-length", settings.max_length, skeleton, self.tokenizer)
+        check_head_modules(skeleton, settings.head_modules or ())
+        self.positions = read_positions(skeleton, settings.pooling)
         self.dev = self._encoded(limited(self.data.dev, settings.dev_limit), "dev")
         self.test = self._encoded(limited(self.data.test, settings.test_limit), "test")
         self.setup = settings.setup()
@@ -317,10 +328,3 @@ class ClassifyExperiment(FewShotExperiment):
             "head": list(self.head_modules()),
             "read_positions": self.positions,
         }
-
-
-@dataclass(frozen=True)
-class _Configured:
-    """A stand-in carrying a config, for :func:`read_positions` before any model is loaded."""
-
-    config: Any

@@ -27,7 +27,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 
 from peft_layerfusion.discovery import is_decoder_only
 
-from ..core.models import load_pretrained
+from ..core.models import load_pretrained, model_skeleton
 
 POOLINGS = ("model", "mean")
 # encoder types whose *ForSequenceClassification reads the first token only (its state, or its pooler's)
@@ -162,6 +162,22 @@ def load_sequence_classifier(
     backbone.config.pad_token_id = pad_token_id
     torch.manual_seed(seed)
     return MeanPooledClassifier(backbone, num_labels, dropout_of(backbone.config)), ("classifier",)
+
+
+def classifier_skeleton(model_name: str, num_labels: int, pooling: str) -> nn.Module:
+    """The modules of the classifier :func:`load_sequence_classifier` builds, on the meta device (no
+    weight read): for the checks before any run.
+
+    Example:
+        >>> read_positions(classifier_skeleton(path, 2, "model"), "model")
+        'first'
+    """
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    if pooling == "mean":
+        with torch.device("meta"):
+            return MeanPooledClassifier(model_skeleton(AutoModel, model_name), num_labels)
+    return model_skeleton(AutoModelForSequenceClassification, model_name, num_labels=num_labels)
 
 
 def read_positions(model: nn.Module, pooling: str) -> str:

@@ -33,9 +33,9 @@ from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
 from ..ner.cache import FeatureCache
 from .cells import Cell, lrs_train_together, record_key
-from .fitting import RunResult, Scorer, TrainSettings, fit
+from .fitting import RunResult, TrainSettings, fit
 from .models import adapter_summary, apply_regime, regime_options
-from .runner import Runner, StackedRunner, depth_attention_profile
+from .runner import Runner, Scorer, StackedRunner, depth_attention_profile
 
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
 FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
@@ -224,9 +224,8 @@ class FewShotExperiment:
         model, located = self.build(cell)
         cache = self.filled_cache(train) if use_cache and cell.regime == "fe" else None
         runner = self.runner(model, located, cache)
-        [result] = fit(
-            runner, train, self.dev, self.train_settings(cell, lr), self.scorer_of, test=self.test or None
-        )
+        settings = self.train_settings(cell, lr)
+        [result] = fit(runner, train, self.dev, settings, self.scorer_of, [lr], self.test or None)
         return self._record(cell, lr, result, runner, train)
 
     def run_lrs(
@@ -264,7 +263,7 @@ class FewShotExperiment:
         runner = self.runner(model, located, self.filled_cache(train), count=len(lrs))
         assert isinstance(runner, StackedRunner)
         settings = self.train_settings(cell, lrs[0])
-        results = fit(runner, train, self.dev, settings, self.scorer_of, lrs=lrs, test=self.test or None)
+        results = fit(runner, train, self.dev, settings, self.scorer_of, lrs, self.test or None)
         for index, (lr, result) in enumerate(zip(lrs, results, strict=True)):
             runner.load_candidate(index)  # the model as this candidate's lone run leaves it
             yield self._record(cell, float(lr), result, runner, train)

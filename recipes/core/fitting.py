@@ -20,17 +20,12 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from ..data.readers import IGNORE_INDEX
 from .loop import TrainingLoop, restore, snapshot
-from .models import trainable_parameters
-from .processes import process_state
-from .runner import Runner, StackedRunner, predict_labelled
+from .runner import Runner, Scorer, predict_labelled
 
 
 @dataclass
@@ -63,19 +58,6 @@ class TrainSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainSettings.{name} must be an integer >= 1, got {value!r}")
-
-
-class Scorer(Protocol):
-    """The scores of predictions on one split (built once per split).
-
-    ``metrics`` names what :meth:`scores` returns, the first one choosing the best dev epoch;
-    :meth:`scores` takes ``(K, labelled)`` predicted label ids (:func:`predict_labelled` of ``K``
-    candidates) and returns one ``{metric: score in 0..1}`` per candidate.
-    """
-
-    metrics: tuple[str, ...]
-
-    def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]: ...
 
 
 @dataclass
@@ -133,13 +115,13 @@ def evaluates_at(epoch: int, settings: TrainSettings) -> bool:
 def evaluate(
     runner: Runner, features: Sequence[dict], scorer: Scorer, batch_size: int, device: torch.device
 ) -> list[dict[str, float]]:
-    """Every candidate's scores on ``features`` (one for a plain runner), from one forward pass.
+    """Every candidate's scores on ``features`` (one for a lone runner, K for a stacked one), from
+    one forward pass (eval mode during the call).
 
     Example:
         >>> evaluate(runner, dev, scorer, 64, torch.device("cpu"))  # [{"f1": 0.41}]
     """
-    predicted = predict_labelled(runner, features, batch_size, device)  # (labelled,) or (K, labelled)
-    return scorer.scores(predicted if isinstance(runner, StackedRunner) else predicted.unsqueeze(0))
+    return runner.scores(scorer, predict_labelled(runner, features, batch_size, device))
 
 
 def fit(
@@ -148,77 +130,65 @@ def fit(
     dev: Sequence[dict],
     settings: TrainSettings,
     scorer_of: Callable[[Sequence[dict]], Scorer],
-    lrs: Sequence[float] | None = None,
+    lrs: Sequence[float],
     test: Sequence[dict] | None = None,
     on_epoch: Callable[[int], None] | None = None,
 ) -> list[RunResult]:
-    """Train ``runner``'s model on ``train`` (every candidate of a stacked runner at its own max LR);
-    dev scores every ``eval_every`` epochs, the best one kept.
+    """The one training loop of every few-shot task: each candidate of ``runner`` at its max LR
+    ``lrs[k]`` (one for a :class:`~layerfusion_recipes.core.runner.Runner`, K for a
+    :class:`~layerfusion_recipes.core.runner.StackedRunner`), dev scores every ``eval_every``
+    epochs, the best dev epoch's parameters kept and scored on ``test``.
 
     Frozen sub-trees of the model (e.g. the encoder in FE) stay in eval mode (no dropout). With
-    ``test``, the trainable parameters of the best dev epoch (the first, on ties) are kept and scored
-    on ``test`` after training; the model (each candidate) then ends in that best-dev-epoch state.
-    Without it, it ends in its last state.
+    ``test``, the trainable parameters of the best dev epoch (the first, on ties) are scored on
+    ``test`` after training; each candidate then ends in that state. Without it, in its last state.
 
     Args:
-        runner: A :class:`~layerfusion_recipes.core.runner.Runner` (one run at ``settings.lr``) or a
-            :class:`~layerfusion_recipes.core.runner.StackedRunner` (one run per LR of ``lrs``).
+        runner: The runner; it supplies its candidates' parameters, their loss and their scores.
         train: Encoded training examples.
         dev: Encoded dev examples.
-        settings: See :class:`TrainSettings` (its ``lr`` is ignored for a stacked runner).
-        scorer_of: Builds the :class:`Scorer` of a split's examples.
-        lrs: One max LR per candidate of a stacked runner.
+        settings: See :class:`TrainSettings` (its ``lr`` is not read: ``lrs`` is).
+        scorer_of: Builds the :class:`~layerfusion_recipes.core.runner.Scorer` of a split's examples.
+        lrs: One max LR per candidate (``[settings.lr]`` for a lone run).
         test: Encoded test examples, scored at each run's best dev epoch (``None``: no test score).
         on_epoch: Called with the epoch number after each epoch (tests, progress).
 
     Returns:
-        One :class:`RunResult` per run (one for a plain runner).
+        One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
 
     Example:
-        >>> [result] = fit(Runner(model), train, dev, TrainSettings(), lambda split: Accuracy(split))
+        >>> [result] = fit(Runner(model), train, dev, TrainSettings(), scorer_of, [1e-3])
         >>> result.best_score, result.curve[-1]
     """
     start = time.perf_counter()
     loader = shuffled_batches(len(train), settings)
-    stacked = isinstance(runner, StackedRunner)
-    if stacked:
-        if lrs is None or len(lrs) != len(runner.candidates):
-            count = "no" if lrs is None else len(lrs)
-            raise ValueError(f"lrs has {count} values for {len(runner.candidates)} candidates")
-        runner.to(process_state().device)  # new candidate tensors: before the optimizer holds them
-        groups = [{"params": params, "lr": lr} for params, lr in zip(runner.candidates, lrs, strict=True)]
-    else:
-        groups = [{"params": trainable_parameters(runner.model), "lr": settings.lr}]
+    candidates = runner.candidate_parameters()  # (a stacked runner moves them to the device first)
+    if len(lrs) != len(candidates):
+        raise ValueError(f"lrs has {len(lrs)} values for {len(candidates)} candidates")
+    groups = [{"params": params, "lr": lr} for params, lr in zip(candidates, lrs, strict=True)]
     # one seed: the dropout draws of a lone run, shared by every candidate
     loop = TrainingLoop(
         runner.model, groups, settings.epochs * len(loader), settings.seed, settings.weight_decay
     )
     runner = copy.copy(runner)
     runner.model = loop.model
-    saved_sets = runner.candidates if stacked else [loop.parameters]  # what a checkpoint keeps
     scorer = scorer_of(dev)
-    results = [RunResult(scorer.metrics[0]) for _ in groups]
-    best_states: list[list[torch.Tensor] | None] = [None] * len(groups)
+    results = [RunResult(scorer.metrics[0]) for _ in lrs]
+    best_states: list[list[torch.Tensor] | None] = [None] * len(lrs)
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
-            logits, labels = runner.logits([train[i] for i in indices], loop.device)
-            losses = [
-                F.cross_entropy(candidate.flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX)
-                for candidate in (logits if stacked else (logits,))
-            ]
-            # each candidate gets its own gradient
-            loop.step(torch.stack(losses).sum() if stacked else losses[0])
+            loop.step(runner.loss(*runner.logits([train[i] for i in indices], loop.device)))
         if evaluates_at(epoch, settings):
             scores = evaluate(runner, dev, scorer, settings.eval_batch_size, loop.device)
             for k, (result, score) in enumerate(zip(results, scores, strict=True)):
                 result.curve.append({"epoch": epoch, "step": loop.steps, **_prefixed("dev", score)})
                 if score[result.metric] > result.best_score:
                     result.best_score, result.best_epoch, result.dev = score[result.metric], epoch, score
-                    best_states[k] = snapshot(saved_sets[k]) if test else None
+                    best_states[k] = snapshot(candidates[k]) if test else None
         if on_epoch is not None:
             on_epoch(epoch)
     if test:
-        for parameters, saved in zip(saved_sets, best_states, strict=True):
+        for parameters, saved in zip(candidates, best_states, strict=True):
             if saved is not None:
                 restore(parameters, saved)
         scores = evaluate(runner, test, scorer_of(test), settings.eval_batch_size, loop.device)

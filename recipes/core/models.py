@@ -11,23 +11,21 @@ they cannot train before any run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
+from peft_layerfusion.comparison import regimes
 from peft_layerfusion.comparison.adapters_baseline import (
     SPEC_ATTR,
     adapter_parameter_count,
     require_adapters,
 )
-from peft_layerfusion.comparison.regimes import (
-    ADAPTER_REGIME_NAMES,
-    METHOD_NAMES,
-    REGIME_NAMES,
-    apply_regime,
-)
+from peft_layerfusion.comparison.regimes import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
 from peft_layerfusion.registration import ENCODER_METHODS
 
 from .errors import UserError
@@ -40,6 +38,38 @@ BUDGET_METHOD_NAMES: tuple[str, ...] = tuple(m.name for m in ENCODER_METHODS if 
 NER_REGIME_NAMES: tuple[str, ...] = REGIME_NAMES + ADAPTER_REGIME_NAMES
 # Method options of the AdapterHub regimes -> the keyword of `apply_regime` each one becomes.
 ADAPTER_OPTIONS: dict[str, str] = {"adapter_reduction_factor": "reduction_factor"}
+# What transformers 5 warns each time peft 0.21's `PeftModel.__init__` reads the model's
+# `is_gradient_checkpointing` (deprecated alias of `is_activation_checkpointing`, same value).
+PEFT_ALIAS_WARNING = r"`is_gradient_checkpointing` is deprecated"
+
+
+@contextmanager
+def peft_alias_quiet() -> Iterator[None]:
+    """Inside, the one warning of :data:`PEFT_ALIAS_WARNING` is not shown; every other warning is.
+
+    Every ``get_peft_model`` / ``PeftModel`` of a transformers 5 model triggers it: peft's own
+    ``PeftModel.__init__`` reads the deprecated alias (``getattr(model, "is_gradient_checkpointing",
+    True)``), not the recipes nor the user, so a user of the command can do nothing about it. The
+    recipes build their PEFT models inside this block (:func:`apply_regime`, the seq2seq methods,
+    the audit).
+
+    Example:
+        >>> with peft_alias_quiet():
+        ...     model = get_peft_model(base, DWAttConfig())
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PEFT_ALIAS_WARNING, category=FutureWarning)
+        yield
+
+
+def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> nn.Module:
+    """:func:`peft_layerfusion.comparison.regimes.apply_regime` inside :func:`peft_alias_quiet`.
+
+    Example:
+        >>> peft_model = apply_regime(tiny_model, "dwatt", "fe", head_modules=("classifier",))
+    """
+    with peft_alias_quiet():
+        return regimes.apply_regime(model, method, regime, **kwargs)
 
 
 def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> nn.Module:
@@ -74,6 +104,75 @@ def load_token_classifier(model_name: str, num_labels: int, seed: int) -> nn.Mod
     from transformers import AutoModelForTokenClassification
 
     return load_pretrained(AutoModelForTokenClassification, model_name, seed, num_labels=num_labels)
+
+
+def model_skeleton(auto_class: type, model_name: str, **config_kwargs: Any) -> nn.Module:
+    """The modules of ``auto_class.from_pretrained(model_name)`` on the meta device: its config is
+    read, no weight is loaded or allocated (for checks before any run).
+
+    Example:
+        >>> from transformers import AutoModelForMaskedLM
+        >>> [name for name, _ in model_skeleton(AutoModelForMaskedLM, "bert-base-cased").named_children()]
+        ['bert', 'cls']
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_name, **config_kwargs)
+    with torch.device("meta"):
+        return auto_class.from_config(config)
+
+
+def position_limit(model: nn.Module, tokenizer: Any) -> int | None:
+    """The most tokens one input of ``model`` may hold: its ``max_position_embeddings``, or the
+    tokenizer's ``model_max_length`` where that is smaller (RoBERTa's 514 positions hold 512 tokens);
+    ``None`` when neither says (relative positions, e.g. T5).
+
+    Example:
+        >>> position_limit(model_skeleton(AutoModelForMaskedLM, "roberta-base"), tokenizer)
+        512
+    """
+    limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 10**9]
+    return min(limits) if limits else None
+
+
+def check_length(option: str, value: int, model: nn.Module, tokenizer: Any) -> None:
+    """Raise ``ValueError`` naming ``option`` when ``value`` tokens exceed :func:`position_limit`
+    (the embedding lookup would fail mid-run, on the first input that long).
+
+    Example:
+        >>> check_length("--max-length", 600, bert_base, tokenizer)
+        Traceback (most recent call last):
+        ValueError: --max-length 600: BertForTokenClassification embeds at most 512 positions; use ...
+    """
+    limit = position_limit(model, tokenizer)
+    if limit is not None and value > limit:
+        raise ValueError(
+            f"{option} {value}: {type(model).__name__} embeds at most {limit} positions; "
+            f"use {option} <= {limit}"
+        )
+
+
+def check_head_modules(model: nn.Module, head_modules: Sequence[str], option: str = "--head-modules") -> None:
+    """Raise ``ValueError`` naming ``option`` and the names no module of ``model`` matches.
+
+    peft's ``modules_to_save`` trains every module whose name ends with one of the names and skips a
+    name that matches none, silently: that head would stay at its random initialisation (and with the
+    plain head under FE nothing would train at all).
+
+    Example:
+        >>> check_head_modules(bert_token_classifier, ["clasifier"])
+        Traceback (most recent call last):
+        ValueError: --head-modules ['clasifier']: no module of BertForTokenClassification ends with ...
+    """
+    names = [name for name, _ in model.named_modules() if name]
+    missing = [head for head in head_modules if not any(name.endswith(head) for name in names)]
+    if missing:
+        top = ", ".join(name for name, _ in model.named_children())
+        raise ValueError(
+            f"{option} {missing}: no module of {type(model).__name__} ends with that name; "
+            f"its top-level modules: {top}"
+        )
 
 
 def eval_frozen_subtrees(model: nn.Module) -> nn.Module:
@@ -208,8 +307,13 @@ __all__ = [
     "adapter_summary",
     "apply_regime",
     "check_adapter_grid",
+    "check_head_modules",
+    "check_length",
     "eval_frozen_subtrees",
     "load_pretrained",
     "load_token_classifier",
+    "model_skeleton",
+    "peft_alias_quiet",
+    "position_limit",
     "regime_options",
 ]

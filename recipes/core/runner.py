@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
@@ -34,9 +36,25 @@ from peft_layerfusion.utils import eval_mode
 
 from ..data.readers import IGNORE_INDEX, collate
 from .loop import restore
+from .models import trainable_parameters
+from .processes import process_state
 
 # the model inputs an encoded example may carry (token types: sentence pairs on BERT-like encoders)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class Scorer(Protocol):
+    """The scores of predictions on one split (built once per split).
+
+    ``metrics`` names what :meth:`scores` returns, the first one choosing the best dev epoch;
+    :meth:`scores` takes ``(K, labelled)`` predicted label ids (:func:`predict_labelled` of ``K``
+    candidates) and returns one ``{metric: score in 0..1}`` per candidate.
+    """
+
+    metrics: tuple[str, ...]
+
+    def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]: ...
+
 
 Positions = Callable[[dict[str, torch.Tensor]], torch.Tensor]  # collated batch -> (batch, seq) bool
 
@@ -107,6 +125,21 @@ class Runner:
         """The model's logits of a collated batch (replay already set up)."""
         return self.model(**model_inputs(batch)).logits
 
+    # What the one training loop (core.fitting.fit) asks of a runner: its candidates' parameters,
+    # their loss and their scores. One candidate here; a StackedRunner trains K together.
+    def candidate_parameters(self) -> list[list[nn.Parameter]]:
+        """The trainable parameters of each candidate (one: the model's), before the optimizer exists."""
+        return [trainable_parameters(self.model)]
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of ``(..., labels)`` logits where ``labels`` ``(...)`` is not -100 (every
+        labelled token of NER, every sentence of a classifier)."""
+        return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+    def scores(self, scorer: Scorer, predicted: torch.Tensor) -> list[dict[str, float]]:
+        """The scores of the one candidate's predictions ``(labelled,)`` (:func:`predict_labelled`)."""
+        return scorer.scores(predicted.unsqueeze(0))
+
 
 class StackedRunner(Runner):
     """A :class:`Runner` whose forward runs ``K`` parameter sets at once: logits get a leading
@@ -149,6 +182,20 @@ class StackedRunner(Runner):
         self.candidates = [
             [p.detach().to(device).requires_grad_(True) for p in candidate] for candidate in self.candidates
         ]
+
+    def candidate_parameters(self) -> list[list[torch.Tensor]]:
+        """Every candidate's parameters, moved to this process's device (before the optimizer holds them)."""
+        self.to(process_state().device)
+        return self.candidates
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The candidates' losses of ``(K, ..., labels)`` logits, summed: each candidate gets its own
+        gradient."""
+        return torch.stack([Runner.loss(self, candidate, labels) for candidate in logits]).sum()
+
+    def scores(self, scorer: Scorer, predicted: torch.Tensor) -> list[dict[str, float]]:
+        """Every candidate's scores from ``(K, labelled)`` predictions, in one batched call."""
+        return scorer.scores(predicted)
 
     def load_candidate(self, index: int) -> None:
         """Copy candidate ``index``'s parameters into the model (e.g. to inspect it alone)."""

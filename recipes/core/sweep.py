@@ -109,8 +109,6 @@ def run_cells(
     Example:
         >>> run_cells(grid_cells(grid), "out/results.jsonl", settings, workers=2)
     """
-    from tqdm.auto import tqdm
-
     cells = list(cells)
     if select_trials is not None and select_trials < 1:
         raise ValueError(f"select_trials must be >= 1 (None: every trial runs every LR), got {select_trials}")
@@ -124,31 +122,46 @@ def run_cells(
     mine = _share_of(state)
     first_units = mine([(cell, grids[cell.regime]) for cell in first])
     own_keys = {record_key(cell, lr, setup) for cell, lrs in first_units for lr in lrs}
-    bar = tqdm(
-        total=len(own_keys) + len(mine([(cell, ()) for cell in later])),
-        initial=len(own_keys & finished_keys(results)),
-        desc="runs" if state.num_processes == 1 else f"runs of process {state.process_index}",
-        disable=not progress,
-        dynamic_ncols=True,
-        file=sys.stderr,
-    )
+    total = len(own_keys) + len(mine([(cell, ()) for cell in later]))
+    bar = _progress_bar(total, len(own_keys & finished_keys(results)), state, progress)
     launch = {"num_processes": state.num_processes, "process_index": state.process_index}
     runner = _UnitRunner(results, settings, workers, experiment, bar, on_record, launch)
     try:
         runner.run(first_units)
         state.wait_for_everyone()  # the LR selection and the caller read every process's records
         if later:
-            chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted)
-            units = [(cell, (chosen[_group(cell)],)) for cell in later]
-            wanted |= {record_key(cell, lrs[0], setup) for cell, lrs in units}
-            units = mine(units)
-            bar.update(len({record_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
-            runner.run(units)
+            wanted |= _run_at_selected_lrs(later, wanted, runner, mine, setup, bar)
             state.wait_for_everyone()
     finally:
         runner.close()
         bar.close()
     return [record for record in read_records(results) if record["key"] in wanted]
+
+
+def _progress_bar(total: int, done: int, state, progress: bool):
+    """The sweep's tqdm bar on stderr, ``done`` of ``total`` runs already there."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=done,
+        desc="runs" if state.num_processes == 1 else f"runs of process {state.process_index}",
+        disable=not progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
+
+
+def _run_at_selected_lrs(later: list[Cell], wanted: set[str], runner, mine, setup: str, bar) -> set[str]:
+    """Run the ``later`` trials at the LR selected on the selection runs (``wanted``); their keys."""
+    results = runner.results
+    chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted)
+    units = [(cell, (chosen[_group(cell)],)) for cell in later]
+    keys = {record_key(cell, lrs[0], setup) for cell, lrs in units}
+    units = mine(units)
+    bar.update(len({record_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
+    runner.run(units)
+    return keys
 
 
 def _share_of(state) -> Callable[[list[Unit]], list[Unit]]:
@@ -251,7 +264,8 @@ def run_sweep(
         config: The ``--config`` file, for the sweep log.
 
     Returns:
-        The exit code (0). The invocation's line in ``sweeps.jsonl`` is written however it ends.
+        The exit code (0). The invocation's line in ``sweeps.jsonl`` is written however it ends,
+        unless its checks refused it before the first run (then nothing is written: no folder).
 
     Example:
         >>> run_sweep(*resolve(args), figures=True)
@@ -268,13 +282,16 @@ def run_sweep(
         "runs_planned": planned_runs(cells, settings, grid["select_trials"]),
     }
     keys = grid_keys(cells, settings)
-    with logged_sweep(grid["results"], keys, fields, enabled=state.is_main_process):
-        return _sweep(settings, grid, cells, state, figures)
+    with logged_sweep(grid["results"], keys, fields, state.is_main_process, checks_first=True) as start:
+        return _sweep(settings, grid, cells, state, figures, start)
 
 
-def _sweep(settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], state, figures: bool) -> int:
+def _sweep(
+    settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], state, figures: bool, start
+) -> int:
     experiment = settings.make_experiment()  # loads and checks the data and the tokenizer
     experiment.check_shots(grid["shots"])
+    start.begin()  # refused before this line: no sweeps.jsonl line (nor output folder)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
     top = grid.get("probe_layers")  # the layer probes first: they fill the feature cache the FE runs read

@@ -20,6 +20,9 @@ on an error or on Ctrl-C, with the append of the results file
   (e.g. ``"KeyboardInterrupt"``, or ``"SIGTERM"`` for a ``kill``: SIGTERM raises inside the block,
   :func:`~layerfusion_recipes.core.errors.sigterm_raises`), null when completed.
 
+An invocation refused by its checks before its first run (bad data, a sample size the train split
+cannot give) writes no line, and creates no folder: nothing ran (``checks_first``).
+
 Under ``accelerate launch`` only the main process writes the line; its peak RSS is its own (and its
 children's), not the other processes'.
 """
@@ -70,13 +73,25 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+@dataclass
+class SweepStart:
+    """Yielded by :func:`logged_sweep`: the block calls :meth:`begin` when its checks passed and its
+    first run is about to start; an error before that logs no line (with ``checks_first``)."""
+
+    begun: bool = True
+
+    def begin(self) -> None:
+        self.begun = True
+
+
 @contextmanager
 def logged_sweep(
     results: str | os.PathLike,
     grid_keys: Collection[str],
     fields: dict[str, Any],
     enabled: bool = True,
-) -> Iterator[None]:
+    checks_first: bool = False,
+) -> Iterator[SweepStart]:
     """Append the invocation's line to :func:`sweep_log_path` of ``results`` when the block ends.
 
     Args:
@@ -85,15 +100,21 @@ def logged_sweep(
         fields: Added to the line as they are: ``workers``, ``threads``, ``num_processes``, ``argv``,
             ``config``, ``runs_planned``.
         enabled: Write the line (``False`` on the processes of a launch other than the main one).
+        checks_first: The block opens with checks that may refuse the invocation and calls
+            ``begin()`` on the yielded :class:`SweepStart` after them: an error before that writes
+            no line (the folder is not created for it). The wall time still counts the checks.
 
     The block's exception, if any, propagates (SIGTERM in the main thread raises
     :class:`~layerfusion_recipes.core.errors.Terminated` there); a log that cannot be written after one is
     reported on stderr instead of hiding it.
 
     Example:
-        >>> with logged_sweep("out/results.jsonl", keys, {"workers": 2, "argv": sys.argv}):
-        ...     run_cells(cells, "out/results.jsonl", settings, workers=2)
+        >>> with logged_sweep("out/results.jsonl", keys, {"workers": 2}, checks_first=True) as start:
+        ...     experiment = Experiment(settings)  # a bad --data stops here: no line, no folder
+        ...     start.begin()
+        ...     run_cells(cells, "out/results.jsonl", settings, experiment=experiment)
     """
+    start_of_runs = SweepStart(begun=not checks_first)
     grid_keys = set(grid_keys)
     before = finished_keys(results) & grid_keys if enabled else set()
     start, started = _now(), time.monotonic()
@@ -101,12 +122,12 @@ def logged_sweep(
     error = None
     try:
         with sigterm_raises():  # a `kill` ends the block like Ctrl-C, so the line is still written
-            yield
+            yield start_of_runs
     except BaseException as exception:  # Ctrl-C included: the line says how the invocation ended
         error = str(exception) if isinstance(exception, Terminated) else type(exception).__name__
         raise
     finally:
-        if enabled:
+        if enabled and (start_of_runs.begun or error is None):
             after = finished_keys(results) & grid_keys
             own, children = peak_rss_mb()
             line = {

@@ -68,8 +68,18 @@ class NerDataset:
 
     @property
     def entity_types(self) -> list[str]:
-        """Entity types ``C`` (``PER`` for ``B-PER``/``I-PER``), the ``C`` of the N-shot protocol."""
-        return sorted({label.split("-", 1)[1] for label in self.labels if "-" in label})
+        """Entity types of every split (``PER`` for ``B-PER``/``I-PER``)."""
+        return _types_of(self.labels)
+
+    @property
+    def train_entity_types(self) -> list[str]:
+        """Entity types of the train split: the ``C`` of the N-shot protocol (``N * C`` sentences), so
+        that the training sample never depends on the dev or test labels."""
+        return _types_of({tag for sentence in self.train for tag in sentence.tags})
+
+
+def _types_of(tags) -> list[str]:
+    return sorted({tag.split("-", 1)[1] for tag in tags if "-" in tag})
 
 
 def _decoded_lines(path: str | os.PathLike) -> list[str]:

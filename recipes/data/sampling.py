@@ -22,7 +22,7 @@ def sample_shots(sentences: Sequence[T], shots: int, num_types: int, seed: int) 
         The sample (all sentences when ``N * C`` exceeds the split).
 
     Example:
-        >>> sample = sample_shots(data.train, shots=8, num_types=len(data.entity_types), seed=0)
+        >>> sample = sample_shots(data.train, shots=8, num_types=len(data.train_entity_types), seed=0)
     """
     if shots < 1 or num_types < 1:
         raise ValueError(f"shots and num_types must be >= 1, got shots={shots}, num_types={num_types}")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ast
 import io
 import os
-import re
 import sys
 import tokenize
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,22 +33,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.errors import DataSourceError, UserError, first_line
+from .locations import TABULAR_BUILDERS, TEXT_SUFFIXES, looks_like_hub_name
 from .readers import NerDataset, NerSentence, read_ner_file, split_sentences
 from .tags import TAG_RULE, TAG_SCHEMES, is_valid_tag, to_iob2
 
-TABULAR_BUILDERS = {
-    ".json": "json",
-    ".jsonl": "json",
-    ".csv": "csv",
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-}
-TEXT_SUFFIXES = ("", ".txt", ".conll", ".conllu", ".tsv", ".bio", ".iob")
 SPLIT_ALIASES = {"train": ("train",), "dev": ("dev", "val", "valid", "validation"), "test": ("test",)}
 TOKEN_COLUMNS = ("tokens", "words")
 TAG_COLUMNS = ("ner_tags", "tags", "labels")
 T = TypeVar("T")
-_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 class NerColumnError(UserError, ValueError):
@@ -300,17 +291,6 @@ def _dataset_splits(
     if not splits:
         raise DataSourceError(f"{where}: no split named train/dev/val/validation/test in {list(raw)}")
     return splits, notes
-
-
-def looks_like_hub_name(source: str) -> bool:
-    """``conll2003`` or ``owner/name``; not a path (``./x``, ``/x``, ``a/b/c``, ``x.jsonl``).
-
-    Example:
-        >>> looks_like_hub_name("eriktks/conll2003"), looks_like_hub_name("data/train.jsonl")
-        (True, False)
-    """
-    suffix = Path(source).suffix.lower()
-    return bool(_HUB_NAME.fullmatch(source)) and suffix not in (*TABULAR_BUILDERS, *TEXT_SUFFIXES[1:])
 
 
 def hub_dataset(name: str, config: str | None = None) -> Any:

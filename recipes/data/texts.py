@@ -38,15 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import DataSourceError, first_line
+from .locations import TABULAR_BUILDERS, looks_like_hub_name
 from .readers import DataFormatError, _decoded_lines
 from .sources import (
-    TABULAR_BUILDERS,
     canonical_split,
     cut_missing_splits,
     hub_dataset,
     is_saved_dataset,
     load_saved,
-    looks_like_hub_name,
     quiet_datasets,
     split_files,
 )

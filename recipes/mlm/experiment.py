@@ -46,11 +46,18 @@ from peft_layerfusion.utils import atomic_write_json, eval_mode
 
 from ..core.errors import DataSourceError, first_line
 from ..core.loop import TrainingLoop, restore, snapshot
-from ..core.models import apply_regime, load_pretrained, trainable_parameters
+from ..core.models import (
+    apply_regime,
+    check_head_modules,
+    check_length,
+    load_pretrained,
+    model_skeleton,
+    trainable_parameters,
+)
 from ..core.selection import at_grid_edge, best_on_dev, select_then_repeat
 from ..core.sweep_log import peak_rss_mb
+from ..data.locations import looks_like_hub_name
 from ..data.readers import IGNORE_INDEX, read_text
-from ..data.sources import looks_like_hub_name
 from .settings import MlmSettings
 
 SELECTION_RULE = "lowest dev perplexity (held-out split), ties to the smaller LR; test perplexity not used"
@@ -260,6 +267,22 @@ def prepare_data(settings: MlmSettings) -> MlmData:
     return MlmData(tokenizer, train, valid_xy, test_xy, splits.note)
 
 
+def check_model(settings: MlmSettings) -> None:
+    """Refuse, before any run, a ``--block-size`` beyond the model's positions and ``--head-modules``
+    naming no module of it (one line each; reads the config and the tokenizer, no weights).
+
+    Example:
+        >>> check_model(MlmSettings("wt2", "bert-base-cased", block_size=1024))
+        Traceback (most recent call last):
+        ValueError: --block-size 1024: BertForMaskedLM embeds at most 512 positions; use --block-size <= 512
+    """
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    skeleton = model_skeleton(AutoModelForMaskedLM, settings.model)
+    check_length("--block-size", settings.block_size, skeleton, AutoTokenizer.from_pretrained(settings.model))
+    check_head_modules(skeleton, settings.head_modules or ())
+
+
 def train_at_lr(settings: MlmSettings, data: MlmData, lr: float) -> dict[str, Any]:
     """Train one run at max LR ``lr``; its record (the caller adds ``settings`` and writes it).
 
@@ -304,21 +327,38 @@ def train_at_lr(settings: MlmSettings, data: MlmData, lr: float) -> dict[str, An
     if best_state is not None:
         restore(loop.parameters, best_state)
     test_ppl = math.exp(masked_loss(model, *data.test, settings.batch_size, device))
-    return {
+    details = {"train_blocks": len(train), "block_size": settings.block_size, "head_modules": heads}
+    return run_record(settings, lr, math.exp(best_loss), test_ppl, data.note, curve=curve, **details)
+
+
+def run_record(
+    settings: MlmSettings,
+    lr: float,
+    dev_ppl: float,
+    test_ppl: float,
+    note: str,
+    curve: list[dict[str, Any]] | None = None,
+    **details: Any,
+) -> dict[str, Any]:
+    """A run's record (the caller adds ``settings`` and the cost): what it ran, its dev perplexity
+    (also ``best_valid_ppl``) and the test perplexity of that checkpoint, the dev curve, where the
+    data came from, then ``details``.
+
+    Example:
+        >>> run_record(settings, 1e-3, 21.4, 22.1, "train.txt / valid.txt / test.txt")["dev_ppl"]
+        21.4
+    """
+    record = {
         "model": settings.model,
         "method": settings.method,
         "regime": settings.regime,
         "epochs": settings.epochs,
         "lr": lr,
-        "dev_ppl": math.exp(best_loss),
-        "best_valid_ppl": math.exp(best_loss),
+        "dev_ppl": dev_ppl,
+        "best_valid_ppl": dev_ppl,
         "test_ppl": test_ppl,
-        "curve": curve,
-        "data": data.note,
-        "train_blocks": len(train),
-        "block_size": settings.block_size,
-        "head_modules": heads,
     }
+    return record | ({"curve": curve} if curve is not None else {}) | {"data": note, **details}
 
 
 def lr_label(lr: float) -> str:
@@ -452,6 +492,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
         >>> summary = run_mlm(MlmSettings("wt2", "path/to/model", lrs=(1e-3, 3e-3)))
         >>> summary["selected_lr"], summary["test_ppl"]
     """
+    check_model(settings)
     output = Path(settings.output)
     summary_path = output / summary_file_name(settings.method, settings.regime)
     stored = {lr: settings.run_settings(lr) for lr in settings.lrs}

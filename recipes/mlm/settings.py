@@ -8,6 +8,7 @@ recipe then passes the dataclass, never the argparse namespace.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,18 @@ class MlmSettings:
     head_modules: tuple[str, ...] | None = None
     seed: int = 0
     output: str = "layerfusion-results"
+
+    def __post_init__(self) -> None:
+        if self.block_size < 3:  # [CLS] + at least one token + [SEP]
+            raise ValueError(f"--block-size {self.block_size}: must be >= 3 ([CLS] token [SEP]), e.g. 128")
+        # 0 predicts no token (perplexity exp(0 / 1) = 1.000, on which an LR would be selected)
+        check_share("--mlm-probability", self.mlm_probability, "the share of tokens predicted, e.g. 0.15")
+        check_share(
+            "--holdout",
+            self.holdout,
+            "the share of valid.txt held out as dev without a train split, e.g. 0.1",
+            one_allowed=False,
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> MlmSettings:
@@ -133,3 +146,22 @@ def mlm_lr_grid(lr: float | tuple[float, ...] | list[float] | None, regime: str)
         True
     """
     return lr_grid(lr, DEFAULT_MLM_LR_GRIDS, regime)
+
+
+def check_share(option: str, value: float, what: str, one_allowed: bool = True) -> None:
+    """Raise ``ValueError`` naming ``option`` and ``value`` unless it lies in (0, 1] (or (0, 1)).
+
+    Args:
+        option: The option, for the message.
+        value: Its value.
+        what: What it means, for the message.
+        one_allowed: Whether 1 is allowed ((0, 1] rather than (0, 1)).
+
+    Example:
+        >>> check_share("--mlm-probability", 0.0, "the share of tokens predicted, e.g. 0.15")
+        Traceback (most recent call last):
+        ValueError: --mlm-probability 0.0: must be in (0, 1], the share of tokens predicted, e.g. 0.15
+    """
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not (number and 0 < value and (value <= 1 if one_allowed else value < 1)):
+        raise ValueError(f"{option} {value!r}: must be in (0, {'1]' if one_allowed else '1)'}, {what}")

@@ -26,7 +26,7 @@ import torch
 from ..core.cells import Cell, lrs_train_together, record_key, sample_seed
 from ..core.experiment import FewShotExperiment, TaskSettings
 from ..core.fitting import RunResult
-from ..core.models import load_token_classifier
+from ..core.models import check_head_modules, check_length, load_token_classifier, model_skeleton
 from ..core.probes import states_at
 from ..core.runner import Runner, labelled_positions
 from ..data.gold import GoldReach, gold_reach
@@ -115,6 +115,11 @@ def check_sample_sizes(
         Traceback (most recent call last):
         ValueError: --shots 64 asks for 64 x 4 entity types = 256 training sentences, ...
     """
+    if num_types == 0 and not settings.train_sentences:
+        raise ValueError(
+            "the train split has no entity (every tag is O): N x C sentences with C = 0 entity types; "
+            "give --train-sentences K to sample K sentences instead"
+        )
     for n in sorted(set(shots)):
         wanted = sample_size(settings, n, num_types)
         if wanted <= train_size:
@@ -144,7 +149,7 @@ class Experiment(FewShotExperiment):
     """
 
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
 
         self.settings = settings
         columns = NerColumns(
@@ -162,6 +167,11 @@ class Experiment(FewShotExperiment):
                 f"--max-length {settings.max_length} leaves no room for a word: the tokenizer adds "
                 f"{special} special tokens; use --max-length > {special}"
             )
+        # before any run: what would fail on the first long sentence, or train no head, silently
+        classifier = AutoModelForTokenClassification
+        skeleton = model_skeleton(classifier, settings.model, num_labels=len(self.labels))
+        check_length("--max-length", settings.max_length, skeleton, self.tokenizer)
+        check_head_modules(skeleton, settings.head_modules)
         dev = self.data.dev[: settings.dev_limit] if settings.dev_limit else self.data.dev
         # sorted by length: less padding in evaluation batches (micro-F1 does not depend on order)
         self.dev = sorted(
@@ -191,7 +201,8 @@ class Experiment(FewShotExperiment):
 
     @property
     def num_types(self) -> int:
-        return len(self.data.entity_types)
+        """``C`` of the N-shot protocol: the entity types of the train split (never dev's or test's)."""
+        return len(self.data.train_entity_types)
 
     def load_model(self, seed: int) -> torch.nn.Module:
         return load_token_classifier(self.settings.model, len(self.labels), seed=seed)

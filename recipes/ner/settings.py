@@ -9,22 +9,19 @@ import argparse
 from typing import Any
 
 from ..core.cells import FULL_TRAIN
-from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, demo_data_path, demo_model_path
+from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, demo_model_path
+from ..core.grids import PAPER_AXES, USER_AXES
 from ..core.models import NER_REGIME_NAMES
 from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ExperimentSettings
 
-PAPER_GRID: dict[str, Any] = {
-    "methods": DEMO_GRID["methods"],  # the last-layer head and the methods sized to one budget
-    "regimes": ["fe"],
-    "shots": [8, 16, 32, 64, 128],
-    "epochs": [25, 50, 75, 100],
-    "trials": 5,
-}
+# your --data: a first comparison (2 shot sizes, 25 epochs, 3 trials, dev every 5 epochs, each regime's LRs)
+USER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **USER_AXES}
+# --paper-grid: shots 8 .. 128 x epochs 25 .. 100 x 5 trials (2,800 runs under FE)
+PAPER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **PAPER_AXES}
 DEFAULTS: dict[str, Any] = {
     "max_length": 128,
     "batch_size": 16,
-    "eval_every": 1,
     "seed": 0,
     "no_cache": False,
     "fixed_sample": False,
@@ -38,8 +35,8 @@ DEFAULTS: dict[str, Any] = {
 def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any]]:
     """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over defaults.
 
-    Grid defaults: :data:`~layerfusion_recipes.core.demo.DEMO_GRID` without --model/--data, else
-    :data:`PAPER_GRID`.
+    Grid defaults: :data:`PAPER_GRID` with ``--paper-grid``, else
+    :data:`~layerfusion_recipes.core.demo.DEMO_GRID` without --model/--data, else :data:`USER_GRID`.
 
     Returns:
         ``(settings, grid)``; ``grid`` also carries output, results, workers, quiet and threads.
@@ -54,7 +51,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         return option(args, loaded, name, defaults.get(name))
 
     demo = pick("model") is None and pick("data") is None
-    defaults.update(DEMO_GRID if demo else PAPER_GRID)
+    defaults.update(PAPER_GRID if pick("paper_grid") else DEMO_GRID if demo else USER_GRID)
     settings = ExperimentSettings(
         **{**task_fields(pick, loaded), "dev_limit": pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None)},
         model=pick("model") or demo_model_path(),

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.cells import grid_cells, longest_first
+from ..core.cells import grid_cells, grid_keys, longest_first, planned_runs
 from ..core.sweep import _UnitRunner, run_cells, run_sweep
 from .settings import resolve
 
-__all__ = ["_UnitRunner", "grid_cells", "longest_first", "ner_main", "run_cells", "sweep_main"]
+__all__ = [
+    "_UnitRunner",
+    "grid_cells",
+    "grid_keys",
+    "longest_first",
+    "ner_main",
+    "planned_runs",
+    "run_cells",
+    "sweep_main",
+]
 
 
 def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:

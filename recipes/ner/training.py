@@ -2,9 +2,9 @@
 micro-F1 (:class:`~layerfusion_recipes.ner.scoring.SpanScorer`), the loss read at the labelled
 positions (the first sub-word of each word).
 
-:func:`train_token_classifier` is one run; :func:`~layerfusion_recipes.ner.candidates.train_candidates`
-trains several LRs in one pass on the feature cache. Their results keep NER's names (``best_f1``,
-``test_f1``, ``dev_f1`` in the curve).
+:func:`train_token_classifier` is one run, :func:`fit` one run per candidate of a runner (a
+:class:`~layerfusion_recipes.ner.candidates.StackedRunner` trains several LRs in one pass on the
+feature cache). Their results keep NER's names (``best_f1``, ``test_f1``, ``dev_f1`` in the curve).
 """
 
 from __future__ import annotations
@@ -16,23 +16,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.fitting import RunResult as FitResult
-from ..core.fitting import TrainSettings, evaluate, fit
+from ..core import fitting
+from ..core.fitting import TrainSettings
 from ..core.runner import Runner, labelled_positions
 from .cache import FeatureCache
 from .scoring import SpanScorer
 
-__all__ = ["RunResult", "TokenClassifierRunner", "TrainSettings", "evaluate_f1", "train_token_classifier"]
+__all__ = ["RunResult", "TokenClassifierRunner", "TrainSettings", "evaluate", "evaluate_f1", "fit"]
 
 
 @dataclass
-class RunResult(FitResult):
+class RunResult(fitting.RunResult):
     """A run's :class:`~layerfusion_recipes.core.fitting.RunResult` under NER's names: ``best_f1``
     (best dev micro-F1), ``test_f1`` (test micro-F1 of the best dev epoch; ``None`` without a test
     split)."""
 
     @classmethod
-    def of(cls, result: FitResult) -> RunResult:
+    def of(cls, result: fitting.RunResult) -> RunResult:
         return cls(**vars(result))
 
     @property
@@ -74,26 +74,40 @@ def span_scorer(id2label: dict[int, str]) -> Callable[[Sequence[dict]], SpanScor
     return lambda features: SpanScorer(features, id2label)
 
 
-def evaluate_f1(
+def evaluate(
     runner: Runner,
     features: Sequence[dict],
     id2label: dict[int, str],
     batch_size: int,
     device: torch.device,
     scorer: SpanScorer | None = None,
-) -> float:
-    """Dev micro-F1 of ``runner``'s model (eval mode during the call), against the full gold.
+) -> list[float]:
+    """Micro-F1 of each candidate of ``runner`` (one for a lone runner, K for a stacked one) on
+    ``features``, from one forward pass (eval mode during the call), against the full gold.
 
     Every word of every sentence is scored: words the model cannot see count as predicted ``O``.
-    The number is seqeval's ``f1_score`` (:mod:`layerfusion_recipes.ner.scoring`).
-    ``scorer``: a :class:`~layerfusion_recipes.ner.scoring.SpanScorer` of ``features`` (made once per
-    run; built here if omitted).
+    The number is seqeval's ``f1_score`` (:mod:`layerfusion_recipes.ner.scoring`); all candidates
+    are scored in one batched parse. ``scorer``: a
+    :class:`~layerfusion_recipes.ner.scoring.SpanScorer` of ``features`` (made once per run; built
+    here if omitted).
+
+    Example:
+        >>> evaluate(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # [0.42]
+    """
+    scorer = scorer or SpanScorer(features, id2label)
+    return [scores["f1"] for scores in fitting.evaluate(runner, features, scorer, batch_size, device)]
+
+
+def evaluate_f1(
+    runner: Runner, features: Sequence[dict], id2label: dict[int, str], batch_size: int, device
+) -> float:
+    """Micro-F1 of a lone runner's model (:func:`evaluate`'s one score).
 
     Example:
         >>> evaluate_f1(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # 0.42
     """
-    scorer = scorer or SpanScorer(features, id2label)
-    return evaluate(runner, features, scorer, batch_size, device)[0]["f1"]
+    (f1,) = evaluate(runner, features, id2label, batch_size, device)
+    return f1
 
 
 def train_token_classifier(
@@ -107,9 +121,8 @@ def train_token_classifier(
 ) -> RunResult:
     """Train ``runner.model`` on ``train``; dev F1 every ``eval_every`` epochs; best score kept.
 
-    The shared loop :func:`~layerfusion_recipes.core.fitting.fit`: with ``test``, the trainable
-    parameters of the best dev epoch (the first, on ties) are scored on ``test`` and the model ends in
-    that state; without it, in its last state.
+    With ``test``, the trainable parameters of the best dev epoch (the first, on ties) are scored on
+    ``test`` (``RunResult.test_f1``) and the model ends in that state; without it, in its last state.
 
     Args:
         runner: Model (+ optional feature cache).
@@ -125,5 +138,28 @@ def train_token_classifier(
         >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings())
         >>> result.best_f1, result.curve[-1]
     """
-    [result] = fit(runner, train, dev, settings, span_scorer(id2label), test=test, on_epoch=on_epoch)
-    return RunResult.of(result)
+    return fit(runner, train, dev, id2label, settings, [settings.lr], test, on_epoch)[0]
+
+
+def fit(
+    runner: Runner,
+    train: Sequence[dict],
+    dev: Sequence[dict],
+    id2label: dict[int, str],
+    settings: TrainSettings,
+    lrs: Sequence[float],
+    test: Sequence[dict] | None = None,
+    on_epoch: Callable[[int], None] | None = None,
+) -> list[RunResult]:
+    """The shared loop (:func:`~layerfusion_recipes.core.fitting.fit`) scored with micro-F1: each
+    candidate of ``runner`` at its max LR ``lrs[k]`` (one for a :class:`TokenClassifierRunner`, K for
+    a stacked one).
+
+    Returns:
+        One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
+
+    Example:
+        >>> fit(TokenClassifierRunner(model), train, dev, id2label, TrainSettings(), [1e-3])[0].best_f1
+    """
+    results = fitting.fit(runner, train, dev, settings, span_scorer(id2label), lrs, test, on_epoch)
+    return [RunResult.of(result) for result in results]

@@ -13,17 +13,32 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
-from peft_layerfusion.comparison.audit import AUDITED_METHODS, audit, format_table, match_report
+from peft_layerfusion.comparison.audit import (
+    AUDITED_METHODS,
+    REFERENCE_METHODS,
+    audit,
+    format_table,
+    match_report,
+)
 from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
 from peft_layerfusion.comparison.regimes import REGIME_NAMES
-from peft_layerfusion.registration import METHODS
 
+from ..core.models import peft_alias_quiet
 from ..core.settings import check_names
+
+# A sized baseline's knob -> (the baseline, its smallest size), for the flag of a budget it cannot reach.
+SMALLEST_SIZE = {"num_extra_layers": ("R+n", "one extra block"), "lora_r": ("LoRA", "rank 1")}
 
 
 def run(args: argparse.Namespace) -> int:
     """The ``layerfusion audit`` command."""
+    with peft_alias_quiet():  # the audit builds every method's PeftModel (on the meta device)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     check_names("regime", [args.regime], REGIME_NAMES)
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     if args.match:
@@ -36,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
             f"regime {args.regime}; baselines sized to {args.match} ({report['rows'][args.match]['total']:,})"
         )
         print(format_table(report["rows"], reference=args.match))
-        for first, second, gap in report["flagged"]:
-            print(f"FLAG: {first} and {second} differ by {gap:.1%} (> {tolerance:.0%})")
+        print("\n".join(budget_lines(report["rows"], args.match, tolerance)))
         return 0
     report = audit(args.config, args.regime)
     if args.json:
@@ -47,10 +61,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def list_methods(args: argparse.Namespace) -> int:
-    """The ``layerfusion methods`` command: every registered method, from the registry itself."""
-    print(f"{'method':<16}{'PEFT type':<17}{'token-wise':<12}seq2seq")
-    for method in METHODS:
-        print(f"{method.name:<16}{method.name.upper():<17}{str(method.token_wise):<12}{method.seq2seq}")
-    print("none            (the plain last-layer head; recipes only)")
-    return 0
+def budget_lines(rows: dict[str, dict[str, Any]], match: str, tolerance: float) -> list[str]:
+    """What ``--match`` says under its table: a ``FLAG`` for each baseline it sized (a row with a
+    ``knob``) further than ``tolerance`` from ``match``'s budget, saying when the smallest size of the
+    knob (R+n's one block, LoRA's rank 1) is already above it; then one note naming the methods shown
+    at their own default size that are further apart (never sized here, so never flagged); else one
+    line saying every sized baseline is within ``tolerance``.
+
+    Args:
+        rows: The ``rows`` of :func:`~peft_layerfusion.comparison.audit.match_report`, each with its
+            ``vs_target`` (sized rows also with ``knob`` and ``value``).
+        match: The method whose budget the baselines were sized to.
+        tolerance: The largest relative gap that is not flagged.
+
+    Example:
+        >>> budget_lines(match_report("tiny-bert", "fe", "dwatt")["rows"], "dwatt", 0.05)
+        ["FLAG: +extra_layers (n=1) is +38.8% from dwatt's budget (> 5%): R+n cannot reach it (...)", ...]
+    """
+    lines = []
+    for name, row in rows.items():
+        gap = row["vs_target"]
+        if "knob" not in row or abs(gap) <= tolerance:
+            continue
+        line = f"FLAG: {name} is {gap:+.1%} from {match}'s budget (> {tolerance:.0%})"
+        if gap > 0 and row["knob"] in SMALLEST_SIZE and row["value"] == 1:
+            baseline, smallest = SMALLEST_SIZE[row["knob"]]
+            line += f": {baseline} cannot reach it ({smallest} is its smallest size)"
+        lines.append(line)
+    unsized = [
+        f"{name} {row['vs_target']:+.1%}"
+        for name, row in rows.items()
+        if "knob" not in row and name not in (match, *REFERENCE_METHODS) and abs(row["vs_target"]) > tolerance
+    ]
+    if unsized:
+        shown = ", ".join(unsized)
+        lines.append(f"note: shown at their own default size, not sized here: {shown} from {match}'s budget")
+    if not lines:
+        lines.append(f"every baseline sized here is within {tolerance:.0%} of {match}'s budget")
+    return lines
+

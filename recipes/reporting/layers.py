@@ -37,6 +37,7 @@ from .plot import (
     _save,
     format_lr,
     markdown_row,
+    method_color,
     method_rank,
     metric_named,
     shots_text,
@@ -50,17 +51,6 @@ WEIGHT_FIELDS = {  # record field -> what it is, for the legend and the table
     "depth_attention": "mean depth attention",
 }
 PROBE_COLOR = "black"  # the probes are no method: none of the methods' colours
-
-
-def method_color(method: str) -> str:
-    """The colour of ``method``: matplotlib's ten-colour cycle in the registry's order (the plain head
-    first), as in every figure of :mod:`~layerfusion_recipes.reporting.plot`.
-
-    Example:
-        >>> method_color("none")
-        'C0'
-    """
-    return f"C{method_rank(method)[0] % 10}"
 
 
 def layer_runs(records: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:

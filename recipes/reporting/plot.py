@@ -9,13 +9,16 @@ seqeval micro-F1 for NER (``F1`` below), accuracy (and macro-F1 beside it) for `
   selected LR ("edge": at the edge of its grid), one panel per max-epochs (and regime);
 * ``f1_vs_lr.png`` (when a cell has several LRs): mean dev F1 (solid) and test F1 (dashed) vs
   LR per method, the selected LR marked, one panel per (regime, epochs, shots);
-* ``dev_curves.png``: dev F1 vs training steps (mean over trials) per method;
+* ``dev_curves.png``: dev F1 vs training steps (mean over trials) per method at its selected LR;
 * ``dwatt_attention.png``: for DWAtt cells, the mean depth-attention weight of every fused
-  layer (which layers the task uses), one row per (regime, shots, epochs);
+  layer (which layers the task uses) at the selected LR, one row per (regime, shots, epochs);
 * ``table.md``: per cell, the selected LR and test F1 mean +- CI, best dev F1 beside it,
   a selected LR at the edge of its grid flagged ("widen the grid"); the paired differences; for
   records with several metrics (``classify``: accuracy, macro-F1) one table and paired table
   each, every one at the LR and epoch the first metric selected on dev.
+
+Every figure draws a method in one colour (:func:`method_color`, the registry's order), puts one
+legend beside its panels, clips CI bands to [0, 100] and labels its y axis with the score it shows.
 
 LR selection: :mod:`layerfusion_recipes.core.selection`.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -310,13 +314,74 @@ def _pyplot():
     return plt
 
 
-def _finish_panels(plt, figure, axes, path: str | os.PathLike, metric: str = "f1") -> Path:
-    """Label the first panel's y axis, put the legend on the last, save the PNG and close it."""
-    axes[0][0].set_ylabel(metric_named(metric).axis)
-    axes[0][-1].legend(fontsize=8)
+def method_color(method: str) -> str:
+    """The colour of ``method`` in every figure: matplotlib's ten-colour cycle in the registry's order
+    (the plain head first), so a method has one colour whatever else a figure shows.
+
+    Example:
+        >>> method_color("none"), method_color("dwatt")
+        ('C0', 'C1')
+    """
+    rank = method_rank(method)[0]
+    if rank == len(METHOD_NAMES):  # not a registered method (an old record): a stable colour of its name
+        rank = zlib.crc32(method.encode())
+    return f"C{rank % 10}"
+
+
+def _legend(axes) -> None:
+    """One legend, right of the last panel (never over a line): every method once, registry order."""
+    handles: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    labels = sorted(handles, key=method_rank)
+    axes[0][-1].legend(
+        [handles[label] for label in labels],
+        labels,
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+    )
+
+
+def _finish_panels(plt, figure, axes, path: str | os.PathLike, ylabel: str) -> Path:
+    """Label the first panel's y axis, put the legend right of the last, save the PNG and close it."""
+    axes[0][0].set_ylabel(ylabel)
+    _legend(axes)
     saved = _save(figure, Path(path))
     plt.close(figure)
     return saved
+
+
+def _spread(positions: Sequence[float], gap: float) -> list[float]:
+    """``positions`` moved up as little as needed to be at least ``gap`` apart, in their order.
+
+    Example:
+        >>> _spread([10.0, 10.5, 20.0], gap=2.0)
+        [10.0, 12.0, 20.0]
+    """
+    out: list[float] = []
+    for position in positions:
+        out.append(position if not out else max(position, out[-1] + gap))
+    return out
+
+
+def _lr_labels(ax, labels: Sequence[tuple[float, float, str, str]]) -> None:
+    """Write each ``(x, y, text, method)`` right of its point in the method's colour; the labels of one
+    x are spread vertically so that none covers another."""
+    low, high = ax.get_ylim()
+    gap = 0.055 * (high - low)  # about one line of 6-point text in a 3.6-inch panel
+    by_x: dict[float, list[tuple[float, str, str]]] = defaultdict(list)
+    for x, y, text, method in labels:
+        by_x[x].append((y, text, method))
+    for x, points in by_x.items():
+        points.sort()
+        for (_, text, method), y in zip(points, _spread([p[0] for p in points], gap), strict=True):
+            ax.annotate(
+                text, (x, y), textcoords="offset points", xytext=(5, 0), va="center", fontsize=6,
+                color=method_color(method),
+            )  # fmt: skip
 
 
 def shots_axis(shots: Sequence[int]) -> dict[int, float]:
@@ -332,35 +397,44 @@ def shots_axis(shots: Sequence[int]) -> dict[int, float]:
 
 
 def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
-    """The reported score vs shots with CI bands per method, one panel per (regime, max epochs)."""
+    """The reported score vs shots with CI bands per method, one panel per (regime, max epochs); each
+    point labelled with its LR selected on dev, in the method's colour."""
     plt = _pyplot()
     panels = list(dict.fromkeys((row["regime"], row["epochs"]) for row in rows))
     where = shots_axis([row["shots"] for row in rows])
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
-    for ax, (regime, epochs) in zip(axes[0], panels, strict=True):
+    labels: list[list[tuple[float, float, str, str]]] = [[] for _ in panels]
+    for ax, (regime, epochs), own in zip(axes[0], panels, labels, strict=True):
         panel = [row for row in rows if (row["regime"], row["epochs"]) == (regime, epochs)]
-        for method in dict.fromkeys(row["method"] for row in panel):
+        for method in sorted(dict.fromkeys(row["method"] for row in panel), key=method_rank):
             line = sorted((r for r in panel if r["method"] == method), key=lambda r: shots_size(r["shots"]))
             shots = [where[r["shots"]] for r in line]
             mean = [r["mean"] for r in line]
-            ax.plot(shots, mean, marker="o", label=method)
+            color = method_color(method)
+            ax.plot(shots, mean, marker="o", label=method, color=color)
             for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
                 if row.get("lrs") and len(row["lrs"]) > 1:
-                    text = f"{row['lr']:g}" + (" (edge)" if row["edge"] else "")
-                    ax.annotate(text, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
-            ax.fill_between(
+                    own.append((x, y, f"{row['lr']:g}" + (" (edge)" if row["edge"] else ""), method))
+            ax.fill_between(  # a score lies in [0, 100]: so does its band
                 shots,
-                [m - r["ci"] for m, r in zip(mean, line, strict=True)],
-                [m + r["ci"] for m, r in zip(mean, line, strict=True)],
+                [max(0.0, m - r["ci"]) for m, r in zip(mean, line, strict=True)],
+                [min(100.0, m + r["ci"]) for m, r in zip(mean, line, strict=True)],
                 alpha=0.2,
+                color=color,
             )
         ax.set_xscale("log", base=2)
-        if FULL_TRAIN in where:
-            ticks = sorted(where, key=shots_size)
-            ax.set_xticks([where[n] for n in ticks], [shots_text(n) for n in ticks])
+        ticks = sorted({row["shots"] for row in panel}, key=shots_size)
+        smallest, largest = where[ticks[0]], where[ticks[-1]]
+        ax.set_xlim(smallest / 2**0.3, largest * 2**0.9)  # room for the LR labels right of the points
+        ax.set_xticks([where[n] for n in ticks], [shots_text(n) for n in ticks])
+        ax.minorticks_off()
         ax.set_title(f"{regime}, max {epochs} epochs")
-        ax.set_xlabel("shots N")
-    return _finish_panels(plt, figure, axes, path, rows[0]["metric"] if rows else "f1")
+        ax.set_xlabel("shots N (labels: LR selected on dev)")
+    for ax, own in zip(axes[0], labels, strict=True):  # once every panel has its y range (shared)
+        _lr_labels(ax, own)
+    score = "test" if all(row["score"] == "test" for row in rows) else "dev"
+    axis = metric_named(rows[0]["metric"] if rows else "f1").axis
+    return _finish_panels(plt, figure, axes, path, f"{score} {axis} (%), mean ± 95% CI")
 
 
 def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
@@ -370,13 +444,15 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
     if not rows:
         return None
     plt = _pyplot()
-    colors = {method: f"C{i % 10}" for i, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
     panels = list(dict.fromkeys((row["regime"], row["epochs"], row["shots"]) for row in rows))
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels, strict=True):
-        panel_rows = [r for r in rows if (r["regime"], r["epochs"], r["shots"]) == panel]
+        panel_rows = sorted(
+            (r for r in rows if (r["regime"], r["epochs"], r["shots"]) == panel),
+            key=lambda r: method_rank(r["method"]),
+        )
         for row in panel_rows:
-            lrs, color = row["lrs"], colors[row["method"]]
+            lrs, color = row["lrs"], method_color(row["method"])
             ax.plot(lrs, [row["dev_by_lr"][lr] for lr in lrs], marker="o", color=color, label=row["method"])
             tests = [row["test_by_lr"][lr] for lr in lrs]
             if all(t is not None for t in tests):
@@ -389,44 +465,49 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         ax.set_xticks(ticks, [format_lr(lr) for lr in ticks], rotation=45, fontsize=8)
         ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("max LR (circled: selected on dev)")
-    handles: dict[str, Any] = {}  # every method once, with its colour in every panel
-    for ax in axes[0]:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(label, handle)
-    axes[0][0].set_ylabel(f"{metric_named(rows[0]['metric']).axis} (solid: dev, dashed: test)")
-    axes[0][-1].legend(list(handles.values()), list(handles), fontsize=8)
-    saved = _save(figure, Path(path))
-    plt.close(figure)
-    return saved
+    axis = metric_named(rows[0]["metric"]).axis
+    return _finish_panels(plt, figure, axes, path, f"{axis} (%), mean (solid: dev, dashed: test)")
 
 
-def plot_dev_curves(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
-    """Dev score vs training steps (mean over trials) per method, one panel per (regime, epochs, shots)."""
+def plot_dev_curves(
+    records: Sequence[dict[str, Any]], path: str | os.PathLike, rows: Sequence[dict[str, Any]] | None = None
+) -> Path:
+    """Dev F1 vs training steps (mean over trials) per method, one panel per (regime, epochs, shots),
+    at each cell's LR selected on dev (the rows of :func:`summarize`, computed when not given)."""
     plt = _pyplot()
     metric = record_metric(records[0])
+    selected = {cell_of(row): row["lr"] for row in (summarize(records) if rows is None else rows)}
     curves: dict[tuple, dict[str, list[list[dict]]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
+        if record.get("lr") != selected.get(cell_of(record)):
+            continue
         curves[(record["regime"], record["epochs"], record["shots"])][record["method"]].append(
             record["curve"]
         )
     panels = sorted(curves)
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels, strict=True):
-        for method, runs in curves[panel].items():
+        for method in sorted(curves[panel], key=method_rank):
+            runs = curves[panel][method]
             length = min(len(run) for run in runs)
             steps = [runs[0][i]["step"] for i in range(length)]
             mean = [100 * sum(run[i][f"dev_{metric}"] for run in runs) / len(runs) for i in range(length)]
-            ax.plot(steps, mean, label=method)
+            ax.plot(steps, mean, label=method, color=method_color(method))
         ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("training steps")
-    return _finish_panels(plt, figure, axes, path, metric)
+    axis = metric_named(metric).axis
+    return _finish_panels(plt, figure, axes, path, f"dev {axis} (%) at the selected LR, mean over trials")
 
 
-def plot_depth_attention(records: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
-    """Heatmap of DWAtt's mean depth-attention per fused layer; ``None`` without DWAtt records."""
+def plot_depth_attention(
+    records: Sequence[dict[str, Any]], path: str | os.PathLike, rows: Sequence[dict[str, Any]] | None = None
+) -> Path | None:
+    """Heatmap of DWAtt's mean depth-attention per fused layer at each cell's LR selected on dev (the
+    rows of :func:`summarize`, computed when not given); ``None`` without DWAtt records."""
+    selected = {cell_of(row): row["lr"] for row in (summarize(records) if rows is None else rows)}
     groups: dict[tuple, list[list[float]]] = defaultdict(list)
     for record in records:
-        if record.get("depth_attention"):
+        if record.get("depth_attention") and record.get("lr") == selected.get(cell_of(record)):
             groups[(record["regime"], record["shots"], record["epochs"])].append(record["depth_attention"])
     if not groups:
         return None
@@ -439,8 +520,8 @@ def plot_depth_attention(records: Sequence[dict[str, Any]], path: str | os.PathL
     ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
     ax.set_yticks(range(len(keys)), [f"{r} N={shots_text(n)} ep={e}" for r, n, e in keys])
     ax.set_xlabel("fused layer")
-    ax.set_title("DWAtt mean depth attention (dev tokens)")
-    figure.colorbar(image, ax=ax)
+    ax.set_title("DWAtt mean depth attention (dev tokens, selected LR)")
+    figure.colorbar(image, ax=ax).set_label("mean attention weight (a row sums to 1)")
     path = _save(figure, Path(path))
     plt.close(figure)
     return path
@@ -621,12 +702,12 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
     paths = {
         "table": table,
         f"{metric}_vs_shots": plot_f1_vs_shots(rows, output / f"{metric}_vs_shots.png"),
-        "dev_curves": plot_dev_curves(records, output / "dev_curves.png"),
+        "dev_curves": plot_dev_curves(records, output / "dev_curves.png", rows),
     }
     by_lr = plot_f1_vs_lr(rows, output / f"{metric}_vs_lr.png")
     if by_lr is not None:
         paths[f"{metric}_vs_lr"] = by_lr
-    heatmap = plot_depth_attention(records, output / "dwatt_attention.png")
+    heatmap = plot_depth_attention(records, output / "dwatt_attention.png", rows)
     if heatmap is not None:
         paths["dwatt_attention"] = heatmap
     return paths

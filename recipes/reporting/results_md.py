@@ -776,6 +776,34 @@ def _shown_path(path: str, root: Path) -> str:
     return path
 
 
+def option_defaults(add_arguments: Callable[[argparse.ArgumentParser], None]) -> dict[str, Any]:
+    """Every option's default of a command's parser (``add_arguments``: one of ``arguments.py``'s)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return {action.dest: action.default for action in parser._actions if action.dest != "help"}
+
+
+def option_flags(
+    values: dict[str, Any],
+    defaults: dict[str, Any] | None = None,
+    always: Sequence[str] = (),
+    shown: Callable[[Any], str] = str,
+) -> list[str]:
+    """The flags of a command line that give ``values``: each option not at its default (or in
+    ``always``), ``--name`` then its value or values (a list), each as ``shown`` writes it.
+
+    Example:
+        >>> option_flags({"epochs": 3, "seeds": [0, 1], "seed": 0}, {"epochs": 1, "seed": 0})
+        ['--epochs', '3', '--seeds', '0', '1']
+    """
+    flags = []
+    for name, value in values.items():
+        if name in always or defaults is None or value != defaults.get(name):
+            listed = value if isinstance(value, list) else [value]
+            flags += [f"--{name.replace('_', '-')}", *map(shown, listed)]
+    return flags
+
+
 def mlm_command(summary: dict[str, Any], output: str, root: Path) -> str:
     """The ``layerfusion mlm`` command of a summary, from its stored settings.
 
@@ -791,20 +819,15 @@ def mlm_command(summary: dict[str, Any], output: str, root: Path) -> str:
         >>> mlm_command(summary, "benchmarks/results/mlm_lr", Path("."))
         'layerfusion mlm --data ../shared/data/wikitext-2 --method dwatt --regime fe --epochs 1 ...'
     """
-    parser = argparse.ArgumentParser()
-    add_mlm_arguments(parser)
+    defaults = option_defaults(add_mlm_arguments)
     settings = summary["settings"]
-    flags = []
-    for name in RESULT_SETTINGS:
-        value = settings.get(name, parser.get_default(name))
-        if name in ALWAYS_SHOWN or value != parser.get_default(name):
-            values = value if isinstance(value, list) else [value]
-            shown = [_shown_path(v, root) if name == "data" else str(v) for v in values]
-            flags += [f"--{name.replace('_', '-')}", *shown]
+    values = {name: settings.get(name, defaults[name]) for name in RESULT_SETTINGS}
+    values["data"] = _shown_path(values["data"], root)
+    flags = option_flags(values, defaults, always=ALWAYS_SHOWN)
     if settings.get("model") and not is_demo_model(settings["model"]):
-        flags += ["--model", _shown_path(settings["model"], root)]
+        flags += option_flags({"model": _shown_path(settings["model"], root)})
     if tuple(summary["lrs"]) != mlm_lr_grid(None, summary["regime"]):
-        flags += ["--lr", *map(lr_label, summary["lrs"])]
+        flags += option_flags({"lr": [lr_label(lr) for lr in summary["lrs"]]})
     return " ".join(["layerfusion mlm", *flags, "--output", output])
 
 
@@ -1044,21 +1067,15 @@ def seq2seq_command(results: dict[str, Any], output: str, root: Path) -> str:
         >>> seq2seq_command(results, "benchmarks/results/seq2seq", Path("."))
         'layerfusion seq2seq --data ../shared/data/wikitext-2 --epochs 16 ... --output benchmarks/...'
     """
-    parser = argparse.ArgumentParser()
-    add_seq2seq_arguments(parser)
-    defaults = vars(parser.parse_args([])) | {"methods": list(SEQ2SEQ_METHOD_NAMES)}
+    defaults = option_defaults(add_seq2seq_arguments) | {"methods": list(SEQ2SEQ_METHOD_NAMES)}
     train, test = Path(results["train_file"]), Path(results["test_file"])
     if (train.name, test.name) == ("valid.txt", "test.txt") and train.parent == test.parent:
         flags = ["--data", _shown_path(str(train.parent), root)]
     else:
         flags = ["--train-file", _shown_path(str(train), root), "--test-file", _shown_path(str(test), root)]
-    for key in ("methods", "seeds", "learning_rates"):
-        if list(results[key]) != list(defaults[key]):
-            flags += [f"--{key.replace('_', '-')}", *(f"{value:g}" if isinstance(value, float) else str(value)
-                                                     for value in results[key])]  # fmt: skip
-    for name, value in results["settings"].items():
-        if name in defaults and value != defaults[name]:
-            flags += [f"--{name.replace('_', '-')}", str(value)]
+    lists = {key: list(results[key]) for key in ("methods", "seeds", "learning_rates")}
+    flags += option_flags(lists, defaults, shown=lambda v: f"{v:g}" if isinstance(v, float) else str(v))
+    flags += option_flags({k: v for k, v in results["settings"].items() if k in defaults}, defaults)
     return " ".join(["layerfusion seq2seq", *flags, "--output", output])
 
 

@@ -58,6 +58,7 @@ from peft_layerfusion.registration import SEQ2SEQ_METHODS
 from peft_layerfusion.utils import atomic_write_json
 
 from ..core.loop import TrainingLoop
+from ..core.models import peft_alias_quiet
 from ..core.selection import best_on_dev, select_then_repeat
 from ..core.settings import check_names
 from ..core.stats import mean_ci, paired_mean_ci
@@ -275,7 +276,8 @@ def with_method(model: nn.Module, method: str) -> nn.Module:
     config = method_configs()[method]
     if config is None:
         return model
-    adapted = get_peft_model(model, config())
+    with peft_alias_quiet():
+        adapted = get_peft_model(model, config())
     for parameter in adapted.parameters():
         parameter.requires_grad_(True)
     return adapted

@@ -97,8 +97,8 @@ def test_cli_table_and_match(tiny_config, tmp_path, capsys):
     assert main(["audit", str(tmp_path), "--regime", "fe", "--match", "dwatt"]) == 0
     out = capsys.readouterr().out
     assert "+lora (r=14)" in out and "adapter_seqbn" in out  # 5408 / 384 per rank
-    assert "FLAG: dwatt and concat" in out  # 5408 vs 3104 on a tiny model
-    assert "FLAG: average" not in out  # reference rows are never flagged
+    assert "FLAG: +extra_layers (n=1)" in out  # one block, 7504, against 5408 on a tiny model
+    assert "FLAG: average" not in out and "FLAG: concat" not in out  # only the sized rows are flagged
 
 
 def test_match_report_residuals(tiny_config):

@@ -56,12 +56,17 @@ def test_unknown_method_is_one_line_with_the_allowed_names(capsys):
     ]
 
 
-def test_methods_lists_the_registry(capsys):
-    from peft_layerfusion.registration import METHODS
+def test_methods_lists_every_registered_type_and_what_it_is(capsys):
+    from peft_layerfusion.registration import BASELINE_TYPES, METHODS
 
     assert main(["methods"]) == 0
-    out = capsys.readouterr().out
-    assert all(method.name in out and method.name.upper() in out for method in METHODS)
+    lines = capsys.readouterr().out.splitlines()
+    names = [m.name for m in METHODS] + [name for name, *_ in BASELINE_TYPES] + ["none"]
+    assert [line.split()[0] for line in lines[1:]] == names  # bitfit included
+    assert [line.split()[1] for line in lines[1:-1]] == [name.upper() for name in names[:-1]]
+    bitfit = next(line for line in lines if line.startswith("bitfit"))
+    assert "train the base model's bias terms only" in bitfit
+    assert "depth-wise attention over every block's output" in lines[1]
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +159,86 @@ def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, mon
         assert (line["workers"], line["threads"], line["num_processes"], line["runs_planned"]) == (1, 1, 1, 2)
         assert line["peak_rss_mb"] == max(line["peak_rss_self_mb"], line["peak_rss_children_mb"]) > 0
         assert line["wall_s"] > 0 and line["results"] == str(results)
+
+
+def test_missing_paths_are_one_line_before_the_library_is_imported(tmp_path):
+    """The light checks of the command line: a missing path answers at once, torch never imported."""
+    missing = str(tmp_path / "nowhere")
+    script = (
+        "import sys\n"
+        "from layerfusion_recipes.cli import main\n"
+        f"codes = [main(argv) for argv in {ARGVS!r}]\n".replace("MISSING", missing)
+        + "print(codes, sorted({'torch', 'transformers', 'peft'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == f"{[2] * len(ARGVS)} []"
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        f"layerfusion ner: error: --data '{missing}': no such file or directory",
+        f"layerfusion sweep: error: --config '{missing}': no such file",
+        f"layerfusion mlm: error: --data '{missing}': no such file or directory",
+        f"layerfusion seq2seq: error: --train-file '{missing}': no such file or directory",
+        "layerfusion seq2seq: error: give --data DIR (valid.txt, test.txt) or --train-file and --test-file",
+        f"layerfusion audit: error: CONFIG '{missing}': no such file or directory",
+        f"layerfusion plot: error: '{missing}': no such results file",
+    ]
+
+
+ARGVS = [
+    ["ner", "--data", "MISSING"],
+    ["sweep", "--config", "MISSING"],
+    ["mlm", "--data", "MISSING"],
+    ["seq2seq", "--train-file", "MISSING", "--test-file", "MISSING"],
+    ["seq2seq"],
+    ["audit", "MISSING"],
+    ["plot", "MISSING"],
+]
+
+
+def _grid_of(argv: list[str]) -> tuple[dict, int]:
+    from layerfusion_recipes.ner.settings import resolve
+    from layerfusion_recipes.ner.sweep import grid_cells, planned_runs
+
+    settings, grid = resolve(build_parser().parse_args(["ner", *argv]))
+    axes = {name: grid[name] for name in ("methods", "regimes", "shots", "epochs", "trials")}
+    return {**axes, "eval_every": settings.eval_every}, planned_runs(grid_cells(grid), settings)
+
+
+def test_your_data_gets_a_small_default_grid_and_the_papers_is_behind_an_option(tiny, tmp_path, capsys):
+    from layerfusion_recipes.ner.experiment import ExperimentSettings, check_sample_sizes
+
+    model, data = tiny
+    axes, runs = _grid_of(["--model", model, "--data", data])
+    methods = ["none", "extra_layers", "concat", "dwatt"]
+    small = {
+        "methods": methods,
+        "regimes": ["fe"],
+        "shots": [2, 8],
+        "epochs": [25],
+        "trials": 3,
+        "eval_every": 5,
+    }
+    assert axes == small
+    assert runs == 4 * 2 * 1 * 3 * len(DEFAULT_LR_GRIDS["fe"]) == 168  # was the paper's 2,800
+    settings = ExperimentSettings(model=model, data=data)
+    check_sample_sizes(settings, axes["shots"], 30, 3)  # a 30-sentence train split gives both (was: 32)
+    axes, runs = _grid_of(["--model", model, "--data", data, "--paper-grid"])
+    paper = ([8, 16, 32, 64, 128], [25, 50, 75, 100], 5, 1, 2800)
+    assert (axes["shots"], axes["epochs"], axes["trials"], axes["eval_every"], runs) == paper
+    axes, _ = _grid_of(["--model", model, "--data", data, "--paper-grid", "--shots", "8", "--trials", "2"])
+    assert (axes["shots"], axes["epochs"], axes["trials"]) == ([8], [25, 50, 75, 100], 2)  # flags win
+    config = tmp_path / "grid.yaml"
+    config.write_text(f"model: {model}\ndata: {data}\npaper_grid: true\nepochs: [25]\n")
+    axes, _ = _grid_of(["--config", str(config)])
+    assert (axes["shots"], axes["epochs"], axes["trials"]) == ([8, 16, 32, 64, 128], [25], 5)
+
+
+def test_help_gives_each_grid_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["ner", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--shots" in text and "Default: 2 8 (demo: 2 8; --paper-grid: 8 16 32 64 128)." in text
+    assert "Max epochs. Default: 25 (demo: 15; --paper-grid: 25 50 75 100)." in text
+    assert "new seed and sample. Default: 3 (demo: 3; --paper-grid: 5)." in text
+    assert "the best dev score is reported. Default: 5 (demo: 3; --paper-grid: 1)." in text
+    assert "--paper-grid The paper's grid" in text

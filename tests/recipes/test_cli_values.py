@@ -31,6 +31,10 @@ def _argv(tiny, output, *extra: str) -> list[str]:
         ("--trials", "0"),
         ("--batch-size", "0"),
         ("--max-length", "0"),
+        ("--dev-limit", "0"),
+        ("--test-limit", "0"),  # meant "all" silently
+        ("--test-limit", "-1"),
+        ("--select-trials", "0"),
         ("--workers", "0"),
         ("--epochs", "two"),
     ],
@@ -61,23 +65,53 @@ def test_counts_below_one_are_refused_at_parse_time(tiny, tmp_path, capsys, opti
             ("--max-length", "2"),
             "--max-length 2 leaves no room for a word: the tokenizer adds 2 special tokens",
         ),
+        (  # the tiny model has 128 positions: a traceback on the first sentence longer than that
+            ("--max-length", "129"),
+            "--max-length 129: BertForTokenClassification embeds at most 128 positions; "
+            "use --max-length <= 128",
+        ),
+        (  # peft skips a modules_to_save name that matches nothing: no head trained (none: a traceback)
+            ("--head-modules", "nope"),
+            "--head-modules ['nope']: no module of BertForTokenClassification ends with that name; "
+            "its top-level modules: bert, dropout, classifier",
+        ),
+        (
+            ("--head-modules", "classifier", "nope", "--methods", "dwatt", "--regimes", "lora"),
+            "--head-modules ['nope']: no module of BertForTokenClassification ends with that name",
+        ),
     ],
 )
 def test_values_the_data_cannot_give_are_refused_before_any_cell_runs(tiny, tmp_path, capsys, extra, message):
-    assert main(_argv(tiny, tmp_path, *extra)) == 2
+    assert main(_argv(tiny, tmp_path / "out", *extra)) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"layerfusion ner: error: {message}"), lines
-    assert not (tmp_path / "results.jsonl").exists()
+    assert not (tmp_path / "out").exists()  # no results.jsonl, no sweeps.jsonl: nothing ran
 
 
-def test_counts_below_one_in_the_yaml_are_refused(tiny, tmp_path, capsys):
+def test_bad_data_leaves_no_output_folder(tiny, tmp_path, capsys):
+    model, _ = tiny
+    bad = tmp_path / "bad.txt"
+    bad.write_text("alice\tB-PER\tEXTRA\nbob\n")
+    argv = ["ner", "--model", model, "--data", str(bad), "--output", str(tmp_path / "out"), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"layerfusion ner: error: {bad}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("epochs: [25, 0]", "epochs must be integers >= 1, got [25, 0]"),
+        ("test_limit: 0", "test_limit must be integers >= 1, got 0"),
+        ("select_trials: 0", "select_trials must be integers >= 1, got 0"),
+    ],
+)
+def test_counts_below_one_in_the_yaml_are_refused(tiny, tmp_path, capsys, line, message):
     model, data = tiny
     config = tmp_path / "grid.yaml"
-    config.write_text(f"model: {model}\ndata: {data}\nmethods: [none]\nshots: [2]\nepochs: [25, 0]\n")
+    config.write_text(f"model: {model}\ndata: {data}\nmethods: [none]\nshots: [2]\n{line}\n")
     assert main(["sweep", "--config", str(config), "--results", str(tmp_path / "r.jsonl"), "--quiet"]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"layerfusion sweep: error: {config}: epochs must be integers >= 1, got [25, 0]"
-    )
+    assert capsys.readouterr().err.strip() == f"layerfusion sweep: error: {config}: {message}"
 
 
 def test_train_settings_and_samples_refuse_impossible_values(tiny):

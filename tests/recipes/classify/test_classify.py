@@ -142,6 +142,11 @@ def test_dev_cut_from_train_is_said(paths, tmp_path, capsys):
         (lambda a: [*a, "--label-column", "stars"], r"no column 'stars' \(--label-column\)"),
         (lambda a: [*a, "--methods", "dwat"], r"--methods: unknown \['dwat'\]"),
         (lambda a: [*a, "--regimes", "adapter_seqbn"], r"--regimes: unknown \['adapter_seqbn'\]"),
+        (lambda a: [*a, "--head-modules", "clasifier"], r"--head-modules \['clasifier'\]: no module of"),
+        (
+            lambda a: [*a, "--max-length", "500"],
+            r"--max-length 500: BertForSequenceClassification embeds at most",
+        ),
     ],
 )
 def test_bad_options_and_data_are_one_line(paths, tmp_path, capsys, change, message):

@@ -69,6 +69,21 @@ def test_sigterm_ends_the_sweep_like_ctrl_c_and_the_line_says_so(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is the block's only
 
 
+def test_a_sweep_refused_by_its_checks_before_its_first_run_logs_nothing_and_makes_no_folder(tmp_path):
+    results = tmp_path / "out" / "results.jsonl"
+    with pytest.raises(ValueError), logged_sweep(results, {"a"}, FIELDS, checks_first=True):
+        raise ValueError("--data nowhere: no such file")  # before start.begin()
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(RuntimeError), logged_sweep(results, {"a"}, FIELDS, checks_first=True) as start:
+        start.begin()
+        raise RuntimeError("in the first run")
+    (line,) = read_sweep_log(results)
+    assert line["completed"] is False and line["error"] == "RuntimeError"
+    with logged_sweep(results, {"a"}, FIELDS, checks_first=True):
+        pass  # ends normally without a run to start: logged
+    assert [line["completed"] for line in read_sweep_log(results)] == [False, True]
+
+
 def test_only_the_main_process_writes(tmp_path):
     results = tmp_path / "results.jsonl"
     with logged_sweep(results, {"a"}, FIELDS, enabled=False):

@@ -10,7 +10,7 @@ from layerfusion_recipes.data.gold import gold_reach, spread_to_words, word_labe
 from layerfusion_recipes.data.readers import NerDataset, NerSentence, collate, encode_ner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.scoring import SpanScorer
-from layerfusion_recipes.ner.training import evaluate_f1
+from layerfusion_recipes.ner.training import TokenClassifierRunner, evaluate_f1
 from seqeval.metrics import f1_score
 from torch import nn
 from transformers import AutoTokenizer
@@ -31,11 +31,11 @@ def tokenizer(tmp_path_factory):
     return AutoTokenizer.from_pretrained(write_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-class OracleRunner:
+class OracleRunner(TokenClassifierRunner):
     """Predicts the gold label at every position the model sees (a perfect model)."""
 
     def __init__(self) -> None:
-        self.model = nn.Linear(1, 1).eval()
+        super().__init__(nn.Linear(1, 1).eval())
 
     def logits(self, features, device, memo=False):
         labels = collate(features)["labels"]  # (batch, seq)

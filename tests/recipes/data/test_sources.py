@@ -8,12 +8,12 @@ import re
 import datasets
 import pytest
 from layerfusion_recipes.core.errors import DataSourceError
+from layerfusion_recipes.data.locations import looks_like_hub_name
 from layerfusion_recipes.data.readers import NerSentence
 from layerfusion_recipes.data.sources import (
     NerColumnError,
     NerColumns,
     load_ner,
-    looks_like_hub_name,
     parse_list_cell,
 )
 from layerfusion_recipes.data.tags import bioes_to_iob2, count_iob1_starts, iob1_to_iob2, to_iob2

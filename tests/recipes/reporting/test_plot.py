@@ -150,3 +150,93 @@ def test_a_setup_column_only_where_one_group_mixes_setups():
     assert header.startswith("| language | regime |")
     rows.append({**rows[0], "setup": "s-en-other"})
     assert markdown_table(rows, lead=("language",)).splitlines()[0].startswith("| language | setup |")
+
+
+def _lr_records(methods=("dwatt", "extra_layers", "none", "concat")) -> list[dict]:
+    """Cells of several methods at 3 LRs, 3 trials, 2 shot sizes; written with DWAtt first. The
+    methods score nearly alike (their LR labels meet at one point) and low (their bands reach below 0)."""
+    records = []
+    for method in methods:
+        for shots in (2, 8):
+            for lr in (1e-3, 1e-2, 1e-1):
+                for trial, f1 in enumerate((0.0, 0.02, 0.12)):
+                    score = f1 + shots / 400 + (lr == 1e-2) * 0.01
+                    record = {
+                        "key": f"{method}|fe|{shots}|5|{trial}|lr={lr!r}|s",
+                        **{"method": method, "regime": "fe", "shots": shots, "epochs": 5, "trial": trial},
+                        **{"lr": lr, "setup": "s", "dev_f1": score, "test_f1": score, "best_f1": score},
+                        "curve": [{"epoch": e, "step": 3 * e, "dev_f1": score * e / 5} for e in range(1, 6)],
+                    }
+                    if method == "dwatt":
+                        record["depth_attention"] = [0.2, 0.3, 0.5]
+                        record["fused_layers"] = [1, 2, 3]
+                    records.append(record)
+    return records
+
+
+@pytest.fixture
+def figures(monkeypatch, tmp_path):
+    """The figures :func:`write_report` draws, by file name (captured as they are saved)."""
+    saved = {}
+    original = plot._save
+
+    def keep(figure, path):
+        saved[path.stem] = figure
+        return original(figure, path)
+
+    monkeypatch.setattr(plot, "_save", keep)
+    write_report(_lr_records(), tmp_path)
+    for figure in saved.values():
+        figure.canvas.draw()  # text and legend positions
+    return saved
+
+
+def test_every_figure_draws_a_method_in_its_one_registry_colour(figures):
+    from matplotlib.colors import to_hex
+
+    assert set(figures) == {"f1_vs_shots", "f1_vs_lr", "dev_curves", "dwatt_attention"}
+    colours: dict[str, set[str]] = {}
+    for name in ("f1_vs_shots", "f1_vs_lr", "dev_curves"):
+        for ax in figures[name].axes:
+            for line in ax.get_lines():
+                if not line.get_label().startswith("_"):
+                    colours.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
+    assert colours == {m: {to_hex(plot.method_color(m))} for m in ("none", "dwatt", "concat", "extra_layers")}
+    assert [plot.method_color(m) for m in plot.METHOD_NAMES] == [
+        f"C{i}" for i in range(len(plot.METHOD_NAMES))
+    ]
+
+
+def test_legends_sit_beside_the_panels_never_over_a_line(figures):
+    for name in ("f1_vs_shots", "f1_vs_lr", "dev_curves"):
+        legends = [ax.get_legend() for ax in figures[name].axes if ax.get_legend() is not None]
+        assert len(legends) == 1, name
+        box = legends[0].get_window_extent()
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in figures[name].axes), name
+
+
+def test_ci_bands_stay_within_0_and_100_f1(figures):
+    from matplotlib.collections import PolyCollection
+
+    bands = [c for ax in figures["f1_vs_shots"].axes for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 4
+    lows = [path.vertices[:, 1].min() for band in bands for path in band.get_paths()]
+    assert min(lows) == 0.0  # the t-CI of (0, 2, 12) F1 reaches below 0: clipped there
+
+
+def test_lr_labels_of_one_point_do_not_overlap(figures):
+    (ax,) = figures["f1_vs_shots"].axes
+    texts = ax.texts
+    assert len(texts) == 8 and {t.get_text() for t in texts} == {"0.01"}  # 4 methods x 2 shot sizes
+    boxes = [t.get_window_extent() for t in texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_axes_and_colour_bar_say_what_they_show(figures):
+    assert figures["f1_vs_shots"].axes[0].get_ylabel() == "test micro-F1 (%), mean ± 95% CI"
+    assert figures["dev_curves"].axes[0].get_ylabel().startswith("dev micro-F1 (%) at the selected LR")
+    assert figures["f1_vs_lr"].axes[0].get_ylabel().startswith("micro-F1 (%)")
+    heatmap, colour_bar = figures["dwatt_attention"].axes
+    assert heatmap.get_xlabel() == "fused layer" and colour_bar.get_ylabel().startswith(
+        "mean attention weight"
+    )

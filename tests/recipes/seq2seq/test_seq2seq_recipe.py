@@ -234,6 +234,7 @@ def test_the_compared_models_derive_from_the_registry(monkeypatch):
 
 
 def test_an_unknown_method_is_one_line_before_any_data_is_read(tmp_path, capsys):
-    assert main(["seq2seq", "--data", str(tmp_path / "nowhere"), "--methods", "vanilla", "surface"]) == 2
+    assert main(["seq2seq", "--data", str(tmp_path), "--methods", "vanilla", "surface"]) == 2  # no valid.txt
     error = capsys.readouterr().err
     assert error.startswith("layerfusion seq2seq: error: --methods: unknown ['surface']; allowed: vanilla, ")
+

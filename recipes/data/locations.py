@@ -1,0 +1,49 @@
+"""Where data and models come from: a path, or a Hugging Face Hub name (standard library only).
+
+Light enough for the command line to refuse a ``--data`` or ``--model`` that is neither an
+existing path nor a possible Hub name in one line, before torch, transformers or peft load.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..core.errors import DataSourceError
+
+TABULAR_BUILDERS = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
+TEXT_SUFFIXES = ("", ".txt", ".conll", ".conllu", ".tsv", ".bio", ".iob")
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def looks_like_hub_name(source: str) -> bool:
+    """``conll2003`` or ``owner/name``; not a path (``./x``, ``/x``, ``a/b/c``, ``x.jsonl``).
+
+    Example:
+        >>> looks_like_hub_name("eriktks/conll2003"), looks_like_hub_name("data/train.jsonl")
+        (True, False)
+    """
+    suffix = Path(source).suffix.lower()
+    return bool(_HUB_NAME.fullmatch(source)) and suffix not in (*TABULAR_BUILDERS, *TEXT_SUFFIXES[1:])
+
+
+def check_source(source: str | None, option: str = "--data") -> None:
+    """Refuse ``source`` when it is neither an existing path nor a possible Hub name (``None``: not
+    given, nothing to check).
+
+    Raises:
+        DataSourceError: ``OPTION 'SOURCE': no such file or directory``.
+
+    Example:
+        >>> check_source("nowhere/train.txt")
+        Traceback (most recent call last):
+        DataSourceError: --data 'nowhere/train.txt': no such file or directory
+    """
+    if source is not None and not Path(source).exists() and not looks_like_hub_name(source):
+        raise DataSourceError(f"{option} {source!r}: no such file or directory")

@@ -1,0 +1,59 @@
+"""Records written before the recipes were rearranged are still resumed: the keys and stored settings
+of NER and masked-LM runs, computed by the code of that time, are pinned here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from conftest import write_tiny_model
+from layerfusion_recipes.arguments import add_experiment_arguments, add_mlm_arguments
+from layerfusion_recipes.cli import main
+from layerfusion_recipes.mlm import experiment as mlm
+from layerfusion_recipes.mlm.settings import MlmSettings
+from layerfusion_recipes.ner.experiment import Cell, record_key
+from layerfusion_recipes.ner.settings import resolve
+
+NER_ARGV = ["--model", "hub-model/x", "--data", "hub/data", "--lr", "1e-3", "3e-2", "--shots", "8"]
+NER_ARGV += ["--batch-size", "4"]
+MLM_ARGV = ["--data", "wikitext-x", "--model", "hub/model", "--epochs", "2", "--head-modules", "cls"]
+# computed by the flat recipes/ of commit 2e9b5e8 (experiment.record_key, mlm.run_settings)
+NER_SETUP = "6ae3dec27c10"
+MLM_SETTINGS = {
+    "model": "hub/model", "data": "wikitext-x", "holdout": 0.1, "method": "dwatt", "regime": "fe",
+    "epochs": 2, "batch_size": 8, "block_size": 128, "mlm_probability": 0.15, "max_train_blocks": None,
+    "max_eval_blocks": None, "head_modules": ["cls"], "seed": 0, "lr": 0.001,
+}  # fmt: skip
+
+
+def _parse(add_arguments, argv):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_a_ner_record_key_is_the_one_written_before():
+    settings, _ = resolve(_parse(add_experiment_arguments, NER_ARGV))
+    assert settings.setup() == NER_SETUP
+    key = record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, settings.setup())
+    assert key == f"dwatt|fe|8|25|0|lr=0.001|{NER_SETUP}"
+
+
+def test_a_masked_lm_run_file_of_before_is_reused(tmp_path, monkeypatch, capsys):
+    settings = MlmSettings.from_args(_parse(add_mlm_arguments, MLM_ARGV))
+    assert settings.run_settings(1e-3) == MLM_SETTINGS
+    # a run file as the earlier recipe wrote it: the grid resumes it instead of training
+    model = write_tiny_model(tmp_path / "model")
+    data = tmp_path / "wt"
+    data.mkdir()
+    for name in ("valid.txt", "test.txt"):
+        (data / name).write_text("alice went to paris .\n" * 20)
+    stored = {**MLM_SETTINGS, "model": model, "data": str(data), "head_modules": None, "epochs": 1}
+    record = {"model": model, "method": "dwatt", "regime": "fe", "epochs": 1, "lr": 1e-3, "dev_ppl": 9.0,
+              "best_valid_ppl": 9.0, "test_ppl": 8.0, "data": "note", "settings": stored}  # fmt: skip
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mlm-dwatt-fe-lr0.001.json").write_text(json.dumps(record))
+    monkeypatch.setattr(mlm, "prepare_data", None)  # nothing may run
+    argv = ["mlm", "--data", str(data), "--model", model, "--epochs", "1", "--lr", "1e-3"]
+    assert main([*argv, "--output", str(tmp_path / "out")]) == 0
+    assert "finished earlier with these settings, skipped" in capsys.readouterr().out
