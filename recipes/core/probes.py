@@ -89,19 +89,35 @@ class ProbeRunner(StackedRunner):
     def __init__(self, head: nn.Linear, num_blocks: int, count: int, cache, inputs: ProbeInputs) -> None:
         super().__init__(head, num_blocks * count, cache=cache)
         self.num_blocks, self.inputs = num_blocks, inputs
+        self._read: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # evaluation batch -> its inputs
 
     def logits(
         self, features: Sequence[dict], device: torch.device, memo: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = collate(features, self.pad_id)
-        states = self.cache.batch_states(features)[-self.num_blocks :]  # (L, batch, seq, d): z_1 .. z_L
-        inputs, labels = self.inputs(states, batch)  # (read, L, d), (read,)
+        """The logits of every probe and the labels at the read positions of ``features``.
+
+        ``memo``: keep this batch's inputs (the read positions only) for the next call with the same
+        examples (evaluation batches: the dev set is scored every ``eval_every`` epochs), for as long as
+        this runner lives (one trial's probes).
+        """
+        key = tuple(tuple(feature["input_ids"]) for feature in features) if memo else None
+        if key in self._read:
+            inputs, labels = self._read[key]
+        else:
+            inputs, labels = self.read(features)
+            if memo:
+                self._read[key] = inputs, labels
         self.fused_count = len(labels)
         shape = (-1, self.num_blocks)  # (K, L)
         weight = torch.stack([c[0] for c in self.candidates]).unflatten(0, shape)  # (K, L, C, d)
         bias = torch.stack([c[1] for c in self.candidates]).unflatten(0, shape)  # (K, L, C)
         logits = torch.einsum("nld,klcd->klnc", inputs.to(device), weight)  # (K, L, read, C)
         return (logits + bias.unsqueeze(2)).flatten(0, 1), labels.to(device)
+
+    def read(self, features: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The probe inputs of ``features`` from the cache: ``(read, L, d)`` and their ``(read,)`` labels."""
+        states = self.cache.batch_states(features)[-self.num_blocks :]  # (L, batch, seq, d): z_1 .. z_L
+        return self.inputs(states, collate(features, self.pad_id))
 
 
 def layer_entry(layer: int, result: RunResult) -> dict[str, Any]:

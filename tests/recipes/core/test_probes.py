@@ -207,3 +207,19 @@ def test_probe_records_resume_by_key(classify, tmp_path, monkeypatch):
         assert len(read_records(tmp_path / "results.probes.jsonl")) == 4
     finally:
         classify.settings.lr = None
+
+
+def test_the_dev_inputs_of_a_trial_are_read_from_the_cache_once(classify, monkeypatch):
+    """Evaluation batches repeat every epoch: their read positions are taken from the cache once per
+    trial's probes (the training batches, shuffled, each time)."""
+    reads: list[int] = []
+    original = probes.ProbeRunner.read
+
+    def counted(self, features):
+        reads.append(len(features))
+        return original(self, features)
+
+    monkeypatch.setattr(probes.ProbeRunner, "read", counted)
+    list(probe_records(classify, 2, EPOCHS, 0, LRS))  # 6 train examples: one batch of 4, one of 2
+    evaluation = [len(classify.dev), len(classify.test)]  # one batch each (eval batches of 64)
+    assert sorted(reads) == sorted([4, 2] * EPOCHS + evaluation)
