@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import tiny_bert, write_text_data, write_tiny_model, write_toy_data
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
-from layerfusion_recipes.cli import main
+from layerfusion_recipes.classify.settings import resolve
+from layerfusion_recipes.cli import build_parser, main
 from layerfusion_recipes.core import probes as core_probes
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.probes import probe_records
@@ -27,6 +28,8 @@ from layerfusion_recipes.reporting.layers import (
     plot_layers,
     probe_rows,
 )
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_hex
 from peft import get_peft_model
 
 from peft_layerfusion.layer import fusion_layer_of
@@ -266,8 +269,6 @@ def layer_figure(monkeypatch, tmp_path):
 
 
 def test_the_layer_figure_draws_each_method_in_its_colour_and_the_probe_in_black(layer_figure):
-    from matplotlib.colors import to_hex
-
     colours: dict[str, set[str]] = {}
     for ax in layer_figure.axes:
         for line in ax.get_lines():
@@ -299,8 +300,6 @@ def test_the_layer_figure_legends_sit_beside_the_panels_and_axes_say_what_they_s
 
 
 def test_the_layer_figure_clips_the_probe_band_to_0_100(layer_figure):
-    from matplotlib.collections import PolyCollection
-
     bands = [c for ax in layer_figure.axes for c in ax.collections if isinstance(c, PolyCollection)]
     assert len(bands) == 2
     lows = [path.vertices[:, 1].min() for band in bands for path in band.get_paths()]
@@ -317,3 +316,14 @@ def test_the_layer_table_of_synthetic_runs():
         " | 0.600 | 0.200 |"
     )
     assert rows[2].endswith("| 0.300 | 0.500 |") and "@0.01 ⚠ (dev 71.7) (n=3)" in rows[2]
+
+
+def test_probe_layers_reads_the_flag_then_the_yaml(paths, tmp_path):
+    config = tmp_path / "grid.yaml"
+    config.write_text("probe_layers: 4\n")
+    base = ["classify", "--model", paths["model"], "--data", paths["texts"]]
+    assert resolve(build_parser().parse_args(base))[1]["probe_layers"] is None  # off by default
+    assert resolve(build_parser().parse_args([*base, "--config", str(config)]))[1]["probe_layers"] == 4
+    assert resolve(build_parser().parse_args([*base, "--probe-layers"]))[1]["probe_layers"] == 3
+    flag = [*base, "--config", str(config), "--probe-layers", "2"]
+    assert resolve(build_parser().parse_args(flag))[1]["probe_layers"] == 2
