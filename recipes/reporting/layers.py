@@ -28,6 +28,7 @@ from typing import Any
 
 from peft_layerfusion.utils import atomic_write_text
 
+from ..core.cells import shots_size
 from ..core.probes import PROBE_REGIME, probes_path
 from ..core.records import read_records
 from ..core.selection import cell_of, dev_score, record_metric, select_lr, test_score
@@ -93,6 +94,8 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             name: mean_ci([100.0 * score(run, name) for run in chosen]) if tested else None
             for name in chosen[0].get("metrics", [metric])[1:]
         }
+        mean, half = mean_ci([100.0 * score(run, metric) for run in chosen])
+        dev_mean, dev_half = mean_ci([100.0 * dev_score(run) for run in chosen])
         rows.append(
             {
                 "setup": setup,
@@ -104,16 +107,10 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "edge": selection.at_edge,
                 "metric": metric,
                 "score": "test" if tested else "dev",
-                **dict(
-                    zip(("mean", "ci"), mean_ci([100.0 * score(run, metric) for run in chosen]), strict=True)
-                ),
-                **dict(
-                    zip(
-                        ("dev_mean", "dev_ci"),
-                        mean_ci([100.0 * dev_score(run) for run in chosen]),
-                        strict=True,
-                    )
-                ),
+                "mean": mean,
+                "ci": half,
+                "dev_mean": dev_mean,
+                "dev_ci": dev_half,
                 "n": len(chosen),
                 "others": others,
             }
@@ -123,7 +120,7 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _cell_order(key: tuple) -> tuple:
     setup, shots, epochs, *rest = key
-    return (setup, epochs, shots_text(shots) == "all", shots, *rest)
+    return (setup, epochs, shots_size(shots), *rest)  # the full train set after every N
 
 
 def probe_cells(rows: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
