@@ -39,6 +39,8 @@ KNOWN_BLOCK_PATHS: dict[str, str] = {
     "marian": "encoder.layers",
     "t5": "encoder.block",
     "mt5": "encoder.block",
+    "gpt2": "h",
+    "opt": "decoder.layers",
 }
 
 # Generic suffixes tried, in this order, for any other model type.
@@ -64,12 +66,16 @@ class EncoderBlocks:
         blocks: The block list itself.
         container_name: Qualified name of the module owning ``blocks`` ("" for the root).
         container: The module whose output's last hidden state the fusion replaces.
+        final_norms: Norm modules inside the container, outside the blocks: whichever of them
+            reads the last block's output in a forward is the stack's final norm ``F`` (a
+            pre-norm stack's; see the placement rule in ``fusion.py``).
     """
 
     blocks_name: str
     blocks: nn.ModuleList
     container_name: str
     container: nn.Module
+    final_norms: tuple[nn.Module, ...] = ()
 
     @property
     def num_blocks(self) -> int:
@@ -119,32 +125,6 @@ def is_decoder_only(model: nn.Module) -> bool:
     return bool(getattr(config, "is_decoder", False) or causal_only)
 
 
-def refuse_decoder_only(model: nn.Module) -> None:
-    """Raise if ``model`` is a decoder-only (causal) language model.
-
-    Layer fusion is defined for encoders (and the encoder of encoder-decoder models). In a
-    decoder-only model (Llama, GPT-2, ``is_decoder=True`` BERT) every block reads and writes a
-    key/value cache indexed by its ``layer_idx``: R+n's extra blocks would write into the last
-    layer's cache, and a fused last state is not what cached generation steps see, so cached and
-    uncached outputs would differ without a word. Such models are refused.
-
-    Raises:
-        ValueError: naming the model type and why.
-
-    Example:
-        >>> refuse_decoder_only(BertForTokenClassification(BertConfig()))  # an encoder: fine
-    """
-    if is_decoder_only(model):
-        model_type = getattr(model.config, "model_type", None)
-        raise ValueError(
-            f"{type(model).__name__} (model_type={model_type!r}) is a decoder-only (causal) model: layer "
-            "fusion supports encoders and encoder-decoder models only. Its blocks keep a key/value cache "
-            "per layer, which fused states and R+n's extra blocks would corrupt (cached and uncached "
-            "outputs would differ). Use an encoder (BERT, RoBERTa, ModernBERT...) or an encoder-decoder "
-            "model (BART, T5...)."
-        )
-
-
 def shares_weights(located: EncoderBlocks) -> bool:
     """Whether the blocks share weights: one module listed several times, or a parameter in two blocks.
 
@@ -192,10 +172,17 @@ def _check_runnable(located: EncoderBlocks) -> None:
         )
 
 
+def is_norm(module: nn.Module) -> bool:
+    """Whether ``module`` is a normalisation layer (``nn.LayerNorm``, ``nn.RMSNorm``, ``LlamaRMSNorm``...)."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.endswith("Norm")
+
+
 def _resolve(model: nn.Module, blocks_name: str, blocks: nn.ModuleList) -> EncoderBlocks:
     container_name = blocks_name.rpartition(".")[0]
     container = model.get_submodule(container_name) if container_name else model
-    return EncoderBlocks(blocks_name, blocks, container_name, container)
+    in_blocks = {id(m) for m in blocks.modules()}
+    final_norms = tuple(m for m in container.modules() if is_norm(m) and id(m) not in in_blocks)
+    return EncoderBlocks(blocks_name, blocks, container_name, container, final_norms)
 
 
 def _search_order(model: nn.Module) -> tuple[str, ...]:
@@ -219,7 +206,7 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
 
     Raises:
         ValueError: if nothing is found, naming what was searched and how to set
-            ``blocks_path``; for decoder-only models (:func:`refuse_decoder_only`).
+            ``blocks_path``.
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -227,7 +214,6 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
         >>> found.blocks_name, found.num_blocks
         ('encoder.layer', 2)
     """
-    refuse_decoder_only(model)
     lists = _block_lists(model)
     module_names = {name for name, _ in model.named_modules()}
     suffixes = (blocks_path,) if blocks_path else _search_order(model)

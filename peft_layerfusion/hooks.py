@@ -8,7 +8,10 @@ One :class:`BlockCapture` per model. It registers
   block ``i`` otherwise) and, for the last block, its call arguments,
 * a forward hook on the **container** that reads ``z_L`` from the container's output
   (exactly what a head would have seen), calls ``fuse`` and puts the result in place of
-  the last hidden state, then closes the capture.
+  the last hidden state, then closes the capture;
+* for pre-norm stacks, a forward hook on the last block (its output is ``z_L``) and one on each
+  norm module of the container: the norm that reads ``z_L`` is the final norm ``F``, and the
+  capture is fused there instead, ``F`` running on the fused state (the rule in ``fusion.py``).
 
 Why inputs instead of outputs: the input of block ``i + 1`` is the tensor the model
 really carries on (with its autograd history), also under re-entrant gradient
@@ -36,7 +39,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -53,20 +56,33 @@ class Capture:
     """What one forward of the encoder exposed to the fusion.
 
     Args:
-        states: ``z_0 .. z_L``, each ``(batch, seq, d)``.
+        states: ``z_0 .. z_L``, each ``(batch, seq, d)``: the blocks' residual stream (for a
+            pre-norm stack, ``z_L`` is the last block's output, before the final norm).
         last_block_args: Positional arguments of the last block's call, hidden state
             first (re-used to run extra blocks of the same kind).
         last_block_kwargs: Keyword arguments of that call.
+        final_norm: The stack's final norm ``F`` when it runs inside the container (pre-norm
+            stacks; ``None`` otherwise): the fused state goes through it (the rule in ``fusion.py``).
+        normed_last: ``F(z_L)`` as the model computed it (with ``final_norm``).
     """
 
     states: list[torch.Tensor]
     last_block_args: tuple
     last_block_kwargs: dict[str, Any]
+    final_norm: nn.Module | None = None
+    normed_last: torch.Tensor | None = None
 
     def call_like_last_block(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Run ``block`` on ``hidden`` with the arguments the last block received."""
         args, kwargs = _replace_hidden(self.last_block_args, self.last_block_kwargs, hidden)
         return first_tensor(block(*args, **kwargs))
+
+    def apply_final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``F(hidden)`` with the stack's final norm, in the norm's dtype (``hidden`` itself without one)."""
+        if self.final_norm is None:
+            return hidden
+        dtype = next((p.dtype for p in self.final_norm.parameters()), hidden.dtype)
+        return self.final_norm(hidden.to(dtype))
 
     def to(self, dtype: torch.dtype) -> Capture:
         """This capture with every floating tensor (states and last-block arguments) cast to ``dtype``.
@@ -81,10 +97,12 @@ class Capture:
             >>> capture.to(torch.float32).states[0].dtype
             torch.float32
         """
-        return Capture(
+        return replace(
+            self,
             states=[s.to(dtype) for s in self.states],
             last_block_args=_cast_floats(self.last_block_args, dtype),
             last_block_kwargs=_cast_floats(self.last_block_kwargs, dtype),
+            normed_last=None if self.normed_last is None else self.normed_last.to(dtype),
         )
 
 
@@ -120,6 +138,20 @@ def _hidden_from_call(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
         if key in kwargs:
             return kwargs[key]
     raise RuntimeError(f"Cannot find the hidden state among the block's arguments {list(kwargs)}")
+
+
+def _is_tensor(candidate: Any, tensor: torch.Tensor | None) -> bool:
+    """Whether ``candidate`` is ``tensor`` (the same object, or the same storage, offset and shape)."""
+    if tensor is None or not isinstance(candidate, torch.Tensor):
+        return False
+    if candidate is tensor:
+        return True
+    return (
+        candidate.data_ptr() == tensor.data_ptr()
+        and candidate.shape == tensor.shape
+        and candidate.stride() == tensor.stride()
+        and candidate.dtype == tensor.dtype
+    )
 
 
 def _replace_hidden(args: tuple, kwargs: dict[str, Any], hidden: torch.Tensor) -> tuple[tuple, dict]:
@@ -182,6 +214,8 @@ class _Frame:
     last_call: tuple[tuple, dict] = ((), {})
     runs: list[int] | None = None  # how often each block ran in this forward
     outputs: list[Any] | None = None  # each block's output (tensor, tuple...): states of dropped blocks
+    last_output: torch.Tensor | None = None  # output of the last block that ran: z_L, before any norm
+    fused: bool = False  # the final norm already fused this capture (pre-norm stacks)
 
 
 class BoundHook:
@@ -240,6 +274,8 @@ class BlockCapture:
             hook = BoundHook(self.record_input, index)  # survives copy.deepcopy with the model
             self.handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
             self.handles.append(block.register_forward_hook(BoundHook(self.record_output, index)))
+        for norm in self.located.final_norms:
+            self.handles.append(norm.register_forward_hook(self._at_final_norm, with_kwargs=True))
         self.handles.append(container.register_forward_hook(self._close_capture, always_call=True))
 
     # ------------------------------------------------------------- per-thread state
@@ -283,10 +319,31 @@ class BlockCapture:
         frame.last_call = (args, kwargs)  # the last block's call, or the last that ran when it was dropped
 
     def record_output(self, index: int, block: nn.Module, args: tuple, output: Any) -> None:
-        """Forward hook of block ``index``: keep its output (the next state, if the next block is dropped)."""
+        """Forward hook of block ``index``: keep its output (the next state, if the next block is dropped).
+
+        The latest output is also ``z_L`` of the residual stream, before any final norm: blocks run in
+        order, so after the last block that ran it is the state the final norm reads.
+        """
         frames = self._frames()
         if frames:
             frames[-1].outputs[index] = output
+            frames[-1].last_output = first_tensor(output)
+
+    def _at_final_norm(self, norm: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Forward hook of a norm inside the container: if it read ``z_L``, it is the final norm ``F``.
+
+        The capture is fused here: the fusion replaces ``z_L`` and ``F`` runs on its result (the
+        placement rule in ``fusion.py``), which becomes the norm's output, what the rest of the
+        container and the head read. (A final norm outside the container, as in ViT on
+        transformers 4.x, needs nothing: it runs on the container's fused output by itself.)
+        """
+        frame = self._frames()[-1] if self._frames() else None
+        if frame is None or frame.fused or not _is_tensor(_hidden_from_call(args, kwargs), frame.last_output):
+            return None
+        frame.fused = True  # before fusing: the fusion calls F again (on other tensors)
+        states = self._checked_states(frame, norm.training)
+        states[-1] = frame.last_output
+        return self.fuse(Capture(states, *frame.last_call, final_norm=norm, normed_last=output))
 
     def _close_capture(self, module: nn.Module, args: tuple, output: Any) -> Any:
         frames = self._frames()
@@ -294,19 +351,43 @@ class BlockCapture:
             return None
         frame = frames.pop()
         self._local.closed = self.closed_count + 1
-        if output is None:  # the container's forward raised: nothing to fuse
+        if output is None or frame.fused:  # the forward raised, or the final norm fused already
             return None
-        states = frame.states
-        missing = [i for i, s in enumerate(states[:-1]) if s is None]
+        states = self._checked_states(frame, module.training)
+        states[-1] = self._encoder_output(output, states[-2])
+        if frame.last_output is not None and not _is_tensor(states[-1], frame.last_output):
+            self._warn_unknown_transform()
+        fused = self.fuse(Capture(states, *frame.last_call))
+        return None if fused is None else _with_hidden(output, fused)
+
+    def _warn_unknown_transform(self) -> None:
+        """Warn (once per capture) that the container changed ``z_L`` with no norm module seen doing it."""
+        if getattr(self, "_warned_transform", False):
+            return
+        self._warned_transform = True
+        warnings.warn(
+            f"Layer fusion: the container of {self._where()} returns something else than its last block's "
+            "output, and no norm module inside it read that output (a functional final norm?): the fused "
+            "state replaces the container's output, so z_L and the other states may be on different scales. "
+            "See the placement rule in peft_layerfusion/fusion.py.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    def _checked_states(self, frame: _Frame, training: bool) -> list[torch.Tensor | None]:
+        """The frame's states, after checking every block ran (warning if one ran several times).
+
+        In training, blocks skipped by layer drop get their state filled in (:meth:`_fill_dropped`);
+        in eval mode a block that did not run is an error.
+        """
+        missing = [i for i, s in enumerate(frame.states[:-1]) if s is None]
         if missing:
-            if not module.training or len(missing) == self.located.num_blocks:
-                raise self._not_run_error(missing, module.training)
+            if not training or len(missing) == self.located.num_blocks:
+                raise self._not_run_error(missing, training)
             self._fill_dropped(frame, missing)
         if any(runs > 1 for runs in frame.runs):
             warn_shared_blocks(self.located, self.blocks_path, frame.runs)
-        states[-1] = self._encoder_output(output, states[-2])
-        fused = self.fuse(Capture(states, *frame.last_call))
-        return None if fused is None else _with_hidden(output, fused)
+        return frame.states
 
     def _where(self) -> str:
         path = f"blocks_path={self.blocks_path!r}" if self.blocks_path else "the discovered blocks"
@@ -442,11 +523,8 @@ def select_positions(capture: Capture, index: torch.Tensor) -> Capture:
     Gathered with ``index_select`` (about 2.5x faster than boolean indexing, which searches
     the mask again per state).
     """
-    return Capture(
-        states=[state.flatten(0, 1).index_select(0, index).unsqueeze(0) for state in capture.states],
-        last_block_args=capture.last_block_args,
-        last_block_kwargs=capture.last_block_kwargs,
-    )  # each state (1, selected, d)
+    states = [state.flatten(0, 1).index_select(0, index).unsqueeze(0) for state in capture.states]
+    return replace(capture, states=states)  # each state (1, selected, d)
 
 
 def scatter_positions(fused: torch.Tensor, last: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

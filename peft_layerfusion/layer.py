@@ -35,6 +35,7 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -111,7 +112,10 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
             model.register_forward_hook(self._leave_model, always_call=True),
         ]
         decoder = _decoder_of(model)
-        if decoder is not None:
+        # a fusion of the decoder's own stack (blocks_path="decoder.block") reads no encoder states
+        container = self.located.container
+        fuses_the_decoder = decoder is not None and any(m is container for m in decoder.modules())
+        if decoder is not None and not fuses_the_decoder:
             self.watches_decoder = True
             check = decoder.register_forward_pre_hook(self.check_decoder_input, with_kwargs=True)
             self.root_hooks.append(check)
@@ -256,17 +260,26 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         if name is None:
             return None
         module = self.fusion_modules[name]
-        output_dtype = capture.states[-1].dtype
-        module_dtype = next((p.dtype for p in module.parameters()), output_dtype)
-        if module_dtype != output_dtype:  # e.g. fp32 adapter on a bf16 model (masks cast too)
+        norm, seen = capture.final_norm, capture.normed_last  # pre-norm stacks: F, and F(z_L) as computed
+        output_dtype = (capture.states[-1] if seen is None else seen).dtype
+        module_dtype = next((p.dtype for p in module.parameters()), capture.states[-1].dtype)
+        if module_dtype != capture.states[-1].dtype:  # e.g. fp32 adapter on a bf16 model (masks cast too)
             capture = capture.to(module_dtype)
-        last = capture.states[-1]  # z_L: (batch, seq, d)
+        if norm is not None and module.seq2seq:
+            # A seq2seq method fuses the stream too, but leaves the encoder output as it is: it reads
+            # that output as the decoder will, F(z_L), and gives it back.
+            states = [capture.states[i] for i in self.fused_layers[name]]
+            reads = replace(capture, states=[*capture.states[:-1], capture.normed_last])
+            return module(states, reads).to(output_dtype)
+        last = capture.states[-1]  # z_L, the last block's output: (batch, seq, d)
         positions = self.positions if module.token_wise else None
         index = None if positions is None else position_index(positions, last)
         if index is not None:  # fuse only where it is read; z_L elsewhere
             capture = select_positions(capture, index)
         states = [capture.states[i] for i in self.fused_layers[name]]
-        fused = module(states, capture)
+        fused = module(states, capture)  # replaces z_L
+        if norm is not None:  # the placement rule (fusion.py): F runs on the fused state as it ran on z_L
+            fused, last = capture.apply_final_norm(fused), seen
         if index is not None:
             fused = scatter_positions(fused, last, index)
         fused = fused.to(output_dtype)
@@ -275,7 +288,8 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         return fused
 
     def merge(self, safe_merge: bool = False, adapter_names: Optional[list[str]] = None) -> None:
-        raise merge_error()
+        """Nothing to merge: the fusion module keeps running (``merge_adapter`` merges the LoRA layers)."""
+        return None
 
     def unmerge(self) -> None:
         return None
@@ -300,9 +314,11 @@ def _decoder_of(model: nn.Module) -> Optional[nn.Module]:
 
 
 def merge_error() -> NotImplementedError:
+    """The one-line refusal of ``merge_and_unload()``, saying what to do instead."""
     return NotImplementedError(
-        "A layer-fusion module reads every block's output and cannot be folded into the base weights. "
-        "Use `unload()` to get the base model back, or keep the PeftModel for inference."
+        "merge_and_unload() cannot fold a layer-fusion module into the base weights (it runs on the blocks' "
+        "outputs at every forward): call merge_adapter() to merge only the LoRA part in place while the "
+        "PeftModel keeps running the fusion, or unload() for the plain base model."
     )
 
 

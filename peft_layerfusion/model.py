@@ -153,10 +153,23 @@ class LayerFusionModel(LoraModel):
 
     # ---------------------------------------------------------------- lifecycle
     def merge_and_unload(self, *args: Any, **kwargs: Any) -> nn.Module:
+        """Refused with one line (:func:`~.layer.merge_error`): the fusion module cannot be folded into
+        the base weights, and the plain model returned would silently lose it."""
         raise merge_error()
 
-    def merge_adapter(self, *args: Any, **kwargs: Any) -> None:
-        raise merge_error()
+    def merge_adapter(self, adapter_names: Optional[list[str]] = None, safe_merge: bool = False) -> None:
+        """Merge the LoRA part of the adapter into the base weights, in place; the fusion keeps running.
+
+        LoRA's layers fold ``B A`` into their base weights (as with any LoRA adapter), so a forward
+        no longer runs them; the fusion module stays in the model and fuses as before, so the outputs
+        are the unmerged ones up to float rounding. ``unmerge_adapter()`` undoes the merge. An adapter
+        without LoRA (no ``target_modules``) has nothing to merge.
+
+        Example:
+            >>> model = get_peft_model(llama, DWAttConfig(target_modules=["q_proj", "v_proj"]))
+            >>> model.merge_adapter()  # q_proj and v_proj carry B A; DWAtt still fuses
+        """
+        super().merge_adapter(adapter_names=adapter_names, safe_merge=safe_merge)
 
     def add_weighted_adapter(self, *args: Any, **kwargs: Any) -> None:
         """Refused: a weighted combination of fusion adapters is not defined.
@@ -276,6 +289,8 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
     """
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return  # a seq2seq LM head (tied or not) usually stays frozen under PEFT, on purpose
+    if callable(getattr(model, "can_generate", None)) and model.can_generate():
+        return  # so does a causal LM's vocabulary head (as with LoRA)
     heads = _head_modules(model)
     head_names = {name for name, _ in heads}
     backbone_params = {  # everything outside the head: a head weight tied to it does not count

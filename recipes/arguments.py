@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .core.errors import DataSourceError, UserError
-from .core.grids import describe_default
+from .core.grids import DEMO_AXES, describe_default
 from .data.locations import check_source
 from .data.tags import TAG_SCHEMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
@@ -328,7 +328,8 @@ def _add_training_arguments(parser: argparse.ArgumentParser, words: TaskWords) -
         type=learning_rate,
         help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
         f"(mean best {words.score} over trials, ties to the smaller) and reported with the {words.test} "
-        f"of each run's best dev epoch. Default: per regime ({grids}). One value: no selection.",
+        f"of each run's best dev epoch. Default: per regime ({grids}); the demo: "
+        f"{' '.join(map('{:g}'.format, DEMO_AXES['lr']))}. One value: no selection.",
     )
     train.add_argument(
         "--select-trials",
@@ -349,7 +350,6 @@ def _add_training_arguments(parser: argparse.ArgumentParser, words: TaskWords) -
         help="Do not train FE cells on the feature cache (block "
         f"outputs computed once per {words.examples}); slower, same results.",
     )
-    train.add_argument("--cache-dir", help="Folder persisting the feature cache (shared by --workers).")
     train.add_argument(
         "--head-modules",
         nargs="+",
@@ -403,7 +403,42 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
         "cores/workers each). 1 is often fastest on a busy machine.",
     )
     out.add_argument("--quiet", action="store_true", default=None, help="No progress bar.")
+    add_cache_arguments(parser)
     add_probe_arguments(parser)
+
+
+# storage dtypes of the feature cache (``--cache-dtype``); float32, the default, is exact
+CACHE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """The feature cache's options: where it lives, its precision, and its size before a run."""
+    cache = parser.add_argument_group(
+        "feature cache (FE cells; a sweep prints its size first and refuses one that cannot fit)"
+    )
+    cache.add_argument(
+        "--cache-dir",
+        help="Folder persisting the feature cache as memory-mapped shards. Pays off with --workers > 1 "
+        "(one copy shared through the page cache instead of one per worker), when sweeps re-run on "
+        "the same encoder, data and max length (computed once, reused), and when the printed cache "
+        "size nears the memory available (pages are read from disk instead of a refusal). Needs disk "
+        "space of the printed size. Default: in memory, per process.",
+    )
+    cache.add_argument(
+        "--cache-dtype",
+        choices=CACHE_DTYPES,
+        help="Storage of the cached states: float32 (default: the encoder's own numbers), or "
+        "bfloat16 / float16: half the memory, cast back to float32 on use, so results change a little "
+        "(the F1 effect is not measured yet). Part of the results' setup "
+        "key: runs of another precision never mix.",
+    )
+    cache.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="Print the bytes the feature cache will hold (sentences x kept positions x blocks x "
+        "width x bytes), the model's and the memory available, then exit without running.",
+    )
 
 
 PROBE_TOP = 3  # --probe-layers without a value: the best 3 layers
@@ -429,10 +464,10 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 CLASSIFY_WORDS = TaskWords(
     examples="example",
-    score="dev accuracy (macro-F1 with --metric macro_f1)",
+    score="dev score of --metric (accuracy or macro-F1)",
     test="test accuracy and macro-F1",
     eval_every="Evaluate on dev every k epochs (and after the last); each run keeps its best dev epoch. "
-    "Default: 1.",
+    "Default: 5 (scoring dev is most of a cached run's time).",
     batch="Examples per step. Default: 8.",
     head="Head modules trained with the fusion (peft modules_to_save); default: the modules the "
     "checkpoint lacks (the new head: BERT's classifier, a decoder's score).",
@@ -651,7 +686,7 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
         help="Compared models: vanilla (the model alone) and the variants of the registry's seq2seq "
         "methods (encoder_fusion, surface_hard, surface_soft); default: all of them",
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     parser.add_argument(
         "--seeds",
         nargs="+",
@@ -660,7 +695,7 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
         help="Trials (one model per method and seed)",
     )
     parser.add_argument(
-        "--learning-rates", nargs="+", type=float, default=list(DEFAULT_LEARNING_RATES),
+        "--learning-rates", nargs="+", type=learning_rate, default=list(DEFAULT_LEARNING_RATES),
         help="AdamW learning rates; with several, each method's is selected on dev with the first seed",
     )  # fmt: skip
     for name, value in asdict(Seq2SeqSettings()).items():

@@ -2,23 +2,35 @@ r"""R+n, the "deeper baseline": ``n`` extra blocks of the base model's own kind 
 
 .. math::
 
-    h = B_n(\dots B_1(z_L))  \qquad B_i \text{: fresh, randomly initialised copies of the last block}
+    h = F(B_n(\dots B_1(z_L)))  \qquad B_i \text{: fresh, randomly initialised copies of the last block}
+
+``F`` is the stack's final norm (pre-norm stacks: ``model.norm``, ``ln_f``, T5's
+``final_layer_norm``...; the identity for post-norm ones), so R+n is exactly "the model with
+``n`` more blocks": the extra blocks continue the residual stream ``z_L`` and the final norm
+comes after them (see the placement rule in ``fusion.py``).
 
 Each extra block is called with exactly the arguments the model's last block received
-(attention mask, position bias, rotary embeddings...), so any block type works. By
-default ``n`` is chosen so that the extra blocks match Concat's budget (``L d^2``): 1 for
+(attention mask, causal mask, position bias, rotary embeddings, cache position...), so any
+block type works, decoders' included. In a decoder, block ``L + i`` gets its own key/value
+cache slot ``L + i`` (its ``layer_idx``; the slot is added to the model's cache next to the
+last block's, of the same kind: full or sliding window), so cached generation equals
+uncached forwards; a cache that cannot take a slot is refused with one line.
+
+By default ``n`` is chosen so that the extra blocks match Concat's budget (``L d^2``): 1 for
 12-layer bases, 2 for 24-layer bases.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
+from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from ..config import LayerFusionConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule
@@ -97,6 +109,72 @@ def fresh_copy(block: nn.Module, model: nn.Module) -> nn.Module:
     return new
 
 
+def set_layer_index(block: nn.Module, index: int) -> None:
+    """Set every ``layer_idx`` in ``block`` (its attention modules' key/value cache slot) to ``index``."""
+    for sub in block.modules():
+        if isinstance(getattr(sub, "layer_idx", None), int):
+            sub.layer_idx = index
+
+
+def caches_in(args: tuple, kwargs: dict[str, Any]) -> list[Cache]:
+    """The key/value caches among a block call's arguments (self- and cross-attention ones apart)."""
+    found = [value for value in (*args, *kwargs.values()) if isinstance(value, Cache)]
+    caches: list[Cache] = []
+    for cache in found:
+        if isinstance(cache, EncoderDecoderCache):
+            caches += [cache.self_attention_cache, cache.cross_attention_cache]
+        else:
+            caches.append(cache)
+    return caches
+
+
+def empty_cache_layer_like(layer: Any) -> Any:
+    """A new, empty cache layer of ``layer``'s class and settings (e.g. the same sliding window).
+
+    The constructor's named parameters are read back from ``layer``'s attributes of the same name
+    (``DynamicSlidingWindowLayer(sliding_window=...)``, ``StaticLayer(max_cache_len=...)``).
+
+    Raises:
+        TypeError: if a parameter cannot be read back.
+    """
+    cls = type(layer)
+    settings = {}
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if hasattr(layer, name):
+            settings[name] = getattr(layer, name)
+        elif parameter.default is parameter.empty:
+            raise TypeError(f"cannot read `{name}` of a {cls.__name__}")
+    return cls(**settings)
+
+
+def reserve_cache_slots(caches: list[Cache], first: int, count: int) -> None:
+    """Make sure every cache in ``caches`` has slots ``first .. first + count - 1`` (extra blocks' own).
+
+    A new slot copies the kind of slot ``first - 1`` (the last block's), so an extra copy of a
+    sliding-window block keeps its window. Lazily growing caches need nothing.
+
+    Raises:
+        ValueError: one line, when a cache cannot take a slot (then generate with ``use_cache=False``).
+    """
+    for cache in caches:
+        layers = getattr(cache, "layers", None)
+        if getattr(cache, "layer_class_to_replicate", None) is not None:
+            continue  # it appends a layer for any new index by itself
+        try:
+            if not isinstance(layers, list) or not layers:
+                raise TypeError("it keeps no list of layers")
+            while len(layers) < first + count:
+                layers.append(empty_cache_layer_like(layers[min(first, len(layers)) - 1]))
+        except TypeError as error:
+            raise ValueError(
+                f"R+n (extra_layers) cannot give its {count} extra blocks key/value cache slots {first}.."
+                f"{first + count - 1} in a {type(cache).__name__} ({error}): use a DynamicCache, or call the "
+                "model with use_cache=False."
+            ) from error
+
+
 class ExtraLayers(FusionModule):
     """``h = B_n(... B_1(z_L))`` with blocks of the base model's own class.
 
@@ -114,6 +192,9 @@ class ExtraLayers(FusionModule):
             last_block, context.num_fused, context.hidden_size
         )
         self.blocks = nn.ModuleList(fresh_copy(last_block, context.model) for _ in range(n))
+        self.first_slot = context.located.num_blocks  # block L + i has cache slot L + i
+        for i, block in enumerate(self.blocks):
+            set_layer_index(block, self.first_slot + i)
 
     @classmethod
     def check_supported(cls, config: ExtraLayersConfig, context: FusionContext) -> None:
@@ -127,9 +208,11 @@ class ExtraLayers(FusionModule):
         hidden = capture.states[-1]  # z_L: (batch, seq, d)
         if self._needs_input_grad(hidden):
             hidden = hidden.detach().requires_grad_(True)
+        caches = caches_in(capture.last_block_args, capture.last_block_kwargs)
+        reserve_cache_slots(caches, self.first_slot, len(self.blocks))
         for block in self.blocks:
             hidden = capture.call_like_last_block(block, hidden)
-        return hidden
+        return hidden  # the final norm F (if any) runs on it next: the model with n more blocks
 
     def _needs_input_grad(self, hidden: torch.Tensor) -> bool:
         """Whether ``z_L`` must be made to require grad so checkpointed blocks get gradients."""

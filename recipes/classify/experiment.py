@@ -27,6 +27,7 @@ from torch import nn
 
 from ..core.cells import FULL_TRAIN, sample_seed
 from ..core.experiment import FewShotExperiment, TaskSettings
+from ..core.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, KeptPositions, storage_dtype
 from ..core.fitting import RunResult
 from ..core.models import check_head_modules, check_length
 from ..core.probes import states_at
@@ -43,6 +44,8 @@ from .models import (
 )
 from .scoring import METRICS, ClassScorer
 
+# what the feature cache keeps of an example where every method reads the head's positions only
+CACHED_POSITIONS = {"first": FIRST_POSITION, "last": LAST_POSITION, "all": ALL_POSITIONS}
 # ClassifySettings fields that change a result, hence part of every record key
 SETUP_FIELDS = (
     "model",
@@ -206,6 +209,7 @@ class ClassifyExperiment(FewShotExperiment):
         self.dev = self._encoded(limited(self.data.dev, settings.dev_limit), "dev")
         self.test = self._encoded(limited(self.data.test, settings.test_limit), "test")
         self.setup = settings.setup()
+        storage_dtype(settings.cache_dtype)  # a bad value stops here, naming the allowed ones
         self._head: tuple[str, ...] | None = None
         self._train_features: dict[int, list[dict]] = {}  # the whole train split, encoded once
         self._cache = None
@@ -287,6 +291,10 @@ class ClassifyExperiment(FewShotExperiment):
 
     def scorer_of(self, features: Sequence[dict]) -> ClassScorer:
         return ClassScorer(features, len(self.labels), self.settings.metric)
+
+    def head_positions(self) -> KeptPositions:
+        """The pooled position the head reads (``first``, ``last``), or every one (``all``: mean pooling)."""
+        return CACHED_POSITIONS[self.positions]
 
     def probe_inputs(
         self, states: torch.Tensor, batch: dict[str, torch.Tensor]

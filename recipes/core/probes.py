@@ -91,17 +91,18 @@ class ProbeRunner(StackedRunner):
         self.num_blocks, self.inputs = num_blocks, inputs
         self._read: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # evaluation batch -> its inputs
 
-    def logits(
-        self, features: Sequence[dict], device: torch.device, memo: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The logits of every probe and the labels at the read positions of ``features``.
 
-        ``memo``: keep this batch's inputs (the read positions only) for the next call with the same
-        examples (evaluation batches: the dev set is scored every ``eval_every`` epochs), for as long as
-        this runner lives (one trial's probes).
+        An evaluation batch (the model in eval mode:
+        :func:`~layerfusion_recipes.core.runner.predict_labelled`) keeps its inputs (the read
+        positions only) for the next call with the same examples (the dev set is scored every
+        ``eval_every`` epochs), for as long as this runner lives (one trial's probes); a training
+        batch (shuffled) is read each time.
         """
-        key = tuple(tuple(feature["input_ids"]) for feature in features) if memo else None
-        if key in self._read:
+        memo = not self.model.training
+        key = tuple(tuple(feature["input_ids"]) for feature in features)
+        if memo and key in self._read:
             inputs, labels = self._read[key]
         else:
             inputs, labels = self.read(features)
@@ -115,8 +116,13 @@ class ProbeRunner(StackedRunner):
         return (logits + bias.unsqueeze(2)).flatten(0, 1), labels.to(device)
 
     def read(self, features: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The probe inputs of ``features`` from the cache: ``(read, L, d)`` and their ``(read,)`` labels."""
-        states = self.cache.batch_states(features)[-self.num_blocks :]  # (L, batch, seq, d): z_1 .. z_L
+        """The probe inputs of ``features`` from the cache: ``(read, L, d)`` and their ``(read,)`` labels.
+
+        The cache's batch is ``z_1 .. z_L`` at each sentence's own positions (zeros where it kept
+        nothing: a cache of the head's positions only), so the task's read positions index it as they
+        index ``output_hidden_states``.
+        """
+        states = self.cache.batch_states(features)  # (L, batch, seq, d): z_1 .. z_L (z_0 is not cached)
         return self.inputs(states, collate(features, self.pad_id))
 
 
@@ -171,14 +177,32 @@ def probe_records(
 
 
 def probe_runner(experiment: FewShotExperiment, train: Sequence[dict], trial: int, count: int) -> ProbeRunner:
-    """The :class:`ProbeRunner` of a trial: the feature cache filled with ``train``, every head drawn
-    from ``seed + trial``."""
-    cache = experiment.filled_cache(train)
-    num_blocks = cache.located.num_blocks
+    """The :class:`ProbeRunner` of a trial: the feature cache filled with ``train`` (nothing to compute
+    after :meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.prefill_cache`, whose encoder
+    is gone), every head drawn from ``seed + trial``."""
+    cache = experiment.filled_cache(train)  # the probes read the head's positions: any kept layout
+    num_blocks = cache.num_blocks
     width = cache.batch_states(train[:1]).shape[-1]
     torch.manual_seed(experiment.settings.seed + trial)
     head = nn.Linear(width, len(experiment.labels))
     return ProbeRunner(head, num_blocks, count, cache, experiment.probe_inputs)
+
+
+def probe_cells(grid: dict[str, Any]) -> list[Cell]:
+    """The probes' trials of ``grid``, one :class:`~layerfusion_recipes.core.cells.Cell` of the method
+    ``probe`` under ``fe`` per (max epochs, shots, trial): what they read of the feature cache (the
+    dev and test sets, each trial's sample) is what an FE cell of the same shots and trial reads.
+
+    Example:
+        >>> probe_cells({"shots": [8], "epochs": [25], "trials": 2})
+        [Cell(method='probe', regime='fe', shots=8, epochs=25, trial=0), Cell(method='probe', ...)]
+    """
+    return [
+        Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
+        for epochs in grid["epochs"]
+        for shots in grid["shots"]
+        for trial in range(grid["trials"])
+    ]
 
 
 def run_probes(
@@ -197,12 +221,7 @@ def run_probes(
     """
     path = probes_path(grid["results"])
     lrs = experiment.settings.lr_grid(PROBE_REGIME)
-    units = [
-        Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
-        for epochs in grid["epochs"]
-        for shots in grid["shots"]
-        for trial in range(grid["trials"])
-    ]
+    units = probe_cells(grid)
     wanted = {record_key(cell, lr, experiment.setup) for cell in units for lr in lrs}
     done = finished_keys(path)
     todo = [

@@ -102,16 +102,11 @@ class Runner:
         """A one-parameter-set runner over the same model, cache and positions."""
         return Runner(self.model, self.located, self.cache, self.positions, self.pad_id)
 
-    def logits(
-        self, features: Sequence[dict], device: torch.device, memo: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's logits and the labels of a list of features (collated, on ``device``).
-
-        ``memo``: keep the padded cached states of this batch (evaluation batches repeat).
-        """
+    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's logits and the labels of a list of features (collated, on ``device``)."""
         batch = {k: v.to(device) for k, v in collate(features, self.pad_id).items()}
         replay = (
-            self.cache.replay(self.located, self.cache.batch_states(features, memo))
+            self.cache.replay(self.located, self.cache.batch_states(features))
             if self.cache
             else nullcontext()
         )
@@ -227,7 +222,7 @@ def predict_labelled(
     predicted = []
     with eval_mode(runner.model):
         for start in range(0, len(features), batch_size):
-            logits, labels = runner.logits(features[start : start + batch_size], device, memo=True)
+            logits, labels = runner.logits(features[start : start + batch_size], device)
             predicted.append(labelled_predictions(logits, labels))  # (..., batch labelled)
     return torch.cat(predicted, dim=-1)
 

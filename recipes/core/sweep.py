@@ -22,7 +22,19 @@ table and figures.
 
 Every invocation appends one line to ``sweeps.jsonl`` beside the results file when it ends (also on
 an error or Ctrl-C): its wall time, peak memory, workers, threads, command line, runs and the
-machine's load (see :mod:`layerfusion_recipes.core.sweep_log`; only the main process writes it).
+machine's load (see :mod:`layerfusion_recipes.core.sweep_log`; only the main process writes it),
+and ``cache_bytes`` / ``cache_model_bytes``, the feature cache's predicted size.
+
+Before any run, a sweep with FE cells on the feature cache prints the bytes the cache will hold
+(:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.cache_plan`: examples x kept positions
+x blocks x width x bytes, the model's, the memory available) and refuses, in one line naming the
+options that would make it fit, a cache that its processes cannot hold in memory
+(:func:`~layerfusion_recipes.core.feature_cache.memory_check`); ``dry_run`` prints that alone. A
+one-process sweep fills the cache with everything its runs (and its layer probes) read first, then
+lets the encoder go (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.prefill_cache`).
+With ``probe_layers`` the main process trains the layer probes
+(:func:`~layerfusion_recipes.core.probes.run_probes`) on that cache before the runs; ``dry_run``
+trains none.
 
 A task's settings build its experiment (``settings.make_experiment()``, also in each worker) and the
 experiment checks the shot sizes (``check_shots``) before any run.
@@ -51,12 +63,14 @@ from .cells import (
     planned_runs,
     record_key,
 )
+from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
-from .probes import probes_path, run_probes
+from .feature_cache import CachePlan, available_memory, memory_check
+from .probes import probe_cells, probes_path, run_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
-from .sweep_log import logged_sweep
+from .sweep_log import SweepStart, logged_sweep
 
 _WORKER: FewShotExperiment | Exception | None = None
 
@@ -116,8 +130,7 @@ def run_cells(
     state = process_state()
     check_workers(workers, state.num_processes)
     grids = {cell.regime: settings.lr_grid(cell.regime) for cell in cells}
-    first = [c for c in cells if select_trials is None or c.trial < select_trials]
-    later = [c for c in cells if select_trials is not None and c.trial >= select_trials]
+    first, later = split_trials(cells, select_trials)
     wanted = {record_key(c, lr, setup) for c in first for lr in grids[c.regime]}
     mine = _share_of(state)
     first_units = mine([(cell, grids[cell.regime]) for cell in first])
@@ -162,6 +175,19 @@ def _run_at_selected_lrs(later: list[Cell], wanted: set[str], runner, mine, setu
     bar.update(len({record_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
     runner.run(units)
     return keys
+
+
+def split_trials(cells: list[Cell], select_trials: int | None) -> tuple[list[Cell], list[Cell]]:
+    """``(first, later)``: the cells that run every LR (the selection trials; all without
+    ``select_trials``) and those that run the selected one, each in grid order (the order they run).
+
+    Example:
+        >>> [len(part) for part in split_trials(grid_cells(grid), select_trials=1)]  # 3 trials
+        [2, 4]
+    """
+    first = [c for c in cells if select_trials is None or c.trial < select_trials]
+    later = [c for c in cells if select_trials is not None and c.trial >= select_trials]
+    return first, later
 
 
 def _share_of(state) -> Callable[[list[Unit]], list[Unit]]:
@@ -258,7 +284,8 @@ def run_sweep(
     Args:
         settings: The task's settings.
         grid: methods, regimes, shots, epochs, trials and the run options output, results,
-            workers, quiet, threads, select_trials (a task's ``resolve``).
+            workers, quiet, threads, select_trials, dry_run (a task's ``resolve``; ``dry_run``: print
+            the runs and the feature cache's bytes, run nothing).
         figures: Also write ``table.md`` and the figures into the output folder.
         argv: The command line, for the sweep log (default ``sys.argv``).
         config: The ``--config`` file, for the sweep log.
@@ -281,20 +308,76 @@ def run_sweep(
         "config": config,
         "runs_planned": planned_runs(cells, settings, grid["select_trials"]),
     }
+    if grid.get("dry_run"):
+        return dry_run(settings, grid, cells, state)
     keys = grid_keys(cells, settings)
     with logged_sweep(grid["results"], keys, fields, state.is_main_process, checks_first=True) as start:
-        return _sweep(settings, grid, cells, state, figures, start)
+        return _sweep(settings, grid, cells, state, figures, start, fields)
+
+
+def cache_memory(
+    experiment: FewShotExperiment, cells: list[Cell], grid: dict[str, Any], state
+) -> tuple[CachePlan | None, str, str | None]:
+    """The sweep's feature cache (what ``cells`` and the layer probes read) against the memory:
+    ``(plan, line, refusal)`` (see :func:`~layerfusion_recipes.core.feature_cache.memory_check`);
+    ``(None, "", None)`` without one."""
+    plan = experiment.cache_plan(cells + probed_cells(grid))
+    if plan is None:
+        return None, "", None
+    copies = grid["workers"] * state.num_processes
+    mapped = experiment.settings.cache_dir is not None
+    line, refusal = memory_check(plan, copies, mapped, available_memory())
+    return plan, line, refusal
+
+
+def probed_cells(grid: dict[str, Any]) -> list[Cell]:
+    """The layer probes' trials of ``grid`` (:func:`~layerfusion_recipes.core.probes.probe_cells`;
+    none without ``probe_layers``): they read the feature cache too."""
+    return probe_cells(grid) if grid.get("probe_layers") else []
+
+
+def dry_run(settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], state) -> int:
+    """``--dry-run``: print the runs and the feature cache's bytes (and whether it fits), run nothing."""
+    experiment = settings.make_experiment()
+    experiment.check_shots(grid["shots"])
+    plan, line, refusal = cache_memory(experiment, cells, grid, state)
+    print(f"runs planned: {planned_runs(cells, settings, grid['select_trials'])}")
+    print(line if plan is not None else "feature cache: none (no FE cell on the cache)")
+    if grid.get("probe_layers"):
+        print(f"layer probes planned: {len(probed_cells(grid))} trials (not run by a dry run)")
+    if refusal:
+        print(f"a sweep would stop here: {refusal}")
+    return 0
 
 
 def _sweep(
-    settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], state, figures: bool, start
+    settings: TaskSettings,
+    grid: dict[str, Any],
+    cells: list[Cell],
+    state,
+    figures: bool,
+    start: SweepStart,
+    fields: dict[str, Any],
 ) -> int:
     experiment = settings.make_experiment()  # loads and checks the data and the tokenizer
     experiment.check_shots(grid["shots"])
+    plan, line, refusal = cache_memory(experiment, cells, grid, state)
+    if plan is not None:
+        fields.update(cache_bytes=plan.nbytes, cache_model_bytes=plan.model_bytes)
+        if state.is_main_process:
+            print(f"layerfusion: {line}", file=sys.stderr)
+    if refusal:
+        raise UserError(refusal)
     start.begin()  # refused before this line: no sweeps.jsonl line (nor output folder)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
-    top = grid.get("probe_layers")  # the layer probes first: they fill the feature cache the FE runs read
+    if plan is not None and grid["workers"] == 1 and state.num_processes == 1:
+        # everything the runs and the probes read, in the order the runs read it (the probes' samples
+        # are the FE cells' where the grid has some); then the encoder that computes it goes
+        first, later = split_trials(cells, grid["select_trials"])
+        experiment.prefill_cache(first + later + probed_cells(grid))
+    # the layer probes on the filled cache (the encoder gone after a prefill), before the runs
+    top = grid.get("probe_layers")
     probes = run_probes(experiment, grid, progress=not grid["quiet"]) if top and state.is_main_process else []
     records = run_cells(
         cells,

@@ -26,7 +26,7 @@ import io
 import os
 import sys
 import tokenize
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,17 +310,11 @@ def hub_dataset(name: str, config: str | None = None) -> Any:
         ) from error
 
 
-def load_hub(
-    name: str, language: str | None, columns: NerColumns
-) -> tuple[dict[str, list[NerSentence]], list[str]]:
-    """Splits of a Hub dataset (``datasets.load_dataset(name[, language])``; needs a connection)."""
-    return _dataset_splits(hub_dataset(name, language), columns, name)
-
-
 def load_splits(
     source: str, language: str | None, columns: NerColumns
 ) -> tuple[dict[str, list[NerSentence]], str, list[str]]:
-    """The sentences of each split found at ``source``, the data's name and notes.
+    """The sentences of each split found at ``source``, the data's name and notes
+    (:func:`load_source` with the NER readers).
 
     Returns:
         ``({"train"|"dev"|"test"|"all": sentences}, name, notes)``; ``all`` for one unsplit file
@@ -329,24 +323,53 @@ def load_splits(
     Raises:
         DataSourceError: Nothing loadable at ``source``.
     """
+    return load_source(
+        source,
+        lambda raw, where: _dataset_splits(raw, columns, where),
+        lambda path: read_split_file(path, columns),
+        language,
+    )
+
+
+def load_source(
+    source: str,
+    from_dataset: Callable[[Any, str], tuple[dict[str, T], list[str]]],
+    from_file: Callable[[Path], T],
+    config: str | None = None,
+) -> tuple[dict[str, T], str, list[str]]:
+    """What each split found at ``source`` holds, read by a task's readers, the data's name and notes.
+
+    ``source`` may be a ``save_to_disk`` folder, a folder of split files (optionally under a
+    ``config`` sub-folder, e.g. a WikiANN language), one file (split ``all``) or a Hub name
+    (``config``: its configuration).
+
+    Args:
+        source: The ``--data`` value.
+        from_dataset: A ``Dataset``/``DatasetDict`` and its name -> ``({split: read}, notes)``.
+        from_file: A split file -> what it holds.
+        config: A sub-folder or Hub configuration.
+
+    Raises:
+        DataSourceError: Nothing loadable at ``source``, or a folder without a train file.
+    """
     path = Path(source)
-    if path.is_dir() and language and (path / language).is_dir():
-        path = path / language
+    if path.is_dir() and config and (path / config).is_dir():
+        path = path / config
     if path.is_dir() and is_saved_dataset(path):
-        splits, notes = _dataset_splits(load_saved(path), columns, str(path))
+        splits, notes = from_dataset(load_saved(path), str(path))
         return splits, str(path), notes
     if path.is_dir():
         files = split_files(path)
         if "train" not in files:
             raise DataSourceError(
-                f"{path}: needs a train file (train.txt, train.jsonl, ... or a save_to_disk "
+                f"{path}: needs a train file (train.txt, train.csv, train.jsonl, ... or a save_to_disk "
                 f"directory), found {sorted(os.listdir(path))}"
             )
-        return {split: read_split_file(file, columns) for split, file in files.items()}, str(path), []
+        return {split: from_file(file) for split, file in files.items()}, str(path), []
     if path.is_file():
-        return {"all": read_split_file(path, columns)}, str(path), []
+        return {"all": from_file(path)}, str(path), []
     if looks_like_hub_name(source):
-        splits, notes = load_hub(source, language, columns)
+        splits, notes = from_dataset(hub_dataset(source, config), source)
         return splits, source, notes
     raise DataSourceError(f"--data {source!r}: no such file or directory")
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,17 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import DataSourceError, first_line
-from .locations import TABULAR_BUILDERS, looks_like_hub_name
+from .locations import TABULAR_BUILDERS
 from .readers import DataFormatError, _decoded_lines
-from .sources import (
-    canonical_split,
-    cut_missing_splits,
-    hub_dataset,
-    is_saved_dataset,
-    load_saved,
-    quiet_datasets,
-    split_files,
-)
+from .sources import canonical_split, cut_missing_splits, load_source, quiet_datasets
 
 LABEL_COLUMNS = ("label", "labels", "class", "category", "target")
 TEXT_COLUMNS = ("text", "sentence", "content", "review", "document", "question", "body", "tweet", "utterance")
@@ -285,29 +276,13 @@ def dataset_tables(raw: Any, where: str) -> tuple[dict[str, Table], list[str]]:
 
 
 def load_tables(source: str) -> tuple[dict[str, Table], str, list[str]]:
-    """The table of each split found at ``source``, the data's name and notes.
+    """The table of each split found at ``source``, the data's name and notes
+    (:func:`~layerfusion_recipes.data.sources.load_source` with the tables' readers).
 
     Raises:
         DataSourceError: Nothing loadable at ``source``.
     """
-    path = Path(source)
-    if path.is_dir() and is_saved_dataset(path):
-        tables, notes = dataset_tables(load_saved(path), str(path))
-        return tables, str(path), notes
-    if path.is_dir():
-        files = split_files(path)
-        if "train" not in files:
-            raise DataSourceError(
-                f"{path}: needs a train file (train.csv, train.tsv, train.jsonl, ... or a save_to_disk "
-                f"directory), found {sorted(os.listdir(path))}"
-            )
-        return {split: read_table(file) for split, file in files.items()}, str(path), []
-    if path.is_file():
-        return {"all": read_table(path)}, str(path), []
-    if looks_like_hub_name(source):
-        tables, notes = dataset_tables(hub_dataset(source), source)
-        return tables, source, notes
-    raise DataSourceError(f"--data {source!r}: no such file or directory")
+    return load_source(source, dataset_tables, read_table)
 
 
 # ----------------------------------------------------------------------------- tables -> examples

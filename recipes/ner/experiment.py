@@ -1,8 +1,9 @@
 """NER over the shared few-shot core: one experiment (model + data) and the runs of its cells.
 
 The :class:`Experiment` loads the tokenizer, encodes the dev and test splits once and, for the FE
-regime, owns the feature cache shared by every cell
-(:class:`~layerfusion_recipes.core.experiment.FewShotExperiment` does the rest). What is NER's own:
+regime, owns the feature cache shared by every cell (keeping the labelled positions only where every
+method of the sweep reads no other: :data:`LABELLED_POSITIONS`, :func:`cache_positions_for`;
+:class:`~layerfusion_recipes.core.experiment.FewShotExperiment` does the rest). What is NER's own:
 the token classifier, the N-shot sample (``N * C`` sentences uniformly, C = entity types;
 :func:`sample_size`), the loss at the labelled positions
 (:class:`~layerfusion_recipes.ner.training.TokenClassifierRunner`), seqeval's micro-F1
@@ -23,14 +24,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..core.cells import Cell, lrs_train_together, record_key, sample_seed
+from ..core import experiment as core_experiment
+from ..core.cells import Cell, lrs_train_together, reads_head_positions_only, record_key, sample_seed
 from ..core.experiment import FewShotExperiment, TaskSettings
+from ..core.feature_cache import KeptPositions, storage_dtype
 from ..core.fitting import RunResult
 from ..core.models import check_head_modules, check_length, load_token_classifier, model_skeleton
 from ..core.probes import states_at
 from ..core.runner import Runner, labelled_positions
 from ..data.gold import GoldReach, gold_reach
-from ..data.readers import NerDataset, encode_ner
+from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
 from ..data.sampling import sample_shots
 from ..data.sources import NerColumns, load_ner
 from .candidates import StackedRunner
@@ -39,15 +42,26 @@ from .training import RunResult as NerRunResult
 from .training import TokenClassifierRunner
 
 __all__ = [
+    "LABELLED_POSITIONS",
     "Cell",
     "Experiment",
     "ExperimentSettings",
+    "cache_positions_for",
     "check_sample_sizes",
     "lrs_train_together",
+    "reads_labelled_only",
     "record_key",
     "sample_seed",
     "sample_size",
 ]
+
+
+def _labelled_positions(feature: dict) -> list[int]:
+    return [position for position, label in enumerate(feature["labels"]) if label != IGNORE_INDEX]
+
+
+# what the loss and the scorer read: the labelled positions (the first sub-word of each word)
+LABELLED_POSITIONS = KeptPositions("labelled", _labelled_positions)
 
 # ExperimentSettings fields that change a result, hence part of every record key
 SETUP_FIELDS = (
@@ -81,9 +95,12 @@ class ExperimentSettings(TaskSettings):
         tag_scheme: Tag scheme of the data (``auto`` detects; converted to IOB2).
         train_sentences: Sample exactly this many training sentences per trial instead of
             ``N * C`` (e.g. a fixed 100-sentence budget); ``None``: the N-shot protocol.
+
+    ``cache_positions`` is ``all`` or ``labelled`` (:data:`LABELLED_POSITIONS`).
     """
 
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = SETUP_FIELDS
+    READ_POSITIONS: ClassVar[str] = LABELLED_POSITIONS.name
 
     language: str | None = None
     tokens_column: str | None = None
@@ -95,6 +112,29 @@ class ExperimentSettings(TaskSettings):
     def make_experiment(self) -> Experiment:
         """The :class:`Experiment` of these settings (what a sweep's workers build)."""
         return Experiment(self)
+
+
+def reads_labelled_only(method: str) -> bool:
+    """Whether a run of ``method`` reads the encoder's states at the labelled positions only: the
+    plain head and the token-wise fusion methods; R+n attends over every position
+    (:func:`~layerfusion_recipes.core.cells.reads_head_positions_only`).
+
+    Example:
+        >>> reads_labelled_only("dwatt"), reads_labelled_only("extra_layers")
+        (True, False)
+    """
+    return reads_head_positions_only(method)
+
+
+def cache_positions_for(methods: Iterable[str]) -> str:
+    """The ``cache_positions`` of a NER feature cache shared by ``methods``: ``labelled`` when every
+    one of them reads no other position, else ``all``.
+
+    Example:
+        >>> cache_positions_for(["none", "concat"]), cache_positions_for(["none", "extra_layers"])
+        ('labelled', 'all')
+    """
+    return core_experiment.cache_positions_for(methods, LABELLED_POSITIONS.name)
 
 
 def sample_size(settings: ExperimentSettings, shots: int, num_types: int) -> int:
@@ -186,6 +226,7 @@ class Experiment(FewShotExperiment):
         )  # empty without a test split: records then carry test_f1 = None
         self.test_reach = self._check_reach(gold_reach(self.test, self.id2label), "test")
         self.setup = settings.setup()
+        storage_dtype(settings.cache_dtype)  # a bad value stops here, naming the allowed ones
         self._cache = None
 
     def _check_reach(self, reach: GoldReach, split: str) -> GoldReach:
@@ -220,6 +261,9 @@ class Experiment(FewShotExperiment):
         sample_trial = 0 if self.settings.fixed_sample else trial
         sample = sample_shots(self.data.train, size, types, sample_seed(shots, sample_trial))
         return encode_ner(self.tokenizer, sample, self.label2id, self.settings.max_length)
+
+    def head_positions(self) -> KeptPositions:
+        return LABELLED_POSITIONS
 
     def scorer_of(self, features: Sequence[dict]) -> SpanScorer:
         return SpanScorer(features, self.id2label)

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from ..core import fitting
+from ..core.feature_cache import FeatureCache
 from ..core.fitting import TrainSettings
 from ..core.runner import Runner, labelled_positions
-from .cache import FeatureCache
 from .scoring import SpanScorer
 
 __all__ = ["RunResult", "TokenClassifierRunner", "TrainSettings", "evaluate", "evaluate_f1", "fit"]

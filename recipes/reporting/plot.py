@@ -415,13 +415,13 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
             for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
                 if row.get("lrs") and len(row["lrs"]) > 1:
                     own.append((x, y, f"{row['lr']:g}" + (" (edge)" if row["edge"] else ""), method))
-            ax.fill_between(  # a score lies in [0, 100]: so does its band
-                shots,
-                [max(0.0, m - r["ci"]) for m, r in zip(mean, line, strict=True)],
-                [min(100.0, m + r["ci"]) for m, r in zip(mean, line, strict=True)],
-                alpha=0.2,
-                color=color,
-            )
+            low = [max(0.0, m - r["ci"]) for m, r in zip(mean, line, strict=True)]  # a score is in [0, 100]:
+            high = [min(100.0, m + r["ci"]) for m, r in zip(mean, line, strict=True)]  # so is its interval
+            if len(shots) > 1:
+                ax.fill_between(shots, low, high, alpha=0.2, color=color)
+            else:  # one shot size: a band would be a hairline
+                yerr = [[mean[0] - low[0]], [high[0] - mean[0]]]
+                ax.errorbar(shots, mean, yerr=yerr, color=color, capsize=4, alpha=0.6, linestyle="none")
         ax.set_xscale("log", base=2)
         ticks = sorted({row["shots"] for row in panel}, key=shots_size)
         smallest, largest = where[ticks[0]], where[ticks[-1]]
@@ -434,7 +434,7 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
         _lr_labels(ax, own)
     score = "test" if all(row["score"] == "test" for row in rows) else "dev"
     axis = metric_named(rows[0]["metric"] if rows else "f1").axis
-    return _finish_panels(plt, figure, axes, path, f"{score} {axis} (%), mean ± 95% CI")
+    return _finish_panels(plt, figure, axes, path, f"{score} {axis} (%)\nmean ± 95% CI over trials")
 
 
 def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
@@ -466,7 +466,8 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("max LR (circled: selected on dev)")
     axis = metric_named(rows[0]["metric"]).axis
-    return _finish_panels(plt, figure, axes, path, f"{axis} (%), mean (solid: dev, dashed: test)")
+    label = f"{axis} (%), mean over trials\n(solid: dev, dashed: test)"
+    return _finish_panels(plt, figure, axes, path, label)
 
 
 def plot_dev_curves(
@@ -496,7 +497,7 @@ def plot_dev_curves(
         ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("training steps")
     axis = metric_named(metric).axis
-    return _finish_panels(plt, figure, axes, path, f"dev {axis} (%) at the selected LR, mean over trials")
+    return _finish_panels(plt, figure, axes, path, f"dev {axis} (%)\nselected LR, mean over trials")
 
 
 def plot_depth_attention(
@@ -515,13 +516,14 @@ def plot_depth_attention(
     keys = sorted(groups)
     matrix = [[sum(col) / len(col) for col in zip(*groups[key], strict=True)] for key in keys]
     layers = len(matrix[0])
-    figure, ax = plt.subplots(figsize=(1.0 + 0.6 * layers, 0.9 + 0.4 * len(keys)))
+    # wide and tall enough for the title and the colour bar's label whatever the layer and row counts
+    figure, ax = plt.subplots(figsize=(max(4.5, 2.0 + 0.6 * layers), max(2.4, 1.2 + 0.4 * len(keys))))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis")
     ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
     ax.set_yticks(range(len(keys)), [f"{r} N={shots_text(n)} ep={e}" for r, n, e in keys])
     ax.set_xlabel("fused layer")
-    ax.set_title("DWAtt mean depth attention (dev tokens, selected LR)")
-    figure.colorbar(image, ax=ax).set_label("mean attention weight (a row sums to 1)")
+    ax.set_title("DWAtt mean depth attention\n(dev tokens, at the selected LR)", fontsize=10)
+    figure.colorbar(image, ax=ax).set_label("mean attention weight\n(each row sums to 1)")
     path = _save(figure, Path(path))
     plt.close(figure)
     return path

@@ -12,6 +12,17 @@ DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_LEARNING_RATES = (3e-3,)
 CORRUPTIONS = ("replace", "delete", "swap", "insert", "repeat")
 ARCHITECTURES = ("marian", "bart")
+# what each numeric field allows: (lowest, highest, whether the lowest is allowed, whether the highest is)
+INF = float("inf")
+COUNTS = ("train_sentences", "dev_sentences", "test_sentences", "max_words", "vocab_size", "width", "layers")
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    **dict.fromkeys((*COUNTS, "epochs", "batch_size", "beams"), (1, INF, True, False)),
+    "noise": (0.0, 1.0, True, True),  # a probability (0: the copy task)
+    "dropout": (0.0, 1.0, True, False),
+    "warmup": (0.0, 1.0, True, False),  # a share of the steps
+    "init_std": (0.0, INF, False, False),
+    "learning_rate": (0.0, INF, False, False),
+}
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,17 @@ class Seq2SeqSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name, (low, high, low_ok, high_ok) in RANGES.items():
+            value = getattr(self, name)
+            above = value > low or (low_ok and value == low)
+            below = value < high or (high_ok and value == high)
+            if not (above and below):  # NaN fails both
+                option = "--learning-rates" if name == "learning_rate" else f"--{name.replace('_', '-')}"
+                if high == INF:
+                    allowed = f"{'>=' if low_ok else '>'} {low:g}"
+                else:
+                    allowed = f"in {'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
+                raise ValueError(f"{option} {value!r}: must be {allowed}")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"architecture={self.architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
         unknown = [kind for kind in self.corruption_kinds if kind not in CORRUPTIONS]

@@ -36,9 +36,12 @@ import torch.distributed as dist
 from conftest import NO_DROPOUT, TINY
 from peft import get_peft_model
 from test_trainer import NUM_LABELS, token_examples
+from tiny_decoders import FAMILIES as DECODERS
+from tiny_decoders import rule_rows
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import (
+    AutoModelForCausalLM,
     AutoModelForTokenClassification,
     BertConfig,
     PretrainedConfig,
@@ -65,8 +68,8 @@ class Family:
     examples: Callable[[], list[dict[str, torch.Tensor]]]  # the same token count in each example
 
 
-# Decoder families join once the library accepts decoders (issue 26), e.g. "llama": LlamaConfig with
-# AutoModelForTokenClassification / AutoModelForCausalLM and lora_targets ("q_proj", "v_proj").
+# An encoder with a token-classification head, and a decoder-only LLM (a pre-norm Llama, fusion_init
+# "auto" = identity) trained as a causal LM, as LLM users train one.
 FAMILIES: dict[str, Family] = {
     "bert": Family(
         config=lambda: BertConfig(**TINY, **NO_DROPOUT, num_labels=NUM_LABELS),
@@ -74,6 +77,13 @@ FAMILIES: dict[str, Family] = {
         task_type="TOKEN_CLS",
         lora_targets=("query", "value"),
         examples=lambda: token_examples(count=GLOBAL_BATCH * STEPS),
+    ),
+    "llama": Family(
+        config=DECODERS["llama"].config,
+        auto_class=AutoModelForCausalLM,
+        task_type="CAUSAL_LM",
+        lora_targets=DECODERS["llama"].lora_targets,
+        examples=lambda: rule_rows(count=GLOBAL_BATCH * STEPS),
     ),
 }
 

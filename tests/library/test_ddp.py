@@ -11,7 +11,8 @@ At the same global batch (each process takes half):
   ``fsdp``/``fsdp_config`` set up plain DDP (``DistributedType.MULTI_CPU``) without a word, so
   FSDP is driven by torch itself here.
 
-The tests are a matrix over the model families of ``ddp_driver.FAMILIES`` (decoders join there).
+The tests are a matrix over the model families of ``ddp_driver.FAMILIES``: a BERT token classifier and a
+Llama causal LM (decoder-only, pre-norm), each with fusion + LoRA in one adapter.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def test_fsdp2_fully_shard_on_two_cpu_processes_trains_as_one_process(family, tm
     torchrun = ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
     two = launched(torchrun, ["fully_shard", family], tmp_path / "two.json")
     assert two["distributed_type"] == "FSDP2" and one["sharded"] == 0
-    assert two["sharded_blocks"] == 3  # each block its own unit, then the root (embeddings, fusion, head)
+    blocks = FAMILIES[family].config().num_hidden_layers
+    assert two["sharded_blocks"] == blocks  # each block its own unit, then the root (the rest)
     assert two["sharded"] == two["parameters"] == one["parameters"]  # all DTensor shards between steps
     assert_same_training(one, two, family)

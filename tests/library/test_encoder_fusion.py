@@ -30,10 +30,15 @@ def reference_logits(base, inputs: dict, weights: torch.Tensor, layers: list[int
             input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], output_hidden_states=True
         ).hidden_states  # x_0 .. x_L (x_L after the encoder's final norm)
         encoder = base.get_encoder()
+        final_norm = getattr(encoder, "final_layer_norm", None)  # T5 is pre-norm: x_L is that norm's input
+        seen = []
+        handle = final_norm.register_forward_pre_hook(lambda m, a: seen.append(a[0])) if final_norm else None
         x_last = encoder(
             input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
         ).last_hidden_state
-        states = (*states[:-1], x_last)
+        if handle is not None:
+            handle.remove()
+        states = (*states[:-1], seen[-1] if seen else x_last)  # the residual stream (fusion.py)
         mixed = norm(sum(w * states[i] for w, i in zip(weights, layers, strict=True)))
         return base(encoder_outputs=BaseModelOutput(last_hidden_state=mixed), **{
             k: v for k, v in inputs.items() if k != "input_ids"

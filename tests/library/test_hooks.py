@@ -108,18 +108,22 @@ def test_t5_encoder_blocks_return_tuples(input_ids):
     assert isinstance(outputs[0], tuple)  # the case this test is about
     model, reference = attach(DWAttConfig(), base=base)
     perturb_(fusion_of(model))
+    norm = reference.encoder.final_layer_norm  # T5 is pre-norm: the rule of fusion.py
+    seen = []
+    norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
     with torch.no_grad():
         fused = model(input_ids=input_ids).last_hidden_state
         z = reference(input_ids=input_ids, output_hidden_states=True).hidden_states
+        z = (*z[:-1], seen[-1])  # z_L: the final norm's input
         module = fusion_of(model)
-        # DWAtt recomputed from the module's own pieces on the reference states (z_L: after final norm)
+        # DWAtt recomputed from the module's own pieces on the reference states, then the final norm
         last = z[-1].reshape(-1, 32)
         weights = module.depth_attention(last)
-        expected = last + sum(
+        expected = norm(last + sum(
             weights[:, n : n + 1] * module.value(n, z[n + 1].reshape(-1, 32)) for n in range(2)
-        )
+        ))  # fmt: skip
     torch.testing.assert_close(fused, expected.view_as(fused), atol=1e-5, rtol=0)
-    assert (fused - z[-1]).abs().max() > 1e-3
+    assert (fused - norm(z[-1])).abs().max() > 1e-3
 
 
 def t5_grads(use_reentrant, input_ids) -> dict[str, torch.Tensor]:

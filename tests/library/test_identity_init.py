@@ -6,10 +6,6 @@ registered method whose config has ``IDENTITY_INIT``; one training step then mov
 output, and the parameters each method's docstring names get non-zero gradients at step 1
 (every parameter by step 2). ``"auto"`` is the paper's init on encoders (bitwise the same
 modules) and the identity on decoder-only models.
-
-The decoder tests inject into tiny causal LMs, which ``discovery.refuse_decoder_only`` refuses
-on this branch: the ``accept_decoders`` fixture (conftest) turns the refusal off for the test.
-Once the library accepts decoders the fixture is a no-op and can go.
 """
 
 from __future__ import annotations
@@ -186,7 +182,6 @@ def test_auto_resolves_to_identity_on_decoders(name):
     assert not ScalarMixConfig().starts_at_base(tiny_bert(), [1, 2, 3], 3)  # an encoder: the paper's
 
 
-@pytest.mark.usefixtures("accept_decoders")
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("name", list(DECODERS))
 def test_decoders_start_at_the_base_by_default(name, variant):

@@ -2,9 +2,7 @@
 
 Gemma 3 270M, Qwen3-0.6B and Llama-3.1-8B, built from their published sizes on the meta device
 (``comparison/shapes.py``: no weights, no download). Every count is checked against a number
-written out by hand from the shapes. The tests that inject a fusion into these decoder-only
-models use the ``accept_decoders`` fixture (conftest), since discovery refuses them on this
-branch; once the library accepts decoders the fixture does nothing.
+written out by hand from the shapes.
 """
 
 from __future__ import annotations
@@ -95,7 +93,6 @@ def test_unknown_shape_names_the_known_ones():
         llm_shape("llama-4")
 
 
-@pytest.mark.usefixtures("accept_decoders")
 @pytest.mark.parametrize("name", list(LLM_SHAPES))
 def test_every_method_sized_to_lora_r16(name):
     shape, sized = SHAPES[name], SIZED[name]
@@ -131,7 +128,6 @@ def test_every_method_sized_to_lora_r16(name):
     assert "concat (map_rank=" in format_table(rows, reference="lora")
 
 
-@pytest.mark.usefixtures("accept_decoders")
 def test_cli_audits_a_shape_name(capsys):
     assert cli_main(["audit", "llama-3.1-8b", "--json"]) == 0
     totals = json.loads(capsys.readouterr().out)
@@ -139,7 +135,6 @@ def test_cli_audits_a_shape_name(capsys):
     assert totals["dwatt"] == 554_350_592
 
 
-@pytest.mark.usefixtures("accept_decoders")
 def test_benchmark_script_prints_the_table(capsys):
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "llm_audit.py"
     spec = importlib.util.spec_from_file_location("llm_audit", path)

@@ -70,7 +70,11 @@ def average_ref(z, layers, module) -> torch.Tensor:
 def scalar_mix_ref(z, layers, module) -> torch.Tensor:
     logits = module.layer_logits
     exp = [torch.exp(logits[n] - logits.max()) for n in range(len(layers))]
-    return module.gamma * sum(e * z[index] for e, index in zip(exp, layers, strict=True)) / sum(exp)
+    weights = [e / sum(exp) for e in exp]  # softmax(w)
+    if "blend" in module._parameters:  # identity init: s = e_L + β (softmax(w) - e_L)
+        last = module.start_index  # where z_L sits among the fused states
+        weights = [module.blend * w + (1 - module.blend) * (n == last) for n, w in enumerate(weights)]
+    return module.gamma * sum(w * z[index] for w, index in zip(weights, layers, strict=True))
 
 
 REFERENCES = {

@@ -1,7 +1,7 @@
 """No silent wrong results in the model (issue 12, points 2 and 4-9; issue 15's two warnings).
 
 Copies carry a working fusion; a failed set-up leaves the base exactly as it was; bad config
-values, decoder-only models, block lists the forward does not run, weighted fusion adapters
+values, block lists the forward does not run, weighted fusion adapters
 and missing checkpoints all fail loudly, naming the cause.
 """
 
@@ -20,7 +20,6 @@ from torch import nn
 
 import peft_layerfusion.methods.dwatt as dwatt
 from peft_layerfusion import (
-    METHODS,
     ConcatConfig,
     DWAttConfig,
     ExtraLayersConfig,
@@ -186,31 +185,6 @@ def test_too_many_extra_layers_are_refused_before_the_model_is_touched():
     with pytest.raises(ValueError, match=r"`num_extra_layers`=10000 .*\[1, 3\]"):
         get_peft_model(base, ExtraLayersConfig(num_extra_layers=10000))
     assert base_state(base) == before
-
-
-# ----------------------------------------------------------------------------- 6. decoder-only
-def tiny_llama() -> nn.Module:
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(
-        vocab_size=TINY["vocab_size"], hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-    )  # fmt: skip
-    return tf.LlamaForCausalLM(config).eval()
-
-
-@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
-def test_decoder_only_models_are_refused_by_every_method(method):
-    base = tiny_llama()
-    before = base_state(base)
-    with pytest.raises(ValueError, match=r"LlamaForCausalLM \(model_type='llama'\) is a decoder-only"):
-        get_peft_model(base, method.config_cls())
-    assert base_state(base) == before
-
-
-def test_bert_as_a_decoder_is_refused():
-    base = tf.BertLMHeadModel(tf.BertConfig(**TINY, is_decoder=True))
-    with pytest.raises(ValueError, match="decoder-only"):
-        get_peft_model(base, ExtraLayersConfig())
 
 
 # ----------------------------------------------------------------------------- 7. discovery

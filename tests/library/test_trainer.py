@@ -29,6 +29,14 @@ def token_examples(count: int = 16, length: int = 8) -> list[dict[str, torch.Ten
     return examples
 
 
+def quiet_arguments(output_dir: str, max_steps: int, learning_rate: float) -> TrainingArguments:
+    """Trainer arguments for a few steps on the CPU, batch 4, seed 0: no checkpoint, log or report."""
+    return TrainingArguments(
+        output_dir, max_steps=max_steps, per_device_train_batch_size=4, learning_rate=learning_rate,
+        save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+    )  # fmt: skip
+
+
 def mean_loss(model: torch.nn.Module, examples: list[dict[str, torch.Tensor]]) -> float:
     batch = {key: torch.stack([example[key] for example in examples]) for key in examples[0]}
     with torch.no_grad():
@@ -44,10 +52,7 @@ def test_trainer_trains_fusion_and_head_from_task_type_alone_then_reloads_bitwis
     examples = token_examples()
     loss_before = mean_loss(model, examples)
 
-    arguments = TrainingArguments(
-        output_dir=str(tmp_path / "run"), max_steps=8, per_device_train_batch_size=4, learning_rate=1e-2,
-        save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
-    )  # fmt: skip
+    arguments = quiet_arguments(str(tmp_path / "run"), max_steps=8, learning_rate=1e-2)
     trainer = Trainer(model=model, args=arguments, train_dataset=examples)
     trainer.train()
 

@@ -226,12 +226,27 @@ def test_output_hidden_states_last_is_what_the_head_sees(config_cls, input_ids):
         assert torch.equal(out.hidden_states[index], base_states[index])
 
 
-def test_merge_and_unload_raises_clear_error():
-    model, _ = attach(DWAttConfig())
-    with pytest.raises(NotImplementedError, match="cannot be folded into the base weights.*unload"):
+def test_merge_and_unload_raises_one_line_and_merge_adapter_merges_only_lora(input_ids):
+    # merge_and_unload would return a plain model without the fusion: refused, saying what to do instead.
+    model, _ = trained(DWAttConfig(target_modules=["query", "value"], modules_to_save=["classifier"]))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            perturb_(torch.nn.ParameterList([param]), seed=3)  # LoRA's B starts at zero
+    before = logits(model, input_ids)
+    with pytest.raises(NotImplementedError) as refused:
         model.merge_and_unload()
-    with pytest.raises(NotImplementedError, match="cannot be folded"):
-        model.merge_adapter()
+    message = str(refused.value)
+    assert "\n" not in message and "cannot fold a layer-fusion module" in message
+    assert "merge_adapter()" in message and "unload()" in message
+    model.merge_adapter()  # the LoRA part goes into the base weights; the fusion keeps running
+    lora_layers = [m for m in model.modules() if hasattr(m, "lora_A")]
+    assert len(lora_layers) == 2 * 3 and all(layer.merged for layer in lora_layers)
+    merged = logits(model, input_ids)
+    torch.testing.assert_close(merged, before, atol=1e-5, rtol=1e-5)
+    model.unmerge_adapter()
+    torch.testing.assert_close(logits(model, input_ids), before, atol=1e-5, rtol=1e-5)
+    with model.disable_adapter():  # neither the LoRA part nor the fusion
+        assert (logits(model, input_ids) - before).abs().max() > 1e-3
 
 
 def test_print_trainable_parameters_matches_hand_count(capsys):

@@ -10,6 +10,7 @@ from conftest import write_text_data, write_tiny_decoder, write_tiny_model
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.models import new_modules
 from layerfusion_recipes.core.cells import Cell
+from layerfusion_recipes.core.experiment import cache_positions_for
 from layerfusion_recipes.core.runner import Runner
 
 from peft_layerfusion.discovery import EncoderBlocks
@@ -104,7 +105,6 @@ def test_mean_pooling_averages_the_real_tokens(paths, method):
     torch.testing.assert_close(runner_logits(exp, method, features), expected, rtol=0, atol=1e-6)
 
 
-@pytest.mark.usefixtures("accept_decoders")
 def test_decoder_head_reads_the_last_real_token(paths):
     exp = experiment(paths, model="decoder")
     assert exp.positions == "last"
@@ -123,9 +123,7 @@ def test_decoder_head_reads_the_last_real_token(paths):
     ("model", "pooling"), [("encoder", "model"), ("encoder", "mean"), ("decoder", "model")]
 )
 @pytest.mark.parametrize("method", TOKEN_WISE)
-def test_fusing_the_read_positions_only_equals_fusing_everywhere(
-    paths, accept_decoders, model, pooling, method
-):
+def test_fusing_the_read_positions_only_equals_fusing_everywhere(paths, model, pooling, method):
     exp = experiment(paths, model=model, pooling=pooling)
     features = batch_of(exp)
     built, located = exp.build(Cell(method, "fe", 2, 1, 0))
@@ -140,11 +138,35 @@ def test_fusing_the_read_positions_only_equals_fusing_everywhere(
     [("encoder", "model", "data"), ("encoder", "model", "pairs"), ("encoder", "mean", "data"), DECODER_CACHE],
 )
 @pytest.mark.parametrize("method", ["none", "dwatt", "extra_layers"])
-def test_cached_logits_equal_the_model(paths, accept_decoders, model, pooling, data, method):
+def test_cached_logits_equal_the_model(paths, model, pooling, data, method):
     exp = experiment(paths, model=model, pooling=pooling, data=data)
     features = batch_of(exp)
     cached = runner_logits(exp, method, features, exp.cache())
     torch.testing.assert_close(cached, runner_logits(exp, method, features), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("model", "pooling", "data", "kept"),
+    [
+        ("encoder", "model", "pairs", "first"),
+        ("encoder", "mean", "data", "all"),
+        ("decoder", "model", "data", "last"),
+    ],
+)
+@pytest.mark.parametrize("method", ["none", "dwatt"])
+def test_a_cache_of_the_pooled_position_alone_gives_the_logits_of_the_model(
+    paths, model, pooling, data, kept, method
+):
+    exp = experiment(paths, model=model, pooling=pooling, data=data, cache_positions="read")
+    features = batch_of(exp)
+    cache = exp.cache()
+    assert cache.positions.name == kept
+    if kept != "all":  # one position of each example kept, not the whole sentence
+        assert all(len(cache.key_of(f)[1]) == 1 < len(f["input_ids"]) for f in features)
+    cached = runner_logits(exp, method, features, cache)
+    torch.testing.assert_close(cached, runner_logits(exp, method, features), rtol=0, atol=1e-5)
+    assert cache_positions_for([method, "extra_layers"]) == "all"  # R+n reads every position
+    assert cache_positions_for([method]) == "read"
 
 
 def test_new_modules_are_the_outermost_modules_the_checkpoint_lacks():

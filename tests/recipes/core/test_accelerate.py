@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import write_tiny_model, write_toy_data
+from conftest import write_text_data, write_tiny_model, write_toy_data
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.processes import check_workers, launched_processes, share
 from layerfusion_recipes.core.records import read_records
@@ -20,21 +20,32 @@ from layerfusion_recipes.core.sweep_log import read_sweep_log, sweep_log_path
 needs_launch = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch without torch.distributed: accelerate cannot launch"
 )
-SAME = ("dev_f1", "test_f1", "best_epoch", "curve", "lr")  # what a run's numbers are
+# what a run's numbers are, and the first words of the table's legend, per task
+SAME = {
+    "ner": ("dev_f1", "test_f1", "best_epoch", "curve", "lr"),
+    "classify": ("dev_accuracy", "test_accuracy", "test_macro_f1", "best_epoch", "curve", "lr"),
+}
+LEGEND = {"ner": "Test micro-F1 (seqeval)", "classify": "Test accuracy at each"}
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """A tiny sweep: 2 methods x 2 shots x 2 trials on FE, 2 LRs on trial 0, the selected one on trial 1."""
+@pytest.fixture(scope="module", params=["ner", "classify"])
+def sweep(request, tmp_path_factory):
+    """A tiny sweep of a task: 2 methods x 2 shots x 2 trials on FE, 2 LRs on trial 0, the selected one
+    on trial 1."""
     root = tmp_path_factory.mktemp("accelerate")
     model = write_tiny_model(root / "model")
-    data = write_toy_data(root / "data", train=30, dev=8, test=8)
-    return lambda output: [
-        "ner",
+    if request.param == "ner":
+        data = write_toy_data(root / "data", train=30, dev=8, test=8)
+    else:
+        data = write_text_data(root / "data")
+    run = lambda output: [  # noqa: E731
+        request.param,
         *("--model", model, "--data", data, "--methods", "none", "dwatt", "--regimes", "fe"),
         *("--shots", "2", "3", "--epochs", "2", "--trials", "2", "--select-trials", "1"),
         *("--lr", "0.03", "0.1", "--output", str(output), "--quiet"),
     ]
+    run.task = request.param
+    return run
 
 
 def _launch(argv: list[str], cpu: bool) -> subprocess.CompletedProcess:
@@ -66,12 +77,12 @@ def test_two_processes_share_the_sweep_and_match_one_process(sweep, tmp_path, ca
     shared = {r["key"]: r for r in read_records(tmp_path / "two" / "results.jsonl")}
     assert shared.keys() == alone.keys()  # the key does not depend on the processes
     for key, record in shared.items():
-        assert {k: record[k] for k in SAME} == {k: alone[key][k] for k in SAME}, key
+        assert {k: record[k] for k in SAME[sweep.task]} == {k: alone[key][k] for k in SAME[sweep.task]}, key
     assert {r["num_processes"] for r in shared.values()} == {2}
     assert {r["num_processes"] for r in alone.values()} == {1}
     assert collections.Counter(r["process_index"] for r in shared.values()) == {0: 6, 1: 6}
-    assert any(r["dev_f1"] > 0 for r in shared.values())  # the comparison is not between zeros
-    assert launched.stdout.count("Test micro-F1 (seqeval)") == 1  # the table: by the main process only
+    assert any(r[SAME[sweep.task][0]] > 0 for r in shared.values())  # the comparison is not between zeros
+    assert launched.stdout.count(LEGEND[sweep.task]) == 1  # the table: by the main process only
     assert (tmp_path / "two" / "table.md").read_text() == (tmp_path / "one" / "table.md").read_text()
     (launch,) = read_sweep_log(tmp_path / "two" / "results.jsonl")  # one line: by the main process only
     assert launch["num_processes"] == 2 and launch["completed"]
@@ -83,7 +94,7 @@ def test_two_processes_share_the_sweep_and_match_one_process(sweep, tmp_path, ca
 def test_launch_accelerate_cannot_set_up_is_refused(sweep, tmp_path):
     launched = _launch(sweep(tmp_path), cpu=False)  # no ACCELERATE_USE_CPU: each process would be alone
     assert launched.returncode != 0
-    refusal = "layerfusion ner: error: the launcher started 2 processes but accelerate set up 1"
+    refusal = f"layerfusion {sweep.task}: error: the launcher started 2 processes but accelerate set up 1"
     assert launched.stderr.count(refusal) == 2 and "ACCELERATE_USE_CPU=1" in launched.stderr  # each process
     assert "UserError" not in launched.stderr  # one line each, no traceback of ours (torchrun adds its own)
     assert not (tmp_path / "results.jsonl").exists()

@@ -223,3 +223,38 @@ def test_the_dev_inputs_of_a_trial_are_read_from_the_cache_once(classify, monkey
     list(probe_records(classify, 2, EPOCHS, 0, LRS))  # 6 train examples: one batch of 4, one of 2
     evaluation = [len(classify.dev), len(classify.test)]  # one batch each (eval batches of 64)
     assert sorted(reads) == sorted([4, 2] * EPOCHS + evaluation)
+
+
+def _without_timing(records: list[dict]) -> list[dict]:
+    return [{key: value for key, value in r.items() if key not in ("seconds", "pid")} for r in records]
+
+
+@pytest.mark.parametrize("task, kept", [("classify", "first"), ("ner", "labelled")])
+def test_probes_on_a_prefilled_cache_of_the_head_positions_match_an_every_position_cache(
+    paths, tmp_path, task, kept
+):
+    """A sweep of token-wise methods caches the head's positions only and lets the encoder go after
+    the prefill: the probes then read that cache (zeros elsewhere in a batch) and give the records of
+    a cache that keeps every position, filled as they come with the encoder alive."""
+
+    def experiment(positions: str):
+        common = {"model": paths["model"], "batch_size": 4, "seed": 3, "cache_positions": positions}
+        if task == "classify":
+            return ClassifyExperiment(ClassifySettings(data=paths["texts"], **common))
+        return Experiment(ExperimentSettings(data=paths["ner"], **common))
+
+    grid = {"shots": [2], "epochs": [3], "trials": 2}
+    prefilled, every = experiment("read"), experiment("all")
+    prefilled.prefill_cache(probes.probe_cells(grid))
+    cache = prefilled.cache()
+    assert cache.base_model is None and cache.located is None  # the encoder is gone
+    assert cache.positions.name == kept
+    if task == "classify":
+        assert {len(positions) for _, positions in cache.states} == {1}  # the pooled token alone
+    else:
+        assert all(len(positions) < len(ids) for ids, positions in cache.states)  # labelled ones only
+    read = run_probes(prefilled, {**grid, "results": str(tmp_path / "read.jsonl")}, progress=False)
+    full = run_probes(every, {**grid, "results": str(tmp_path / "all.jsonl")}, progress=False)
+    assert every.cache().base_model is not None and every.cache().positions.name == "all"
+    assert len(read) == 2 * len(prefilled.settings.lr_grid("fe"))
+    assert _without_timing(read) == _without_timing(full)  # bitwise: the same states where read

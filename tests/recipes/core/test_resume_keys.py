@@ -15,7 +15,7 @@ from layerfusion_recipes.ner.experiment import Cell, record_key
 from layerfusion_recipes.ner.settings import resolve
 
 NER_ARGV = ["--model", "hub-model/x", "--data", "hub/data", "--lr", "1e-3", "3e-2", "--shots", "8"]
-NER_ARGV += ["--batch-size", "4"]
+NER_ARGV += ["--batch-size", "4", "--eval-every", "1"]  # the default before the small grid of user data
 MLM_ARGV = ["--data", "wikitext-x", "--model", "hub/model", "--epochs", "2", "--head-modules", "cls"]
 # computed by the flat recipes/ of commit 2e9b5e8 (experiment.record_key, mlm.run_settings)
 NER_SETUP = "6ae3dec27c10"

@@ -24,8 +24,8 @@ import signal
 import sys
 import traceback
 
-import layerfusion_recipes.ner.cache as cache_module
-import layerfusion_recipes.ner.cache_files as files_module
+import layerfusion_recipes.core.cache_files as files_module
+import layerfusion_recipes.core.feature_cache as cache_module
 import safetensors.torch
 import torch
 from conftest import toy_dataset
@@ -72,7 +72,7 @@ def _arm(point: str, nth: int) -> None:
         return str(source).endswith(files_module.TEMP_SUFFIX)
 
     if point == "compute":
-        cache_module.collate = _killed_at(nth, cache_module.collate)
+        cache_module.padded_inputs = _killed_at(nth, cache_module.padded_inputs)
     elif point == "write":
         files_module.save_file = _killed_at(nth, files_module.save_file, before=_half_written)
     elif point in ("rename", "published"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from layerfusion_recipes.core.feature_cache import FeatureCache
 from layerfusion_recipes.data.readers import collate
-from layerfusion_recipes.ner.cache import FeatureCache
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.training import TokenClassifierRunner, TrainSettings, train_token_classifier
 
@@ -63,8 +63,8 @@ def test_replay_skips_blocks_and_restores_them(experiment):
     features = experiment.dev[:3]
     calls = []
     handle = located.blocks[0].register_forward_hook(lambda *a: calls.append(1))
-    states = cache.batch_states(features)  # (L+1, batch, seq, d)
-    assert states.shape[:2] == (located.num_blocks + 1, 3)
+    states = cache.batch_states(features)  # (L, batch, seq, d)
+    assert states.shape[:2] == (located.num_blocks, 3)
     with cache.replay(located, torch.zeros_like(states)):
         batch = collate(features)
         hidden = model.bert(
@@ -85,7 +85,7 @@ def test_cache_fills_once_and_persists(tmp_path, experiment):
     assert cache.fill(experiment.dev[:7]) == 2
     reloaded = FeatureCache(base, located, experiment.settings.model, 128, directory=tmp_path)
     assert len(reloaded) == 7 and reloaded.fill(experiment.dev[:7]) == 0
-    key = tuple(experiment.dev[0]["input_ids"])
+    key = cache.key_of(experiment.dev[0])
     torch.testing.assert_close(reloaded.states[key], cache.states[key], atol=0, rtol=0)
     other = FeatureCache(base, located, experiment.settings.model, 64, directory=tmp_path)
     assert len(other) == 0  # max_length is part of the key
@@ -103,5 +103,5 @@ def test_workers_share_shards_and_never_recompute(tmp_path, experiment):
     assert second.fill(experiment.dev[:7]) == 2  # read the first worker's shard, computed the rest
     assert first.fill(experiment.dev[:7]) == 0 and len(first) == 7
     assert sorted(p.suffix for p in first.path.iterdir()) == [".safetensors", ".safetensors", ".tmp"]
-    key = tuple(experiment.dev[6]["input_ids"])
+    key = first.key_of(experiment.dev[6])
     torch.testing.assert_close(first.states[key], second.states[key], atol=0, rtol=0)

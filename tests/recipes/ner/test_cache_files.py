@@ -15,10 +15,10 @@ import pytest
 import torch
 from cache_crash_driver import CELL, crash_data, crash_settings
 from conftest import WORDS, toy_dataset, wordpiece_tokenizer, write_tiny_model
+from layerfusion_recipes.core import cache_files
+from layerfusion_recipes.core.cache_files import feature_key, remove_stale_temp_files
+from layerfusion_recipes.core.feature_cache import FeatureCache
 from layerfusion_recipes.core.models import load_token_classifier
-from layerfusion_recipes.ner import cache_files
-from layerfusion_recipes.ner.cache import FeatureCache
-from layerfusion_recipes.ner.cache_files import feature_key, remove_stale_temp_files
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 
 from peft_layerfusion.discovery import find_encoder_blocks
@@ -44,11 +44,11 @@ def _cache(experiment: Experiment, directory) -> FeatureCache:
 
 
 def _uncached_states(model_path: str, input_ids: list[int]) -> torch.Tensor:
-    """``z_0 .. z_L`` of one sentence computed by the model itself: ``(L+1, seq, d)``."""
+    """``z_1 .. z_L`` of one sentence computed by the model itself: ``(seq, L, d)``."""
     base = load_token_classifier(model_path, 3, seed=0).eval()
     with torch.no_grad():
         hidden = base.base_model(input_ids=torch.tensor([input_ids]), output_hidden_states=True).hidden_states
-    return torch.stack(hidden)[:, 0]
+    return torch.stack(hidden[1:], dim=2)[0]
 
 
 # ----------------------------------------------------------------------------- key (point 11)
@@ -62,11 +62,11 @@ def test_new_weights_saved_at_the_same_path_are_not_served_old_features(tmp_path
     old_states = dict(old.cache().states)
     write_tiny_model(tmp_path / "model", seed=1)  # fine-tuned weights saved over the old ones
     new = Experiment(settings, data)
-    ids = new.dev[0]["input_ids"]
+    key = new.cache().key_of(new.dev[0])
     assert new.cache().key != old.cache().key
-    fresh = _uncached_states(path, ids)  # what --no-cache computes
-    torch.testing.assert_close(new.cache().states[tuple(ids)], fresh, atol=1e-5, rtol=0)
-    assert (old_states[tuple(ids)] - fresh).abs().max() > 0.1  # the old features really differ
+    fresh = _uncached_states(path, new.dev[0]["input_ids"])  # what --no-cache computes
+    torch.testing.assert_close(new.cache().states[key], fresh, atol=1e-5, rtol=0)
+    assert (old_states[key] - fresh).abs().max() > 0.1  # the old features really differ
     cell = Cell("concat", "fe", shots=3, epochs=3, trial=0)
     cached, plain = new.run(cell, use_cache=True), new.run(cell, use_cache=False)
     assert cached["cached"] and not plain["cached"]
@@ -118,15 +118,18 @@ def test_a_damaged_shard_is_named_removed_and_recomputed(tmp_path, experiment, d
     assert cache.fill(experiment.dev[:5]) == 5
     (shard,) = cache.path.glob("*.safetensors")
     data = shard.read_bytes()
+    # the writer serves its states from the shard (memory-mapped): copies, before the file is damaged
+    written = {key: value.clone() for key, value in cache.states.items()}
+    del cache  # touching a mapping of a file truncated in place would be a bus error (SIGBUS)
     if damage == "foreign key":
-        cache_files.write_shard(shard, dict(cache.states), None, key="0" * 16)
+        cache_files.write_shard(shard, list(written), torch.cat(list(written.values())), None, "0" * 16)
     else:
         shard.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
     with pytest.warns(RuntimeWarning, match=shard.name):
         reloaded = _cache(experiment, tmp_path)
     assert len(reloaded) == 0 and not shard.exists()
     assert reloaded.fill(experiment.dev[:5]) == 5  # recomputed
-    for key, value in cache.states.items():
+    for key, value in written.items():
         torch.testing.assert_close(reloaded.states[key], value, atol=0, rtol=0)
     assert len(_cache(experiment, tmp_path)) == 5  # the new shard is sound
 

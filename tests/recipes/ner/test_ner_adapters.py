@@ -112,7 +112,7 @@ def test_sweep_trains_bottleneck_adapters_and_resumes_per_reduction_factor(tmp_p
     pytest.importorskip("adapters")
     model = write_tiny_model(tmp_path / "model")  # 3 blocks of width 32
     options = dict(model=model, data=write_toy_data(tmp_path / "data"), methods=["none"])
-    options.update(regimes=["adapter_seqbn"], shots=[8], epochs=[8], trials=1, batch_size=4)
+    options.update(regimes=["adapter_seqbn"], shots=[8], epochs=[8], trials=1, batch_size=4, eval_every=1)
     options.update(output=str(tmp_path / "out"), quiet=True, threads=1)
     results = tmp_path / "out" / "results.jsonl"
 

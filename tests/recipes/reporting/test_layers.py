@@ -6,7 +6,6 @@ the table and the printed subset of ``classify`` and ``ner`` runs, resumed witho
 from __future__ import annotations
 
 import zlib
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from layerfusion_recipes.classify.experiment import ClassifyExperiment, Classify
 from layerfusion_recipes.classify.settings import resolve
 from layerfusion_recipes.cli import build_parser, main
 from layerfusion_recipes.core import probes as core_probes
+from layerfusion_recipes.core import sweep
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.probes import probe_records
 from layerfusion_recipes.core.records import read_records
@@ -43,19 +43,19 @@ class PlantedCache:
     :data:`PLANTED`, whose first ``C`` dimensions add the one-hot label: only that layer tells the class."""
 
     def __init__(self, num_blocks: int = 4, width: int = 8, classes: int = 3) -> None:
-        self.located = SimpleNamespace(num_blocks=num_blocks)
+        self.num_blocks, self.located = num_blocks, None  # as FeatureCache once its encoder is released
         self.width, self.classes = width, classes
 
     def fill(self, features) -> int:
         return 0
 
-    def batch_states(self, features, memo: bool = False) -> torch.Tensor:
+    def batch_states(self, features) -> torch.Tensor:
         seq = max(len(f["input_ids"]) for f in features)
-        out = torch.zeros(self.located.num_blocks, len(features), seq, self.width)  # (L, batch, seq, d)
+        out = torch.zeros(self.num_blocks, len(features), seq, self.width)  # (L, batch, seq, d)
         for row, feature in enumerate(features):
             seed = zlib.crc32(str(feature["input_ids"]).encode())  # the same states every time
             noise = torch.randn(
-                self.located.num_blocks, seq, self.width, generator=torch.Generator().manual_seed(seed)
+                self.num_blocks, seq, self.width, generator=torch.Generator().manual_seed(seed)
             )
             out[:, row] = noise
             out[PLANTED - 1, row, 0, feature["labels"]] += 5.0
@@ -327,3 +327,38 @@ def test_probe_layers_reads_the_flag_then_the_yaml(paths, tmp_path):
     assert resolve(build_parser().parse_args([*base, "--probe-layers"]))[1]["probe_layers"] == 3
     flag = [*base, "--config", str(config), "--probe-layers", "2"]
     assert resolve(build_parser().parse_args(flag))[1]["probe_layers"] == 2
+
+
+def test_a_sweep_trains_the_probes_after_the_prefill_and_a_dry_run_trains_none(
+    paths, tmp_path, capsys, monkeypatch
+):
+    """One process: the cache is filled with what the runs and the probes read (the head's positions
+    only: every method here is token-wise), its encoder released, then the probes train, then the
+    runs; ``--dry-run`` counts the probes' samples in the printed bytes and trains nothing."""
+    assert main([*classify_argv(paths, tmp_path / "dry"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "layer probes planned: 2 trials (not run by a dry run)" in out
+    assert "first positions x 3 blocks" in out and not (tmp_path / "dry").exists()
+
+    seen = []
+    original = sweep.run_probes
+
+    def spied(experiment, grid, progress=True):
+        cache = experiment._cache
+        seen.append((cache.base_model, cache.positions.name, read_records(grid["results"])))
+        return original(experiment, grid, progress)
+
+    monkeypatch.setattr(sweep, "run_probes", spied)
+    assert main(classify_argv(paths, tmp_path / "run")) == 0
+    assert seen == [(None, "first", [])]  # encoder released, head positions only, before any run
+    assert len(read_records(tmp_path / "run" / "results.probes.jsonl")) == 2 * 2
+    assert len(read_records(tmp_path / "run" / "results.jsonl")) == 3 * 2 * 2
+
+
+def test_probes_alone_fill_the_cache_they_read_before_it_is_released(paths, tmp_path, capsys):
+    """A grid without FE cells (fine-tuning only) still plans and prefills the probes' cache."""
+    argv = [*classify_argv(paths, tmp_path), "--regimes", "ft", "--methods", "none", "--epochs", "1"]
+    assert main([*argv, "--dry-run"]) == 0
+    assert "first positions x 3 blocks" in capsys.readouterr().out  # the probes' samples, dev and test
+    assert main(argv) == 0
+    assert len(read_records(tmp_path / "results.probes.jsonl")) == 2 * 2

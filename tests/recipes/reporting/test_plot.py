@@ -224,6 +224,18 @@ def test_ci_bands_stay_within_0_and_100_f1(figures):
     assert min(lows) == 0.0  # the t-CI of (0, 2, 12) F1 reaches below 0: clipped there
 
 
+def test_a_method_of_one_shot_size_gets_an_error_bar_within_0_and_100(monkeypatch, tmp_path):
+    from matplotlib.collections import LineCollection
+
+    saved = {}
+    monkeypatch.setattr(plot, "_save", lambda figure, path: saved.setdefault(path.stem, figure) and path)
+    write_report([r for r in _lr_records(("dwatt",)) if r["shots"] == 2], tmp_path)
+    (ax,) = saved["f1_vs_shots"].axes
+    (bar,) = [c for c in ax.collections if isinstance(c, LineCollection)]
+    (segment,) = bar.get_segments()
+    assert segment[0][1] == 0.0 and 0 < segment[1][1] < 100  # (2, 2, 12) + 0.5 points: clipped at 0
+
+
 def test_lr_labels_of_one_point_do_not_overlap(figures):
     (ax,) = figures["f1_vs_shots"].axes
     texts = ax.texts
@@ -232,11 +244,14 @@ def test_lr_labels_of_one_point_do_not_overlap(figures):
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
-def test_axes_and_colour_bar_say_what_they_show(figures):
-    assert figures["f1_vs_shots"].axes[0].get_ylabel() == "test micro-F1 (%), mean ± 95% CI"
-    assert figures["dev_curves"].axes[0].get_ylabel().startswith("dev micro-F1 (%) at the selected LR")
+def test_axes_and_colour_bar_say_what_they_show_and_fit(figures):
+    assert figures["f1_vs_shots"].axes[0].get_ylabel() == "test micro-F1 (%)\nmean ± 95% CI over trials"
+    assert figures["dev_curves"].axes[0].get_ylabel() == "dev micro-F1 (%)\nselected LR, mean over trials"
     assert figures["f1_vs_lr"].axes[0].get_ylabel().startswith("micro-F1 (%)")
-    heatmap, colour_bar = figures["dwatt_attention"].axes
-    assert heatmap.get_xlabel() == "fused layer" and colour_bar.get_ylabel().startswith(
-        "mean attention weight"
-    )
+    for name in ("f1_vs_shots", "f1_vs_lr", "dev_curves"):  # no taller than its panel
+        ax = figures[name].axes[0]
+        assert ax.yaxis.label.get_window_extent().height <= ax.get_window_extent().height, name
+    heatmap, colour_bar = figures["dwatt_attention"].axes  # 3 fused layers: a narrow heatmap
+    assert heatmap.get_xlabel() == "fused layer"
+    assert colour_bar.get_ylabel().startswith("mean attention weight")
+    assert not heatmap.title.get_window_extent().overlaps(colour_bar.yaxis.label.get_window_extent())

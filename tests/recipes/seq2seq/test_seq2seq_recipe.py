@@ -238,3 +238,26 @@ def test_an_unknown_method_is_one_line_before_any_data_is_read(tmp_path, capsys)
     error = capsys.readouterr().err
     assert error.startswith("layerfusion seq2seq: error: --methods: unknown ['surface']; allowed: vanilla, ")
 
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--epochs", "0", "--epochs 0: must be >= 1"),  # trained nothing, then scored it
+        ("--train-sentences", "0", "--train-sentences 0: must be >= 1"),
+        ("--beams", "0", "--beams 0: must be >= 1"),
+        ("--noise", "1.5", "--noise 1.5: must be in [0, 1]"),  # a probability
+        ("--warmup", "1", "--warmup 1.0: must be in [0, 1)"),
+        ("--dropout", "-0.1", "--dropout -0.1: must be in [0, 1)"),
+        ("--init-std", "0", "--init-std 0.0: must be > 0"),
+    ],
+)
+def test_degenerate_settings_are_one_line_before_any_data_is_read(tmp_path, capsys, option, value, message):
+    assert main(["seq2seq", "--data", str(tmp_path / "nowhere"), option, value]) == 2
+    assert capsys.readouterr().err.strip() == f"layerfusion seq2seq: error: {message}"
+
+
+@pytest.mark.parametrize("option, value", [("--learning-rates", "0"), ("--threads", "0")])
+def test_a_zero_learning_rate_or_thread_count_is_refused_at_parse_time(tmp_path, capsys, option, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["seq2seq", "--data", str(tmp_path), option, value])
+    assert exit_info.value.code == 2 and f"argument {option}: must be" in capsys.readouterr().err

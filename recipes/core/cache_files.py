@@ -2,12 +2,17 @@
 
 * **Key** (:func:`feature_key`): a hash of what the features are computed from, not of a name:
   the encoder's weights (every tensor of the backbone, the head excluded), its config, the
-  tokenizer and the max length. New weights saved at the same path give a new key.
+  tokenizer, the max length, which positions are kept and the storage dtype. New weights saved
+  at the same path give a new key, and so does a cache kept in another precision.
 * **Shards** (:func:`write_shard`, :func:`read_shard`): safetensors files, which hold tensors and
   string metadata only, so loading one cannot execute code (whatever the torch version or
-  ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``). A shard is written to a temporary file, fsync'ed and
-  renamed (atomic); a failed write removes its temporary file. Reading checks the header, the
-  key, and every tensor's shape; anything else raises :class:`CorruptShardError` naming the file.
+  ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``). One shard holds a table of sentences (token ids, kept
+  positions) and their states as one ``(positions, L, d)`` tensor; it is read memory-mapped. A
+  shard is written to a temporary file, fsync'ed and renamed (atomic); a failed write removes its
+  temporary file. Reading checks the header, the key, and every table's and tensor's shape;
+  anything else raises :class:`CorruptShardError` naming the file. A shard is never changed once
+  written; a process that maps one survives its removal (``rm``), but not a rewrite in place
+  (truncating a mapped file ends the reader with a bus error).
 * **Leftovers** (:func:`remove_stale_temp_files`): a writer killed mid-write (``kill -9``, power
   loss) leaves its temporary file. Temporary names carry the writer's pid and host; a temporary
   file is removed when its writer is known dead (same host, no such process) or when it is older
@@ -22,7 +27,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -30,9 +35,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+# a sentence in the cache: its token ids and the positions whose states are kept (ascending)
+SentenceKey = tuple[tuple[int, ...], tuple[int, ...]]
+
 SHARD_SUFFIX = ".safetensors"
 TEMP_SUFFIX = ".tmp"
-SHARD_FORMAT = "layerfusion-features/2"
+# 3: one table of sentences (ids, kept positions) and one (positions, L, d) tensor per shard, z_0 left out
+SHARD_FORMAT = "layerfusion-features/3"
+SHARD_TENSORS = ("lengths", "ids", "kept", "positions", "states")
 STALE_TEMP_SECONDS = 3600.0  # no shard write takes an hour: older temporary files are leftovers
 # config fields that name the head or the files, not the computation of the block outputs
 _CONFIG_FIELDS_IGNORED = ("id2label", "label2id", "_name_or_path", "architectures", "transformers_version")
@@ -83,8 +93,17 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def feature_key(model: nn.Module, tokenizer, max_length: int, num_blocks: int) -> str:
-    """Key of the cached block outputs of ``model``: weights, config, tokenizer, max length, blocks.
+def feature_key(
+    model: nn.Module,
+    tokenizer,
+    max_length: int,
+    num_blocks: int,
+    positions: str = "all",
+    dtype: str = "float32",
+) -> str:
+    """Key of the cached block outputs of ``model``: weights, config, tokenizer, max length, blocks,
+    which positions are kept (a :class:`~layerfusion_recipes.core.feature_cache.KeptPositions` name)
+    and the storage dtype: a cache of other positions or another precision is another folder.
 
     Example:
         >>> feature_key(base, tokenizer, 128, 6)
@@ -97,32 +116,48 @@ def feature_key(model: nn.Module, tokenizer, max_length: int, num_blocks: int) -
         tokenizer_fingerprint(tokenizer),
         str(max_length),
         str(num_blocks),
+        positions,
+        dtype,
     )
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def write_shard(
     path: Path,
-    states: Mapping[tuple[int, ...], torch.Tensor],
+    keys: Sequence[SentenceKey],
+    states: torch.Tensor,
     block_output_len: int | None,
     key: str,
 ) -> None:
-    """Write ``states`` (token ids -> ``(L+1, seq, d)``) to ``path`` atomically and durably.
+    """Write the states of the sentences ``keys`` to ``path`` atomically and durably.
+
+    Args:
+        path: The shard file.
+        keys: One ``(token ids, kept positions)`` per sentence.
+        states: Their states, sentence after sentence: ``(sum of kept positions, L, d)``.
+        block_output_len: ``None`` (the blocks return a tensor) or the length of their tuple.
+        key: The cache's :func:`feature_key`.
 
     The data goes to ``tmp-<pid>-<random>-<host>.tmp`` next to ``path``, is fsync'ed, then
     renamed to ``path``; on any error the temporary file is removed.
 
     Example:
-        >>> write_shard(folder / "shard-1.safetensors", {(101, 7592, 102): states}, None, key)
+        >>> write_shard(folder / "shard-1.safetensors", [((101, 7592, 102), (1,))], states, None, key)
     """
-    tensors: dict[str, torch.Tensor] = {}
-    for index, (ids, value) in enumerate(states.items()):
-        tensors[f"ids.{index}"] = torch.tensor(ids, dtype=torch.int64)  # (seq,)
-        tensors[f"states.{index}"] = value.contiguous()  # (L+1, seq, d)
+    kept = [len(positions) for _, positions in keys]
+    if states.dim() != 3 or states.shape[0] != sum(kept):
+        raise ValueError(f"states of shape {tuple(states.shape)} for {sum(kept)} kept positions")
+    tensors = {
+        "lengths": torch.tensor([len(ids) for ids, _ in keys], dtype=torch.int64),  # (count,)
+        "ids": torch.tensor([i for ids, _ in keys for i in ids], dtype=torch.int64),  # (sum of lengths,)
+        "kept": torch.tensor(kept, dtype=torch.int64),  # (count,)
+        "positions": torch.tensor([p for _, positions in keys for p in positions], dtype=torch.int64),
+        "states": states.contiguous(),  # (sum of kept, L, d)
+    }
     metadata = {
         "format": SHARD_FORMAT,
         "key": key,
-        "count": str(len(states)),
+        "count": str(len(keys)),
         "block_output_len": json.dumps(block_output_len),
     }
     temp = path.with_name(f"tmp-{os.getpid()}-{uuid.uuid4().hex}-{socket.gethostname()}{TEMP_SUFFIX}")
@@ -143,14 +178,16 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def read_shard(
-    path: Path, key: str, num_blocks: int
-) -> tuple[dict[tuple[int, ...], torch.Tensor], int | None]:
+def read_shard(path: Path, key: str, num_blocks: int) -> tuple[dict[SentenceKey, torch.Tensor], int | None]:
     """``(states, block_output_len)`` of a shard written by :func:`write_shard` for ``key``.
+
+    ``states`` maps each sentence's ``(token ids, kept positions)`` to its ``(kept, L, d)`` states:
+    views of the file, memory-mapped (read from disk when first touched, shared through the page
+    cache by every process that reads the shard, never copied into this process's own memory).
 
     Raises:
         CorruptShardError: the file is empty, truncated, not a shard of this key, or holds
-            states of the wrong shape (the message names the file).
+            tables or states of inconsistent shapes (the message names the file).
 
     Example:
         >>> states, block_output_len = read_shard(folder / "shard-1.safetensors", key, num_blocks=6)
@@ -159,7 +196,7 @@ def read_shard(
         with safe_open(path, framework="pt") as handle:
             metadata = handle.metadata() or {}
             names = set(handle.keys())
-            tensors = {name: handle.get_tensor(name) for name in names}
+            tensors = {name: handle.get_tensor(name) for name in names}  # memory-mapped
     except (SafetensorError, OSError) as error:
         raise CorruptShardError(path, f"unreadable ({error})") from error
     if metadata.get("format") != SHARD_FORMAT or metadata.get("key") != key:
@@ -170,19 +207,38 @@ def read_shard(
         count, block_output_len = int(metadata["count"]), json.loads(metadata["block_output_len"])
     except (KeyError, ValueError) as error:
         raise CorruptShardError(path, f"bad metadata {metadata}") from error
-    if names != {f"{kind}.{i}" for kind in ("ids", "states") for i in range(count)}:
-        raise CorruptShardError(path, f"expected {count} sentences, found tensors {sorted(names)[:4]}...")
-    states = {}
-    for index in range(count):
-        ids, value = tensors[f"ids.{index}"], tensors[f"states.{index}"]  # (seq,), (L+1, seq, d)
-        if ids.dim() != 1 or value.dim() != 3 or value.shape[:2] != (num_blocks + 1, ids.numel()):
+    if names != set(SHARD_TENSORS):
+        raise CorruptShardError(path, f"expected the tensors {list(SHARD_TENSORS)}, found {sorted(names)}")
+    problem = _table_problem(tensors, count, num_blocks)
+    if problem:
+        raise CorruptShardError(path, problem)
+    lengths, kept = tensors["lengths"].tolist(), tensors["kept"].tolist()
+    ids, positions = tensors["ids"].tolist(), tensors["positions"].tolist()
+    states: dict[SentenceKey, torch.Tensor] = {}
+    token, row = 0, 0
+    for length, n in zip(lengths, kept, strict=True):
+        sentence = (tuple(ids[token : token + length]), tuple(positions[row : row + n]))
+        if any(not 0 <= p < length for p in sentence[1]):
             raise CorruptShardError(
-                path,
-                f"sentence {index}: states of shape {tuple(value.shape)} for {ids.numel()} tokens, "
-                f"expected ({num_blocks + 1}, {ids.numel()}, d)",
+                path, f"kept positions {sentence[1]} outside a sentence of {length} tokens"
             )
-        states[tuple(ids.tolist())] = value
+        states[sentence] = tensors["states"][row : row + n]  # (kept, L, d), a view of the file
+        token, row = token + length, row + n
     return states, block_output_len
+
+
+def _table_problem(tensors: dict[str, torch.Tensor], count: int, num_blocks: int) -> str | None:
+    """What is inconsistent in a shard's tables and states (``None``: nothing)."""
+    lengths, kept, states = tensors["lengths"], tensors["kept"], tensors["states"]
+    if lengths.shape != (count,) or kept.shape != (count,):
+        return f"tables of {lengths.numel()} and {kept.numel()} sentences, metadata says {count}"
+    if tensors["ids"].shape != (int(lengths.sum()),) or tensors["positions"].shape != (int(kept.sum()),):
+        return (
+            f"{tensors['ids'].numel()} token ids and {tensors['positions'].numel()} positions do not add up"
+        )
+    if states.dim() != 3 or states.shape[:2] != (int(kept.sum()), num_blocks):
+        return f"states of shape {tuple(states.shape)}, expected ({int(kept.sum())}, {num_blocks}, d)"
+    return None
 
 
 def remove_stale_temp_files(folder: Path, max_age: float = STALE_TEMP_SECONDS) -> list[Path]:

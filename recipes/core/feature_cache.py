@@ -1,0 +1,566 @@
+"""Feature cache for the frozen-encoder (FE) regime, shared by the tasks that replay an encoder.
+
+In FE every pretrained weight is frozen and (with the encoder in eval mode) the block outputs
+``z_1 .. z_L`` of a sentence never change, so they are computed once per sentence and kept,
+keyed by the encoder's content (weights, config, tokenizer: see
+:func:`~layerfusion_recipes.core.cache_files.feature_key`) + max length + the sentence's token ids
+(shared by every method, trial and shot size of a sweep). ``z_0`` is not kept: the embeddings run
+in every replay.
+
+**Only what is read.** The task tells the cache which positions of a sentence it reads
+(:class:`KeptPositions`): NER with token-wise methods reads the labelled positions (the first
+sub-word of each word), a sentence classifier its pooled position (:data:`FIRST_POSITION` for a
+BERT-like encoder, :data:`LAST_POSITION` for a decoder) or :data:`ALL_POSITIONS` for mean pooling;
+a method that attends over the sentence (R+n) needs :data:`ALL_POSITIONS`. Only those are stored,
+once, as ``(kept positions, L, d)`` per sentence; a batch is padded on the fly
+(:meth:`FeatureCache.batch_states`: zeros wherever nothing was kept), never kept a second time.
+
+**Out of RAM when asked.** With a ``directory`` each fill writes the sentences it computed as
+safetensors shards (every :data:`FLUSH_BYTES`, atomically) and then serves them memory-mapped from
+those files, so several workers share one copy through the page cache and the process's memory
+holds what it touches; every fill first reads the shards other workers wrote since, so nothing is
+computed or written twice; a damaged shard is reported, removed and recomputed, and temporary files
+of crashed writers are removed (see :mod:`layerfusion_recipes.core.cache_files`).
+
+**Half precision when asked.** ``dtype="bfloat16"`` or ``"float16"`` stores the states in 2 bytes
+instead of 4 (half the memory); they are cast back to float32 when a batch is built, so training
+runs in float32 on rounded features (the result changes a little: see the README). The dtype is
+part of the key: a result never comes from a file of another precision.
+
+**A memory model** (:class:`CachePlan`): the bytes a cache will hold, from its sentences' kept
+positions, the blocks and the width, before anything is computed; :func:`available_memory` is what
+this process may have.
+
+Training then *replays* the cache through the real model: inside :meth:`FeatureCache.replay`
+every encoder block returns its cached output instead of computing it. The embeddings, the
+capture hooks, the fusion module (with the last block's real call arguments, so R+n's extra
+blocks get the real attention mask) and the head run as usual, so the cached path is the
+uncached one minus the encoder's blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pad_sequence
+
+from peft_layerfusion.discovery import EncoderBlocks, hidden_size_of
+from peft_layerfusion.hooks import first_tensor
+from peft_layerfusion.utils import eval_mode
+
+from ..arguments import CACHE_DTYPES
+from .cache_files import (
+    SHARD_SUFFIX,
+    CorruptShardError,
+    SentenceKey,
+    feature_key,
+    read_shard,
+    remove_stale_temp_files,
+    write_shard,
+)
+
+# storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round
+STORAGE_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in CACHE_DTYPES}
+FLUSH_BYTES = 256 * 2**20  # with a directory, a fill writes a shard (and maps it) every 256 MiB of states
+
+Feature = Mapping[str, Sequence[int]]  # an encoded sentence: input_ids (+ labels, ...)
+
+
+@dataclass(frozen=True)
+class KeptPositions:
+    """Which positions of a sentence the cache keeps: the ones its task reads.
+
+    Args:
+        name: Short name, part of the cache key (a cache of other positions is another folder).
+        select: An encoded sentence -> the positions to keep, ascending.
+
+    Example:
+        >>> FIRST_POSITION.of({"input_ids": [101, 7592, 102]})
+        (0,)
+    """
+
+    name: str
+    select: Callable[[Feature], Sequence[int]]
+
+    def of(self, feature: Feature) -> tuple[int, ...]:
+        """The kept positions of ``feature``."""
+        return tuple(self.select(feature))
+
+
+def _every_position(feature: Feature) -> range:
+    return range(len(feature["input_ids"]))
+
+
+def _first_position(feature: Feature) -> tuple[int, ...]:
+    return (0,)
+
+
+def _last_position(feature: Feature) -> tuple[int, ...]:
+    return (len(feature["input_ids"]) - 1,)
+
+
+ALL_POSITIONS = KeptPositions("all", _every_position)  # R+n, mean pooling: every position
+FIRST_POSITION = KeptPositions("first", _first_position)  # [CLS] pooling of a BERT-like encoder
+LAST_POSITION = KeptPositions("last", _last_position)  # a decoder's last real token (unpadded sentences)
+
+
+def storage_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a ``--cache-dtype`` name.
+
+    Raises:
+        ValueError: naming the value and the allowed names.
+
+    Example:
+        >>> storage_dtype("bfloat16")
+        torch.bfloat16
+    """
+    if name not in STORAGE_DTYPES:
+        raise ValueError(f"--cache-dtype {name!r}: allowed {', '.join(STORAGE_DTYPES)}")
+    return STORAGE_DTYPES[name]
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """The bytes a feature cache will hold, known before anything is computed.
+
+    Args:
+        sentences: Distinct sentences cached.
+        positions: Their kept positions, summed.
+        num_blocks: Encoder blocks ``L`` (one state each; ``z_0`` is not kept).
+        width: Width ``d`` of a state.
+        dtype: Storage dtype name (:data:`STORAGE_DTYPES`).
+        kept: The :class:`KeptPositions` name.
+        model_bytes: Bytes of the encoder's weights (the model that fills the cache).
+
+    Example:
+        >>> CachePlan(4000, 60000, 12, 768, "float32", "labelled").nbytes
+        2211840000
+    """
+
+    sentences: int
+    positions: int
+    num_blocks: int
+    width: int
+    dtype: str
+    kept: str
+    model_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """``positions x num_blocks x width x`` bytes per element."""
+        return self.positions * self.num_blocks * self.width * storage_dtype(self.dtype).itemsize
+
+    def with_dtype(self, dtype: str) -> CachePlan:
+        """The same cache stored in ``dtype``."""
+        return dataclasses.replace(self, dtype=dtype)
+
+    def describe(self) -> str:
+        """One line: the bytes and what they come from.
+
+        Example:
+            >>> CachePlan(4000, 60000, 12, 768, "float32", "labelled").describe()[-43:]
+            'x 12 blocks x 768 x 4 B (float32) = 2.21 GB'
+        """
+        itemsize = storage_dtype(self.dtype).itemsize
+        text = (
+            f"feature cache: {self.sentences} sentences, {self.positions} {self.kept} positions x "
+            f"{self.num_blocks} blocks x {self.width} x {itemsize} B ({self.dtype}) = "
+            f"{gigabytes(self.nbytes)}"
+        )
+        return text + (f", model {gigabytes(self.model_bytes)}" if self.model_bytes else "")
+
+
+def plan_cache(
+    base_model: nn.Module,
+    located: EncoderBlocks,
+    positions: KeptPositions,
+    dtype: str,
+    features: Sequence[Feature],
+) -> CachePlan:
+    """The :class:`CachePlan` of a cache of ``base_model`` holding ``features``, computing nothing.
+
+    Example:
+        >>> plan_cache(base, find_encoder_blocks(base), ALL_POSITIONS, "float32", dev + test).nbytes
+    """
+    keys = {(tuple(feature["input_ids"]), positions.of(feature)) for feature in features}
+    return CachePlan(
+        sentences=len(keys),
+        positions=sum(len(kept) for _, kept in keys),
+        num_blocks=located.num_blocks,
+        width=hidden_size_of(base_model, located),
+        dtype=dtype,
+        kept=positions.name,
+        model_bytes=sum(parameter.nbytes for parameter in base_model.parameters()),
+    )
+
+
+def memory_check(plan: CachePlan, copies: int, mapped: bool, available: int | None) -> tuple[str, str | None]:
+    """What a run holding ``plan`` in ``copies`` processes needs, against the memory ``available``.
+
+    Each process holds the model; without ``mapped`` (a cache directory) each also holds the
+    states, with it they are mapped from the shards and shared through the page cache (one copy,
+    which the kernel pages from disk when memory is short: never refused).
+
+    Args:
+        plan: The cache's :class:`CachePlan`.
+        copies: Processes that each hold a cache (workers x processes of a launch).
+        mapped: The states are memory-mapped from a cache directory.
+        available: Bytes available (:func:`available_memory`; ``None``: unknown, never refused).
+
+    Returns:
+        ``(line, refusal)``: one line saying the bytes, and ``None`` or a one-line refusal naming the
+        options that would make it fit.
+
+    Example:
+        >>> line, refusal = memory_check(plan, copies=2, mapped=False, available=16 * 10**9)
+    """
+    needed = copies * (plan.model_bytes + (0 if mapped else plan.nbytes))
+    held = (
+        f"memory-mapped from the cache directory, one copy for {copies} process(es)"
+        if mapped
+        else f"{copies} process(es) hold {gigabytes(needed)} in memory"
+    )
+    free = "unknown memory available" if available is None else f"{gigabytes(available)} available"
+    line = f"{plan.describe()}; {held}; {free}"
+    if mapped or available is None or needed <= available:
+        return line, None
+    options = []
+    half = copies * (plan.model_bytes + plan.with_dtype("bfloat16").nbytes)
+    if plan.dtype == "float32" and half <= available:
+        options.append(f"--cache-dtype bfloat16 ({gigabytes(half)})")
+    if copies > 1 and plan.model_bytes + plan.nbytes <= available:
+        options.append(f"--workers 1 ({gigabytes(plan.model_bytes + plan.nbytes)})")
+    options.append("--cache-dir DIR (memory-mapped, shared by the workers, paged from disk when short)")
+    options.append("fewer evaluation sentences (--dev-limit, --test-limit)")
+    what = plan.describe().removeprefix("feature cache: ")
+    refusal = (
+        f"the feature cache needs {gigabytes(needed)} in memory ({what}, x {copies} process(es)) but "
+        f"{gigabytes(available)} is available; it fits with {', '.join(options)} or --no-cache"
+    )
+    return line, refusal
+
+
+def gigabytes(nbytes: float) -> str:
+    """``nbytes`` in GB (10**9 bytes), two decimals: ``'2.21 GB'``."""
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still get: the smaller of the machine's ``MemAvailable`` and what its
+    cgroup (container) limit leaves; ``None`` where neither can be read (not Linux).
+
+    Example:
+        >>> available_memory()  # e.g. 21474836480
+    """
+    limits = []
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+        if limit != "max":
+            limits.append(int(limit) - int(current))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None
+
+
+def padded_inputs(features: Sequence[Feature]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` of ``features``, padded with zeros: ``(batch, seq)`` each."""
+    ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True)
+    mask = pad_sequence([torch.tensor(f["attention_mask"]) for f in features], batch_first=True)
+    return ids, mask
+
+
+def padded_token_types(features: Sequence[Feature]) -> dict[str, torch.Tensor]:
+    """``{"token_type_ids": (batch, seq)}`` of ``features`` padded with zeros where they carry token
+    types (a BERT sentence pair's segments change every state), else ``{}``."""
+    if "token_type_ids" not in features[0]:
+        return {}
+    types = pad_sequence([torch.tensor(f["token_type_ids"]) for f in features], batch_first=True)
+    return {"token_type_ids": types}
+
+
+def flat_positions(
+    keys: Sequence[SentenceKey], width: int, rows: Sequence[int] | None = None
+) -> torch.Tensor:
+    """Where the kept positions of ``keys`` are in a ``(batch, width)`` batch flattened: ``(kept,)``.
+
+    Args:
+        keys: Sentences of the batch.
+        width: Its padded length.
+        rows: The row of each sentence (default: ``0, 1, ...``).
+
+    Example:
+        >>> flat_positions([((5, 6, 7), (1, 2)), ((8, 9), (0,))], width=3)
+        tensor([1, 2, 3])
+    """
+    rows = range(len(keys)) if rows is None else rows
+    return torch.tensor([row * width + p for row, (_, kept) in zip(rows, keys, strict=True) for p in kept])
+
+
+class _KeptRows:
+    """Forward hooks that copy the rows of ``z_1 .. z_L`` at :attr:`rows` (positions of the flattened
+    batch) as the encoder computes them: ``z_i`` is the output of block ``i`` for ``i < L`` (the input
+    of the next one) and ``z_L`` the encoder's output (the last block's, before the final norm, in a
+    pre-norm stack), as :class:`~peft_layerfusion.hooks.BlockCapture`
+    captures them; each full state is freed as soon as the next block has read it.
+
+    Args:
+        located: The encoder's blocks.
+        dtype: Storage dtype of the copies.
+    """
+
+    def __init__(self, located: EncoderBlocks, dtype: torch.dtype) -> None:
+        self.num_blocks, self.dtype = located.num_blocks, dtype
+        self.rows: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self.kept: torch.Tensor | None = None  # (kept, L, d) of the batch being computed
+        # z_L: the last block's output where a final norm F reads it (a pre-norm stack: the container
+        # returns F(z_L), and a replay runs F on the cached z_L); else the container's output
+        last = located.blocks[-1] if located.final_norms else located.container
+        self.handles = [
+            block.register_forward_hook(functools.partial(self._keep, index))
+            for index, block in enumerate(located.blocks[:-1])
+        ]
+        self.handles.append(last.register_forward_hook(functools.partial(self._keep, self.num_blocks - 1)))
+
+    def _keep(self, index: int, module: nn.Module, args: tuple, output: object) -> None:
+        hidden = first_tensor(output)  # (batch, seq, d)
+        if self.kept is None:
+            self.kept = torch.empty((len(self.rows), self.num_blocks, hidden.shape[-1]), dtype=self.dtype)
+        self.kept[:, index] = hidden.flatten(0, 1).index_select(0, self.rows)  # cast on the copy
+
+    def take(self) -> torch.Tensor:
+        """The batch's ``(kept, L, d)`` states (the next batch starts a new tensor)."""
+        kept, self.kept = self.kept, None
+        if kept is None:
+            raise RuntimeError("the encoder ran no block: nothing to cache")
+        return kept
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+class FeatureCache:
+    """``z_1 .. z_L`` at the kept positions of each sentence, for one frozen encoder.
+
+    Args:
+        base_model: The pretrained model (before any regime/fusion is applied); its blocks
+            compute the features. Only its encoder is used.
+        located: Its encoder blocks (``find_encoder_blocks(base_model)``).
+        model_name: Name or path of the model (for messages; the key hashes the weights instead).
+        max_length: Tokenizer max length (part of the cache key).
+        directory: Optional folder where the cache is persisted (shards under ``features-<key>/``)
+            and from which it is served memory-mapped.
+        tokenizer: The tokenizer that made the token ids (part of the cache key).
+        positions: Which positions to keep (:class:`KeptPositions`; part of the key).
+        dtype: Storage dtype name (:data:`STORAGE_DTYPES`; part of the key).
+
+    Example:
+        >>> cache = FeatureCache(base, find_encoder_blocks(base), "minilm", 128, tokenizer=tokenizer)
+        >>> cache.fill(train_features + dev_features)
+        >>> with cache.replay(located_of_trained_model, cache.batch_states(batch_features)):
+        ...     logits = model(input_ids=ids, attention_mask=mask).logits
+    """
+
+    def __init__(
+        self,
+        base_model: nn.Module,
+        located: EncoderBlocks,
+        model_name: str,
+        max_length: int,
+        directory: str | os.PathLike | None = None,
+        tokenizer=None,
+        positions: KeptPositions = ALL_POSITIONS,
+        dtype: str = "float32",
+    ) -> None:
+        self.base_model: nn.Module | None = base_model  # None once released (release_encoder)
+        self.located: EncoderBlocks | None = located
+        self.num_blocks = located.num_blocks
+        self.model_name = model_name
+        self.positions = positions
+        self.dtype, self.dtype_name = storage_dtype(dtype), dtype
+        self.key = feature_key(base_model, tokenizer, max_length, located.num_blocks, positions.name, dtype)
+        self.path = Path(directory) / f"features-{self.key}" if directory else None  # shard folder
+        self.states: dict[SentenceKey, torch.Tensor] = {}  # (ids, kept positions) -> (kept, L, d)
+        self._read_shards: set[str] = set()
+        self.block_output_len: int | None = None  # None: blocks return a tensor; n: a tuple of n
+        self.refresh()
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached states (in memory, or mapped from the shards)."""
+        return sum(value.nbytes for value in self.states.values())
+
+    def plan(self, features: Sequence[Feature]) -> CachePlan:
+        """What this cache holds once ``features`` are filled (:class:`CachePlan`), computing nothing."""
+        if self.base_model is None or self.located is None:
+            raise RuntimeError("the feature cache's encoder was released: plan before release_encoder()")
+        return plan_cache(self.base_model, self.located, self.positions, self.dtype_name, features)
+
+    def key_of(self, feature: Feature) -> SentenceKey:
+        """The cache key of an encoded sentence: its token ids and its kept positions."""
+        return tuple(feature["input_ids"]), self.positions.of(feature)
+
+    @torch.no_grad()
+    def fill(self, features: Sequence[Feature], batch_size: int = 64) -> int:
+        """Compute the states of every sentence not cached yet; returns how many were added."""
+        self.refresh()  # another worker may have computed some of them meanwhile
+        missing: dict[SentenceKey, Feature] = {}
+        for feature in features:
+            key = self.key_of(feature)
+            if key not in self.states:
+                missing.setdefault(key, feature)
+        if not missing:
+            return 0
+        if self.base_model is None or self.located is None:
+            raise RuntimeError(
+                f"the feature cache's encoder was released (release_encoder) but {len(missing)} sentences "
+                "are not cached: fill every sentence a sweep reads before releasing it"
+            )
+        keys = list(missing)
+        kept = _KeptRows(self.located, self.dtype)  # z_1 .. z_L at the kept positions, as they are computed
+        handle = self.located.blocks[-1].register_forward_hook(self._record_output_kind)
+        pending: list[tuple[list[SentenceKey], torch.Tensor]] = []  # computed, not written yet
+        try:
+            with eval_mode(self.base_model):
+                for start in range(0, len(keys), batch_size):
+                    chunk = keys[start : start + batch_size]
+                    batch = [missing[key] for key in chunk]
+                    ids, mask = padded_inputs(batch)
+                    kept.rows = flat_positions(chunk, ids.shape[1])
+                    # token types too: a BERT pair's segments
+                    self.base_model(input_ids=ids, attention_mask=mask, **padded_token_types(batch))
+                    states, row = kept.take(), 0  # (kept, L, d)
+                    for key in chunk:
+                        self.states[key] = states[row : row + len(key[1])]  # (kept, L, d)
+                        row += len(key[1])
+                    pending.append((chunk, states))
+                    if sum(states.nbytes for _, states in pending) >= FLUSH_BYTES:
+                        self._write_shard(pending)
+                        pending = []
+        finally:
+            kept.remove()
+            handle.remove()
+        self._write_shard(pending)
+        return len(keys)
+
+    def release_encoder(self) -> None:
+        """Let the encoder that fills the cache go (its weights leave this process's memory): every
+        sentence the run reads is cached. A later fill of a sentence not cached raises."""
+        self.base_model = self.located = None
+
+    def _record_output_kind(self, module: nn.Module, args: tuple, output: object) -> None:
+        self.block_output_len = None if isinstance(output, torch.Tensor) else len(output)
+
+    def refresh(self) -> int:
+        """Read the shards written (by any worker) since the last call; returns how many.
+
+        A shard that cannot be read (empty, truncated, foreign) is reported with its file name
+        (``RuntimeWarning``) and removed: its sentences are computed again by the next fill.
+        Temporary files of writers that died are removed (see ``remove_stale_temp_files``).
+        """
+        if self.path is None or not self.path.is_dir():
+            return 0
+        remove_stale_temp_files(self.path)
+        new = sorted(p for p in self.path.glob(f"*{SHARD_SUFFIX}") if p.name not in self._read_shards)
+        read = 0
+        for shard in new:
+            try:
+                self._map_shard(shard)
+            except CorruptShardError as error:
+                warnings.warn(
+                    f"feature cache: removing {error}; its sentences will be recomputed",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                shard.unlink(missing_ok=True)
+                continue
+            read += 1
+        return read
+
+    def _map_shard(self, shard: Path) -> None:
+        """Serve the sentences of ``shard`` from the file (memory-mapped)."""
+        states, block_output_len = read_shard(shard, self.key, self.num_blocks)
+        self.states.update(states)
+        self.block_output_len = block_output_len
+        self._read_shards.add(shard.name)
+
+    def _write_shard(self, pending: Sequence[tuple[Sequence[SentenceKey], torch.Tensor]]) -> None:
+        """Persist ``pending`` (sentences and their kept states) as one new shard (atomic: temp
+        file + ``os.replace``), then serve them from it, memory-mapped (their copies in memory go)."""
+        if self.path is None or not pending:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        name = f"shard-{uuid.uuid4().hex}{SHARD_SUFFIX}"
+        keys = [key for chunk, _ in pending for key in chunk]
+        states = torch.cat([kept for _, kept in pending]) if len(pending) > 1 else pending[0][1]
+        write_shard(self.path / name, keys, states, self.block_output_len, self.key)
+        self._map_shard(self.path / name)
+
+    def batch_states(self, features: Sequence[Feature]) -> torch.Tensor:
+        """Cached states of a batch in float32, zero-padded: ``(L, batch, seq, d)``.
+
+        Positions that were not kept (and padding) are zeros; the kept ones are cast back from the
+        storage dtype. Built for each call (nothing is kept): one ``(batch, seq, L, d)`` buffer.
+        """
+        keys = [self.key_of(feature) for feature in features]
+        width = max(len(ids) for ids, _ in keys)
+        first = self.states[keys[0]]
+        out = first.new_zeros((len(keys), width, *first.shape[1:]), dtype=torch.float32)  # (batch, seq, L, d)
+        scattered = [(row, key) for row, key in enumerate(keys) if key[1][-1] != len(key[1]) - 1]
+        for row, key in enumerate(keys):
+            if key[1][-1] == len(key[1]) - 1:  # positions 0 .. n-1 (every position, the first): a slice
+                out[row, : len(key[1])] = self.states[key]  # cast to float32 on the copy
+        if scattered:  # any other positions: one copy for the whole batch
+            rows = flat_positions([key for _, key in scattered], width, [row for row, _ in scattered])
+            kept = torch.cat([self.states[key] for _, key in scattered]).to(torch.float32)  # (kept, L, d)
+            out.flatten(0, 1).index_copy_(0, rows, kept)
+        return out.permute(2, 0, 1, 3)  # (L, batch, seq, d)
+
+    @contextmanager
+    def replay(self, located: EncoderBlocks, states: torch.Tensor) -> Iterator[None]:
+        """Inside, block ``i`` of ``located`` returns ``states[i]`` without computing.
+
+        Args:
+            located: The blocks of the model being trained (same encoder as the cache's).
+            states: ``(L, batch, seq, d)`` from :meth:`batch_states`.
+        """
+        if states.shape[0] != located.num_blocks:
+            raise ValueError(f"cached states have {states.shape[0]} blocks, the model {located.num_blocks}")
+        for index, block in enumerate(located.blocks):
+            block.forward = self._replayed(states[index])
+        try:
+            yield
+        finally:
+            for block in located.blocks:
+                del block.forward
+
+    def _replayed(self, output: torch.Tensor):
+        extra = self.block_output_len
+
+        def forward(*args, **kwargs):
+            reference = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+            hidden = output.to(device=reference.device, dtype=reference.dtype)
+            return hidden if extra is None else (hidden, *([None] * (extra - 1)))
+
+        return forward

@@ -1,0 +1,219 @@
+"""Layer fusion on decoder-only LLMs (issue 26, items 1 and 3): every head, every family, recomputed.
+
+Families: Llama, Qwen2, Qwen3, Mistral, Gemma 3 (text), Phi-3, GPT-2, GPT-NeoX, OPT (tiny random
+configs, ``tiny_decoders.py``). Heads: ``*ForCausalLM``, ``*ForSequenceClassification`` (pooled at
+the last real token, right and left padding), ``*ForTokenClassification`` where transformers has one.
+
+* token-wise methods (the registry's ``token_wise`` ones): the head's output equals the model's
+  own final norm ``F`` and head applied to the method's formula (``test_methods.REFERENCES``) on the
+  residual stream ``z_0 .. z_L``, recomputed from ``output_hidden_states`` of an untouched copy (the
+  pre-norm placement rule of ``fusion.py``);
+* R+n: the model with its extra blocks appended to the block list ("the model with n more
+  blocks": causal mask, rotary positions and final norm its own).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import transformers as tf
+from conftest import fusion_of
+from peft import get_peft_model
+from test_methods import REFERENCES
+from tiny_decoders import (
+    FAMILIES,
+    NAMES,
+    TASK_TYPES,
+    adapted,
+    head_output,
+    padded,
+    residual_stream,
+    token_ids,
+    with_blocks_appended,
+)
+
+from peft_layerfusion import ExtraLayersConfig, find_encoder_blocks, fused_positions
+from peft_layerfusion.registration import ENCODER_METHODS, SEQ2SEQ_METHODS
+
+TOKEN_WISE = [method for method in ENCODER_METHODS if method.token_wise]
+# (family, head, padding side): the heads each family has; sequence classification on both sides
+CASES = [
+    (name, head, side)
+    for name in NAMES
+    for head in FAMILIES[name].heads
+    for side in (("right", "left") if head == "seq" else ("right",))
+]
+CASE_IDS = [f"{name}-{head}-{side}" for name, head, side in CASES]
+ATOL = 2e-5
+
+
+def inputs_for(head: str, side: str) -> dict[str, torch.Tensor]:
+    if head == "seq":
+        return padded(side)
+    ids = token_ids()
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def output_of(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).logits
+
+
+@pytest.mark.parametrize("method", TOKEN_WISE, ids=[m.name for m in TOKEN_WISE])
+@pytest.mark.parametrize("name, head, side", CASES, ids=CASE_IDS)
+def test_token_wise_fusion_equals_the_recomputation(name, head, side, method):
+    family = FAMILIES[name]
+    reference = family.build(head)
+    model = adapted(family.build(head), method.config_cls(task_type=TASK_TYPES[head]))
+    inputs = inputs_for(head, side)
+    states = residual_stream(family, reference, inputs)
+    layers = list(range(1, len(states)))
+    h = REFERENCES[method.config_cls](states, layers, fusion_of(model))
+    expected = head_output(family, reference, head, h, inputs)
+    got = output_of(model, inputs)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-5)
+    plain = output_of(reference, inputs)
+    assert (got - plain).abs().max() > 1e-3  # the fusion changes what the head reads
+
+
+@pytest.mark.parametrize("name, head, side", CASES, ids=CASE_IDS)
+def test_extra_layers_equal_the_model_with_more_blocks(name, head, side):
+    family = FAMILIES[name]
+    base = family.build(head)
+    model = adapted(copy.deepcopy(base), ExtraLayersConfig(num_extra_layers=1, task_type=TASK_TYPES[head]))
+    deeper = with_blocks_appended(family, base, list(fusion_of(model).blocks))
+    inputs = inputs_for(head, side)
+    got = output_of(model, inputs)
+    torch.testing.assert_close(got, output_of(deeper, inputs), atol=ATOL, rtol=1e-5)
+    assert (got - output_of(base, inputs)).abs().max() > 1e-3
+
+
+def test_two_extra_layers_equal_the_model_with_two_more_blocks():
+    family = FAMILIES["llama"]
+    base = family.build("causal")
+    model = adapted(copy.deepcopy(base), ExtraLayersConfig(num_extra_layers=2))
+    assert [block.self_attn.layer_idx for block in fusion_of(model).blocks] == [2, 3]  # their own cache slots
+    deeper = with_blocks_appended(family, base, list(fusion_of(model).blocks))
+    inputs = inputs_for("causal", "right")
+    torch.testing.assert_close(output_of(model, inputs), output_of(deeper, inputs), atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_discovery_finds_the_blocks_and_the_final_norm(name):
+    family = FAMILIES[name]
+    model = family.build("causal")
+    located = find_encoder_blocks(model)
+    assert located.blocks is family.blocks_of(model)
+    assert any(norm is family.norm_of(model) for norm in located.final_norms)
+
+
+def test_sequence_classification_reads_the_fused_state_at_the_last_real_token_only():
+    # Changing a padding position's fused state cannot change the pooled logits; changing the
+    # last real token's can. With left padding the last real token is the last position.
+    family = FAMILIES["llama"]
+    for side, last in (("right", 4), ("left", 6)):
+        model = adapted(family.build("seq"), TOKEN_WISE[0].config_cls(task_type="SEQ_CLS"))
+        inputs = padded(side)  # row 1 has 5 real tokens of 7
+        captured = {}
+        norm = family.norm_of(model.base_model.model)
+
+        def shift(position: int, module, args, output, captured=captured):
+            output = output.clone()
+            output[1, position] += 10.0
+            captured["shifted"] = position
+            return output
+
+        plain = output_of(model, inputs)
+        padding_position = 6 if side == "right" else 0
+        for position, changes in ((padding_position, False), (last, True)):
+            handle = norm.register_forward_hook(lambda m, a, o, p=position: shift(p, m, a, o))
+            try:
+                shifted = output_of(model, inputs)
+            finally:
+                handle.remove()
+            assert torch.equal(shifted[0], plain[0])
+            assert (not torch.equal(shifted[1], plain[1])) == changes, (side, position)
+
+
+def test_seq2seq_methods_refuse_a_decoder_only_model():
+    base = FAMILIES["llama"].build("causal")
+    for method in SEQ2SEQ_METHODS:
+        with pytest.raises(ValueError, match="not an encoder-decoder"):
+            get_peft_model(copy.deepcopy(base), method.config_cls())
+
+
+def test_bert_as_a_decoder_is_accepted_and_recomputed():
+    # A post-norm decoder (no final norm): the fused state is the formula on z_n itself.
+    config = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=48, is_decoder=True)  # fmt: skip
+    torch.manual_seed(0)
+    reference = tf.BertLMHeadModel(config).eval()
+    method = TOKEN_WISE[0]
+    model = adapted(copy.deepcopy(reference), method.config_cls())
+    ids = token_ids()
+    with torch.no_grad():
+        hidden = reference.bert(input_ids=ids, output_hidden_states=True).hidden_states
+        expected = reference.cls(REFERENCES[method.config_cls](hidden, [1, 2], fusion_of(model)))
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=ATOL, rtol=1e-5)
+
+
+def test_fused_positions_on_a_pre_norm_decoder():
+    # Selected positions: the full fusion's output; the others: the base's F(z_L), bitwise.
+    family = FAMILIES["llama"]
+    model = adapted(family.build("token"), TOKEN_WISE[0].config_cls(task_type="TOKEN_CLS"))
+    inputs = inputs_for("token", "right")
+    mask = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+    mask[0, 2] = mask[1, 5] = True
+    full = output_of(model, inputs)
+    with fused_positions(model, mask):
+        partial = output_of(model, inputs)
+    with model.disable_adapter():
+        plain = output_of(model, inputs)
+    torch.testing.assert_close(partial[mask], full[mask], atol=1e-6, rtol=1e-6)
+    assert torch.equal(partial[~mask], plain[~mask])
+    assert (full[mask] - plain[mask]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("config_cls", [TOKEN_WISE[0].config_cls, ExtraLayersConfig])
+@pytest.mark.parametrize("use_reentrant", [None, True, False], ids=["plain", "reentrant", "non-reentrant"])
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_gradient_checkpointing_gives_the_same_gradients_on_a_pre_norm_decoder(
+    name, config_cls, use_reentrant
+):
+    # The final norm is found by data flow (the last block's output tensor): checkpointed blocks
+    # must still hand it over, and gradients must reach the fusion and the trained blocks alike.
+    # Fusion + LoRA in one adapter, LoRA on the family's attention projections (GPT-2: its Conv1D).
+    family = FAMILIES[name]
+
+    def gradients(use_reentrant):
+        model = adapted(family.build("token"), config_cls(task_type="TOKEN_CLS", **family.lora()))
+        if use_reentrant is not None:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": use_reentrant}
+            )
+            model.enable_input_require_grads()  # LoRA in re-entrant checkpointed blocks (4.57 leaves it out)
+        model.train()
+        inputs = inputs_for("token", "right")
+        labels = torch.arange(14).view(2, 7) % 3
+        model(**inputs, labels=labels, use_cache=False).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    plain, checkpointed = gradients(None), gradients(use_reentrant)
+    assert any("fusion" in key for key in plain) and any("lora" in key for key in plain)
+    assert plain.keys() == checkpointed.keys()
+    for key, grad in plain.items():
+        torch.testing.assert_close(checkpointed[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+        assert "lora_A" in key or grad.abs().max() > 0, key  # (LoRA's B starts at zero: A gets none yet)
+
+
+def test_a_causal_lm_head_left_frozen_is_not_warned_about_a_classifier_head_is():
+    # An LM head stays frozen under PEFT (as with LoRA); a fresh classification head must train.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_peft_model(FAMILIES["llama"].build("causal"), TOKEN_WISE[0].config_cls())
+    assert not [w for w in caught if "task head" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"no parameter of the task head \['score'\] trains"):
+        get_peft_model(FAMILIES["llama"].build("seq"), TOKEN_WISE[0].config_cls())

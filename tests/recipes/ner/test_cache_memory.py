@@ -1,0 +1,338 @@
+"""The feature cache keeps only what is read, once: bitwise the same records as a cache of every
+position laid out as before (padded ``(L+1, batch, seq, d)``), memory-mapped shards, half
+precision as a keyed option, and a memory model that predicts the bytes exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import toy_dataset, write_tiny_model
+from layerfusion_recipes.core.feature_cache import (
+    ALL_POSITIONS,
+    FIRST_POSITION,
+    LAST_POSITION,
+    CachePlan,
+    FeatureCache,
+    KeptPositions,
+    memory_check,
+    padded_inputs,
+)
+from layerfusion_recipes.core.models import PLAIN_HEAD, load_token_classifier
+from layerfusion_recipes.ner.experiment import (
+    LABELLED_POSITIONS,
+    Cell,
+    Experiment,
+    ExperimentSettings,
+    cache_positions_for,
+    reads_labelled_only,
+)
+from torch.nn.utils.rnn import pad_sequence
+
+from peft_layerfusion.discovery import find_encoder_blocks
+from peft_layerfusion.hooks import BlockCapture
+from peft_layerfusion.registration import ENCODER_METHODS
+
+METHODS = [PLAIN_HEAD, *(method.name for method in ENCODER_METHODS)]  # every method the NER recipe runs
+TIMING = ("seconds", "pid")  # what may differ between two runs of the same record
+
+
+class PaddedAsBefore(FeatureCache):
+    """The layout the cache replayed before it kept positions: every position of a sentence, the
+    batch padded with ``pad_sequence`` into ``(batch, seq, L+1, d)`` (``z_0`` in slot 0) and permuted
+    to ``(L+1, batch, seq, d)``; block ``i`` replays slot ``i + 1`` (the same strides as before)."""
+
+    def batch_states(self, features):
+        full = []
+        for feature in features:
+            states = self.states[self.key_of(feature)]  # (seq, L, d), every position
+            full.append(torch.cat([torch.zeros_like(states[:, :1]), states], dim=1))  # (seq, L+1, d)
+        return pad_sequence(full, batch_first=True).permute(2, 0, 1, 3)[1:]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _experiment(
+    model_path: str, positions: str, dtype: str = "float32", reference: bool = False
+) -> Experiment:
+    settings = ExperimentSettings(
+        model=model_path,
+        data="toy",
+        lr=[3e-3, 3e-2],
+        batch_size=4,
+        cache_positions=positions,
+        cache_dtype=dtype,
+    )
+    experiment = Experiment(settings, toy_dataset(train=40, dev=10, test=8))
+    if reference:
+        base = load_token_classifier(model_path, len(experiment.labels), seed=0)
+        experiment._cache = PaddedAsBefore(
+            base, find_encoder_blocks(base), model_path, settings.max_length, tokenizer=experiment.tokenizer
+        )
+    return experiment
+
+
+def _records(experiment: Experiment, method: str) -> list[dict]:
+    """Two LRs of one cell (trained together where they can be), then one lone run."""
+    records = experiment.run_lrs(Cell(method, "fe", shots=3, epochs=3, trial=1), [3e-3, 3e-2])
+    records.append(experiment.run(Cell(method, "fe", shots=2, epochs=2, trial=0), lr=1e-2))
+    return [{k: v for k, v in record.items() if k not in TIMING} for record in records]
+
+
+@pytest.fixture(scope="module")
+def reference(model_path) -> Experiment:
+    return _experiment(model_path, "all", reference=True)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_records_are_bitwise_those_of_the_cache_of_every_position_padded_as_before(
+    model_path, reference, method
+):
+    before = _records(reference, method)
+    positions = cache_positions_for([method])
+    now = _experiment(model_path, positions)
+    assert now.cache().positions.name == ("labelled" if reads_labelled_only(method) else "all")
+    assert _records(now, method) == before  # every field: curves, best epochs, test F1, depth attention
+
+
+def test_the_labelled_cache_keeps_only_the_labelled_positions_and_refuses_r_n(model_path):
+    everything, labelled = _experiment(model_path, "all"), _experiment(model_path, "labelled")
+    feature = labelled.dev[0]
+    kept = labelled.cache().key_of(feature)[1]
+    assert kept == tuple(i for i, label in enumerate(feature["labels"]) if label != -100)
+    assert 0 < len(kept) < len(feature["input_ids"])  # [CLS], [SEP] (and later sub-words) left out
+    full = everything.cache().states[everything.cache().key_of(feature)]  # (seq, L, d)
+    assert torch.equal(labelled.cache().states[(tuple(feature["input_ids"]), kept)], full[list(kept)])
+    assert labelled.cache().nbytes < 0.8 * everything.cache().nbytes
+    with pytest.raises(ValueError, match="extra_layers reads every position"):
+        labelled.run(Cell("extra_layers", "fe", shots=2, epochs=1, trial=0), lr=1e-2)
+
+
+def test_a_batch_is_padded_on_the_fly_with_zeros_where_nothing_was_kept(model_path):
+    experiment = _experiment(model_path, "labelled")
+    cache, features = experiment.cache(), experiment.dev[:3]
+    states = cache.batch_states(features)  # (L, batch, seq, d)
+    assert states.dtype == torch.float32 and states.shape[:2] == (3, 3)
+    for row, feature in enumerate(features):
+        kept = list(cache.key_of(feature)[1])
+        assert torch.equal(states[:, row, kept], cache.states[cache.key_of(feature)].transpose(0, 1))
+        others = [p for p in range(states.shape[2]) if p not in kept]
+        assert states[:, row, others].abs().sum() == 0
+    assert not hasattr(cache, "_padded")  # nothing kept between calls
+    assert cache.batch_states(features) is not states
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_is_stored_in_two_bytes_cast_back_and_keyed(model_path, dtype):
+    exact, half = _experiment(model_path, "labelled"), _experiment(model_path, "labelled", dtype)
+    feature = exact.dev[0]
+    key = exact.cache().key_of(feature)
+    stored = half.cache().states[key]
+    assert stored.dtype == getattr(torch, dtype) and half.cache().nbytes * 2 == exact.cache().nbytes
+    assert torch.equal(stored, exact.cache().states[key].to(stored.dtype))  # rounded once, from float32
+    batch = half.cache().batch_states([feature])
+    assert batch.dtype == torch.float32 and torch.equal(
+        batch[:, 0, list(key[1])], stored.float().transpose(0, 1)
+    )
+    assert half.cache().key != exact.cache().key  # never served from a file of the other precision
+    assert half.settings.setup() != exact.settings.setup()
+    assert (
+        half.settings.setup_fields()["cache_dtype"] == dtype
+        and "cache_dtype" not in exact.settings.setup_fields()
+    )
+    record = half.run(Cell("concat", "fe", shots=2, epochs=2, trial=0), lr=1e-2)
+    assert record["settings"]["cache_dtype"] == dtype and record["setup"] == half.setup
+
+
+def test_float32_and_the_kept_positions_leave_the_record_keys_as_they_were():
+    base = ExperimentSettings(model="m", data="d")
+    for changed in ({"cache_positions": "labelled"}, {"cache_dtype": "float32"}):
+        assert dataclasses.replace(base, **changed).setup() == base.setup()
+    assert base.setup() == "df56b97c7d01"  # the setup of these settings before the cache options
+
+
+def test_a_bad_cache_dtype_is_one_line_naming_the_allowed_ones(model_path):
+    with pytest.raises(ValueError, match=r"--cache-dtype 'half': allowed float32, bfloat16, float16"):
+        _experiment(model_path, "all", dtype="half")
+
+
+@pytest.mark.parametrize("positions", ["all", "labelled"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_memory_model_predicts_the_bytes_the_cache_holds(model_path, positions, dtype):
+    experiment = _experiment(model_path, positions, dtype)
+    cells = [
+        Cell(m, "fe", shots, 2, trial) for m in ("none", "dwatt") for shots in (2, 3) for trial in (0, 1)
+    ]
+    plan = experiment.cache_plan([*cells, Cell("none", "ft", 8, 2, 0)])
+    assert plan is not None and experiment.cache_plan([Cell("none", "ft", 8, 2, 0)]) is None
+    for cell in cells:
+        experiment.filled_cache(experiment.train_sample(cell.shots, cell.trial), cell)
+    cache = experiment.cache()
+    assert (plan.sentences, plan.nbytes) == (len(cache), cache.nbytes)
+    assert (plan.num_blocks, plan.width, plan.kept) == (3, 32, positions)
+    assert plan.model_bytes == sum(p.nbytes for p in cache.base_model.parameters()) > 0
+    assert plan.with_dtype("bfloat16").nbytes == plan.nbytes // (2 if dtype == "float32" else 1)
+
+
+def test_the_memory_model_says_its_arithmetic():
+    plan = CachePlan(4000, 60000, 12, 768, "float32", "labelled", model_bytes=440_000_000)
+    assert plan.nbytes == 60000 * 12 * 768 * 4
+    assert plan.describe() == (
+        "feature cache: 4000 sentences, 60000 labelled positions x 12 blocks x 768 x 4 B (float32) "
+        "= 2.21 GB, model 0.44 GB"
+    )
+
+
+def test_a_sentence_task_keeps_its_pooled_position_or_every_one():
+    feature = {"input_ids": [101, 7, 8, 9, 102]}
+    assert FIRST_POSITION.of(feature) == (0,) and LAST_POSITION.of(feature) == (4,)
+    assert ALL_POSITIONS.of(feature) == (0, 1, 2, 3, 4)
+    assert LABELLED_POSITIONS.of({**feature, "labels": [-100, 3, -100, 0, -100]}) == (1, 3)
+    assert isinstance(LABELLED_POSITIONS, KeptPositions)
+
+
+def _mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file whose mapping holds ``tensor``'s data (``/proc/self/maps``), or ``None``."""
+    address = tensor.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split()
+        start, end = (int(part, 16) for part in span.split("-"))
+        if start <= address < end:
+            return rest[-1] if len(rest) >= 5 and rest[-1].startswith("/") else None  # not [heap], [anon]
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_with_a_directory_the_states_are_served_memory_mapped_from_the_shards(tmp_path, model_path):
+    experiment = _experiment(model_path, "labelled")
+    base = load_token_classifier(model_path, len(experiment.labels), seed=0)
+    writer = FeatureCache(
+        base, find_encoder_blocks(base), model_path, 128, tmp_path, positions=LABELLED_POSITIONS
+    )
+    assert writer.fill(experiment.dev) == len(experiment.dev)
+    reader = FeatureCache(
+        base, find_encoder_blocks(base), model_path, 128, tmp_path, positions=LABELLED_POSITIONS
+    )
+    (shard,) = writer.path.glob("*.safetensors")
+    for cache in (writer, reader):  # the writer's own copies in memory were replaced by the file
+        assert {_mapped_file(states) for states in cache.states.values()} == {str(shard)}
+    memory = FeatureCache(base, find_encoder_blocks(base), model_path, 128, positions=LABELLED_POSITIONS)
+    memory.fill(experiment.dev)
+    for key, value in memory.states.items():
+        assert torch.equal(reader.states[key], value)
+    assert _mapped_file(next(iter(memory.states.values()))) is None  # no directory: plain memory
+
+
+def test_a_fill_writes_a_shard_every_flush_bytes(tmp_path, model_path, monkeypatch):
+    from layerfusion_recipes.core import feature_cache
+
+    experiment = _experiment(model_path, "all")
+    base = load_token_classifier(model_path, len(experiment.labels), seed=0)
+    one_batch = 3 * 32 * 4 * sum(len(f["input_ids"]) for f in experiment.dev[:4])  # L x d x 4 B x positions
+    monkeypatch.setattr(feature_cache, "FLUSH_BYTES", one_batch)
+    cache = FeatureCache(base, find_encoder_blocks(base), model_path, 128, tmp_path)
+    assert cache.fill(experiment.dev, batch_size=4) == 10
+    assert len(list(cache.path.glob("*.safetensors"))) == 3  # batches of 4, 4 (a shard each) and 2
+    assert len(FeatureCache(base, find_encoder_blocks(base), model_path, 128, tmp_path)) == 10
+
+
+# ----------------------------------------------------------------------------- the memory check
+
+
+def test_a_cache_that_cannot_fit_is_refused_naming_what_would_make_it_fit():
+    plan = CachePlan(5000, 100_000, 24, 1024, "float32", "labelled", model_bytes=1_300_000_000)  # 9.83 GB
+    line, refusal = memory_check(plan, copies=1, mapped=False, available=8 * 10**9)
+    assert line.endswith("9.83 GB, model 1.30 GB; 1 process(es) hold 11.13 GB in memory; 8.00 GB available")
+    assert refusal == (
+        "the feature cache needs 11.13 GB in memory (5000 sentences, 100000 labelled positions x 24 blocks "
+        "x 1024 x 4 B (float32) = 9.83 GB, model 1.30 GB, x 1 process(es)) but 8.00 GB is available; it "
+        "fits with --cache-dtype bfloat16 (6.22 GB), --cache-dir DIR (memory-mapped, shared by the "
+        "workers, paged from disk when short), fewer evaluation sentences (--dev-limit, --test-limit) "
+        "or --no-cache"
+    )
+    assert memory_check(plan, 1, mapped=False, available=12 * 10**9)[1] is None
+    _, two = memory_check(plan, copies=2, mapped=False, available=12 * 10**9)
+    assert "--workers 1 (11.13 GB)" in two and "bfloat16" not in two  # two halves need 12.44 GB
+    line, never = memory_check(plan, copies=2, mapped=True, available=1)  # paged, never refused
+    assert never is None and "2 process(es) hold" not in line and "one copy for 2" in line
+    assert memory_check(plan, 1, mapped=False, available=None)[1] is None  # unknown: not refused
+
+
+@pytest.fixture()
+def cli_run(tmp_path, model_path):
+    from conftest import write_toy_data
+
+    data = write_toy_data(tmp_path / "data", train=40, dev=10, test=8)
+    return [
+        "sweep", "--model", model_path, "--data", data, "--methods", "none", "concat", "--shots", "2",
+        "--epochs", "1", "--trials", "1", "--lr", "1e-2", "--output", str(tmp_path / "out"), "--quiet",
+    ]  # fmt: skip
+
+
+def test_dry_run_prints_the_bytes_alone_and_runs_nothing(tmp_path, cli_run, capsys):
+    from layerfusion_recipes.cli import main
+
+    assert main([*cli_run, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "runs planned: 2" in out
+    assert "labelled positions x 3 blocks x 32 x 4 B (float32)" in out and "available" in out
+    assert not (tmp_path / "out").exists()  # no results, no sweeps.jsonl
+
+
+def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
+    tmp_path, cli_run, monkeypatch, capsys
+):
+    from layerfusion_recipes.cli import main
+    from layerfusion_recipes.core import sweep
+    from layerfusion_recipes.core.sweep_log import read_sweep_log
+
+    monkeypatch.setattr(sweep, "available_memory", lambda: 1000)
+    assert main(cli_run) == 2
+    err = capsys.readouterr().err
+    assert "error: the feature cache needs" in err and "it fits with --cache-dir DIR" in err
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+    monkeypatch.setattr(sweep, "available_memory", lambda: 10**12)
+    assert main([*cli_run, "--cache-dtype", "bfloat16"]) == 0
+    assert "labelled positions x 3 blocks x 32 x 2 B (bfloat16)" in capsys.readouterr().err
+    (line,) = [entry for entry in read_sweep_log(tmp_path / "out" / "sweeps.jsonl") if entry["completed"]]
+    assert line["cache_bytes"] > 0 and line["cache_model_bytes"] > 0
+
+
+def test_a_fill_keeps_bitwise_what_the_block_capture_sees_at_the_kept_positions(model_path):
+    experiment = _experiment(model_path, "labelled")
+    cache = experiment.cache()  # dev + test, one fill batch (fewer than 64 sentences)
+    features = list({cache.key_of(f): f for f in [*experiment.dev, *experiment.test]}.values())
+    captured = []
+    capture = BlockCapture(cache.located, captured.append)
+    ids, mask = padded_inputs(features)
+    with torch.no_grad():
+        cache.base_model.eval()(input_ids=ids, attention_mask=mask)
+    capture.remove()
+    states = torch.stack(captured[0].states[1:], dim=2)  # z_1 .. z_L: (batch, seq, L, d)
+    for row, feature in enumerate(features):
+        key = cache.key_of(feature)
+        assert torch.equal(cache.states[key], states[row, list(key[1])])
+
+
+def test_a_prefilled_cache_lets_its_encoder_go_and_gives_the_same_records(model_path):
+    cells = [
+        Cell(m, "fe", shots, epochs, trial)
+        for m in ("dwatt", "none")
+        for shots, epochs, trial in ((3, 3, 1), (2, 2, 0))
+    ]
+    lazy, prefilled = _experiment(model_path, "labelled"), _experiment(model_path, "labelled")
+    prefilled.prefill_cache(
+        [*cells, Cell("concat", "ft", 8, 1, 0)]
+    )  # what _records runs, and an uncached cell
+    cache = prefilled.cache()
+    assert cache.base_model is None and cache.located is None  # the encoder's weights are gone
+    for method in ("dwatt", "none"):
+        assert _records(prefilled, method) == _records(lazy, method)
+    with pytest.raises(RuntimeError, match="encoder was released"):
+        cache.fill(prefilled.train_sample(4, 3))  # a sample no cell reads
