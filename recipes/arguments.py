@@ -61,6 +61,7 @@ POSITIVE_INT_OPTIONS = (
     "workers",
     "threads",
     "select_trials",
+    "probe_layers",
 )
 
 
@@ -405,6 +406,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     )
     out.add_argument("--quiet", action="store_true", default=None, help="No progress bar.")
     add_cache_arguments(parser)
+    add_probe_arguments(parser)
 
 
 # storage dtypes of the feature cache (``--cache-dtype``); float32, the default, is exact
@@ -438,6 +440,27 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Print the bytes the feature cache will hold (sentences x kept positions x blocks x "
         "width x bytes), the model's and the memory available, then exit without running.",
+    )
+
+
+PROBE_TOP = 3  # --probe-layers without a value: the best 3 layers
+
+
+def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--probe-layers``: the layer diagnostics of a few-shot task (on the feature cache)."""
+    group = parser.add_argument_group("layer diagnostics")
+    group.add_argument(
+        "--probe-layers",
+        nargs="?",
+        const=PROBE_TOP,
+        type=positive_int,
+        metavar="K",
+        help="Also train a linear probe on each block output z_1..z_L at the positions the head reads, "
+        "per shots, epochs and trial of the grid, on the feature cache (the FE LR grid, LR selected on "
+        "dev per layer, the test score of its best dev epoch), "
+        "records in OUTPUT/results.probes.jsonl (resumable); layers.png and table.md draw them beside "
+        "the layer weights the ScalarMix and DWAtt runs learned, and the best K layers on dev "
+        f"(default {PROBE_TOP}) are printed as layers=[...] for any fusion config.",
     )
 
 
@@ -545,6 +568,13 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--output", help="Folder for table.md and the PNG figures (default: the results file's folder)."
+    )
+    parser.add_argument(
+        "--probe-layers",
+        type=positive_int,
+        metavar="K",
+        help="With layer probes beside the results (RESULTS.probes.jsonl): the best K layers on dev "
+        f"printed as layers=[...] (default {PROBE_TOP}).",
     )
 
 

@@ -122,9 +122,10 @@ COMMANDS: dict[str, Command] = {
     "plot": Command(
         "Figures and a markdown table from a results file.",
         "F1 vs shots (selected LR, test F1 with CI bands), F1 vs LR, dev curves, DWAtt's depth "
-        "attention and table.md, from the results of `layerfusion ner` / `sweep`.",
+        "attention and table.md, from the results of `layerfusion ner` / `sweep` / `classify`; with "
+        "layer probes beside them (--probe-layers), layers.png and their tables too.",
         arguments.add_plot_arguments,
-        "layerfusion_recipes.reporting.plot:plot_main",
+        "layerfusion_recipes.reporting.layers:plot_main",
         arguments.check_results_file,
     ),
     "report": Command(

@@ -30,6 +30,7 @@ from ..core.experiment import FewShotExperiment, TaskSettings
 from ..core.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, KeptPositions, storage_dtype
 from ..core.fitting import RunResult
 from ..core.models import check_head_modules, check_length
+from ..core.probes import states_at
 from ..core.runner import Runner, StackedRunner
 from ..data.sampling import sample_per_class
 from ..data.texts import TextColumns, TextDataset, TextExample, label_counts, load_texts
@@ -37,6 +38,7 @@ from .models import (
     POOLINGS,
     classifier_skeleton,
     load_sequence_classifier,
+    mean_pool,
     position_mask,
     read_positions,
 )
@@ -293,6 +295,19 @@ class ClassifyExperiment(FewShotExperiment):
     def head_positions(self) -> KeptPositions:
         """The pooled position the head reads (``first``, ``last``), or every one (``all``: mean pooling)."""
         return CACHED_POSITIONS[self.positions]
+
+    def probe_inputs(
+        self, states: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block outputs where the head reads them, one per example: at its first or last real
+        token (``(batch, L, d)``), or their mean over the real tokens (mean pooling); and the labels
+        ``(batch,)``."""
+        mask = batch["attention_mask"]  # (batch, seq)
+        if self.positions == "all":
+            by_position = states.permute(1, 2, 0, 3)  # (batch, seq, L, d)
+            pooled = mean_pool(by_position.flatten(2), mask)  # (batch, L * d)
+            return pooled.unflatten(-1, by_position.shape[2:]), batch["labels"]  # (batch, L, d)
+        return states_at(states, position_mask(self.positions, mask)), batch["labels"]
 
     def runner(self, model: nn.Module, located, cache, count: int | None = None) -> Runner:
         options = {"positions": ReadPositions(self.positions), "pad_id": self.pad_id}

@@ -149,16 +149,17 @@ class TaskSettings:
 class FewShotExperiment:
     """Model + data, prepared once by the task's ``__init__``; :meth:`run` trains one :class:`Cell`.
 
-    A task sets ``settings``, ``tokenizer``, ``dev``, ``test`` (encoded, possibly empty),
-    ``data_name`` and ``setup`` (``settings.setup()``) and implements :meth:`load_model`,
-    :meth:`train_sample`, :meth:`check_shots`, :meth:`scorer_of`, :meth:`runner` and
-    :meth:`record_fields`.
+    A task sets ``settings``, ``tokenizer``, ``dev``, ``test`` (encoded, possibly empty), ``labels``
+    (the label names, ids ``0..C-1``), ``data_name`` and ``setup`` (``settings.setup()``) and
+    implements :meth:`load_model`, :meth:`train_sample`, :meth:`check_shots`, :meth:`scorer_of`,
+    :meth:`runner`, :meth:`record_fields` and :meth:`probe_inputs`.
     """
 
     settings: TaskSettings
     tokenizer: Any
     dev: list[dict]
     test: list[dict]
+    labels: list[str]
     data_name: str
     setup: str
     _cache: FeatureCache | None = None
@@ -192,6 +193,14 @@ class FewShotExperiment:
     def head_positions(self) -> KeptPositions:
         """The positions of an example the task's head and loss read (what a feature cache keeps
         where every method of the sweep reads no other)."""
+        raise NotImplementedError
+
+    def probe_inputs(
+        self, states: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the layer probes (:mod:`~layerfusion_recipes.core.probes`) read of a batch: the block
+        outputs ``(L, batch, seq, d)`` at the positions the task's head reads, ``(read, L, d)``, and
+        their labels ``(read,)``, in the order the task's scorer takes its predictions."""
         raise NotImplementedError
 
     def head_modules(self) -> tuple[str, ...]:
@@ -287,7 +296,7 @@ class FewShotExperiment:
         lr = self.settings.lr_for(cell.regime) if lr is None else float(lr)
         train = self.train_sample(cell.shots, cell.trial)
         model, located = self.build(cell)
-        cache = self._filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
+        cache = self.filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
         runner = self.runner(model, located, cache)
         settings = self.train_settings(cell, lr)
         [result] = fit(runner, train, self.dev, settings, self.scorer_of, [lr], self.test or None)
@@ -325,7 +334,7 @@ class FewShotExperiment:
             return
         model, located = self.build(cell)
         train = self.train_sample(cell.shots, cell.trial)
-        runner = self.runner(model, located, self._filled_cache(train, cell), count=len(lrs))
+        runner = self.runner(model, located, self.filled_cache(train, cell), count=len(lrs))
         assert isinstance(runner, StackedRunner)
         settings = self.train_settings(cell, lrs[0])
         results = fit(runner, train, self.dev, settings, self.scorer_of, lrs, self.test or None)
@@ -343,8 +352,23 @@ class FewShotExperiment:
             seed=self.settings.seed + cell.trial,
         )
 
-    def _filled_cache(self, train: list[dict], cell: Cell) -> FeatureCache:
-        if self.settings.cache_positions != "all" and not reads_head_positions_only(cell.method):
+    def filled_cache(self, train: Sequence[dict], cell: Cell | None = None) -> FeatureCache:
+        """The feature cache (:meth:`cache`) with ``train`` filled too.
+
+        Args:
+            train: The examples to fill (those already cached are not computed again).
+            cell: The run that reads it: its method must read no position the cache leaves out
+                (``settings.cache_positions``). ``None``: a reader of the head's positions only
+                (the layer probes, :mod:`~layerfusion_recipes.core.probes`).
+
+        Raises:
+            ValueError: ``cell``'s method reads every position but the cache keeps the head's only.
+        """
+        if (
+            cell is not None
+            and self.settings.cache_positions != "all"
+            and not reads_head_positions_only(cell.method)
+        ):
             raise ValueError(
                 f"method {cell.method} reads every position but the feature cache keeps the "
                 f"{self.settings.cache_positions} ones only; use cache_positions='all'"
@@ -366,6 +390,26 @@ class FewShotExperiment:
             **self.record_fields(result, train),
             "lr": lr,
             "cached": runner.cache is not None,
+            **self.provenance(),
+        }
+        adapter = adapter_summary(runner.model)
+        if adapter is not None:  # AdapterHub regimes: e.g. {"kind": "seqbn", "reduction_factor": 16.0, ...}
+            record["adapter"] = adapter
+        layer = fusion_layer_of(runner.model)
+        if layer is not None:
+            module = active_fusion_module(runner.model)
+            if module.shows_depth_attention:
+                record["depth_attention"] = depth_attention_profile(runner.plain(), self.dev)
+            if hasattr(module, "mix_weights"):  # learned layer weights (ScalarMix's s), whatever the input
+                record["mix_weights"] = module.mix_weights().tolist()
+            if "depth_attention" in record or "mix_weights" in record:
+                record["fused_layers"] = list(next(iter(layer.fused_layers.values())))
+        return record
+
+    def provenance(self) -> dict[str, Any]:
+        """What every record of this experiment says besides its scores: the model, the data, the
+        setup fingerprint and the settings it hashes, the process, the method options."""
+        fields = {
             "model": self.settings.model,
             "data": self.data_name,
             "setup": self.setup,
@@ -373,15 +417,8 @@ class FewShotExperiment:
             "pid": os.getpid(),
         }
         if self.settings.method_options:
-            record["method_options"] = dict(self.settings.method_options)  # e.g. {"lora_r": 114}
-        adapter = adapter_summary(runner.model)
-        if adapter is not None:  # AdapterHub regimes: e.g. {"kind": "seqbn", "reduction_factor": 16.0, ...}
-            record["adapter"] = adapter
-        layer = fusion_layer_of(runner.model)
-        if layer is not None and active_fusion_module(runner.model).shows_depth_attention:
-            record["depth_attention"] = depth_attention_profile(runner.plain(), self.dev)
-            record["fused_layers"] = list(next(iter(layer.fused_layers.values())))
-        return record
+            fields["method_options"] = dict(self.settings.method_options)  # e.g. {"lora_r": 114}
+        return fields
 
 
 ScorerFactory = Callable[[Sequence[dict]], Scorer]

@@ -21,7 +21,7 @@ from .feature_cache import storage_dtype
 from .models import METHOD_NAMES, check_adapter_grid
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
-RUN_KEYS = ("output", "results", "workers", "quiet", "threads", "select_trials", "dry_run")
+RUN_KEYS = ("output", "results", "workers", "quiet", "threads", "select_trials", "dry_run", "probe_layers")
 
 
 def load_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -123,8 +123,9 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
 
     Returns:
         ``{methods, regimes, shots, epochs, trials, output, results, workers, quiet, threads,
-        select_trials, dry_run}``; ``results`` is the results file (:func:`results_path`), a YAML ``shots``
-        value ``all`` is :data:`~layerfusion_recipes.arguments.FULL_TRAIN`.
+        select_trials, dry_run, probe_layers}``; ``results`` is the results file (:func:`results_path`), a
+        YAML ``shots`` value ``all`` is :data:`~layerfusion_recipes.arguments.FULL_TRAIN`; ``probe_layers``
+        is ``None`` (no probes) or the K of ``--probe-layers``.
 
     Raises:
         ValueError: An unknown method or regime, an AdapterHub regime with a fusion method, a bad LR.

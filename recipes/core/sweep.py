@@ -30,8 +30,11 @@ Before any run, a sweep with FE cells on the feature cache prints the bytes the 
 x blocks x width x bytes, the model's, the memory available) and refuses, in one line naming the
 options that would make it fit, a cache that its processes cannot hold in memory
 (:func:`~layerfusion_recipes.core.feature_cache.memory_check`); ``dry_run`` prints that alone. A
-one-process sweep fills the cache with everything its runs read first, then lets the encoder go
-(:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.prefill_cache`).
+one-process sweep fills the cache with everything its runs (and its layer probes) read first, then
+lets the encoder go (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.prefill_cache`).
+With ``probe_layers`` the main process trains the layer probes
+(:func:`~layerfusion_recipes.core.probes.run_probes`) on that cache before the runs; ``dry_run``
+trains none.
 
 A task's settings build its experiment (``settings.make_experiment()``, also in each worker) and the
 experiment checks the shot sizes (``check_shots``) before any run.
@@ -47,6 +50,8 @@ from typing import Any
 
 import torch
 
+from ..arguments import PROBE_TOP
+from ..reporting.layers import best_layers_lines, layers_markdown, write_layer_report
 from ..reporting.plot import markdown_table, summarize, write_report
 from .cells import (
     Cell,
@@ -61,6 +66,7 @@ from .cells import (
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
 from .feature_cache import CachePlan, available_memory, memory_check
+from .probes import probe_cells, probes_path, run_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
@@ -312,15 +318,22 @@ def run_sweep(
 def cache_memory(
     experiment: FewShotExperiment, cells: list[Cell], grid: dict[str, Any], state
 ) -> tuple[CachePlan | None, str, str | None]:
-    """The sweep's feature cache against the memory: ``(plan, line, refusal)`` (see
-    :func:`~layerfusion_recipes.core.feature_cache.memory_check`); ``(None, "", None)`` without one."""
-    plan = experiment.cache_plan(cells)
+    """The sweep's feature cache (what ``cells`` and the layer probes read) against the memory:
+    ``(plan, line, refusal)`` (see :func:`~layerfusion_recipes.core.feature_cache.memory_check`);
+    ``(None, "", None)`` without one."""
+    plan = experiment.cache_plan(cells + probed_cells(grid))
     if plan is None:
         return None, "", None
     copies = grid["workers"] * state.num_processes
     mapped = experiment.settings.cache_dir is not None
     line, refusal = memory_check(plan, copies, mapped, available_memory())
     return plan, line, refusal
+
+
+def probed_cells(grid: dict[str, Any]) -> list[Cell]:
+    """The layer probes' trials of ``grid`` (:func:`~layerfusion_recipes.core.probes.probe_cells`;
+    none without ``probe_layers``): they read the feature cache too."""
+    return probe_cells(grid) if grid.get("probe_layers") else []
 
 
 def dry_run(settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], state) -> int:
@@ -330,6 +343,8 @@ def dry_run(settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], sta
     plan, line, refusal = cache_memory(experiment, cells, grid, state)
     print(f"runs planned: {planned_runs(cells, settings, grid['select_trials'])}")
     print(line if plan is not None else "feature cache: none (no FE cell on the cache)")
+    if grid.get("probe_layers"):
+        print(f"layer probes planned: {len(probed_cells(grid))} trials (not run by a dry run)")
     if refusal:
         print(f"a sweep would stop here: {refusal}")
     return 0
@@ -357,9 +372,13 @@ def _sweep(
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
     if plan is not None and grid["workers"] == 1 and state.num_processes == 1:
-        # everything the runs read, in the order they run; then the encoder that computes it goes
+        # everything the runs and the probes read, in the order the runs read it (the probes' samples
+        # are the FE cells' where the grid has some); then the encoder that computes it goes
         first, later = split_trials(cells, grid["select_trials"])
-        experiment.prefill_cache(first + later)
+        experiment.prefill_cache(first + later + probed_cells(grid))
+    # the layer probes on the filled cache (the encoder gone after a prefill), before the runs
+    top = grid.get("probe_layers")
+    probes = run_probes(experiment, grid, progress=not grid["quiet"]) if top and state.is_main_process else []
     records = run_cells(
         cells,
         grid["results"],
@@ -373,9 +392,15 @@ def _sweep(
         return 0  # the main process writes the table and figures, once
     if figures:
         paths = write_report(records, grid["output"])
+        paths.update(write_layer_report(records, probes, grid["output"], top or PROBE_TOP))
         print(paths["table"].read_text())
         print("figures: " + ", ".join(str(p) for key, p in paths.items() if key != "table"))
     else:
         print(markdown_table(summarize(records)))
+        if probes:
+            print(layers_markdown(probes, records, top))
     print(f"results: {grid['results']} ({len(records)} runs)")
+    if probes:
+        print(f"layer probes: {probes_path(grid['results'])} ({len(probes)} records)")
+        print("\n".join(best_layers_lines(probes, top)))
     return 0

@@ -30,7 +30,8 @@ from ..core.experiment import FewShotExperiment, TaskSettings
 from ..core.feature_cache import KeptPositions, storage_dtype
 from ..core.fitting import RunResult
 from ..core.models import check_head_modules, check_length, load_token_classifier, token_classifier_skeleton
-from ..core.runner import Runner
+from ..core.probes import states_at
+from ..core.runner import Runner, labelled_positions
 from ..data.gold import GoldReach, gold_reach
 from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
 from ..data.sampling import sample_shots
@@ -83,8 +84,9 @@ SETUP_FIELDS = (
 @dataclass
 class ExperimentSettings(TaskSettings):
     """Everything about a NER experiment except the grid (the shared fields:
-    :class:`~layerfusion_recipes.core.experiment.TaskSettings`; ``model`` is an
-    ``AutoModelForTokenClassification`` name or path, ``data`` see ``data.sources.load_ner``).
+    :class:`~layerfusion_recipes.core.experiment.TaskSettings`; ``model`` is an encoder's or a
+    decoder's name or path, :func:`~layerfusion_recipes.core.models.load_token_classifier`, ``data``
+    see ``data.sources.load_ner``).
 
     Args:
         language: WikiANN language.
@@ -265,6 +267,14 @@ class Experiment(FewShotExperiment):
 
     def scorer_of(self, features: Sequence[dict]) -> SpanScorer:
         return SpanScorer(features, self.id2label)
+
+    def probe_inputs(
+        self, states: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block outputs at the labelled positions (the first sub-word of each word), row after
+        row as seqeval's scorer takes them: ``(labelled, L, d)``, and their tags ``(labelled,)``."""
+        read = labelled_positions(batch)  # (batch, seq)
+        return states_at(states, read), batch["labels"][read]
 
     def runner(self, model: torch.nn.Module, located, cache, count: int | None = None) -> Runner:
         if count is None:

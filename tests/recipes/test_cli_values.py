@@ -104,6 +104,7 @@ def test_bad_data_leaves_no_output_folder(tiny, tmp_path, capsys):
         ("epochs: [25, 0]", "epochs must be integers >= 1, got [25, 0]"),
         ("test_limit: 0", "test_limit must be integers >= 1, got 0"),
         ("select_trials: 0", "select_trials must be integers >= 1, got 0"),
+        ("probe_layers: 0", "probe_layers must be integers >= 1, got 0"),
     ],
 )
 def test_counts_below_one_in_the_yaml_are_refused(tiny, tmp_path, capsys, line, message):

@@ -172,7 +172,7 @@ def test_the_memory_model_predicts_the_bytes_the_cache_holds(model_path, positio
     plan = experiment.cache_plan([*cells, Cell("none", "ft", 8, 2, 0)])
     assert plan is not None and experiment.cache_plan([Cell("none", "ft", 8, 2, 0)]) is None
     for cell in cells:
-        experiment._filled_cache(experiment.train_sample(cell.shots, cell.trial), cell)
+        experiment.filled_cache(experiment.train_sample(cell.shots, cell.trial), cell)
     cache = experiment.cache()
     assert (plan.sentences, plan.nbytes) == (len(cache), cache.nbytes)
     assert (plan.num_blocks, plan.width, plan.kept) == (3, 32, positions)

@@ -67,10 +67,16 @@ def test_run_learns_toy_entities_and_records_everything(experiment):
 
 @pytest.mark.parametrize("method", ENCODER_METHODS, ids=lambda m: m.name)
 def test_the_depth_attention_is_recorded_for_the_methods_that_show_it(experiment, method):
-    """The registry's flag decides, never a method name: DWAtt's record has it, the others' not."""
+    """The registry's flag decides, never a method name: DWAtt's record has it, the others' not; a module
+    with learned layer weights (ScalarMix's ``mix_weights``) has them: they sum to 1, trained off uniform."""
     record = experiment.run(Cell(method.name, "fe", shots=2, epochs=1, trial=0))
+    mixes = hasattr(method.module_cls, "mix_weights")
     assert ("depth_attention" in record) == method.module_cls.shows_depth_attention
-    assert ("fused_layers" in record) == method.module_cls.shows_depth_attention
+    assert ("mix_weights" in record) == mixes
+    assert ("fused_layers" in record) == (method.module_cls.shows_depth_attention or mixes)
+    if mixes:
+        assert record["fused_layers"] == [1, 2, 3] and sum(record["mix_weights"]) == pytest.approx(1.0)
+        assert record["mix_weights"] != pytest.approx([1 / 3] * 3)  # trained away from the uniform start
 
 
 def test_trials_draw_new_samples_and_methods_share_them(experiment):

@@ -1,0 +1,235 @@
+"""Layer probes: a linear head on each block output ``z_1 .. z_L`` at the positions a task reads,
+trained on the feature cache; the LR selected on dev per layer, the test score of its best dev epoch.
+
+The probe of layer ``n`` is ``logits = W z_n + b`` (``W`` ``(C, d)``, ``b`` ``(C,)``) on the state
+``z_n`` (the output of block ``n``, as ``output_hidden_states[n]``) at the positions the task's head
+reads (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.probe_inputs`): every labelled
+first sub-word for NER, the pooled position of a sentence classifier (its first or last token, or the
+mean over the real tokens with mean pooling). It trains as a cell's run does
+(:func:`~layerfusion_recipes.core.fitting.fit`: AdamW, the LR linear to zero over the max epochs, the
+trial's sample and batches, the task's scorer on dev every k epochs, the test score of the best dev
+epoch), its head drawn from ``seed + trial`` (the same draw for every layer and LR). The ``L x K``
+probes of a trial (``K``: the LRs of the FE grid) train together in one pass over the cached states:
+:class:`ProbeRunner`, a stacked runner whose candidates are the heads, each the run it would be alone.
+
+Records (:func:`run_probes`): one per (shots, max epochs, trial, LR) in the probes file beside the
+results file (:func:`probes_path`), keyed as every run is (:func:`~layerfusion_recipes.core.cells.record_key`
+of the method ``probe`` under ``fe``), so a sweep resumes them; the scores of each layer are under
+``layers``. :mod:`layerfusion_recipes.reporting.layers` selects, draws and tabulates them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..data.readers import collate
+from .cells import Cell, record_key
+from .fitting import RunResult, fit
+from .records import append_record, finished_keys, read_records
+from .runner import StackedRunner
+
+if TYPE_CHECKING:
+    from .experiment import FewShotExperiment
+
+PROBE = "probe"  # the method name of a probe record
+PROBE_REGIME = "fe"  # probes read the frozen encoder's states
+
+# (L, batch, seq, d) block outputs and the collated batch -> (read, L, d) probe inputs and (read,) labels
+ProbeInputs = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+
+
+def states_at(states: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+    """The block outputs at the read positions, row after row: ``(L, batch, seq, d)`` states and a
+    ``(batch, seq)`` mask give ``(read, L, d)``.
+
+    Example:
+        >>> states_at(torch.zeros(4, 2, 5, 8), torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 0, 0]]).bool()).shape
+        torch.Size([3, 4, 8])
+    """
+    return states.permute(1, 2, 0, 3)[read]  # (batch, seq, L, d) -> (read, L, d)
+
+
+def probes_path(results: str | os.PathLike) -> Path:
+    """The probes file beside a results file: ``results.jsonl`` -> ``results.probes.jsonl``.
+
+    Example:
+        >>> probes_path("out/results.jsonl")
+        PosixPath('out/results.probes.jsonl')
+    """
+    results = Path(results)
+    return results.with_name(f"{results.stem}.probes.jsonl")
+
+
+class ProbeRunner(StackedRunner):
+    """The linear probes of every layer at ``K`` LRs, trained together: candidate ``k * L + (n - 1)``
+    is the head of layer ``n`` at the ``k``-th LR; ``logits`` returns ``(K * L, read, C)`` and the
+    ``(read,)`` labels.
+
+    Args:
+        head: The head every probe starts from (``nn.Linear(d, C)``, drawn by the caller).
+        num_blocks: ``L``.
+        count: ``K``, the LRs.
+        cache: The feature cache of the frozen encoder.
+        inputs: The task's probe inputs (:meth:`FewShotExperiment.probe_inputs`).
+
+    Example:
+        >>> runner = ProbeRunner(nn.Linear(384, 3), 6, 4, cache, experiment.probe_inputs)
+        >>> logits, labels = runner.logits(train[:8], torch.device("cpu"))  # (24, 8, 3), (8,)
+    """
+
+    def __init__(self, head: nn.Linear, num_blocks: int, count: int, cache, inputs: ProbeInputs) -> None:
+        super().__init__(head, num_blocks * count, cache=cache)
+        self.num_blocks, self.inputs = num_blocks, inputs
+        self._read: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # evaluation batch -> its inputs
+
+    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits of every probe and the labels at the read positions of ``features``.
+
+        An evaluation batch (the model in eval mode:
+        :func:`~layerfusion_recipes.core.runner.predict_labelled`) keeps its inputs (the read
+        positions only) for the next call with the same examples (the dev set is scored every
+        ``eval_every`` epochs), for as long as this runner lives (one trial's probes); a training
+        batch (shuffled) is read each time.
+        """
+        memo = not self.model.training
+        key = tuple(tuple(feature["input_ids"]) for feature in features)
+        if memo and key in self._read:
+            inputs, labels = self._read[key]
+        else:
+            inputs, labels = self.read(features)
+            if memo:
+                self._read[key] = inputs, labels
+        self.fused_count = len(labels)
+        shape = (-1, self.num_blocks)  # (K, L)
+        weight = torch.stack([c[0] for c in self.candidates]).unflatten(0, shape)  # (K, L, C, d)
+        bias = torch.stack([c[1] for c in self.candidates]).unflatten(0, shape)  # (K, L, C)
+        logits = torch.einsum("nld,klcd->klnc", inputs.to(device), weight)  # (K, L, read, C)
+        return (logits + bias.unsqueeze(2)).flatten(0, 1), labels.to(device)
+
+    def read(self, features: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The probe inputs of ``features`` from the cache: ``(read, L, d)`` and their ``(read,)`` labels.
+
+        The cache's batch is ``z_1 .. z_L`` at each sentence's own positions (zeros where it kept
+        nothing: a cache of the head's positions only), so the task's read positions index it as they
+        index ``output_hidden_states``.
+        """
+        states = self.cache.batch_states(features)  # (L, batch, seq, d): z_1 .. z_L (z_0 is not cached)
+        return self.inputs(states, collate(features, self.pad_id))
+
+
+def layer_entry(layer: int, result: RunResult) -> dict[str, Any]:
+    """The scores of one layer's probe in a record: ``layer``, ``best_epoch``, ``dev_METRIC`` and
+    ``test_METRIC`` of every metric (test ``None`` without a test split), ``curve``."""
+    return {
+        "layer": layer,
+        "best_epoch": result.best_epoch,
+        **result.split_scores(list(result.dev)),
+        "curve": result.curve,
+    }
+
+
+def probe_records(
+    experiment: FewShotExperiment, shots: int, epochs: int, trial: int, lrs: Sequence[float]
+) -> Iterator[dict[str, Any]]:
+    """Train the probes of every layer of one trial at each LR of ``lrs`` (in one pass) and yield one
+    record per LR (see the module docstring).
+
+    Example:
+        >>> [r["layers"][0]["test_f1"] for r in probe_records(experiment, 8, 25, 0, [1e-3, 1e-2])]
+    """
+    cell = Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
+    train = experiment.train_sample(shots, trial)
+    runner = probe_runner(experiment, train, trial, len(lrs))
+    settings = experiment.train_settings(cell, lrs[0])
+    layers = runner.num_blocks
+    results = fit(
+        runner,
+        train,
+        experiment.dev,
+        settings,
+        experiment.scorer_of,
+        lrs=[lr for lr in lrs for _ in range(layers)],
+        test=experiment.test or None,
+    )
+    for k, lr in enumerate(lrs):
+        own = results[k * layers : (k + 1) * layers]
+        yield {
+            "key": record_key(cell, lr, experiment.setup),
+            **asdict(cell),
+            "lr": float(lr),
+            "metric": own[0].metric,
+            "metrics": list(own[0].dev),
+            "layers": [layer_entry(n, result) for n, result in enumerate(own, start=1)],
+            "train_examples": len(train),
+            "seconds": own[0].seconds,
+            "cached": True,
+            **experiment.provenance(),
+        }
+
+
+def probe_runner(experiment: FewShotExperiment, train: Sequence[dict], trial: int, count: int) -> ProbeRunner:
+    """The :class:`ProbeRunner` of a trial: the feature cache filled with ``train`` (nothing to compute
+    after :meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.prefill_cache`, whose encoder
+    is gone), every head drawn from ``seed + trial``."""
+    cache = experiment.filled_cache(train)  # the probes read the head's positions: any kept layout
+    num_blocks = cache.num_blocks
+    width = cache.batch_states(train[:1]).shape[-1]
+    torch.manual_seed(experiment.settings.seed + trial)
+    head = nn.Linear(width, len(experiment.labels))
+    return ProbeRunner(head, num_blocks, count, cache, experiment.probe_inputs)
+
+
+def probe_cells(grid: dict[str, Any]) -> list[Cell]:
+    """The probes' trials of ``grid``, one :class:`~layerfusion_recipes.core.cells.Cell` of the method
+    ``probe`` under ``fe`` per (max epochs, shots, trial): what they read of the feature cache (the
+    dev and test sets, each trial's sample) is what an FE cell of the same shots and trial reads.
+
+    Example:
+        >>> probe_cells({"shots": [8], "epochs": [25], "trials": 2})
+        [Cell(method='probe', regime='fe', shots=8, epochs=25, trial=0), Cell(method='probe', ...)]
+    """
+    return [
+        Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
+        for epochs in grid["epochs"]
+        for shots in grid["shots"]
+        for trial in range(grid["trials"])
+    ]
+
+
+def run_probes(
+    experiment: FewShotExperiment, grid: dict[str, Any], progress: bool = True
+) -> list[dict[str, Any]]:
+    """The probes of every (shots, max epochs, trial) of ``grid`` at each LR of the FE grid, skipping
+    the records already in the probes file (:func:`probes_path` of ``grid["results"]``); each record
+    appended when its trial's probes are trained.
+
+    Returns:
+        Every record of these probes in the file (old and new), one per key.
+
+    Example:
+        >>> grid = {"shots": [8], "epochs": [25], "trials": 3, "results": "out/results.jsonl"}
+        >>> run_probes(experiment, grid)
+    """
+    path = probes_path(grid["results"])
+    lrs = experiment.settings.lr_grid(PROBE_REGIME)
+    units = probe_cells(grid)
+    wanted = {record_key(cell, lr, experiment.setup) for cell in units for lr in lrs}
+    done = finished_keys(path)
+    todo = [
+        (cell, missing)
+        for cell in units
+        if (missing := [lr for lr in lrs if record_key(cell, lr, experiment.setup) not in done])
+    ]
+    for cell, missing in tqdm(todo, desc="layer probes", disable=not progress or not todo, file=sys.stderr):
+        for record in probe_records(experiment, cell.shots, cell.epochs, cell.trial, missing):
+            append_record(path, record)
+    return [record for record in read_records(path) if record["key"] in wanted]

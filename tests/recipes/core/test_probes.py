@@ -1,0 +1,260 @@
+"""Layer probes (core/probes.py): the probe of layer n is a linear head trained alone on
+``output_hidden_states[n]`` at the positions the task reads (classify: its pooled token; NER: the
+labelled first sub-words, scored by seqeval itself); a toy whose label lives in one layer by construction
+is found there; records resume by key."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import write_text_data, write_tiny_model, write_toy_data
+from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
+from layerfusion_recipes.core import probes
+from layerfusion_recipes.core.cells import Cell
+from layerfusion_recipes.core.fitting import fit
+from layerfusion_recipes.core.probes import probe_records, probe_runner, probes_path, run_probes
+from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.data.readers import IGNORE_INDEX
+from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
+from seqeval.metrics import f1_score
+from torch import nn
+from torch.utils.data import DataLoader
+from transformers import AutoModel
+
+LAYERS = 3  # the tiny BERT's blocks
+LRS = (3e-2, 3e-1)
+EPOCHS = 6
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probes")
+    return {
+        "model": write_tiny_model(root / "bert"),
+        "texts": write_text_data(root / "texts", sizes=(("train", 30), ("dev", 12), ("test", 12))),
+        "ner": write_toy_data(root / "ner", train=30, dev=10, test=10),
+    }
+
+
+@pytest.fixture(scope="module", params=["model", "mean"])
+def classify(paths, request) -> ClassifyExperiment:
+    """First-token pooling (BERT's own head) and mean pooling."""
+    settings = ClassifySettings(
+        model=paths["model"], data=paths["texts"], batch_size=4, seed=3, pooling=request.param
+    )
+    return ClassifyExperiment(settings)
+
+
+@pytest.fixture(scope="module")
+def ner(paths) -> Experiment:
+    return Experiment(ExperimentSettings(model=paths["model"], data=paths["ner"], batch_size=4, seed=3))
+
+
+@torch.no_grad()
+def hidden_states(model_path: str, features: list[dict], layer: int) -> list[torch.Tensor]:
+    """``output_hidden_states[layer]`` of each example alone (no padding): ``(seq, d)`` each."""
+    model = AutoModel.from_pretrained(model_path).eval()
+    out = []
+    for feature in features:
+        inputs = {key: torch.tensor([feature[key]]) for key in ("input_ids", "attention_mask")}
+        out.append(model(**inputs, output_hidden_states=True).hidden_states[layer][0])
+    return out
+
+
+def lone_head(train: list[tuple], dev_score, test_score, lr: float, seed: int, width: int, classes: int):
+    """A linear head trained alone on ``train`` (``(inputs (n, d), labels (n,))`` per example): AdamW,
+    the LR linear to zero, the batches of the recipes' protocol, dev scored every epoch, test at the
+    best dev epoch (the first on ties). Returns (dev curve, test score, the best head)."""
+    torch.manual_seed(seed)
+    head = nn.Linear(width, classes)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+    loader = DataLoader(
+        list(range(len(train))),
+        batch_size=4,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        collate_fn=lambda indices: indices,
+    )
+    total = EPOCHS * math.ceil(len(train) / 4)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, (total - step) / total))
+    curve, best, best_state = [], -1.0, None
+    for _ in range(EPOCHS):
+        for indices in loader:
+            inputs = torch.cat([train[i][0] for i in indices])
+            labels = torch.cat([train[i][1] for i in indices])
+            F.cross_entropy(head(inputs), labels).backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+        with torch.no_grad():
+            score = dev_score(head)
+        curve.append(score)
+        if score > best:
+            best, best_state = score, {k: v.clone() for k, v in head.state_dict().items()}
+    head.load_state_dict(best_state)
+    with torch.no_grad():
+        return curve, test_score(head), head
+
+
+def trained_probes(experiment, shots: int, trial: int):
+    """The probes of a trial trained by ``fit`` (as :func:`probe_records` does), for their weights."""
+    train = experiment.train_sample(shots, trial)
+    runner = probe_runner(experiment, train, trial, len(LRS))
+    settings = experiment.train_settings(Cell("probe", "fe", shots, EPOCHS, trial), LRS[0])
+    lrs = [lr for lr in LRS for _ in range(LAYERS)]
+    fit(runner, train, experiment.dev, settings, experiment.scorer_of, lrs=lrs, test=experiment.test)
+    return runner
+
+
+def check_probe(record_layers, runner, k: int, layer: int, curve, test, head, metric: str) -> None:
+    entry = record_layers[layer - 1]
+    assert entry["layer"] == layer
+    assert [point[f"dev_{metric}"] for point in entry["curve"]] == pytest.approx(curve, abs=1e-12)
+    assert entry[f"test_{metric}"] == pytest.approx(test, abs=1e-12)
+    weight, bias = runner.candidates[k * LAYERS + layer - 1]
+    torch.testing.assert_close(weight.detach(), head.weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(bias.detach(), head.bias, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", range(1, LAYERS + 1))
+def test_classify_probe_of_layer_n_is_a_lone_head_on_its_pooled_hidden_state(classify, paths, layer):
+    """The probe reads output_hidden_states[n] at the first token (BERT's own head) or its mean over
+    the tokens (mean pooling)."""
+    trial, seed = 1, classify.settings.seed + 1
+    train = classify.train_sample(4, trial)
+    records = list(probe_records(classify, 4, EPOCHS, trial, LRS))
+    runner = trained_probes(classify, 4, trial)
+
+    def examples(features):
+        states = hidden_states(paths["model"], features, layer)
+        mean = classify.settings.pooling == "mean"
+        pooled = [s.mean(0, keepdim=True) if mean else s[:1] for s in states]  # (1, d) each
+        return [(p, torch.tensor([f["labels"]])) for p, f in zip(pooled, features, strict=True)]
+
+    train_xy, dev_xy, test_xy = examples(train), examples(classify.dev), examples(classify.test)
+
+    def accuracy(split):
+        return lambda head: sum(int(head(x).argmax(-1) == y) for x, y in split) / len(split)
+
+    for k, (lr, record) in enumerate(zip(LRS, records, strict=True)):
+        assert record["lr"] == lr and record["metric"] == "accuracy"
+        curve, test, head = lone_head(train_xy, accuracy(dev_xy), accuracy(test_xy), lr, seed, 32, 3)
+        assert len(set(curve)) > 1, "the toy must move the dev score"
+        check_probe(record["layers"], runner, k, layer, curve, test, head, "accuracy")
+
+
+@pytest.mark.parametrize("layer", [1, LAYERS])
+def test_ner_probe_of_layer_n_is_a_lone_head_scored_by_seqeval(ner, paths, layer):
+    """Token-wise: the probe reads output_hidden_states[n] at each word's first sub-word; its score is
+    seqeval's micro-F1 of the word tags."""
+    trial, seed = 0, ner.settings.seed
+    train = ner.train_sample(2, trial)
+    records = list(probe_records(ner, 2, EPOCHS, trial, LRS))
+    runner = trained_probes(ner, 2, trial)
+
+    def examples(features):
+        states = hidden_states(paths["model"], features, layer)
+        out = []
+        for state, feature in zip(states, features, strict=True):
+            labels = torch.tensor(feature["labels"])
+            read = labels != IGNORE_INDEX
+            out.append((state[read], labels[read]))
+        return out
+
+    train_xy, dev_xy, test_xy = examples(train), examples(ner.dev), examples(ner.test)
+
+    def seqeval_f1(split):
+        def score(head):
+            gold = [[ner.id2label[int(i)] for i in y] for _, y in split]
+            predicted = [[ner.id2label[int(i)] for i in head(x).argmax(-1)] for x, _ in split]
+            return f1_score(gold, predicted)
+
+        return score
+
+    assert ner.dev_reach.out_of_reach == ner.test_reach.out_of_reach == 0  # every gold word is read
+    for k, (lr, record) in enumerate(zip(LRS, records, strict=True)):
+        assert record["metric"] == "f1" and record["metrics"] == ["f1"]
+        curve, test, head = lone_head(
+            train_xy, seqeval_f1(dev_xy), seqeval_f1(test_xy), lr, seed, 32, len(ner.labels)
+        )
+        assert len(set(curve)) > 1, "the toy must move the dev score"
+        check_probe(record["layers"], runner, k, layer, curve, test, head, "f1")
+
+
+def test_probe_records_resume_by_key(classify, tmp_path, monkeypatch):
+    grid = {"shots": [2], "epochs": [2], "trials": 2, "results": str(tmp_path / "results.jsonl")}
+    classify.settings.lr = [1e-3]
+    try:
+        first = run_probes(classify, grid, progress=False)
+        assert [r["key"].split("|")[:5] for r in first] == [["probe", "fe", "2", "2", str(t)] for t in (0, 1)]
+        assert probes_path(grid["results"]) == tmp_path / "results.probes.jsonl"
+        trained = []
+        original = probes.probe_records
+
+        def counted(experiment, shots, epochs, trial, lrs):
+            trained.append(lrs)
+            return original(experiment, shots, epochs, trial, lrs)
+
+        monkeypatch.setattr(probes, "probe_records", counted)
+        assert run_probes(classify, grid, progress=False) == first and trained == []  # nothing to train
+        classify.settings.lr = [1e-3, 1e-2]
+        both = run_probes(classify, grid, progress=False)
+        assert trained == [[1e-2], [1e-2]]  # the new LR only, on each trial
+        assert len(both) == 4 and [r for r in both if r["lr"] == 1e-3] == first
+        assert len(read_records(tmp_path / "results.probes.jsonl")) == 4
+    finally:
+        classify.settings.lr = None
+
+
+def test_the_dev_inputs_of_a_trial_are_read_from_the_cache_once(classify, monkeypatch):
+    """Evaluation batches repeat every epoch: their read positions are taken from the cache once per
+    trial's probes (the training batches, shuffled, each time)."""
+    reads: list[int] = []
+    original = probes.ProbeRunner.read
+
+    def counted(self, features):
+        reads.append(len(features))
+        return original(self, features)
+
+    monkeypatch.setattr(probes.ProbeRunner, "read", counted)
+    list(probe_records(classify, 2, EPOCHS, 0, LRS))  # 6 train examples: one batch of 4, one of 2
+    evaluation = [len(classify.dev), len(classify.test)]  # one batch each (eval batches of 64)
+    assert sorted(reads) == sorted([4, 2] * EPOCHS + evaluation)
+
+
+def _without_timing(records: list[dict]) -> list[dict]:
+    return [{key: value for key, value in r.items() if key not in ("seconds", "pid")} for r in records]
+
+
+@pytest.mark.parametrize("task, kept", [("classify", "first"), ("ner", "labelled")])
+def test_probes_on_a_prefilled_cache_of_the_head_positions_match_an_every_position_cache(
+    paths, tmp_path, task, kept
+):
+    """A sweep of token-wise methods caches the head's positions only and lets the encoder go after
+    the prefill: the probes then read that cache (zeros elsewhere in a batch) and give the records of
+    a cache that keeps every position, filled as they come with the encoder alive."""
+
+    def experiment(positions: str):
+        common = {"model": paths["model"], "batch_size": 4, "seed": 3, "cache_positions": positions}
+        if task == "classify":
+            return ClassifyExperiment(ClassifySettings(data=paths["texts"], **common))
+        return Experiment(ExperimentSettings(data=paths["ner"], **common))
+
+    grid = {"shots": [2], "epochs": [3], "trials": 2}
+    prefilled, every = experiment("read"), experiment("all")
+    prefilled.prefill_cache(probes.probe_cells(grid))
+    cache = prefilled.cache()
+    assert cache.base_model is None and cache.located is None  # the encoder is gone
+    assert cache.positions.name == kept
+    if task == "classify":
+        assert {len(positions) for _, positions in cache.states} == {1}  # the pooled token alone
+    else:
+        assert all(len(positions) < len(ids) for ids, positions in cache.states)  # labelled ones only
+    read = run_probes(prefilled, {**grid, "results": str(tmp_path / "read.jsonl")}, progress=False)
+    full = run_probes(every, {**grid, "results": str(tmp_path / "all.jsonl")}, progress=False)
+    assert every.cache().base_model is not None and every.cache().positions.name == "all"
+    assert len(read) == 2 * len(prefilled.settings.lr_grid("fe"))
+    assert _without_timing(read) == _without_timing(full)  # bitwise: the same states where read

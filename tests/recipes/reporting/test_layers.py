@@ -1,0 +1,364 @@
+"""Layer diagnostics (reporting/layers.py, ``--probe-layers``): a toy whose label lives in one layer by
+construction is found there; the per-layer selection and the learned weights at each cell's selected LR;
+the best layers as ``layers=[...]`` fed to every method's config and to a recipe's model; the figure,
+the table and the printed subset of ``classify`` and ``ner`` runs, resumed without training again."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from conftest import tiny_bert, write_text_data, write_tiny_model, write_toy_data
+from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
+from layerfusion_recipes.classify.settings import resolve
+from layerfusion_recipes.cli import build_parser, main
+from layerfusion_recipes.core import probes as core_probes
+from layerfusion_recipes.core import sweep
+from layerfusion_recipes.core.cells import Cell
+from layerfusion_recipes.core.probes import probe_records
+from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.reporting import layers as layers_module
+from layerfusion_recipes.reporting.layers import (
+    best_layers,
+    layers_markdown,
+    layers_text,
+    learned_weights,
+    method_color,
+    plot_layers,
+    probe_rows,
+)
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_hex
+from peft import get_peft_model
+
+from peft_layerfusion.layer import fusion_layer_of
+from peft_layerfusion.registration import ENCODER_METHODS
+
+PLANTED = 2  # the layer that holds the label in the toy
+
+
+class PlantedCache:
+    """A feature cache of ``L`` noise states per token, except at the first token of layer
+    :data:`PLANTED`, whose first ``C`` dimensions add the one-hot label: only that layer tells the class."""
+
+    def __init__(self, num_blocks: int = 4, width: int = 8, classes: int = 3) -> None:
+        self.num_blocks, self.located = num_blocks, None  # as FeatureCache once its encoder is released
+        self.width, self.classes = width, classes
+
+    def fill(self, features) -> int:
+        return 0
+
+    def batch_states(self, features) -> torch.Tensor:
+        seq = max(len(f["input_ids"]) for f in features)
+        out = torch.zeros(self.num_blocks, len(features), seq, self.width)  # (L, batch, seq, d)
+        for row, feature in enumerate(features):
+            seed = zlib.crc32(str(feature["input_ids"]).encode())  # the same states every time
+            noise = torch.randn(
+                self.num_blocks, seq, self.width, generator=torch.Generator().manual_seed(seed)
+            )
+            out[:, row] = noise
+            out[PLANTED - 1, row, 0, feature["labels"]] += 5.0
+        return out
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("layers")
+    return {
+        "model": write_tiny_model(root / "bert", layers=3),
+        "texts": write_text_data(root / "texts", sizes=(("train", 30), ("dev", 15), ("test", 15))),
+        "ner": write_toy_data(root / "ner", train=30, dev=8, test=8),
+    }
+
+
+def test_the_probe_finds_the_layer_that_holds_the_label(paths):
+    experiment = ClassifyExperiment(ClassifySettings(model=paths["model"], data=paths["texts"], batch_size=4))
+    experiment._cache = PlantedCache()
+    records = [
+        record for trial in range(2) for record in probe_records(experiment, 6, 10, trial, [1e-2, 1e-1])
+    ]
+    rows = probe_rows(records)
+    assert [row["layer"] for row in rows] == [1, 2, 3, 4] and {row["n"] for row in rows} == {2}
+    by_layer = {row["layer"]: row for row in rows}
+    assert by_layer[PLANTED]["dev_mean"] == 100.0 and by_layer[PLANTED]["mean"] == 100.0
+    assert all(row["dev_mean"] < 75.0 and row["mean"] < 75.0 for n, row in by_layer.items() if n != PLANTED)
+    assert best_layers(rows, 1) == [PLANTED]
+
+
+def test_probe_rows_select_the_lr_of_each_layer_on_dev():
+    def record(lr, trial, dev, test):
+        scores = enumerate(zip(dev, test, strict=True), start=1)
+        layers = [{"layer": n, "dev_f1": d, "test_f1": t} for n, (d, t) in scores]
+        return {
+            "key": f"{lr}{trial}",
+            "setup": "s",
+            "shots": 8,
+            "epochs": 5,
+            "trial": trial,
+            "lr": lr,
+            "layers": layers,
+        }
+
+    records = [
+        record(1e-3, 0, [0.5, 0.2], [0.4, 0.1]),
+        record(1e-3, 1, [0.7, 0.2], [0.6, 0.3]),
+        record(1e-2, 0, [0.1, 0.9], [0.2, 0.8]),
+        record(1e-2, 1, [0.1, 0.7], [0.2, 0.6]),
+    ]
+    first, second = probe_rows(records)
+    assert (first["layer"], first["lr"], first["edge"]) == (1, 1e-3, True)
+    assert first["mean"] == pytest.approx(50.0) and first["dev_mean"] == pytest.approx(60.0)
+    assert first["ci"] == pytest.approx(12.7062 * 10.0, rel=1e-4)  # t(0.975, 1 dof) x sd (10 √2) / √2
+    assert (second["lr"], second["mean"], second["dev_mean"]) == (
+        1e-2,
+        pytest.approx(70.0),
+        pytest.approx(80.0),
+    )
+    assert best_layers([first, second], 1) == [2] and best_layers([first, second], 2) == [1, 2]
+
+
+def test_learned_weights_are_the_mean_at_each_cell_selected_lr():
+    def run(method, lr, trial, dev, **weights):
+        cell = {"setup": "s", "regime": "fe", "shots": 8, "epochs": 5, "method": method}
+        return {"key": f"{method}{lr}{trial}", **cell, "lr": lr, "trial": trial, "dev_f1": dev, **weights}
+
+    records = [
+        run("scalar_mix", 1e-3, 0, 0.9, mix_weights=[0.2, 0.8], fused_layers=[1, 2]),
+        run("scalar_mix", 1e-3, 1, 0.9, mix_weights=[0.4, 0.6], fused_layers=[1, 2]),
+        run("scalar_mix", 1e-2, 0, 0.1, mix_weights=[0.9, 0.1], fused_layers=[1, 2]),  # not selected
+        run("dwatt", 1e-3, 0, 0.5, depth_attention=[0.5, 0.25, 0.25], fused_layers=[0, 1, 2]),
+        run("none", 1e-3, 0, 0.5),
+    ]
+    weights = learned_weights(records)
+    assert set(weights) == {("s", "fe", 8, 5, "scalar_mix"), ("s", "fe", 8, 5, "dwatt")}
+    mix = weights[("s", "fe", 8, 5, "scalar_mix")]
+    assert mix["weights"] == pytest.approx([0.3, 0.7]) and mix["layers"] == [1, 2] and mix["n"] == 2
+    assert weights[("s", "fe", 8, 5, "dwatt")]["layers"] == [0, 1, 2]
+
+
+def test_the_best_layers_feed_every_method_config_and_a_recipe_model(paths):
+    """The printed subset, executed as written, is a ``layers`` list every config takes; the model fuses
+    exactly those layers, in a recipe too (``method_options``)."""
+    rows = [{"layer": n, "dev_mean": dev} for n, dev in enumerate([40.0, 90.0, 70.0], start=1)]
+    text = layers_text(best_layers(rows, 2))
+    assert text == "layers=[2, 3]"
+    for method in ENCODER_METHODS:  # the text as a user pastes it into a config
+        config = eval(f"Config({text}, modules_to_save=['classifier'])", {"Config": method.config_cls})
+        model = get_peft_model(tiny_bert(), config)
+        assert fusion_layer_of(model).fused_layers["default"] == (2, 3), method.name
+        assert model(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 3, 5)
+    options = eval(f"dict({text})")  # the YAML's method_options: {layers: [2, 3]}
+    settings = ClassifySettings(model=paths["model"], data=paths["texts"], method_options=options)
+    model, _ = ClassifyExperiment(settings).build(Cell("dwatt", "fe", 2, 1, 0))
+    assert fusion_layer_of(model).fused_layers["default"] == (2, 3)
+
+
+def classify_argv(paths, output, *extra):
+    return [
+        "classify",
+        *("--model", paths["model"], "--data", paths["texts"]),
+        *("--methods", "none", "scalar_mix", "dwatt"),
+        *("--shots", "3", "--epochs", "3", "--trials", "2", "--lr", "1e-2", "1e-1"),
+        *("--batch-size", "4", "--output", str(output), "--quiet", "--probe-layers", "2", *extra),
+    ]
+
+
+def test_classify_probe_layers_writes_the_figure_the_table_and_the_subset_and_resumes(
+    paths, tmp_path, capsys, monkeypatch
+):
+    assert main(classify_argv(paths, tmp_path)) == 0
+    out = capsys.readouterr().out
+    probes = read_records(tmp_path / "results.probes.jsonl")
+    assert len(probes) == 2 * 2  # trials x LRs, each with every layer
+    assert all([entry["layer"] for entry in record["layers"]] == [1, 2, 3] for record in probes)
+    assert {record["key"].split("|")[0] for record in probes} == {"probe"}
+    rows = probe_rows(probes)
+    subset = best_layers(rows, 2)
+    assert f"layers (best 2 on dev), N=3, max 3 epochs: {layers_text(subset)}" in out
+    table = (tmp_path / "table.md").read_text()
+    assert "## Layer probes" in table and f"best 2 layers on dev: `{layers_text(subset)}`" in table
+    header = (
+        "| layer | probe test accuracy | probe test macro-F1 | dwatt mean depth attention "
+        "| scalar_mix softmax weights |"
+    )
+    assert header in table
+    lines = table.split(header)[1].splitlines()[2:5]
+    assert [line.split(" | ")[0] for line in lines] == ["| 1", "| 2", "| 3"]
+    mix = learned_weights(read_records(tmp_path / "results.jsonl"))
+    weights = mix[next(key for key in mix if key[-1] == "scalar_mix")]["weights"]
+    assert [line.rstrip(" |").split(" | ")[-1] for line in lines] == [f"{w:.3f}" for w in weights]
+    assert (tmp_path / "layers.png").stat().st_size > 0 and "layers.png" in out
+
+    monkeypatch.setattr(core_probes, "probe_records", lambda *args: pytest.fail("trained again"))
+    assert main(classify_argv(paths, tmp_path)) == 0  # resumed: nothing trains again
+    assert read_records(tmp_path / "results.probes.jsonl") == probes
+    assert f"layers (best 2 on dev), N=3, max 3 epochs: {layers_text(subset)}" in capsys.readouterr().out
+
+
+def test_plot_redraws_the_layer_diagnostics_from_the_files(paths, tmp_path, capsys):
+    assert main(classify_argv(paths, tmp_path / "run")) == 0
+    capsys.readouterr()
+    results = str(tmp_path / "run" / "results.jsonl")
+    assert main(["plot", results, "--output", str(tmp_path / "plot"), "--probe-layers", "2"]) == 0
+    assert "layers (best 2 on dev)" in capsys.readouterr().out
+    assert (tmp_path / "plot" / "layers.png").stat().st_size > 0
+    assert (tmp_path / "plot" / "table.md").read_text() == (tmp_path / "run" / "table.md").read_text()
+    assert main(["plot", results, "--output", str(tmp_path / "plot")]) == 0
+    assert "layers (best 3 on dev), N=3, max 3 epochs: layers=[1, 2, 3]" in capsys.readouterr().out
+
+
+def test_ner_probe_layers_reads_the_labelled_positions_and_reports_f1(paths, tmp_path, capsys):
+    argv = [
+        "ner",
+        *("--model", paths["model"], "--data", paths["ner"], "--methods", "none", "scalar_mix"),
+        *("--shots", "2", "--epochs", "2", "--trials", "2", "--lr", "1e-2", "--batch-size", "4"),
+        *("--output", str(tmp_path), "--quiet", "--probe-layers"),
+    ]
+    assert main(argv) == 0
+    probes = read_records(tmp_path / "results.probes.jsonl")
+    assert len(probes) == 2 and all(r["metric"] == "f1" and len(r["layers"]) == 3 for r in probes)
+    table = (tmp_path / "table.md").read_text()
+    assert "| layer | probe test micro-F1 | scalar_mix softmax weights |" in table
+    assert "layers (best 3 on dev), N=2, max 2 epochs: layers=[1, 2, 3]" in capsys.readouterr().out
+
+
+def test_plot_layers_without_probes_draws_nothing(tmp_path):
+    assert plot_layers([], [], tmp_path / "layers.png") is None and not (tmp_path / "layers.png").exists()
+    assert layers_markdown([], []) == ""
+
+
+def _synthetic(methods=("none", "scalar_mix", "dwatt")) -> tuple[list[dict], list[dict]]:
+    """Probe records (3 layers, 2 LRs, 3 trials, two shot sizes) and runs of ``methods`` with weights."""
+    probes, runs = [], []
+    for shots in (2, 8):
+        for lr in (1e-2, 1e-1):
+            for trial, noise in enumerate((0.0, 0.05, 0.3)):
+                layers = [
+                    {"layer": n, "dev_f1": 0.2 * n + noise, "test_f1": 0.25 * n + noise - 0.2}
+                    for n in (1, 2, 3)
+                ]
+                cell = {"shots": shots, "epochs": 5, "trial": trial, "lr": lr, "setup": "s"}
+                probes.append({"key": f"probe|{shots}|{trial}|{lr}", **cell, "layers": layers})
+                for method in methods:
+                    weights = {"fused_layers": [1, 2, 3]}
+                    if method == "scalar_mix":
+                        weights["mix_weights"] = [0.2, 0.3, 0.5]
+                    if method == "dwatt":
+                        weights["depth_attention"] = [0.6, 0.1, 0.3]
+                    run = {"key": f"{method}|{shots}|{trial}|{lr}", **cell, "method": method, "regime": "fe"}
+                    runs.append({**run, "dev_f1": 0.5 + noise, "test_f1": 0.4 + noise, **weights})
+    return probes, runs
+
+
+@pytest.fixture
+def layer_figure(monkeypatch, tmp_path):
+    """The figure :func:`plot_layers` draws (captured as it is saved), text and legends placed."""
+    saved = []
+    original = layers_module._save
+
+    def keep(figure, path):
+        saved.append(figure)
+        return original(figure, path)
+
+    monkeypatch.setattr(layers_module, "_save", keep)
+    assert plot_layers(*_synthetic(), tmp_path / "layers.png", top=2) == tmp_path / "layers.png"
+    (figure,) = saved
+    figure.canvas.draw()
+    return figure
+
+
+def test_the_layer_figure_draws_each_method_in_its_colour_and_the_probe_in_black(layer_figure):
+    colours: dict[str, set[str]] = {}
+    for ax in layer_figure.axes:
+        for line in ax.get_lines():
+            if not line.get_label().startswith("_"):
+                colours.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
+    assert colours == {
+        "linear probe (test)": {to_hex("black")},
+        "linear probe (dev)": {to_hex("grey")},
+        "best 2 on dev": {to_hex("black")},
+        **{f"{m} (test)": {to_hex(method_color(m))} for m in ("none", "scalar_mix", "dwatt")},
+        "scalar_mix softmax weights": {to_hex(method_color("scalar_mix"))},
+        "dwatt mean depth attention": {to_hex(method_color("dwatt"))},
+        "uniform 1/K": {to_hex("grey")},
+    }
+
+
+def test_the_layer_figure_legends_sit_beside_the_panels_and_axes_say_what_they_show(layer_figure):
+    axes = layer_figure.axes
+    assert len(axes) == 4  # two shot sizes: probes above, weights below
+    legends = [ax.get_legend() for ax in axes if ax.get_legend() is not None]
+    assert len(legends) == 2  # one per row, right of its last panel
+    for legend in legends:
+        box = legend.get_window_extent()
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in axes)
+    assert axes[0].get_ylabel() == "test micro-F1 (%), mean ± 95% CI"
+    assert axes[2].get_ylabel() == "learned layer weight (mean over trials)"
+    assert axes[2].get_xlabel() == axes[3].get_xlabel() == "layer n (z_n: output of block n)"
+    assert [ax.get_title() for ax in axes[:2]] == ["N=2, max 5 epochs", "N=8, max 5 epochs"]
+
+
+def test_the_layer_figure_clips_the_probe_band_to_0_100(layer_figure):
+    bands = [c for ax in layer_figure.axes for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2
+    lows = [path.vertices[:, 1].min() for band in bands for path in band.get_paths()]
+    assert min(lows) == 0.0  # layer 1's t-CI of (5, 10, 35) F1 reaches below 0: clipped there
+
+
+def test_the_layer_table_of_synthetic_runs():
+    probes, runs = _synthetic()
+    text = layers_markdown(probes, runs, top=2)
+    assert text.count("best 2 layers on dev: `layers=[2, 3]`") == 2
+    header = "| layer | probe test micro-F1 | dwatt mean depth attention | scalar_mix softmax weights |"
+    rows = text.split(header)[1].splitlines()[2:5]
+    assert rows[0].startswith("| 1 | 16.7 ± 39.9 @0.01 ⚠ (dev 31.7) (n=3)") and rows[0].endswith(
+        " | 0.600 | 0.200 |"
+    )
+    assert rows[2].endswith("| 0.300 | 0.500 |") and "@0.01 ⚠ (dev 71.7) (n=3)" in rows[2]
+
+
+def test_probe_layers_reads_the_flag_then_the_yaml(paths, tmp_path):
+    config = tmp_path / "grid.yaml"
+    config.write_text("probe_layers: 4\n")
+    base = ["classify", "--model", paths["model"], "--data", paths["texts"]]
+    assert resolve(build_parser().parse_args(base))[1]["probe_layers"] is None  # off by default
+    assert resolve(build_parser().parse_args([*base, "--config", str(config)]))[1]["probe_layers"] == 4
+    assert resolve(build_parser().parse_args([*base, "--probe-layers"]))[1]["probe_layers"] == 3
+    flag = [*base, "--config", str(config), "--probe-layers", "2"]
+    assert resolve(build_parser().parse_args(flag))[1]["probe_layers"] == 2
+
+
+def test_a_sweep_trains_the_probes_after_the_prefill_and_a_dry_run_trains_none(
+    paths, tmp_path, capsys, monkeypatch
+):
+    """One process: the cache is filled with what the runs and the probes read (the head's positions
+    only: every method here is token-wise), its encoder released, then the probes train, then the
+    runs; ``--dry-run`` counts the probes' samples in the printed bytes and trains nothing."""
+    assert main([*classify_argv(paths, tmp_path / "dry"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "layer probes planned: 2 trials (not run by a dry run)" in out
+    assert "first positions x 3 blocks" in out and not (tmp_path / "dry").exists()
+
+    seen = []
+    original = sweep.run_probes
+
+    def spied(experiment, grid, progress=True):
+        cache = experiment._cache
+        seen.append((cache.base_model, cache.positions.name, read_records(grid["results"])))
+        return original(experiment, grid, progress)
+
+    monkeypatch.setattr(sweep, "run_probes", spied)
+    assert main(classify_argv(paths, tmp_path / "run")) == 0
+    assert seen == [(None, "first", [])]  # encoder released, head positions only, before any run
+    assert len(read_records(tmp_path / "run" / "results.probes.jsonl")) == 2 * 2
+    assert len(read_records(tmp_path / "run" / "results.jsonl")) == 3 * 2 * 2
+
+
+def test_probes_alone_fill_the_cache_they_read_before_it_is_released(paths, tmp_path, capsys):
+    """A grid without FE cells (fine-tuning only) still plans and prefills the probes' cache."""
+    argv = [*classify_argv(paths, tmp_path), "--regimes", "ft", "--methods", "none", "--epochs", "1"]
+    assert main([*argv, "--dry-run"]) == 0
+    assert "first positions x 3 blocks" in capsys.readouterr().out  # the probes' samples, dev and test
+    assert main(argv) == 0
+    assert len(read_records(tmp_path / "results.probes.jsonl")) == 2 * 2
