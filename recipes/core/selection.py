@@ -215,14 +215,3 @@ def select_lr(
         dev_means[lr] = sum(dev(by_lr[lr][t]) for t in trials) / len(trials)
     best = best_on_dev(dev_means, lower_is_better)
     return Selection(best, lrs, dev_means, sorted(common) if common else sorted(by_lr[best]))
-
-
-def cells(records: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
-    """Records grouped by :func:`cell_of`, one record per key (the first), in file order."""
-    grouped: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    seen: set[str] = set()
-    for record in records:
-        if record["key"] not in seen:
-            seen.add(record["key"])
-            grouped[cell_of(record)].append(record)
-    return grouped
