@@ -443,7 +443,10 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     if not records:
         raise ValueError("summarize needs at least one run record")
-    (group,) = summarize_groups(records, MLM_LAYOUT).values()
+    groups = summarize_groups(records, MLM_LAYOUT)
+    if len(groups) > 1:
+        raise ValueError(f"summarize: the runs of one (method, regime) grid, got {[k[::-1] for k in groups]}")
+    (group,) = groups.values()
     (chosen,) = group.runs.values()
     runs = [
         {
