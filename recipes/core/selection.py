@@ -67,14 +67,15 @@ class Selection:
     Args:
         lr: The selected LR (``None`` for records without an ``lr``).
         lrs: Every LR the cell's records have, ascending.
-        dev_means: Mean best dev F1 (0..1) per LR over the selection trials.
+        dev_means: Mean dev score per LR over the selection trials (NER: best dev F1, 0..1); empty
+            when nothing was selected on dev.
         trials: The trials the selection averaged over.
     """
 
     lr: float | None
     lrs: list[float | None]
     dev_means: dict[float | None, float]
-    trials: list[int]
+    trials: list[Any]
 
     @property
     def at_edge(self) -> bool:
@@ -159,8 +160,40 @@ def select_then_repeat(
     return selected, [*first.values(), *(run(selected, seed) for seed in seeds[1:])]
 
 
-def select_lr(records: Sequence[dict[str, Any]]) -> Selection:
-    """Select the LR of one cell's records (see the module docstring).
+def runs_by_lr(
+    records: Sequence[dict[str, Any]], lr_field: str = "lr", trial_field: str = "trial"
+) -> dict[float | None, dict[Any, dict[str, Any]]]:
+    """The records by LR, then by trial: one run per (LR, trial), the first; the LRs ascending.
+
+    A record without ``lr_field`` has the LR ``None`` (last), one without ``trial_field`` the trial ``None``.
+
+    Example:
+        >>> runs_by_lr([{"lr": 1e-2, "trial": 0}, {"lr": 1e-3, "trial": 0, "x": 1}, {"lr": 1e-3, "trial": 0}])
+        {0.001: {0: {'lr': 0.001, 'trial': 0, 'x': 1}}, 0.01: {0: {'lr': 0.01, 'trial': 0}}}
+    """
+    grouped: dict[float | None, dict[Any, dict[str, Any]]] = defaultdict(dict)
+    for record in records:
+        grouped[record.get(lr_field)].setdefault(record.get(trial_field), record)
+    return {lr: grouped[lr] for lr in sorted(grouped, key=_lr_order)}
+
+
+def select_lr(
+    records: Sequence[dict[str, Any]],
+    dev: Callable[[dict[str, Any]], Score] | None = dev_score,
+    lower_is_better: bool = False,
+    lr_field: str = "lr",
+    trial_field: str = "trial",
+) -> Selection:
+    """Select the LR of one cell's records (see the module docstring): the best mean dev score over
+    the trials every LR has (:func:`best_on_dev`), one run per (LR, trial) (:func:`runs_by_lr`).
+
+    Args:
+        records: The cell's runs.
+        dev: A run's dev score (default: :func:`dev_score`); ``None`` for runs at one LR (nothing to
+            select: ``dev_means`` stays empty).
+        lower_is_better: As in :func:`best_on_dev`.
+        lr_field: The field of a run's LR.
+        trial_field: The field of a run's trial (or seed).
 
     Example:
         >>> runs = [{"lr": 1e-3, "trial": 0, "dev_f1": 0.2}, {"lr": 1e-2, "trial": 0, "dev_f1": 0.5}]
@@ -169,25 +202,16 @@ def select_lr(records: Sequence[dict[str, Any]]) -> Selection:
     """
     if not records:
         raise ValueError("select_lr needs at least one record")
-    by_lr: dict[float | None, dict[int, float]] = defaultdict(dict)
-    for record in records:
-        by_lr[record.get("lr")].setdefault(record["trial"], dev_score(record))
-    lrs = sorted(by_lr, key=_lr_order)
+    by_lr = runs_by_lr(records, lr_field, trial_field)
+    lrs = list(by_lr)
     common = set.intersection(*(set(runs) for runs in by_lr.values()))
+    if dev is None:
+        if len(lrs) > 1:
+            raise ValueError(f"select_lr: LRs {lrs} and no dev score to select one of them by")
+        return Selection(lrs[0], lrs, {}, sorted(common))
     dev_means = {}
     for lr in lrs:
         trials = [t for t in by_lr[lr] if t in common] or list(by_lr[lr])
-        dev_means[lr] = sum(by_lr[lr][t] for t in trials) / len(trials)
-    best = best_on_dev(dev_means)
+        dev_means[lr] = sum(dev(by_lr[lr][t]) for t in trials) / len(trials)
+    best = best_on_dev(dev_means, lower_is_better)
     return Selection(best, lrs, dev_means, sorted(common) if common else sorted(by_lr[best]))
-
-
-def cells(records: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
-    """Records grouped by :func:`cell_of`, one record per key (the first), in file order."""
-    grouped: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    seen: set[str] = set()
-    for record in records:
-        if record["key"] not in seen:
-            seen.add(record["key"])
-            grouped[cell_of(record)].append(record)
-    return grouped

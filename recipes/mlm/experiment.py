@@ -31,7 +31,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +54,8 @@ from ..core.models import (
     model_skeleton,
     trainable_parameters,
 )
-from ..core.selection import at_grid_edge, best_on_dev, select_then_repeat
+from ..core.selection import select_then_repeat
+from ..core.summary import Layout, fields, summarize_groups
 from ..core.sweep_log import peak_rss_mb
 from ..data.locations import looks_like_hub_name
 from ..data.readers import IGNORE_INDEX, read_text
@@ -413,23 +414,18 @@ def finished_record(path: Path, settings: dict[str, Any]) -> dict[str, Any] | No
     return record if isinstance(record, dict) and record.get("settings") == settings else None
 
 
-def select_mlm_lr(dev_ppl: Mapping[float, float]) -> float:
-    """The LR with the lowest dev perplexity; a tie goes to the smaller LR.
-
-    Args:
-        dev_ppl: Dev perplexity by LR (NaN or infinite: a diverged run, ranked last).
-
-    Example:
-        >>> select_mlm_lr({1e-3: 20.0, 3e-4: 20.0, 3e-3: 25.0})
-        0.0003
-    """
-    if not dev_ppl:
-        raise ValueError("select_mlm_lr needs at least one LR")
-    return best_on_dev(dev_ppl, lower_is_better=True)
+# one grid of `layerfusion mlm`: its runs by LR (one seed), selected on dev perplexity, lower is better
+MLM_LAYOUT = Layout(
+    setting=lambda record: record["regime"],
+    dev=lambda record: record["dev_ppl"],
+    lower_is_better=True,
+    metrics=fields("dev_ppl", "test_ppl"),
+)
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The summary of one (method, regime) grid: the LR selected on dev and the test perplexity there.
+    """The summary of one (method, regime) grid: the LR selected on dev and the test perplexity there
+    (the one summariser, :func:`~layerfusion_recipes.core.summary.summarize_groups`, with :data:`MLM_LAYOUT`).
 
     Args:
         records: One run record per LR (same settings but the LR), each with ``lr``, ``dev_ppl``,
@@ -447,28 +443,29 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     if not records:
         raise ValueError("summarize needs at least one run record")
-    by_lr = {record["lr"]: record for record in records}
-    lrs = sorted(by_lr)
-    lr = select_mlm_lr({value: by_lr[value]["dev_ppl"] for value in lrs})
-    chosen = by_lr[lr]
+    groups = summarize_groups(records, MLM_LAYOUT)
+    if len(groups) > 1:
+        raise ValueError(f"summarize: the runs of one (method, regime) grid, got {[k[::-1] for k in groups]}")
+    (group,) = groups.values()
+    (chosen,) = group.runs.values()
     runs = [
         {
-            "lr": value,
-            "dev_ppl": by_lr[value]["dev_ppl"],
-            "test_ppl": by_lr[value]["test_ppl"],
-            "file": run_file_name(chosen["method"], chosen["regime"], value),
+            "lr": lr,
+            "dev_ppl": group.by_lr["dev_ppl"][lr],
+            "test_ppl": group.by_lr["test_ppl"][lr],
+            "file": run_file_name(group.method, chosen["regime"], lr),
         }
-        for value in lrs
+        for lr in group.lrs
     ]
     return {
-        "method": chosen["method"],
+        "method": group.method,
         "regime": chosen["regime"],
         "model": chosen["model"],
-        "selected_lr": lr,
+        "selected_lr": group.lr,
         "dev_ppl": chosen["dev_ppl"],
         "test_ppl": chosen["test_ppl"],
-        "at_edge": at_grid_edge(lr, lrs),
-        "lrs": lrs,
+        "at_edge": group.at_edge,
+        "lrs": group.lrs,
         "runs": runs,
         "selection": SELECTION_RULE,
         "data": chosen["data"],

@@ -5,9 +5,9 @@ a budget-matched baseline trained under other ``method_options`` against a fusio
 baseline with its own method options (LoRA at a matched rank) has a setup of its own, though its trials
 train on the same samples (the sample depends on the data, the seed and the trial, never on the
 method or its options). This command pairs such cells by trial: each cell at its own LR selected on
-dev (:func:`~layerfusion_recipes.core.selection.select_lr`, through ``layerfusion plot``'s ``summarize``),
-the difference of the score the tables report (test F1; best dev F1 where the cell's runs have no
-test score) per shared trial, mean ± 95% t-CI.
+dev (the one summariser, :func:`~layerfusion_recipes.core.summary.summarize_groups`, through ``layerfusion
+plot``'s ``score_groups``), the difference of the score the tables report (test F1; best dev F1 where
+the cell's runs have no test score) per shared trial, mean ± 95% t-CI.
 
 Usage::
 
@@ -31,7 +31,7 @@ from typing import Any
 from ..core.errors import UserError
 from ..core.records import read_records
 from ..core.stats import paired_mean_ci
-from .plot import format_lr, reported_score, summarize
+from .plot import format_lr, score_groups
 
 # settings that may differ between paired cells: they change the model, not the sample or the data
 MODEL_ONLY_SETTINGS = ("method_options",)
@@ -45,7 +45,7 @@ class Cell:
         label: How it is named in the output (``RESULTS:METHOD:REGIME``).
         lr: The LR selected on dev.
         scores: The reported score (points) by trial at that LR
-            (:func:`~layerfusion_recipes.reporting.plot.reported_score`).
+            (:func:`~layerfusion_recipes.reporting.plot.score_groups`).
         settings: The runs' settings without :data:`MODEL_ONLY_SETTINGS`.
     """
 
@@ -77,15 +77,15 @@ def read_cell(spec: str, shots: int, epochs: int) -> Cell:
     ]
     if not runs:
         raise ValueError(f"cell {spec!r}: no runs of {method} / {regime} at N = {shots}, {epochs} epochs")
-    rows = summarize(runs)  # one row per setup: the LR selected on dev, and which score it reports
-    if len(rows) > 1:
-        setups = ", ".join(str(row["setup"]) for row in rows)
-        raise ValueError(f"cell {spec!r}: its runs are of {len(rows)} setups ({setups}), not one")
-    row = rows[0]
-    chosen = [record for record in runs if record.get("lr") == row["lr"]]
-    scores = {record["trial"]: 100.0 * reported_score(record, row["score"]) for record in chosen}
-    settings = {k: v for k, v in chosen[0].get("settings", {}).items() if k not in MODEL_ONLY_SETTINGS}
-    return Cell(spec, row["lr"], scores, settings)
+    groups = score_groups(runs)  # one per setup: the LR selected on dev, the scores at it by trial
+    if len(groups) > 1:
+        setups = ", ".join(str(setting[0]) for setting, _ in groups)
+        raise ValueError(f"cell {spec!r}: its runs are of {len(groups)} setups ({setups}), not one")
+    (group,) = groups.values()
+    scores = group.values["test" if group.stats["test"] is not None else "dev"]
+    settings = next(iter(group.runs.values())).get("settings", {})
+    settings = {k: v for k, v in settings.items() if k not in MODEL_ONLY_SETTINGS}
+    return Cell(spec, group.lr, scores, settings)
 
 
 def difference_line(cell: Cell, base: Cell) -> str:

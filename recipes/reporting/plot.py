@@ -41,8 +41,9 @@ from peft_layerfusion.utils import atomic_write, atomic_write_text
 from ..core.cells import FULL_TRAIN, shots_size
 from ..core.models import METHOD_NAMES, PLAIN_HEAD
 from ..core.records import read_records
-from ..core.selection import cell_of, cells, dev_score, record_metric, select_lr, test_score
-from ..core.stats import excludes_zero, mean_ci, paired_mean_ci
+from ..core.selection import cell_of, dev_score, record_metric, test_score
+from ..core.stats import excludes_zero
+from ..core.summary import GroupSummary, Layout, paired_by_trial, summarize_groups
 
 GROUP = ("regime", "epochs", "shots", "method")
 
@@ -107,8 +108,35 @@ def method_rank(method: str) -> tuple[int, str]:
     return known, method
 
 
+def score_groups(
+    records: Sequence[dict[str, Any]], metric: Callable[[dict[str, Any]], str] = record_metric
+) -> dict[tuple, GroupSummary]:
+    """The records' cells through the one summariser
+    (:func:`~layerfusion_recipes.core.summary.summarize_groups`): setting (setup, regime, epochs,
+    shots) and method, each cell's LR selected on its records' own dev metric; at it the metrics
+    ``"dev"`` (best dev score) and ``"test"`` (test score at that epoch, ``None`` without one) in
+    points, in ``metric(record)`` (default: the record's own).
+
+    Example:
+        >>> score_groups(records)[("", "fe", 25, 8), "dwatt"].stats["test"]  # MeanCI(mean=..., n=3)
+    """
+    layout = Layout(
+        setting=lambda record: cell_of(record)[:-1],
+        dev=dev_score,
+        metrics={
+            "dev": lambda record: _points(dev_score(record, metric(record))),
+            "test": lambda record: _points(test_score(record, metric(record))),
+        },
+    )
+    return summarize_groups(records, layout)
+
+
+def _points(score: float | None) -> float | None:
+    return None if score is None else 100.0 * score
+
+
 def summarize(records: Sequence[dict[str, Any]], metric: str | None = None) -> list[dict[str, Any]]:
-    """One row per cell (setup, regime, epochs, shots, method), its LR selected on dev.
+    """One row per cell (setup, regime, epochs, shots, method), its LR selected on dev (:func:`score_groups`).
 
     Row fields: the cell's, ``lr`` (selected, on the records' own metric), ``lrs`` (its grid),
     ``edge`` (selected LR at the edge of a grid of 2+), ``metric`` (the reported one: ``metric``,
@@ -122,54 +150,41 @@ def summarize(records: Sequence[dict[str, Any]], metric: str | None = None) -> l
         >>> summarize([record])[0]["mean"]
         50.0
     """
-    rows = []
-    grouped = cells(records)
-    for cell in sorted(grouped, key=lambda c: (c[0], c[1], c[2], shots_size(c[3]), method_rank(c[4]))):
-        runs = grouped[cell]
-        selection = select_lr(runs)
-        own = metric or record_metric(runs[0])
-        chosen = [r for r in runs if r.get("lr") == selection.lr]
-        dev_mean, dev_ci = mean_ci([100.0 * dev_score(r, own) for r in chosen])
-        score = "test" if all(test_score(r, own) is not None for r in chosen) else "dev"
-        mean, half = mean_ci([100.0 * reported_score(r, score, own) for r in chosen])
-        rows.append(
-            {
-                **dict(zip(("setup", *GROUP), cell, strict=True)),
-                "lr": selection.lr,
-                "lrs": selection.lrs,
-                "edge": selection.at_edge,
-                "selection_trials": selection.trials,
-                "metric": own,
-                "selected_by": record_metric(runs[0]),
-                "score": score,
-                "mean": mean,
-                "ci": half,
-                "n": len(chosen),
-                "dev_mean": dev_mean,
-                "dev_ci": dev_ci,
-                "dev_by_lr": (
-                    {lr: 100.0 * m for lr, m in selection.dev_means.items()}
-                    if own == record_metric(runs[0])
-                    else _means(runs, selection.lrs, dev_score, own)
-                ),
-                "test_by_lr": _means(runs, selection.lrs, test_score, own),
-            }
-        )
-    return rows
+    groups = score_groups(records, lambda record: metric or record_metric(record))
+
+    def order(key: tuple) -> tuple:
+        (setup, regime, epochs, shots), method = key
+        return setup, regime, epochs, shots_size(shots), method_rank(method)
+
+    return [_row(groups[key], metric) for key in sorted(groups, key=order)]
 
 
-def _means(
-    runs: Sequence[dict[str, Any]],
-    lrs: Sequence[float | None],
-    score: Callable[[dict, str], float | None],
-    metric: str,
-) -> dict[float | None, float | None]:
-    """Mean ``score(run, metric)`` of the runs at each LR, in points (``None`` where a run has none)."""
-    means = {}
-    for lr in lrs:
-        values = [score(r, metric) for r in runs if r.get("lr") == lr]
-        means[lr] = 100.0 * sum(values) / len(values) if all(v is not None for v in values) else None
-    return means
+def _row(group: GroupSummary, metric: str | None) -> dict[str, Any]:
+    """The :func:`summarize` row of a cell's :class:`~layerfusion_recipes.core.summary.GroupSummary`."""
+    selecting = record_metric(next(iter(group.runs.values())))
+    own = metric or selecting
+    score = "test" if group.stats["test"] is not None else "dev"
+    mean, half, n = group.stats[score]
+    dev_mean, dev_ci, _ = group.stats["dev"]
+    return {
+        **dict(zip(("setup", *GROUP), (*group.setting, group.method), strict=True)),
+        "lr": group.lr,
+        "lrs": group.lrs,
+        "edge": group.at_edge,
+        "selection_trials": group.selection.trials,
+        "metric": own,
+        "selected_by": selecting,
+        "score": score,
+        "mean": mean,
+        "ci": half,
+        "n": n,
+        "dev_mean": dev_mean,
+        "dev_ci": dev_ci,
+        "dev_by_lr": (
+            {lr: 100.0 * m for lr, m in group.dev_by_lr.items()} if own == selecting else group.by_lr["dev"]
+        ),
+        "test_by_lr": group.by_lr["test"],
+    }
 
 
 def format_lr(lr: float | None) -> str:
@@ -561,23 +576,10 @@ def method_pairs() -> tuple[tuple[str, str], ...]:
 PAIRS = method_pairs()
 
 
-def reported_score(record: dict[str, Any], score: str, metric: str | None = None) -> float:
-    """The score (0..1) the tables report for ``record``, a run of a cell whose row (:func:`summarize`)
-    says ``score``: ``"test"`` (every run at the cell's LR has a test score) gives its test score,
-    ``"dev"`` its best dev score, in ``metric`` (default: the record's own).
-
-    Example:
-        >>> reported_score({"dev_f1": 0.6, "test_f1": 0.5}, "test")
-        0.5
-    """
-    value = test_score(record, metric) if score == "test" else dev_score(record, metric)
-    assert value is not None, "a test row of a record without a test score"
-    return value
-
-
 def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict]:
     """Per cell and pair of methods: the per-trial differences of the reported score, each method at
-    its own dev-selected LR (trials share their sample across methods, so the pair is matched).
+    its own dev-selected LR (trials share their sample across methods, so the pair is matched;
+    :func:`~layerfusion_recipes.core.summary.paired_by_trial`).
 
     Returns rows ``{setup, regime, epochs, shots, pair, mean, ci, n}`` (points; mean ± 95% t-CI).
 
@@ -585,26 +587,20 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
         >>> paired_differences(records, summarize(records))[0]["pair"]
         ('dwatt', 'extra_layers')
     """
-    chosen = {(r["setup"], r["regime"], r["epochs"], r["shots"], r["method"]): r for r in rows}
-    scores: dict[tuple, dict[int, float]] = {}
-    for record in records:
-        key = cell_of(record)
-        row = chosen.get(key)
-        if row is None or record.get("lr") != row["lr"]:
-            continue
-        scores.setdefault(key, {})[record["trial"]] = 100.0 * reported_score(
-            record, row["score"], row["metric"]
-        )
+    chosen = {(cell[:-1], cell[-1]): row for row in rows for cell in [cell_of(row)]}
+
+    def metric(record: dict[str, Any]) -> str:
+        row = chosen.get((cell_of(record)[:-1], record["method"]))
+        return record_metric(record) if row is None else row["metric"]
+
+    groups = score_groups(records, metric)
+    groups = {key: groups[key] for key in chosen if key in groups}
     out = []
-    for setup, regime, epochs, shots in dict.fromkeys(k[:4] for k in chosen):
-        for first, second in PAIRS:
-            a = scores.get((setup, regime, epochs, shots, first), {})
-            b = scores.get((setup, regime, epochs, shots, second), {})
-            difference = paired_mean_ci(a, b)
-            if difference is not None:
-                cell = {"setup": setup, "regime": regime, "epochs": epochs, "shots": shots}
-                mean, half, n = difference
-                out.append({**cell, "pair": (first, second), "mean": mean, "ci": half, "n": n})
+    for setting, first, second, (mean, half, n) in paired_by_trial(
+        groups, PAIRS, lambda group: chosen[group.setting, group.method]["score"]
+    ):
+        cell = dict(zip(("setup", "regime", "epochs", "shots"), setting, strict=True))
+        out.append({**cell, "pair": (first, second), "mean": mean, "ci": half, "n": n})
     return out
 
 

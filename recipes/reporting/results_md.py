@@ -155,7 +155,7 @@ from ..core.errors import UserError, is_user_error, one_line
 from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
 from ..core.records import read_records
 from ..core.settings import load_config, option, results_path
-from ..core.stats import mean_ci, paired_mean_ci
+from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
 from ..mlm.experiment import SELECTION_RULE, lr_label, summary_file_name
 from ..mlm.settings import RESULT_SETTINGS, mlm_lr_grid
@@ -990,17 +990,20 @@ def mlm_seeds_table(scores: SeedScores, baseline: str = PLAIN_HEAD) -> str:
     Example:
         >>> print(mlm_seeds_table({("none", "fe"): {0: 50.0, 1: 40.0}, ("dwatt", "fe"): {0: 30.0, 1: 28.0}}))
     """
+    runs = [
+        {"method": method, "regime": regime, "seed": seed, "test_ppl": value}
+        for (method, regime), values in scores.items()
+        for seed, value in values.items()
+    ]
+    groups = summarize_groups(
+        runs, Layout(setting=lambda run: run["regime"], trial="seed", metrics=fields("test_ppl"))
+    )
     methods = sorted({method for method, _ in scores}, key=method_rank)
     regimes = list(dict.fromkeys(regime for _, regime in scores))
     lines = [markdown_row(["regime", *methods]), "|" + "---|" * (1 + len(methods))]
     for regime in regimes:
-        cells = [
-            _mean_ci_cell(*mean_ci(list(scores[m, regime].values())), len(scores[m, regime]))
-            if (m, regime) in scores
-            else "-"
-            for m in methods
-        ]
-        lines.append(markdown_row([regime, *cells]))
+        stats = [groups[regime, m].stats["test_ppl"] if (regime, m) in groups else None for m in methods]
+        lines.append(markdown_row([regime, *("-" if s is None else _mean_ci_cell(*s) for s in stats)]))
     others = [method for method in methods if method != baseline]
     if not others or not any(method == baseline for method, _ in scores):
         return "\n".join(lines)
@@ -1009,16 +1012,16 @@ def mlm_seeds_table(scores: SeedScores, baseline: str = PLAIN_HEAD) -> str:
         markdown_row(["regime", *(f"{m} - {baseline}" for m in others)]),
         "|" + "---|" * (1 + len(others)),
     ]
+    paired = {
+        (p.setting, p.first): p.difference
+        for p in paired_by_trial(groups, [(m, baseline) for m in others], "test_ppl")
+    }
     for regime in regimes:
-        base = scores.get((baseline, regime), {})
         cells = []
         for method in others:
-            difference = paired_mean_ci(scores.get((method, regime), {}), base)
-            if difference is None:
-                cells.append("-")
-                continue
-            cell = _mean_ci_cell(*difference, signed=True)
-            cells.append(f"**{cell}**" if difference.resolved else cell)
+            difference = paired.get((regime, method))
+            cell = "-" if difference is None else _mean_ci_cell(*difference, signed=True)
+            cells.append(f"**{cell}**" if difference is not None and difference.resolved else cell)
         lines.append(markdown_row([regime, *cells]))
     return "\n".join(lines)
 

@@ -61,7 +61,7 @@ from ..core.loop import TrainingLoop
 from ..core.models import peft_alias_quiet
 from ..core.selection import best_on_dev, select_then_repeat
 from ..core.settings import check_names
-from ..core.stats import mean_ci, paired_mean_ci
+from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..data.readers import read_text
 from .settings import Seq2SeqSettings
 
@@ -518,9 +518,19 @@ def run_comparison(
     }
 
 
+# the runs of one comparison at each method's selected learning rate, over seeds
+SEQ2SEQ_LAYOUT = Layout(trial="seed", lr="learning_rate", metrics=fields(*METRICS))
+
+
 def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[str], reference: str = PLAIN_MODEL) -> list:
     """Per method: mean and 95% t half-width over seeds of each test metric, and of the paired
-    per-seed differences to ``reference`` (seeds both have), as ``[mean, half_width]``.
+    per-seed differences to ``reference`` (seeds both have), as ``[mean, half_width]`` (the one
+    summariser, :func:`~layerfusion_recipes.core.summary.summarize_groups`, with :data:`SEQ2SEQ_LAYOUT`).
+
+    Args:
+        runs: The runs at each method's selected learning rate (one per method and seed).
+        methods: The rows, in order (a method without runs: no seeds, ``None`` scores).
+        reference: The method the differences are taken to.
 
     Example:
         >>> runs = [{"method": m, "seed": s, "exact_match": e, "chrf": e, "bleu": e}
@@ -528,25 +538,22 @@ def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[str], reference:
         >>> summarize(runs, ["vanilla", "x"])[1]["vs_vanilla"]["exact_match"]  # diffs 1, 2
         [1.5, 6.353...]
     """
-    by_method = {m: {r["seed"]: r for r in runs if r["method"] == m} for m in methods}
+    groups = summarize_groups(runs, SEQ2SEQ_LAYOUT)
+    pairs = [(method, reference) for method in methods if method != reference]
+    paired = {metric: paired_by_trial(groups, pairs, metric) for metric in METRICS}
     rows = []
     for method in methods:
-        own, base = by_method[method], by_method.get(reference, {})
-        row: dict[str, Any] = {"method": method, "seeds": sorted(own)}
+        group = groups.get(((), method))
+        row: dict[str, Any] = {"method": method, "seeds": sorted(group.runs) if group else []}
         for metric in METRICS:
-            row[metric] = list(mean_ci([r[metric] for r in own.values()])) if own else None
-        if method != reference and set(own) & set(base):
-            row[f"vs_{reference}"] = {
-                metric: list(paired_mean_ci(metric_of(own, metric), metric_of(base, metric))[:2])
-                for metric in METRICS
-            }
+            row[metric] = list(group.stats[metric][:2]) if group else None
+        differences = {
+            metric: p.difference for metric in METRICS for p in paired[metric] if p.first == method
+        }
+        if differences:
+            row[f"vs_{reference}"] = {metric: list(differences[metric][:2]) for metric in METRICS}
         rows.append(row)
     return rows
-
-
-def metric_of(runs: dict[int, dict[str, Any]], metric: str) -> dict[int, float]:
-    """``metric`` of each seed's run."""
-    return {seed: run[metric] for seed, run in runs.items()}
 
 
 RUN_COLUMNS = ("method", "seed", "LR", "dev EM", "dev chrF", "EM", "chrF", "BLEU", "seconds")

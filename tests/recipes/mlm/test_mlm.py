@@ -195,6 +195,10 @@ def test_dev_ties_go_to_the_smaller_lr_and_diverged_runs_rank_last():
     assert (tie["selected_lr"], tie["lrs"], tie["at_edge"]) == (1e-3, [1e-3, 1e-2, 3e-2], True)
     diverged = summarize([record(1e-4, math.nan, 1.0), record(1e-3, 30.0, 9.0), record(1e-2, math.inf, 1.0)])
     assert diverged["selected_lr"] == 1e-3
+    with pytest.raises(
+        ValueError, match=r"one \(method, regime\) grid, got \[\('none', 'ft'\), \('none', 'fe'\)\]"
+    ):
+        summarize([record(1e-3, 20.0, 1.0), {**record(1e-2, 20.0, 1.0), "regime": "fe"}])
 
 
 def test_default_grid_is_the_regimes(tiny, tmp_path, fake_runs, capsys):

@@ -14,7 +14,7 @@ from layerfusion_recipes.reporting.plot import (
     markdown_table,
     paired_differences,
     paired_table,
-    reported_score,
+    score_groups,
     summarize,
     write_report,
 )
@@ -128,11 +128,16 @@ def test_paired_differences_use_each_method_at_its_selected_lr():
     assert "| fe | 5 | 8 | +18.3 ± 19.0 |" in paired_table(differences)  # CI wider than the mean: not bold
 
 
-def test_reported_score_is_test_f1_only_where_the_cell_reports_test():
-    record = {"dev_f1": 0.6, "test_f1": 0.5}
-    assert reported_score(record, "test") == 0.5
-    assert reported_score(record, "dev") == 0.6
-    assert reported_score({"best_f1": 0.4}, "dev") == 0.4  # files from before dev_f1
+def test_a_cell_reports_test_f1_only_where_every_run_at_its_lr_has_one():
+    cell = {"regime": "fe", "epochs": 5, "shots": 8, "method": "dwatt", "lr": 1e-3, "dev_f1": 0.6}
+    runs = [{**cell, "key": "a", "trial": 0}, {**cell, "key": "b", "trial": 1, "test_f1": 0.5}]
+    (group,) = score_groups(runs).values()
+    assert group.stats["test"] is None and group.values["dev"] == {0: 60.0, 1: 60.0}
+    assert (summarize(runs)[0]["score"], summarize(runs)[0]["mean"]) == ("dev", 60.0)
+    assert (summarize(runs[1:])[0]["score"], summarize(runs[1:])[0]["mean"]) == ("test", 50.0)
+    old = {**cell, "key": "c", "trial": 0, "best_f1": 0.4}  # files from before dev_f1
+    del old["dev_f1"]
+    assert score_groups([old])[("", "fe", 5, 8), "dwatt"].values["dev"] == {0: 40.0}
 
 
 def test_a_cell_of_one_trial_claims_no_interval():

@@ -252,7 +252,7 @@ def test_an_unknown_method_is_one_line_before_any_data_is_read(tmp_path, capsys)
     ],
 )
 def test_degenerate_settings_are_one_line_before_any_data_is_read(tmp_path, capsys, option, value, message):
-    assert main(["seq2seq", "--data", str(tmp_path / "nowhere"), option, value]) == 2
+    assert main(["seq2seq", "--data", str(tmp_path), option, value]) == 2  # an empty folder: no data read
     assert capsys.readouterr().err.strip() == f"layerfusion seq2seq: error: {message}"
 
 
