@@ -52,6 +52,7 @@ WEIGHT_FIELDS = {  # record field -> what it is, for the legend and the table
     "depth_attention": "mean depth attention",
 }
 PROBE_COLOR = "black"  # the probes are no method: none of the methods' colours
+LAYERS_FIGURE = "layers.png"  # the layer figure, in the report's output folder
 
 
 def layer_runs(records: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -214,11 +215,15 @@ def _cell_title(cell: tuple, several_setups: bool) -> str:
 
 
 def layers_markdown(
-    probes: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]], top: int = DEFAULT_TOP
+    probes: Sequence[dict[str, Any]],
+    records: Sequence[dict[str, Any]],
+    top: int = DEFAULT_TOP,
+    heading: str = "## Layer probes",
 ) -> str:
     """The layer diagnostics of ``table.md``: per (shots, epochs), one row per layer with the probe's
     score (selected LR, dev beside it), every further metric and the learned weights of each method
-    that has them; the best ``top`` layers on dev as ``layers=[...]``.
+    that has them; the best ``top`` layers on dev as ``layers=[...]``. ``heading`` is the first line
+    (a page that has its own sections, as RESULTS.md, takes another).
 
     Example:
         >>> probes = read_records("out/results.probes.jsonl")
@@ -232,7 +237,7 @@ def layers_markdown(
     several = len({cell[0] for cell in cells}) > 1
     metric = metric_named(rows[0]["metric"])
     lines = [
-        "## Layer probes",
+        heading,
         "",
         f"A linear probe on each block output z_n at the positions the head reads (frozen encoder, feature "
         f"cache): {rows[0]['score']} {metric.long} at the LR (@) selected on dev for that layer (mean best "
@@ -425,7 +430,7 @@ def write_layer_report(
         >>> write_layer_report(records, probes, "out", top=3)["layers"]
         PosixPath('out/layers.png')
     """
-    figure = plot_layers(probes, records, Path(output) / "layers.png", top)
+    figure = plot_layers(probes, records, Path(output) / LAYERS_FIGURE, top)
     if figure is None:
         return {}
     table = Path(output) / "table.md"

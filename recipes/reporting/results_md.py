@@ -14,6 +14,30 @@ in a value) that the grid's sweep took on top of the grid file, e.g. ``cache_dir
 They are resolved as the sweep resolves them (a flag over the YAML) and shown, as flags, in the
 block's sweep command.
 
+The command that runs the grid: the reserved parameter ``task=`` names it, ``sweep`` (NER) when
+absent; any command of ``layerfusion`` whose options take a grid file (``--config``, ``--methods``,
+``--output``: :func:`grid_commands`, from the command table of :mod:`layerfusion_recipes.cli`), e.g.
+``task=classify``. The grid file and the other parameters are read with that command's options, and
+the block shows that command. The grid's results are tabulated by their own metric (``classify``:
+test accuracy, then the same tables for macro-F1).
+
+Several invocations into one results file: ``methods=`` (comma-separated) is the ``--methods`` of one
+invocation and may repeat, one per invocation; the other parameters are shared by all::
+
+    <!-- generated: sst2_fe task=classify methods=none,average,dwatt methods=extra_layers threads=2 -->
+    <!-- end generated: sst2_fe task=classify methods=none,average,dwatt methods=extra_layers threads=2 -->
+
+The block shows every run of the one results file (whichever invocation ran it), the cells of every
+invocation in the unfinished lines, and one command line per invocation (``--methods none average ...
+--threads 2``).
+
+Layer probes: when ``results.probes.jsonl`` lies beside the grid's results (``--probe-layers``), a
+grid block also shows the probe tables of ``table.md`` under **Layer probes**
+(:func:`~layerfusion_recipes.reporting.layers.layers_markdown`: per cell a row per layer, the learned
+ScalarMix / DWAtt weights, the best K layers on dev as ``layers=[...]``, K the grid's
+``probe_layers``, else 3), then ``layers.png`` of the grid's output folder as an image (relative to
+the page) when it is there; the plot command then takes ``--probe-layers K`` when K is not 3.
+
 Per-language grids: ``wikiann_fe.yaml`` has no ``output:``; each language's sweep gets
 ``--language`` and ``--output`` on the command line. Its results are shown as one block per
 language, each marker naming the two options of that language's sweep::
@@ -145,14 +169,15 @@ from peft_layerfusion.utils import atomic_write_text
 
 from ..arguments import (
     DEFAULT_LR_GRIDS,
-    add_experiment_arguments,
     add_mlm_arguments,
     add_seq2seq_arguments,
     lr_grid,
 )
+from ..cli import COMMANDS
 from ..core.demo import demo_model_path
 from ..core.errors import UserError, is_user_error, one_line
 from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
+from ..core.probes import probes_path
 from ..core.records import read_records
 from ..core.settings import load_config, option, results_path
 from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
@@ -162,6 +187,7 @@ from ..mlm.settings import RESULT_SETTINGS, mlm_lr_grid
 from ..seq2seq.experiment import METHOD_NAMES as SEQ2SEQ_METHOD_NAMES
 from ..seq2seq.experiment import RUN_TABLE_HEADER, run_row, summary_table
 from .benchmark_report import read_report
+from .layers import DEFAULT_TOP, LAYERS_FIGURE, layers_markdown
 from .plot import (
     format_lr,
     grouped_table_markdown,
@@ -182,6 +208,10 @@ NAME = re.compile(r"[\w.-]+")
 LANGUAGES = "languages"  # reserved parameter: one block over a grid's per-language sweeps
 LANGUAGE = re.compile(r"[\w-]+")  # a language: a folder name under the grid's output
 JOIN = "join"  # reserved parameter: other grids' results in the same table
+TASK = "task"  # reserved parameter: the `layerfusion` command that runs the grid
+DEFAULT_TASK = "sweep"  # the grids' command when the marker names none (NER)
+GRID_OPTIONS = {"config", "methods", "output"}  # the options of a command that runs a grid file
+METHODS = "methods"  # a parameter that may repeat: the --methods of each invocation, comma-separated
 UNFINISHED = "⧗ not finished (the grid file would still run these; the selected LR may change):"
 MLM = "mlm"  # reserved name: the `layerfusion mlm` summaries of a folder, no grid file
 SEQ2SEQ = "seq2seq"  # reserved name: the results.json of a `layerfusion seq2seq --output` folder
@@ -267,14 +297,53 @@ def _error(block: Block, message: str) -> MarkerError:
     return MarkerError(f"marker 'generated: {block.spec}': {message}")
 
 
-def _sweep_flags(params: Params) -> list[str]:
-    return [text for key, value in params for text in (f"--{key.replace('_', '-')}", value)]
+def _option_names(add_arguments: Callable[[argparse.ArgumentParser], None]) -> set[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return {action.dest for action in parser._actions}  # argparse lists no public view of them
 
 
-def _sweep_command(block: Block, params: Params) -> str:
-    return " ".join(
-        ["layerfusion sweep --config", (GRIDS / f"{block.name}.yaml").as_posix(), *_sweep_flags(params)]
+def grid_commands() -> tuple[str, ...]:
+    """The ``layerfusion`` commands that run a grid file (options ``--config``, ``--methods`` and
+    ``--output``), in the command table's order: the values ``task=`` takes.
+
+    Example:
+        >>> grid_commands()
+        ('ner', 'sweep', 'classify')
+    """
+    return tuple(
+        name for name, command in COMMANDS.items() if GRID_OPTIONS <= _option_names(command.add_arguments)
     )
+
+
+def _task(block: Block, params: Params) -> str:
+    """The command that runs the block's grid: ``task=`` (once), else :data:`DEFAULT_TASK`."""
+    tasks = [value for key, value in params if key == TASK]
+    allowed = grid_commands()
+    if len(tasks) > 1 or (tasks and tasks[0] not in allowed):
+        given, names = ",".join(tasks), ", ".join(allowed)
+        raise _error(block, f"{TASK}={given}: not one command that runs a grid file; allowed: {names}")
+    return tasks[0] if tasks else DEFAULT_TASK
+
+
+def _invocations(params: Params) -> list[Params]:
+    """The options of each invocation the parameters name: one per ``methods=`` (first) with the
+    other parameters, else the parameters (``task=`` aside)."""
+    shared = tuple(pair for pair in params if pair[0] not in (TASK, METHODS))
+    return [(pair, *shared) for pair in params if pair[0] == METHODS] or [shared]
+
+
+def _sweep_flags(params: Params) -> list[str]:
+    flags = []
+    for key, value in params:
+        flags += [f"--{key.replace('_', '-')}", *(value.split(",") if key == METHODS else [value])]
+    return flags
+
+
+def _grid_commands(block: Block, params: Params) -> list[str]:
+    """The command lines that ran the block's grid: one per invocation (:func:`_invocations`)."""
+    head = ["layerfusion", _task(block, params), "--config", (GRIDS / f"{block.name}.yaml").as_posix()]
+    return [" ".join([*head, *_sweep_flags(run)]) for run in _invocations(params)]
 
 
 @dataclass(frozen=True)
@@ -287,7 +356,9 @@ class GridOptions:
         lr: ``lr`` as given (``None``: each regime's default grid).
         trials: ``trials`` (``None`` when not given).
         cells: ``(regime, epochs, shots, method)`` of every cell the grid runs, in grid order (empty
-            when the grid does not name its methods, regimes, shots and epochs).
+            when the grid does not name its methods, regimes, shots and epochs); over every
+            invocation the marker names.
+        probe_layers: ``probe_layers`` (``None`` when not given).
     """
 
     output: str | None
@@ -295,27 +366,41 @@ class GridOptions:
     lr: Any
     trials: int | None
     cells: tuple[tuple[str, int, int, str], ...] = ()
+    probe_layers: int | None = None
 
 
-def _grid_outputs(block: Block, root: Path, params: Params) -> GridOptions:
-    """The options of the block's grid under ``params`` (as the sweep resolves them)."""
-    grid = root / GRIDS / f"{block.name}.yaml"
-    if not grid.is_file():
-        raise _error(block, f"no grid file {GRIDS / grid.name} under {root}")
+def _parse_grid(
+    block: Block, grid: Path, task: str, params: Params
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The flags and the YAML of one invocation of ``task`` on ``grid`` (as the command parses them)."""
     parser = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)  # --shot is not --shots
-    add_experiment_arguments(parser)
+    COMMANDS[task].add_arguments(parser)
     try:
         args, unknown = parser.parse_known_args(["--config", str(grid), *_sweep_flags(params)])
         loaded = load_config(args)
-    except Exception as error:  # a bad value in the marker, a grid file the sweep would refuse
+    except Exception as error:  # a bad value in the marker, a grid file the command would refuse
         if not (isinstance(error, argparse.ArgumentError) or is_user_error(error)):
             raise
         raise _error(block, one_line(error)) from error
     if unknown:
-        raise _error(block, f"not a `layerfusion sweep` option: {unknown}")
-    axes = [option(args, loaded, name) for name in ("regimes", "epochs", "shots", "methods")]
-    cells = tuple(itertools.product(*axes)) if all(axes) else ()
-    return GridOptions(*(option(args, loaded, name) for name in ("output", "results", "lr", "trials")), cells)
+        raise _error(block, f"not a `layerfusion {task}` option: {unknown}")
+    return args, loaded
+
+
+def _grid_outputs(block: Block, root: Path, params: Params) -> GridOptions:
+    """The options of the block's grid under ``params`` (as its command resolves them, per invocation)."""
+    grid = root / GRIDS / f"{block.name}.yaml"
+    if not grid.is_file():
+        raise _error(block, f"no grid file {GRIDS / grid.name} under {root}")
+    task = _task(block, params)
+    parsed = [_parse_grid(block, grid, task, run) for run in _invocations(params)]
+    cells: dict[tuple[str, int, int, str], None] = {}
+    for args, loaded in parsed:
+        axes = [option(args, loaded, name) for name in ("regimes", "epochs", "shots", "methods")]
+        cells.update(dict.fromkeys(itertools.product(*axes) if all(axes) else ()))
+    args, loaded = parsed[0]  # the invocations share every option but their methods
+    shared = (option(args, loaded, name) for name in ("output", "results", "lr", "trials"))
+    return GridOptions(*shared, tuple(cells), option(args, loaded, "probe_layers"))
 
 
 def _grid_results(block: Block, root: Path) -> tuple[str, GridOptions]:
@@ -437,12 +522,36 @@ def _cost(block: Block, root: Path, results: str) -> tuple[list[dict[str, Any]],
     return records, cost_line(len(records), results, sweep_totals(read_sweep_log(root / results)))
 
 
-def render_grid_block(block: Block, root: Path) -> str:
-    """The content of a grid's block: ``table.md``'s tables, the cost line and the commands.
+def probes_text(
+    records: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]], top: int, figure: str | None
+) -> str:
+    """The layer-probe part of a grid block: the probe tables of ``table.md`` under **Layer probes**
+    (:func:`~layerfusion_recipes.reporting.layers.layers_markdown`, the best ``top`` layers on dev per
+    cell), then ``figure`` (a link) as an image; empty without probe records.
+
+    Example:
+        >>> print(probes_text(records, read_records("out/results.probes.jsonl"), 3, "out/layers.png"))
+    """
+    if not probes:
+        return ""
+    text = layers_markdown(probes, records, top, heading="**Layer probes**").rstrip()
+    return text + (f"\n\n![Layer probes and learned layer weights]({figure})" if figure else "")
+
+
+def _figure_link(root: Path, folder: Path, page: Path) -> str | None:
+    """``layers.png`` of ``folder`` relative to the page's folder; ``None`` when it is not there."""
+    figure = root / folder / LAYERS_FIGURE
+    return Path(os.path.relpath(figure, (root / page).parent)).as_posix() if figure.is_file() else None
+
+
+def render_grid_block(block: Block, root: Path, page: Path = RESULTS_MD) -> str:
+    """The content of a grid's block: ``table.md``'s tables, the layer probes (when the grid has them),
+    the cost line and the commands.
 
     Args:
         block: A block naming a grid file.
         root: The repository root.
+        page: The file the block is in, under ``root`` (figure links are relative to its folder).
 
     Raises:
         MarkerError: No grid file, no output folder or no results for the marker.
@@ -454,9 +563,15 @@ def render_grid_block(block: Block, root: Path) -> str:
     records, cost = _cost(block, root, results)
     rows = summarize(records)  # once, for the tables and the unfinished cells
     unfinished = unfinished_text(unfinished_lines(rows, options))
+    top = options.probe_layers or DEFAULT_TOP
+    probes = read_records(probes_path(root / results))
+    layers = probes_text(records, probes, top, _figure_link(root, Path(results).parent, page))
+    plot = f"layerfusion plot {results}" + (f" --probe-layers {top}" if probes and top != DEFAULT_TOP else "")
+    commands = "\n".join([*_grid_commands(block, block.params), plot])
     return (
-        f"{table_markdown(records, rows).rstrip()}\n\n{unfinished}{cost}\n\n"
-        f"```\n{_sweep_command(block, block.params)}\nlayerfusion plot {results}\n```"
+        f"{table_markdown(records, rows).rstrip()}\n\n"
+        + (f"{layers}\n\n" if layers else "")
+        + f"{unfinished}{cost}\n\n```\n{commands}\n```"
     )
 
 
@@ -505,7 +620,7 @@ def render_joined_block(block: Block, root: Path) -> str:
         records += own
         unfinished += unfinished_lines(summarize(own), options)
         costs.append(f"- {cost}")
-        commands += [_sweep_command(grid, ()), f"layerfusion plot {results}"]
+        commands += [*_grid_commands(grid, ()), f"layerfusion plot {results}"]
     lines = "\n".join(costs)
     waiting = unfinished_text(unfinished)
     return f"{table_markdown(records).rstrip()}\n\n{waiting}{lines}\n\n```\n" + "\n".join(commands) + "\n```"
@@ -563,15 +678,15 @@ def render_languages_block(block: Block, root: Path) -> str:
         costs.append(f"- {language}: {cost}")
         unfinished += unfinished_lines(summarize(groups[language]), options, prefix=f"{language}: ")
     loop = f"{output}/$lang"
-    sweep = _sweep_command(
+    sweeps = _grid_commands(
         block, (("language", "$lang"), ("output", loop), *(p for p in params if p[0] != "output"))
     )
+    body = "".join(f"  {line}\n" for line in [*sweeps, f"layerfusion plot {results_path(loop)}"])
     return (
         f"{grouped_table_markdown(groups, 'language').rstrip()}\n\n{unfinished_text(unfinished)}"
         + "\n".join(costs)
         + "\n\n"
-        f"```\nfor lang in {' '.join(languages)}; do\n  {sweep}\n"
-        f"  layerfusion plot {results_path(loop)}\ndone\n```"
+        f"```\nfor lang in {' '.join(languages)}; do\n{body}done\n```"
     )
 
 
@@ -1211,11 +1326,11 @@ def render_report_block(block: Block, root: Path) -> str:
     return f"{header}\n\n{report_markdown(report['lines'])}\n\n```\n{report['command']}\n```"
 
 
-def render_block(block: Block, root: Path) -> str:
+def render_block(block: Block, root: Path, page: Path = RESULTS_MD) -> str:
     """The content of ``block``: :func:`render_mlm_block` for the name ``mlm``, :func:`render_seq2seq_block`
     for ``seq2seq``, :func:`render_report_block` for ``report``,
     :func:`render_languages_block` with ``languages=``, :func:`render_joined_block` with ``join=``,
-    else :func:`render_grid_block`.
+    else :func:`render_grid_block` (``page``: the file the block is in, under ``root``).
 
     Raises:
         MarkerError: What the block cannot be regenerated from, naming its marker.
@@ -1233,18 +1348,19 @@ def render_block(block: Block, root: Path) -> str:
         return render_languages_block(block, root)
     if any(key == JOIN for key, _ in block.params):
         return render_joined_block(block, root)
-    return render_grid_block(block, root)
+    return render_grid_block(block, root, page)
 
 
-def regenerate(text: str, root: Path) -> str:
-    """``text`` with every generated block rendered anew (:func:`render_block`), the rest unchanged.
+def regenerate(text: str, root: Path, page: Path = RESULTS_MD) -> str:
+    """``text`` (the file ``page`` under ``root``) with every generated block rendered anew
+    (:func:`render_block`), the rest unchanged.
 
     Example:
         >>> regenerate(Path("benchmarks/RESULTS.md").read_text(), Path("."))
     """
     parts, last = [], 0
     for block in find_blocks(text):
-        parts += [text[last : block.start], f"\n\n{render_block(block, root)}\n\n"]
+        parts += [text[last : block.start], f"\n\n{render_block(block, root, page)}\n\n"]
         last = block.stop
     return "".join(parts) + text[last:]
 
@@ -1262,7 +1378,7 @@ def report_main(args: argparse.Namespace) -> int:
         raise UserError(f"{path}: no such file")
     old = path.read_text(encoding="utf-8")
     try:
-        new = regenerate(old, root)
+        new = regenerate(old, root, args.file)
     except MarkerError as error:
         print(f"{path}: error: {error}", file=sys.stderr)
         return 2

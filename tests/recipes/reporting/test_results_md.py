@@ -589,6 +589,13 @@ def test_the_report_block_shows_a_saved_benchmark_run(repo, capsys):
         (_markers("fake join=wiki cache_dir=/x"), "join= shows each grid as its file names it: drop"),
         (_markers("fake join=nowhere"), "'generated: fake join=nowhere': grid nowhere: no grid file"),
         (_markers("fake join=wiki"), "'generated: fake join=wiki': grid wiki: benchmarks/grids/wiki.yaml"),
+        (
+            _markers("fake task=plot"),
+            "'generated: fake task=plot': task=plot: not one command that runs a grid file; allowed: "
+            "ner, sweep, classify",
+        ),
+        (_markers("fake task=sweep task=ner"), "task=sweep,ner: not one command that runs a grid file"),
+        (_markers("fake task=classify label=x"), "not a `layerfusion classify` option: ['--label', 'x']"),
         (_markers("mlm"), "'generated: mlm': the mlm block takes output=FOLDER"),
         (_markers("mlm output=a epochs=1"), "and optionally seeds=FOLDER,FOLDER"),
         (_markers("mlm seeds=a output=b"), "and optionally seeds=FOLDER,FOLDER"),
@@ -624,3 +631,129 @@ def test_a_marker_quoted_inside_prose_is_not_a_marker(repo):
     (repo / "benchmarks" / "RESULTS.md").write_text(quoted)
     assert results_md.find_blocks(quoted) == []
     assert _run(repo, "--check") == 0
+
+
+# a `layerfusion classify` grid: label_column is no `layerfusion sweep` option; probes top 2
+CLASSIFY_GRID = (
+    "data: data/sst2\nmodel: m\nlabel_column: label\nmethods: [none, scalar_mix, extra_layers]\n"
+    "regimes: [fe]\nshots: [8]\nepochs: [25]\ntrials: 3\nlr: [0.001, 0.01, 0.1]\nprobe_layers: 2\n"
+    "output: benchmarks/results/cls\n"
+)
+CLASSIFY_SPEC = "cls task=classify methods=none,scalar_mix methods=extra_layers threads=2"
+METRICS = ["accuracy", "macro_f1"]
+
+
+def _classify_record(method: str, trial: int, lr: float, dev: float, test: float) -> dict:
+    """A classify record: accuracy selects, macro-F1 is 10 points below it on dev and test."""
+    cell = {"method": method, "regime": "fe", "shots": 8, "epochs": 25, "trial": trial, "lr": lr}
+    scores = {
+        "dev_accuracy": dev,
+        "test_accuracy": test,
+        "dev_macro_f1": dev - 0.1,
+        "test_macro_f1": test - 0.1,
+    }
+    weights = {"mix_weights": [0.2, 0.3, 0.5], "fused_layers": [1, 2, 3]} if method == "scalar_mix" else {}
+    key = f"{method}|{trial}|{lr}"
+    return {**cell, "key": key, "setup": "s", "metric": "accuracy", "metrics": METRICS, **scores, **weights}
+
+
+def _probe_record(trial: int, lr: float) -> dict:
+    """A probe record of 3 layers: layer n scores 0.2 n on dev and 0.1 n on test at LR 0.01 (0.1
+    elsewhere), macro-F1 5 points below the test accuracy."""
+    layers = []
+    for n in (1, 2, 3):
+        dev, test = (0.2 * n, 0.1 * n) if lr == 0.01 else (0.1, 0.1)
+        scores = {
+            "dev_accuracy": dev,
+            "test_accuracy": test,
+            "dev_macro_f1": dev,
+            "test_macro_f1": test - 0.05,
+        }
+        layers.append({"layer": n, **scores})
+    cell = {"method": "probe", "regime": "fe", "shots": 8, "epochs": 25, "trial": trial, "lr": lr}
+    return {
+        **cell,
+        "key": f"probe|{trial}|{lr}",
+        "setup": "s",
+        "metric": "accuracy",
+        "metrics": METRICS,
+        "layers": layers,
+    }
+
+
+@pytest.fixture
+def classify_repo(repo: Path) -> Path:
+    """``repo`` with a classify grid ``cls`` whose two invocations (none and scalar_mix; extra_layers)
+    wrote one results file, and its layer probes."""
+    (repo / "benchmarks" / "grids" / "cls.yaml").write_text(CLASSIFY_GRID)
+    output = repo / "benchmarks" / "results" / "cls"
+    for method, (best, devs, tests) in {
+        **RUNS,
+        "scalar_mix": RUNS["dwatt"],
+        "extra_layers": RUNS["none"],
+    }.items():
+        if method == "dwatt":
+            continue
+        for lr in LRS:
+            for trial in range(3):
+                dev, test = (devs[trial], tests[trial]) if lr == best else (0.2, 0.1)
+                append_record(output / "results.jsonl", _classify_record(method, trial, lr, dev, test))
+    for lr in (0.01, 0.1):
+        for trial in range(2):
+            append_record(output / "results.probes.jsonl", _probe_record(trial, lr))
+    (repo / "benchmarks" / "RESULTS.md").write_text(PROSE_BEFORE + _markers(CLASSIFY_SPEC))
+    return repo
+
+
+def test_a_classify_block_shows_its_command_metrics_and_layer_probes(classify_repo, capsys):
+    figure = classify_repo / "benchmarks" / "results" / "cls" / "layers.png"
+    figure.write_bytes(b"")
+    assert _run(classify_repo) == 0
+    text = _text(classify_repo)
+    # every method of the one results file, whichever invocation ran it
+    assert "| regime | epochs | shots | none | scalar_mix | extra_layers |" in text  # the registry's order
+    assert f"| fe | 25 | 8 | {NONE_CELL} | {DWATT_CELL} | {NONE_CELL} |" in text  # test accuracy
+    macro = "40.0 ± 24.8 @0.01 (dev 50.0) (n=3)"  # 10 points below accuracy, dev and test
+    assert f"| fe | 25 | 8 | {macro} | 60.0 ± 24.8 @0.1 ⚠ (dev 70.0) (n=3) | {macro} |" in text
+    assert "Test accuracy at each run's best dev epoch" in text and "Test macro-F1 at each run's" in text
+    paired = "| regime | epochs | shots | scalar_mix - extra_layers |\n|---|---|---|---|\n"
+    paired += "| fe | 25 | 8 | **+20.0 ± 0.0** |"
+    assert text.count(paired) == 2  # accuracy, then macro-F1
+    # the probes: a bold title (RESULTS.md has its own sections), the grid's top 2, the learned weights
+    assert "**Layer probes**" in text and "## Layer probes" not in text
+    assert "**N=8, max 25 epochs**: best 2 layers on dev: `layers=[2, 3]`" in text
+    header = "| layer | probe test accuracy | probe test macro-F1 | scalar_mix softmax weights |"
+    rows = text.split(header)[1].splitlines()[2:5]
+    assert rows[0] == "| 1 | 10.0 ± 0.0 @0.01 ⚠ (dev 20.0) (n=2) | 5.0 ± 0.0 | 0.200 |"
+    assert rows[2] == "| 3 | 30.0 ± 0.0 @0.01 ⚠ (dev 60.0) (n=2) | 25.0 ± 0.0 | 0.500 |"
+    assert "\n![Layer probes and learned layer weights](results/cls/layers.png)\n" in text
+    assert "⧗" not in text  # the cells of both invocations are complete
+    commands = (
+        "```\nlayerfusion classify --config benchmarks/grids/cls.yaml --methods none scalar_mix --threads 2\n"
+        "layerfusion classify --config benchmarks/grids/cls.yaml --methods extra_layers --threads 2\n"
+        "layerfusion plot benchmarks/results/cls/results.jsonl --probe-layers 2\n```\n"
+    )
+    assert commands in text
+    figure.unlink()
+    assert _run(classify_repo, "--check") == 1  # the figure is gone: so is its link
+    assert "-![Layer probes" in capsys.readouterr().out
+
+
+def test_a_classify_block_without_probes_has_no_probe_part_and_says_the_missing_invocation(classify_repo):
+    (classify_repo / "benchmarks" / "results" / "cls" / "results.probes.jsonl").unlink()
+    spec = "cls task=classify methods=none"  # the extra_layers and scalar_mix runs are in the file
+    (classify_repo / "benchmarks" / "RESULTS.md").write_text(_markers(spec) + _markers("fake"))
+    assert _run(classify_repo) == 0
+    text = _text(classify_repo)
+    assert "Layer probes" not in text and "--probe-layers" not in text
+    assert "| regime | epochs | shots | none | scalar_mix | extra_layers |" in text
+    assert "layerfusion classify --config benchmarks/grids/cls.yaml --methods none\nlayerfusion plot" in text
+    assert "layerfusion sweep --config benchmarks/grids/fake.yaml\n" in text  # no task=: the NER sweep
+
+
+def test_a_classify_grid_read_as_a_sweep_is_refused_in_one_line(classify_repo, capsys):
+    (classify_repo / "benchmarks" / "RESULTS.md").write_text(_markers("cls"))
+    assert _run(classify_repo) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'generated: cls': " in err and "unknown option(s) ['label_column']" in err
+    assert len(err.splitlines()) == 1
