@@ -622,7 +622,8 @@ def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()
     lines = [markdown_row(header), "|" + "---|" * len(header)]
     by_cell: dict[tuple, dict[tuple, str]] = {}
     for d in differences:
-        text = f"{d['mean']:+.1f} ± {d['ci']:.1f}"
+        # one pair has no interval: say n rather than a "± 0.0" that reads as a tight one
+        text = f"{d['mean']:+.1f} ± {d['ci']:.1f}" if d["n"] > 1 else f"{d['mean']:+.1f} (n=1)"
         cell = (*(d[field] for field in lead), d["regime"], d["epochs"], shots_text(d["shots"]))
         by_cell.setdefault(cell, {})[d["pair"]] = (
             f"**{text}**" if excludes_zero(d["mean"], d["ci"], d["n"]) else text

@@ -126,6 +126,9 @@ def test_paired_differences_use_each_method_at_its_selected_lr():
     assert dwatt_none["n"] == 3 and dwatt_none["mean"] == pytest.approx(mean)
     assert dwatt_none["ci"] == pytest.approx(half)
     assert "| fe | 5 | 8 | +18.3 ± 19.0 |" in paired_table(differences)  # CI wider than the mean: not bold
+    one_trial = [r for r in records if r["trial"] == 0]
+    table = paired_table(paired_differences(one_trial, summarize(one_trial)))
+    assert "| fe | 5 | 8 | +20.0 (n=1) |" in table and "±" not in table.split("\n\n")[0]  # no interval
 
 
 def test_a_cell_reports_test_f1_only_where_every_run_at_its_lr_has_one():
