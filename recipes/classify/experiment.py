@@ -27,9 +27,8 @@ from torch import nn
 
 from ..core.cells import FULL_TRAIN, sample_seed
 from ..core.experiment import FewShotExperiment, TaskSettings
-from ..core.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, KeptPositions, storage_dtype
+from ..core.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, KeptPositions
 from ..core.fitting import RunResult
-from ..core.models import check_head_modules, check_length
 from ..core.probes import states_at
 from ..core.runner import Runner, StackedRunner
 from ..data.sampling import sample_per_class
@@ -187,29 +186,20 @@ class ClassifyExperiment(FewShotExperiment):
     """
 
     def __init__(self, settings: ClassifySettings, dataset: TextDataset | None = None) -> None:
-        from transformers import AutoTokenizer
-
-        self.settings = settings
         columns = TextColumns(settings.text_column, settings.text_pair_column, settings.label_column)
-        self.data = dataset if dataset is not None else load_texts(settings.data, columns)
-        self.data_name = self.data.name
-        self.labels = list(self.data.labels)
-        if len(self.labels) < 2:
+        data = dataset if dataset is not None else load_texts(settings.data, columns)
+        if len(data.labels) < 2:
             raise ValueError(
-                f"{self.data.name}: train has one class only ({self.labels}); nothing to classify"
+                f"{data.name}: train has one class only ({list(data.labels)}); nothing to classify"
             )
-        self.label2id = {label: i for i, label in enumerate(self.labels)}
-        self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
+        self._prepare(settings, data, data.labels)
         self.pad_id = set_pad_token(self.tokenizer)
-        # before any run: what would fail on the first long text, or train no head, silently
         skeleton = classifier_skeleton(settings.model, len(self.labels), settings.pooling)
-        check_length("--max-length", settings.max_length, skeleton, self.tokenizer)
-        check_head_modules(skeleton, settings.head_modules or ())
+        self._check_model(skeleton, settings.head_modules or ())
         self.positions = read_positions(skeleton, settings.pooling)
         self.dev = self._encoded(limited(self.data.dev, settings.dev_limit), "dev")
         self.test = self._encoded(limited(self.data.test, settings.test_limit), "test")
-        self.setup = settings.setup()
-        storage_dtype(settings.cache_dtype)  # a bad value stops here, naming the allowed ones
+        self._finish_setup()
         self._head: tuple[str, ...] | None = None
         self._train_features: dict[int, list[dict]] = {}  # the whole train split, encoded once
         self._cache = None

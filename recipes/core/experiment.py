@@ -29,15 +29,16 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from transformers import AutoTokenizer
 
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
 from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
-from .feature_cache import ALL_POSITIONS, CachePlan, FeatureCache, KeptPositions, plan_cache
+from .feature_cache import ALL_POSITIONS, CachePlan, FeatureCache, KeptPositions, plan_cache, storage_dtype
 from .fitting import RunResult, TrainSettings, fit
-from .models import adapter_summary, apply_regime, regime_options
+from .models import adapter_summary, apply_regime, check_head_modules, check_length, regime_options
 from .runner import Runner, Scorer, StackedRunner, depth_attention_profile
 
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
@@ -164,6 +165,27 @@ class FewShotExperiment:
     setup: str
     _cache: FeatureCache | None = None
     _cache_filled: bool = False
+
+    # --------------------------------------------------------------- set up by every task's __init__
+    def _prepare(self, settings: TaskSettings, data: Any, labels: Sequence[str]) -> None:
+        """What a task's ``__init__`` sets first: the settings, the data (with its ``name``), the
+        label names and their ids ``0..C-1``, the tokenizer."""
+        self.settings, self.data, self.data_name = settings, data, data.name
+        self.labels = list(labels)
+        self.label2id = {label: i for i, label in enumerate(self.labels)}
+        self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
+
+    def _check_model(self, skeleton: nn.Module, head_modules: Sequence[str]) -> None:
+        """Refuse before any run what would fail on the first long text (``--max-length`` past the
+        model's positions) or train no head (``head_modules`` not in the model)."""
+        check_length("--max-length", self.settings.max_length, skeleton, self.tokenizer)
+        check_head_modules(skeleton, head_modules)
+
+    def _finish_setup(self) -> None:
+        """What a task's ``__init__`` sets last: the setup fingerprint, an empty feature cache."""
+        self.setup = self.settings.setup()
+        storage_dtype(self.settings.cache_dtype)  # a bad value stops here, naming the allowed ones
+        self._cache = None
 
     # --------------------------------------------------------------- the task's own
     def load_model(self, seed: int) -> nn.Module:

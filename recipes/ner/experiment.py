@@ -27,9 +27,9 @@ import torch
 from ..core import experiment as core_experiment
 from ..core.cells import Cell, lrs_train_together, reads_head_positions_only, record_key, sample_seed
 from ..core.experiment import FewShotExperiment, TaskSettings
-from ..core.feature_cache import KeptPositions, storage_dtype
+from ..core.feature_cache import KeptPositions
 from ..core.fitting import RunResult
-from ..core.models import check_head_modules, check_length, load_token_classifier, token_classifier_skeleton
+from ..core.models import load_token_classifier, token_classifier_skeleton
 from ..core.probes import states_at
 from ..core.runner import Runner, labelled_positions
 from ..data.gold import GoldReach, gold_reach
@@ -190,28 +190,20 @@ class Experiment(FewShotExperiment):
     """
 
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
-        from transformers import AutoTokenizer
-
-        self.settings = settings
         columns = NerColumns(
             settings.tokens_column, settings.tags_column, settings.label_names, settings.tag_scheme
         )
-        self.data = dataset if dataset is not None else load_ner(settings.data, settings.language, 0, columns)
-        self.data_name = self.data.name
-        self.labels = self.data.labels
-        self.label2id = {label: i for i, label in enumerate(self.labels)}
+        data = dataset if dataset is not None else load_ner(settings.data, settings.language, 0, columns)
+        self._prepare(settings, data, data.labels)
         self.id2label = dict(enumerate(self.labels))
-        self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
         special = self.tokenizer.num_special_tokens_to_add()
         if settings.max_length <= special:
             raise ValueError(
                 f"--max-length {settings.max_length} leaves no room for a word: the tokenizer adds "
                 f"{special} special tokens; use --max-length > {special}"
             )
-        # before any run: what would fail on the first long sentence, or train no head, silently
         skeleton = token_classifier_skeleton(settings.model, len(self.labels))
-        check_length("--max-length", settings.max_length, skeleton, self.tokenizer)
-        check_head_modules(skeleton, settings.head_modules)
+        self._check_model(skeleton, settings.head_modules)
         dev = self.data.dev[: settings.dev_limit] if settings.dev_limit else self.data.dev
         # sorted by length: less padding in evaluation batches (micro-F1 does not depend on order)
         self.dev = sorted(
@@ -225,9 +217,7 @@ class Experiment(FewShotExperiment):
             key=lambda f: len(f["input_ids"]),
         )  # empty without a test split: records then carry test_f1 = None
         self.test_reach = self._check_reach(gold_reach(self.test, self.id2label), "test")
-        self.setup = settings.setup()
-        storage_dtype(settings.cache_dtype)  # a bad value stops here, naming the allowed ones
-        self._cache = None
+        self._finish_setup()
 
     def _check_reach(self, reach: GoldReach, split: str) -> GoldReach:
         """Say how many gold entities of ``split`` the model cannot see; refuse when it sees none."""
