@@ -31,7 +31,7 @@ and ``W_K``, and the zero gain gates the value MLPs; every parameter has one fro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
@@ -171,11 +171,26 @@ class StackedBottleneckMLP(nn.Module):
         linear_init_(self.up_weight, self.up_bias, fan_in=d)
         linear_init_(self.down_weight, self.down_bias, fan_in=h)
 
+    def parts(self) -> list[tuple[torch.Tensor, ...]]:
+        """Each MLP's ``(U_k, b^U_k, g_k, β_k, W_k, b^W_k)``, views of the stacked parameters taken
+        once per forward: indexing a stacked parameter per MLP gives each index a zero-padded
+        gradient of the whole stack in backward (K of them); unbind's backward stacks them once."""
+        stacked = (
+            self.up_weight, self.up_bias, self.norm_weight, self.norm_bias, self.down_weight, self.down_bias
+        )  # fmt: skip
+        return list(zip(*(parameter.unbind(0) for parameter in stacked), strict=True))
+
+    @staticmethod
+    def apply_part(x: torch.Tensor, part: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """``f_k(x)`` for ``x`` of shape ``(tokens, d)`` and the weights ``part`` of :meth:`parts`."""
+        up_weight, up_bias, norm_weight, norm_bias, down_weight, down_bias = part
+        inner = F.gelu(torch.addmm(up_bias, x, up_weight))  # (tokens, γd)
+        inner = F.layer_norm(inner, inner.shape[-1:], norm_weight, norm_bias)
+        return torch.addmm(down_bias, inner, down_weight)  # (tokens, d)
+
     def forward(self, x: torch.Tensor, index: int = 0) -> torch.Tensor:
         """``f_index(x)`` for ``x`` of shape ``(tokens, d)``."""
-        inner = F.gelu(torch.addmm(self.up_bias[index], x, self.up_weight[index]))  # (tokens, γd)
-        inner = F.layer_norm(inner, inner.shape[-1:], self.norm_weight[index], self.norm_bias[index])
-        return torch.addmm(self.down_bias[index], inner, self.down_weight[index])  # (tokens, d)
+        return self.apply_part(x, self.parts()[index])
 
 
 class DWAtt(FusionModule):
@@ -207,6 +222,15 @@ class DWAtt(FusionModule):
         scores = query @ keys.T / self.score_temperature  # (tokens, K)
         return torch.softmax(scores, dim=-1).view(*last.shape[:-1], keys.shape[0])
 
+    def values(self, states: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """``v_n = LN_n(f^V_n(z_n))`` ``(tokens, d)`` for each state ``(..., d)``, one at a time (the
+        per-layer weights taken once: :meth:`StackedBottleneckMLP.parts`)."""
+        mlps = self.value_mlps.parts()
+        norms = zip(self.value_norm_weight.unbind(0), self.value_norm_bias.unbind(0), strict=True)
+        for state, mlp, (gain, bias) in zip(states, mlps, norms, strict=True):
+            tokens = state.reshape(-1, state.shape[-1])  # (tokens, d)
+            yield F.layer_norm(StackedBottleneckMLP.apply_part(tokens, mlp), tokens.shape[-1:], gain, bias)
+
     def value(self, index: int, state: torch.Tensor) -> torch.Tensor:
         """``v_n = LN_n(f^V_n(z_n))`` for ``state`` of shape ``(tokens, d)``."""
         d = state.shape[-1]
@@ -219,7 +243,7 @@ class DWAtt(FusionModule):
         tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
         weights = self.attention_dropout(self.depth_attention(tokens))  # (tokens, K)
         # h = z_L + sum_n a_n v_n; each v_n is made just before it is added (no stack).
-        values = (self.value(n, state.reshape(tokens.shape)) for n, state in enumerate(states))
+        values = self.values(states)
         columns = (weights[:, n : n + 1] for n in range(len(states)))  # each (tokens, 1)
         fused = weighted_sum(zip(values, columns, strict=True), start=tokens)  # (tokens, d)
         return fused.view_as(last)
