@@ -84,14 +84,14 @@ def random_encoder_like(model: str, blocks: int, width: int, directory: str | Pa
 
 def task_settings(args: argparse.Namespace, model: str) -> TaskSettings:
     """The settings of ``--task`` with a cache that keeps what ``--methods`` read."""
+    limits = {"dev_limit": args.dev_limit, "test_limit": args.test_limit}
     if args.task == "ner":
-        data = args.data or demo_data_path()
-        settings = ExperimentSettings(model=model, data=data, dev_limit=args.dev_limit)
+        settings = ExperimentSettings(model=model, data=args.data or demo_data_path(), **limits)
     else:
         if not args.data or not args.model:
             raise SystemExit("--task classify needs --data and --model")
         settings = ClassifySettings(
-            model=model, data=args.data, dev_limit=args.dev_limit, label_column=args.label_column
+            model=model, data=args.data, label_column=args.label_column, **limits
         )
     positions = cache_positions_for(args.methods, type(settings).READ_POSITIONS)
     return dataclasses.replace(settings, cache_positions=positions)
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shots", type=int, default=8, help="N (NER: N*C sentences; classify: N per class).")
     parser.add_argument("--epochs", type=int, default=5, help="Max epochs per run.")
     parser.add_argument("--dev-limit", type=int, default=DEMO_DEV_LIMIT, help="Dev sentences evaluated.")
+    parser.add_argument("--test-limit", type=int, help="Test examples scored (default: all).")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice).")
     parser.add_argument(
         "--random-shape",
