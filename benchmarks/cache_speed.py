@@ -90,9 +90,7 @@ def task_settings(args: argparse.Namespace, model: str) -> TaskSettings:
     else:
         if not args.data or not args.model:
             raise SystemExit("--task classify needs --data and --model")
-        settings = ClassifySettings(
-            model=model, data=args.data, label_column=args.label_column, **limits
-        )
+        settings = ClassifySettings(model=model, data=args.data, label_column=args.label_column, **limits)
     positions = cache_positions_for(args.methods, type(settings).READ_POSITIONS)
     return dataclasses.replace(settings, cache_positions=positions)
 
