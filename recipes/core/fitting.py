@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
-from .loop import TrainingLoop, restore, snapshot
+from .loop import TrainingLoop, release_freed_memory, restore, snapshot
 from .runner import Runner, Scorer, predict_labelled
 
 
@@ -185,6 +185,7 @@ def fit(
                 if score[result.metric] > result.best_score:
                     result.best_score, result.best_epoch, result.dev = score[result.metric], epoch, score
                     best_states[k] = snapshot(candidates[k]) if test else None
+        release_freed_memory()  # the heap's freed pages (see release_freed_memory)
         if on_epoch is not None:
             on_epoch(epoch)
     if test:
@@ -194,6 +195,7 @@ def fit(
         scores = evaluate(runner, test, scorer_of(test), settings.eval_batch_size, loop.device)
         for result, score in zip(results, scores, strict=True):
             result.test = score
+    release_freed_memory()
     seconds = time.perf_counter() - start
     for result in results:
         result.seconds = seconds

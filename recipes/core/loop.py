@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,3 +109,38 @@ def restore(parameters: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -
     """Copy a :func:`snapshot` back into ``parameters``."""
     for parameter, value in zip(parameters, saved, strict=True):
         parameter.copy_(value)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has ``malloc_trim``), else ``None`` (macOS, musl, Windows)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        libc.malloc_trim  # noqa: B018 (glibc only)
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc
+
+
+_LIBC = _glibc()
+
+
+def release_freed_memory() -> bool:
+    """Give the pages glibc's heap holds free back to the system (``malloc_trim(0)``); ``False`` where
+    the C library is not glibc (nothing to do).
+
+    Why: a stacked FE run's tensors change size with every shuffled batch (seven DWAtt candidates,
+    vmap and backward), and glibc serves such requests from its heap and keeps what they free, mostly
+    in holes it cannot hand back by itself. Measured on the MiniLM CoNLL-2003 FE sweep (N = 32, two
+    trials, ten epochs): in use 0.8 GB, held free 2.4 GB after one DWAtt run and still growing (peak RSS
+    5.2 GB). :func:`~layerfusion_recipes.core.fitting.fit` calls this after every epoch (one heap walk:
+    milliseconds), so the heap holds at most an epoch's worth of freed pages. Numbers do not change.
+
+    Example:
+        >>> release_freed_memory()  # True on Linux with glibc
+        True
+    """
+    if _LIBC is None:
+        return False
+    _LIBC.malloc_trim(0)
+    return True

@@ -209,6 +209,30 @@ def labelled_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     return logits.argmax(-1)[..., labels != IGNORE_INDEX]
 
 
+def padded_tokens(features: Sequence[dict]) -> int:
+    """Tokens of ``features`` padded to the longest: ``batch x seq``, what a forward's tensors scale with."""
+    return len(features) * max(len(feature["input_ids"]) for feature in features)
+
+
+def largest_first(features: Sequence[dict], batch_size: int) -> list[slice]:
+    """The evaluation batches of ``features`` (consecutive runs of ``batch_size``), the one with the most
+    padded tokens first (:func:`padded_tokens`; ties in order).
+
+    Why: the glibc heap keeps what a batch frees and reuses it only for requests that fit in it. Batches
+    in growing order (the recipes sort their evaluation sets by length) each need larger blocks than
+    the last one freed, so the heap grew by the sum of their working sets (1.2 GB for one test pass of
+    seven stacked DWAtt candidates on CoNLL-2003's 3,453 sentences, 0.6 GB of states). Largest first,
+    the first batch's blocks serve every later one: the heap holds one batch's working set. The
+    batches (hence every prediction) are the same, only their order changes.
+
+    Example:
+        >>> largest_first([{"input_ids": [1] * n} for n in (2, 3, 9, 4)], 2)
+        [slice(2, 4, None), slice(0, 2, None)]
+    """
+    batches = [slice(start, start + batch_size) for start in range(0, len(features), batch_size)]
+    return sorted(batches, key=lambda batch: -padded_tokens(features[batch]))
+
+
 @torch.no_grad()
 def predict_labelled(
     runner: Runner, features: Sequence[dict], batch_size: int, device: torch.device
@@ -216,15 +240,18 @@ def predict_labelled(
     """Label ids ``runner`` predicts at the labelled places of ``features`` (eval mode during the
     call), example after example: ``(labelled,)``, or ``(K, labelled)`` for a stacked runner.
 
+    The batches run largest first (:func:`largest_first`: the process's memory then holds one
+    batch's working set, not the sum of them); their predictions are put back in order.
+
     Example:
         >>> predict_labelled(runner, dev, 64, torch.device("cpu"))  # tensor([0, 3, 0, ...])
     """
-    predicted = []
+    predicted: dict[int, torch.Tensor] = {}  # batch start -> (..., batch labelled)
     with eval_mode(runner.model):
-        for start in range(0, len(features), batch_size):
-            logits, labels = runner.logits(features[start : start + batch_size], device)
-            predicted.append(labelled_predictions(logits, labels))  # (..., batch labelled)
-    return torch.cat(predicted, dim=-1)
+        for batch in largest_first(features, batch_size):
+            logits, labels = runner.logits(features[batch], device)
+            predicted[batch.start] = labelled_predictions(logits, labels)
+    return torch.cat([predicted[start] for start in sorted(predicted)], dim=-1)
 
 
 @torch.no_grad()
