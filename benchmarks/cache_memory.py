@@ -172,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--today-code", type=Path, required=True, help="Checkout of the code before.")
     parser.add_argument("--shapes", nargs="+", default=["minilm", "13x768", "25x1024"])
     parser.add_argument(
-        "--codes", nargs="+", choices=CODES, default=list(CODES),
-        help="The codes that may run; another code's finished sweep is still shown (default: both).",
+        "--codes", nargs="*", choices=CODES, default=list(CODES),
+        help="The codes that may run (none: only show); another code's finished sweep is still shown "
+        "(default: both).",
     )  # fmt: skip
     parser.add_argument("--full-splits", nargs="*", default=["25x1024"], help="Shapes with the full dev.")
     parser.add_argument("--dev-limit", type=int, default=1000)
