@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForTokenClassification
 from transformers.modeling_outputs import TokenClassifierOutput
 from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
 
@@ -178,6 +178,32 @@ def token_classifier_skeleton(model_name: str, num_labels: int) -> nn.Module:
         return DecoderTokenClassifier(backbone, num_labels, head_dropout(config))
 
 
+def load_backbone(model_name: str, seed: int) -> nn.Module:
+    """The pretrained base model of ``model_name``, without a head (``AutoModel``), never silently new.
+
+    A checkpoint saved with its LM head (``*ForCausalLM``) keeps the base model under the name the
+    causal LM gives it (``model.``); where transformers names the base model's own prefix otherwise
+    (Gemma 3 on transformers 4.x: ``language_model``), ``AutoModel`` loads none of its weights. The
+    checkpoint is then loaded as the causal LM and its base model taken out of it; a checkpoint that
+    fits neither is refused in one line.
+
+    Example:
+        >>> backbone = load_backbone(gemma_folder, seed=0)  # Gemma3TextModel with the saved weights
+    """
+    backbone, info = load_pretrained(AutoModel, model_name, seed, output_loading_info=True)
+    if not info["missing_keys"]:
+        return backbone
+    causal, causal_info = load_pretrained(AutoModelForCausalLM, model_name, seed, output_loading_info=True)
+    inner = next((m for m in causal.modules() if type(m) is type(backbone)), None)
+    if inner is None or causal_info["missing_keys"]:
+        missing = info["missing_keys"]
+        raise ValueError(
+            f"--model {model_name}: {len(missing)} weights of {type(backbone).__name__} are not in the "
+            f"checkpoint (e.g. {missing[0]}); give a checkpoint of the base model or of its causal LM"
+        )
+    return inner
+
+
 def load_token_classifier(model_name: str, num_labels: int, seed: int) -> nn.Module:
     """The token classifier of ``model_name`` with a head drawn from ``seed`` (same seed, same head):
     ``AutoModelForTokenClassification`` where transformers has one for its type (encoders; decoders
@@ -190,7 +216,7 @@ def load_token_classifier(model_name: str, num_labels: int, seed: int) -> nn.Mod
     config = AutoConfig.from_pretrained(model_name)
     if has_token_class(config):
         return load_pretrained(AutoModelForTokenClassification, model_name, seed, num_labels=num_labels)
-    backbone = load_pretrained(AutoModel, model_name, seed)
+    backbone = load_backbone(model_name, seed)
     require_decoder(backbone, model_name)
     torch.manual_seed(seed)
     return DecoderTokenClassifier(backbone, num_labels, head_dropout(config))

@@ -25,7 +25,7 @@ from layerfusion_recipes.data.readers import NerSentence, encode_ner, word_separ
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
-    AutoModel,
+    AutoModelForCausalLM,
     AutoTokenizer,
     BartConfig,
     BartForConditionalGeneration,
@@ -96,7 +96,9 @@ def test_a_decoder_without_a_token_class_gets_a_linear_head_on_its_pretrained_ba
     assert default_token_head(folders[family]) == ("classifier",)
     skeleton = token_classifier_skeleton(folders[family], num_labels=5)
     assert [name for name, _ in skeleton.named_parameters()] == [name for name, _ in model.named_parameters()]
-    reference = AutoModel.from_pretrained(folders[family]).eval()  # the saved weights, loaded apart
+    # the saved weights, loaded apart: the causal LM's base model (AutoModel loads none of a Gemma 3
+    # causal-LM checkpoint on transformers 4.x, whose prefix differs; the classifier must not either)
+    reference = AutoModelForCausalLM.from_pretrained(folders[family]).model.eval()
     ids = torch.tensor([[2, 8, 9, 10, 11], [2, 12, 13, 0, 0]])
     mask = (ids != 0).long()
     with torch.no_grad():
