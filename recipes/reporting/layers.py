@@ -299,6 +299,22 @@ def _weight_text(entry: dict[str, Any], layer: int) -> str:
     return f"{entry['weights'][entry['layers'].index(layer)]:.3f}"
 
 
+MAX_TICK_LABELS = 12  # more labels than this run into each other on a panel's width
+
+
+def layer_tick_labels(layers: Sequence[int]) -> list[str]:
+    """A label for every ``k``-th layer of ``layers`` (the others get a tick without one), ``k`` the
+    smallest step that keeps at most :data:`MAX_TICK_LABELS`; the last layer always has its label.
+
+    Example:
+        >>> layer_tick_labels(range(1, 19))[:5], layer_tick_labels(range(1, 19))[-1]
+        (['1', '', '3', '', '5'], '18')
+    """
+    layers = list(layers)
+    step = -(-len(layers) // MAX_TICK_LABELS)  # ceil
+    return [str(n) if i % step == 0 or i == len(layers) - 1 else "" for i, n in enumerate(layers)]
+
+
 def plot_layers(
     probes: Sequence[dict[str, Any]],
     records: Sequence[dict[str, Any]],
@@ -341,7 +357,7 @@ def plot_layers(
         _draw_weights(bottom_ax, _weights_of(weights, cell))
         bottom_ax.set_xlabel("layer n (z_n: output of block n)")
         layers = sorted({row["layer"] for row in cell_rows})
-        bottom_ax.set_xticks(layers, [str(n) for n in layers])
+        bottom_ax.set_xticks(layers, layer_tick_labels(layers))
     metric = metric_named(rows[0]["metric"])
     axes[0][0].set_ylabel(f"{rows[0]['score']} {metric.axis} (%), mean ± 95% CI")
     axes[1][0].set_ylabel("learned layer weight (mean over trials)")
