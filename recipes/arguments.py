@@ -431,7 +431,8 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         choices=CACHE_DTYPES,
         help="Storage of the cached states: float32 (default: the encoder's own numbers), or "
         "bfloat16 / float16: half the memory, cast back to float32 on use, so results change a little "
-        "(the F1 effect is not measured yet). Part of the results' setup "
+        "(bfloat16 on CoNLL-2003, N = 32: test F1 within -0.3..+0.1 points on average at the selected "
+        "LR, the same LR selected; single runs up to 5 points). Part of the results' setup "
         "key: runs of another precision never mix.",
     )
     cache.add_argument(

@@ -303,16 +303,18 @@ MAX_TICK_LABELS = 12  # more labels than this run into each other on a panel's w
 
 
 def layer_tick_labels(layers: Sequence[int]) -> list[str]:
-    """A label for every ``k``-th layer of ``layers`` (the others get a tick without one), ``k`` the
-    smallest step that keeps at most :data:`MAX_TICK_LABELS`; the last layer always has its label.
+    """A label for every ``k``-th layer of ``layers`` counted back from the last, which always has
+    its label (the others get a tick without one), ``k`` the smallest step that keeps at most
+    :data:`MAX_TICK_LABELS`.
 
     Example:
-        >>> layer_tick_labels(range(1, 19))[:5], layer_tick_labels(range(1, 19))[-1]
-        (['1', '', '3', '', '5'], '18')
+        >>> layer_tick_labels(range(1, 19))[:4], layer_tick_labels(range(1, 19))[-1]
+        (['', '2', '', '4'], '18')
     """
     layers = list(layers)
     step = -(-len(layers) // MAX_TICK_LABELS)  # ceil
-    return [str(n) if i % step == 0 or i == len(layers) - 1 else "" for i, n in enumerate(layers)]
+    back = range(len(layers) - 1, -1, -1)  # 0 at the last layer
+    return [str(n) if i % step == 0 else "" for i, n in zip(back, layers, strict=True)]
 
 
 def plot_layers(
