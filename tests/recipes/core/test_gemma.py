@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from layerfusion_recipes.core import gemma
+from layerfusion_recipes.core.demo import DEMO_MODEL_NAME, demo_model_path, model_path
 from layerfusion_recipes.core.gemma import NamedGGUF, assemble, cache_root, convert, part_paths, resolve_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -289,3 +290,9 @@ def test_gemma3_270m_loads_and_continues_a_list_sensibly():
         out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
     continuation = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :]).lower()
     assert any(fruit in continuation for fruit in ("pear", "banana", "orange", "grape", "peach", "plum"))
+
+
+def test_model_path_names_the_demo_encoder_or_resolves_the_rest():
+    # one resolution of --model for every task (ner, classify) and benchmark
+    assert model_path(None) == model_path(DEMO_MODEL_NAME) == demo_model_path()
+    assert model_path("bert-base-cased") == "bert-base-cased"  # anything else from_pretrained takes
