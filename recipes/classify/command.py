@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..core.sweep import run_sweep
+from ..reporting.sweep_report import print_sweep_report
 from .settings import resolve
 
 
@@ -18,4 +19,4 @@ def classify_main(args: argparse.Namespace) -> int:
         0
     """
     settings, grid = resolve(args)
-    return run_sweep(settings, grid, figures=True, config=getattr(args, "config", None))
+    return run_sweep(settings, grid, print_sweep_report, figures=True, config=getattr(args, "config", None))

@@ -50,9 +50,6 @@ from typing import Any
 
 import torch
 
-from ..arguments import PROBE_TOP
-from ..reporting.layers import best_layers_lines, layers_markdown, write_layer_report
-from ..reporting.plot import markdown_table, summarize, write_report
 from .cells import (
     Cell,
     Unit,
@@ -66,13 +63,18 @@ from .cells import (
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
 from .feature_cache import CachePlan, available_memory, memory_check
-from .probes import probe_cells, probes_path, run_probes
+from .probes import probe_cells, run_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
 from .sweep_log import SweepStart, logged_sweep
 
 _WORKER: FewShotExperiment | Exception | None = None
+
+# What a sweep's main process shows at its end: (records, layer-probe records, grid, figures) -> None.
+# The task passes it in (e.g. :func:`~layerfusion_recipes.reporting.sweep_report.print_sweep_report`):
+# the core never imports the reporting.
+SweepReport = Callable[[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], bool], None]
 
 
 def _init_worker(settings: TaskSettings, threads: int) -> None:
@@ -271,11 +273,12 @@ def _finish(results, record: dict[str, Any], bar, on_record) -> None:
 def run_sweep(
     settings: TaskSettings,
     grid: dict[str, Any],
+    report: SweepReport,
     figures: bool = False,
     argv: list[str] | None = None,
     config: str | None = None,
 ) -> int:
-    """Run a task's grid, then print its summary table (and write ``table.md`` and the figures).
+    """Run a task's grid, then show it with ``report`` (its summary table; ``table.md`` and the figures).
 
     Options that the data or the tokenizer refuse (shot sizes beyond the train split, a malformed
     data file, ...) stop here with one line on stderr and exit code 2 (``errors.run_command``),
@@ -286,7 +289,8 @@ def run_sweep(
         grid: methods, regimes, shots, epochs, trials and the run options output, results,
             workers, quiet, threads, select_trials, dry_run (a task's ``resolve``; ``dry_run``: print
             the runs and the feature cache's bytes, run nothing).
-        figures: Also write ``table.md`` and the figures into the output folder.
+        report: Shows the records at the end, in the main process (:data:`SweepReport`).
+        figures: Also write ``table.md`` and the figures into the output folder (passed to ``report``).
         argv: The command line, for the sweep log (default ``sys.argv``).
         config: The ``--config`` file, for the sweep log.
 
@@ -295,7 +299,7 @@ def run_sweep(
         unless its checks refused it before the first run (then nothing is written: no folder).
 
     Example:
-        >>> run_sweep(*resolve(args), figures=True)
+        >>> run_sweep(*resolve(args), print_sweep_report, figures=True)
         0
     """
     state = process_state()  # a launch accelerate cannot set up stops here, before any work
@@ -312,7 +316,7 @@ def run_sweep(
         return dry_run(settings, grid, cells, state)
     keys = grid_keys(cells, settings)
     with logged_sweep(grid["results"], keys, fields, state.is_main_process, checks_first=True) as start:
-        return _sweep(settings, grid, cells, state, figures, start, fields)
+        return _sweep(settings, grid, cells, state, report, figures, start, fields)
 
 
 def cache_memory(
@@ -355,6 +359,7 @@ def _sweep(
     grid: dict[str, Any],
     cells: list[Cell],
     state,
+    report: SweepReport,
     figures: bool,
     start: SweepStart,
     fields: dict[str, Any],
@@ -390,17 +395,5 @@ def _sweep(
     )
     if not state.is_main_process:
         return 0  # the main process writes the table and figures, once
-    if figures:
-        paths = write_report(records, grid["output"])
-        paths.update(write_layer_report(records, probes, grid["output"], top or PROBE_TOP))
-        print(paths["table"].read_text())
-        print("figures: " + ", ".join(str(p) for key, p in paths.items() if key != "table"))
-    else:
-        print(markdown_table(summarize(records)))
-        if probes:
-            print(layers_markdown(probes, records, top))
-    print(f"results: {grid['results']} ({len(records)} runs)")
-    if probes:
-        print(f"layer probes: {probes_path(grid['results'])} ({len(probes)} records)")
-        print("\n".join(best_layers_lines(probes, top)))
+    report(records, probes, grid, figures)
     return 0

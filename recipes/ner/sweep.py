@@ -12,6 +12,7 @@ import argparse
 
 from ..core.cells import grid_cells, grid_keys, longest_first, planned_runs
 from ..core.sweep import _UnitRunner, run_cells, run_sweep
+from ..reporting.sweep_report import print_sweep_report
 from .settings import resolve
 
 __all__ = [
@@ -45,7 +46,7 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
         0
     """
     settings, grid = resolve(args)
-    return run_sweep(settings, grid, figures, config=getattr(args, "config", None))
+    return run_sweep(settings, grid, print_sweep_report, figures, config=getattr(args, "config", None))
 
 
 def ner_main(args: argparse.Namespace) -> int:

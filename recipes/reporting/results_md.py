@@ -16,7 +16,7 @@ block's sweep command.
 
 The command that runs the grid: the reserved parameter ``task=`` names it, ``sweep`` (NER) when
 absent; any command of ``layerfusion`` whose options take a grid file (``--config``, ``--methods``,
-``--output``: :func:`grid_commands`, from the command table of :mod:`layerfusion_recipes.cli`), e.g.
+``--output``: :func:`grid_commands`, from the command table of :mod:`layerfusion_recipes.commands`), e.g.
 ``task=classify``. The grid file and the other parameters are read with that command's options, and
 the block shows that command. The grid's results are tabulated by their own metric (``classify``:
 test accuracy, then the same tables for macro-F1).
@@ -173,7 +173,7 @@ from ..arguments import (
     add_seq2seq_arguments,
     lr_grid,
 )
-from ..cli import COMMANDS
+from ..commands import COMMANDS
 from ..core.demo import demo_model_path
 from ..core.errors import UserError, is_user_error, one_line
 from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES

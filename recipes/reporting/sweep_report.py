@@ -1,0 +1,46 @@
+"""What a sweep of ``layerfusion ner`` / ``sweep`` / ``classify`` shows when its runs are done: the
+summary table (with ``figures``: ``table.md`` and the figures written to the output folder), the layer
+probes' tables, the results file and the best layers. The tasks pass :func:`print_sweep_report` to
+:func:`~layerfusion_recipes.core.sweep.run_sweep` (the core does not import the reporting)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..arguments import PROBE_TOP
+from ..core.probes import probes_path
+from .layers import best_layers_lines, layers_markdown, write_layer_report
+from .plot import markdown_table, summarize, write_report
+
+
+def print_sweep_report(
+    records: list[dict[str, Any]], probes: list[dict[str, Any]], grid: dict[str, Any], figures: bool
+) -> None:
+    """Print the sweep's table (and write ``table.md`` and the figures with ``figures``), then where
+    its records are and, with layer probes, their tables and the best layers.
+
+    Args:
+        records: The runs of the sweep's cells (old and new).
+        probes: The layer probes' records (empty without ``probe_layers``).
+        grid: The resolved grid (``output``, ``results``, ``probe_layers``).
+        figures: Also write ``table.md`` and the figures into ``grid["output"]``.
+
+    Example:
+        >>> print_sweep_report(records, [], {"output": "out", "results": "out/results.jsonl"}, False)
+        | ... table ... |
+        results: out/results.jsonl (40 runs)
+    """
+    top = grid.get("probe_layers")
+    if figures:
+        paths = write_report(records, grid["output"])
+        paths.update(write_layer_report(records, probes, grid["output"], top or PROBE_TOP))
+        print(paths["table"].read_text())
+        print("figures: " + ", ".join(str(p) for key, p in paths.items() if key != "table"))
+    else:
+        print(markdown_table(summarize(records)))
+        if probes:
+            print(layers_markdown(probes, records, top))
+    print(f"results: {grid['results']} ({len(records)} runs)")
+    if probes:
+        print(f"layer probes: {probes_path(grid['results'])} ({len(probes)} records)")
+        print("\n".join(best_layers_lines(probes, top)))
