@@ -629,10 +629,10 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
         "--lr",
         nargs="+",
         type=learning_rate,
-        help="Max learning rate(s), finite and > 0. Each LR is its own run (same seed, data and masks) "
-        "written to mlm-METHOD-REGIME-lrLR.json; the LR with the lowest dev (held-out) perplexity is "
-        "selected (ties to the smaller; test perplexity never chooses) and summarised in "
-        "mlm-METHOD-REGIME.json, flagged when at the edge of the grid. Default: per regime "
+        help="Max learning rate(s), finite and > 0. Each LR is its own run (same seed, data and masks), "
+        "one record in OUTPUT/results.jsonl; the LR with the lowest dev (held-out) perplexity is "
+        "selected (ties to the smaller; test perplexity never chooses) and printed, flagged when at "
+        "the edge of the grid. Default: per regime "
         f"({describe_lr_grids(DEFAULT_MLM_LR_GRIDS)}). One value: no selection.",
     )
     _add_mlm_block_arguments(parser)
@@ -673,9 +673,9 @@ def _add_mlm_block_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output",
         default="layerfusion-results",
-        help="Folder for one mlm-METHOD-REGIME-lrLR.json per LR and the summary mlm-METHOD-REGIME.json "
-        "(default: layerfusion-results). Re-running skips an LR whose file holds the same settings "
-        "and re-runs it otherwise.",
+        help="Folder of results.jsonl, one record per run (default: layerfusion-results). Re-running "
+        "skips a run finished with the same settings (also one of an older folder's "
+        "mlm-METHOD-REGIME-lrLR.json files) and runs it otherwise.",
     )
 
 

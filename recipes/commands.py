@@ -51,12 +51,12 @@ cache. `accelerate launch -m layerfusion_recipes.cli classify ...` divides the r
 MLM_DESCRIPTION = """\
 Masked-LM perplexity with a fusion method and a regime: the fused state replaces z_L as the
 LM head's input. Each LR of the grid (--lr, else the regime's default) is one run with the
-same seed, data and masks, written to OUTPUT/mlm-METHOD-REGIME-lrLR.json; re-running skips a
-run whose file holds the same settings and re-runs it otherwise. The LR with the lowest dev
-(held-out) perplexity is selected, ties to the smaller; test perplexity never chooses.
-OUTPUT/mlm-METHOD-REGIME.json summarises: the selected LR, the test perplexity of its best dev
-checkpoint, every LR's dev and test perplexity, and at_edge (a warning is printed too) when the
-selected LR is the smallest or largest of the grid.
+same seed, data and masks, appended as one record to OUTPUT/results.jsonl (keyed by its
+settings, as the sweeps key theirs); re-running skips a run finished with the same settings
+and runs it otherwise. The LR with the lowest dev (held-out) perplexity is selected, ties to
+the smaller; test perplexity never chooses. The command prints the selected LR, the test
+perplexity of its best dev checkpoint and every LR's, with a warning when the selected LR is
+the smallest or largest of the grid; `layerfusion report` tabulates a folder's records.
 """
 
 

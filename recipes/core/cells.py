@@ -23,6 +23,7 @@ from peft_layerfusion.registration import method_named
 
 from ..arguments import FULL_TRAIN
 from .models import PLAIN_HEAD
+from .records import unit_key
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def record_key(cell: Cell, lr: float, setup: str) -> str:
         >>> record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
         'dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
     """
-    return f"{cell.key}|lr={float(lr)!r}|{setup}"
+    return unit_key(cell.key, lr, setup)
 
 
 def sample_seed(shots: int, trial: int) -> int:

@@ -20,8 +20,6 @@ picks the LR per cell on dev.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,6 +37,7 @@ from .cells import Cell, lrs_train_together, reads_head_positions_only, record_k
 from .feature_cache import ALL_POSITIONS, CachePlan, FeatureCache, KeptPositions, plan_cache, storage_dtype
 from .fitting import RunResult, TrainSettings, fit
 from .models import adapter_summary, apply_regime, check_head_modules, check_length, regime_options
+from .records import fingerprint
 from .runner import Runner, Scorer, StackedRunner, depth_attention_profile
 
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
@@ -127,8 +126,7 @@ class TaskSettings:
             >>> ExperimentSettings("m", "d").setup() == ExperimentSettings("m", "e").setup()
             False
         """
-        text = json.dumps(self.setup_fields(), sort_keys=True, default=str)
-        return hashlib.sha1(text.encode()).hexdigest()[:12]
+        return fingerprint(self.setup_fields())
 
     def setup_fields(self) -> dict[str, Any]:
         """The :attr:`SETUP_FIELDS` of these settings (paths made absolute), as stored in records."""

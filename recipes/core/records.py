@@ -10,14 +10,22 @@ already there (two sweeps on one output never write a cell twice), and reading k
 record of a key (files written before the lock count each cell once too).
 
 :func:`append_line` appends a line without a key the same way (the sweeps' log, ``sweeps.jsonl``).
+
+Keys: every task keys a run the same way, :func:`unit_key`: its cell, its LR and the :func:`fingerprint`
+of the settings that change its result (never the grid it ran in), e.g.
+``dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b`` (NER, classify), ``dwatt|fe|0|lr=0.001|...`` (the masked
+LM), ``vanilla|0|lr=0.003|...`` (seq2seq). Resuming (:func:`finished_records`, :func:`run_or_resume`)
+reads the results file and, for a folder written before a task kept one, its older files read as
+records with the same keys; a unit whose key is there is not run again.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -113,3 +121,66 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 def finished_keys(path: str | os.PathLike) -> set[str]:
     """Keys of the cells already in the results file."""
     return {record["key"] for record in read_records(path)}
+
+
+def fingerprint(fields: Mapping[str, Any]) -> str:
+    """12 hex digits that name ``fields`` (the settings that change a result): the SHA-1 of their
+    JSON, keys sorted (values JSON cannot write are written as ``str``).
+
+    Example:
+        >>> fingerprint({"epochs": 3, "model": "/m"}) == fingerprint({"model": "/m", "epochs": 3})
+        True
+    """
+    text = json.dumps(dict(fields), sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def unit_key(cell: str, lr: float, setup: str) -> str:
+    """Key of the record of ``cell`` (its place in a task's grid, ``|``-joined) run at max LR ``lr``
+    under the settings of fingerprint ``setup`` (:func:`fingerprint`).
+
+    Example:
+        >>> unit_key("dwatt|fe|8|25|0", 1e-3, "3f2a9c0d1e4b")
+        'dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+    """
+    return f"{cell}|lr={float(lr)!r}|{setup}"
+
+
+def finished_records(
+    path: str | os.PathLike, legacy: Iterable[dict[str, Any]] = ()
+) -> dict[str, dict[str, Any]]:
+    """The finished runs by key: the results file's (:func:`read_records`), then the ``legacy`` records
+    (a task's older files read as records, each with its ``key``) whose key it does not hold.
+
+    Example:
+        >>> finished = finished_records("out/results.jsonl", legacy_records(Path("out")))
+        >>> sorted(finished)[0]
+        'dwatt|fe|0|lr=0.001|3f2a9c0d1e4b'
+    """
+    finished = {record["key"]: record for record in read_records(path)}
+    for record in legacy:
+        finished.setdefault(record["key"], record)
+    return finished
+
+
+def run_or_resume(
+    path: str | os.PathLike,
+    finished: dict[str, dict[str, Any]],
+    key: str,
+    run: Callable[[], dict[str, Any]],
+) -> tuple[dict[str, Any], bool]:
+    """The record of ``key``: the finished one, else ``run()``'s, appended to ``path`` under ``key``
+    (:func:`append_record`) and added to ``finished``.
+
+    Returns:
+        ``(record, trained)``: ``trained`` is False when the record was finished earlier.
+
+    Example:
+        >>> record, trained = run_or_resume("out/results.jsonl", finished, key, lambda: {"dev_ppl": 20.0})
+    """
+    if key in finished:
+        return finished[key], False
+    record = {**run(), "key": key}
+    append_record(path, record)
+    finished[key] = record
+    return record, True

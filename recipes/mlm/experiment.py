@@ -9,12 +9,14 @@ checkpoint with the best dev loss.
 
 Learning rates: each LR of the grid (``--lr``, else the regime's
 :data:`~layerfusion_recipes.arguments.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
-and masks, written atomically to ``mlm-METHOD-REGIME-lrLR.json`` (:func:`run_file_name`) with the
-settings that change its result (``MlmSettings.run_settings``). Re-running skips a run whose file holds
-the same settings and re-runs it otherwise. The LR with the lowest dev perplexity is selected
-(ties to the smaller; test perplexity never chooses) and :func:`summarize` writes
-``mlm-METHOD-REGIME.json``: the selected LR, its dev and test perplexity, every LR's, and
-``at_edge`` when the selected LR is the smallest or largest of a grid of two or more.
+and masks, appended as one record to ``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.mlm.records`:
+keyed by its method, regime, seed, LR and the settings that change its result,
+``MlmSettings.run_settings``). Re-running skips a run whose key is there (also a run file of a folder
+written before the results file) and runs it otherwise. The LR with the lowest dev perplexity is
+selected (:func:`~layerfusion_recipes.core.selection.select_then_repeat`; ties to the smaller; test
+perplexity never chooses) and :func:`~layerfusion_recipes.mlm.records.summarize` gives the selected
+LR, its dev and test perplexity, every LR's, and ``at_edge`` when the selected LR is the smallest or
+largest of a grid of two or more (printed; ``layerfusion report`` tabulates a folder's records).
 
 Data: ``--data`` is a folder with ``train.txt``/``valid.txt``/``test.txt`` (one paragraph a
 line, WikiText style) or a Hub name (``wikitext-2-raw-v1``, online only). Offline there is
@@ -26,12 +28,11 @@ on ``test.txt`` and says so in its output and files. Scales with ``accelerate la
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peft_layerfusion.layer import fused_positions
-from peft_layerfusion.utils import atomic_write_json, eval_mode
+from peft_layerfusion.utils import eval_mode
 
 from ..core.errors import DataSourceError, first_line
 from ..core.loop import TrainingLoop, restore, snapshot
@@ -54,14 +55,13 @@ from ..core.models import (
     model_skeleton,
     trainable_parameters,
 )
+from ..core.records import finished_records, run_or_resume
 from ..core.selection import select_then_repeat
-from ..core.summary import Layout, fields, summarize_groups
 from ..core.sweep_log import peak_rss_mb
 from ..data.locations import looks_like_hub_name
 from ..data.readers import IGNORE_INDEX, read_text
+from .records import legacy_records, lr_label, results_file, run_key, summarize
 from .settings import MlmSettings
-
-SELECTION_RULE = "lowest dev perplexity (held-out split), ties to the smaller LR; test perplexity not used"
 
 
 @dataclass
@@ -362,124 +362,13 @@ def run_record(
     return record | ({"curve": curve} if curve is not None else {}) | {"data": note, **details}
 
 
-def lr_label(lr: float) -> str:
-    """The LR as written in file names and output: Python's shortest exact form.
-
-    Example:
-        >>> lr_label(1e-3), lr_label(3e-5)
-        ('0.001', '3e-05')
-    """
-    return repr(float(lr))
-
-
-def run_file_name(method: str, regime: str, lr: float) -> str:
-    """File of one run, e.g. ``mlm-dwatt-fe-lr0.001.json``.
-
-    Args:
-        method: Fusion method.
-        regime: Training regime.
-        lr: The run's max LR (written by :func:`lr_label`).
-
-    Example:
-        >>> run_file_name("dwatt", "fe", 1e-3)
-        'mlm-dwatt-fe-lr0.001.json'
-    """
-    return f"mlm-{method}-{regime}-lr{lr_label(lr)}.json"
-
-
-def summary_file_name(method: str, regime: str) -> str:
-    """File of the LR selection of (method, regime), e.g. ``mlm-dwatt-fe.json``.
-
-    Example:
-        >>> summary_file_name("dwatt", "fe")
-        'mlm-dwatt-fe.json'
-    """
-    return f"mlm-{method}-{regime}.json"
-
-
-def finished_record(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The record in ``path`` if it was written under ``settings``; ``None`` if missing, unreadable or stale.
-
-    Args:
-        path: A run's file.
-        settings: The run's current ``MlmSettings.run_settings``.
-
-    Example:
-        >>> finished_record(Path("out/mlm-dwatt-fe-lr0.001.json"), settings.run_settings(1e-3))
-    """
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("settings") == settings else None
-
-
-# one grid of `layerfusion mlm`: its runs by LR (one seed), selected on dev perplexity, lower is better
-MLM_LAYOUT = Layout(
-    setting=lambda record: record["regime"],
-    dev=lambda record: record["dev_ppl"],
-    lower_is_better=True,
-    metrics=fields("dev_ppl", "test_ppl"),
-)
-
-
-def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The summary of one (method, regime) grid: the LR selected on dev and the test perplexity there
-    (the one summariser, :func:`~layerfusion_recipes.core.summary.summarize_groups`, with :data:`MLM_LAYOUT`).
-
-    Args:
-        records: One run record per LR (same settings but the LR), each with ``lr``, ``dev_ppl``,
-            ``test_ppl``, ``method``, ``regime``, ``model``, ``data`` and ``settings``.
-
-    Returns:
-        ``method``, ``regime``, ``model``, ``selected_lr``; ``dev_ppl`` and ``test_ppl`` at it; ``at_edge``
-        (the selected LR is the smallest or largest of 2+); ``lrs``; ``runs`` (``lr``, ``dev_ppl``,
-        ``test_ppl``, ``file`` per LR, ascending); ``selection`` (the rule); ``data`` (where the
-        splits came from); ``settings`` (the runs' settings but the LR).
-
-    Example:
-        >>> summarize(records)["selected_lr"]  # the lowest dev_ppl's, whatever test_ppl says
-        0.001
-    """
-    if not records:
-        raise ValueError("summarize needs at least one run record")
-    groups = summarize_groups(records, MLM_LAYOUT)
-    if len(groups) > 1:
-        raise ValueError(f"summarize: the runs of one (method, regime) grid, got {[k[::-1] for k in groups]}")
-    (group,) = groups.values()
-    (chosen,) = group.runs.values()
-    runs = [
-        {
-            "lr": lr,
-            "dev_ppl": group.by_lr["dev_ppl"][lr],
-            "test_ppl": group.by_lr["test_ppl"][lr],
-            "file": run_file_name(group.method, chosen["regime"], lr),
-        }
-        for lr in group.lrs
-    ]
-    return {
-        "method": group.method,
-        "regime": chosen["regime"],
-        "model": chosen["model"],
-        "selected_lr": group.lr,
-        "dev_ppl": chosen["dev_ppl"],
-        "test_ppl": chosen["test_ppl"],
-        "at_edge": group.at_edge,
-        "lrs": group.lrs,
-        "runs": runs,
-        "selection": SELECTION_RULE,
-        "data": chosen["data"],
-        "settings": {name: value for name, value in chosen["settings"].items() if name != "lr"},
-    }
-
-
 def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every LR of the grid (skipping finished ones), select on dev; returns the summary.
 
-    Each run is written to ``output``/:func:`run_file_name` with its ``settings.run_settings``; the
-    summary (:func:`summarize`) to ``output``/:func:`summary_file_name`, which is removed first
-    when some LR has to run (a killed grid leaves no summary of other runs). The data are prepared
-    only if some LR has to run.
+    Each run is appended to ``output``/``results.jsonl`` under its key
+    (:func:`~layerfusion_recipes.mlm.records.run_key` of its ``settings.run_settings``); a key already
+    there, or in a run file of an older folder (:func:`~layerfusion_recipes.mlm.records.legacy_records`),
+    is not run again. The data are prepared only if some LR has to run.
 
     Args:
         settings: The grid (:meth:`~layerfusion_recipes.mlm.settings.MlmSettings.from_args`).
@@ -490,31 +379,26 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
         >>> summary["selected_lr"], summary["test_ppl"]
     """
     check_model(settings)
-    output = Path(settings.output)
-    summary_path = output / summary_file_name(settings.method, settings.regime)
-    stored = {lr: settings.run_settings(lr) for lr in settings.lrs}
-    paths = {lr: output / run_file_name(settings.method, settings.regime, lr) for lr in settings.lrs}
-    finished = {lr: finished_record(paths[lr], stored[lr]) for lr in settings.lrs}
-    if any(record is None for record in finished.values()):
-        summary_path.unlink(missing_ok=True)  # it describes other runs; back when this grid is done
+    path = results_file(settings.output)
+    finished = finished_records(path, legacy_records(Path(settings.output)))
     data: list[MlmData] = []  # prepared once, only if some LR has to run
 
     def run(lr: float, seed: int) -> dict[str, Any]:
-        record = finished[lr]
-        if record is None:
+        stored = settings.run_settings(lr)
+
+        def train() -> dict[str, Any]:
             data[:] = data or [prepare_data(settings)]
             started, load = time.perf_counter(), os.getloadavg()[0]
-            record = {**train_at_lr(settings, data[0], lr), "settings": stored[lr]}
-            record.update(run_cost(started, load))
-            atomic_write_json(paths[lr], record)
+            record = {**train_at_lr(settings, data[0], lr), "settings": stored}
+            return record | run_cost(started, load)
+
+        record, trained = run_or_resume(path, finished, run_key(stored), train)
         if progress is not None:
-            progress(run_line(record, paths[lr], skipped=finished[lr] is not None))
+            progress(run_line(record, path, skipped=not trained))
         return record
 
     _, records = select_then_repeat(settings.lrs, [settings.seed], run, lambda r: r["dev_ppl"], True)
-    summary = summarize(records)
-    atomic_write_json(summary_path, summary)
-    return summary
+    return summarize(records)
 
 
 def run_cost(started: float, load: float) -> dict[str, float | int | None]:
@@ -548,12 +432,12 @@ def run_line(record: dict[str, Any], path: Path, skipped: bool) -> str:
 
     Args:
         record: The run's record.
-        path: Its file.
+        path: The results file it is in.
         skipped: Whether it was finished earlier (under the same settings) rather than trained now.
 
     Example:
-        >>> run_line(record, Path("out/mlm-dwatt-fe-lr0.001.json"), skipped=False)
-        'lr 0.001: dev perplexity 21.403, test perplexity 22.118 (trained; out/mlm-dwatt-fe-lr0.001.json)'
+        >>> run_line(record, Path("out/results.jsonl"), skipped=False)
+        'lr 0.001: dev perplexity 21.403, test perplexity 22.118 (trained; out/results.jsonl)'
     """
     how = "finished earlier with these settings, skipped" if skipped else "trained"
     return (
@@ -563,14 +447,14 @@ def run_line(record: dict[str, Any], path: Path, skipped: bool) -> str:
 
 
 def summary_line(summary: dict[str, Any], path: Path) -> str:
-    """The one-line result of a grid: the selected LR, its dev and test perplexity, the file.
+    """The one-line result of a grid: the selected LR, its dev and test perplexity, the results file.
 
     Args:
-        summary: A :func:`summarize` result.
-        path: The summary's file.
+        summary: A :func:`~layerfusion_recipes.mlm.records.summarize` result.
+        path: The results file of its runs.
 
     Example:
-        >>> summary_line(summary, Path("out/mlm-dwatt-fe.json"))
+        >>> summary_line(summary, Path("out/results.jsonl"))
         'dwatt (fe): lr 0.001 selected on dev of [0.0003, 0.001, 0.003]: dev perplexity 21.403, ...'
     """
     grid = ", ".join(map(lr_label, summary["lrs"]))
@@ -585,7 +469,8 @@ def edge_warning(summary: dict[str, Any]) -> str | None:
     """A warning line when the selected LR is at the edge of its grid, else ``None``.
 
     Args:
-        summary: A :func:`summarize` result (``at_edge``, ``selected_lr``, ``lrs``).
+        summary: A :func:`~layerfusion_recipes.mlm.records.summarize` result (``at_edge``,
+            ``selected_lr``, ``lrs``).
 
     Example:
         >>> edge_warning({"at_edge": True, "selected_lr": 3e-3, "lrs": [3e-4, 1e-3, 3e-3]})
@@ -617,7 +502,7 @@ def mlm_main(args: argparse.Namespace) -> int:
     settings = MlmSettings.from_args(args)
     summary = run_mlm(settings, progress=lambda line: print(line, flush=True))  # runs take minutes
     print(f"data: {summary['data']}")
-    print(summary_line(summary, Path(settings.output) / summary_file_name(settings.method, settings.regime)))
+    print(summary_line(summary, results_file(settings.output)))
     warning = edge_warning(summary)
     if warning is not None:
         print(f"layerfusion mlm: {warning}", file=sys.stderr)

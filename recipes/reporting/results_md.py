@@ -63,23 +63,24 @@ commands. A language without its folder ``<output>/L`` stops with an error namin
 the folder.
 
 MLM summary: the reserved name ``mlm`` (no grid file is read: ``layerfusion mlm`` runs are not
-sweeps) shows the LR-grid summaries ``mlm-METHOD-REGIME.json`` of one ``layerfusion mlm --output``
-folder, its only parameter::
+sweeps) shows the LR grids of one ``layerfusion mlm --output`` folder, its only parameter::
 
     <!-- generated: mlm output=benchmarks/results/mlm_lr -->
     <!-- end generated: mlm output=benchmarks/results/mlm_lr -->
 
-The block has one table, a row per regime and a column per method (both in the registry's order),
-each cell the test perplexity (dev perplexity) at the LR (@) selected on dev, ⚠ when that LR is at
-the edge of its grid; then one line per (method, regime) with the dev perplexity of every LR; then
-what does not add up, said in the block rather than mixed silently: a summary without its runs (an
-older file: left out of the table), run files it names that are missing, settings (data, epochs,
-blocks...) that differ between the summaries; then one cost line (the runs, their wall time summed
-from the run files' ``seconds``, the largest ``peak_rss_mb``, torch's threads and the highest load at
-a run's start; files older than that timing are counted and said); then one ``layerfusion mlm``
-command per summary, built from its stored settings (the options not at their default; ``--model``
-unless the demo encoder, ``--lr`` unless the regime's default grid; a path under the repository's
-parent folder, as ``../shared/data``, relative to the root).
+The grids come from the folder's records (``results.jsonl``; in a folder written before it, the run
+files ``mlm-METHOD-REGIME-lrLR.json``, read as records: :mod:`layerfusion_recipes.mlm.records`): per
+(method, regime) the runs under the settings of its last run, the LR selected on dev again. The block
+has one table, a row per regime and a column per method (both in the registry's order), each cell the
+test perplexity (dev perplexity) at the LR (@) selected on dev, ⚠ when that LR is at the edge of its
+grid; then one line per (method, regime) with the dev perplexity of every LR; then what does not add
+up, said in the block rather than mixed silently: runs under other settings than their grid's (left
+out of the table), settings (data, epochs, blocks...) that differ between the grids; then one cost
+line (the runs, their wall time summed from the records' ``seconds``, the largest ``peak_rss_mb``,
+torch's threads and the highest load at a run's start; runs older than that timing are counted and
+said); then one ``layerfusion mlm`` command per grid, built from its stored settings (the options not
+at their default; ``--model`` unless the demo encoder, ``--lr`` unless the regime's default grid; a
+path under the repository's parent folder, as ``../shared/data``, relative to the root).
 
 Other seeds: the optional parameter ``seeds=`` (comma-separated folders) names ``layerfusion mlm
 --seed S --lr LR --output`` folders that re-ran methods at the LR the block's grid selected, one seed
@@ -92,7 +93,7 @@ The block then adds a table of test perplexity, mean ± 95% t-CI over the seeds 
 run is its seed's), the per-seed values, the per-seed paired differences to the plain head
 (``none``), each folder's cost line and its commands. A seed run at another LR than the grid's
 choice, with settings that differ in more than seed and LR, or with a seed already counted is left
-out and said, as is a seed folder's summary file that is not one of an LR grid (an older file).
+out and said, as are a seed folder's runs under other settings.
 
 Grids side by side: the reserved parameter ``join=`` (comma-separated grid names) shows the records of
 the named grids' results together with the block's own grid's, in ONE table::
@@ -182,7 +183,8 @@ from ..core.records import read_records
 from ..core.settings import load_config, option, results_path
 from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
-from ..mlm.experiment import SELECTION_RULE, lr_label, summary_file_name
+from ..mlm import records as mlm_records
+from ..mlm.records import SELECTION_RULE, folder_grids, lr_label, read_mlm_records
 from ..mlm.settings import RESULT_SETTINGS, mlm_lr_grid
 from ..seq2seq.experiment import METHOD_NAMES as SEQ2SEQ_METHOD_NAMES
 from ..seq2seq.experiment import RUN_TABLE_HEADER, run_row, summary_table
@@ -217,7 +219,6 @@ MLM = "mlm"  # reserved name: the `layerfusion mlm` summaries of a folder, no gr
 SEQ2SEQ = "seq2seq"  # reserved name: the results.json of a `layerfusion seq2seq --output` folder
 SEQ2SEQ_FILE = "results.json"
 REPORT = "report"  # reserved name: a benchmark script's saved report (`--output FILE.json`)
-SUMMARY_KEYS = ("selected_lr", "dev_ppl", "test_ppl", "at_edge", "lrs", "runs", "settings")
 ALWAYS_SHOWN = ("data", "method", "regime", "epochs")  # in an MLM command, even at their default
 Params = tuple[tuple[str, str], ...]  # a marker's key=value parameters, in their order
 
@@ -690,42 +691,48 @@ def render_languages_block(block: Block, root: Path) -> str:
     )
 
 
-def read_mlm_summaries(folder: Path) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, list[str]]]:
-    """The LR-grid summaries ``mlm-METHOD-REGIME.json`` of a ``layerfusion mlm --output`` folder.
+MlmCell = tuple[str, str]  # (method, regime)
+
+
+@dataclass(frozen=True)
+class MlmFolder:
+    """The LR grids of a ``layerfusion mlm --output`` folder, from its records.
 
     Args:
-        folder: The folder (the per-LR files in it are not read).
+        summaries: Per (method, regime), regimes then methods in the registry's order, the summary of
+            its grid (:func:`~layerfusion_recipes.mlm.records.summarize`).
+        runs: The records behind each summary.
+        left_out: Per (method, regime), the runs under other settings than its grid's (only where some
+            are; :func:`~layerfusion_recipes.mlm.records.folder_grids`).
+    """
 
-    Returns:
-        The summaries by (method, regime), regimes then methods in the registry's order, and the
-        summary files left out, each with the keys it lacks (runs, settings...: an older
-        ``layerfusion mlm``).
+    summaries: dict[MlmCell, dict[str, Any]]
+    runs: dict[MlmCell, list[dict[str, Any]]]
+    left_out: dict[MlmCell, int]
+
+
+def read_mlm_folder(folder: Path) -> MlmFolder:
+    """The LR grids of a ``layerfusion mlm --output`` folder: its records (``results.jsonl`` and the run
+    files of an older folder, :func:`~layerfusion_recipes.mlm.records.read_mlm_records`), each (method,
+    regime) selected on dev again.
 
     Raises:
-        ValueError: A summary file that is not JSON.
+        ValueError: A record that lacks what a summary needs.
 
     Example:
-        >>> summaries, left_out = read_mlm_summaries(Path("benchmarks/results/mlm_lr"))
-        >>> summaries["dwatt", "fe"]["selected_lr"]
+        >>> read_mlm_folder(Path("benchmarks/results/mlm_lr")).summaries["dwatt", "fe"]["selected_lr"]
+        0.001
     """
-    summaries, left_out = {}, {}
-    for regime in REGIME_NAMES:
-        for method in METHOD_NAMES:
-            path = folder / summary_file_name(method, regime)
-            if not path.is_file():
-                continue
-            try:
-                summary = json.loads(path.read_text(encoding="utf-8"))
-            except ValueError as error:
-                raise ValueError(f"{path}: not a JSON file ({one_line(error)})") from error
-            if not isinstance(summary, dict):
-                raise ValueError(f"{path}: not a JSON object")
-            missing = [key for key in SUMMARY_KEYS if summary.get(key) in (None, [])]  # absent or empty
-            if missing:
-                left_out[path.name] = missing
-            else:
-                summaries[method, regime] = summary
-    return summaries, left_out
+    grids, left_out = folder_grids(read_mlm_records(folder))
+    order = [(method, regime) for regime in REGIME_NAMES for method in METHOD_NAMES]
+    cells = [cell for cell in order if cell in grids] + [cell for cell in grids if cell not in order]
+    summaries = {}
+    for cell in cells:
+        try:
+            summaries[cell] = mlm_records.summarize(grids[cell])
+        except KeyError as error:
+            raise ValueError(f"{folder}: a run of {' '.join(cell)} has no {error}") from error
+    return MlmFolder(summaries, {cell: grids[cell] for cell in cells}, left_out)
 
 
 def _labels_by_value(
@@ -742,27 +749,17 @@ def _grouped(groups: dict[str, list[str]]) -> str:
     return "; ".join(f"{value} ({', '.join(labels)})" for value, labels in groups.items())
 
 
-def mlm_problems(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path) -> list[str]:
-    """What does not add up between MLM summaries: run files missing from ``folder``, and settings
-    (but the method and the regime) that differ between summaries.
+def mlm_problems(summaries: dict[MlmCell, dict[str, Any]]) -> list[str]:
+    """What does not add up between MLM summaries: settings (but the method and the regime) that differ.
 
     Args:
-        summaries: :func:`read_mlm_summaries`'s.
-        folder: Their folder.
+        summaries: :func:`read_mlm_folder`'s.
 
     Example:
-        >>> folder = Path("benchmarks/results/mlm_lr")
-        >>> mlm_problems(read_mlm_summaries(folder)[0], folder)
+        >>> mlm_problems(read_mlm_folder(Path("benchmarks/results/mlm_lr")).summaries)
         []
     """
     problems = []
-    for (method, regime), summary in summaries.items():
-        missing = [run["file"] for run in summary["runs"] if not (folder / run["file"]).is_file()]
-        if missing:
-            problems.append(
-                f"⚠ `{summary_file_name(method, regime)}`: its run files are missing: {', '.join(missing)} "
-                "(the table shows the summary's numbers)."
-            )
     names = dict.fromkeys(name for summary in summaries.values() for name in summary["settings"])
     for name in names:
         if name in ("method", "regime"):
@@ -775,22 +772,18 @@ def mlm_problems(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path)
     return problems
 
 
-def mlm_cost_line(summaries: dict[tuple[str, str], dict[str, Any]], folder: Path) -> str:
-    """The cost of the runs behind ``summaries``: their number, wall time summed over the runs whose
-    files say it (``seconds``), the largest ``peak_rss_mb`` and, where the files record them, torch's
-    threads and the highest 1-minute load average at a run's start (as :func:`cost_line` says them
-    for a sweep); files written before `layerfusion mlm` timed its runs are counted and said.
+def mlm_cost_line(runs: Sequence[dict[str, Any]]) -> str:
+    """The cost of ``runs`` (the records behind a folder's summaries): their number, wall time summed
+    over the runs that say it (``seconds``), the largest ``peak_rss_mb`` and, where the records have
+    them, torch's threads and the highest 1-minute load average at a run's start (as :func:`cost_line`
+    says them for a sweep); runs written before `layerfusion mlm` timed its runs are counted and said.
 
     Example:
-        >>> folder = Path("benchmarks/results/mlm_lr")
-        >>> mlm_cost_line(read_mlm_summaries(folder)[0], folder)
+        >>> folder = read_mlm_folder(Path("benchmarks/results/mlm_lr"))
+        >>> mlm_cost_line([run for runs in folder.runs.values() for run in runs])
         '28 runs; wall time 1 h 52 min 07 s, peak RSS 2.5 GB, threads 1, 1-min load average at the starts ...'
     """
-    records = []
-    for summary in summaries.values():
-        for run in summary["runs"]:
-            path = folder / run["file"]
-            records.append(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {})
+    records = list(runs)
     timed = [record for record in records if record.get("seconds") is not None]
     text = f"{len(records)} runs"
     if not timed:
@@ -813,7 +806,7 @@ def mlm_cell(summary: dict[str, Any]) -> str:
     """One cell of the MLM table: test perplexity (dev perplexity) at the selected LR, ⚠ at the edge.
 
     Args:
-        summary: A ``mlm-METHOD-REGIME.json`` summary.
+        summary: A summary of :func:`read_mlm_folder`.
 
     Example:
         >>> mlm_cell({"test_ppl": 21.234, "dev_ppl": 20.5, "selected_lr": 0.003, "at_edge": True})
@@ -827,10 +820,10 @@ def mlm_table(summaries: dict[tuple[str, str], dict[str, Any]]) -> str:
     """The MLM table: a row per regime, a column per method (registry order), :func:`mlm_cell` cells.
 
     Args:
-        summaries: :func:`read_mlm_summaries`'s, non-empty.
+        summaries: :func:`read_mlm_folder`'s, non-empty.
 
     Example:
-        >>> print(mlm_table(read_mlm_summaries(Path("benchmarks/results/mlm_lr"))[0]))
+        >>> print(mlm_table(read_mlm_folder(Path("benchmarks/results/mlm_lr")).summaries))
     """
     methods = sorted({method for method, _ in summaries}, key=method_rank)
     lines = [markdown_row(["regime", *methods]), "|" + "---|" * (1 + len(methods))]
@@ -844,7 +837,7 @@ def dev_by_lr_line(summary: dict[str, Any]) -> str:
     """The dev perplexity of every LR of one summary's grid, the selected one in bold.
 
     Args:
-        summary: A ``mlm-METHOD-REGIME.json`` summary.
+        summary: A summary of :func:`read_mlm_folder`.
 
     Example:
         >>> runs = [{"lr": 0.001, "dev_ppl": 30.0}, {"lr": 0.003, "dev_ppl": 25.0}]
@@ -926,7 +919,7 @@ def mlm_command(summary: dict[str, Any], output: str, root: Path) -> str:
     command's default; ``--model`` unless the demo encoder; ``--lr`` unless the regime's default grid.
 
     Args:
-        summary: A ``mlm-METHOD-REGIME.json`` summary.
+        summary: A summary of :func:`read_mlm_folder`.
         output: Its folder, as the command's ``--output``.
         root: The repository root (paths under its parent folder are written relative to it).
 
@@ -947,14 +940,14 @@ def mlm_command(summary: dict[str, Any], output: str, root: Path) -> str:
 
 
 def render_mlm_block(block: Block, root: Path) -> str:
-    """The content of an ``mlm`` block: the summaries of its ``output=`` folder (module docstring).
+    """The content of an ``mlm`` block: the LR grids of its ``output=`` folder (module docstring).
 
     Args:
-        block: A block named ``mlm`` with the one parameter ``output=``.
+        block: A block named ``mlm`` with the parameter ``output=`` (and optionally ``seeds=``).
         root: The repository root.
 
     Raises:
-        MarkerError: Other parameters, no folder, or no summary of an LR grid in it.
+        MarkerError: Other parameters, no folder, or no run in it.
 
     Example:
         >>> text = "<!-- generated: mlm output=out -->\\n<!-- end generated: mlm output=out -->"
@@ -969,37 +962,33 @@ def render_mlm_block(block: Block, root: Path) -> str:
         )
     params = dict(block.params)
     output = params["output"]
-    summaries, left_out = _read_mlm_folder(block, root, output)
-    if not summaries:
-        older = f" (without runs or settings: {', '.join(left_out)})" if left_out else ""
-        raise _error(
-            block, f"no summary of an LR grid (mlm-METHOD-REGIME.json) in {output} under {root}{older}"
-        )
+    grids = _read_mlm_folder(block, root, output)
+    summaries = grids.summaries
     data = _labels_by_value(summaries, lambda summary: summary["data"])
     legend = (
         f"Test perplexity (dev perplexity in parentheses) of the run at the LR (@) selected on dev: "
         f"{SELECTION_RULE}. ⚠: the selected LR is the smallest or largest of its grid (the best may lie "
         f"outside it: widen --lr). Data: {next(iter(data)) if len(data) == 1 else _grouped(data)}."
     )
-    notes = left_out_notes(left_out) + mlm_problems(summaries, root / output)
+    notes = left_out_notes(grids.left_out) + mlm_problems(summaries)
     commands = [mlm_command(summary, output, root) for summary in summaries.values()]
     seeds_text = ""
     if "seeds" in params:
         seed_folders, seed_left_out = {}, []
         for name in params["seeds"].split(","):
-            seed_folders[name], older = _read_mlm_folder(block, root, name)
-            seed_left_out += left_out_notes(older, name)
-        seeds_text = mlm_seeds_text(summaries, seed_folders, root, seed_left_out)
+            seed_folders[name] = _read_mlm_folder(block, root, name)
+            seed_left_out += left_out_notes(seed_folders[name].left_out, name)
+        seeds_text = mlm_seeds_text(summaries, seed_folders, seed_left_out)
         commands += [
             mlm_command(summary, name, root)
             for name, other in seed_folders.items()
-            for summary in other.values()
+            for summary in other.summaries.values()
         ]
     return (
         f"{mlm_table(summaries)}\n\n{legend}\n\nDev perplexity by LR (selected in bold):\n\n"
         + "\n".join(map(dev_by_lr_line, summaries.values()))
         + "".join(f"\n\n{note}" for note in notes)
-        + f"\n\n{mlm_cost_line(summaries, root / output)}"
+        + f"\n\n{mlm_cost_line(_all_runs(grids))}"
         + seeds_text
         + "\n\n```\n"
         + "\n".join(commands)
@@ -1007,48 +996,60 @@ def render_mlm_block(block: Block, root: Path) -> str:
     )
 
 
-def left_out_notes(left_out: dict[str, list[str]], folder: str = "") -> list[str]:
-    """One line per summary file :func:`read_mlm_summaries` left out, with the keys it lacks.
+def _all_runs(grids: MlmFolder) -> list[dict[str, Any]]:
+    return [run for runs in grids.runs.values() for run in runs]
+
+
+def left_out_notes(left_out: dict[MlmCell, int], folder: str = "") -> list[str]:
+    """One line per (method, regime) whose folder holds runs under other settings than its grid's
+    (:func:`~layerfusion_recipes.mlm.records.folder_grids`: those of its last run), left out.
 
     Args:
-        left_out: File name -> missing keys.
-        folder: Written before the file name (a seed folder's), if given.
+        left_out: (method, regime) -> the number of runs left out.
+        folder: The folder named in the line (a seed folder's), if given.
 
     Example:
-        >>> left_out_notes({"mlm-dwatt-fe.json": ["runs"]}, "benchmarks/results/mlm_seed1")
-        ['⚠ `benchmarks/results/mlm_seed1/mlm-dwatt-fe.json` has no runs: not the summary of an LR grid ...']
+        >>> left_out_notes({("dwatt", "fe"): 2}, "benchmarks/results/mlm_seed1")
+        ['⚠ `benchmarks/results/mlm_seed1`: 2 runs of dwatt fe under other settings than its last run, ...']
     """
+    where = f"`{folder}`: " if folder else ""
     return [
-        f"⚠ `{folder + '/' if folder else ''}{name}` has no {', '.join(missing)}: not the summary of an LR "
-        "grid (an older `layerfusion mlm`?), left out of the table."
-        for name, missing in left_out.items()
+        f"⚠ {where}{count} run{'s' if count > 1 else ''} of {method} {regime} under other settings than "
+        "its last run, left out of the table."
+        for (method, regime), count in left_out.items()
     ]
 
 
-def _read_mlm_folder(
-    block: Block, root: Path, output: str
-) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, list[str]]]:
-    """:func:`read_mlm_summaries` of ``root / output``; a missing folder or a bad file names the marker."""
+def _read_mlm_folder(block: Block, root: Path, output: str) -> MlmFolder:
+    """:func:`read_mlm_folder` of ``root / output``; a missing folder, a bad record or no run names
+    the marker."""
     folder = root / output
     if not folder.is_dir():
         raise _error(block, f"no folder {output} under {root}")
     try:
-        return read_mlm_summaries(folder)
+        grids = read_mlm_folder(folder)
     except ValueError as error:
         raise _error(block, one_line(error)) from error
+    if not grids.summaries:
+        raise _error(
+            block,
+            f"no `layerfusion mlm` run (results.jsonl, or an older folder's mlm-METHOD-REGIME-lrLR.json "
+            f"with its settings) in {output} under {root}",
+        )
+    return grids
 
 
 SeedScores = dict[tuple[str, str], dict[int, float]]  # (method, regime) -> {seed: test perplexity}
 
 
 def mlm_seed_scores(
-    summaries: dict[tuple[str, str], dict[str, Any]],
-    seed_folders: dict[str, dict[tuple[str, str], dict[str, Any]]],
+    summaries: dict[MlmCell, dict[str, Any]],
+    seed_folders: dict[str, dict[MlmCell, dict[str, Any]]],
 ) -> tuple[SeedScores, list[str]]:
     """Test perplexity per (method, regime) and seed: the grid's selected run, then each seed folder's.
 
     Args:
-        summaries: The LR grid's summaries (:func:`read_mlm_summaries`).
+        summaries: The LR grid's summaries (:func:`read_mlm_folder`).
         seed_folders: Per folder name, the summaries of its runs at other seeds.
 
     Returns:
@@ -1065,7 +1066,7 @@ def mlm_seed_scores(
     problems = []
     for name, others in seed_folders.items():
         for (method, regime), summary in others.items():
-            label = f"`{name}/{summary_file_name(method, regime)}`"
+            label = f"`{name}` {method} {regime}"
             grid = summaries.get((method, regime))
             settings = summary["settings"]
             if grid is None:
@@ -1142,22 +1143,22 @@ def mlm_seeds_table(scores: SeedScores, baseline: str = PLAIN_HEAD) -> str:
 
 
 def mlm_seeds_text(
-    summaries: dict[tuple[str, str], dict[str, Any]],
-    seed_folders: dict[str, dict[tuple[str, str], dict[str, Any]]],
-    root: Path,
+    summaries: dict[MlmCell, dict[str, Any]],
+    seed_folders: dict[str, MlmFolder],
     left_out: Sequence[str] = (),
 ) -> str:
     """The seeds part of an ``mlm`` block (module docstring): tables, per-seed values, what was left
-    out (``left_out``: the seed folders' unreadable summaries, :func:`left_out_notes`; then the seed
-    runs :func:`mlm_seed_scores` leaves out), and each seed folder's cost line."""
-    scores, problems = mlm_seed_scores(summaries, seed_folders)
+    out (``left_out``: the seed folders' runs under other settings, :func:`left_out_notes`; then the
+    seed runs :func:`mlm_seed_scores` leaves out), and each seed folder's cost line."""
+    others = {name: folder.summaries for name, folder in seed_folders.items()}
+    scores, problems = mlm_seed_scores(summaries, others)
     problems = [*left_out, *problems]
     per_seed = [
         f"- {method} {regime}: "
         + ", ".join(f"{value:.2f} (seed {seed})" for seed, value in sorted(values.items()))
         for (method, regime), values in scores.items()
     ]
-    costs = [f"- `{name}`: {mlm_cost_line(other, root / name)}" for name, other in seed_folders.items()]
+    costs = [f"- `{name}`: {mlm_cost_line(_all_runs(folder))}" for name, folder in seed_folders.items()]
     return (
         "\n\nOver seeds, each at the LR selected above on its grid's seed (the seeds change the "
         "initialisation, the order and the masks): test perplexity, mean ± 95% t-CI (n seeds); then "

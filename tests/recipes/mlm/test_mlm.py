@@ -1,5 +1,6 @@
 """Masked LM recipe: splits without a train file, masking, smoke runs that lower perplexity, the LR
-grid (one file per LR, reused only under the same settings) and its selection on dev."""
+grid (one record per LR in results.jsonl, resumed only under the same settings, also from the run
+files of a folder written before it) and its selection on dev."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ import pytest
 import torch
 from conftest import write_tiny_model
 from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
-from layerfusion_recipes.cli import main
+from layerfusion_recipes.cli import build_parser, main
+from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.mlm import experiment as mlm
-from layerfusion_recipes.mlm.experiment import load_text_splits, make_blocks, mask_tokens, summarize
-from layerfusion_recipes.mlm.settings import mlm_lr_grid
+from layerfusion_recipes.mlm.experiment import load_text_splits, make_blocks, mask_tokens
+from layerfusion_recipes.mlm.records import (
+    SELECTION_RULE,
+    folder_grids,
+    read_mlm_records,
+    run_key,
+    summarize,
+)
+from layerfusion_recipes.mlm.settings import MlmSettings, mlm_lr_grid
 
 TEXT = " = Heading = \n\n" + "\n".join(
     "alice went to paris and bob met alice in london today ." for _ in range(60)
@@ -61,20 +70,36 @@ def _read(path) -> dict:
     return json.loads(path.read_text())
 
 
+def _runs(output, method: str = "dwatt", regime: str = "fe") -> dict[float, dict]:
+    """The records of ``output``'s results file of (method, regime) by LR (the last one of an LR)."""
+    return {
+        record["lr"]: record
+        for record in read_records(output / "results.jsonl")
+        if (record["method"], record["regime"]) == (method, regime)
+    }
+
+
+def _summary(output, method: str = "dwatt", regime: str = "fe") -> dict:
+    """The summary of (method, regime) that ``layerfusion report`` makes of ``output``'s records."""
+    return summarize(folder_grids(read_mlm_records(output))[0][method, regime])
+
+
 def test_mlm_cli_trains_every_lr_and_selects_on_dev(tiny, tmp_path, capsys):
     assert main(_argv(tiny, tmp_path, "--method", "dwatt", "--epochs", "3", "--lr", "0.01", "1e-4")) == 0
     out = capsys.readouterr().out
     assert "no train split" in out and "test perplexity" in out
-    runs = {lr: _read(tmp_path / f"mlm-dwatt-fe-lr{lr}.json") for lr in ("0.0001", "0.01")}
+    runs = _runs(tmp_path)
+    assert sorted(runs) == [1e-4, 1e-2] and sorted(os.listdir(tmp_path)) == ["results.jsonl"]
     for record in runs.values():
+        assert record["key"] == run_key(record["settings"])
         assert record["head_modules"] == ["cls"] and "no train split" in record["data"]
         curve = [point["valid_ppl"] for point in record["curve"]]
         assert record["dev_ppl"] == record["best_valid_ppl"] == min(curve)
         assert math.isfinite(record["test_ppl"])
-    fast = runs["0.01"]
+    fast = runs[0.01]
     assert fast["test_ppl"] < 20 < 76  # vocabulary of 76: chance ~76
     assert fast["dev_ppl"] < fast["curve"][0]["valid_ppl"]
-    summary = _read(tmp_path / "mlm-dwatt-fe.json")
+    summary = _summary(tmp_path)
     best = min(runs.values(), key=lambda record: record["dev_ppl"])
     assert (summary["selected_lr"], summary["dev_ppl"], summary["test_ppl"]) == (
         best["lr"],
@@ -89,18 +114,18 @@ def test_a_run_in_a_grid_equals_the_lone_run_at_its_lr(tiny, tmp_path, capsys):
     """Same seed, data and masks for every LR: the grid around a run does not change it."""
     main(_argv(tiny, tmp_path / "grid", "--epochs", "2", "--lr", "1e-4", "0.01"))
     main(_argv(tiny, tmp_path / "lone", "--epochs", "2", "--lr", "0.01"))
-    in_grid, lone = (_read(tmp_path / name / "mlm-dwatt-fe-lr0.01.json") for name in ("grid", "lone"))
+    in_grid, lone = (_runs(tmp_path / name)[0.01] for name in ("grid", "lone"))
     assert in_grid["curve"] == lone["curve"] and in_grid["test_ppl"] == lone["test_ppl"]
 
 
-def test_changed_epochs_retrain_the_stale_file(tiny, tmp_path, capsys):
+def test_changed_epochs_train_a_new_record(tiny, tmp_path, capsys):
     main(_argv(tiny, tmp_path, "--epochs", "1", "--lr", "0.01"))
-    path = tmp_path / "mlm-dwatt-fe-lr0.01.json"
-    assert len(_read(path)["curve"]) == 1
+    assert len(_runs(tmp_path)[0.01]["curve"]) == 1
     main(_argv(tiny, tmp_path, "--epochs", "2", "--lr", "0.01"))
-    record = _read(path)
-    assert len(record["curve"]) == 2 and record["settings"]["epochs"] == 2
-    assert _read(tmp_path / "mlm-dwatt-fe.json")["settings"]["epochs"] == 2
+    records = read_records(tmp_path / "results.jsonl")
+    assert [len(record["curve"]) for record in records] == [1, 2]  # the old record stays, keyed apart
+    assert records[0]["key"] != records[1]["key"] and records[1]["settings"]["epochs"] == 2
+    assert _summary(tmp_path)["settings"]["epochs"] == 2
 
 
 # Fake runs: (dev perplexity, test perplexity) by LR. The lowest test perplexity is never at the
@@ -121,18 +146,36 @@ def fake_runs(monkeypatch):
     return calls
 
 
-def test_selection_takes_the_lowest_dev_perplexity_and_never_test(tiny, tmp_path, fake_runs, capsys):
+@pytest.fixture
+def summaries(monkeypatch):
+    """The summary each ``layerfusion mlm`` invocation selected (``run_mlm``'s), in order."""
+    found = []
+    run_mlm = mlm.run_mlm
+
+    def recorded(*args, **kwargs):
+        found.append(run_mlm(*args, **kwargs))
+        return found[-1]
+
+    monkeypatch.setattr(mlm, "run_mlm", recorded)
+    return found
+
+
+def test_selection_takes_the_lowest_dev_perplexity_and_never_test(
+    tiny, tmp_path, fake_runs, summaries, capsys
+):
     assert main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "1e-2")) == 0
-    summary = _read(tmp_path / "mlm-dwatt-fe.json")
+    (summary,) = summaries
     assert summary["selected_lr"] == 1e-3  # dev 20 (test 40); test is lowest at 1e-2 (5) and 1e-4 (10)
     assert (summary["dev_ppl"], summary["test_ppl"], summary["at_edge"]) == (20.0, 40.0, False)
+    assert _summary(tmp_path) == summary  # the report selects the same from the records
     captured = capsys.readouterr()
     assert "lr 0.001 selected on dev" in captured.out.splitlines()[-1] and "warning" not in captured.err
+    assert str(tmp_path / "results.jsonl") in captured.out.splitlines()[-1]
 
 
-def test_summary_file_content(tiny, tmp_path, fake_runs, capsys):
+def test_summary_and_record_content(tiny, tmp_path, fake_runs, summaries, capsys):
     assert main(_argv(tiny, tmp_path, "--lr", "1e-2", "1e-4", "1e-3", "--epochs", "2", "--seed", "3")) == 0
-    summary = _read(tmp_path / "mlm-dwatt-fe.json")
+    (summary,) = summaries
     assert summary == {
         "method": "dwatt",
         "regime": "fe",
@@ -143,11 +186,11 @@ def test_summary_file_content(tiny, tmp_path, fake_runs, capsys):
         "at_edge": False,
         "lrs": [1e-4, 1e-3, 1e-2],
         "runs": [
-            {"lr": 1e-4, "dev_ppl": 30.0, "test_ppl": 10.0, "file": "mlm-dwatt-fe-lr0.0001.json"},
-            {"lr": 1e-3, "dev_ppl": 20.0, "test_ppl": 40.0, "file": "mlm-dwatt-fe-lr0.001.json"},
-            {"lr": 1e-2, "dev_ppl": 25.0, "test_ppl": 5.0, "file": "mlm-dwatt-fe-lr0.01.json"},
+            {"lr": 1e-4, "dev_ppl": 30.0, "test_ppl": 10.0},
+            {"lr": 1e-3, "dev_ppl": 20.0, "test_ppl": 40.0},
+            {"lr": 1e-2, "dev_ppl": 25.0, "test_ppl": 5.0},
         ],
-        "selection": mlm.SELECTION_RULE,
+        "selection": SELECTION_RULE,
         "data": summary["data"],
         "settings": {
             "model": os.path.realpath(tiny[0]),
@@ -166,22 +209,25 @@ def test_summary_file_content(tiny, tmp_path, fake_runs, capsys):
         },
     }
     assert "no train split" in summary["data"]
-    for run in summary["runs"]:  # every run's file is there, with its settings, LR and cost
-        record = _read(tmp_path / run["file"])
+    runs = _runs(tmp_path)
+    assert list(runs) == [1e-4, 1e-3, 1e-2]  # appended as they ran: the grid's LRs ascending
+    for run in summary["runs"]:  # every run's record is there, with its settings, key, LR and cost
+        record = runs[run["lr"]]
         assert record["settings"] == {**summary["settings"], "lr": run["lr"]}
+        assert record["key"] == run_key(record["settings"])
+        assert record["key"].startswith(f"dwatt|fe|3|lr={run['lr']!r}|")
         assert (record["dev_ppl"], record["test_ppl"]) == (run["dev_ppl"], run["test_ppl"])
         assert record["seconds"] >= 0 and record["peak_rss_mb"] > 10  # this process holds torch
         assert record["threads"] == torch.get_num_threads() and record["cpu_count"] == os.cpu_count()
         assert record["load_1min"] >= 0
 
 
-def test_selected_lr_at_the_edge_is_flagged_and_warned(tiny, tmp_path, fake_runs, capsys):
+def test_selected_lr_at_the_edge_is_flagged_and_warned(tiny, tmp_path, fake_runs, summaries, capsys):
     main(_argv(tiny, tmp_path, "--lr", "1e-3", "1e-2"))  # dev 20 at 1e-3, 25 at 1e-2
-    summary = _read(tmp_path / "mlm-dwatt-fe.json")
-    assert summary["selected_lr"] == 1e-3 and summary["at_edge"]
+    assert summaries[-1]["selected_lr"] == 1e-3 and summaries[-1]["at_edge"]
     assert "warning: the selected lr 0.001 is the smallest of the grid" in capsys.readouterr().err
     main(_argv(tiny, tmp_path, "--lr", "1e-3"))  # one LR: nothing to select, no edge
-    assert not _read(tmp_path / "mlm-dwatt-fe.json")["at_edge"]
+    assert not summaries[-1]["at_edge"] and summaries[-1]["lrs"] == [1e-3]
     assert "warning" not in capsys.readouterr().err
 
 
@@ -201,29 +247,32 @@ def test_dev_ties_go_to_the_smaller_lr_and_diverged_runs_rank_last():
         summarize([record(1e-3, 20.0, 1.0), {**record(1e-2, 20.0, 1.0), "regime": "fe"}])
 
 
-def test_default_grid_is_the_regimes(tiny, tmp_path, fake_runs, capsys):
+def test_default_grid_is_the_regimes(tiny, tmp_path, fake_runs, summaries, capsys):
     main(_argv(tiny, tmp_path, "--regime", "lora"))
     assert [lr for lr, _ in fake_runs] == list(DEFAULT_MLM_LR_GRIDS["lora"])
-    assert _read(tmp_path / "mlm-dwatt-lora.json")["lrs"] == list(DEFAULT_MLM_LR_GRIDS["lora"])
+    assert summaries[0]["lrs"] == list(DEFAULT_MLM_LR_GRIDS["lora"]) == sorted(_runs(tmp_path, regime="lora"))
 
 
-def test_finished_runs_are_skipped_and_a_new_lr_runs_alone(tiny, tmp_path, fake_runs, monkeypatch, capsys):
+def test_finished_runs_are_skipped_and_a_new_lr_runs_alone(
+    tiny, tmp_path, fake_runs, summaries, monkeypatch, capsys
+):
     main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3"))
     assert fake_runs == [(1e-4, 3), (1e-3, 3)]
-    summary = (tmp_path / "mlm-dwatt-fe.json").read_text()
+    results = (tmp_path / "results.jsonl").read_text()
     prepare_data = mlm.prepare_data
     monkeypatch.setattr(mlm, "prepare_data", None)  # nothing to run: the data are not even loaded
     capsys.readouterr()
     main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3"))
-    assert len(fake_runs) == 2 and (tmp_path / "mlm-dwatt-fe.json").read_text() == summary
+    assert len(fake_runs) == 2 and (tmp_path / "results.jsonl").read_text() == results  # nothing appended
+    assert summaries[1] == summaries[0]
     assert capsys.readouterr().out.count("finished earlier with these settings, skipped") == 2
     monkeypatch.setattr(mlm, "prepare_data", prepare_data)
     main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "1e-2"))
     assert fake_runs[2:] == [(1e-2, 3)]  # the grid is not part of a run's settings
-    assert _read(tmp_path / "mlm-dwatt-fe.json")["lrs"] == [1e-4, 1e-3, 1e-2]
+    assert summaries[2]["lrs"] == [1e-4, 1e-3, 1e-2] and len(_runs(tmp_path)) == 3
 
 
-def test_a_grid_killed_midway_leaves_no_stale_summary(tiny, tmp_path, fake_runs, monkeypatch, capsys):
+def test_a_grid_killed_midway_resumes_only_the_missing_lr(tiny, tmp_path, fake_runs, monkeypatch, capsys):
     main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3"))
     fake_train = mlm.train_at_lr
 
@@ -235,11 +284,13 @@ def test_a_grid_killed_midway_leaves_no_stale_summary(tiny, tmp_path, fake_runs,
     monkeypatch.setattr(mlm, "train_at_lr", killed_at_the_second_lr)
     with pytest.raises(KeyboardInterrupt):
         main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "--epochs", "2"))
-    assert not (tmp_path / "mlm-dwatt-fe.json").exists()  # the old one described epochs 3
+    epochs = [record["settings"]["epochs"] for record in read_records(tmp_path / "results.jsonl")]
+    assert epochs == [3, 3, 2]  # the finished LR of the killed grid is on disk, the other is not
     monkeypatch.setattr(mlm, "train_at_lr", fake_train)
     main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "--epochs", "2"))
     assert fake_runs == [(1e-4, 3), (1e-3, 3), (1e-4, 2), (1e-3, 2)]  # resumed: the missing LR only
-    assert _read(tmp_path / "mlm-dwatt-fe.json")["settings"]["epochs"] == 2
+    summary = _summary(tmp_path)
+    assert summary["settings"]["epochs"] == 2 and (summary["selected_lr"], summary["dev_ppl"]) == (1e-3, 20.0)
 
 
 @pytest.mark.parametrize(
@@ -256,8 +307,8 @@ def test_a_grid_killed_midway_leaves_no_stale_summary(tiny, tmp_path, fake_runs,
         ("--head-modules", "cls", ["cls"]),
     ],
 )
-def test_a_changed_setting_reruns_instead_of_serving_the_stale_file(
-    tiny, tmp_path, fake_runs, capsys, option, value, setting
+def test_a_changed_setting_reruns_instead_of_serving_the_stale_record(
+    tiny, tmp_path, fake_runs, summaries, capsys, option, value, setting
 ):
     main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "--epochs", "1"))
     assert len(fake_runs) == 2
@@ -265,13 +316,13 @@ def test_a_changed_setting_reruns_instead_of_serving_the_stale_file(
     main(with_option)
     assert len(fake_runs) == 4  # both LRs again
     name = option[2:].replace("-", "_")
-    assert _read(tmp_path / "mlm-dwatt-fe-lr0.001.json")["settings"][name] == setting
-    assert _read(tmp_path / "mlm-dwatt-fe.json")["settings"][name] == setting
+    assert read_records(tmp_path / "results.jsonl")[-1]["settings"][name] == setting
+    assert summaries[-1]["settings"][name] == setting == _summary(tmp_path)["settings"][name]
     main(with_option)
     assert len(fake_runs) == 4  # now finished under these settings
 
 
-def test_other_model_or_data_or_an_old_file_reruns(tiny, tmp_path, fake_runs, capsys):
+def test_other_model_or_data_reruns(tiny, tmp_path, fake_runs, capsys):
     model, data = tiny
     main(_argv(tiny, tmp_path, "--lr", "1e-3"))
     other_data = tmp_path / "copy"
@@ -281,15 +332,57 @@ def test_other_model_or_data_or_an_old_file_reruns(tiny, tmp_path, fake_runs, ca
     main(_argv((model, str(other_data)), tmp_path, "--lr", "1e-3"))
     other_model = write_tiny_model(tmp_path / "model2", seed=1)
     main(_argv((other_model, str(other_data)), tmp_path, "--lr", "1e-3"))
-    assert len(fake_runs) == 3
-    path = tmp_path / "mlm-dwatt-fe-lr0.001.json"
+    main(_argv((other_model, str(other_data)), tmp_path, "--lr", "1e-3"))
+    assert len(fake_runs) == 3 and len(read_records(tmp_path / "results.jsonl")) == 3
+
+
+# ------------------------------------------------------------- folders of the recipe before results.jsonl
+def _legacy_folder(tiny, folder, ppl: dict[float, tuple[float, float]], *extra: str) -> None:
+    """A folder as ``layerfusion mlm`` wrote it before results.jsonl: one ``mlm-dwatt-fe-lrLR.json`` per
+    run (its record with its ``settings``, written with indent 1) and the summary ``mlm-dwatt-fe.json``."""
+    args = build_parser().parse_args(_argv(tiny, folder, "--lr", *map(str, ppl), *extra))
+    settings = MlmSettings.from_args(args)
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for lr, (dev, test) in ppl.items():
+        record = mlm.run_record(settings, lr, dev, test, "no train split in the fixture")
+        record |= {"settings": settings.run_settings(lr), "seconds": 60.0, "peak_rss_mb": 900.0}
+        (folder / f"mlm-dwatt-fe-lr{lr!r}.json").write_text(json.dumps(record, indent=1))
+        runs.append({"lr": lr, "dev_ppl": dev, "test_ppl": test, "file": f"mlm-dwatt-fe-lr{lr!r}.json"})
+    summary = {"method": "dwatt", "regime": "fe", "selected_lr": 1e-3, "runs": runs}
+    (folder / "mlm-dwatt-fe.json").write_text(json.dumps(summary, indent=1))
+
+
+LEGACY = {1e-4: (15.0, 16.0), 1e-3: (18.0, 12.0)}  # not the fake runs' numbers: read from the files
+
+
+def test_a_folder_of_the_older_recipe_is_resumed(tiny, tmp_path, fake_runs, summaries, capsys):
+    _legacy_folder(tiny, tmp_path, LEGACY)
+    assert main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "1e-2")) == 0
+    assert fake_runs == [(1e-2, 3)]  # the two LRs of the old files are not run again
+    assert capsys.readouterr().out.count("finished earlier with these settings, skipped") == 2
+    assert list(_runs(tmp_path)) == [1e-2]  # only the new run is appended
+    summary = summaries[0]
+    assert (summary["selected_lr"], summary["dev_ppl"], summary["test_ppl"]) == (1e-4, 15.0, 16.0)
+    assert [run["dev_ppl"] for run in summary["runs"]] == [15.0, 18.0, 25.0]
+    records = read_mlm_records(tmp_path)
+    assert [(r["lr"], r["dev_ppl"]) for r in records] == [(1e-4, 15.0), (1e-3, 18.0), (1e-2, 25.0)]
+    main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "1e-2"))
+    assert len(fake_runs) == 1  # everything finished now
+
+
+def test_an_old_run_file_under_other_settings_or_without_them_reruns(tiny, tmp_path, fake_runs, capsys):
+    _legacy_folder(tiny, tmp_path, LEGACY, "--epochs", "2")
+    path = tmp_path / "mlm-dwatt-fe-lr0.0001.json"
     old = _read(path)
-    del old["settings"]  # a file of the single-LR recipe: no settings stored
+    del old["settings"]  # a file of the single-LR recipe: no settings stored, no key
     path.write_text(json.dumps(old))
-    main(_argv((other_model, str(other_data)), tmp_path, "--lr", "1e-3"))
-    path.write_text("{not json")  # unreadable
-    main(_argv((other_model, str(other_data)), tmp_path, "--lr", "1e-3"))
-    assert len(fake_runs) == 5 and "settings" in _read(path)
+    (tmp_path / "mlm-dwatt-fe-lr0.01.json").write_text("{not json")  # unreadable
+    assert [record["lr"] for record in read_mlm_records(tmp_path)] == [1e-3]
+    main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "1e-2", "--epochs", "2"))
+    assert fake_runs == [(1e-4, 2), (1e-2, 2)]  # the file at 1e-3 holds these settings
+    main(_argv(tiny, tmp_path, "--lr", "1e-3"))  # epochs 3: the old file's settings are not these
+    assert fake_runs[2:] == [(1e-3, 3)]
 
 
 @pytest.mark.parametrize("value", ["0", "-0.001", "nan", "inf", "abc"])

