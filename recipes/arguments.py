@@ -686,7 +686,13 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--train-file", help="Training text (overrides --data)")
     parser.add_argument("--test-file", help="Test text (overrides --data)")
-    parser.add_argument("--output", default="runs/seq2seq", help="Folder for results.json")
+    parser.add_argument(
+        "--output",
+        default="runs/seq2seq",
+        help="Folder for results.jsonl (one record per run; re-running skips the runs finished with the "
+        "same settings and files, also those of an older results.json) and results.json (the completed "
+        "comparison)",
+    )
     parser.add_argument(
         "--methods",
         nargs="+",

@@ -30,14 +30,16 @@ the task must beat it.
 
 Data: ``--data DIR`` with ``valid.txt`` (training sentences; the shared copy of
 WikiText-2 has no train split) and ``test.txt``, or any two text files via ``--train-file``
-and ``--test-file``. Results: OUTPUT/results.json, rewritten atomically after every run; a
-second invocation with the same settings and files reuses the runs it holds (resume).
+and ``--test-file``. Results: one record per run appended to OUTPUT/results.jsonl, keyed by its
+method, seed, learning rate and the comparison's settings and files
+(:mod:`layerfusion_recipes.seq2seq.records`); an invocation reuses the runs finished under the same
+settings and files (resume; also the runs of an older folder's ``results.json``). OUTPUT/results.json,
+written atomically when the comparison completes, summarises it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import resource
@@ -59,10 +61,12 @@ from peft_layerfusion.utils import atomic_write_json
 
 from ..core.loop import TrainingLoop
 from ..core.models import peft_alias_quiet
+from ..core.records import append_record, finished_records, run_or_resume
 from ..core.selection import best_on_dev, select_then_repeat
 from ..core.settings import check_names
 from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..data.readers import read_text
+from .records import RESULTS_FILE, SUMMARY_FILE, comparison_setup, legacy_records, run_key
 from .settings import Seq2SeqSettings
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3
@@ -462,27 +466,33 @@ def run_comparison(
     methods: Sequence[str],
     seeds: Sequence[int] = (0,),
     learning_rates: Sequence[float] | None = None,
-    previous: Sequence[dict[str, Any]] = (),
-    on_run: Callable[[list[dict[str, Any]]], None] | None = None,
+    results: Path | None = None,
+    setup: str = "",
+    finished: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every method over every seed on the same data; its learning rate selected on dev first.
 
     With more than one learning rate, each method is trained at each on the first seed and
     the one with the best dev exact match is used for all seeds (its first-seed run is one
-    of the trials: selection never looks at test). Runs found in ``previous`` (same method,
-    seed and learning rate) are reused, so an interrupted comparison resumes.
+    of the trials: selection never looks at test;
+    :func:`~layerfusion_recipes.core.selection.select_then_repeat`).
+    A run whose key (:func:`~layerfusion_recipes.seq2seq.records.run_key` with ``setup``) is in
+    ``finished`` is reused, so an interrupted comparison resumes; a new one is appended to ``results``.
 
     Args:
         data: The split, tokenized and corrupted sentences.
         methods: Names from :data:`METHOD_NAMES`.
         seeds: The trials (model initialisation, training corruption and order).
         learning_rates: The grid; ``None`` uses ``data.settings.learning_rate``.
-        previous: Run records of an earlier, interrupted invocation.
-        on_run: Called with all run records after each new run (e.g. to save them).
+        results: The results file each new run is appended to (``None``: kept in memory only).
+        setup: The comparison's fingerprint (:func:`~layerfusion_recipes.seq2seq.records.comparison_setup`).
+        finished: The runs finished earlier by key
+            (:func:`~layerfusion_recipes.core.records.finished_records`); the new ones are added.
 
     Returns:
-        ``runs`` (one record per trained model), ``selected_learning_rate`` per method,
-        ``copy_input`` (dev and test scores) and ``summary`` (see :func:`summarize`).
+        ``runs`` (the record of every run the comparison used, in the order it asked for them),
+        ``selected_learning_rate`` per method, ``copy_input`` (dev and test scores) and ``summary``
+        (see :func:`summarize`).
 
     Example:
         >>> data = DenoisingData.build(read_text("valid.txt"), read_text("test.txt"), Seq2SeqSettings())
@@ -494,24 +504,30 @@ def run_comparison(
             f"methods={list(methods)}, seeds={list(seeds)}: methods from {METHOD_NAMES}, seeds >= 1"
         )
     grid = list(learning_rates or [data.settings.learning_rate])
-    runs = list(previous)
+    finished = {} if finished is None else finished
+    runs: dict[str, dict[str, Any]] = {}  # the comparison's, by key, in the order it asked for them
 
     def run(method: str, learning_rate: float, seed: int) -> dict[str, Any]:
-        for record in runs:
-            if (record["method"], record["seed"], record["learning_rate"]) == (method, seed, learning_rate):
-                return record
-        runs.append(run_one(data, method, seed, learning_rate))
-        print(run_row(runs[-1]), flush=True)
-        if on_run is not None:
-            on_run(runs)
-        return runs[-1]
+        key = run_key(method, seed, learning_rate, setup)
+
+        def train() -> dict[str, Any]:
+            record = run_one(data, method, seed, learning_rate)
+            print(run_row(record), flush=True)
+            return record
+
+        if results is None:
+            record = finished[key] = finished.get(key) or {**train(), "key": key}
+        else:
+            record, _ = run_or_resume(results, finished, key, train)
+        runs.setdefault(key, record)
+        return record
 
     selected = {
         method: select_then_repeat(grid, seeds, partial(run, method), dev_score)[0] for method in methods
     }
-    chosen = [r for r in runs if r["method"] in selected and r["learning_rate"] == selected[r["method"]]]
+    chosen = [r for r in runs.values() if r["learning_rate"] == selected[r["method"]]]
     return {
-        "runs": runs,
+        "runs": list(runs.values()),
         "selected_learning_rate": selected,
         "copy_input": data.copy_scores(),
         "summary": summarize(chosen, methods),
@@ -617,22 +633,23 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     check_names("methods", methods, METHOD_NAMES)
     settings = Seq2SeqSettings.from_args(args)
     torch.set_num_threads(args.threads)
-    output = Path(args.output) / "results.json"
+    output = Path(args.output)
     header = {
         "settings": {k: v for k, v in asdict(settings).items() if k not in ("seed", "learning_rate")},
         "train_file": str(train_file), "test_file": str(test_file),
         "methods": methods, "seeds": list(args.seeds), "learning_rates": list(args.learning_rates),
     }  # fmt: skip
-    previous = _resumable_runs(output, header)
+    setup = comparison_setup(header)
+    results_path = output / RESULTS_FILE
+    finished = resumable_records(output)
+    previous = sum(key.endswith(f"|{setup}") for key in finished)
     if previous:
-        print(f"resuming: {len(previous)} runs found in {output}")
+        print(f"resuming: {previous} runs found in {results_path}")
     data = DenoisingData.build(read_text(train_file), read_text(test_file), settings)
+    (output / SUMMARY_FILE).unlink(missing_ok=True)  # it describes another comparison; back at the end
     started = time.perf_counter()
     print(RUN_TABLE_HEADER, flush=True)
-    results = run_comparison(
-        data, methods, args.seeds, args.learning_rates, previous,
-        on_run=lambda runs: atomic_write_json(output, {**header, "complete": False, "runs": runs}),
-    )  # fmt: skip
+    results = run_comparison(data, methods, args.seeds, args.learning_rates, results_path, setup, finished)
     # ru_maxrss is in KiB on Linux
     resources = {
         "seconds_this_invocation": time.perf_counter() - started,
@@ -640,16 +657,25 @@ def seq2seq_main(args: argparse.Namespace) -> int:
         "cpu_seconds_all_runs": sum(r["cpu_seconds"] for r in results["runs"]),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    atomic_write_json(output, {**header, "complete": True, **results, "resources": resources})
+    atomic_write_json(output / SUMMARY_FILE, {**header, "complete": True, **results, "resources": resources})
     print(summary_table(results))
-    print(f"results: {output}")
+    print(f"results: {output / SUMMARY_FILE} (runs: {results_path})")
     return 0
 
 
-def _resumable_runs(output: Path, header: dict[str, Any]) -> list[dict[str, Any]]:
-    """The runs saved in ``output`` by an invocation with the same settings and files, else none."""
-    if not output.exists():
-        return []
-    saved = json.loads(output.read_text())
-    same = all(saved.get(k) == header[k] for k in ("settings", "train_file", "test_file"))
-    return saved.get("runs", []) if same else []
+def resumable_records(output: Path) -> dict[str, dict[str, Any]]:
+    """The finished runs of an ``--output`` folder by key: ``results.jsonl``'s, after the runs of an older
+    folder's ``results.json`` (:func:`~layerfusion_recipes.seq2seq.records.legacy_records`) that it
+    lacked are appended to it (so they outlive ``results.json``, rewritten when a comparison completes).
+
+    Example:
+        >>> sorted(resumable_records(Path("benchmarks/results/seq2seq")))[0]
+        'encoder_fusion|0|lr=0.003|...'
+    """
+    path = output / RESULTS_FILE
+    finished = finished_records(path)
+    for record in legacy_records(output):
+        if record["key"] not in finished:
+            append_record(path, record)
+            finished[record["key"]] = record
+    return finished

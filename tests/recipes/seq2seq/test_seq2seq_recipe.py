@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from layerfusion_recipes.cli import main
+from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.seq2seq import experiment as seq2seq
 from layerfusion_recipes.seq2seq.experiment import (
     EOS,
@@ -27,6 +28,7 @@ from layerfusion_recipes.seq2seq.experiment import (
     sentences_of,
     summarize,
 )
+from layerfusion_recipes.seq2seq.records import comparison_setup, legacy_records, run_key
 
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
@@ -161,7 +163,11 @@ def test_summary_means_and_paired_differences():
     assert x["vs_vanilla"]["chrf"][0] == 4.0
 
 
-def test_end_to_end_run_writes_results_and_resumes(tmp_path, monkeypatch):
+def test_end_to_end_run_writes_records_and_resumes(tmp_path, monkeypatch):
+    end_to_end(tmp_path, monkeypatch)
+
+
+def end_to_end(tmp_path, monkeypatch):
     (tmp_path / "valid.txt").write_text(synthetic_text(60, 0))
     (tmp_path / "test.txt").write_text(synthetic_text(8, 1))
     output = tmp_path / "out"
@@ -197,6 +203,14 @@ def test_end_to_end_run_writes_results_and_resumes(tmp_path, monkeypatch):
     assert results["copy_input"]["test"]["exact_match"] == pytest.approx(unchanged)
     assert not list(output.glob("*.tmp"))  # written atomically
 
+    records = read_records(output / "results.jsonl")  # one per run, keyed by its settings
+    assert records == results["runs"] and len({r["key"] for r in records}) == 9
+    setup = comparison_setup(results)
+    assert [r["key"] for r in records] == [
+        run_key(r["method"], r["seed"], r["learning_rate"], setup) for r in results["runs"]
+    ]
+    assert records[0]["key"] == f"vanilla|0|lr=0.001|{setup}"
+
     # Resuming: the saved runs are reused, only the new seed is trained
     trained = []
     real_run_one = seq2seq.run_one
@@ -207,7 +221,65 @@ def test_end_to_end_run_writes_results_and_resumes(tmp_path, monkeypatch):
         for m in methods
     ]
     rerun = json.loads((output / "results.json").read_text())
-    assert rerun["runs"][:9] == results["runs"] and len(rerun["runs"]) == 12
+    assert [r for r in rerun["runs"] if r["seed"] < 2] == results["runs"] and len(rerun["runs"]) == 12
+    assert read_records(output / "results.jsonl") == [*records, *(r for r in rerun["runs"] if r["seed"] == 2)]
+    return output, [*paths, "--methods", *methods, *small.split(), *grid[:3], "2", *grid[3:]]
+
+
+def test_a_results_json_of_the_older_recipe_is_resumed(tmp_path, monkeypatch, capsys):
+    """Before results.jsonl, results.json held the runs (rewritten after each, ``complete`` false until
+    the end, runs without keys): a folder killed then resumes from it, training only what is missing."""
+    output, argv = end_to_end(tmp_path, monkeypatch)
+    final = json.loads((output / "results.json").read_text())
+    names = ("settings", "train_file", "test_file", "methods", "seeds", "learning_rates")
+    header = {name: final[name] for name in names}
+    first_seed = [{k: v for k, v in run.items() if k != "key"} for run in final["runs"] if run["seed"] == 0]
+    (output / "results.jsonl").unlink()
+    (output / "results.json").write_text(json.dumps({**header, "complete": False, "runs": first_seed}))
+    assert [r["key"] for r in legacy_records(output)] == [r["key"] for r in final["runs"] if r["seed"] == 0]
+    other = {**header, "settings": {**header["settings"], "epochs": 3}, "runs": first_seed}
+    assert comparison_setup(other) != comparison_setup(header)  # other settings: other keys
+    trained = []
+    real_run_one = seq2seq.run_one
+    monkeypatch.setattr(seq2seq, "run_one", lambda *a: trained.append(a[1:]) or real_run_one(*a))
+    capsys.readouterr()
+    assert main(["seq2seq", *argv]) == 0
+    assert "resuming: 6 runs found in" in capsys.readouterr().out
+    selected = final["selected_learning_rate"]
+    assert sorted(trained) == sorted((m, s, selected[m]) for m in selected for s in (1, 2))  # not seed 0
+    resumed = json.loads((output / "results.json").read_text())
+    assert resumed["complete"] and resumed["selected_learning_rate"] == selected
+    assert [r for r in resumed["runs"] if r["seed"] == 0] == [r for r in final["runs"] if r["seed"] == 0]
+    records = read_records(output / "results.jsonl")  # the old runs moved into it, then the new ones
+    assert [(r["method"], r["seed"]) for r in records[:6]] == [(r["method"], 0) for r in first_seed]
+    assert len(records) == 12 and all(r["seed"] > 0 for r in records[6:])
+
+
+def test_a_killed_comparison_resumes_only_the_missing_runs(tmp_path, monkeypatch, capsys):
+    (tmp_path / "valid.txt").write_text(synthetic_text(60, 0))
+    (tmp_path / "test.txt").write_text(synthetic_text(8, 1))
+    small = "--train-sentences 32 --dev-sentences 8 --test-sentences 8 --epochs 1 --width 16 --layers 1"
+    argv = ["seq2seq", "--data", str(tmp_path), "--output", str(tmp_path / "out"), *small.split()]
+    argv += ["--methods", "vanilla", "surface_hard", "--seeds", "0", "1", "--threads", "1"]
+    started, real_run_one = [], seq2seq.run_one
+
+    def killed_at_the_third(*args):
+        started.append(args[1:3])
+        if len(started) == 3:
+            raise KeyboardInterrupt
+        return real_run_one(*args)
+
+    monkeypatch.setattr(seq2seq, "run_one", killed_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    done = read_records(tmp_path / "out" / "results.jsonl")
+    assert [(r["method"], r["seed"]) for r in done] == [("vanilla", 0), ("vanilla", 1)]
+    assert not (tmp_path / "out" / "results.json").exists()  # written when the comparison completes
+    started.clear()
+    assert main(argv) == 0
+    assert started == [("surface_hard", 0), ("surface_hard", 1)]  # the two finished runs are not redone
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["complete"] and results["runs"][:2] == done and len(results["runs"]) == 4
 
 
 def test_comparison_inserts_only_known_words():
