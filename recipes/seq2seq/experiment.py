@@ -621,7 +621,19 @@ def summary_table(results: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- command line
-def seq2seq_main(args: argparse.Namespace) -> int:
+def comparison_header(args: argparse.Namespace) -> dict[str, Any]:
+    """What a ``layerfusion seq2seq`` comparison is, as ``results.json`` stores it: its ``settings`` (every
+    option but the seed and the learning rate), ``train_file`` and ``test_file`` (``--data DIR``'s
+    ``valid.txt`` and ``test.txt`` unless given), ``methods``, ``seeds`` and ``learning_rates``.
+
+    Raises:
+        SystemExit: Neither ``--data`` nor both files.
+        ValueError: An unknown method or a setting out of range, naming its option.
+
+    Example:
+        >>> comparison_header(build_parser().parse_args(["seq2seq", "--data", "wt2"]))["train_file"]
+        'wt2/valid.txt'
+    """
     data_dir = Path(args.data) if args.data else None
     train_file = Path(args.train_file) if args.train_file else (data_dir / "valid.txt" if data_dir else None)
     test_file = Path(args.test_file) if args.test_file else (data_dir / "test.txt" if data_dir else None)
@@ -632,13 +644,21 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     methods = list(args.methods or METHOD_NAMES)
     check_names("methods", methods, METHOD_NAMES)
     settings = Seq2SeqSettings.from_args(args)
-    torch.set_num_threads(args.threads)
-    output = Path(args.output)
-    header = {
+    return {
         "settings": {k: v for k, v in asdict(settings).items() if k not in ("seed", "learning_rate")},
         "train_file": str(train_file), "test_file": str(test_file),
         "methods": methods, "seeds": list(args.seeds), "learning_rates": list(args.learning_rates),
     }  # fmt: skip
+
+
+def seq2seq_main(args: argparse.Namespace) -> int:
+    """``layerfusion seq2seq``: run the comparison (resuming its finished runs), write ``results.json``,
+    print every new run, then the summary table; returns the exit code, 0."""
+    header = comparison_header(args)
+    settings, methods = Seq2SeqSettings.from_args(args), header["methods"]
+    train_file, test_file = Path(header["train_file"]), Path(header["test_file"])
+    torch.set_num_threads(args.threads)
+    output = Path(args.output)
     setup = comparison_setup(header)
     results_path = output / RESULTS_FILE
     finished = resumable_records(output)

@@ -1,19 +1,24 @@
 """Records written before the recipes were rearranged are still resumed: the keys and stored settings
-of NER and masked-LM runs, computed by the code of that time, are pinned here."""
+of NER and masked-LM runs, computed by the code of that time, are pinned here; and the stored seq2seq
+comparison of benchmarks/results/ is resumed by its command."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from conftest import write_tiny_model
 from layerfusion_recipes.arguments import add_experiment_arguments, add_mlm_arguments
-from layerfusion_recipes.cli import main
+from layerfusion_recipes.cli import build_parser, main
 from layerfusion_recipes.mlm import experiment as mlm
 from layerfusion_recipes.mlm.settings import MlmSettings
 from layerfusion_recipes.ner.experiment import Cell, record_key
 from layerfusion_recipes.ner.settings import resolve
+from layerfusion_recipes.seq2seq.experiment import METHOD_NAMES, comparison_header
+from layerfusion_recipes.seq2seq.records import comparison_setup, legacy_records, run_key
 
+ROOT = Path(__file__).resolve().parents[3]
 NER_ARGV = ["--model", "hub-model/x", "--data", "hub/data", "--lr", "1e-3", "3e-2", "--shots", "8"]
 NER_ARGV += ["--batch-size", "4", "--eval-every", "1"]  # the default before the small grid of user data
 MLM_ARGV = ["--data", "wikitext-x", "--model", "hub/model", "--epochs", "2", "--head-modules", "cls"]
@@ -57,3 +62,14 @@ def test_a_masked_lm_run_file_of_before_is_reused(tmp_path, monkeypatch, capsys)
     argv = ["mlm", "--data", str(data), "--model", model, "--epochs", "1", "--lr", "1e-3"]
     assert main([*argv, "--output", str(tmp_path / "out")]) == 0
     assert "finished earlier with these settings, skipped" in capsys.readouterr().out
+
+
+def test_the_stored_seq2seq_comparison_is_resumed_by_its_command():
+    """``benchmarks/results/seq2seq/results.json`` (written before results.jsonl): its 12 runs have the
+    keys a re-run of its command (RESULTS.md section 5, on the machine that ran it) asks for."""
+    folder = ROOT / "benchmarks" / "results" / "seq2seq"
+    stored = json.loads((folder / "results.json").read_text())
+    args = build_parser().parse_args(["seq2seq", "--data", str(Path(stored["train_file"]).parent)])
+    setup = comparison_setup(comparison_header(args))
+    wanted = {run_key(m, seed, lr, setup) for m in METHOD_NAMES for seed in (0, 1, 2) for lr in (3e-3,)}
+    assert {record["key"] for record in legacy_records(folder)} == wanted and len(wanted) == 12

@@ -1,0 +1,45 @@
+"""The shared resume of every task (core.records): keys, finished runs with older files read as records,
+and run-or-resume appending each new run once."""
+
+from __future__ import annotations
+
+import json
+
+from layerfusion_recipes.core.records import (
+    fingerprint,
+    finished_records,
+    read_records,
+    run_or_resume,
+    unit_key,
+)
+
+
+def test_keys_name_the_cell_the_lr_and_the_settings():
+    setup = fingerprint({"model": "/m", "epochs": 3})
+    assert setup == fingerprint({"epochs": 3, "model": "/m"}) != fingerprint({"model": "/m", "epochs": 4})
+    assert len(setup) == 12 and int(setup, 16) >= 0
+    assert unit_key("dwatt|fe|0", 3e-5, setup) == f"dwatt|fe|0|lr=3e-05|{setup}"
+    assert unit_key("dwatt|fe|0", 1, setup) == f"dwatt|fe|0|lr=1.0|{setup}"  # one spelling per LR
+
+
+def test_the_results_file_comes_before_older_records_of_the_same_key(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps({"key": "a", "dev": 1.0}) + "\n" + '{"key": "b", "dev"')  # a torn last line
+    finished = finished_records(path, [{"key": "a", "dev": 9.0}, {"key": "c", "dev": 3.0}])
+    assert finished == {"a": {"key": "a", "dev": 1.0}, "c": {"key": "c", "dev": 3.0}}
+    assert finished_records(tmp_path / "missing.jsonl") == {}
+
+
+def test_run_or_resume_runs_a_missing_key_once_and_appends_it(tmp_path):
+    path, calls = tmp_path / "out" / "results.jsonl", []
+
+    def run():
+        calls.append(1)
+        return {"dev_ppl": 20.0 + len(calls)}
+
+    finished = finished_records(path, [{"key": "old", "dev_ppl": 5.0}])
+    assert run_or_resume(path, finished, "old", run) == ({"key": "old", "dev_ppl": 5.0}, False)
+    assert run_or_resume(path, finished, "new", run) == ({"dev_ppl": 21.0, "key": "new"}, True)
+    assert run_or_resume(path, finished, "new", run) == ({"dev_ppl": 21.0, "key": "new"}, False)
+    assert calls == [1] and read_records(path) == [{"dev_ppl": 21.0, "key": "new"}]  # old: not copied
+    assert run_or_resume(path, finished_records(path), "new", run)[1] is False  # a new process resumes it
