@@ -47,7 +47,7 @@ class MlmSettings:
         lrs: The max LRs of the grid, ascending (:func:`mlm_lr_grid`).
         epochs, batch_size, block_size, mlm_probability, holdout, max_train_blocks,
         max_eval_blocks, head_modules, seed: As the options of the same names.
-        output: Folder of the run files and the summary.
+        output: Folder of the results file (``results.jsonl``, one record per run).
     """
 
     data: str
