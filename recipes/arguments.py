@@ -293,16 +293,10 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="Tag scheme of the data; every scheme is converted to IOB2. Default: auto (BIOES/BILOU "
         "detected by their prefixes, IOB1 by entities opened with I-).",
     )
-    data.add_argument("--max-length", type=positive_int, help="Tokenizer max length in sub-words (128).")
-    data.add_argument(
-        "--dev-limit",
-        type=positive_int,
-        help="Evaluate on the first N dev sentences only (default: all; the demo uses 300).",
-    )
-    data.add_argument(
-        "--test-limit",
-        type=positive_int,
-        help="Score the first N test sentences only (default: all; test F1 is taken at each run's "
+    _add_length_and_limits(
+        data,
+        dev="Evaluate on the first N dev sentences only (default: all; the demo uses 300).",
+        test="Score the first N test sentences only (default: all; test F1 is taken at each run's "
         "best dev epoch, once per run).",
     )
     data.add_argument(
@@ -311,13 +305,24 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="Sample exactly this many training sentences per trial instead of N*C (the "
         "shots value then only seeds the sample), e.g. 100 for a fixed budget.",
     )
+    _add_fixed_sample(parser, protocol=" (the paper's WikiANN protocol)")
+
+
+def _add_length_and_limits(data: argparse._ArgumentGroup, dev: str, test: str) -> None:
+    """``--max-length``, ``--dev-limit`` and ``--test-limit``; ``dev``, ``test``: the limits' help."""
+    data.add_argument("--max-length", type=positive_int, help="Tokenizer max length in sub-words (128).")
+    data.add_argument("--dev-limit", type=positive_int, help=dev)
+    data.add_argument("--test-limit", type=positive_int, help=test)
+
+
+def _add_fixed_sample(parser: argparse.ArgumentParser, protocol: str = "") -> None:
+    """``--fixed-sample``; ``protocol``: whose protocol it is, said after the trials' difference."""
     parser.add_argument(
         "--fixed-sample",
         action="store_true",
         default=None,
-        help="Draw the training sample once (trial 0's) and train every trial on it; trials then "
-        "differ only by initialisation and order (the paper's WikiANN protocol). Default: a new "
-        "sample each trial.",
+        help="Draw the training sample once (trial 0's) and train every trial on it; trials then differ "
+        f"only by initialisation and order{protocol}. Default: a new sample each trial.",
     )
 
 
@@ -513,16 +518,10 @@ def add_classify_arguments(parser: argparse.ArgumentParser) -> None:
         help="Label column, ids or names (default: label, labels, class, category or target, else the one "
         "column ending in `label`). The label set is taken from train, in a stable order.",
     )
-    data.add_argument("--max-length", type=positive_int, help="Tokenizer max length in sub-words (128).")
-    data.add_argument(
-        "--dev-limit",
-        type=positive_int,
-        help="Evaluate on N dev examples drawn with seed 0 (default: all).",
-    )
-    data.add_argument(
-        "--test-limit",
-        type=positive_int,
-        help="Score N test examples drawn with seed 0 (default: all).",
+    _add_length_and_limits(
+        data,
+        dev="Evaluate on N dev examples drawn with seed 0 (default: all).",
+        test="Score N test examples drawn with seed 0 (default: all).",
     )
     data.add_argument(
         "--pooling",
@@ -537,13 +536,7 @@ def add_classify_arguments(parser: argparse.ArgumentParser) -> None:
         help="The dev metric that picks each run's best epoch and each cell's LR (both are reported on "
         "test). Default: accuracy.",
     )
-    parser.add_argument(
-        "--fixed-sample",
-        action="store_true",
-        default=None,
-        help="Draw the training sample once (trial 0's) and train every trial on it; trials then differ "
-        "only by initialisation and order. Default: a new sample each trial.",
-    )
+    _add_fixed_sample(parser)
     add_few_shot_arguments(parser, CLASSIFY_WORDS)
 
 
