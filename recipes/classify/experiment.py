@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..core.cells import FULL_TRAIN, sample_seed
-from ..core.experiment import FewShotExperiment, TaskSettings
+from ..core.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
 from ..core.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, KeptPositions
 from ..core.fitting import RunResult
 from ..core.probes import states_at
@@ -52,14 +52,7 @@ SETUP_FIELDS = (
     "text_column",
     "text_pair_column",
     "label_column",
-    "max_length",
-    "batch_size",
-    "eval_every",
-    "seed",
-    "head_modules",
-    "method_options",
-    "dev_limit",
-    "test_limit",
+    *SHARED_SETUP_FIELDS,
     "fixed_sample",
     "pooling",
     "metric",
@@ -173,12 +166,8 @@ def limited(examples: list[TextExample], limit: int | None) -> list[TextExample]
 
 
 class ClassifyExperiment(FewShotExperiment):
-    """Model + data, prepared once; :meth:`run` trains one cell (see
-    :class:`~layerfusion_recipes.core.experiment.FewShotExperiment`).
-
-    Args:
-        settings: See :class:`ClassifySettings`.
-        dataset: Already loaded data (otherwise loaded from ``settings.data``).
+    """Sentence classification as a :class:`~layerfusion_recipes.core.experiment.FewShotExperiment`
+    of :class:`ClassifySettings` (and, optionally, a :class:`TextDataset` already loaded).
 
     Example:
         >>> experiment = ClassifyExperiment(ClassifySettings(model=path, data="sst2/"))

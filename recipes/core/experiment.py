@@ -42,6 +42,18 @@ from .runner import Runner, Scorer, StackedRunner, depth_attention_profile
 
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
 FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
+# the TaskSettings fields that change a result in every task (each task's SETUP_FIELDS holds them,
+# after its model, data and data-reading fields)
+SHARED_SETUP_FIELDS = (
+    "max_length",
+    "batch_size",
+    "eval_every",
+    "seed",
+    "head_modules",
+    "method_options",
+    "dev_limit",
+    "test_limit",
+)
 
 
 @dataclass
@@ -148,10 +160,12 @@ class TaskSettings:
 class FewShotExperiment:
     """Model + data, prepared once by the task's ``__init__``; :meth:`run` trains one :class:`Cell`.
 
-    A task sets ``settings``, ``tokenizer``, ``dev``, ``test`` (encoded, possibly empty), ``labels``
-    (the label names, ids ``0..C-1``), ``data_name`` and ``setup`` (``settings.setup()``) and
-    implements :meth:`load_model`, :meth:`train_sample`, :meth:`check_shots`, :meth:`scorer_of`,
-    :meth:`runner`, :meth:`record_fields` and :meth:`probe_inputs`.
+    A task's ``__init__(settings, dataset=None)`` takes its settings and, optionally, its data
+    already loaded (otherwise it loads ``settings.data``), then sets ``settings``, ``tokenizer``,
+    ``dev``, ``test`` (encoded, possibly empty), ``labels`` (the label names, ids ``0..C-1``),
+    ``data_name`` and ``setup`` (``settings.setup()``); the task implements :meth:`load_model`,
+    :meth:`train_sample`, :meth:`check_shots`, :meth:`scorer_of`, :meth:`runner`,
+    :meth:`record_fields` and :meth:`probe_inputs`.
     """
 
     settings: TaskSettings

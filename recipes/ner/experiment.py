@@ -26,7 +26,7 @@ import torch
 
 from ..core import experiment as core_experiment
 from ..core.cells import Cell, lrs_train_together, reads_head_positions_only, record_key, sample_seed
-from ..core.experiment import FewShotExperiment, TaskSettings
+from ..core.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
 from ..core.feature_cache import KeptPositions
 from ..core.fitting import RunResult
 from ..core.models import load_token_classifier, token_classifier_skeleton
@@ -68,14 +68,7 @@ SETUP_FIELDS = (
     "model",
     "data",
     "language",
-    "max_length",
-    "batch_size",
-    "eval_every",
-    "seed",
-    "head_modules",
-    "method_options",
-    "dev_limit",
-    "test_limit",
+    *SHARED_SETUP_FIELDS,
     "train_sentences",
     "fixed_sample",
 )
@@ -177,12 +170,8 @@ def check_sample_sizes(
 
 
 class Experiment(FewShotExperiment):
-    """Model + data, prepared once; :meth:`run` trains one :class:`Cell` (see
-    :class:`~layerfusion_recipes.core.experiment.FewShotExperiment`).
-
-    Args:
-        settings: See :class:`ExperimentSettings`.
-        dataset: Already loaded data (otherwise loaded from ``settings.data``).
+    """NER as a :class:`~layerfusion_recipes.core.experiment.FewShotExperiment` of
+    :class:`ExperimentSettings` (and, optionally, a :class:`NerDataset` already loaded).
 
     Example:
         >>> experiment = Experiment(ExperimentSettings(model=path, data="ner.txt"))
