@@ -18,46 +18,34 @@ from transformers import Gemma3TextConfig, LlamaConfig, PretrainedConfig, Qwen3C
 
 from ..config import invalid
 
+# The sizing fields of a published config.json, in the order of the table below (``head_dim``:
+# ``None`` where the config.json does not set it).
+SIZING_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
+_PUBLISHED: dict[str, tuple[type[PretrainedConfig], tuple[Any, ...]]] = {
+    #                config class       vocab   width MLP    layers heads KV head_dim tied
+    "gemma-3-270m": (Gemma3TextConfig, (262144, 640,  2048,  18,    4,    1, 256,     True)),
+    "qwen3-0.6b":   (Qwen3Config,      (151936, 1024, 3072,  28,    16,   8, 128,     True)),
+    "llama-3.1-8b": (LlamaConfig,      (128256, 4096, 14336, 32,    32,   8, None,    False)),
+}  # fmt: skip
+
+
+def _sizing(values: tuple[Any, ...]) -> dict[str, Any]:
+    """A row of the table as config fields (a ``None`` left out)."""
+    return {key: value for key, value in zip(SIZING_FIELDS, values, strict=True) if value is not None}
+
+
 # name: (config class, the sizing fields of its published config.json)
 LLM_SHAPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
-    "gemma-3-270m": (
-        Gemma3TextConfig,
-        dict(
-            vocab_size=262144,
-            hidden_size=640,
-            intermediate_size=2048,
-            num_hidden_layers=18,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=256,
-            tie_word_embeddings=True,
-        ),
-    ),
-    "qwen3-0.6b": (
-        Qwen3Config,
-        dict(
-            vocab_size=151936,
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            tie_word_embeddings=True,
-        ),
-    ),
-    "llama-3.1-8b": (
-        LlamaConfig,
-        dict(
-            vocab_size=128256,
-            hidden_size=4096,
-            intermediate_size=14336,
-            num_hidden_layers=32,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            tie_word_embeddings=False,
-        ),
-    ),
+    name: (config_cls, _sizing(values)) for name, (config_cls, values) in _PUBLISHED.items()
 }
 
 
