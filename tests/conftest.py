@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -351,6 +352,17 @@ def write_text_data(directory: str | os.PathLike, sizes=(("train", 24), ("dev", 
             lines.append(f"{text}{second},{ENTITIES[entity].lower()}")
         (directory / f"{split}.csv").write_text("\n".join(lines) + "\n")
     return str(directory)
+
+
+def write_folders(tmp_path_factory, **writers: Callable[[Path], str]) -> dict[str, str]:
+    """Write each ``name=writer`` into its own folder ``name`` of a fresh temporary folder (a test
+    module's models and data, written once); return ``{name: path}``.
+
+    Example:
+        >>> write_folders(tmp_path_factory, model=write_tiny_model, data=write_text_data)["model"]
+    """
+    root = tmp_path_factory.mktemp("folders")
+    return {name: write(root / name) for name, write in writers.items()}
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import write_text_data, write_tiny_decoder, write_tiny_model
+from conftest import write_folders, write_text_data, write_tiny_decoder, write_tiny_model
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.scoring import ClassScorer
 from layerfusion_recipes.cli import main
@@ -26,12 +26,9 @@ PRE_NORM = "final_norms" in EncoderBlocks.__dataclass_fields__  # decoders' cach
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    root = tmp_path_factory.mktemp("classify")
-    return {
-        "model": write_tiny_model(root / "bert"),
-        "decoder": write_tiny_decoder(root / "llama"),
-        "data": write_text_data(root / "data"),
-    }
+    return write_folders(
+        tmp_path_factory, model=write_tiny_model, decoder=write_tiny_decoder, data=write_text_data
+    )
 
 
 @pytest.fixture(scope="module")

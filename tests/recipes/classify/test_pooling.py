@@ -4,14 +4,17 @@ fusing at the read positions only equals fusing everywhere; the feature cache eq
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
-from conftest import write_text_data, write_tiny_decoder, write_tiny_model
+from conftest import write_folders, write_text_data, write_tiny_decoder, write_tiny_model
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.models import new_modules
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.experiment import cache_positions_for
 from layerfusion_recipes.core.runner import Runner
+from torch import nn
 
 from peft_layerfusion.discovery import EncoderBlocks
 from peft_layerfusion.registration import ENCODER_METHODS
@@ -31,13 +34,13 @@ TOKEN_WISE = [method.name for method in ENCODER_METHODS if method.token_wise]
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pooling")
-    return {
-        "encoder": write_tiny_model(root / "bert", segments=True),
-        "decoder": write_tiny_decoder(root / "llama"),
-        "data": write_text_data(root / "data"),
-        "pairs": write_text_data(root / "pairs", pairs=True),
-    }
+    return write_folders(
+        tmp_path_factory,
+        encoder=partial(write_tiny_model, segments=True),
+        decoder=write_tiny_decoder,
+        data=write_text_data,
+        pairs=partial(write_text_data, pairs=True),
+    )
 
 
 def experiment(paths, model="encoder", data="data", **options) -> ClassifyExperiment:
@@ -48,6 +51,15 @@ def batch_of(exp: ClassifyExperiment, count: int = 6) -> list[dict]:
     features = exp.dev[-count:]  # sorted by length: the longest, of several lengths (padding)
     assert len({len(f["input_ids"]) for f in features}) > 1
     return features
+
+
+def reference_case(paths, positions: str, **options) -> tuple[ClassifyExperiment, list[dict], nn.Module]:
+    """The experiment of ``options`` (its head reading ``positions``), a batch of its dev examples and
+    its model as the cell's trial 0 draws it (the same head), the reference."""
+    exp = experiment(paths, **options)
+    assert exp.positions == positions
+    features = batch_of(exp)
+    return exp, features, exp.load_model(seed=exp.settings.seed).eval()
 
 
 def inputs(features: list[dict]) -> dict[str, torch.Tensor]:
@@ -74,10 +86,7 @@ def runner_logits(exp: ClassifyExperiment, method: str, features: list[dict], ca
 @pytest.mark.parametrize("data", ["data", "pairs"])
 @pytest.mark.parametrize("method", ["none", "average"])
 def test_bert_head_reads_the_first_token_through_its_pooler(paths, method, data):
-    exp = experiment(paths, data=data)
-    assert exp.positions == "first"
-    features = batch_of(exp)
-    reference = exp.load_model(seed=exp.settings.seed).eval()  # the head the cell's trial 0 draws
+    exp, features, reference = reference_case(paths, "first", data=data)
     with torch.no_grad():
         hidden = reference.bert(**inputs(features), output_hidden_states=True).hidden_states
         first = fused_states(hidden, method)[:, 0]  # (batch, d)
@@ -89,10 +98,7 @@ def test_bert_head_reads_the_first_token_through_its_pooler(paths, method, data)
 
 @pytest.mark.parametrize("method", ["none", "average"])
 def test_mean_pooling_averages_the_real_tokens(paths, method):
-    exp = experiment(paths, pooling="mean")
-    assert exp.positions == "all"
-    features = batch_of(exp)
-    reference = exp.load_model(seed=exp.settings.seed).eval()
+    exp, features, reference = reference_case(paths, "all", pooling="mean")
     assert exp.head_modules() == ("classifier",)
     given = inputs(features)
     with torch.no_grad():
@@ -106,10 +112,7 @@ def test_mean_pooling_averages_the_real_tokens(paths, method):
 
 
 def test_decoder_head_reads_the_last_real_token(paths):
-    exp = experiment(paths, model="decoder")
-    assert exp.positions == "last"
-    features = batch_of(exp)
-    reference = exp.load_model(seed=exp.settings.seed).eval()
+    exp, features, reference = reference_case(paths, "last", model="decoder")
     assert exp.head_modules() == ("score",)
     given = inputs(features)
     with torch.no_grad():

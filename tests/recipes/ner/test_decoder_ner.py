@@ -5,11 +5,12 @@ running text, cached = uncached records, each token labelled from its left conte
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import toy_dataset, write_tiny_decoder, write_tiny_model, write_toy_data
+from conftest import toy_dataset, write_folders, write_tiny_decoder, write_tiny_model, write_toy_data
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core import gemma
 from layerfusion_recipes.core.gemma import NamedGGUF
@@ -41,13 +42,13 @@ GENERIC = ("gemma3_text", "opt")  # decoder types without a token-classification
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("decoders")
-    return {
-        "llama": write_tiny_decoder(root / "llama"),
-        **{family: write_tiny_decoder(root / family, family=family) for family in GENERIC},
-        "bert": write_tiny_model(root / "bert"),
-        "data": write_toy_data(root / "data", train=30, dev=8, test=8),
-    }
+    return write_folders(
+        tmp_path_factory,
+        llama=write_tiny_decoder,
+        **{family: partial(write_tiny_decoder, family=family) for family in GENERIC},
+        bert=write_tiny_model,
+        data=partial(write_toy_data, train=30, dev=8, test=8),
+    )
 
 
 def ner_argv(model: str, data: str, output: Path, *extra: str) -> list[str]:

@@ -6,10 +6,11 @@ the table and the printed subset of ``classify`` and ``ner`` runs, resumed witho
 from __future__ import annotations
 
 import zlib
+from functools import partial
 
 import pytest
 import torch
-from conftest import tiny_bert, write_text_data, write_tiny_model, write_toy_data
+from conftest import tiny_bert, write_folders, write_text_data, write_tiny_model, write_toy_data
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.settings import resolve
 from layerfusion_recipes.cli import build_parser, main
@@ -65,12 +66,12 @@ class PlantedCache:
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    root = tmp_path_factory.mktemp("layers")
-    return {
-        "model": write_tiny_model(root / "bert", layers=3),
-        "texts": write_text_data(root / "texts", sizes=(("train", 30), ("dev", 15), ("test", 15))),
-        "ner": write_toy_data(root / "ner", train=30, dev=8, test=8),
-    }
+    return write_folders(
+        tmp_path_factory,
+        model=partial(write_tiny_model, layers=3),
+        texts=partial(write_text_data, sizes=(("train", 30), ("dev", 15), ("test", 15))),
+        ner=partial(write_toy_data, train=30, dev=8, test=8),
+    )
 
 
 def test_the_probe_finds_the_layer_that_holds_the_label(paths):

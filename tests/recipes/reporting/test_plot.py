@@ -53,26 +53,27 @@ def test_the_paired_methods_derive_from_the_registry(monkeypatch):
     assert {("new", "extra_layers"), ("dwatt", "new"), ("concat", "new"), ("new", "none")} <= set(pairs)
 
 
+def _record(method: str, shots: int, trial: int, top: float, key_suffix: str = "", **fields) -> dict:
+    """A finished FE run of ``method`` (5 epochs, a dev curve rising to ``top``; DWAtt's with its depth
+    attention over 3 layers), ``fields`` added."""
+    record = {
+        "key": f"{method}|fe|{shots}|5|{trial}{key_suffix}",
+        **{"method": method, "regime": "fe", "shots": shots, "epochs": 5, "trial": trial},
+        **fields,
+        "curve": [{"epoch": e, "step": 3 * e, "dev_f1": top * e / 5} for e in range(1, 6)],
+    }
+    if method == "dwatt":
+        record |= {"depth_attention": [0.2, 0.3, 0.5], "fused_layers": [1, 2, 3]}
+    return record
+
+
 def _records():
-    records = []
-    for method, base in (("none", 0.4), ("dwatt", 0.6)):
-        for shots in (2, 4):
-            for trial, noise in enumerate((-0.1, 0.0, 0.1)):
-                record = {
-                    "key": f"{method}|fe|{shots}|5|{trial}",
-                    "method": method,
-                    "regime": "fe",
-                    "shots": shots,
-                    "epochs": 5,
-                    "trial": trial,
-                    "best_f1": base + noise + shots / 100,
-                    "curve": [{"epoch": e, "step": 3 * e, "dev_f1": base * e / 5} for e in range(1, 6)],
-                }
-                if method == "dwatt":
-                    record["depth_attention"] = [0.2, 0.3, 0.5]
-                    record["fused_layers"] = [1, 2, 3]
-                records.append(record)
-    return records
+    return [
+        _record(method, shots, trial, base, best_f1=base + noise + shots / 100)
+        for method, base in (("none", 0.4), ("dwatt", 0.6))
+        for shots in (2, 4)
+        for trial, noise in enumerate((-0.1, 0.0, 0.1))
+    ]
 
 
 def test_summarize_and_table_numbers():
@@ -169,16 +170,8 @@ def _lr_records(methods=("dwatt", "extra_layers", "none", "concat")) -> list[dic
             for lr in (1e-3, 1e-2, 1e-1):
                 for trial, f1 in enumerate((0.0, 0.02, 0.12)):
                     score = f1 + shots / 400 + (lr == 1e-2) * 0.01
-                    record = {
-                        "key": f"{method}|fe|{shots}|5|{trial}|lr={lr!r}|s",
-                        **{"method": method, "regime": "fe", "shots": shots, "epochs": 5, "trial": trial},
-                        **{"lr": lr, "setup": "s", "dev_f1": score, "test_f1": score, "best_f1": score},
-                        "curve": [{"epoch": e, "step": 3 * e, "dev_f1": score * e / 5} for e in range(1, 6)],
-                    }
-                    if method == "dwatt":
-                        record["depth_attention"] = [0.2, 0.3, 0.5]
-                        record["fused_layers"] = [1, 2, 3]
-                    records.append(record)
+                    fields = {"lr": lr, "setup": "s", "dev_f1": score, "test_f1": score, "best_f1": score}
+                    records.append(_record(method, shots, trial, score, f"|lr={lr!r}|s", **fields))
     return records
 
 
