@@ -27,6 +27,8 @@ from peft_layerfusion.registration import ENCODER_METHODS
 ENCODER_CONFIGS = [method.config_cls for method in ENCODER_METHODS]
 TOKEN_WISE_CONFIGS = [method.config_cls for method in ENCODER_METHODS if method.token_wise]
 
+# The tiny models' sizes under BERT's names (other families' configs take them as they are, through
+# their ``attribute_map``, or renamed: :func:`seq2seq_sizes`); a test module overrides what it needs.
 TINY = dict(
     vocab_size=99,
     hidden_size=32,
@@ -38,6 +40,19 @@ TINY = dict(
 torch.set_num_threads(1)  # tiny models: one thread is fastest and leaves the other core free
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def seq2seq_sizes(sizes: dict) -> dict:
+    """``sizes`` (BERT's names, as :data:`TINY`) under the names of BART-like encoder-decoders (BART,
+    mBART, Whisper), the decoder as large as the encoder."""
+    per_side = {
+        "layers": sizes["num_hidden_layers"],
+        "attention_heads": sizes["num_attention_heads"],
+        "ffn_dim": sizes["intermediate_size"],
+    }
+    sides = {f"{side}_{name}": value for side in ("encoder", "decoder") for name, value in per_side.items()}
+    common = ("vocab_size", "max_position_embeddings")
+    return {"d_model": sizes["hidden_size"], **{name: sizes[name] for name in common}, **sides}
 
 
 def tiny_bert(num_labels: int = 5, seed: int = 0, **overrides) -> BertForTokenClassification:

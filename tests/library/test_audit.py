@@ -23,17 +23,13 @@ def main(argv: list[str]) -> int:
     return cli_main(argv)
 
 
-# RoBERTa-large's shape (its published config.json, the fields that size the model).
-ROBERTA_LARGE = dict(
-    vocab_size=50265,
-    hidden_size=1024,
-    num_hidden_layers=24,
-    num_attention_heads=16,
-    intermediate_size=4096,
-    max_position_embeddings=514,
-    type_vocab_size=1,
-    pad_token_id=1,
-)
+# RoBERTa-large's shape (its published config.json, the fields that size the model): TINY's fields
+# (vocabulary, width, blocks, heads, MLP width, positions), then one token type and padding id 1.
+ROBERTA_LARGE = {
+    **dict(zip(TINY, (50265, 1024, 24, 16, 4096, 514), strict=True)),
+    "type_vocab_size": 1,
+    "pad_token_id": 1,
+}
 
 # Tiny BERT, d=32, L=3, γd=16. One bottleneck MLP: 32*16+16 + LN 2*16 + 16*32+32 = 1104.
 TINY_DWATT = {"query_mlp": 1104, "value_mlps": 3 * 1104, "value_norm": 3 * 64, "key_proj": 24 * 32 + 32}

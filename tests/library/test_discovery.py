@@ -5,33 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from conftest import ToyEncoder, attach, perturb_
+from conftest import TINY, ToyEncoder, attach, perturb_, seq2seq_sizes
 from peft import get_peft_model
 from torch import nn
 
 from peft_layerfusion import DWAttConfig, ExtraLayersConfig, find_encoder_blocks
 from peft_layerfusion.discovery import hidden_size_of
 
-D, LAYERS, HEADS, FF, VOCAB = 32, 2, 4, 48, 99
-BERT_LIKE = dict(
-    vocab_size=VOCAB,
-    hidden_size=D,
-    num_hidden_layers=LAYERS,
-    num_attention_heads=HEADS,
-    intermediate_size=FF,
-    max_position_embeddings=64,
-)
-SEQ2SEQ = dict(
-    vocab_size=VOCAB,
-    d_model=D,
-    encoder_layers=LAYERS,
-    decoder_layers=LAYERS,
-    encoder_attention_heads=HEADS,
-    decoder_attention_heads=HEADS,
-    encoder_ffn_dim=FF,
-    decoder_ffn_dim=FF,
-    max_position_embeddings=64,
-)
+LAYERS = 2
+BERT_LIKE = {**TINY, "num_hidden_layers": LAYERS}  # the tests' tiny sizes, 2 blocks
+SEQ2SEQ = seq2seq_sizes(BERT_LIKE)
+D, HEADS, FF = BERT_LIKE["hidden_size"], BERT_LIKE["num_attention_heads"], BERT_LIKE["intermediate_size"]
+VOCAB = BERT_LIKE["vocab_size"]
 
 # (model class, config, expected block list name)
 FAMILIES = {

@@ -20,21 +20,22 @@ from dataclasses import dataclass
 import pytest
 import torch
 import transformers as tf
-from conftest import fusion_of
+from conftest import fusion_of, seq2seq_sizes
 from peft import get_peft_model
 from test_methods import REFERENCES
-from tiny_decoders import adapted, with_norm_gains
+from tiny_decoders import BOS, COMMON, EOS, SPECIAL_IDS, adapted, with_norm_gains
 from torch import nn
 
 from peft_layerfusion import ExtraLayersConfig, find_encoder_blocks
 from peft_layerfusion.registration import ENCODER_METHODS
 
-D, V = 32, 100
-SEQ2SEQ = dict(vocab_size=V, d_model=D, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
-               pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2)  # fmt: skip
-AUDIO = dict(hidden_size=D, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-             conv_dim=(8, 8), conv_stride=(4, 4), conv_kernel=(8, 8), num_conv_pos_embeddings=4,
+# the tests' tiny sizes, 2 blocks (as tiny_decoders' COMMON)
+D, V, FF = COMMON["hidden_size"], COMMON["vocab_size"], COMMON["intermediate_size"]
+SEQ2SEQ = {**seq2seq_sizes(COMMON), **SPECIAL_IDS, "decoder_start_token_id": EOS}
+T5 = dict(vocab_size=V, d_model=D, d_kv=8, d_ff=FF, num_layers=2, num_heads=4, decoder_start_token_id=0)
+VIT = dict(image_size=16, patch_size=8, num_labels=3)
+MODERNBERT = dict(cls_token_id=BOS, sep_token_id=EOS, global_attn_every_n_layers=2, local_attention=4)
+AUDIO = dict(**COMMON, conv_dim=(8, 8), conv_stride=(4, 4), conv_kernel=(8, 8), num_conv_pos_embeddings=4,
              num_conv_pos_embedding_groups=2, hidden_dropout=0.0, activation_dropout=0.0,
              attention_dropout=0.0, feat_proj_dropout=0.0, layerdrop=0.0)  # fmt: skip
 TEXT = {"input_ids": torch.randint(3, V, (2, 7), generator=torch.Generator().manual_seed(1))}
@@ -73,17 +74,7 @@ def _audio() -> dict:
 
 FAMILIES: dict[str, Family] = {
     "bert (post-norm)": Family(
-        _seeded(
-            lambda: tf.BertModel(
-                tf.BertConfig(
-                    vocab_size=V,
-                    hidden_size=D,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    intermediate_size=48,
-                )
-            )
-        ),
+        _seeded(lambda: tf.BertModel(tf.BertConfig(**COMMON))),
         lambda: TEXT,
         "encoder",
         "layer",
@@ -97,19 +88,7 @@ FAMILIES: dict[str, Family] = {
         None,
     ),  # fmt: skip
     "t5 encoder": Family(
-        _seeded(
-            lambda: tf.T5Model(
-                tf.T5Config(
-                    vocab_size=V,
-                    d_model=D,
-                    d_kv=8,
-                    d_ff=48,
-                    num_layers=2,
-                    num_heads=4,
-                    decoder_start_token_id=0,
-                )
-            )
-        ),
+        _seeded(lambda: tf.T5Model(tf.T5Config(**T5))),
         lambda: TEXT | DECODER_IDS,
         "encoder",
         "block",
@@ -137,19 +116,7 @@ FAMILIES: dict[str, Family] = {
         "layer_norm",
     ),  # fmt: skip
     "vit": Family(
-        _seeded(
-            lambda: tf.ViTForImageClassification(
-                tf.ViTConfig(
-                    hidden_size=D,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    intermediate_size=48,
-                    image_size=16,
-                    patch_size=8,
-                    num_labels=3,
-                )
-            )
-        ),  # fmt: skip
+        _seeded(lambda: tf.ViTForImageClassification(tf.ViTConfig(**COMMON, **VIT))),
         lambda: {"pixel_values": torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))},
         "vit",
         "layers" if VIT_BLOCKS_AT_TOP else "encoder.layer",
@@ -157,24 +124,7 @@ FAMILIES: dict[str, Family] = {
         backbone="vit",
     ),  # fmt: skip
     "modernbert": Family(
-        _seeded(
-            lambda: tf.ModernBertModel(
-                tf.ModernBertConfig(
-                    vocab_size=V,
-                    hidden_size=D,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    intermediate_size=48,
-                    pad_token_id=0,
-                    bos_token_id=1,
-                    eos_token_id=2,
-                    cls_token_id=1,
-                    sep_token_id=2,
-                    global_attn_every_n_layers=2,
-                    local_attention=4,
-                )
-            )
-        ),  # fmt: skip
+        _seeded(lambda: tf.ModernBertModel(tf.ModernBertConfig(**COMMON, **MODERNBERT))),
         lambda: TEXT,
         "",
         "layers",

@@ -14,23 +14,15 @@ from dataclasses import dataclass
 
 import torch
 import transformers as tf
-from conftest import fusion_of, perturb_
+from conftest import TINY, fusion_of, perturb_
 from peft import get_peft_model
 from torch import nn
 
 VOCAB, PAD, BOS, EOS = 100, 0, 1, 2
 TASK_TYPES = {"causal": "CAUSAL_LM", "seq": "SEQ_CLS", "token": "TOKEN_CLS"}  # peft's, per head
-COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    max_position_embeddings=64,
-    pad_token_id=PAD,
-    bos_token_id=BOS,
-    eos_token_id=EOS,
-)
+SPECIAL_IDS = dict(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+# the tests' tiny sizes, 2 blocks (GPT-2's config takes them under its own names: its attribute_map)
+COMMON = {**TINY, "vocab_size": VOCAB, "num_hidden_layers": 2, **SPECIAL_IDS}
 WINDOW = 4  # sliding window smaller than the test sequences (prompt 6-7 tokens + 5 generated)
 
 
@@ -127,16 +119,7 @@ FAMILIES: dict[str, Family] = {
         Family("phi3", _rotary(tf.Phi3Config), "model", "layers", "norm", lora_targets=("qkv_proj",)),
         Family(
             "gpt2",
-            lambda: tf.GPT2Config(
-                vocab_size=VOCAB,
-                n_embd=32,
-                n_layer=2,
-                n_head=4,
-                n_positions=64,
-                pad_token_id=PAD,
-                bos_token_id=BOS,
-                eos_token_id=EOS,
-            ),  # fmt: skip
+            lambda: tf.GPT2Config(**COMMON),  # its MLP: 4 x width (no intermediate_size)
             "transformer",
             "h",
             "ln_f",
@@ -153,18 +136,7 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "opt",
-            lambda: tf.OPTConfig(
-                vocab_size=VOCAB,
-                hidden_size=32,
-                ffn_dim=48,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                max_position_embeddings=64,
-                word_embed_proj_dim=32,
-                pad_token_id=PAD,
-                bos_token_id=BOS,
-                eos_token_id=EOS,
-            ),  # fmt: skip
+            lambda: tf.OPTConfig(**COMMON, ffn_dim=COMMON["intermediate_size"], word_embed_proj_dim=32),
             "model",
             "decoder.layers",
             "decoder.final_layer_norm",
