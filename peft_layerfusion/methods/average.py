@@ -27,7 +27,9 @@ class AverageConfig(LayerFusionConfig):
     """Configuration of the Average baseline (no new parameters).
 
     Args:
-        (every option of :class:`LayerFusionConfig` and of LoRA)
+        fusion_init: ``"identity"`` is refused (no parameters: the mean cannot start as ``z_L``);
+            ``"auto"`` and ``"paper"`` both give the mean.
+        (every other option of :class:`LayerFusionConfig` and of LoRA)
 
     Example:
         >>> model = get_peft_model(base_model, AverageConfig(modules_to_save=["classifier"]))

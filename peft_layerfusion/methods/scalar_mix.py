@@ -43,7 +43,10 @@ class ScalarMixConfig(LayerFusionConfig):
     """Configuration of ScalarMix (``K`` + 1 scalars; one more, ``β``, under the identity init).
 
     Args:
-        (every option of :class:`LayerFusionConfig` and of LoRA)
+        fusion_init: ``"identity"`` (``"auto"`` on a decoder-only model) adds ``β`` and starts the
+            weights one-hot on ``z_L``; ``"identity"`` needs ``layers`` to fuse ``z_L``, ``"auto"``
+            falls back to the paper's init (weights ``softmax(0)``, uniform) where they do not.
+        (every other option of :class:`LayerFusionConfig` and of LoRA)
 
     Example:
         >>> model = get_peft_model(base_model, ScalarMixConfig(modules_to_save=["classifier"]))
