@@ -119,7 +119,7 @@ FAMILIES: dict[str, Family] = {
         Family("phi3", _rotary(tf.Phi3Config), "model", "layers", "norm", lora_targets=("qkv_proj",)),
         Family(
             "gpt2",
-            lambda: tf.GPT2Config(**COMMON),  # its MLP: 4 x width (no intermediate_size)
+            lambda: tf.GPT2Config(**COMMON),  # GPT-2 reads no intermediate_size: its MLP is 4 x width
             "transformer",
             "h",
             "ln_f",
