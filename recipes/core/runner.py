@@ -24,6 +24,7 @@ one group's, not ``K`` candidates'.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Protocol
@@ -168,9 +169,6 @@ class StackedRunner(Runner):
         self.candidates: list[list[torch.Tensor]] = [
             [p.detach().clone().requires_grad_(True) for _, p in named] for _ in range(count)
         ]
-        # what one candidate may read at a fused position: every state (z_0 .. z_L) of width d, float32
-        states = located.num_blocks + 1 if located is not None else 1
-        self.position_bytes = states * hidden_size_of(model, located) * 4
         self.groups_run = 0  # candidate groups the last forward ran (1 in training)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -192,6 +190,13 @@ class StackedRunner(Runner):
         return {
             name: torch.stack([self.candidates[k][i] for k in group]) for i, name in enumerate(self.names)
         }
+
+    @functools.cached_property
+    def position_bytes(self) -> int:
+        """What one candidate may read at a fused position: every state (``z_0 .. z_L``) of width
+        ``d``, in float32 (read on first use: a runner that never forwards needs no width)."""
+        states = self.located.num_blocks + 1 if self.located is not None else 1
+        return states * hidden_size_of(self.model, self.located) * 4
 
     def evaluation_group_size(self) -> int:
         """Candidates one no-grad forward runs together: as many as :data:`EVALUATION_BYTES` holds at
