@@ -178,6 +178,7 @@ def fit(
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
             loop.step(runner.loss(*runner.logits([train[i] for i in indices], loop.device)))
+            release_freed_memory()  # what the step freed: the next one's tensors have other sizes
         if evaluates_at(epoch, settings):
             scores = evaluate(runner, dev, scorer, settings.eval_batch_size, loop.device)
             for k, (result, score) in enumerate(zip(results, scores, strict=True)):

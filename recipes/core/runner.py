@@ -17,11 +17,14 @@ module and the head run batched.
 
 Each candidate is the run it would be alone: same initial parameters (copies of one built model),
 same batches, same dropout masks (``randomness="same"`` draws one mask per call, exactly as a lone
-run does, since the draws depend only on the seed and the shapes).
+run does, since the draws depend only on the seed and the shapes). Evaluation runs the candidates in
+groups bounded by a byte budget (:meth:`StackedRunner.evaluation_group_size`): its working set is
+one group's, not ``K`` candidates'.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Protocol
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from peft_layerfusion.discovery import hidden_size_of
 from peft_layerfusion.layer import active_fusion_module, fused_positions
 from peft_layerfusion.utils import eval_mode
 
@@ -38,6 +42,9 @@ from ..data.readers import IGNORE_INDEX, collate
 from .loop import restore
 from .models import trainable_parameters
 from .processes import process_state
+
+# bytes a no-grad forward of stacked candidates is budgeted at (StackedRunner.evaluation_group_size)
+EVALUATION_BYTES = 2**27
 
 # the model inputs an encoded example may carry (token types: sentence pairs on BERT-like encoders)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -146,6 +153,10 @@ class StackedRunner(Runner):
         count: ``K``, the number of candidates.
         located, cache, positions, pad_id: As :class:`Runner`.
 
+    In evaluation (no grad, eval mode) the candidates run in groups sized to
+    :data:`EVALUATION_BYTES` (:meth:`evaluation_group_size`): the same logits bitwise, one group's
+    working set at a time instead of ``K``'s.
+
     Example:
         >>> runner = StackedRunner(model, 4, located, cache, positions=labelled_positions)
         >>> logits, labels = runner.logits(batch_features, torch.device("cpu"))  # (4, batch, ..., C)
@@ -158,18 +169,48 @@ class StackedRunner(Runner):
         self.candidates: list[list[torch.Tensor]] = [
             [p.detach().clone().requires_grad_(True) for _, p in named] for _ in range(count)
         ]
+        self.groups_run = 0  # candidate groups the last forward ran (1 in training)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        stacked = {
-            name: torch.stack([candidate[i] for candidate in self.candidates])  # (K, *shape)
-            for i, name in enumerate(self.names)
-        }
         inputs = model_inputs(batch)
 
         def one(parameters: dict[str, torch.Tensor]) -> torch.Tensor:
             return functional_call(self.model, parameters, (), inputs).logits
 
-        return vmap(one, randomness="same")(stacked)  # (K, batch, ..., labels)
+        evaluating = not torch.is_grad_enabled() and not self.model.training  # no dropout draws to share
+        size = self.evaluation_group_size() if evaluating else len(self.candidates)
+        groups = candidate_groups(len(self.candidates), size)
+        self.groups_run = len(groups)
+        logits = [vmap(one, randomness="same")(self.stacked(group)) for group in groups]
+        return logits[0] if len(logits) == 1 else torch.cat(logits)  # (K, batch, ..., labels)
+
+    def stacked(self, group: range) -> dict[str, torch.Tensor]:
+        """The parameters of the candidates ``group``, stacked: ``{name: (len(group), *shape)}``
+        (a copy, made per forward: a group's own, freed with it)."""
+        return {
+            name: torch.stack([self.candidates[k][i] for k in group]) for i, name in enumerate(self.names)
+        }
+
+    @functools.cached_property
+    def position_bytes(self) -> int:
+        """What one candidate may read at a fused position: every state (``z_0 .. z_L``) of width
+        ``d``, in float32 (read on first use: a runner that never forwards needs no width)."""
+        states = self.located.num_blocks + 1 if self.located is not None else 1
+        return states * hidden_size_of(self.model, self.located) * 4
+
+    def evaluation_group_size(self) -> int:
+        """Candidates one no-grad forward runs together: as many as :data:`EVALUATION_BYTES` holds at
+        ``fused positions x states x width x 4 B`` each (at least one, at most ``K``).
+
+        Why: a candidate's evaluation working set grows with the positions its fusion runs on (DWAtt's
+        value MLPs at every labelled position of a 64-sentence batch: about 90 MB per candidate at
+        13 states x 768 on CoNLL-2003's longest test batch, 3,203 positions), and ``K`` of them ran at
+        once. Groups of candidates give the same numbers bitwise (each candidate's matrix products
+        keep their shapes; only the leading batch of the stacked ones shrinks), where splitting a
+        batch's sentences would not (a matrix product's sums can change with its number of rows).
+        """
+        per_candidate = max(1, self.fused_count) * self.position_bytes
+        return max(1, min(len(self.candidates), EVALUATION_BYTES // per_candidate))
 
     def to(self, device: torch.device) -> None:
         """Move the model and every candidate's parameters to ``device`` (before building an optimizer)."""
@@ -196,6 +237,16 @@ class StackedRunner(Runner):
         """Copy candidate ``index``'s parameters into the model (e.g. to inspect it alone)."""
         named = dict(self.model.named_parameters())
         restore([named[name] for name in self.names], self.candidates[index])
+
+
+def candidate_groups(count: int, size: int) -> list[range]:
+    """``range(count)`` in consecutive groups of ``size`` (the last one shorter).
+
+    Example:
+        >>> candidate_groups(7, 3)
+        [range(0, 3), range(3, 6), range(6, 7)]
+    """
+    return [range(start, min(start + size, count)) for start in range(0, count, size)]
 
 
 def labelled_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 from layerfusion_recipes.core import fitting
+from layerfusion_recipes.core import runner as runner_module
 from layerfusion_recipes.core.feature_cache import (
     ALL_POSITIONS,
     FIRST_POSITION,
@@ -43,6 +44,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.hooks import BlockCapture
+from peft_layerfusion.layer import active_fusion_module
 from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import eval_mode
 
@@ -378,11 +380,69 @@ def test_largest_first_covers_every_example_once_ties_in_order():
 
 def test_every_epoch_gives_the_heaps_freed_pages_back(model_path, monkeypatch):
     """glibc's heap kept what a stacked DWAtt run freed (2.4 GB free held after one run of the
-    MiniLM sweep, in use 0.8 GB): the loop trims it after every epoch and at the end of a run."""
+    MiniLM sweep, in use 0.8 GB): the loop trims it after every training step (what a step frees does
+    not fit the next one's tensors: 0.8 GB held between the steps of seven DWAtt candidates at 13 x
+    768), after every epoch (its evaluation) and at the end of a run."""
     calls: list[int] = []
     monkeypatch.setattr(fitting, "release_freed_memory", lambda: calls.append(1) or True)
     experiment = _experiment(model_path, "labelled")
+    steps = -(-len(experiment.train_sample(2, 0)) // experiment.settings.batch_size)  # per epoch
+    assert steps > 1
     experiment.run_lrs(Cell("dwatt", "fe", shots=2, epochs=3, trial=0), [3e-3, 3e-2])
-    assert len(calls) == 3 + 1
+    assert len(calls) == 3 * steps + 3 + 1
     if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
         assert release_freed_memory() is True
+
+
+# ----------------------------------------------------------------------------- evaluation in groups
+
+
+@pytest.mark.parametrize("method", ["dwatt", "concat"])
+def test_stacked_candidates_evaluated_one_at_a_time_give_bitwise_the_same_records(
+    model_path, method, monkeypatch
+):
+    """Evaluation runs the stacked candidates in groups bounded by a byte budget; a budget below one
+    candidate's working set runs each alone (three groups per batch), and every record is the same."""
+    lrs = [3e-3, 1e-2, 3e-2]
+    cell = Cell(method, "fe", shots=3, epochs=3, trial=1)
+
+    def records() -> list[dict]:
+        runs = _experiment(model_path, "labelled").run_lrs(cell, lrs)
+        return [{k: v for k, v in record.items() if k not in TIMING} for record in runs]
+
+    together = records()
+    sizes: list[int] = []
+    groups_of = runner_module.candidate_groups
+    monkeypatch.setattr(
+        runner_module, "candidate_groups", lambda n, size: sizes.append(size) or groups_of(n, size)
+    )
+    monkeypatch.setattr(runner_module, "EVALUATION_BYTES", 1)
+    assert records() == together
+    assert set(sizes) == {1, 3}  # evaluation one candidate at a time, training all three together
+    assert together[0]["test_f1"] is not None and len({r["best_f1"] for r in together}) > 1
+
+
+def test_an_evaluation_forward_runs_as_many_candidates_as_the_byte_budget_holds(model_path, monkeypatch):
+    experiment = _experiment(model_path, "labelled")
+    model, located = experiment.build(Cell("dwatt", "fe", shots=2, epochs=1, trial=0))
+    runner = experiment.runner(model, located, experiment.cache(), count=5)
+    for k, candidate in enumerate(runner.candidates):  # five different candidates
+        for parameter in candidate:
+            parameter.data.add_(torch.randn_like(parameter), alpha=0.1 * (k + 1))
+    assert runner.position_bytes == (3 + 1) * 32 * 4  # z_0 .. z_3 of width 32 in float32
+    features, cpu = experiment.dev[-4:], torch.device("cpu")
+    calls: list[int] = []  # forwards of the fusion module: one per vmapped group
+    active_fusion_module(runner.model).register_forward_pre_hook(lambda *_: calls.append(1))
+    monkeypatch.setattr(runner_module, "EVALUATION_BYTES", 10**12)
+    with torch.no_grad(), eval_mode(runner.model):
+        together, labels = runner.logits(features, cpu)
+    positions = int((labels != -100).sum())
+    assert (runner.groups_run, len(calls)) == (1, 1) and runner.fused_count == positions
+    monkeypatch.setattr(runner_module, "EVALUATION_BYTES", 2 * positions * runner.position_bytes)
+    with torch.no_grad(), eval_mode(runner.model):
+        grouped, _ = runner.logits(features, cpu)  # groups of 2, 2 and 1
+    assert (runner.evaluation_group_size(), runner.groups_run, len(calls)) == (2, 3, 4)
+    assert together.shape[0] == 5 and torch.equal(grouped, together)
+    assert not torch.equal(together[0], together[4])
+    runner.logits(features, cpu)  # training: every candidate in one forward, whatever the budget
+    assert (runner.groups_run, len(calls)) == (1, 5)

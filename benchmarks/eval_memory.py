@@ -1,0 +1,177 @@
+"""Memory and time of evaluating stacked LR candidates: all at once against groups within a byte budget.
+
+The reproduction of the FE sweep's peak (issue 25) without the sweep: a random encoder of MiniLM's
+architecture and tokenizer with ``--shape`` states (13x768: BERT-base), the ``--sentences`` longest
+sentences of CoNLL-2003's test split (the largest evaluation batches of the sweep: 64 sentences of
+128 sub-words), ``--candidates`` stacked candidates of ``--method`` (FE, the N = 32 sample of trial
+0 in the cache too) and one ``predict_labelled`` over them, in batches of 64, largest first, as
+``fit`` evaluates. Each ``--budgets`` value (bytes; ``0``: every candidate in one forward, the code
+before the groups) runs in its own process, ``--rounds`` times, interleaved: the process's peak RSS
+(``ru_maxrss``) above its RSS before the call, the peak of what glibc's heap has in use
+(``mallinfo2``, sampled every 2 ms) above the same point, the seconds of the call, and whether the
+predictions are those of the first budget, bitwise.
+
+Usage::
+
+    python benchmarks/eval_memory.py --data ../shared/data/conll2003 [--shape 13x768] \\
+        [--method dwatt] [--budgets 0 134217728] [--rounds 2] [--work /tmp/lf-eval-memory] \\
+        [--output benchmarks/results/perf/eval_memory.json]
+
+The cache (the sentences and the sample) is filled once into ``--work``, in a process of its own,
+and memory-mapped by the measured ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from cache_speed import parse_shape, random_encoder_like
+from layerfusion_recipes.core import runner as runner_module
+from layerfusion_recipes.core.cells import Cell
+from layerfusion_recipes.core.demo import demo_model_path
+from layerfusion_recipes.core.runner import predict_labelled
+from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
+from layerfusion_recipes.reporting.benchmark_report import Report
+
+SHOTS, EVAL_BATCH = 32, 64
+
+
+class HeapInUse(threading.Thread):
+    """The largest ``mallinfo2`` in-use bytes (heap + mmapped chunks) seen while it runs."""
+
+    class Info(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                "fordblks", "keepcost",
+            )
+        ]  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.libc = ctypes.CDLL("libc.so.6")
+        self.libc.mallinfo2.restype = self.Info
+        self.start_bytes = self.bytes()
+        self.peak, self.running = self.start_bytes, True
+
+    def bytes(self) -> int:
+        info = self.libc.mallinfo2()
+        return info.uordblks + info.hblkhd
+
+    def run(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, self.bytes())
+            time.sleep(0.002)
+
+
+def rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def experiment(args: argparse.Namespace) -> tuple[Experiment, Cell]:
+    """The experiment whose dev split is the ``--sentences`` longest test sentences, cache filled."""
+    blocks, width = args.shape
+    model = args.work / f"random-{blocks}x{width}"
+    if not (model / "config.json").exists():
+        random_encoder_like(demo_model_path(), blocks - 1, width, model)
+    settings = ExperimentSettings(
+        model=str(model), data=args.data, dev_limit=1, cache_positions="labelled", cache_dir=str(args.work)
+    )
+    run = Experiment(settings)
+    run.dev, run.test = run.test[-args.sentences :], []  # sorted by length: the longest
+    cell = Cell(args.method, "fe", SHOTS, 1, 0)
+    run.prefill_cache([cell])
+    return run, cell
+
+
+def child(args: argparse.Namespace) -> None:
+    """Measure one ``predict_labelled`` at budget ``args.child`` (one JSON line on stdout)."""
+    run, cell = experiment(args)
+    model, located = run.build(cell)
+    runner = run.runner(model, located, run.cache(), count=args.candidates)
+    if args.child > 0:
+        runner_module.EVALUATION_BYTES = args.child
+    else:  # every candidate in one forward
+        runner_module.EVALUATION_BYTES = 2**62
+    before, heap = rss_bytes(), HeapInUse()
+    heap.start()
+    start = time.perf_counter()
+    predicted = predict_labelled(runner, run.dev, EVAL_BATCH, torch.device("cpu"))
+    seconds = time.perf_counter() - start
+    heap.running = False
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    digest = hashlib.sha256(predicted.numpy().tobytes()).hexdigest()[:16]
+    line = {"peak": peak - before, "heap": heap.peak - heap.start_bytes, "seconds": seconds, "digest": digest}
+    print(json.dumps(line))
+
+
+def measure(args: argparse.Namespace, budget: int) -> dict:
+    command = [sys.executable, __file__, *args.argv, "--child", str(budget)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", required=True, help="CoNLL-2003 folder.")
+    parser.add_argument("--shape", type=parse_shape, default=(13, 768), help="STATESxWIDTH (default 13x768).")
+    parser.add_argument("--method", default="dwatt")
+    parser.add_argument("--candidates", type=int, default=7, help="Stacked candidates (the FE grid: 7).")
+    parser.add_argument("--sentences", type=int, default=128, help="Longest test sentences evaluated.")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[0, runner_module.EVALUATION_BYTES])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lf-eval-memory")
+    parser.add_argument("--output", help="Also save the printed report here (JSON).")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.child is not None:
+        child(args)
+        return 0
+    args.argv = [a for a in argv if a != "--output" and a != args.output]
+    report = Report("benchmarks/eval_memory.py", argv)
+    measure(args, args.budgets[0])  # fills the cache (its numbers are not kept)
+    rounds = [{budget: measure(args, budget) for budget in args.budgets} for _ in range(args.rounds)]
+    blocks, width = args.shape
+    report.print(
+        f"{args.candidates} stacked {args.method} candidates, {blocks} x {width} random, the "
+        f"{args.sentences} longest CoNLL-2003 test sentences in batches of {EVAL_BATCH}; "
+        f"{args.threads} thread(s); median of {args.rounds} interleaved rounds"
+    )
+    report.print()
+    report.print("| budget | peak RSS above start | heap in use above start | seconds | predictions |")
+    report.print("|---|---|---|---|---|")
+    first = None
+    for budget in args.budgets:
+        runs = sorted((r[budget] for r in rounds), key=lambda r: r["seconds"])
+        middle = runs[len(runs) // 2]
+        first = first or middle
+        same = "same" if all(r["digest"] == rounds[0][args.budgets[0]]["digest"] for r in runs) else "DIFFER"
+        name = "all at once" if budget == 0 else f"{budget / 2**20:.0f} MiB"
+        cells = [f"{middle[key] / 1e9:.2f} GB ({middle[key] / first[key]:.2f}x)" for key in ("peak", "heap")]
+        time_cell = f"{middle['seconds']:.1f} s ({middle['seconds'] / first['seconds']:.2f}x)"
+        report.print(f"| {name} | {' | '.join(cells)} | {time_cell} | {same} |")
+    report.save(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
