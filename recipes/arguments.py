@@ -81,6 +81,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse ``type`` of sizes: a finite number > 0 (else a one-line usage error, exit code 2).
+
+    Example:
+        >>> positive_float("1.5")
+        1.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def check_lr(value: float, option: str = "--lr") -> float:
     """``value`` as a float if it is a finite number > 0, else ``ValueError`` naming ``option``.
 
@@ -441,11 +457,23 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         "key: runs of another precision never mix.",
     )
     cache.add_argument(
+        "--train-memory",
+        type=positive_float,
+        metavar="GB",
+        help="GB the training state of a cell's stacked LR candidates may hold (24 B per trainable "
+        "parameter of each: values, gradients, best-epoch snapshot, AdamW moments, a per-step stacked "
+        "copy; e.g. 1.40 GB for 7 DWAtt candidates at 13 states x 768). Beyond it the LRs train in "
+        "several passes of fewer candidates: the same records, each pass a little slower per LR. "
+        "Default: one pass of all the LRs.",
+    )
+    cache.add_argument(
         "--dry-run",
         action="store_true",
         default=None,
         help="Print the bytes the feature cache will hold (sentences x kept positions x blocks x "
-        "width x bytes), the model's and the memory available, then exit without running.",
+        "width x bytes), the model's, the training state of the largest method's pass of LR "
+        "candidates, the process's own (0.6 GB), their sum per process (what the sweep peaks at) and "
+        "the memory available, then exit without running.",
     )
 
 

@@ -34,11 +34,28 @@ from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
 from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
-from .feature_cache import ALL_POSITIONS, CachePlan, FeatureCache, KeptPositions, plan_cache, storage_dtype
+from .feature_cache import (
+    ALL_POSITIONS,
+    CachePlan,
+    FeatureCache,
+    KeptPositions,
+    TrainingPlan,
+    candidates_per_pass,
+    plan_cache,
+    storage_dtype,
+)
 from .fitting import RunResult, TrainSettings, fit
-from .models import adapter_summary, apply_regime, check_head_modules, check_length, regime_options
+from .loop import restore, snapshot
+from .models import (
+    adapter_summary,
+    apply_regime,
+    check_head_modules,
+    check_length,
+    regime_options,
+    trainable_parameters,
+)
 from .records import fingerprint
-from .runner import Runner, Scorer, StackedRunner, depth_attention_profile
+from .runner import Runner, Scorer, StackedRunner, candidate_groups, depth_attention_profile
 
 FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
 FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
@@ -84,6 +101,10 @@ class TaskSettings:
         cache_positions: Positions the feature cache keeps: ``all``, or :attr:`READ_POSITIONS` (only
             those the task's head reads, :meth:`FewShotExperiment.head_positions`; every cached method
             must read no other: :func:`cache_positions_for`). The same records either way.
+        train_memory: GB the training state of a cell's stacked LR candidates may hold (24 B per
+            trainable parameter of each: :func:`~layerfusion_recipes.core.feature_cache.candidates_per_pass`);
+            the LRs train in several passes of fewer candidates when all of them would hold more.
+            ``None``: one pass of all. The same records either way (not part of the setup).
     """
 
     # the fields that change a result, hence part of every record key (each task names its own)
@@ -107,6 +128,7 @@ class TaskSettings:
     fixed_sample: bool = False
     cache_dtype: str = "float32"
     cache_positions: str = "all"
+    train_memory: float | None = None
 
     def lr_for(self, regime: str) -> float:
         """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
@@ -343,7 +365,9 @@ class FewShotExperiment:
 
         On the feature cache (FE) the candidates of a token-wise method (the plain head, Average,
         ScalarMix, Concat, DWAtt) train together in one pass
-        (:class:`~layerfusion_recipes.core.runner.StackedRunner`); otherwise one after another
+        (:class:`~layerfusion_recipes.core.runner.StackedRunner`), or in several passes of fewer
+        candidates when their training state exceeds ``settings.train_memory``
+        (:meth:`pass_size`); otherwise one after another
         (:func:`~layerfusion_recipes.core.cells.lrs_train_together`). See :meth:`iter_lrs`.
 
         Example:
@@ -355,7 +379,12 @@ class FewShotExperiment:
         self, cell: Cell, lrs: Sequence[float], use_cache: bool | None = None
     ) -> Iterator[dict[str, Any]]:
         """:meth:`run_lrs`, yielding each record as soon as it exists: where the LRs run one after
-        another, a sweep stores each run when it ends (an interrupted cell keeps its finished LRs).
+        another (or in passes), a sweep stores each run (each pass) when it ends (an interrupted cell
+        keeps its finished LRs).
+
+        Every pass starts from the built model's initial parameters; a candidate's record is the same
+        bitwise whatever the pass it trains in (its computations keep their shapes: only the leading
+        candidate dimension of the stacked ones changes).
 
         Example:
             >>> for record in experiment.iter_lrs(Cell("none", "lora", 8, 25, 0), [1e-3, 1e-2]):
@@ -368,13 +397,45 @@ class FewShotExperiment:
             return
         model, located = self.build(cell)
         train = self.train_sample(cell.shots, cell.trial)
-        runner = self.runner(model, located, self.filled_cache(train, cell), count=len(lrs))
-        assert isinstance(runner, StackedRunner)
+        cache = self.filled_cache(train, cell)
         settings = self.train_settings(cell, lrs[0])
-        results = fit(runner, train, self.dev, settings, self.scorer_of, lrs, self.test or None)
-        for index, (lr, result) in enumerate(zip(lrs, results, strict=True)):
-            runner.load_candidate(index)  # the model as this candidate's lone run leaves it
-            yield self._record(cell, float(lr), result, runner, train)
+        initial = snapshot(trainable_parameters(model))  # each pass starts where the built model does
+        for group in candidate_groups(len(lrs), self.pass_size(model, len(lrs))):
+            restore(trainable_parameters(model), initial)
+            runner = self.runner(model, located, cache, count=len(group))
+            assert isinstance(runner, StackedRunner)
+            part = [lrs[k] for k in group]
+            results = fit(runner, train, self.dev, settings, self.scorer_of, part, self.test or None)
+            for index, (lr, result) in enumerate(zip(part, results, strict=True)):
+                runner.load_candidate(index)  # the model as this candidate's lone run leaves it
+                yield self._record(cell, float(lr), result, runner, train)
+            del runner, results  # this pass's candidates and optimizer go before the next pass's
+
+    def pass_size(self, model: nn.Module, count: int) -> int:
+        """How many of ``count`` stacked LR candidates of ``model`` (its trainable parameters, one copy
+        each) train together within ``settings.train_memory`` GB (all of them without it)."""
+        budget = self.settings.train_memory
+        parameters = sum(p.numel() for p in trainable_parameters(model))
+        return candidates_per_pass(count, parameters, None if budget is None else budget * 1e9)
+
+    def training_plan(self, cells: Iterable[Cell]) -> TrainingPlan | None:
+        """The training state of the largest pass of LR candidates among ``cells`` that replay the
+        feature cache (the method with the most trainable parameters; each method's model built
+        once, not kept); ``None``: none replays it.
+
+        Example:
+            >>> experiment.training_plan(grid_cells(grid)).describe()
+            'training 7 of 7 LRs per pass x 8.33M dwatt parameters x 24 B = 1.40 GB'
+        """
+        plans = []
+        for cell in {cell.method: cell for cell in self.cached_cells(cells)}.values():
+            model, _ = self.build(cell)
+            count = len(self.settings.lr_grid(cell.regime))
+            together = lrs_train_together(cell, True)
+            per_pass = self.pass_size(model, count) if together else 1
+            parameters = sum(p.numel() for p in trainable_parameters(model))
+            plans.append(TrainingPlan(cell.method, parameters, count, per_pass))
+        return max(plans, key=lambda plan: plan.nbytes, default=None)
 
     def train_settings(self, cell: Cell, lr: float) -> TrainSettings:
         """The optimisation settings of ``cell`` at max LR ``lr``."""

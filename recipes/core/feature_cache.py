@@ -28,8 +28,10 @@ runs in float32 on rounded features (the result changes a little: see the README
 part of the key: a result never comes from a file of another precision.
 
 **A memory model** (:class:`CachePlan`): the bytes a cache will hold, from its sentences' kept
-positions, the blocks and the width, before anything is computed; :func:`available_memory` is what
-this process may have.
+positions, the blocks and the width, before anything is computed; with the training state of the
+stacked LR candidates (:class:`TrainingPlan`) and the process's own :data:`PROCESS_BYTES`, what a
+sweep's process peaks at (:func:`memory_check`); :func:`available_memory` is what this process may
+have.
 
 Training then *replays* the cache through the real model: inside :meth:`FeatureCache.replay`
 every encoder block returns its cached output instead of computing it. The embeddings, the
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import uuid
 import warnings
@@ -72,6 +75,12 @@ from .cache_files import (
 # storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round
 STORAGE_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in CACHE_DTYPES}
 FLUSH_BYTES = 256 * 2**20  # with a directory, a fill writes a shard (and maps it) every 256 MiB of states
+# what a sweep's process holds before any cache: Python, torch, transformers, the data, the tokenizer
+# (about 0.6 GB measured on the CoNLL-2003 sweeps, benchmarks/README.md)
+PROCESS_BYTES = 600 * 10**6
+# what training holds per trainable parameter of each stacked LR candidate: its values, gradient and
+# best-epoch snapshot (4 B each), AdamW's two moments (8 B), the stacked copy a step makes (4 B)
+TRAINING_BYTES_PER_PARAMETER = 24
 
 Feature = Mapping[str, Sequence[int]]  # an encoded sentence: input_ids (+ labels, ...)
 
@@ -180,6 +189,59 @@ class CachePlan:
         return text + (f", model {gigabytes(self.model_bytes)}" if self.model_bytes else "")
 
 
+@dataclass(frozen=True)
+class TrainingPlan:
+    """The training state of one pass of stacked LR candidates of the largest method of a sweep.
+
+    Args:
+        method: The method whose candidates hold the most (the largest trainable part).
+        parameters: ``P``, the trainable parameters of one candidate (fusion module + head).
+        candidates: ``K``, the LRs of a cell.
+        per_pass: Candidates trained together in one pass (:func:`candidates_per_pass`; ``K``: one
+            pass; 1 for a method whose LRs run one after another).
+
+    Example:
+        >>> TrainingPlan("dwatt", 8_330_000, 7, 7).nbytes
+        1399440000
+    """
+
+    method: str
+    parameters: int
+    candidates: int
+    per_pass: int
+
+    @property
+    def nbytes(self) -> int:
+        """``per_pass x P x`` :data:`TRAINING_BYTES_PER_PARAMETER`."""
+        return self.per_pass * self.parameters * TRAINING_BYTES_PER_PARAMETER
+
+    def describe(self) -> str:
+        """One clause: the bytes and what they come from.
+
+        Example:
+            >>> TrainingPlan("dwatt", 8_330_000, 7, 3).describe()
+            'training 3 of 7 LRs per pass x 8.33M dwatt parameters x 24 B = 0.60 GB'
+        """
+        return (
+            f"training {self.per_pass} of {self.candidates} LRs per pass x {self.parameters / 1e6:.2f}M "
+            f"{self.method} parameters x {TRAINING_BYTES_PER_PARAMETER} B = {gigabytes(self.nbytes)}"
+        )
+
+
+def candidates_per_pass(count: int, parameters: int, budget: float | None) -> int:
+    """How many of ``count`` stacked LR candidates of ``parameters`` trainable parameters each train in
+    one pass within ``budget`` bytes of training state (at least one; ``None``: all of them).
+
+    Example:
+        >>> candidates_per_pass(7, 8_330_000, 0.6e9), candidates_per_pass(7, 8_330_000, None)
+        (3, 7)
+    """
+    if budget is None:
+        return count
+    per_candidate = TRAINING_BYTES_PER_PARAMETER * max(1, parameters)
+    return max(1, min(count, int(budget // per_candidate)))
+
+
 def plan_cache(
     base_model: nn.Module,
     located: EncoderBlocks,
@@ -204,18 +266,26 @@ def plan_cache(
     )
 
 
-def memory_check(plan: CachePlan, copies: int, mapped: bool, available: int | None) -> tuple[str, str | None]:
-    """What a run holding ``plan`` in ``copies`` processes needs, against the memory ``available``.
+def memory_check(
+    plan: CachePlan,
+    copies: int,
+    mapped: bool,
+    available: int | None,
+    training: TrainingPlan | None = None,
+) -> tuple[str, str | None]:
+    """What a run holding ``plan`` in ``copies`` processes peaks at, against the memory ``available``.
 
-    Each process holds the model; without ``mapped`` (a cache directory) each also holds the
+    Each process holds :data:`PROCESS_BYTES`, the model and the training state of one pass of
+    stacked candidates (``training``); without ``mapped`` (a cache directory) each also holds the
     states, with it they are mapped from the shards and shared through the page cache (one copy,
-    which the kernel pages from disk when memory is short: never refused).
+    which the kernel pages from disk when memory is short: not counted).
 
     Args:
         plan: The cache's :class:`CachePlan`.
         copies: Processes that each hold a cache (workers x processes of a launch).
         mapped: The states are memory-mapped from a cache directory.
         available: Bytes available (:func:`available_memory`; ``None``: unknown, never refused).
+        training: The largest method's pass of stacked LR candidates (``None``: not counted).
 
     Returns:
         ``(line, refusal)``: one line saying the bytes, and ``None`` or a one-line refusal naming the
@@ -224,28 +294,49 @@ def memory_check(plan: CachePlan, copies: int, mapped: bool, available: int | No
     Example:
         >>> line, refusal = memory_check(plan, copies=2, mapped=False, available=16 * 10**9)
     """
-    needed = copies * (plan.model_bytes + (0 if mapped else plan.nbytes))
+    train = training.nbytes if training is not None else 0
+
+    def peak(states: int, workers: int = copies, trained: int = train) -> int:
+        return workers * (PROCESS_BYTES + plan.model_bytes + trained + (0 if mapped else states))
+
+    needed = peak(plan.nbytes)
     held = (
-        f"memory-mapped from the cache directory, one copy for {copies} process(es)"
+        f"states memory-mapped from the cache directory, one copy for {copies} process(es); "
+        f"{copies} process(es) hold {gigabytes(needed)} besides"
         if mapped
         else f"{copies} process(es) hold {gigabytes(needed)} in memory"
     )
     free = "unknown memory available" if available is None else f"{gigabytes(available)} available"
-    line = f"{plan.describe()}; {held}; {free}"
-    if mapped or available is None or needed <= available:
+    parts = [plan.describe()] + ([training.describe()] if training is not None else [])
+    line = f"{'; '.join(parts)}; process {gigabytes(PROCESS_BYTES)}; {held}; {free}"
+    if available is None or needed <= available:
         return line, None
     options = []
-    half = copies * (plan.model_bytes + plan.with_dtype("bfloat16").nbytes)
-    if plan.dtype == "float32" and half <= available:
+    half = peak(plan.with_dtype("bfloat16").nbytes)
+    if plan.dtype == "float32" and not mapped and half <= available:
         options.append(f"--cache-dtype bfloat16 ({gigabytes(half)})")
-    if copies > 1 and plan.model_bytes + plan.nbytes <= available:
-        options.append(f"--workers 1 ({gigabytes(plan.model_bytes + plan.nbytes)})")
-    options.append("--cache-dir DIR (memory-mapped, shared by the workers, paged from disk when short)")
-    options.append("fewer evaluation sentences (--dev-limit, --test-limit)")
-    what = plan.describe().removeprefix("feature cache: ")
+    if copies > 1 and peak(plan.nbytes, workers=1) <= available:
+        options.append(f"--workers 1 ({gigabytes(peak(plan.nbytes, workers=1))})")
+    if training is not None and training.per_pass > 1:
+        left = available // copies - peak(plan.nbytes, workers=1, trained=0)
+        fewer = min(training.per_pass - 1, candidates_per_pass(training.per_pass, training.parameters, left))
+        budget = math.ceil(fewer * training.parameters * TRAINING_BYTES_PER_PARAMETER / 1e7) / 100  # GB
+        passes = dataclasses.replace(
+            training, per_pass=candidates_per_pass(training.per_pass, training.parameters, budget * 1e9)
+        )
+        if left > 0 and peak(plan.nbytes, trained=passes.nbytes) <= available:
+            options.append(
+                f"--train-memory {budget:.2f} (passes of {passes.per_pass} LR candidates, "
+                f"{gigabytes(peak(plan.nbytes, trained=passes.nbytes))})"
+            )
+    if not mapped:
+        options.append("--cache-dir DIR (memory-mapped, shared by the workers, paged from disk when short)")
+        options.append("fewer evaluation sentences (--dev-limit, --test-limit)")
+    what = "; ".join(part.removeprefix("feature cache: ") for part in parts)
     refusal = (
-        f"the feature cache needs {gigabytes(needed)} in memory ({what}, x {copies} process(es)) but "
-        f"{gigabytes(available)} is available; it fits with {', '.join(options)} or --no-cache"
+        f"the sweep needs {gigabytes(needed)} in memory ({what}; process {gigabytes(PROCESS_BYTES)}; "
+        f"x {copies} process(es)) but {gigabytes(available)} is available; it fits with "
+        f"{', '.join(options)}{' or ' if options else ''}--no-cache"
     )
     return line, refusal
 

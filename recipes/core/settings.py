@@ -105,6 +105,7 @@ def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
         "use_cache": not pick("no_cache"),
         "cache_dir": pick("cache_dir"),
         "cache_dtype": pick("cache_dtype") or "float32",
+        "train_memory": pick("train_memory"),
         "head_modules": tuple(head) if head else None,
         "dev_limit": pick("dev_limit"),
         "test_limit": pick("test_limit"),

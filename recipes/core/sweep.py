@@ -27,7 +27,9 @@ and ``cache_bytes`` / ``cache_model_bytes``, the feature cache's predicted size.
 
 Before any run, a sweep with FE cells on the feature cache prints the bytes the cache will hold
 (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.cache_plan`: examples x kept positions
-x blocks x width x bytes, the model's, the memory available) and refuses, in one line naming the
+x blocks x width x bytes, the model's), the training state of its largest pass of stacked LR candidates
+(:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.training_plan`, within ``train_memory``),
+the process's own, and the memory available, and refuses, in one line naming the
 options that would make it fit, a cache that its processes cannot hold in memory
 (:func:`~layerfusion_recipes.core.feature_cache.memory_check`); ``dry_run`` prints that alone. A
 one-process sweep fills the cache with everything its runs (and its layer probes) read first, then
@@ -322,15 +324,17 @@ def run_sweep(
 def cache_memory(
     experiment: FewShotExperiment, cells: list[Cell], grid: dict[str, Any], state
 ) -> tuple[CachePlan | None, str, str | None]:
-    """The sweep's feature cache (what ``cells`` and the layer probes read) against the memory:
-    ``(plan, line, refusal)`` (see :func:`~layerfusion_recipes.core.feature_cache.memory_check`);
+    """The sweep's feature cache (what ``cells`` and the layer probes read) and the training state of
+    its largest pass of LR candidates against the memory: ``(plan, line, refusal)`` (see
+    :func:`~layerfusion_recipes.core.feature_cache.memory_check`);
     ``(None, "", None)`` without one."""
     plan = experiment.cache_plan(cells + probed_cells(grid))
     if plan is None:
         return None, "", None
     copies = grid["workers"] * state.num_processes
     mapped = experiment.settings.cache_dir is not None
-    line, refusal = memory_check(plan, copies, mapped, available_memory())
+    training = experiment.training_plan(cells)
+    line, refusal = memory_check(plan, copies, mapped, available_memory(), training)
     return plan, line, refusal
 
 

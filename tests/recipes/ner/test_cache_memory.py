@@ -21,6 +21,7 @@ from layerfusion_recipes.core.feature_cache import (
     CachePlan,
     FeatureCache,
     KeptPositions,
+    TrainingPlan,
     memory_check,
     padded_inputs,
 )
@@ -260,20 +261,44 @@ def test_a_fill_writes_a_shard_every_flush_bytes(tmp_path, model_path, monkeypat
 def test_a_cache_that_cannot_fit_is_refused_naming_what_would_make_it_fit():
     plan = CachePlan(5000, 100_000, 24, 1024, "float32", "labelled", model_bytes=1_300_000_000)  # 9.83 GB
     line, refusal = memory_check(plan, copies=1, mapped=False, available=8 * 10**9)
-    assert line.endswith("9.83 GB, model 1.30 GB; 1 process(es) hold 11.13 GB in memory; 8.00 GB available")
+    # + the process's own 0.6 GB
+    assert line.endswith(
+        "9.83 GB, model 1.30 GB; process 0.60 GB; 1 process(es) hold 11.73 GB in memory; 8.00 GB available"
+    )
     assert refusal == (
-        "the feature cache needs 11.13 GB in memory (5000 sentences, 100000 labelled positions x 24 blocks "
-        "x 1024 x 4 B (float32) = 9.83 GB, model 1.30 GB, x 1 process(es)) but 8.00 GB is available; it "
-        "fits with --cache-dtype bfloat16 (6.22 GB), --cache-dir DIR (memory-mapped, shared by the "
-        "workers, paged from disk when short), fewer evaluation sentences (--dev-limit, --test-limit) "
-        "or --no-cache"
+        "the sweep needs 11.73 GB in memory (5000 sentences, 100000 labelled positions x 24 blocks "
+        "x 1024 x 4 B (float32) = 9.83 GB, model 1.30 GB; process 0.60 GB; x 1 process(es)) but 8.00 GB "
+        "is available; it fits with --cache-dtype bfloat16 (6.82 GB), --cache-dir DIR (memory-mapped, "
+        "shared by the workers, paged from disk when short), fewer evaluation sentences (--dev-limit, "
+        "--test-limit) or --no-cache"
     )
     assert memory_check(plan, 1, mapped=False, available=12 * 10**9)[1] is None
     _, two = memory_check(plan, copies=2, mapped=False, available=12 * 10**9)
-    assert "--workers 1 (11.13 GB)" in two and "bfloat16" not in two  # two halves need 12.44 GB
-    line, never = memory_check(plan, copies=2, mapped=True, available=1)  # paged, never refused
-    assert never is None and "2 process(es) hold" not in line and "one copy for 2" in line
+    assert "--workers 1 (11.73 GB)" in two and "bfloat16" not in two  # two halves need 13.63 GB
+    line, mapped = memory_check(plan, copies=2, mapped=True, available=4 * 10**9)  # states paged
+    assert mapped is None and "one copy for 2 process(es); 2 process(es) hold 3.80 GB besides" in line
+    _, short = memory_check(plan, 1, mapped=True, available=10**9)  # not even the model and the process
+    assert short.endswith("is available; it fits with --no-cache")
     assert memory_check(plan, 1, mapped=False, available=None)[1] is None  # unknown: not refused
+
+
+def test_the_memory_model_adds_the_training_state_and_offers_passes_of_fewer_candidates():
+    plan = CachePlan(5000, 100_000, 24, 1024, "float32", "labelled", model_bytes=1_300_000_000)
+    training = TrainingPlan("dwatt", 27_400_000, 7, 7)  # DWAtt at 25 states x 1024
+    assert training.nbytes == 24 * 7 * 27_400_000  # 4.60 GB
+    line, refusal = memory_check(plan, 1, mapped=False, available=14 * 10**9, training=training)
+    assert line == (
+        "feature cache: 5000 sentences, 100000 labelled positions x 24 blocks x 1024 x 4 B (float32) = "
+        "9.83 GB, model 1.30 GB; training 7 of 7 LRs per pass x 27.40M dwatt parameters x 24 B = 4.60 GB; "
+        "process 0.60 GB; 1 process(es) hold 16.33 GB in memory; 14.00 GB available"
+    )
+    # 14 - 11.73 GB leaves room for 3 candidates of 0.66 GB: --train-memory 1.98 GB trains passes of 3
+    assert "bfloat16 (11.42 GB), --train-memory 1.98 (passes of 3 LR candidates, 13.70 GB)," in refusal
+    assert memory_check(plan, 1, False, 14 * 10**9, dataclasses.replace(training, per_pass=3))[1] is None
+    _, two = memory_check(plan, 2, mapped=False, available=30 * 10**9, training=training)
+    assert "--train-memory 2.64 (passes of 4 LR candidates, 28.72 GB)" in two  # 4 x 0.66 GB per process
+    _, lone = memory_check(plan, 1, False, 12 * 10**9, dataclasses.replace(training, per_pass=1))
+    assert "--train-memory" not in lone  # one candidate per pass already
 
 
 @pytest.fixture()
@@ -294,7 +319,12 @@ def test_dry_run_prints_the_bytes_alone_and_runs_nothing(tmp_path, cli_run, caps
     out = capsys.readouterr().out
     assert "runs planned: 2" in out
     assert "labelled positions x 3 blocks x 32 x 4 B (float32)" in out and "available" in out
+    assert "training 1 of 1 LRs per pass x " in out and "; process 0.60 GB; 1 process(es) hold" in out
     assert not (tmp_path / "out").exists()  # no results, no sweeps.jsonl
+    assert main([*cli_run, "--lr", "1e-2", "1e-3", "--dry-run"]) == 0
+    assert "training 2 of 2 LRs per pass" in capsys.readouterr().out
+    assert main([*cli_run, "--lr", "1e-2", "1e-3", "--train-memory", "1e-9", "--dry-run"]) == 0
+    assert "training 1 of 2 LRs per pass" in capsys.readouterr().out  # a budget below one candidate: 1
 
 
 def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
@@ -307,7 +337,8 @@ def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
     monkeypatch.setattr(sweep, "available_memory", lambda: 1000)
     assert main(cli_run) == 2
     err = capsys.readouterr().err
-    assert "error: the feature cache needs" in err and "it fits with --cache-dir DIR" in err
+    assert "error: the sweep needs" in err and "it fits with --cache-dir DIR" in err
+    assert "training 1 of 1 LRs per pass x " in err and " concat parameters x 24 B" in err
     assert not (tmp_path / "out" / "results.jsonl").exists()
     monkeypatch.setattr(sweep, "available_memory", lambda: 10**12)
     assert main([*cli_run, "--cache-dtype", "bfloat16"]) == 0

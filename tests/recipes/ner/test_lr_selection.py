@@ -165,6 +165,79 @@ def test_only_token_wise_methods_stack_their_lrs(experiment, monkeypatch):
     assert len(stacked) == 1
 
 
+def _per_candidate_bytes(experiment, cell) -> int:
+    """The training state of one stacked candidate of ``cell``: 24 B per trainable parameter."""
+    model, _ = experiment.build(cell)
+    return 24 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _passes(monkeypatch) -> list[list[float]]:
+    """The LRs of every stacked fit the experiment runs from now on (one list per pass)."""
+    passes, original = [], experiment_module.fit
+
+    def fit(*args):
+        if isinstance(args[0], StackedRunner):
+            passes.append(list(args[5]))
+        return original(*args)
+
+    monkeypatch.setattr(experiment_module, "fit", fit)
+    return passes
+
+
+def _without_timing(records) -> list[dict]:
+    return [{k: v for k, v in record.items() if k not in ("seconds", "pid")} for record in records]
+
+
+@pytest.mark.parametrize("method", ["concat", "dwatt"])
+def test_lr_candidates_in_passes_within_train_memory_give_the_records_of_one_pass(
+    experiment, method, monkeypatch
+):
+    cell = Cell(method, "fe", 4, 3, 0)
+    lrs = [1e-3, 3e-3, 1e-2, 3e-2]
+    passes = _passes(monkeypatch)
+    together = experiment.run_lrs(cell, lrs)
+    assert passes == [lrs]  # no budget: one pass of all
+    per_candidate = _per_candidate_bytes(experiment, cell)
+    for size, expected in ((1, [[1e-3], [3e-3], [1e-2], [3e-2]]), (2, [[1e-3, 3e-3], [1e-2, 3e-2]])):
+        passes.clear()
+        budget = (size + 0.5) * per_candidate / 1e9  # GB: room for `size` candidates, not one more
+        monkeypatch.setattr(experiment, "settings", replace(experiment.settings, train_memory=budget))
+        split = experiment.run_lrs(cell, lrs)
+        assert passes == expected
+        assert _without_timing(split) == _without_timing(together)  # every field, bitwise
+    assert len({r["dev_f1"] for r in together}) > 1  # the LRs really differ
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_unit_stopped_between_passes_resumes_with_the_missing_lrs_only(experiment, tmp_path, monkeypatch):
+    grid = {"methods": ["dwatt"], "regimes": ["fe"], "shots": [4], "epochs": [2], "trials": 1}
+    cells = grid_cells(grid)
+    lrs = [1e-3, 3e-3, 1e-2, 3e-2]
+    budget = 2.5 * _per_candidate_bytes(experiment, cells[0]) / 1e9  # passes of 2
+    settings = replace(experiment.settings, lr=lrs, train_memory=budget)
+    split = Experiment(settings, experiment.data)
+    results = tmp_path / "r.jsonl"
+    passes = _passes(monkeypatch)
+
+    def stop_after_the_first_pass(record):
+        if len(read_records(results)) == 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        stop = stop_after_the_first_pass
+        run_cells(cells, results, settings, progress=False, experiment=split, on_record=stop)
+    assert passes == [[1e-3, 3e-3]] and len(read_records(results)) == 2
+    records = run_cells(cells, results, settings, progress=False, experiment=split)
+    assert passes == [[1e-3, 3e-3], [1e-2, 3e-2]]  # the second pass only
+    one_pass = Experiment(replace(settings, train_memory=None), experiment.data).run_lrs(cells[0], lrs)
+    by_lr = sorted(records, key=lambda r: r["lr"])
+    stored = [{k: r[k] for k in one_pass[0]} for r in by_lr]  # without the launch fields
+    assert _without_timing(stored) == _without_timing(one_pass)
+
+
 @pytest.mark.parametrize("method", ["concat", "dwatt", "extra_layers"])
 def test_stacked_models_match_lone_training_within_float_tolerance(experiment, method):
     """Same models up to float32 summation order (batched vs single matrix products).
