@@ -118,36 +118,65 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(line))
 
 
-def measure(args: argparse.Namespace, budget: int) -> dict:
-    command = [sys.executable, __file__, *args.argv, "--child", str(budget)]
+def measure(args: argparse.Namespace, value: int, script: str = __file__) -> dict:
+    """The JSON line of ``script`` run as a child process with ``--child value``."""
+    command = [sys.executable, script, *args.argv, "--child", str(value)]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def add_reproduction_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a reproduction of the sweep's cell (this script's and ``train_memory.py``'s)."""
+    parser.add_argument("--data", required=True, help="CoNLL-2003 folder.")
+    parser.add_argument("--shape", type=parse_shape, default=(13, 768), help="STATESxWIDTH (default 13x768).")
+    parser.add_argument("--method", default="dwatt")
+    parser.add_argument("--candidates", type=int, default=7, help="Stacked candidates (the FE grid: 7).")
+    parser.add_argument("--sentences", type=int, default=128, help="Longest test sentences evaluated.")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lf-eval-memory")
+    parser.add_argument("--output", help="Also save the printed report here (JSON).")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+
+
+def parse_reproduction(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed options (threads set, ``--work`` made); ``args.given``: the command line, ``args.argv``:
+    what a child is given (without ``--output``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.given, args.argv = argv, [a for a in argv if a != "--output" and a != args.output]
+    return args
+
+
+def ratio_rows(rounds: list[dict], values: list[int], names: list[str], keys: tuple[str, ...]) -> list[str]:
+    """One table row per value of ``values`` (``rounds``: ``{value: child's line}`` each): its name, the
+    median run's ``keys`` in GB and its seconds (the median by seconds, the slower of two), each with
+    its ratio to the first value's, and ``same`` when every run has the first value's digest."""
+    rows, first = [], None
+    for value, name in zip(values, names, strict=True):
+        runs = sorted((r[value] for r in rounds), key=lambda r: r["seconds"])
+        middle = runs[len(runs) // 2]
+        first = first or middle
+        same = all(r["digest"] == rounds[0][values[0]]["digest"] for r in runs)
+        cells = [f"{middle[key] / 1e9:.2f} GB ({middle[key] / first[key]:.2f}x)" for key in keys]
+        time_cell = f"{middle['seconds']:.1f} s ({middle['seconds'] / first['seconds']:.2f}x)"
+        rows.append(f"| {name} | {' | '.join(cells)} | {time_cell} | {'same' if same else 'DIFFER'} |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data", required=True, help="CoNLL-2003 folder.")
-    parser.add_argument("--shape", type=parse_shape, default=(13, 768), help="STATESxWIDTH (default 13x768).")
-    parser.add_argument("--method", default="dwatt")
-    parser.add_argument("--candidates", type=int, default=7, help="Stacked candidates (the FE grid: 7).")
-    parser.add_argument("--sentences", type=int, default=128, help="Longest test sentences evaluated.")
+    add_reproduction_arguments(parser)
     parser.add_argument("--budgets", type=int, nargs="+", default=[0, runner_module.EVALUATION_BYTES])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lf-eval-memory")
-    parser.add_argument("--output", help="Also save the printed report here (JSON).")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    args.work.mkdir(parents=True, exist_ok=True)
+    args = parse_reproduction(parser, argv)
     if args.child is not None:
         child(args)
         return 0
-    args.argv = [a for a in argv if a != "--output" and a != args.output]
-    report = Report("benchmarks/eval_memory.py", argv)
+    report = Report("benchmarks/eval_memory.py", args.given)
     measure(args, args.budgets[0])  # fills the cache (its numbers are not kept)
     rounds = [{budget: measure(args, budget) for budget in args.budgets} for _ in range(args.rounds)]
     blocks, width = args.shape
@@ -159,16 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     report.print()
     report.print("| budget | peak RSS above start | heap in use above start | seconds | predictions |")
     report.print("|---|---|---|---|---|")
-    first = None
-    for budget in args.budgets:
-        runs = sorted((r[budget] for r in rounds), key=lambda r: r["seconds"])
-        middle = runs[len(runs) // 2]
-        first = first or middle
-        same = "same" if all(r["digest"] == rounds[0][args.budgets[0]]["digest"] for r in runs) else "DIFFER"
-        name = "all at once" if budget == 0 else f"{budget / 2**20:.0f} MiB"
-        cells = [f"{middle[key] / 1e9:.2f} GB ({middle[key] / first[key]:.2f}x)" for key in ("peak", "heap")]
-        time_cell = f"{middle['seconds']:.1f} s ({middle['seconds'] / first['seconds']:.2f}x)"
-        report.print(f"| {name} | {' | '.join(cells)} | {time_cell} | {same} |")
+    names = ["all at once" if budget == 0 else f"{budget / 2**20:.0f} MiB" for budget in args.budgets]
+    for row in ratio_rows(rounds, args.budgets, names, ("peak", "heap")):
+        report.print(row)
     report.save(args.output)
     return 0
 

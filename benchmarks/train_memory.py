@@ -27,15 +27,16 @@ import dataclasses
 import hashlib
 import json
 import resource
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-import torch
-from cache_speed import parse_shape
-from eval_memory import experiment, rss_bytes
+from eval_memory import (
+    add_reproduction_arguments,
+    experiment,
+    measure,
+    parse_reproduction,
+    ratio_rows,
+    rss_bytes,
+)
 from layerfusion_recipes.arguments import DEFAULT_LR_GRIDS
 from layerfusion_recipes.core.feature_cache import TRAINING_BYTES_PER_PARAMETER
 from layerfusion_recipes.core.models import trainable_parameters
@@ -68,39 +69,20 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(line))
 
 
-def measure(args: argparse.Namespace, per_pass: int) -> dict:
-    command = [sys.executable, __file__, *args.argv, "--child", str(per_pass)]
-    done = subprocess.run(command, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data", required=True, help="CoNLL-2003 folder.")
-    parser.add_argument("--shape", type=parse_shape, default=(13, 768), help="STATESxWIDTH (default 13x768).")
-    parser.add_argument("--method", default="dwatt")
-    parser.add_argument("--candidates", type=int, default=7, help="LRs of the FE grid trained (7: all).")
+    add_reproduction_arguments(parser)  # --candidates: the LRs of the FE grid trained (7: all)
     parser.add_argument("--passes", type=int, nargs="+", default=[7, 4], help="Candidates per pass.")
-    parser.add_argument("--sentences", type=int, default=128, help="Longest test sentences as dev.")
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lf-eval-memory")
-    parser.add_argument("--output", help="Also save the printed report here (JSON).")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    args.work.mkdir(parents=True, exist_ok=True)
+    args = parse_reproduction(parser, argv)
     if args.child is not None:
         child(args)
         return 0
-    args.argv = [a for a in argv if a != "--output" and a != args.output]
-    report = Report("benchmarks/train_memory.py", argv)
-    measure(args, 0)  # fills the cache, measures nothing
-    rounds = [{n: measure(args, n) for n in args.passes} for _ in range(args.rounds)]
+    report = Report("benchmarks/train_memory.py", args.given)
+    measure(args, 0, __file__)  # fills the cache, measures nothing
+    rounds = [{n: measure(args, n, __file__) for n in args.passes} for _ in range(args.rounds)]
     blocks, width = args.shape
     parameters = rounds[0][args.passes[0]]["P"]
     report.print(
@@ -111,15 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     report.print()
     report.print("| candidates per pass | peak RSS | above start | seconds | records |")
     report.print("|---|---|---|---|---|")
-    first = None
-    for per_pass in args.passes:
-        runs = sorted((r[per_pass] for r in rounds), key=lambda r: r["seconds"])
-        middle = runs[len(runs) // 2]
-        first = first or middle
-        same = "same" if all(r["digest"] == rounds[0][args.passes[0]]["digest"] for r in runs) else "DIFFER"
-        cells = [f"{middle[key] / 1e9:.2f} GB ({middle[key] / first[key]:.2f}x)" for key in ("peak", "above")]
-        time_cell = f"{middle['seconds']:.1f} s ({middle['seconds'] / first['seconds']:.2f}x)"
-        report.print(f"| {per_pass} | {' | '.join(cells)} | {time_cell} | {same} |")
+    for row in ratio_rows(rounds, args.passes, [str(n) for n in args.passes], ("peak", "above")):
+        report.print(row)
     report.save(args.output)
     return 0
 
