@@ -342,6 +342,11 @@ def test_lr_flags_and_yaml(tmp_path):
             resolve(parser.parse_args(["--config", str(config)]))
     with pytest.raises(ValueError, match="pick one"):
         ExperimentSettings("m", "d", lr=[1e-3, 1e-2]).lr_for("fe")
+    settings, _ = resolve(parser.parse_args(["--model", "m", "--data", "d", "--train-memory", "1.5"]))
+    assert settings.train_memory == 1.5 and settings.setup() == replace(settings, train_memory=None).setup()
+    for bad in ("0", "-1", "nan", "x"):
+        with pytest.raises(SystemExit):  # argparse names --train-memory and the value
+            parser.parse_args(["--model", "m", "--data", "d", "--train-memory", bad])
 
 
 @pytest.mark.parametrize("method", ["none", "average", "scalar_mix", "concat", "dwatt"])
