@@ -38,8 +38,8 @@ from eval_memory import (
     rss_bytes,
 )
 from layerfusion_recipes.arguments import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.experiment import trainable_count
 from layerfusion_recipes.core.feature_cache import TRAINING_BYTES_PER_PARAMETER
-from layerfusion_recipes.core.models import trainable_parameters
 from layerfusion_recipes.reporting.benchmark_report import Report
 
 
@@ -53,7 +53,7 @@ def child(args: argparse.Namespace) -> None:
     run.test = run.dev[len(run.dev) // 2 :]  # the longest half (sorted by length)
     cell = dataclasses.replace(cell, epochs=args.epochs)
     model, _ = run.build(cell)
-    parameters = sum(p.numel() for p in trainable_parameters(model))
+    parameters = trainable_count(model)
     del model
     budget = (args.child + 0.5) * parameters * TRAINING_BYTES_PER_PARAMETER / 1e9  # GB: `child`, not one more
     run.settings = dataclasses.replace(run.settings, train_memory=budget)
