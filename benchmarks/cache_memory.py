@@ -20,7 +20,8 @@ Usage::
 
     python benchmarks/cache_memory.py --data ../shared/data/conll2003 --today-code /path/to/checkout-before \\
         [--shapes minilm 13x768 25x1024] [--codes today after] [--full-splits 25x1024] [--epochs 10] \\
-        [--eval-every 5] [--work /tmp/lf-cache-memory] [--output benchmarks/results/perf/cache_memory.json]
+        [--eval-every 5] [--train-memory GB] [--cache-dtype bfloat16] \\
+        [--work /tmp/lf-cache-memory] [--output benchmarks/results/perf/cache_memory.json]
 
 A finished sweep's folder under ``--work`` is reused (its measurements are those of its own
 invocation), so an interrupted benchmark goes on where it stopped; delete the folder to measure again.
@@ -53,14 +54,34 @@ RATIOS = (("peak RSS", "peak"), ("wall", "wall"), ("training", "train"), ("rest"
 EVAL_BATCH = 64  # TrainSettings.eval_batch_size: today's padded evaluation batches
 
 
-def sweep_arguments(args: argparse.Namespace, model: str, full: bool, output: Path) -> list[str]:
-    """The ``layerfusion sweep`` arguments of one shape."""
+def sweep_arguments(
+    args: argparse.Namespace, model: str, full: bool, output: Path, code: str = "today"
+) -> list[str]:
+    """The ``layerfusion sweep`` arguments of one shape (the memory options for the code after only)."""
     limit = [] if full else ["--dev-limit", str(args.dev_limit)]
     return [
         "sweep", "--data", args.data, "--model", model, "--methods", *METHODS, "--regimes", "fe",
         "--shots", "32", "--trials", "2", "--epochs", str(args.epochs), "--eval-every", str(args.eval_every),
         *limit, "--threads", str(args.threads), "--output", str(output), "--quiet",
+        *(memory_options(args) if code == "after" else []),
     ]  # fmt: skip
+
+
+def memory_options(args: argparse.Namespace) -> list[str]:
+    """The code after's memory options given to this benchmark (``--train-memory``, ``--cache-dtype``)."""
+    options = []
+    if args.train_memory is not None:
+        options += ["--train-memory", str(args.train_memory)]
+    if args.cache_dtype is not None:
+        options += ["--cache-dtype", args.cache_dtype]
+    return options
+
+
+def sweep_folder(args: argparse.Namespace, shape: str, code: str) -> Path:
+    """The folder of one shape's sweep: the memory options are part of the code after's name, so a
+    sweep with other options never reuses it."""
+    suffix = "".join(f"-{part.lstrip('-')}" for part in memory_options(args)) if code == "after" else ""
+    return args.work / f"{shape}-{code}{suffix}"
 
 
 def today_path(checkout: Path, folder: Path) -> str:
@@ -131,8 +152,8 @@ def measure_shape(args, shape: str, env: dict[str, dict[str, str]], report: Repo
         random_encoder_like(demo_model_path(), states - 1, width, model)
     measured, records = {}, {}
     for code in CODES:
-        output = args.work / f"{shape}-{code}"
-        sweep = sweep_arguments(args, model, shape in args.full_splits, output)
+        output = sweep_folder(args, shape, code)
+        sweep = sweep_arguments(args, model, shape in args.full_splits, output, code)
         predicted = predictions(sweep)[code]
         total = predicted["states"] + predicted["model"]
         memory = available_memory()
@@ -181,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--train-memory", type=float, help="The code after's --train-memory (GB).")
+    parser.add_argument("--cache-dtype", help="The code after's --cache-dtype.")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lf-cache-memory")
     parser.add_argument("--output", help="Also save the printed report here (JSON).")
     argv = sys.argv[1:] if argv is None else argv
