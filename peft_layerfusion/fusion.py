@@ -106,7 +106,7 @@ class FusionModule(nn.Module):
     # False for methods with (almost) no parameters (Average, ScalarMix): budget audits use them as
     # references and never size or flag them against the parameter-heavy methods.
     sized_to_budget: ClassVar[bool] = True
-    # True when the module has ``depth_attention(last) -> (tokens, K)`` weights over the fused layers
+    # True when the module has ``capture_attention(capture) -> (tokens, K)`` weights over the fused layers
     # (DWAtt): the recipes record their mean per run and draw them.
     shows_depth_attention: ClassVar[bool] = False
 

@@ -21,6 +21,23 @@ Size: one bottleneck MLP of width ``w`` has ``2 d w + 3 w + d`` parameters (``U`
 the value MLPs alone are 537M at Llama-3.1-8B's shape (K = 32, d = 4096, γ = 0.5). The widths
 are ``γ d`` by default, or set in units with ``query_bottleneck_width`` / ``value_bottleneck_width``.
 
+Pre-norm stacks (``prenorm_scaling=True``): where a final norm ``F`` follows the last block
+(Llama, Gemma, Qwen, GPT-2...), ``z_L`` is the raw residual stream, whose RMS grows with depth
+(about 1400 at Gemma 3 270M's last block, against 4.4 for ``F(z_L)``): the paper's query then
+saturates the depth softmax, and unit-scale values are a vanishing part of ``h`` (the head reads
+``F(h) ≈ F(z_L)``). With the option the query reads what the head reads, and the correction is
+counted in units of the stream's per-token RMS:
+
+.. math::
+
+    q &= 1 + \mathrm{elu}(F(z_L) + f^Q(F(z_L))) \\
+    h &= z_L + \mathrm{rms}(z_L) \textstyle\sum_n a_n v_n
+        \qquad \mathrm{rms}(x) = \sqrt{\tfrac{1}{d} \textstyle\sum_i x_i^2}
+
+so the head reads ``F(h) = F(z_L / rms(z_L) + Σ a_n v_n)`` (``F`` is scale-invariant up to its
+ε): the paper's proportions, where ``z_L`` is a normalised state. Without a final norm (post-norm
+stacks) the option changes nothing.
+
 Identity init (``fusion_init="identity"``): each ``LN_n``'s gain starts at 0 (its shift is 0
 already), so ``v_n = 0`` and ``h = z_L`` exactly, whatever ``layers``. (Zeroing the value MLPs'
 last linear instead would hand ``LN_n`` an all-zero input, where its derivative is
@@ -70,12 +87,15 @@ class DWAttConfig(LayerFusionConfig):
         score_temperature: Scores are ``q · k_n / score_temperature``; 1.0 reproduces the
             paper (no ``1/sqrt(d)`` scaling).
         attention_dropout: Dropout on the depth-attention weights ``a_n``.
+        prenorm_scaling: On a pre-norm stack, the query reads ``F(z_L)`` and the correction is
+            scaled by ``rms(z_L)`` (module docstring); no effect without a final norm.
         (plus every option of :class:`LayerFusionConfig` and of LoRA)
 
     Example:
         >>> from peft import get_peft_model
         >>> model = get_peft_model(base_model, DWAttConfig(modules_to_save=["classifier"]))
         >>> small = DWAttConfig(query_bottleneck_width=49, value_bottleneck_width=49)  # LLM sizing
+        >>> decoder = DWAttConfig(prenorm_scaling=True)  # Llama, Gemma, Qwen: the stream's scale
     """
 
     PEFT_TYPE: ClassVar[str] = "DWATT"
@@ -112,6 +132,15 @@ class DWAttConfig(LayerFusionConfig):
     attention_dropout: float = field(
         default=0.0, metadata={"help": "Dropout probability on the depth-attention weights a_n."}
     )
+    prenorm_scaling: bool = field(
+        default=False,
+        metadata={
+            "help": "On a pre-norm stack (a final norm F after the last block: Llama, Gemma, Qwen, "
+            "GPT-2), the query reads F(z_L) and the correction sum_n a_n v_n is scaled by z_L's "
+            "per-token RMS, so that F(h) = F(z_L / rms(z_L) + sum_n a_n v_n). False reproduces the "
+            "paper; no effect on post-norm stacks."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -119,6 +148,8 @@ class DWAttConfig(LayerFusionConfig):
             require_number(name, getattr(self, name), low=0.0, low_open=True)
         require_number("d_pos", self.d_pos, low=1, integer=True)
         require_number("attention_dropout", self.attention_dropout, low=0.0, high=1.0, high_open=True)
+        if not isinstance(self.prenorm_scaling, bool):
+            raise invalid("prenorm_scaling", self.prenorm_scaling, "True or False")
         for kind in ("query", "value"):
             width, ratio = getattr(self, f"{kind}_bottleneck_width"), getattr(self, f"{kind}_bottleneck")
             if width is None:
@@ -205,6 +236,7 @@ class DWAtt(FusionModule):
         query_width, value_width = config.widths(d)
         starts_at_base = config.starts_at_base(context.model, context.layers, context.located.num_blocks)
         self.score_temperature = float(config.score_temperature)
+        self.prenorm_scaling = bool(config.prenorm_scaling)
         self.query_mlp = StackedBottleneckMLP(1, d, query_width)
         self.value_mlps = StackedBottleneckMLP(k, d, value_width)
         # LN_n, one per layer; a zero gain makes every v_n = 0 (the identity init)
@@ -238,15 +270,36 @@ class DWAtt(FusionModule):
             self.value_mlps(state, index), (d,), self.value_norm_weight[index], self.value_norm_bias[index]
         )
 
+    def scales_to_stream(self, capture: Capture) -> bool:
+        """Whether this forward reads ``F(z_L)`` and scales by ``rms(z_L)`` (``prenorm_scaling`` on a
+        stack with a final norm)."""
+        return self.prenorm_scaling and capture.final_norm is not None
+
+    def capture_attention(self, capture: Capture) -> torch.Tensor:
+        """The weights ``a_n`` ``(tokens, K)`` the forward computes for ``capture`` (no dropout): the
+        query reads ``z_L``, or ``F(z_L)`` where :meth:`scales_to_stream`."""
+        last = capture.states[-1]  # z_L: (batch, seq, d)
+        tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
+        query_input = normed_tokens(capture, last) if self.scales_to_stream(capture) else tokens
+        return self.depth_attention(query_input)
+
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         last = capture.states[-1]  # z_L: (batch, seq, d)
         tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
-        weights = self.attention_dropout(self.depth_attention(tokens))  # (tokens, K)
+        weights = self.attention_dropout(self.capture_attention(capture))  # (tokens, K)
+        if self.scales_to_stream(capture):  # a_n rms(z_L): the correction in units of the stream's scale
+            weights = weights * tokens.pow(2).mean(-1, keepdim=True).sqrt()  # (tokens, K)
         # h = z_L + sum_n a_n v_n; each v_n is made just before it is added (no stack).
         values = self.values(states)
         columns = (weights[:, n : n + 1] for n in range(len(states)))  # each (tokens, 1)
         fused = weighted_sum(zip(values, columns, strict=True), start=tokens)  # (tokens, d)
         return fused.view_as(last)
+
+
+def normed_tokens(capture: Capture, last: torch.Tensor) -> torch.Tensor:
+    """``F(z_L)`` ``(tokens, d)`` in ``z_L``'s dtype, for ``last = z_L`` of shape ``(..., d)`` (the
+    positions the fusion reads: computed again there, not taken from the model's full ``F(z_L)``)."""
+    return capture.apply_final_norm(last).to(last.dtype).reshape(-1, last.shape[-1])
 
 
 class DWAttModel(LayerFusionModel):

@@ -45,7 +45,7 @@ from .feature_cache import (
     storage_dtype,
 )
 from .fitting import RunResult, TrainSettings, fit
-from .loop import restore, snapshot
+from .loop import collect_garbage, restore, snapshot
 from .models import (
     adapter_summary,
     apply_regime,
@@ -333,7 +333,10 @@ class FewShotExperiment:
         )
 
     def build(self, cell: Cell) -> tuple[nn.Module, Any]:
-        """The model of a cell (init seeded by the trial) and its encoder blocks."""
+        """The model of a cell (init seeded by the trial) and its encoder blocks. The models of the runs
+        before are collected first (:func:`~layerfusion_recipes.core.loop.collect_garbage`: their
+        reference cycles would keep each of them in memory until Python's collector ran)."""
+        collect_garbage()
         base = self.load_model(seed=self.settings.seed + cell.trial)
         located = find_encoder_blocks(base)
         torch.manual_seed(self.settings.seed + cell.trial)

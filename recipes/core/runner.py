@@ -316,7 +316,7 @@ def depth_attention_profile(runner: Runner, features: list[dict], batch_size: in
     """
     module = active_fusion_module(runner.model)
     seen: list[torch.Tensor] = []
-    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[1].states[-1]))
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[1]))  # its Capture
     total, count = None, 0
     device = next(runner.model.parameters()).device  # the device its run trained it on
     with eval_mode(runner.model):
@@ -324,7 +324,7 @@ def depth_attention_profile(runner: Runner, features: list[dict], batch_size: in
             for start in range(0, len(features), batch_size):
                 runner.logits(features[start : start + batch_size], device)
                 # the runner fuses the read positions only: the module saw exactly those
-                weights = module.depth_attention(seen.pop()).flatten(0, -2)  # (read positions, K)
+                weights = module.capture_attention(seen.pop())  # (read positions, K)
                 if weights.shape[0] != runner.fused_count:
                     raise RuntimeError("depth attention was not computed on the read positions only")
                 summed = weights.sum(0)  # (K,)

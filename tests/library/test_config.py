@@ -36,6 +36,7 @@ BAD_VALUES = [
     (DWAttConfig, "attention_dropout", 1.5),
     (DWAttConfig, "attention_dropout", -0.1),
     (DWAttConfig, "attention_dropout", 1.0),
+    (DWAttConfig, "prenorm_scaling", "yes"),
     (ExtraLayersConfig, "num_extra_layers", 0),
     (ExtraLayersConfig, "num_extra_layers", -1),
     (ExtraLayersConfig, "num_extra_layers", 1.5),
@@ -116,7 +117,12 @@ def test_every_field_has_help(config_cls):
 
 NON_DEFAULT = {
     DWAttConfig: dict(
-        d_pos=7, query_bottleneck=0.25, value_bottleneck=0.75, score_temperature=2.0, attention_dropout=0.1
+        d_pos=7,
+        query_bottleneck=0.25,
+        value_bottleneck=0.75,
+        score_temperature=2.0,
+        attention_dropout=0.1,
+        prenorm_scaling=True,
     ),
     ExtraLayersConfig: dict(num_extra_layers=2),
 }

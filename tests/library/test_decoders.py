@@ -22,7 +22,7 @@ import torch
 import transformers as tf
 from conftest import fusion_of
 from peft import get_peft_model
-from test_methods import REFERENCES
+from test_methods import REFERENCES, dwatt_ref
 from tiny_decoders import (
     FAMILIES,
     NAMES,
@@ -35,7 +35,7 @@ from tiny_decoders import (
     with_blocks_appended,
 )
 
-from peft_layerfusion import ExtraLayersConfig, find_encoder_blocks, fused_positions
+from peft_layerfusion import DWAttConfig, ExtraLayersConfig, find_encoder_blocks, fused_positions
 from peft_layerfusion.registration import ENCODER_METHODS, SEQ2SEQ_METHODS
 
 TOKEN_WISE = [method for method in ENCODER_METHODS if method.token_wise]
@@ -77,6 +77,42 @@ def test_token_wise_fusion_equals_the_recomputation(name, head, side, method):
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-5)
     plain = output_of(reference, inputs)
     assert (got - plain).abs().max() > 1e-3  # the fusion changes what the head reads
+
+
+@pytest.mark.parametrize("name, head, side", CASES, ids=CASE_IDS)
+def test_dwatt_scaled_to_the_stream_equals_the_recomputation(name, head, side):
+    """``prenorm_scaling``: the query reads ``F(z_L)``, the correction is scaled by ``rms(z_L)``."""
+    family = FAMILIES[name]
+    reference = family.build(head)
+    config = DWAttConfig(prenorm_scaling=True, fusion_init="paper", task_type=TASK_TYPES[head])
+    model = adapted(family.build(head), config)
+    inputs = inputs_for(head, side)
+    states = residual_stream(family, reference, inputs)
+    module = fusion_of(model)
+    with torch.no_grad():
+        h = dwatt_ref(states, list(range(1, len(states))), module, final_norm=family.norm_of(reference))
+        paper = dwatt_ref(states, list(range(1, len(states))), module)  # the option off
+    got = output_of(model, inputs)
+    torch.testing.assert_close(got, head_output(family, reference, head, h, inputs), atol=ATOL, rtol=1e-5)
+    assert (got - head_output(family, reference, head, paper, inputs)).abs().max() > 1e-3
+
+
+def test_dwatt_scaled_to_the_stream_moves_what_a_massive_stream_hides():
+    """The case the option is for: a stream of RMS about 2000 (embeddings x 1e5) that the final norm
+    brings back to unit scale. The paper's unit-scale values move the logits (up to 0.45) by about 2e-4;
+    scaled to the stream, by about 0.3."""
+    family = FAMILIES["llama"]
+    base = family.build("causal")
+    inputs = inputs_for("causal", "right")
+    with torch.no_grad():
+        embeddings = base.get_input_embeddings()
+        embeddings.weight.mul_(1e5)  # a stream of RMS about 2000, as deep LLMs have
+    plain = output_of(base, inputs)
+    moved = {}
+    for scaled in (False, True):
+        config = DWAttConfig(prenorm_scaling=scaled, fusion_init="paper", task_type=TASK_TYPES["causal"])
+        moved[scaled] = (output_of(adapted(copy.deepcopy(base), config), inputs) - plain).abs().max()
+    assert moved[False] < 1e-3 and moved[True] > 0.1
 
 
 @pytest.mark.parametrize("name, head, side", CASES, ids=CASE_IDS)

@@ -41,9 +41,14 @@ def vector(stacked: torch.Tensor, n: int) -> torch.Tensor:
     return stacked[n].reshape(-1)
 
 
-def dwatt_ref(z: tuple[torch.Tensor, ...], layers: list[int], module, weights_hook=None) -> torch.Tensor:
+def dwatt_ref(
+    z: tuple[torch.Tensor, ...], layers: list[int], module, weights_hook=None, final_norm=None
+) -> torch.Tensor:
+    """DWAtt's ``h``; with ``final_norm`` (a pre-norm stack's ``F``, for ``prenorm_scaling``) the query
+    reads ``F(z_L)`` and the correction is scaled by ``sqrt(mean(z_L²))`` per token."""
     last = z[-1]  # (batch, seq, d)
-    query = 1.0 + F.elu(last + bottleneck_ref(last, module.query_mlp, 0))
+    read = last if final_norm is None else final_norm(last)
+    query = 1.0 + F.elu(read + bottleneck_ref(read, module.query_mlp, 0))
     scores, values = [], []
     for n, index in enumerate(layers):
         key = module.key_proj.weight @ module.depth_embeddings[n] + module.key_proj.bias  # (d,)
@@ -54,7 +59,8 @@ def dwatt_ref(z: tuple[torch.Tensor, ...], layers: list[int], module, weights_ho
     weights = torch.softmax(torch.stack(scores, -1), dim=-1)  # (batch, seq, K)
     if weights_hook is not None:
         weights = weights_hook(weights)
-    return last + sum(weights[..., n : n + 1] * v for n, v in enumerate(values))
+    scale = 1.0 if final_norm is None else torch.sqrt((last * last).mean(-1, keepdim=True))  # (batch, seq, 1)
+    return last + scale * sum(weights[..., n : n + 1] * v for n, v in enumerate(values))
 
 
 def concat_ref(z, layers, module) -> torch.Tensor:
