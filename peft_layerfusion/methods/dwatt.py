@@ -35,8 +35,9 @@ counted in units of the stream's per-token RMS:
         \qquad \mathrm{rms}(x) = \sqrt{\tfrac{1}{d} \textstyle\sum_i x_i^2}
 
 so the head reads ``F(h) = F(z_L / rms(z_L) + Σ a_n v_n)`` (``F`` is scale-invariant up to its
-ε): the paper's proportions, where ``z_L`` is a normalised state. Without a final norm (post-norm
-stacks) the option changes nothing.
+ε): the paper's proportions, where ``z_L`` is a normalised state. Where the fusion sees no final norm
+(post-norm stacks; a final norm outside the blocks' container, as ViT's on transformers 4.x, which
+runs on the fused output by itself) the option changes nothing.
 
 Identity init (``fusion_init="identity"``): each ``LN_n``'s gain starts at 0 (its shift is 0
 already), so ``v_n = 0`` and ``h = z_L`` exactly, whatever ``layers``. (Zeroing the value MLPs'
