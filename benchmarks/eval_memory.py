@@ -1,4 +1,5 @@
-"""Memory and time of evaluating stacked LR candidates: all at once against groups within a byte budget.
+"""Memory and time of evaluating stacked LR candidates: all at once against groups within a byte budget,
+and the replay of the cache: every block's padded state built at once against one block at a time.
 
 The reproduction of the FE sweep's peak (issue 25) without the sweep: a random encoder of MiniLM's
 architecture and tokenizer with ``--shape`` states (13x768: BERT-base), the ``--sentences`` longest
@@ -11,11 +12,17 @@ before the groups) runs in its own process, ``--rounds`` times, interleaved: the
 (``mallinfo2``, sampled every 2 ms) above the same point, the seconds of the call, and whether the
 predictions are those of the first budget, bitwise.
 
+``--replays`` compares how the cache is replayed (each budget runs with each): ``whole`` builds every
+block's padded ``(batch, seq, d)`` state of a batch at once and the fusion's capture keeps them whole
+until the fusion gathers the read positions (the code before), ``blocks`` builds each block's state
+when the block is called and the capture keeps only the read positions of each (``FeatureCache.batch``,
+``BlockCapture``'s ``select``).
+
 Usage::
 
     python benchmarks/eval_memory.py --data ../shared/data/conll2003 [--shape 13x768] \\
-        [--method dwatt] [--budgets 0 134217728] [--rounds 2] [--work /tmp/lf-eval-memory] \\
-        [--output benchmarks/results/perf/eval_memory.json]
+        [--method dwatt] [--budgets 0 134217728] [--replays blocks] [--rounds 2] \\
+        [--work /tmp/lf-eval-memory] [--output benchmarks/results/perf/eval_memory.json]
 
 The cache (the sentences and the sample) is filled once into ``--work``, in a process of its own,
 and memory-mapped by the measured ones.
@@ -41,11 +48,15 @@ from cache_speed import parse_shape, random_encoder_like
 from layerfusion_recipes.core import runner as runner_module
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.demo import demo_model_path
+from layerfusion_recipes.core.feature_cache import FeatureCache
 from layerfusion_recipes.core.runner import predict_labelled
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from layerfusion_recipes.reporting.benchmark_report import Report
 
+from peft_layerfusion.layer import fusion_layer_of
+
 SHOTS, EVAL_BATCH = 32, 64
+REPLAYS = ("whole", "blocks")  # every block's padded state at once (the code before), or one at a time
 
 
 class HeapInUse(threading.Thread):
@@ -97,10 +108,21 @@ def experiment(args: argparse.Namespace) -> tuple[Experiment, Cell]:
     return run, cell
 
 
+def replay_whole(model) -> None:
+    """Replay as the code before: every block's padded state of a batch built at once (``(L, batch, seq,
+    d)``, the probes' layout) and kept whole by the capture until the fusion gathers."""
+    batch = FeatureCache.batch
+    FeatureCache.batch = lambda cache, features: batch(cache, features).stacked()
+    fusion_layer_of(model).capture.select = None
+
+
 def child(args: argparse.Namespace) -> None:
-    """Measure one ``predict_labelled`` at budget ``args.child`` (one JSON line on stdout)."""
+    """Measure one ``predict_labelled`` at budget ``args.child``, replayed as ``args.child_replay`` (one
+    JSON line on stdout)."""
     run, cell = experiment(args)
     model, located = run.build(cell)
+    if args.child_replay == "whole":
+        replay_whole(model)
     runner = run.runner(model, located, run.cache(), count=args.candidates)
     if args.child > 0:
         runner_module.EVALUATION_BYTES = args.child
@@ -118,9 +140,9 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(line))
 
 
-def measure(args: argparse.Namespace, value: int, script: str = __file__) -> dict:
-    """The JSON line of ``script`` run as a child process with ``--child value``."""
-    command = [sys.executable, script, *args.argv, "--child", str(value)]
+def measure(args: argparse.Namespace, value: int, script: str = __file__, replay: str = "blocks") -> dict:
+    """The JSON line of ``script`` run as a child process with ``--child value`` (``--child-replay``)."""
+    command = [sys.executable, script, *args.argv, "--child", str(value), "--child-replay", replay]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -137,6 +159,7 @@ def add_reproduction_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lf-eval-memory")
     parser.add_argument("--output", help="Also save the printed report here (JSON).")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-replay", default="blocks", help=argparse.SUPPRESS)
 
 
 def parse_reproduction(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -150,7 +173,7 @@ def parse_reproduction(parser: argparse.ArgumentParser, argv: list[str] | None) 
     return args
 
 
-def ratio_rows(rounds: list[dict], values: list[int], names: list[str], keys: tuple[str, ...]) -> list[str]:
+def ratio_rows(rounds: list[dict], values: list, names: list[str], keys: tuple[str, ...]) -> list[str]:
     """One table row per value of ``values`` (``rounds``: ``{value: child's line}`` each): its name, the
     median run's ``keys`` in GB and its seconds (the median by seconds, the slower of two), each with
     its ratio to the first value's, and ``same`` when every run has the first value's digest."""
@@ -172,13 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_reproduction_arguments(parser)
     parser.add_argument("--budgets", type=int, nargs="+", default=[0, runner_module.EVALUATION_BYTES])
+    parser.add_argument("--replays", nargs="+", choices=REPLAYS, default=["blocks"])
     args = parse_reproduction(parser, argv)
     if args.child is not None:
         child(args)
         return 0
     report = Report("benchmarks/eval_memory.py", args.given)
+    variants = [(replay, budget) for replay in args.replays for budget in args.budgets]
     measure(args, args.budgets[0])  # fills the cache (its numbers are not kept)
-    rounds = [{budget: measure(args, budget) for budget in args.budgets} for _ in range(args.rounds)]
+    rounds = [
+        {variant: measure(args, variant[1], replay=variant[0]) for variant in variants}
+        for _ in range(args.rounds)
+    ]
     blocks, width = args.shape
     report.print(
         f"{args.candidates} stacked {args.method} candidates, {blocks} x {width} random, the "
@@ -186,10 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} thread(s); median of {args.rounds} interleaved rounds"
     )
     report.print()
-    report.print("| budget | peak RSS above start | heap in use above start | seconds | predictions |")
+    report.print(
+        "| replay, budget | peak RSS above start | heap in use above start | seconds | predictions |"
+    )
     report.print("|---|---|---|---|---|")
-    names = ["all at once" if budget == 0 else f"{budget / 2**20:.0f} MiB" for budget in args.budgets]
-    for row in ratio_rows(rounds, args.budgets, names, ("peak", "heap")):
+    names = [
+        f"{replay}, {'all at once' if budget == 0 else f'{budget / 2**20:.0f} MiB'}"
+        for replay, budget in variants
+    ]
+    for row in ratio_rows(rounds, variants, names, ("peak", "heap")):
         report.print(row)
     report.save(args.output)
     return 0

@@ -64,6 +64,9 @@ class Capture:
         final_norm: The stack's final norm ``F`` when it runs inside the container (pre-norm
             stacks; ``None`` otherwise): the fused state goes through it (the rule in ``fusion.py``).
         normed_last: ``F(z_L)`` as the model computed it (with ``final_norm``).
+        selected: ``None``, or the flat ``(batch * seq)`` positions at which ``z_0 .. z_{L-1}`` were
+            already gathered as the blocks ran (each then ``(1, selected, d)``; ``z_L`` stays whole):
+            a no-grad forward under ``fused_positions`` keeps only what a token-wise module reads.
     """
 
     states: list[torch.Tensor]
@@ -71,6 +74,7 @@ class Capture:
     last_block_kwargs: dict[str, Any]
     final_norm: nn.Module | None = None
     normed_last: torch.Tensor | None = None
+    selected: torch.Tensor | None = None
 
     def call_like_last_block(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Run ``block`` on ``hidden`` with the arguments the last block received."""
@@ -118,6 +122,8 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
 
 
 FuseFn = Callable[[Capture], "torch.Tensor | None"]
+# the (batch, seq) positions the fusion will read, asked when a forward opens (None: every position)
+SelectFn = Callable[[], "torch.Tensor | None"]
 
 
 def first_tensor(output: Any) -> torch.Tensor:
@@ -216,6 +222,9 @@ class _Frame:
     outputs: list[Any] | None = None  # each block's output (tensor, tuple...): states of dropped blocks
     last_output: torch.Tensor | None = None  # output of the last block that ran: z_L, before any norm
     fused: bool = False  # the final norm already fused this capture (pre-norm stacks)
+    mask: torch.Tensor | None = None  # (batch, seq): gather the block inputs there as they come
+    selected: torch.Tensor | None = None  # (selected,) flat positions of ``mask``, found at z_0
+    shape: torch.Size | None = None  # (batch, seq, d) of the block inputs (before any gathering)
 
 
 class BoundHook:
@@ -248,21 +257,36 @@ class BlockCapture:
     callable object holding this capture, so a deep copy of the model carries a working
     copy of it.
 
+    **Only what is read.** With ``select``, a forward that builds no autograd graph, with the
+    container in eval mode, keeps ``z_0 .. z_{L-1}`` only at the positions ``select()`` returns
+    when the forward opens, gathered as each block is called (:attr:`Capture.selected`): each whole
+    state is freed once the next block has read it, instead of all ``L + 1`` of them living until the
+    fusion runs. The gathered rows are the ones :func:`select_positions` takes (the same bits).
+
     Args:
         located: Where the blocks and their container are (see ``discovery``).
         fuse: Called once per encoder forward with the :class:`Capture`; returns the new
             last hidden state, or ``None`` to leave the output untouched.
         blocks_path: How the blocks were named (the config's ``blocks_path``), for error messages.
+        select: Returns the ``(batch, seq)`` bool mask of the positions the fusion will read, or
+            ``None`` (every position; also where the fusion mixes positions).
 
     Example:
         >>> capture = BlockCapture(find_encoder_blocks(model), lambda c: c.states[-1] * 2)
         >>> capture.remove()  # every hook gone
     """
 
-    def __init__(self, located: EncoderBlocks, fuse: FuseFn, blocks_path: str | None = None) -> None:
+    def __init__(
+        self,
+        located: EncoderBlocks,
+        fuse: FuseFn,
+        blocks_path: str | None = None,
+        select: SelectFn | None = None,
+    ) -> None:
         self.located = located
         self.fuse = fuse
         self.blocks_path = blocks_path
+        self.select = select
         self._local = ThreadState()
         self.handles: list[RemovableHandle] = []
         self._register()
@@ -304,8 +328,14 @@ class BlockCapture:
     # ------------------------------------------------------------- hooks
     def _open_capture(self, module: nn.Module, args: tuple) -> None:
         num_blocks = self.located.num_blocks
+        gather = self.select is not None and not torch.is_grad_enabled() and not module.training
         self._frames().append(
-            _Frame(states=[None] * (num_blocks + 1), runs=[0] * num_blocks, outputs=[None] * num_blocks)
+            _Frame(
+                states=[None] * (num_blocks + 1),
+                runs=[0] * num_blocks,
+                outputs=[None] * num_blocks,
+                mask=self.select() if gather else None,
+            )
         )
 
     def record_input(self, index: int, block: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -314,7 +344,13 @@ class BlockCapture:
         if not frames:  # a checkpointed re-run during backward, outside any forward
             return
         frame = frames[-1]
-        frame.states[index] = _hidden_from_call(args, kwargs)
+        hidden = _hidden_from_call(args, kwargs)  # z_index: (batch, seq, d)
+        frame.shape = frame.shape or hidden.shape
+        if frame.mask is not None:  # only the read positions: (1, selected, d)
+            if frame.selected is None:
+                frame.selected = position_index(frame.mask, hidden)
+            hidden = gather_positions(hidden, frame.selected)
+        frame.states[index] = hidden
         frame.runs[index] += 1
         frame.last_call = (args, kwargs)  # the last block's call, or the last that ran when it was dropped
 
@@ -326,7 +362,8 @@ class BlockCapture:
         """
         frames = self._frames()
         if frames:
-            frames[-1].outputs[index] = output
+            if frames[-1].mask is None:  # gathering: an eval forward, where a dropped block raises
+                frames[-1].outputs[index] = output
             frames[-1].last_output = first_tensor(output)
 
     def _at_final_norm(self, norm: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -343,7 +380,10 @@ class BlockCapture:
         frame.fused = True  # before fusing: the fusion calls F again (on other tensors)
         states = self._checked_states(frame, norm.training)
         states[-1] = frame.last_output
-        return self.fuse(Capture(states, *frame.last_call, final_norm=norm, normed_last=output))
+        capture = Capture(
+            states, *frame.last_call, final_norm=norm, normed_last=output, selected=frame.selected
+        )
+        return self.fuse(capture)
 
     def _close_capture(self, module: nn.Module, args: tuple, output: Any) -> Any:
         frames = self._frames()
@@ -354,10 +394,10 @@ class BlockCapture:
         if output is None or frame.fused:  # the forward raised, or the final norm fused already
             return None
         states = self._checked_states(frame, module.training)
-        states[-1] = self._encoder_output(output, states[-2])
+        states[-1] = self._encoder_output(output, frame.shape)
         if frame.last_output is not None and not _is_tensor(states[-1], frame.last_output):
             self._warn_unknown_transform()
-        fused = self.fuse(Capture(states, *frame.last_call))
+        fused = self.fuse(Capture(states, *frame.last_call, selected=frame.selected))
         return None if fused is None else _with_hidden(output, fused)
 
     def _warn_unknown_transform(self) -> None:
@@ -419,17 +459,17 @@ class BlockCapture:
             "would be wrong. Set `blocks_path` to the encoder's list of blocks."
         )
 
-    def _encoder_output(self, output: Any, last_input: torch.Tensor) -> torch.Tensor:
-        """``z_L`` from the container's output, checked against the last block's input."""
+    def _encoder_output(self, output: Any, block_shape: torch.Size) -> torch.Tensor:
+        """``z_L`` from the container's output, checked against the shape of the blocks' inputs."""
         try:
             last = first_tensor(output)
         except (KeyError, IndexError, TypeError) as error:
             last = error
-        if not isinstance(last, torch.Tensor) or last.shape != last_input.shape:
+        if not isinstance(last, torch.Tensor) or last.shape != block_shape:
             got = tuple(last.shape) if isinstance(last, torch.Tensor) else type(output).__name__
             raise RuntimeError(
                 f"Layer fusion: the output of the container of {self._where()} is not the encoder's hidden "
-                f"state: got {got}, the blocks run on {tuple(last_input.shape)}. The container must be the "
+                f"state: got {got}, the blocks run on {tuple(block_shape)}. The container must be the "
                 "module that runs the blocks and returns their last hidden state (not the model with its "
                 "head): set `blocks_path` to the encoder's block list."
             )
@@ -517,14 +557,23 @@ def position_index(mask: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     return mask.to(last.device).flatten().nonzero().squeeze(1)  # (selected,)
 
 
-def select_positions(capture: Capture, index: torch.Tensor) -> Capture:
-    """``capture`` with each state reduced to the positions ``index``: ``(1, selected, d)``.
+def gather_positions(state: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``state`` ``(batch, seq, d)`` at the flat positions ``index``: ``(1, selected, d)``.
 
     Gathered with ``index_select`` (about 2.5x faster than boolean indexing, which searches
     the mask again per state).
     """
-    states = [state.flatten(0, 1).index_select(0, index).unsqueeze(0) for state in capture.states]
-    return replace(capture, states=states)  # each state (1, selected, d)
+    return state.flatten(0, 1).index_select(0, index).unsqueeze(0)
+
+
+def select_positions(capture: Capture, index: torch.Tensor) -> Capture:
+    """``capture`` with each state reduced to the positions ``index``: ``(1, selected, d)`` (the states
+    the capture gathered as the blocks ran, :attr:`Capture.selected`, are taken as they are)."""
+    gathered = len(capture.states) - 1 if capture.selected is not None else 0  # z_0 .. z_{L-1}
+    if gathered and not torch.equal(capture.selected, index):
+        raise RuntimeError("the capture gathered other positions than the fusion reads")
+    states = capture.states[:gathered] + [gather_positions(s, index) for s in capture.states[gathered:]]
+    return replace(capture, states=states, selected=index)  # each state (1, selected, d)
 
 
 def scatter_positions(fused: torch.Tensor, last: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self._active_adapter: list[str] = []
         self.merged_adapters: list[str] = []
         self.located = located
-        self.capture = BlockCapture(located, self.fuse, blocks_path)
+        self.capture = BlockCapture(located, self.fuse, blocks_path, select=self.read_positions)
         self.model_hooks: dict[str, list[RemovableHandle]] = {}  # per adapter, outside the encoder
         self.root_hooks: list[RemovableHandle] = []  # on the whole model: did the fusion run?
         self.watches_decoder = False  # an encoder-decoder model: fused outputs are kept for its decoder
@@ -251,6 +251,16 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
                 "encoder output. Activate one with `set_adapter(name)`."
             )
         return active[0] if active else None
+
+    def read_positions(self) -> Optional[torch.Tensor]:
+        """The ``(batch, seq)`` positions the active fusion module will read in this forward: the
+        :func:`fused_positions` mask when the module is token-wise, else ``None`` (every position). The
+        capture of a no-grad forward keeps the block states there only (:class:`BlockCapture`)."""
+        mask = self.positions
+        if mask is None or self.disable_adapters:
+            return None
+        active = [name for name in self.active_adapters if name in self.fusion_modules]
+        return mask if len(active) == 1 and self.fusion_modules[active[0]].token_wise else None
 
     def fuse(self, capture: Capture) -> Optional[torch.Tensor]:
         """The hook's callback: the active adapter's fused state, or ``None`` (pass-through)."""

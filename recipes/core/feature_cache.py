@@ -13,7 +13,7 @@ sub-word of each word), a sentence classifier its pooled position (:data:`FIRST_
 BERT-like encoder, :data:`LAST_POSITION` for a decoder) or :data:`ALL_POSITIONS` for mean pooling;
 a method that attends over the sentence (R+n) needs :data:`ALL_POSITIONS`. Only those are stored,
 once, as ``(kept positions, L, d)`` per sentence; a batch is padded on the fly
-(:meth:`FeatureCache.batch_states`: zeros wherever nothing was kept), never kept a second time.
+(:meth:`FeatureCache.batch`: zeros wherever nothing was kept, one block at a time), never kept a second time.
 
 **Out of RAM when asked.** With a ``directory`` each fill writes the sentences it computed as
 safetensors shards (every :data:`FLUSH_BYTES`, atomically) and then serves them memory-mapped from
@@ -466,7 +466,7 @@ class FeatureCache:
     Example:
         >>> cache = FeatureCache(base, find_encoder_blocks(base), "minilm", 128, tokenizer=tokenizer)
         >>> cache.fill(train_features + dev_features)
-        >>> with cache.replay(located_of_trained_model, cache.batch_states(batch_features)):
+        >>> with cache.replay(located_of_trained_model, cache.batch(batch_features)):
         ...     logits = model(input_ids=ids, attention_mask=mask).logits
     """
 
@@ -608,50 +608,90 @@ class FeatureCache:
         write_shard(self.path / name, keys, states, self.block_output_len, self.key)
         self._map_shard(self.path / name)
 
-    def batch_states(self, features: Sequence[Feature]) -> torch.Tensor:
-        """Cached states of a batch in float32, zero-padded: ``(L, batch, seq, d)``.
-
-        Positions that were not kept (and padding) are zeros; the kept ones are cast back from the
-        storage dtype. Built for each call (nothing is kept): one ``(batch, seq, L, d)`` buffer.
-        """
+    def batch(self, features: Sequence[Feature]) -> CachedBatch:
+        """The cached states of a batch (:class:`CachedBatch`): its kept rows, each block's padded
+        ``(batch, seq, d)`` state built when that block is replayed."""
         keys = [self.key_of(feature) for feature in features]
         width = max(len(ids) for ids, _ in keys)
-        first = self.states[keys[0]]
-        out = first.new_zeros((len(keys), width, *first.shape[1:]), dtype=torch.float32)  # (batch, seq, L, d)
-        scattered = [(row, key) for row, key in enumerate(keys) if key[1][-1] != len(key[1]) - 1]
-        for row, key in enumerate(keys):
-            if key[1][-1] == len(key[1]) - 1:  # positions 0 .. n-1 (every position, the first): a slice
-                out[row, : len(key[1])] = self.states[key]  # cast to float32 on the copy
-        if scattered:  # any other positions: one copy for the whole batch
-            rows = flat_positions([key for _, key in scattered], width, [row for row, _ in scattered])
-            kept = torch.cat([self.states[key] for _, key in scattered]).to(torch.float32)  # (kept, L, d)
-            out.flatten(0, 1).index_copy_(0, rows, kept)
-        return out.permute(2, 0, 1, 3)  # (L, batch, seq, d)
+        kept = [self.states[key] for key in keys]  # (kept, L, d) each, not copied
+        return CachedBatch(kept, flat_positions(keys, width), (len(keys), width))
+
+    def batch_states(self, features: Sequence[Feature]) -> torch.Tensor:
+        """Cached states of a batch in float32, zero-padded: ``(L, batch, seq, d)`` (every block at once:
+        the probes' input; a replay builds one block at a time, :meth:`batch`)."""
+        return self.batch(features).stacked()
 
     @contextmanager
-    def replay(self, located: EncoderBlocks, states: torch.Tensor) -> Iterator[None]:
-        """Inside, block ``i`` of ``located`` returns ``states[i]`` without computing.
+    def replay(self, located: EncoderBlocks, states: CachedBatch | torch.Tensor) -> Iterator[None]:
+        """Inside, block ``i`` of ``located`` returns the cached ``z_{i+1}`` without computing.
 
         Args:
             located: The blocks of the model being trained (same encoder as the cache's).
-            states: ``(L, batch, seq, d)`` from :meth:`batch_states`.
+            states: A :class:`CachedBatch` (:meth:`batch`: each block's state is built when the block is
+                called, so a forward that keeps only some positions of each state, as the fusion's
+                capture does without grad, never holds every block's padded state at once), or an
+                ``(L, batch, seq, d)`` tensor.
         """
         if states.shape[0] != located.num_blocks:
             raise ValueError(f"cached states have {states.shape[0]} blocks, the model {located.num_blocks}")
         for index, block in enumerate(located.blocks):
-            block.forward = self._replayed(states[index])
+            block.forward = self._replayed(states, index)
         try:
             yield
         finally:
             for block in located.blocks:
                 del block.forward
 
-    def _replayed(self, output: torch.Tensor):
+    def _replayed(self, states: CachedBatch | torch.Tensor, index: int):
         extra = self.block_output_len
 
         def forward(*args, **kwargs):
             reference = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+            output = (
+                states.block(index) if isinstance(states, CachedBatch) else states[index]
+            )  # (batch, seq, d)
             hidden = output.to(device=reference.device, dtype=reference.dtype)
             return hidden if extra is None else (hidden, *([None] * (extra - 1)))
 
         return forward
+
+
+class CachedBatch:
+    """The cached states of one batch: the kept rows of its sentences (the cache's own tensors, not copied)
+    and where they sit in the padded ``(batch, seq)`` grid; every other position (not kept, padding) is
+    zeros.
+
+    Args:
+        kept: Per sentence, its ``(kept, L, d)`` states in the storage dtype.
+        rows: ``(sum of kept,)`` their positions in the flattened ``(batch * seq)`` grid, sentence after
+            sentence.
+        size: ``(batch, seq)``.
+
+    Example:
+        >>> batch = cache.batch(features)
+        >>> batch.block(0).shape  # z_1, float32: (batch, seq, d)
+    """
+
+    def __init__(self, kept: Sequence[torch.Tensor], rows: torch.Tensor, size: tuple[int, int]) -> None:
+        self.kept, self.rows, self.size = kept, rows, size
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(L, batch, seq, d)``: the shape of :meth:`stacked`."""
+        return (self.kept[0].shape[1], *self.size, self.kept[0].shape[2])
+
+    def block(self, index: int) -> torch.Tensor:
+        """``z_{index+1}`` of the batch in float32, zero-padded: ``(batch, seq, d)`` (a new tensor; what it
+        is built from, ``(kept, d)``, lives only during the call)."""
+        width = self.kept[0].shape[-1]
+        out = torch.zeros(self.size[0] * self.size[1], width)  # (batch * seq, d)
+        rows = torch.cat([states[:, index] for states in self.kept])  # (kept, d), storage dtype
+        out.index_copy_(0, self.rows, rows.to(torch.float32))  # cast on the copy
+        return out.view(*self.size, width)
+
+    def stacked(self) -> torch.Tensor:
+        """Every block's state in float32, zero-padded: ``(L, batch, seq, d)``."""
+        blocks, width = self.kept[0].shape[1:]
+        out = torch.zeros(self.size[0] * self.size[1], blocks, width)  # (batch * seq, L, d)
+        out.index_copy_(0, self.rows, torch.cat(self.kept).to(torch.float32))
+        return out.view(*self.size, blocks, width).permute(2, 0, 1, 3)

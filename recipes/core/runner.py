@@ -112,11 +112,7 @@ class Runner:
     def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's logits and the labels of a list of features (collated, on ``device``)."""
         batch = {k: v.to(device) for k, v in collate(features, self.pad_id).items()}
-        replay = (
-            self.cache.replay(self.located, self.cache.batch_states(features))
-            if self.cache
-            else nullcontext()
-        )
+        replay = self.cache.replay(self.located, self.cache.batch(features)) if self.cache else nullcontext()
         mask = self.positions(batch) if self.positions is not None else None
         self.fused_count = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         with replay, fused_positions(self.model, mask) if mask is not None else nullcontext():

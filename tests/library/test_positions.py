@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import NO_DROPOUT, TOKEN_WISE_CONFIGS, attach, fusion_of, perturb_, tiny_bert
+from tiny_decoders import FAMILIES, NAMES, adapted, token_ids
 
 from peft_layerfusion import (
     DWAttConfig,
@@ -13,6 +16,7 @@ from peft_layerfusion import (
     count_hooks,
     fused_positions,
 )
+from peft_layerfusion.hooks import first_tensor
 from peft_layerfusion.layer import fusion_layer_of
 
 TOKEN_WISE = TOKEN_WISE_CONFIGS
@@ -141,3 +145,70 @@ def test_a_mask_of_another_batch_is_refused(input_ids):
         fused_positions(model, torch.ones(3, 7, dtype=torch.bool)),
     ):
         model(input_ids=input_ids)
+
+
+# post-norm BERT (the container's output is z_L) and every decoder family with a token head (pre-norm:
+# fused at the final norm), 3 blocks each so that a state can be freed before the fusion runs
+TOKEN_HEAD_FAMILIES = ["bert"] + [name for name in NAMES if "token" in FAMILIES[name].heads]
+
+
+def three_block_token_model(family: str, config_class) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A 3-block token classifier of ``family`` with a perturbed ``config_class`` fusion, and its inputs."""
+    if family == "bert":
+        model, _ = attach(config_class(modules_to_save=["classifier"]), tiny_bert(**NO_DROPOUT))
+        perturb_(fusion_of(model))
+        return model, torch.randint(1, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    layer_types = getattr(
+        FAMILIES[family].config(), "layer_types", None
+    )  # one per block where a config has them
+    more = {"layer_types": [layer_types[0]] * 3} if layer_types else {}
+    base = FAMILIES[family].build("token", num_hidden_layers=3, **more)
+    return adapted(base, config_class(task_type="TOKEN_CLS")), token_ids()
+
+
+def forward_seen_by_the_fusion(model, input_ids, mask, grad: bool):
+    """Logits of an eval forward under ``fused_positions(mask)``, the shapes of the states the fusion
+    module received, and whether block 0's whole output was still alive when it ran."""
+    layer = fusion_layer_of(model)
+    outputs: list[weakref.ref] = []
+    seen: dict = {}
+
+    def at_fusion(module, args):
+        seen["shapes"] = [tuple(state.shape) for state in args[1].states]
+        seen["first_alive"] = outputs[0]() is not None
+
+    handles = [
+        layer.located.blocks[0].register_forward_hook(
+            lambda m, a, output: outputs.append(weakref.ref(first_tensor(output)))
+        ),
+        fusion_of(model).register_forward_pre_hook(at_fusion),
+    ]
+    try:
+        with torch.set_grad_enabled(grad), fused_positions(model, mask):
+            logits = model(input_ids=input_ids).logits.detach()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, seen
+
+
+@pytest.mark.parametrize("family", TOKEN_HEAD_FAMILIES)
+@pytest.mark.parametrize("config_class", TOKEN_WISE)
+def test_a_no_grad_forward_keeps_each_state_at_the_read_positions_only(config_class, family, selected):
+    # Without an autograd graph the capture gathers z_0 .. z_{L-1} at the read positions as the blocks
+    # run, and each whole state is freed once the next block has read it; the logits are those of the
+    # same forward with grad (where the capture keeps the whole states and the fusion gathers), bitwise.
+    model, input_ids = three_block_token_model(family, config_class)
+    gathered, lean = forward_seen_by_the_fusion(model, input_ids, selected, grad=False)
+    whole, kept = forward_seen_by_the_fusion(model, input_ids, selected, grad=True)
+    assert torch.equal(gathered, whole)
+    assert lean["shapes"] == kept["shapes"]  # (1, selected, d) each, as the module reads them
+    assert lean["shapes"][0][:2] == (1, int(selected.sum()))
+    assert not lean["first_alive"] and kept["first_alive"]
+
+
+def test_a_no_grad_forward_of_a_mixing_method_keeps_the_whole_states(input_ids, selected):
+    # R+n attends over every position: the mask is ignored and nothing is gathered.
+    model, _ = attach(ExtraLayersConfig(num_extra_layers=1), tiny_bert(**NO_DROPOUT))
+    _, seen = forward_seen_by_the_fusion(model, input_ids, selected, grad=False)
+    assert seen["first_alive"] and seen["shapes"][0] == (2, 7, 32)

@@ -56,9 +56,10 @@ TIMING = ("seconds", "pid")  # what may differ between two runs of the same reco
 class PaddedAsBefore(FeatureCache):
     """The layout the cache replayed before it kept positions: every position of a sentence, the
     batch padded with ``pad_sequence`` into ``(batch, seq, L+1, d)`` (``z_0`` in slot 0) and permuted
-    to ``(L+1, batch, seq, d)``; block ``i`` replays slot ``i + 1`` (the same strides as before)."""
+    to ``(L+1, batch, seq, d)``, built whole for each batch; block ``i`` replays slot ``i + 1`` (the same
+    strides as before)."""
 
-    def batch_states(self, features):
+    def batch(self, features):
         full = []
         for feature in features:
             states = self.states[self.key_of(feature)]  # (seq, L, d), every position
@@ -139,6 +140,10 @@ def test_a_batch_is_padded_on_the_fly_with_zeros_where_nothing_was_kept(model_pa
         assert states[:, row, others].abs().sum() == 0
     assert not hasattr(cache, "_padded")  # nothing kept between calls
     assert cache.batch_states(features) is not states
+    batch = cache.batch(features)  # what a replay reads: one block at a time, the same numbers
+    assert batch.shape == states.shape
+    for index in range(states.shape[0]):
+        assert torch.equal(batch.block(index), states[index]) and batch.block(index).is_contiguous()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
