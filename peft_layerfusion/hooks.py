@@ -13,6 +13,10 @@ One :class:`BlockCapture` per model. It registers
   norm module of the container: the norm that reads ``z_L`` is the final norm ``F``, and the
   capture is fused there instead, ``F`` running on the fused state (the rule in ``fusion.py``).
 
+Under :func:`~.layer.fused_positions`, a forward without autograd graph keeps ``z_0 .. z_{L-1}``
+only at the positions the fusion reads, gathered as each block is called (``select``): an evaluation
+batch never holds every block's whole state at once.
+
 Why inputs instead of outputs: the input of block ``i + 1`` is the tensor the model
 really carries on (with its autograd history), also under re-entrant gradient
 checkpointing where a block's own forward runs under ``no_grad``. Captures are stored by

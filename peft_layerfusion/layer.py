@@ -27,6 +27,12 @@ a fraction of the work. :func:`fused_positions` does that for the duration of a 
 
 Modules that mix positions (R+n's extra blocks, the seq2seq methods) ignore the restriction
 and fuse everywhere, which is also exact.
+
+Memory: in a forward without autograd graph (``torch.no_grad()``, eval mode), the capture keeps
+``z_0 .. z_{L-1}`` only at the selected positions, gathered as each block is called
+(:class:`~.hooks.BlockCapture`'s ``select``), so each whole ``(batch, seq, d)`` state is freed once the
+next block has read it instead of all of them living until the fusion runs. The numbers are the same,
+bitwise.
 """
 
 from __future__ import annotations
