@@ -9,7 +9,9 @@ after another, run by ``--today-code`` (a checkout of the commit before the chan
 and ``peft_layerfusion/`` are put first on ``PYTHONPATH``) and by this checkout.
 
 Per shape and code it prints the peak RSS (``sweeps.jsonl``), the predicted bytes (the states the
-code keeps + the model), peak / predicted, the wall time, the training time (the runs' seconds, one per
+code keeps + the model), peak / predicted, the same without the process's own bytes (the peak less the
+memory model's ``PROCESS_BYTES``, 0.6 GB: Python, torch, transformers, peft, the data, before any
+cache), the wall time, the training time (the runs' seconds, one per
 stacked pass), the rest of the wall time (cache fill, model loading, data), the load average at the
 start; then the ratios this / today and whether every record is equal (all but ``seconds``, ``pid``).
 Today's prediction: every position of the L + 1 states of each sentence, plus the padded copy of every
@@ -39,7 +41,7 @@ from pathlib import Path
 from cache_speed import random_encoder_like
 from layerfusion_recipes.arguments import DEFAULT_LR_GRIDS
 from layerfusion_recipes.core.demo import demo_model_path
-from layerfusion_recipes.core.feature_cache import available_memory, gigabytes
+from layerfusion_recipes.core.feature_cache import PROCESS_BYTES, available_memory, gigabytes
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.core.sweep_log import read_sweep_log
 from layerfusion_recipes.ner.experiment import Experiment
@@ -162,11 +164,11 @@ def measure_shape(args, shape: str, env: dict[str, dict[str, str]], report: Repo
         )
         ran = (output / "sweeps.jsonl").exists()
         if code not in args.codes and not ran:
-            report.print(f"| {shape} | {code} | not run (--codes) | {bytes_cell} | | | | | |")
+            report.print(f"| {shape} | {code} | not run (--codes) | {bytes_cell} | | | | | | |")
             continue
         if memory is not None and total > memory and not ran:
             note = f"not run: predicted above the {gigabytes(memory)} available"
-            report.print(f"| {shape} | {code} | {note} | {bytes_cell} | | | | | |")
+            report.print(f"| {shape} | {code} | {note} | {bytes_cell} | | | | | | |")
             continue
         line = run_sweep(sweep, output, env[code])
         runs = read_records(output / "results.jsonl")
@@ -174,7 +176,8 @@ def measure_shape(args, shape: str, env: dict[str, dict[str, str]], report: Repo
         measured[code] = {"peak": peak, "wall": wall, "train": train, "rest": wall - train}
         records[code] = comparable(runs)
         report.print(
-            f"| {shape} | {code} | {gigabytes(peak)} | {bytes_cell} | {peak / total:.2f}x | {wall:.0f} s "
+            f"| {shape} | {code} | {gigabytes(peak)} | {bytes_cell} | {peak / total:.2f}x "
+            f"| {(peak - PROCESS_BYTES) / total:.2f}x | {wall:.0f} s "
             f"| {train:.0f} s | {wall - train:.0f} s | {line['load_1min']} |"
         )
     if len(measured) < 2:
@@ -217,10 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.print()
     report.print(
-        "| shape | code | peak RSS | predicted (states + model) | peak / predicted | wall | training | "
-        "rest (fill, loading) | load |"
+        "| shape | code | peak RSS | predicted (states + model) | peak / predicted | "
+        f"(peak - process {gigabytes(PROCESS_BYTES)}) / predicted | wall | training | rest (fill, loading) "
+        "| load |"
     )
-    report.print("|---|---|---|---|---|---|---|---|---|")
+    report.print("|---|---|---|---|---|---|---|---|---|---|")
     summary = [measure_shape(args, shape, env, report) for shape in args.shapes]
     report.print()
     report.print("after / today:")
