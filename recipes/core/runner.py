@@ -39,7 +39,7 @@ from peft_layerfusion.layer import active_fusion_module, fused_positions
 from peft_layerfusion.utils import eval_mode
 
 from ..data.readers import IGNORE_INDEX, collate
-from .loop import restore
+from .loop import release_freed_memory, restore
 from .models import trainable_parameters
 from .processes import process_state
 
@@ -298,6 +298,7 @@ def predict_labelled(
         for batch in largest_first(features, batch_size):
             logits, labels = runner.logits(features[batch], device)
             predicted[batch.start] = labelled_predictions(logits, labels)
+            release_freed_memory()  # what the batch freed (its states, one block at a time)
     return torch.cat([predicted[start] for start in sorted(predicted)], dim=-1)
 
 

@@ -386,10 +386,11 @@ def test_a_prefilled_cache_lets_its_encoder_go_and_gives_the_same_records(model_
         cache.fill(prefilled.train_sample(4, 3))  # a sample no cell reads
 
 
-def test_evaluation_runs_its_largest_batch_first_and_predicts_in_order(model_path):
+def test_evaluation_runs_its_largest_batch_first_and_predicts_in_order(model_path, monkeypatch):
     """The heap keeps what a batch frees and reuses it for requests that fit: evaluation batches in
     growing order (the sets are sorted by length) grew it by every batch's working set (1.2 GB over
-    CoNLL-2003's test split with seven stacked DWAtt candidates); largest first it holds one."""
+    CoNLL-2003's test split with seven stacked DWAtt candidates); largest first it holds one, and
+    what each batch freed is given back before the next (its blocks' states come and go one by one)."""
     experiment = _experiment(model_path, "labelled")
     model, located = experiment.build(Cell("dwatt", "fe", shots=2, epochs=1, trial=0))
     runner = experiment.runner(model, located, experiment.cache(), count=3)
@@ -397,10 +398,12 @@ def test_evaluation_runs_its_largest_batch_first_and_predicts_in_order(model_pat
     seen: list[int] = []
     logits_of = runner.logits
     runner.logits = lambda batch, device: (seen.append(padded_tokens(batch)), logits_of(batch, device))[1]
+    monkeypatch.setattr(runner_module, "release_freed_memory", lambda: seen.append(0) or True)
     predicted = predict_labelled(runner, features, 4, torch.device("cpu"))  # (3, labelled)
     in_order = [padded_tokens(features[start : start + 4]) for start in range(0, len(features), 4)]
     assert len(set(in_order)) == len(in_order) and in_order[0] == min(in_order)  # shortest sentences first
-    assert seen == sorted(in_order, reverse=True)  # the largest first
+    assert seen[1::2] == [0] * len(in_order)  # a trim after every batch
+    assert seen[::2] == sorted(in_order, reverse=True)  # the largest first
     with torch.no_grad(), eval_mode(runner.model):  # the batches one after another, as before
         batches = (features[start : start + 4] for start in range(0, len(features), 4))
         expected = [labelled_predictions(*logits_of(batch, torch.device("cpu"))) for batch in batches]
