@@ -288,7 +288,9 @@ def predict_labelled(
     call), example after example: ``(labelled,)``, or ``(K, labelled)`` for a stacked runner.
 
     The batches run largest first (:func:`largest_first`: the process's memory then holds one
-    batch's working set, not the sum of them); their predictions are put back in order.
+    batch's working set, not the sum of them), the heap's freed pages are given back after each
+    (:func:`~layerfusion_recipes.core.loop.release_freed_memory`), and their predictions are put back
+    in order.
 
     Example:
         >>> predict_labelled(runner, dev, 64, torch.device("cpu"))  # tensor([0, 3, 0, ...])
