@@ -71,6 +71,7 @@ from .cache_files import (
     remove_stale_temp_files,
     write_shard,
 )
+from .loop import release_freed_memory
 
 # storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round
 STORAGE_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in CACHE_DTYPES}
@@ -549,6 +550,8 @@ class FeatureCache:
                     if sum(states.nbytes for _, states in pending) >= FLUSH_BYTES:
                         self._write_shard(pending)
                         pending = []
+                    # the batch's activations: freed between the states kept, which pin the heap's pages
+                    release_freed_memory()
         finally:
             kept.remove()
             handle.remove()
