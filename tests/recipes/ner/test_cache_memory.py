@@ -260,6 +260,22 @@ def test_a_fill_writes_a_shard_every_flush_bytes(tmp_path, model_path, monkeypat
     assert len(FeatureCache(base, find_encoder_blocks(base), model_path, 128, tmp_path)) == 10
 
 
+def test_a_fill_gives_the_heaps_freed_pages_back_after_every_batch(model_path, monkeypatch):
+    """Each batch's activations are freed between the states the cache keeps, which pin the heap's
+    pages: glibc returns them only when trimmed (13 x 768: the fill's peak RSS, 3.52-3.65 GB in three
+    sweeps, the states 2.32 GB)."""
+    from layerfusion_recipes.core import feature_cache
+
+    calls: list[int] = []
+    monkeypatch.setattr(feature_cache, "release_freed_memory", lambda: calls.append(1) or True)
+    experiment = _experiment(model_path, "labelled")
+    base = load_token_classifier(model_path, len(experiment.labels), seed=0)
+    cache = FeatureCache(
+        base, find_encoder_blocks(base), model_path, 128, positions=experiment.kept_positions()
+    )
+    assert cache.fill(experiment.dev, batch_size=4) == 10 and len(calls) == 3  # batches of 4, 4 and 2
+
+
 # ----------------------------------------------------------------------------- the memory check
 
 
