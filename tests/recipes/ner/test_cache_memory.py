@@ -262,8 +262,8 @@ def test_a_fill_writes_a_shard_every_flush_bytes(tmp_path, model_path, monkeypat
 
 def test_a_fill_gives_the_heaps_freed_pages_back_after_every_batch(model_path, monkeypatch):
     """Each batch's activations are freed between the states the cache keeps, which pin the heap's
-    pages: glibc returns them only when trimmed (13 x 768: the fill's peak RSS, 3.52-3.65 GB in three
-    sweeps, the states 2.32 GB)."""
+    pages: glibc returns them only when trimmed (13 x 768: the fill's peak RSS, 3.62-3.73 GB in three
+    sweeps, 3.56-3.58 GB with the trims; the states 2.32 GB)."""
     from layerfusion_recipes.core import feature_cache
 
     calls: list[int] = []
