@@ -249,8 +249,11 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self.fused_layers.pop(adapter_name, None)
         super().delete_adapter(adapter_name)
 
+    def _active_fusion_names(self) -> list[str]:
+        return [name for name in self.active_adapters if name in self.fusion_modules]
+
     def active_fusion_name(self) -> Optional[str]:
-        active = [name for name in self.active_adapters if name in self.fusion_modules]
+        active = self._active_fusion_names()
         if len(active) > 1:
             raise ValueError(
                 f"Layer fusion cannot combine several active fusion adapters {active}: each replaces the "
@@ -265,7 +268,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         mask = self.positions
         if mask is None or self.disable_adapters:
             return None
-        active = [name for name in self.active_adapters if name in self.fusion_modules]
+        active = self._active_fusion_names()
         return mask if len(active) == 1 and self.fusion_modules[active[0]].token_wise else None
 
     def fuse(self, capture: Capture) -> Optional[torch.Tensor]:
