@@ -22,6 +22,8 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
+from .utils import WeakLink
+
 # Suffixes of the block list, per `config.model_type`. Checked first.
 KNOWN_BLOCK_PATHS: dict[str, str] = {
     "bert": "encoder.layer",
@@ -80,6 +82,31 @@ class EncoderBlocks:
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
+
+
+class LinkedBlocks:
+    """An :class:`EncoderBlocks` held through weak links (:class:`~.utils.WeakLink`): what the
+    parts an adapter puts inside the model keep, so they never hold the model's own modules alive
+    (a fusion layer is a child of the container it reads; holding it would be a reference cycle).
+
+    Args:
+        located: The blocks to link to.
+
+    Example:
+        >>> linked = LinkedBlocks(find_encoder_blocks(model))
+        >>> linked().num_blocks  # an EncoderBlocks again, while the model lives
+        12
+    """
+
+    def __init__(self, located: EncoderBlocks) -> None:
+        self.blocks_name, self.container_name = located.blocks_name, located.container_name
+        self.blocks, self.container = WeakLink(located.blocks), WeakLink(located.container)
+        self.final_norms = tuple(WeakLink(norm) for norm in located.final_norms)
+
+    def __call__(self) -> EncoderBlocks:
+        """The blocks (``ReferenceError`` once the model was freed)."""
+        norms = tuple(norm() for norm in self.final_norms)
+        return EncoderBlocks(self.blocks_name, self.blocks(), self.container_name, self.container(), norms)
 
 
 def _matches_suffix(name: str, suffix: str) -> bool:

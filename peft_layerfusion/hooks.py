@@ -50,7 +50,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .discovery import EncoderBlocks
+from .discovery import EncoderBlocks, LinkedBlocks
+from .utils import WeakLink
 
 _HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x", "hidden")
 
@@ -232,10 +233,13 @@ class _Frame:
 
 
 class BoundHook:
-    """A hook calling ``method(*bound, *hook_args)``: a closure that survives ``copy.deepcopy``.
+    """A hook calling ``owner.method(*bound, *hook_args)``, holding its owner through a weak link.
 
-    A closure registered as a hook keeps pointing at the original object in a copied model;
-    this object is copied with the model (``method`` is a bound method, re-bound to the copy).
+    A bound method or a closure registered on a module of the model would keep its owner (a
+    capture, a fusion module) alive from inside the model, while the owner holds the model's
+    modules: a reference cycle, which only Python's cyclic collector frees. Through a
+    :class:`~.utils.WeakLink` the hook keeps nothing alive and does nothing once its owner is
+    freed; a deep copy of the model calls the copy's owner.
 
     Args:
         method: A bound method of the object that owns the hook.
@@ -246,10 +250,14 @@ class BoundHook:
     """
 
     def __init__(self, method: Callable, *bound: Any) -> None:
-        self.method, self.bound = method, bound
+        self.owner, self.name, self.bound = WeakLink(method.__self__), method.__name__, bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.method(*self.bound, *args, **kwargs)
+        try:
+            owner = self.owner()
+        except ReferenceError:  # the adapter part that registered it is gone
+            return None
+        return getattr(owner, self.name)(*self.bound, *args, **kwargs)
 
 
 class BlockCapture:
@@ -257,9 +265,10 @@ class BlockCapture:
 
     The open captures are kept per thread, as a stack: two threads running one model never
     mix their hidden states, and a forward that calls the model again (from a hook) gets a
-    capture of its own, nested inside the outer one. Every hook is a bound method or a
-    callable object holding this capture, so a deep copy of the model carries a working
-    copy of it.
+    capture of its own, nested inside the outer one. Every hook is a :class:`BoundHook` and the
+    blocks are held through weak links (:class:`~.discovery.LinkedBlocks`): the capture keeps no
+    module of the model alive (the model's owner keeps the capture), and a deep copy of the model
+    carries a working copy of it.
 
     **Only what is read.** With ``select``, a forward that builds no autograd graph, with the
     container in eval mode, keeps ``z_0 .. z_{L-1}`` only at the positions ``select()`` returns
@@ -277,7 +286,7 @@ class BlockCapture:
 
     Example:
         >>> capture = BlockCapture(find_encoder_blocks(model), lambda c: c.states[-1] * 2)
-        >>> capture.remove()  # every hook gone
+        >>> capture.remove()  # every hook gone (they also stop once ``capture`` is freed)
     """
 
     def __init__(
@@ -287,7 +296,7 @@ class BlockCapture:
         blocks_path: str | None = None,
         select: SelectFn | None = None,
     ) -> None:
-        self.located = located
+        self._located = LinkedBlocks(located)
         self.fuse = fuse
         self.blocks_path = blocks_path
         self.select = select
@@ -295,16 +304,21 @@ class BlockCapture:
         self.handles: list[RemovableHandle] = []
         self._register()
 
+    @property
+    def located(self) -> EncoderBlocks:
+        """The blocks and their container (``ReferenceError`` once the model was freed)."""
+        return self._located()
+
     def _register(self) -> None:
-        container, blocks = self.located.container, self.located.blocks
-        self.handles.append(container.register_forward_pre_hook(self._open_capture))
-        for index, block in enumerate(blocks):
-            hook = BoundHook(self.record_input, index)  # survives copy.deepcopy with the model
-            self.handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
-            self.handles.append(block.register_forward_hook(BoundHook(self.record_output, index)))
-        for norm in self.located.final_norms:
-            self.handles.append(norm.register_forward_hook(self._at_final_norm, with_kwargs=True))
-        self.handles.append(container.register_forward_hook(self._close_capture, always_call=True))
+        located = self.located
+        container, add = located.container, self.handles.append
+        add(container.register_forward_pre_hook(BoundHook(self._open_capture)))
+        for index, block in enumerate(located.blocks):
+            add(block.register_forward_pre_hook(BoundHook(self.record_input, index), with_kwargs=True))
+            add(block.register_forward_hook(BoundHook(self.record_output, index)))
+        for norm in located.final_norms:
+            add(norm.register_forward_hook(BoundHook(self._at_final_norm), with_kwargs=True))
+        add(container.register_forward_hook(BoundHook(self._close_capture), always_call=True))
 
     # ------------------------------------------------------------- per-thread state
     def _frames(self) -> list[_Frame]:

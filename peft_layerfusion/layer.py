@@ -37,7 +37,6 @@ bitwise.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,10 +48,11 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .discovery import EncoderBlocks
+from .discovery import EncoderBlocks, LinkedBlocks
 from .fusion import FusionModule
 from .hooks import (
     BlockCapture,
+    BoundHook,
     Capture,
     ThreadState,
     position_index,
@@ -83,12 +83,20 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self.fused_layers: dict[str, tuple[int, ...]] = {}
         self._active_adapter: list[str] = []
         self.merged_adapters: list[str] = []
-        self.located = located
-        self.capture = BlockCapture(located, self.fuse, blocks_path, select=self.read_positions)
+        self._located = LinkedBlocks(located)  # weak: this layer is a child of the container
+        # weak callbacks too: the capture is this layer's, a bound method would be a cycle
+        self.capture = BlockCapture(
+            located, BoundHook(self.fuse), blocks_path, select=BoundHook(self.read_positions)
+        )
         self.model_hooks: dict[str, list[RemovableHandle]] = {}  # per adapter, outside the encoder
         self.root_hooks: list[RemovableHandle] = []  # on the whole model: did the fusion run?
         self.watches_decoder = False  # an encoder-decoder model: fused outputs are kept for its decoder
         self._local = ThreadState()  # per thread: `positions`, the root forwards open
+
+    @property
+    def located(self) -> EncoderBlocks:
+        """The encoder blocks and their container (``ReferenceError`` once the model was freed)."""
+        return self._located()
 
     @property
     def positions(self) -> Optional[torch.Tensor]:
@@ -114,8 +122,8 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         if self.root_hooks:
             return
         self.root_hooks = [
-            model.register_forward_pre_hook(self._enter_model),
-            model.register_forward_hook(self._leave_model, always_call=True),
+            model.register_forward_pre_hook(BoundHook(self._enter_model)),
+            model.register_forward_hook(BoundHook(self._leave_model), always_call=True),
         ]
         decoder = _decoder_of(model)
         # a fusion of the decoder's own stack (blocks_path="decoder.block") reads no encoder states
@@ -123,7 +131,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         fuses_the_decoder = decoder is not None and any(m is container for m in decoder.modules())
         if decoder is not None and not fuses_the_decoder:
             self.watches_decoder = True
-            check = decoder.register_forward_pre_hook(self.check_decoder_input, with_kwargs=True)
+            check = decoder.register_forward_pre_hook(BoundHook(self.check_decoder_input), with_kwargs=True)
             self.root_hooks.append(check)
 
     def _remember_fused(self, adapter_name: str, fused: torch.Tensor) -> None:
@@ -231,10 +239,11 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
     def is_active_fn(self, adapter_name: str) -> Callable[[], bool]:
         """A callable telling whether ``adapter_name`` is the active, enabled fusion adapter.
 
-        A ``partial`` of a bound method (not a closure): a deep copy of the model re-binds it to
-        the copy's layer.
+        A :class:`~.hooks.BoundHook` (not a closure): it does not keep this layer alive from the
+        hooks that call it (``None``, falsy, once the layer is freed), and a deep copy of the model
+        re-binds it to the copy's layer.
         """
-        return functools.partial(self.is_active, adapter_name)
+        return BoundHook(self.is_active, adapter_name)
 
     def is_active(self, adapter_name: str) -> bool:
         """Whether ``adapter_name`` is the active, enabled fusion adapter."""

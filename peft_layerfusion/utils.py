@@ -1,4 +1,5 @@
-"""Small helpers used across the package and its recipes: atomic files, an eval-mode context.
+"""Small helpers used across the package and its recipes: atomic files, an eval-mode context, weak
+links that keep a model out of reference cycles.
 
 Example:
     >>> atomic_write_json("out/result.json", {"f1": 0.61})
@@ -8,15 +9,19 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torch import nn
+
+T = TypeVar("T")
 
 FILE_MODE = 0o644  # results and figures are for others to read too (mkstemp alone gives 0600)
 
@@ -76,3 +81,47 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
     finally:
         for sub, training in modes:
             sub.training = training
+
+
+class WeakLink(Generic[T]):
+    """A weak reference to ``target`` that a deep copy re-points at the target's copy, and that pickles.
+
+    What an adapter puts inside a model and that points back at the model's own modules (a hook
+    calling its owner, the fusion layer holding the blocks of the container it is a child of) would
+    put the model in reference cycles: such a model is freed only by Python's cyclic collector,
+    whose full passes follow object counts, not bytes, so a deleted model's weights can stay in
+    memory for a long time. Through links the model is freed as soon as its last reference goes,
+    as a plain ``transformers`` model is.
+
+    Args:
+        target: The object to link to (it must be held elsewhere: the link does not keep it alive).
+
+    Example:
+        >>> link = WeakLink(model.encoder)
+        >>> link() is model.encoder
+        True
+    """
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, target: T) -> None:
+        self._ref = weakref.ref(target)
+
+    def __call__(self) -> T:
+        """The target; ``ReferenceError`` once it was freed."""
+        target = self._ref()
+        if target is None:
+            raise ReferenceError("the module this adapter part belongs to was freed")
+        return target
+
+    @property
+    def alive(self) -> bool:
+        """Whether the target still exists."""
+        return self._ref() is not None
+
+    def __deepcopy__(self, memo: dict) -> WeakLink[T]:
+        # the target's copy: the one the rest of the copied model holds (``memo``), or a new one
+        return WeakLink(copy.deepcopy(self(), memo))
+
+    def __reduce__(self) -> tuple:
+        return WeakLink, (self(),)  # pickled with its target, linked again when loaded

@@ -4,8 +4,10 @@ BERT + WordPiece tokenizer saved to disk and a toy NER corpus (for the recipes' 
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import random
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -397,3 +399,20 @@ def attention_mask() -> torch.Tensor:
     mask[1, 5:] = 0  # the second sequence is padded
     return mask
 
+
+def survivors(build: Callable[[], nn.Module], use: Callable[[nn.Module], object]) -> list[str]:
+    """The modules of the model ``build()`` returns that outlive its last reference, once ``use(model)``
+    ran, with Python's cyclic collector off: ``[]`` when the model is freed at once, as a plain
+    transformers model is (no part of an adapter holds it in a reference cycle)."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        model = build()
+        use(model)
+        modules = [(name, weakref.ref(module)) for name, module in model.named_modules()]
+        del model
+        return [name or "(the model)" for name, module in modules if module() is not None]
+    finally:
+        if enabled:
+            gc.enable()

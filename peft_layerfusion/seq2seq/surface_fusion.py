@@ -65,6 +65,7 @@ from ..config import LayerFusionConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule
 from ..hooks import BoundHook, Capture, ThreadState
 from ..model import LayerFusionModel
+from ..utils import WeakLink
 from .hooks import (
     ENCODER_MASK_ARG,
     ENCODER_STATES_ARG,
@@ -292,11 +293,12 @@ class SurfaceFusion(FusionModule):
         parts = find_seq2seq_parts(context.model)
         self._weight_ref = [parts.lm_head.weight]  # a list: not registered (and not saved) as ours
         encoder = context.located.container
-        # bound methods and BoundHooks (no closures): a deep copy of the model re-binds them
+        # BoundHooks (no closures, no bound methods): a deep copy of the model re-binds them, and
+        # they hold this module weakly (see BoundHook)
         return [
-            encoder.register_forward_pre_hook(self._keep_source, with_kwargs=True),
-            parts.decoder.register_forward_pre_hook(self._keep_decoder_call, with_kwargs=True),
-            parts.lm_head.register_forward_pre_hook(self._keep_state),
+            encoder.register_forward_pre_hook(BoundHook(self._keep_source), with_kwargs=True),
+            parts.decoder.register_forward_pre_hook(BoundHook(self._keep_decoder_call), with_kwargs=True),
+            parts.lm_head.register_forward_pre_hook(BoundHook(self._keep_state)),
             context.model.register_forward_hook(BoundHook(self._fuse_output, is_active), with_kwargs=True),
             wrap_generate(context.model, FusedBeamScores(self, is_active)),
         ]
@@ -374,20 +376,23 @@ class GenerateWrapper:
     """
 
     def __init__(self, model: nn.Module, wrapped: FusedGenerate) -> None:
-        self.model, self.wrapped = model, wrapped
+        self.model, self.wrapped = WeakLink(model), wrapped  # weak: the adapter's layer keeps this handle
 
     def remove(self) -> None:
-        outer, current = None, self.model.__dict__.get("generate")
+        if not self.model.alive:
+            return  # the model is gone, and its generate with it
+        model = self.model()
+        outer, current = None, model.__dict__.get("generate")
         while isinstance(current, FusedGenerate) and current is not self.wrapped:
             outer, current = current, current.original
         if current is not self.wrapped:
             return  # already removed
         if outer is not None:
             outer.original = current.original
-        elif isinstance(current.original, FusedGenerate):
-            self.model.__dict__["generate"] = current.original
-        else:
-            del self.model.__dict__["generate"]
+        elif current.original is not None:  # the wrapper below it, or a patch made before ours
+            model.__dict__["generate"] = current.original
+        else:  # the class's own generate again
+            del model.__dict__["generate"]
 
 
 def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapper:
@@ -401,7 +406,7 @@ def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapp
         >>> handle = wrap_generate(model, FusedBeamScores(fusion, is_active))
         >>> handle.remove()  # model.generate is the class's again
     """
-    generate = FusedGenerate(model, model.generate, processor)
+    generate = FusedGenerate(model, model.__dict__.get("generate"), processor)
     model.__dict__["generate"] = generate
     return GenerateWrapper(model, generate)
 
@@ -409,19 +414,29 @@ def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapp
 class FusedGenerate:
     """``generate`` with ``processor`` appended when ``num_beams > 1`` (see :func:`wrap_generate`).
 
-    A callable object holding the bound ``generate`` (not a closure): a deep copy of the model
-    gets a wrapper around the copy's own ``generate`` and fusion.
+    A callable object (not a closure): a deep copy of the model gets a wrapper around the copy's own
+    ``generate`` and fusion. It holds the model through a weak link and looks the class's
+    ``generate`` up when called: a bound method stored in the model would hold it in a cycle.
+
+    Args:
+        model: The model whose instance ``generate`` this becomes.
+        original: What ``model.generate`` was before: the wrapper below this one (or another
+            instance patch), or ``None``: the class's own ``generate``.
+        processor: The processor to append.
     """
 
-    def __init__(self, model: nn.Module, original: Callable, processor: LogitsProcessor) -> None:
-        self.model, self.original, self.processor = model, original, processor
+    def __init__(self, model: nn.Module, original: Callable | None, processor: LogitsProcessor) -> None:
+        self.model, self.original, self.processor = WeakLink(model), original, processor
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        config = kwargs.get("generation_config") or self.model.generation_config
+        model = self.model()
+        config = kwargs.get("generation_config") or model.generation_config
         if (kwargs.get("num_beams") or config.num_beams or 1) > 1:
             kwargs["logits_processor"] = LogitsProcessorList(
                 [*(kwargs.get("logits_processor") or []), self.processor]
             )
+        if self.original is None:
+            return type(model).generate(model, *args, **kwargs)
         return self.original(*args, **kwargs)
 
 

@@ -334,8 +334,8 @@ class FewShotExperiment:
 
     def build(self, cell: Cell) -> tuple[nn.Module, Any]:
         """The model of a cell (init seeded by the trial) and its encoder blocks. The models of the runs
-        before are collected first (:func:`~layerfusion_recipes.core.loop.collect_garbage`: their
-        reference cycles would keep each of them in memory until Python's collector ran)."""
+        before are collected first (:func:`~layerfusion_recipes.core.loop.collect_garbage`: any reference
+        cycle would keep a whole model in memory until Python's collector ran)."""
         collect_garbage()
         base = self.load_model(seed=self.settings.seed + cell.trial)
         located = find_encoder_blocks(base)

@@ -153,13 +153,15 @@ def collect_garbage() -> None:
     """Free what only reference cycles keep alive (``gc.collect()``), then give the freed heap pages back
     (:func:`release_freed_memory`).
 
-    Why: a model with a fusion adapter is in reference cycles (each block's forward hook is a bound
-    method of the fusion's capture, which holds the blocks), so the model of a finished run is not freed
-    when its last name goes but when Python's cyclic collector next makes a full pass, which object
-    counts trigger, not bytes. Measured: R+1 on SST-2 with Gemma 3 270M, 11 runs one after another (each
-    builds its model: about 1 GB of memory and 1 GB of mapped weights) peaked at 16.3 GB RSS, every
-    earlier run's model still alive;
-    :meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.build` calls this before it builds the
+    Why: a model held in reference cycles is not freed when its last name goes but when Python's cyclic
+    collector next makes a full pass, which object counts trigger, not bytes. Fusion adapters did that
+    (each block's forward hook was a bound method of the fusion's capture, which held the blocks):
+    R+1 on SST-2 with Gemma 3 270M, 11 runs one after another (each builds its model: about 1 GB of
+    memory and 1 GB of mapped weights) peaked at 16.3 GB RSS, every earlier run's model still alive.
+    The library now holds the model through weak links (``peft_layerfusion.utils.WeakLink``), so a
+    run's model is freed at once; this stays as the guard against any other cycle (a callback, a
+    library's cache) holding a whole model:
+    :meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.build` calls it before it builds the
     next. Numbers do not change.
 
     A full pass scans every object the process tracks (0.25 s with torch, transformers and peft loaded),

@@ -20,7 +20,7 @@ import warnings
 import pytest
 import torch
 import transformers as tf
-from conftest import fusion_of
+from conftest import fusion_of, survivors
 from peft import get_peft_model
 from test_methods import REFERENCES, dwatt_ref
 from tiny_decoders import (
@@ -135,6 +135,26 @@ def test_two_extra_layers_equal_the_model_with_two_more_blocks():
     deeper = with_blocks_appended(family, base, list(fusion_of(model).blocks))
     inputs = inputs_for("causal", "right")
     torch.testing.assert_close(output_of(model, inputs), output_of(deeper, inputs), atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=[m.name for m in ENCODER_METHODS])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_deleted_decoder_is_freed_at_once(name, method):
+    """With the cyclic collector off, an adapted causal LM is freed when its last reference goes, after a
+    training step, an evaluation forward and a cached generation (as the base model alone is)."""
+    family, ids = FAMILIES[name], token_ids()
+
+    def run(model: torch.nn.Module) -> None:
+        model.train()
+        loss = model(input_ids=ids, labels=ids).loss
+        if loss.requires_grad:  # Average on a frozen LM head has nothing to train
+            loss.backward()
+        model.eval()
+        output_of(model, {"input_ids": ids})
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+
+    assert survivors(family.build, run) == []  # the control
+    assert survivors(lambda: adapted(family.build(), method.config_cls(task_type="CAUSAL_LM")), run) == []
 
 
 @pytest.mark.parametrize("name", NAMES)

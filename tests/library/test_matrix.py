@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import NO_DROPOUT, fusion_of, perturb_, tiny_bert
+from conftest import NO_DROPOUT, fusion_of, perturb_, survivors, tiny_bert
 from peft import PeftModel, get_peft_model
 from test_encoder_fusion import per_layer_reference_logits
 from test_methods import REFERENCES, extra_layers_reference, reference_logits
@@ -199,6 +199,28 @@ def test_set_and_delete_adapter(method):
     assert "other" not in model.peft_config
     assert not any(".other." in name for name, _ in model.named_parameters())
     assert torch.equal(output(model, inputs), first)
+
+
+def run_every_path(case: Case, model: nn.Module) -> None:
+    """A training step (backward), an evaluation forward (the capture of the read positions) and,
+    on a sequence-to-sequence model, a beam search (its wrapped ``generate``)."""
+    model.train()
+    model(**case.inputs(with_labels=True)).loss.backward()
+    model.eval()
+    output(model, case.inputs())
+    if case.method.seq2seq:
+        inputs = case.inputs()
+        model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], num_beams=2,
+                       max_new_tokens=3, do_sample=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("method", METHODS, ids=IDS)
+def test_a_deleted_model_is_freed_at_once(method):
+    """No reference cycle through the adapter's hooks, capture or layer: with the cyclic collector off, the
+    adapted model is freed when its last reference goes (as the base model alone, or with LoRA, is)."""
+    case = Case(method)
+    assert survivors(case.base, lambda model: output(model, case.inputs())) == []  # the control
+    assert survivors(case.adapted, lambda model: run_every_path(case, model)) == []
 
 
 @pytest.mark.parametrize("method", METHODS, ids=IDS)

@@ -85,7 +85,7 @@ def test_deepcopy_of_a_seq2seq_fusion_uses_the_copy():
         fusion_layer_of(copied).fusion_modules["default"].ffn_down.bias.add_(1.0)
         assert not torch.allclose(copied(**inputs).logits, original)
         assert torch.equal(model(**inputs).logits, original)
-    assert copied.base_model.model.generate.model is copied.base_model.model  # generate wraps the copy
+    assert copied.base_model.model.generate.model() is copied.base_model.model  # generate wraps the copy
 
 
 # ----------------------------------------------------------------------------- 4. failed set-up

@@ -36,8 +36,8 @@ class Watched(Experiment):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_finished_runs_model_is_freed_before_the_next_is_built(tmp_path, method):
-    """The fusion's hooks put the model in reference cycles: without a collection before each build a
-    sweep held every finished run's model (R+1 on Gemma 3: 1-2 GB per run)."""
+    """A sweep must never hold a finished run's model (R+1 on Gemma 3: 1-2 GB per run), as it did while
+    the fusion's hooks put the model in reference cycles and nothing collected them before each build."""
     settings = ExperimentSettings(model=write_tiny_model(tmp_path / "tiny"), data="toy", max_length=64)
     experiment = Watched(settings, toy_dataset(train=20, dev=4, test=4))
     experiment.built = []
