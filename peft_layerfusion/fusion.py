@@ -109,6 +109,12 @@ class FusionModule(nn.Module):
     # True when the module has ``capture_attention(capture) -> (tokens, K)`` weights over the fused layers
     # (DWAtt): the recipes record their mean per run and draw them.
     shows_depth_attention: ClassVar[bool] = False
+    # d-wide float32 vectors a forward of the module holds per fused position at its peak, beyond the
+    # states it reads (which every stacked candidate shares): ``None`` for a bound that grows with the
+    # fused states (K + 1 of them: Concat's, DWAtt's); Average and ScalarMix hold 2 (a running sum and
+    # the weighted state added to it). The recipes size the groups of LR candidates an evaluation
+    # forward runs together by it.
+    states_held: ClassVar[int | None] = None
 
     def __init__(self, config: LayerFusionConfig, context: FusionContext) -> None:
         super().__init__()

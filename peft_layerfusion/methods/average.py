@@ -43,6 +43,7 @@ class Average(FusionModule):
 
     token_wise = True
     sized_to_budget = False
+    states_held = 2  # the running weighted sum and one weighted state
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = states[0].new_full((len(states),), 1.0 / len(states))  # (K,)

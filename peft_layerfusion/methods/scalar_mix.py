@@ -61,6 +61,7 @@ class ScalarMix(FusionModule):
 
     token_wise = True
     sized_to_budget = False
+    states_held = 2  # the running weighted sum and one weighted state
 
     def __init__(self, config: ScalarMixConfig, context: FusionContext) -> None:
         super().__init__(config, context)

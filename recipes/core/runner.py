@@ -189,14 +189,23 @@ class StackedRunner(Runner):
 
     @functools.cached_property
     def position_bytes(self) -> int:
-        """What one candidate may read at a fused position: every state (``z_0 .. z_L``) of width
-        ``d``, in float32 (read on first use: a runner that never forwards needs no width)."""
-        states = self.located.num_blocks + 1 if self.located is not None else 1
-        return states * hidden_size_of(self.model, self.located) * 4
+        """What one candidate's forward holds at a fused position, in float32: ``states_held`` vectors
+        of width ``d`` for the fusion module that declares it (Average, ScalarMix: 2), every state
+        (``z_0 .. z_L``) for the others (a bound: Concat's and DWAtt's working sets grow with the
+        states), one for the plain head (the head's input). Read on first use: a runner that never
+        forwards needs no width."""
+        module = active_fusion_module(self.model)
+        if module is None:
+            held = 1
+        elif module.states_held is not None:
+            held = module.states_held
+        else:
+            held = self.located.num_blocks + 1 if self.located is not None else 1
+        return held * hidden_size_of(self.model, self.located) * 4
 
     def evaluation_group_size(self) -> int:
         """Candidates one no-grad forward runs together: as many as :data:`EVALUATION_BYTES` holds at
-        ``fused positions x states x width x 4 B`` each (at least one, at most ``K``).
+        ``fused positions x`` :attr:`position_bytes` each (at least one, at most ``K``).
 
         Why: a candidate's evaluation working set grows with the positions its fusion runs on (DWAtt's
         value MLPs at every labelled position of a 64-sentence batch: about 90 MB per candidate at
