@@ -13,7 +13,8 @@ code keeps + the model), peak / predicted, the same without the process's own by
 memory model's ``PROCESS_BYTES``, 0.6 GB: Python, torch, transformers, peft, the data, before any
 cache), the wall time, the training time (the runs' seconds, one per
 stacked pass), the rest of the wall time (cache fill, model loading, data), the load average at the
-start; then the ratios this / today and whether every record is equal (all but ``seconds``, ``pid``).
+start; then the ratios this / today and whether every record is equal (all but ``seconds``, ``pid``
+and the model's path as given).
 Today's prediction: every position of the L + 1 states of each sentence, plus the padded copy of every
 evaluation batch (64 sentences, sorted by length) it kept. A sweep whose prediction exceeds the memory
 available is not run (said, with its prediction).
@@ -51,7 +52,9 @@ from layerfusion_recipes.reporting.benchmark_report import Report
 
 METHODS = ("none", "average", "concat", "dwatt")  # the issue's sweep
 CODES = ("today", "after")
-IGNORED = ("seconds", "pid")  # what two runs of the same record may differ in
+# what two runs of the same record may differ in: timing, and the model's path as given (each --work has
+# its own link to the random encoder; the resolved path, ``settings.model``, is compared)
+IGNORED = ("seconds", "pid", "model")
 RATIOS = (("peak RSS", "peak"), ("wall", "wall"), ("training", "train"), ("rest", "rest"))
 EVAL_BATCH = 64  # TrainSettings.eval_batch_size: today's padded evaluation batches
 
