@@ -447,6 +447,7 @@ class FewShotExperiment:
             batch_size=self.settings.batch_size,
             eval_every=self.settings.eval_every,
             seed=self.settings.seed + cell.trial,
+            release_often=self.settings.train_memory is not None,  # a memory budget: the peak first
         )
 
     def filled_cache(self, train: Sequence[dict], cell: Cell | None = None) -> FeatureCache:

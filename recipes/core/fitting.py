@@ -40,6 +40,10 @@ class TrainSettings:
         weight_decay: AdamW weight decay.
         seed: Seed of the shuffling and of dropout (the model's init is seeded by the caller).
         eval_batch_size: Examples per evaluation batch.
+        release_often: Give the heap's freed pages back after every training step and evaluation
+            batch, not only after every epoch and evaluation
+            (:func:`~layerfusion_recipes.core.loop.release_freed_memory`): a lower peak, for more time
+            (the next batch faults its pages in again). Set by ``--train-memory``. Numbers do not change.
 
     Raises:
         ValueError: ``epochs``, ``batch_size``, ``eval_every`` or ``eval_batch_size`` below 1.
@@ -52,6 +56,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     seed: int = 0
     eval_batch_size: int = 64
+    release_often: bool = False
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
@@ -113,15 +118,20 @@ def evaluates_at(epoch: int, settings: TrainSettings) -> bool:
 
 
 def evaluate(
-    runner: Runner, features: Sequence[dict], scorer: Scorer, batch_size: int, device: torch.device
+    runner: Runner,
+    features: Sequence[dict],
+    scorer: Scorer,
+    batch_size: int,
+    device: torch.device,
+    release_each_batch: bool = False,
 ) -> list[dict[str, float]]:
     """Every candidate's scores on ``features`` (one for a lone runner, K for a stacked one), from
-    one forward pass (eval mode during the call).
+    one forward pass (eval mode during the call); ``release_each_batch``: see :func:`predict_labelled`.
 
     Example:
         >>> evaluate(runner, dev, scorer, 64, torch.device("cpu"))  # [{"f1": 0.41}]
     """
-    return runner.scores(scorer, predict_labelled(runner, features, batch_size, device))
+    return runner.scores(scorer, predict_labelled(runner, features, batch_size, device, release_each_batch))
 
 
 def fit(
@@ -178,9 +188,11 @@ def fit(
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
             loop.step(runner.loss(*runner.logits([train[i] for i in indices], loop.device)))
-            release_freed_memory()  # what the step freed: the next one's tensors have other sizes
+            if settings.release_often:  # what the step freed: the next one's tensors have other sizes
+                release_freed_memory()
         if evaluates_at(epoch, settings):
-            scores = evaluate(runner, dev, scorer, settings.eval_batch_size, loop.device)
+            batch_size, often = settings.eval_batch_size, settings.release_often
+            scores = evaluate(runner, dev, scorer, batch_size, loop.device, often)
             for k, (result, score) in enumerate(zip(results, scores, strict=True)):
                 result.curve.append({"epoch": epoch, "step": loop.steps, **_prefixed("dev", score)})
                 if score[result.metric] > result.best_score:
@@ -193,7 +205,9 @@ def fit(
         for parameters, saved in zip(candidates, best_states, strict=True):
             if saved is not None:
                 restore(parameters, saved)
-        scores = evaluate(runner, test, scorer_of(test), settings.eval_batch_size, loop.device)
+        scores = evaluate(
+            runner, test, scorer_of(test), settings.eval_batch_size, loop.device, settings.release_often
+        )
         for result, score in zip(results, scores, strict=True):
             result.test = score
     release_freed_memory()

@@ -415,11 +415,16 @@ def test_evaluation_runs_its_largest_batch_first_and_predicts_in_order(model_pat
     logits_of = runner.logits
     runner.logits = lambda batch, device: (seen.append(padded_tokens(batch)), logits_of(batch, device))[1]
     monkeypatch.setattr(runner_module, "release_freed_memory", lambda: seen.append(0) or True)
-    predicted = predict_labelled(runner, features, 4, torch.device("cpu"))  # (3, labelled)
+    cpu = torch.device("cpu")
+    predicted = predict_labelled(runner, features, 4, cpu, release_each_batch=True)  # (3, labelled)
     in_order = [padded_tokens(features[start : start + 4]) for start in range(0, len(features), 4)]
     assert len(set(in_order)) == len(in_order) and in_order[0] == min(in_order)  # shortest sentences first
-    assert seen[1::2] == [0] * len(in_order)  # a trim after every batch
-    assert seen[::2] == sorted(in_order, reverse=True)  # the largest first
+    largest_first_sizes = sorted(in_order, reverse=True)
+    # the largest first, a trim after each and one at the end
+    assert seen == [x for size in largest_first_sizes for x in (size, 0)] + [0]
+    seen.clear()
+    assert torch.equal(predict_labelled(runner, features, 4, cpu), predicted)
+    assert seen == [*largest_first_sizes, 0]  # by default: one trim, at the end
     with torch.no_grad(), eval_mode(runner.model):  # the batches one after another, as before
         batches = (features[start : start + 4] for start in range(0, len(features), 4))
         expected = [labelled_predictions(*logits_of(batch, torch.device("cpu"))) for batch in batches]
@@ -435,16 +440,24 @@ def test_largest_first_covers_every_example_once_ties_in_order():
 
 def test_every_epoch_gives_the_heaps_freed_pages_back(model_path, monkeypatch):
     """glibc's heap kept what a stacked DWAtt run freed (2.4 GB free held after one run of the
-    MiniLM sweep, in use 0.8 GB): the loop trims it after every training step (what a step frees does
-    not fit the next one's tensors: 0.8 GB held between the steps of seven DWAtt candidates at 13 x
-    768), after every epoch (its evaluation) and at the end of a run."""
+    MiniLM sweep, in use 0.8 GB): the loop trims it after every epoch (its evaluation) and at the end
+    of a run; with a memory budget (``--train-memory``) after every training step too (what a step
+    frees does not fit the next one's tensors: 0.8 GB held between the steps of seven DWAtt candidates
+    at 13 x 768), at the price of the pages the next step faults in again. The records are the same."""
     calls: list[int] = []
     monkeypatch.setattr(fitting, "release_freed_memory", lambda: calls.append(1) or True)
     experiment = _experiment(model_path, "labelled")
     steps = -(-len(experiment.train_sample(2, 0)) // experiment.settings.batch_size)  # per epoch
     assert steps > 1
-    experiment.run_lrs(Cell("dwatt", "fe", shots=2, epochs=3, trial=0), [3e-3, 3e-2])
-    assert len(calls) == 3 * steps + 3 + 1
+    cell, lrs = Cell("dwatt", "fe", shots=2, epochs=3, trial=0), [3e-3, 3e-2]
+    records = {}
+    for budget in (None, 10.0):
+        calls.clear()
+        experiment.settings = dataclasses.replace(experiment.settings, train_memory=budget)
+        runs = experiment.run_lrs(cell, lrs)
+        records[budget] = [{k: v for k, v in r.items() if k not in TIMING} for r in runs]
+        assert len(calls) == (3 * steps if budget else 0) + 3 + 1
+    assert records[None] == records[10.0] and records[None][0]["test_f1"] is not None
     if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
         assert release_freed_memory() is True
 
