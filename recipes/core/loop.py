@@ -134,10 +134,12 @@ def release_freed_memory() -> bool:
     vmap and backward), and glibc serves such requests from its heap and keeps what they free, mostly
     in holes it cannot hand back by itself. Measured on the MiniLM CoNLL-2003 FE sweep (N = 32, two
     trials, ten epochs): in use 0.8 GB, held free 2.4 GB after one DWAtt run and still growing (peak RSS
-    5.2 GB). :func:`~layerfusion_recipes.core.fitting.fit` calls this after every training step and every
-    epoch (one heap walk: milliseconds, against a stacked step's seconds), so the heap holds at most one
-    step's or one evaluation's freed pages (seven DWAtt candidates at 13 x 768: 0.8 GB held between
-    steps without it, peak 0.2 GB higher). Numbers do not change.
+    5.2 GB). :func:`~layerfusion_recipes.core.fitting.fit` calls this after every epoch and every
+    evaluation, and under a memory budget (``--train-memory``) after every training step and evaluation
+    batch too, so the heap holds at most one step's or one batch's freed pages (seven DWAtt candidates
+    at 13 x 768: 0.8 GB held between steps without it, peak 0.2 GB higher). That costs time: the heap
+    walk takes milliseconds, but the next step faults in again the pages it gave back (7% of a DWAtt
+    cell's time at 13 x 768). Numbers do not change.
 
     Example:
         >>> release_freed_memory()  # True on Linux with glibc
