@@ -8,7 +8,8 @@ import gc
 import os
 import random
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -400,19 +401,27 @@ def attention_mask() -> torch.Tensor:
     return mask
 
 
+@contextmanager
+def collector_off() -> Iterator[None]:
+    """Python's cyclic collector off inside (as between its rare full passes in a long sweep); its
+    state before is restored after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def survivors(build: Callable[[], nn.Module], use: Callable[[nn.Module], object]) -> list[str]:
     """The modules of the model ``build()`` returns that outlive its last reference, once ``use(model)``
     ran, with Python's cyclic collector off: ``[]`` when the model is freed at once, as a plain
     transformers model is (no part of an adapter holds it in a reference cycle)."""
     gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_off():
         model = build()
         use(model)
         modules = [(name, weakref.ref(module)) for name, module in model.named_modules()]
         del model
         return [name or "(the model)" for name, module in modules if module() is not None]
-    finally:
-        if enabled:
-            gc.enable()

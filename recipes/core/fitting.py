@@ -185,14 +185,14 @@ def fit(
     scorer = scorer_of(dev)
     results = [RunResult(scorer.metrics[0]) for _ in lrs]
     best_states: list[list[torch.Tensor] | None] = [None] * len(lrs)
+    often = settings.release_often  # trims after every step and evaluation batch too
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
             loop.step(runner.loss(*runner.logits([train[i] for i in indices], loop.device)))
-            if settings.release_often:  # what the step freed: the next one's tensors have other sizes
+            if often:  # what the step freed: the next one's tensors have other sizes
                 release_freed_memory()
         if evaluates_at(epoch, settings):
-            batch_size, often = settings.eval_batch_size, settings.release_often
-            scores = evaluate(runner, dev, scorer, batch_size, loop.device, often)
+            scores = evaluate(runner, dev, scorer, settings.eval_batch_size, loop.device, often)
             for k, (result, score) in enumerate(zip(results, scores, strict=True)):
                 result.curve.append({"epoch": epoch, "step": loop.steps, **_prefixed("dev", score)})
                 if score[result.metric] > result.best_score:
@@ -205,9 +205,7 @@ def fit(
         for parameters, saved in zip(candidates, best_states, strict=True):
             if saved is not None:
                 restore(parameters, saved)
-        scores = evaluate(
-            runner, test, scorer_of(test), settings.eval_batch_size, loop.device, settings.release_often
-        )
+        scores = evaluate(runner, test, scorer_of(test), settings.eval_batch_size, loop.device, often)
         for result, score in zip(results, scores, strict=True):
             result.test = score
     release_freed_memory()

@@ -3,11 +3,10 @@ the next one is built)."""
 
 from __future__ import annotations
 
-import gc
 import weakref
 
 import pytest
-from conftest import toy_dataset, write_tiny_model
+from conftest import collector_off, toy_dataset, write_tiny_model
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 
 from peft_layerfusion.registration import ENCODER_METHODS
@@ -16,11 +15,10 @@ METHODS = ["none", *(method.name for method in ENCODER_METHODS)]
 
 
 @pytest.fixture(autouse=True)
-def collector_off():
+def without_the_cyclic_collector():
     """The cyclic collector off, as between its rare full passes in a long sweep."""
-    gc.disable()
-    yield
-    gc.enable()
+    with collector_off():
+        yield
 
 
 class Watched(Experiment):
