@@ -461,9 +461,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         "--train-memory",
         type=positive_float,
         metavar="GB",
-        help="GB the training state of a cell's stacked LR candidates may hold (24 B per trainable "
-        "parameter of each: values, gradients, best-epoch snapshot, AdamW moments, a per-step stacked "
-        "copy; e.g. 1.30 GB for 7 DWAtt candidates at 13 states x 768). Beyond it the LRs train in "
+        help="GB the training state of a cell's stacked LR candidates may hold (20 B per trainable "
+        "parameter of each: values, gradients, best-epoch snapshot, AdamW moments; e.g. 1.08 GB for 7 "
+        "DWAtt candidates at 13 states x 768). Beyond it the LRs train in "
         "several passes of fewer candidates, with the same records (one DWAtt cell at 13 x 768: passes "
         "of 4 + 3 peaked 0.39 GB lower in 1.04x the time, passes of 1 0.81 GB lower in 1.26x). With it "
         "the heap's freed pages are also given back after every training step and evaluation batch, not "

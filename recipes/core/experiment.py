@@ -101,10 +101,16 @@ class TaskSettings:
         cache_positions: Positions the feature cache keeps: ``all``, or :attr:`READ_POSITIONS` (only
             those the task's head reads, :meth:`FewShotExperiment.head_positions`; every cached method
             must read no other: :func:`cache_positions_for`). The same records either way.
-        train_memory: GB the training state of a cell's stacked LR candidates may hold (24 B per
+        train_memory: GB the training state of a cell's stacked LR candidates may hold (20 B per
             trainable parameter of each: :func:`~layerfusion_recipes.core.feature_cache.candidates_per_pass`);
             the LRs train in several passes of fewer candidates when all of them would hold more.
-            ``None``: one pass of all. The same records either way (not part of the setup).
+            ``None``: one pass of all. The same records either way (not part of the setup). With
+            it, the heap's freed pages are given back after every training step and evaluation batch.
+        resident_limit: Resident bytes above which a run gives the heap's freed pages back after a
+            training step or evaluation batch (:class:`~layerfusion_recipes.core.fitting.TrainSettings`
+            ``release_above``): set by a sweep to what its memory line says one process holds
+            (:func:`~layerfusion_recipes.core.feature_cache.resident_limit`); ``None``: only after every
+            epoch and evaluation. The same records either way (not part of the setup).
     """
 
     # the fields that change a result, hence part of every record key (each task names its own)
@@ -129,6 +135,7 @@ class TaskSettings:
     cache_dtype: str = "float32"
     cache_positions: str = "all"
     train_memory: float | None = None
+    resident_limit: int | None = None
 
     def lr_for(self, regime: str) -> float:
         """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
@@ -427,7 +434,7 @@ class FewShotExperiment:
 
         Example:
             >>> experiment.training_plan(grid_cells(grid)).describe()
-            'training 7 of 7 LRs per pass x 7.74M dwatt parameters x 24 B = 1.30 GB'
+            'training 7 of 7 LRs per pass x 7.74M dwatt parameters x 20 B = 1.08 GB'
         """
         plans = []
         for cell in {cell.method: cell for cell in self.cached_cells(cells)}.values():
@@ -447,7 +454,8 @@ class FewShotExperiment:
             batch_size=self.settings.batch_size,
             eval_every=self.settings.eval_every,
             seed=self.settings.seed + cell.trial,
-            release_often=self.settings.train_memory is not None,  # a memory budget: the peak first
+            # a memory budget: the peak first (after every step); else above the sweep's memory line
+            release_above=0 if self.settings.train_memory is not None else self.settings.resident_limit,
         )
 
     def filled_cache(self, train: Sequence[dict], cell: Cell | None = None) -> FeatureCache:

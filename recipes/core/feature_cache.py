@@ -80,8 +80,9 @@ FLUSH_BYTES = 256 * 2**20  # with a directory, a fill writes a shard (and maps i
 # (about 0.6 GB measured on the CoNLL-2003 sweeps, benchmarks/README.md)
 PROCESS_BYTES = 600 * 10**6
 # what training holds per trainable parameter of each stacked LR candidate: its values, gradient and
-# best-epoch snapshot (4 B each), AdamW's two moments (8 B), the stacked copy a step makes (4 B)
-TRAINING_BYTES_PER_PARAMETER = 24
+# best-epoch snapshot (4 B each), AdamW's two moments (8 B); the stacked values a step reads are views
+# of the values (runner.StackedView), not a copy
+TRAINING_BYTES_PER_PARAMETER = 20
 
 Feature = Mapping[str, Sequence[int]]  # an encoded sentence: input_ids (+ labels, ...)
 
@@ -221,7 +222,7 @@ class TrainingPlan:
 
         Example:
             >>> TrainingPlan("dwatt", 8_330_000, 7, 3).describe()
-            'training 3 of 7 LRs per pass x 8.33M dwatt parameters x 24 B = 0.60 GB'
+            'training 3 of 7 LRs per pass x 8.33M dwatt parameters x 20 B = 0.50 GB'
         """
         return (
             f"training {self.per_pass} of {self.candidates} LRs per pass x {self.parameters / 1e6:.2f}M "
@@ -265,6 +266,27 @@ def plan_cache(
         kept=positions.name,
         model_bytes=sum(parameter.nbytes for parameter in base_model.parameters()),
     )
+
+
+def resident_limit(plan: CachePlan, training: TrainingPlan | None = None) -> int:
+    """What one process of a sweep holds resident by the memory line (:func:`memory_check`):
+    :data:`PROCESS_BYTES`, the model, the training state of one pass of stacked candidates and the
+    states (resident as they are read, mapped from a cache directory or not). Above it, a run gives
+    the heap's freed pages back after a training step or evaluation batch, not only after every
+    epoch and evaluation (``TaskSettings.resident_limit``).
+
+    Why: glibc serves each step's tensors from holes its heap keeps, and the holes a step touches
+    change with the batch, so without a trim the resident memory grows over a few steps far above
+    what is in use. Trimming after every step keeps it down but makes every next step fault its pages
+    in again; above the line only, a run trims where it matters. One 13 x 768 DWAtt cell of seven
+    candidates (CoNLL-2003, N = 32, dev 1000, the full test split; memory line 4.44 GB): peak 5.38 GB
+    without step trims, 4.98 GB with a trim above the line (a third of the steps) in 1.03x the time.
+
+    Example:
+        >>> resident_limit(plan, training)  # e.g. 4435000000
+    """
+    train = training.nbytes if training is not None else 0
+    return PROCESS_BYTES + plan.model_bytes + train + plan.nbytes
 
 
 def memory_check(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
-from .loop import TrainingLoop, release_freed_memory, restore, snapshot
+from .loop import TrainingLoop, release_freed_memory, resident_above, restore, snapshot
 from .runner import Runner, Scorer, predict_labelled
 
 
@@ -40,10 +40,12 @@ class TrainSettings:
         weight_decay: AdamW weight decay.
         seed: Seed of the shuffling and of dropout (the model's init is seeded by the caller).
         eval_batch_size: Examples per evaluation batch.
-        release_often: Give the heap's freed pages back after every training step and evaluation
-            batch, not only after every epoch and evaluation
-            (:func:`~layerfusion_recipes.core.loop.release_freed_memory`): a lower peak, for more time
-            (the next batch faults its pages in again). Set by ``--train-memory``. Numbers do not change.
+        release_above: Resident bytes above which the heap's freed pages are given back after a
+            training step or evaluation batch too, not only after every epoch's steps and evaluation
+            (:func:`~layerfusion_recipes.core.loop.resident_above`,
+            :func:`~layerfusion_recipes.core.loop.release_freed_memory`): ``0``, after every one (set
+            by ``--train-memory``); ``None``, never. A lower peak for more time (the next step faults
+            the pages in again). Numbers do not change.
 
     Raises:
         ValueError: ``epochs``, ``batch_size``, ``eval_every`` or ``eval_batch_size`` below 1.
@@ -56,7 +58,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     seed: int = 0
     eval_batch_size: int = 64
-    release_often: bool = False
+    release_above: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
@@ -123,15 +125,15 @@ def evaluate(
     scorer: Scorer,
     batch_size: int,
     device: torch.device,
-    release_each_batch: bool = False,
+    release_above: int | None = None,
 ) -> list[dict[str, float]]:
     """Every candidate's scores on ``features`` (one for a lone runner, K for a stacked one), from
-    one forward pass (eval mode during the call); ``release_each_batch``: see :func:`predict_labelled`.
+    one forward pass (eval mode during the call); ``release_above``: see :func:`predict_labelled`.
 
     Example:
         >>> evaluate(runner, dev, scorer, 64, torch.device("cpu"))  # [{"f1": 0.41}]
     """
-    return runner.scores(scorer, predict_labelled(runner, features, batch_size, device, release_each_batch))
+    return runner.scores(scorer, predict_labelled(runner, features, batch_size, device, release_above))
 
 
 def fit(
@@ -185,27 +187,27 @@ def fit(
     scorer = scorer_of(dev)
     results = [RunResult(scorer.metrics[0]) for _ in lrs]
     best_states: list[list[torch.Tensor] | None] = [None] * len(lrs)
-    often = settings.release_often  # trims after every step and evaluation batch too
+    limit = settings.release_above  # trims after a step or evaluation batch above it too
     for epoch in range(1, settings.epochs + 1):
         for indices in loader:
             loop.step(runner.loss(*runner.logits([train[i] for i in indices], loop.device)))
-            if often:  # what the step freed: the next one's tensors have other sizes
+            if resident_above(limit):  # what the step freed: the next one's tensors have other sizes
                 release_freed_memory()
+        release_freed_memory()  # what the epoch's steps freed, before an evaluation's tensors fill it
         if evaluates_at(epoch, settings):
-            scores = evaluate(runner, dev, scorer, settings.eval_batch_size, loop.device, often)
+            scores = evaluate(runner, dev, scorer, settings.eval_batch_size, loop.device, limit)
             for k, (result, score) in enumerate(zip(results, scores, strict=True)):
                 result.curve.append({"epoch": epoch, "step": loop.steps, **_prefixed("dev", score)})
                 if score[result.metric] > result.best_score:
                     result.best_score, result.best_epoch, result.dev = score[result.metric], epoch, score
                     best_states[k] = snapshot(candidates[k]) if test else None
-        release_freed_memory()  # the heap's freed pages (see release_freed_memory)
         if on_epoch is not None:
             on_epoch(epoch)
     if test:
         for parameters, saved in zip(candidates, best_states, strict=True):
             if saved is not None:
                 restore(parameters, saved)
-        scores = evaluate(runner, test, scorer_of(test), settings.eval_batch_size, loop.device, often)
+        scores = evaluate(runner, test, scorer_of(test), settings.eval_batch_size, loop.device, limit)
         for result, score in zip(results, scores, strict=True):
             result.test = score
     release_freed_memory()

@@ -110,8 +110,9 @@ class ProbeRunner(StackedRunner):
                 self._read[key] = inputs, labels
         self.fused_count = len(labels)
         shape = (-1, self.num_blocks)  # (K, L)
-        weight = torch.stack([c[0] for c in self.candidates]).unflatten(0, shape)  # (K, L, C, d)
-        bias = torch.stack([c[1] for c in self.candidates]).unflatten(0, shape)  # (K, L, C)
+        stacked = self.stacked(range(len(self.candidates)))  # the head's {weight, bias}, no copy
+        weight = stacked["weight"].unflatten(0, shape)  # (K, L, C, d)
+        bias = stacked["bias"].unflatten(0, shape)  # (K, L, C)
         logits = torch.einsum("nld,klcd->klnc", inputs.to(device), weight)  # (K, L, read, C)
         return (logits + bias.unsqueeze(2)).flatten(0, 1), labels.to(device)
 

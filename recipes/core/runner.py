@@ -39,7 +39,7 @@ from peft_layerfusion.layer import active_fusion_module, fused_positions
 from peft_layerfusion.utils import eval_mode
 
 from ..data.readers import IGNORE_INDEX, collate
-from .loop import release_freed_memory, restore
+from .loop import release_freed_memory, resident_above, restore
 from .models import trainable_parameters
 from .processes import process_state
 
@@ -162,9 +162,9 @@ class StackedRunner(Runner):
         super().__init__(model, located, cache, **options)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.names = [name for name, _ in named]
-        self.candidates: list[list[torch.Tensor]] = [
-            [p.detach().clone().requires_grad_(True) for _, p in named] for _ in range(count)
-        ]
+        # {name: (K, *shape)}: every candidate's values of a parameter, in one tensor
+        self.stacks = {name: p.detach().unsqueeze(0).repeat(count, *[1] * p.dim()) for name, p in named}
+        self.candidates = candidate_leaves(self.stacks)
         self.groups_run = 0  # candidate groups the last forward ran (1 in training)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -181,10 +181,12 @@ class StackedRunner(Runner):
         return logits[0] if len(logits) == 1 else torch.cat(logits)  # (K, batch, ..., labels)
 
     def stacked(self, group: range) -> dict[str, torch.Tensor]:
-        """The parameters of the candidates ``group``, stacked: ``{name: (len(group), *shape)}``
-        (a copy, made per forward: a group's own, freed with it)."""
+        """The parameters of the candidates ``group``, stacked: ``{name: (len(group), *shape)}``, views
+        of :attr:`stacks` (no copy), through which each candidate's parameters get their gradients."""
+        part = slice(group.start, group.stop)
         return {
-            name: torch.stack([self.candidates[k][i] for k in group]) for i, name in enumerate(self.names)
+            name: StackedView.apply(self.stacks[name][part], *[self.candidates[k][i] for k in group])
+            for i, name in enumerate(self.names)
         }
 
     @functools.cached_property
@@ -220,9 +222,8 @@ class StackedRunner(Runner):
     def to(self, device: torch.device) -> None:
         """Move the model and every candidate's parameters to ``device`` (before building an optimizer)."""
         self.model.to(device)
-        self.candidates = [
-            [p.detach().to(device).requires_grad_(True) for p in candidate] for candidate in self.candidates
-        ]
+        self.stacks = {name: stack.to(device) for name, stack in self.stacks.items()}
+        self.candidates = candidate_leaves(self.stacks)
 
     def candidate_parameters(self) -> list[list[torch.Tensor]]:
         """Every candidate's parameters, moved to this process's device (before the optimizer holds them)."""
@@ -242,6 +243,42 @@ class StackedRunner(Runner):
         """Copy candidate ``index``'s parameters into the model (e.g. to inspect it alone)."""
         named = dict(self.model.named_parameters())
         restore([named[name] for name in self.names], self.candidates[index])
+
+
+def candidate_leaves(stacks: dict[str, torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Each candidate's parameters as leaf tensors that share the memory of ``stacks`` (``{name: (K,
+    *shape)}``): ``[[name's k-th row for each name] for each k]``. The optimizer updates them in place,
+    hence the stacks; :class:`StackedView` hands them their gradients.
+
+    Example:
+        >>> [[w0], [w1]] = candidate_leaves({"weight": torch.zeros(2, 3)})
+        >>> w0.is_leaf, w0.shape
+        (True, torch.Size([3]))
+    """
+    count = len(next(iter(stacks.values()))) if stacks else 0
+    return [[stack[k].detach().requires_grad_(True) for stack in stacks.values()] for k in range(count)]
+
+
+class StackedView(torch.autograd.Function):
+    """``torch.stack(leaves)`` without the copy: ``stack`` (``(K, *shape)``), whose rows ``leaves``
+    already share (:func:`candidate_leaves`), returned as the forward's input, and its gradient handed
+    back to each leaf row by row, as ``torch.stack``'s backward does (the same numbers bitwise).
+
+    Why: the copy was a fifth of a step's training state (4 of 24 B per trainable parameter of each
+    candidate: 0.22 GB for seven DWAtt candidates at 13 states x 768) and a copy per step.
+
+    Example:
+        >>> stacks = {"weight": torch.zeros(2, 3)}
+        >>> view = StackedView.apply(stacks["weight"], *[c[0] for c in candidate_leaves(stacks)])
+    """
+
+    @staticmethod
+    def forward(ctx, stack: torch.Tensor, *leaves: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return stack.view_as(stack)  # (K, *shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ARG004
+        return (None, *grad.unbind(0))  # one (*shape) gradient per leaf
 
 
 def candidate_groups(count: int, size: int) -> list[range]:
@@ -295,7 +332,7 @@ def predict_labelled(
     features: Sequence[dict],
     batch_size: int,
     device: torch.device,
-    release_each_batch: bool = False,
+    release_above: int | None = None,
 ) -> torch.Tensor:
     """Label ids ``runner`` predicts at the labelled places of ``features`` (eval mode during the
     call), example after example: ``(labelled,)``, or ``(K, labelled)`` for a stacked runner.
@@ -303,10 +340,10 @@ def predict_labelled(
     The batches run largest first (:func:`largest_first`: the process's memory then holds one
     batch's working set, not the sum of them, each smaller batch reusing what the one before freed),
     the heap's freed pages are given back at the end
-    (:func:`~layerfusion_recipes.core.loop.release_freed_memory`), or after each batch with
-    ``release_each_batch`` (the 13 x 768 FE sweep in passes of one candidate: RSS rose by 0.45 GB
-    over each test evaluation without it; 7% of a DWAtt cell's time with it), and their predictions
-    are put back in order.
+    (:func:`~layerfusion_recipes.core.loop.release_freed_memory`), and after each batch that leaves
+    the process above ``release_above`` resident bytes (:func:`~layerfusion_recipes.core.loop.resident_above`:
+    ``0`` after every batch; the 13 x 768 FE sweep in passes of one candidate: RSS rose by 0.45 GB
+    over each test evaluation without it), and their predictions are put back in order.
 
     Example:
         >>> predict_labelled(runner, dev, 64, torch.device("cpu"))  # tensor([0, 3, 0, ...])
@@ -316,7 +353,7 @@ def predict_labelled(
         for batch in largest_first(features, batch_size):
             logits, labels = runner.logits(features[batch], device)
             predicted[batch.start] = labelled_predictions(logits, labels)
-            if release_each_batch:  # what the batch freed (its states, one block at a time)
+            if resident_above(release_above):  # what the batch freed (its states, one block at a time)
                 release_freed_memory()
     release_freed_memory()
     return torch.cat([predicted[start] for start in sorted(predicted)], dim=-1)

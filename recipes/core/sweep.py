@@ -44,6 +44,7 @@ experiment checks the shot sizes (``check_shots``) before any run.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -64,7 +65,7 @@ from .cells import (
 )
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
-from .feature_cache import CachePlan, available_memory, memory_check
+from .feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
 from .probes import probe_cells, run_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
@@ -323,19 +324,19 @@ def run_sweep(
 
 def cache_memory(
     experiment: FewShotExperiment, cells: list[Cell], grid: dict[str, Any], state
-) -> tuple[CachePlan | None, str, str | None]:
+) -> tuple[CachePlan | None, TrainingPlan | None, str, str | None]:
     """The sweep's feature cache (what ``cells`` and the layer probes read) and the training state of
-    its largest pass of LR candidates against the memory: ``(plan, line, refusal)`` (see
+    its largest pass of LR candidates against the memory: ``(plan, training, line, refusal)`` (see
     :func:`~layerfusion_recipes.core.feature_cache.memory_check`);
-    ``(None, "", None)`` without one."""
+    ``(None, None, "", None)`` without one."""
     plan = experiment.cache_plan(cells + probed_cells(grid))
     if plan is None:
-        return None, "", None
+        return None, None, "", None
     copies = grid["workers"] * state.num_processes
     mapped = experiment.settings.cache_dir is not None
     training = experiment.training_plan(cells)
     line, refusal = memory_check(plan, copies, mapped, available_memory(), training)
-    return plan, line, refusal
+    return plan, training, line, refusal
 
 
 def probed_cells(grid: dict[str, Any]) -> list[Cell]:
@@ -348,7 +349,7 @@ def dry_run(settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], sta
     """``--dry-run``: print the runs and the feature cache's bytes (and whether it fits), run nothing."""
     experiment = settings.make_experiment()
     experiment.check_shots(grid["shots"])
-    plan, line, refusal = cache_memory(experiment, cells, grid, state)
+    plan, _, line, refusal = cache_memory(experiment, cells, grid, state)
     print(f"runs planned: {planned_runs(cells, settings, grid['select_trials'])}")
     print(line if plan is not None else "feature cache: none (no FE cell on the cache)")
     if grid.get("probe_layers"):
@@ -370,9 +371,13 @@ def _sweep(
 ) -> int:
     experiment = settings.make_experiment()  # loads and checks the data and the tokenizer
     experiment.check_shots(grid["shots"])
-    plan, line, refusal = cache_memory(experiment, cells, grid, state)
+    plan, training, line, refusal = cache_memory(experiment, cells, grid, state)
     if plan is not None:
         fields.update(cache_bytes=plan.nbytes, cache_model_bytes=plan.model_bytes)
+        # the runs keep their resident memory near the line (trims after the steps above it)
+        limit = resident_limit(plan, training)
+        settings = dataclasses.replace(settings, resident_limit=limit)
+        experiment.settings = dataclasses.replace(experiment.settings, resident_limit=limit)
         if state.is_main_process:
             print(f"layerfusion: {line}", file=sys.stderr)
     if refusal:

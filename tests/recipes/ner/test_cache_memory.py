@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from layerfusion_recipes.core import experiment as experiment_module
 from layerfusion_recipes.core import fitting
 from layerfusion_recipes.core import runner as runner_module
 from layerfusion_recipes.core.feature_cache import (
     ALL_POSITIONS,
     FIRST_POSITION,
     LAST_POSITION,
+    PROCESS_BYTES,
     CachePlan,
     FeatureCache,
     KeptPositions,
@@ -25,7 +27,7 @@ from layerfusion_recipes.core.feature_cache import (
     memory_check,
     padded_inputs,
 )
-from layerfusion_recipes.core.loop import release_freed_memory
+from layerfusion_recipes.core.loop import release_freed_memory, resident_above, resident_bytes
 from layerfusion_recipes.core.models import PLAIN_HEAD, load_token_classifier
 from layerfusion_recipes.core.runner import (
     labelled_predictions,
@@ -306,18 +308,18 @@ def test_a_cache_that_cannot_fit_is_refused_naming_what_would_make_it_fit():
 def test_the_memory_model_adds_the_training_state_and_offers_passes_of_fewer_candidates():
     plan = CachePlan(5000, 100_000, 24, 1024, "float32", "labelled", model_bytes=1_300_000_000)
     training = TrainingPlan("dwatt", 27_400_000, 7, 7)  # DWAtt at 25 states x 1024
-    assert training.nbytes == 24 * 7 * 27_400_000  # 4.60 GB
+    assert training.nbytes == 20 * 7 * 27_400_000  # 3.84 GB
     line, refusal = memory_check(plan, 1, mapped=False, available=14 * 10**9, training=training)
     assert line == (
         "feature cache: 5000 sentences, 100000 labelled positions x 24 blocks x 1024 x 4 B (float32) = "
-        "9.83 GB, model 1.30 GB; training 7 of 7 LRs per pass x 27.40M dwatt parameters x 24 B = 4.60 GB; "
-        "process 0.60 GB; 1 process(es) hold 16.33 GB in memory; 14.00 GB available"
+        "9.83 GB, model 1.30 GB; training 7 of 7 LRs per pass x 27.40M dwatt parameters x 20 B = 3.84 GB; "
+        "process 0.60 GB; 1 process(es) hold 15.57 GB in memory; 14.00 GB available"
     )
-    # 14 - 11.73 GB leaves room for 3 candidates of 0.66 GB: --train-memory 1.98 GB trains passes of 3
-    assert "bfloat16 (11.42 GB), --train-memory 1.98 (passes of 3 LR candidates, 13.70 GB)," in refusal
-    assert memory_check(plan, 1, False, 14 * 10**9, dataclasses.replace(training, per_pass=3))[1] is None
+    # 14 - 11.73 GB leaves room for 4 candidates of 0.55 GB: --train-memory 2.20 GB trains passes of 4
+    assert "bfloat16 (10.65 GB), --train-memory 2.20 (passes of 4 LR candidates, 13.92 GB)," in refusal
+    assert memory_check(plan, 1, False, 14 * 10**9, dataclasses.replace(training, per_pass=4))[1] is None
     _, two = memory_check(plan, 2, mapped=False, available=30 * 10**9, training=training)
-    assert "--train-memory 2.64 (passes of 4 LR candidates, 28.72 GB)" in two  # 4 x 0.66 GB per process
+    assert "--train-memory 2.74 (passes of 5 LR candidates, 28.94 GB)" in two  # 5 x 0.55 GB per process
     _, lone = memory_check(plan, 1, False, 12 * 10**9, dataclasses.replace(training, per_pass=1))
     assert "--train-memory" not in lone  # one candidate per pass already
 
@@ -359,13 +361,18 @@ def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
     assert main(cli_run) == 2
     err = capsys.readouterr().err
     assert "error: the sweep needs" in err and "it fits with --cache-dir DIR" in err
-    assert "training 1 of 1 LRs per pass x " in err and " concat parameters x 24 B" in err
+    assert "training 1 of 1 LRs per pass x " in err and " concat parameters x 20 B" in err
     assert not (tmp_path / "out" / "results.jsonl").exists()
     monkeypatch.setattr(sweep, "available_memory", lambda: 10**12)
+    limits, fit = [], experiment_module.fit
+    monkeypatch.setattr(experiment_module, "fit", lambda *a: limits.append(a[3].release_above) or fit(*a))
     assert main([*cli_run, "--cache-dtype", "bfloat16"]) == 0
     assert "labelled positions x 3 blocks x 32 x 2 B (bfloat16)" in capsys.readouterr().err
     (line,) = [entry for entry in read_sweep_log(tmp_path / "out" / "sweeps.jsonl") if entry["completed"]]
     assert line["cache_bytes"] > 0 and line["cache_model_bytes"] > 0
+    # every run trims after a step that leaves it above the line: process, model, states, training
+    held = PROCESS_BYTES + line["cache_bytes"] + line["cache_model_bytes"]
+    assert len(limits) == 2 and limits[0] == limits[1] and held < limits[0] < held + 10**6
 
 
 def test_a_fill_keeps_bitwise_what_the_block_capture_sees_at_the_kept_positions(model_path):
@@ -416,7 +423,7 @@ def test_evaluation_runs_its_largest_batch_first_and_predicts_in_order(model_pat
     runner.logits = lambda batch, device: (seen.append(padded_tokens(batch)), logits_of(batch, device))[1]
     monkeypatch.setattr(runner_module, "release_freed_memory", lambda: seen.append(0) or True)
     cpu = torch.device("cpu")
-    predicted = predict_labelled(runner, features, 4, cpu, release_each_batch=True)  # (3, labelled)
+    predicted = predict_labelled(runner, features, 4, cpu, release_above=0)  # (3, labelled)
     in_order = [padded_tokens(features[start : start + 4]) for start in range(0, len(features), 4)]
     assert len(set(in_order)) == len(in_order) and in_order[0] == min(in_order)  # shortest sentences first
     largest_first_sizes = sorted(in_order, reverse=True)
@@ -425,6 +432,11 @@ def test_evaluation_runs_its_largest_batch_first_and_predicts_in_order(model_pat
     seen.clear()
     assert torch.equal(predict_labelled(runner, features, 4, cpu), predicted)
     assert seen == [*largest_first_sizes, 0]  # by default: one trim, at the end
+    if resident_bytes() is not None:  # a limit: a trim after each batch that leaves the process above it
+        for limit, trims in ((2**62, 1), (resident_bytes() // 2, len(in_order) + 1)):
+            seen.clear()
+            assert torch.equal(predict_labelled(runner, features, 4, cpu, release_above=limit), predicted)
+            assert seen.count(0) == trims, limit
     with torch.no_grad(), eval_mode(runner.model):  # the batches one after another, as before
         batches = (features[start : start + 4] for start in range(0, len(features), 4))
         expected = [labelled_predictions(*logits_of(batch, torch.device("cpu"))) for batch in batches]
@@ -440,10 +452,12 @@ def test_largest_first_covers_every_example_once_ties_in_order():
 
 def test_every_epoch_gives_the_heaps_freed_pages_back(model_path, monkeypatch):
     """glibc's heap kept what a stacked DWAtt run freed (2.4 GB free held after one run of the
-    MiniLM sweep, in use 0.8 GB): the loop trims it after every epoch (its evaluation) and at the end
-    of a run; with a memory budget (``--train-memory``) after every training step too (what a step
-    frees does not fit the next one's tensors: 0.8 GB held between the steps of seven DWAtt candidates
-    at 13 x 768), at the price of the pages the next step faults in again. The records are the same."""
+    MiniLM sweep, in use 0.8 GB): the loop trims it after every epoch's steps (before its evaluation)
+    and at the end of a run; after a training step too when the process is above its resident limit
+    (a sweep's memory line), and with a memory budget (``--train-memory``) after every step (what a
+    step frees does not fit the next one's tensors: 0.8 GB held between the steps of seven DWAtt
+    candidates at 13 x 768), at the price of the pages the next step faults in again. The records are
+    the same."""
     calls: list[int] = []
     monkeypatch.setattr(fitting, "release_freed_memory", lambda: calls.append(1) or True)
     experiment = _experiment(model_path, "labelled")
@@ -451,13 +465,22 @@ def test_every_epoch_gives_the_heaps_freed_pages_back(model_path, monkeypatch):
     assert steps > 1
     cell, lrs = Cell("dwatt", "fe", shots=2, epochs=3, trial=0), [3e-3, 3e-2]
     records = {}
-    for budget in (None, 10.0):
+    resident = resident_bytes()
+    below, above = (2**62, 1) if resident is None else (2 * resident, resident // 2)
+    # (--train-memory, resident limit) -> trims after the steps
+    cases = {(None, None): 0, (10.0, None): 3 * steps, (None, below): 0, (None, above): 3 * steps}
+    if resident is None:  # not Linux: no limit can be tested against
+        cases = {case: trims for case, trims in cases.items() if case[1] is None}
+    for (budget, limit), step_trims in cases.items():
         calls.clear()
-        experiment.settings = dataclasses.replace(experiment.settings, train_memory=budget)
+        settings = dataclasses.replace(experiment.settings, train_memory=budget, resident_limit=limit)
+        experiment.settings = settings
         runs = experiment.run_lrs(cell, lrs)
-        records[budget] = [{k: v for k, v in r.items() if k not in TIMING} for r in runs]
-        assert len(calls) == (3 * steps if budget else 0) + 3 + 1
-    assert records[None] == records[10.0] and records[None][0]["test_f1"] is not None
+        records[budget, limit] = [{k: v for k, v in r.items() if k not in TIMING} for r in runs]
+        assert len(calls) == step_trims + 3 + 1, (budget, limit)
+    assert all(runs == records[None, None] for runs in records.values())
+    assert records[None, None][0]["test_f1"] is not None
+    assert resident_above(0) and not resident_above(None) and not resident_above(2**62)
     if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
         assert release_freed_memory() is True
 

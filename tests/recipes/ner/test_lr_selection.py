@@ -166,9 +166,9 @@ def test_only_token_wise_methods_stack_their_lrs(experiment, monkeypatch):
 
 
 def _per_candidate_bytes(experiment, cell) -> int:
-    """The training state of one stacked candidate of ``cell``: 24 B per trainable parameter."""
+    """The training state of one stacked candidate of ``cell``: 20 B per trainable parameter."""
     model, _ = experiment.build(cell)
-    return 24 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return 20 * sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _passes(monkeypatch) -> list[list[float]]:
@@ -363,3 +363,39 @@ def test_stacked_token_wise_methods_have_no_per_candidate_fallback(experiment, m
         logits, labels = runner.logits(train, torch.device("cpu"))
         logits.sum().backward()
     assert logits.shape[:3] == (3, *labels.shape)
+
+
+def test_stacked_candidates_are_rows_of_one_tensor_read_without_a_copy(experiment):
+    """A step reads the candidates' values as one ``(K, *shape)`` tensor per parameter, the storage
+    the candidates' own leaves share (no stacked copy per step: 4 of what were 24 B per parameter);
+    each candidate's gradient is the one ``torch.stack`` gives, and an optimizer's in-place update of
+    a candidate is what the next step reads."""
+    cell = Cell("dwatt", "fe", 2, 1, 0)
+    train = experiment.train_sample(2, 0)
+    model, located = experiment.build(cell)
+    runner = StackedRunner(model, 3, located, experiment.cache())
+    runner.cache.fill(train)
+    stacked = runner.stacked(range(3))
+    for i, name in enumerate(runner.names):
+        assert stacked[name].data_ptr() == runner.stacks[name].data_ptr()
+        assert [c[i].data_ptr() for c in runner.candidates] == [
+            runner.stacks[name][k].data_ptr() for k in range(3)
+        ]
+        assert all(c[i].is_leaf and c[i].requires_grad for c in runner.candidates)
+    assert runner.stacked(range(1, 3))[name].data_ptr() == runner.stacks[name][1].data_ptr()
+    logits, _ = runner.logits(train, torch.device("cpu"))
+    weights = torch.randn_like(logits)
+    (logits * weights).sum().backward()
+    got = [[p.grad.clone() for p in candidate] for candidate in runner.candidates]
+    copies = [[p.detach().clone().requires_grad_(True) for p in c] for c in runner.candidates]
+    runner.stacked = lambda group: {  # what the runner did before: a stacked copy per forward
+        name: torch.stack([copies[k][i] for k in group]) for i, name in enumerate(runner.names)
+    }
+    logits, _ = runner.logits(train, torch.device("cpu"))
+    (logits * weights).sum().backward()
+    for mine, theirs in zip(got, copies, strict=True):
+        assert all(torch.equal(a, b.grad) for a, b in zip(mine, theirs, strict=True))
+    assert any(g.abs().sum() > 0 for g in got[0])  # gradients reached the candidates
+    with torch.no_grad():
+        runner.candidates[1][0].add_(1.0)
+    assert torch.equal(runner.stacks[runner.names[0]][1], runner.candidates[1][0])
