@@ -467,8 +467,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         "several passes of fewer candidates, with the same records (one DWAtt cell at 13 x 768: passes "
         "of 4 + 3 peaked 0.39 GB lower in 1.04x the time, passes of 1 0.81 GB lower in 1.26x). With it "
         "the heap's freed pages are also given back after every training step and evaluation batch, not "
-        "only after every epoch and evaluation (a lower peak for about 7%% more time). A sweep that cannot "
-        "fit names the value that makes it fit. Default: one pass of all the LRs.",
+        "only after those that leave the process above the printed memory line (a lower peak for more "
+        "time). A sweep that cannot fit names the value that makes it fit. Default: one pass of all the "
+        "LRs.",
     )
     cache.add_argument(
         "--dry-run",
