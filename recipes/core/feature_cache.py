@@ -288,8 +288,13 @@ def resident_limit(plan: CachePlan, training: TrainingPlan | None = None) -> int
     Example:
         >>> resident_limit(plan, training)  # e.g. 4435000000
     """
-    train = training.nbytes if training is not None else 0
-    return PROCESS_BYTES + plan.model_bytes + train + plan.nbytes
+    return held_by_one_process(plan.model_bytes, training.nbytes if training is not None else 0, plan.nbytes)
+
+
+def held_by_one_process(model_bytes: int, trained: int, states: int) -> int:
+    """The memory line's bytes for one process: :data:`PROCESS_BYTES`, the model, the training state
+    and the states it holds (``0`` where they are mapped from a cache directory)."""
+    return PROCESS_BYTES + model_bytes + trained + states
 
 
 def memory_check(
@@ -323,7 +328,7 @@ def memory_check(
     train = training.nbytes if training is not None else 0
 
     def peak(states: int, workers: int = copies, trained: int = train) -> int:
-        return workers * (PROCESS_BYTES + plan.model_bytes + trained + (0 if mapped else states))
+        return workers * held_by_one_process(plan.model_bytes, trained, 0 if mapped else states)
 
     needed = peak(plan.nbytes)
     held = (

@@ -376,8 +376,7 @@ def _sweep(
         fields.update(cache_bytes=plan.nbytes, cache_model_bytes=plan.model_bytes)
         # the runs keep their resident memory near the line (trims after the steps above it)
         limit = resident_limit(plan, training)
-        settings = dataclasses.replace(settings, resident_limit=limit)
-        experiment.settings = dataclasses.replace(experiment.settings, resident_limit=limit)
+        settings = experiment.settings = dataclasses.replace(settings, resident_limit=limit)
         if state.is_main_process:
             print(f"layerfusion: {line}", file=sys.stderr)
     if refusal:
