@@ -23,7 +23,7 @@ Usage::
 
     python benchmarks/cache_memory.py --data ../shared/data/conll2003 --today-code /path/to/checkout-before \\
         [--shapes minilm 13x768 25x1024] [--codes today after] [--full-splits 25x1024] [--epochs 10] \\
-        [--eval-every 5] [--train-memory GB] [--cache-dtype bfloat16] \\
+        [--eval-every 5] [--train-memory GB] [--cache-dtype bfloat16] [--mapped] \\
         [--work /tmp/lf-cache-memory] [--output benchmarks/results/perf/cache_memory.json]
 
 A finished sweep's folder under ``--work`` is reused (its measurements are those of its own
@@ -69,6 +69,7 @@ def sweep_arguments(
         "--shots", "32", "--trials", "2", "--epochs", str(args.epochs), "--eval-every", str(args.eval_every),
         *limit, "--threads", str(args.threads), "--output", str(output), "--quiet",
         *(memory_options(args) if code == "after" else []),
+        *(["--cache-dir", str(output / "cache")] if code == "after" and args.mapped else []),
     ]  # fmt: skip
 
 
@@ -85,8 +86,10 @@ def memory_options(args: argparse.Namespace) -> list[str]:
 def sweep_folder(args: argparse.Namespace, shape: str, code: str) -> Path:
     """The folder of one shape's sweep: the memory options are part of the code after's name, so a
     sweep with other options never reuses it."""
-    suffix = "".join(f"-{part.lstrip('-')}" for part in memory_options(args)) if code == "after" else ""
-    return args.work / f"{shape}-{code}{suffix}"
+    if code != "after":
+        return args.work / f"{shape}-{code}"
+    suffix = "".join(f"-{part.lstrip('-')}" for part in memory_options(args))
+    return args.work / f"{shape}-{code}{suffix}{'-mapped' if args.mapped else ''}"
 
 
 def today_path(checkout: Path, folder: Path) -> str:
@@ -210,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--train-memory", type=float, help="The code after's --train-memory (GB).")
     parser.add_argument("--cache-dtype", help="The code after's --cache-dtype.")
+    parser.add_argument(
+        "--mapped", action="store_true",
+        help="The code after's sweep gets --cache-dir inside its own folder (filled afresh with it): "
+        "the states are written to shards and memory-mapped, and the peak RSS counts the pages it reads.",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lf-cache-memory")
     parser.add_argument("--output", help="Also save the printed report here (JSON).")
     argv = sys.argv[1:] if argv is None else argv
