@@ -11,10 +11,11 @@ and ``peft_layerfusion/`` are put first on ``PYTHONPATH``) and by this checkout.
 Per shape and code it prints the peak RSS (``sweeps.jsonl``), the predicted bytes (the states the
 code keeps + the model), peak / predicted, the same without the process's own bytes (the peak less the
 memory model's ``PROCESS_BYTES``, 0.6 GB: Python, torch, transformers, peft, the data, before any
-cache), the wall time, the training time (the runs' seconds, one per
-stacked pass), the rest of the wall time (cache fill, model loading, data), the load average at the
-start; then the ratios this / today and whether every record is equal (all but ``seconds``, ``pid``
-and the model's path as given).
+cache), the peak RSS of the same sweep with ``--dry-run`` (the code after only: Python, the libraries,
+the data and the model, no state computed: the floor under the sweep), the wall time, the training
+time (the runs' seconds, one per stacked pass), the rest of the wall time (cache fill, model loading,
+data), the load average at the start; then the ratios this / today and whether every record is equal
+(all but ``seconds``, ``pid`` and the model's path as given).
 Today's prediction: every position of the L + 1 states of each sentence, plus the padded copy of every
 evaluation batch (64 sentences, sorted by length) it kept. A sweep whose prediction exceeds the memory
 available is not run (said, with its prediction).
@@ -137,6 +138,17 @@ def run_sweep(argv: list[str], output: Path, env: dict[str, str]) -> dict:
     return finished[-1]
 
 
+def dry_run_peak(argv: list[str], env: dict[str, str]) -> int:
+    """Peak RSS (bytes) of the same sweep with ``--dry-run``: Python, the libraries, the data and the
+    model loaded to plan the cache, nothing computed; the floor under any run of the sweep."""
+    command = [sys.executable, "-m", "layerfusion_recipes.cli", *argv, "--dry-run"]
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), command)
+    return usage.ru_maxrss * 1024  # KiB on Linux
+
+
 def training_seconds(records: list[dict]) -> float:
     """Seconds of training: one per stacked pass (its records share their seconds), summed."""
     passes = {(r["method"], r["shots"], r["epochs"], r["trial"]): r["seconds"] for r in records}
@@ -170,20 +182,21 @@ def measure_shape(args, shape: str, env: dict[str, dict[str, str]], report: Repo
         )
         ran = (output / "sweeps.jsonl").exists()
         if code not in args.codes and not ran:
-            report.print(f"| {shape} | {code} | not run (--codes) | {bytes_cell} | | | | | | |")
+            report.print(f"| {shape} | {code} | not run (--codes) | {bytes_cell} | | | | | | | |")
             continue
         if memory is not None and total > memory and not ran:
             note = f"not run: predicted above the {gigabytes(memory)} available"
-            report.print(f"| {shape} | {code} | {note} | {bytes_cell} | | | | | | |")
+            report.print(f"| {shape} | {code} | {note} | {bytes_cell} | | | | | | | |")
             continue
         line = run_sweep(sweep, output, env[code])
         runs = read_records(output / "results.jsonl")
         peak, wall, train = line["peak_rss_mb"] * 2**20, line["wall_s"], training_seconds(runs)
         measured[code] = {"peak": peak, "wall": wall, "train": train, "rest": wall - train}
         records[code] = comparable(runs)
+        floor = gigabytes(dry_run_peak(sweep, env[code])) if code == "after" else "-"  # today's has none
         report.print(
             f"| {shape} | {code} | {gigabytes(peak)} | {bytes_cell} | {peak / total:.2f}x "
-            f"| {(peak - PROCESS_BYTES) / total:.2f}x | {wall:.0f} s "
+            f"| {(peak - PROCESS_BYTES) / total:.2f}x | {floor} | {wall:.0f} s "
             f"| {train:.0f} s | {wall - train:.0f} s | {line['load_1min']} |"
         )
     if len(measured) < 2:
@@ -232,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     report.print()
     report.print(
         "| shape | code | peak RSS | predicted (states + model) | peak / predicted | "
-        f"(peak - process {gigabytes(PROCESS_BYTES)}) / predicted | wall | training | rest (fill, loading) "
-        "| load |"
+        f"(peak - process {gigabytes(PROCESS_BYTES)}) / predicted | dry run | wall | training "
+        "| rest (fill, loading) | load |"
     )
-    report.print("|---|---|---|---|---|---|---|---|---|---|")
+    report.print("|---|---|---|---|---|---|---|---|---|---|---|")
     summary = [measure_shape(args, shape, env, report) for shape in args.shapes]
     report.print()
     report.print("after / today:")
