@@ -97,9 +97,12 @@ def today_path(checkout: Path, folder: Path) -> str:
     """A folder that puts ``checkout``'s packages first on ``PYTHONPATH``."""
     folder.mkdir(parents=True, exist_ok=True)
     for package, source in (("layerfusion_recipes", "recipes"), ("peft_layerfusion", "peft_layerfusion")):
-        link = folder / package
+        # absolute: a relative link would resolve from its own folder
+        link, target = folder / package, (checkout / source).resolve()
+        if link.is_symlink() and link.resolve() != target:  # another checkout's, or broken
+            link.unlink()
         if not link.exists():
-            link.symlink_to(checkout / source)
+            link.symlink_to(target)
     return str(folder)
 
 
