@@ -13,6 +13,11 @@
   anything else raises :class:`CorruptShardError` naming the file. A shard is never changed once
   written; a process that maps one survives its removal (``rm``), but not a rewrite in place
   (truncating a mapped file ends the reader with a bus error).
+* **Pages** (:func:`mapped_range`, :func:`drop_mapped_pages`): the pages of a shard a process has
+  read count in its resident memory (RSS) until it lets them go; dropping them
+  (``madvise(MADV_DONTNEED)``) takes them out of the process, not out of the page cache, and the
+  next read maps them again from there (or from disk when the kernel needed the memory). Only pages
+  of a file mapping are ever dropped: an anonymous copy would read back as zeros.
 * **Leftovers** (:func:`remove_stale_temp_files`): a writer killed mid-write (``kill -9``, power
   loss) leaves its temporary file. Temporary names carry the writer's pid and host; a temporary
   file is removed when its writer is known dead (same host, no such process) or when it is older
@@ -21,13 +26,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
+import mmap
 import os
 import socket
+import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -44,6 +52,8 @@ TEMP_SUFFIX = ".tmp"
 SHARD_FORMAT = "layerfusion-features/3"
 SHARD_TENSORS = ("lengths", "ids", "kept", "positions", "states")
 STALE_TEMP_SECONDS = 3600.0  # no shard write takes an hour: older temporary files are leftovers
+MADV_DONTNEED = 4  # Linux: drop the pages from this process; a file mapping's are read again on use
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 # config fields that name the head or the files, not the computation of the block outputs
 _CONFIG_FIELDS_IGNORED = ("id2label", "label2id", "_name_or_path", "architectures", "transformers_version")
 
@@ -225,6 +235,55 @@ def read_shard(path: Path, key: str, num_blocks: int) -> tuple[dict[SentenceKey,
         states[sentence] = tensors["states"][row : row + n]  # (kept, L, d), a view of the file
         token, row = token + length, row + n
     return states, block_output_len
+
+
+def mapped_range(tensor: torch.Tensor, path: str | os.PathLike) -> tuple[int, int] | None:
+    """``(start, length)``: the whole pages of this process's memory that hold ``tensor``'s storage,
+    when they lie in one mapping of the file ``path`` (``/proc/self/maps``); ``None`` otherwise (the
+    tensor was read into memory, or the maps cannot be read: not Linux).
+
+    Only such a range may be given to :func:`drop_mapped_pages`: its pages read back from the file.
+
+    Example:
+        >>> states, _ = read_shard(shard, key, num_blocks=6)
+        >>> mapped_range(next(iter(states.values())), shard)  # e.g. (140230010863616, 23212032)
+    """
+    storage = tensor.untyped_storage()
+    begin, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    try:
+        with open("/proc/self/maps") as handle:
+            maps = handle.read().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)  # the maps name the resolved path
+    for line in maps:
+        fields = line.split(maxsplit=5)  # address, permissions, offset, device, inode, path
+        low, high = (int(address, 16) for address in fields[0].split("-"))
+        if low <= begin and end <= high:
+            if len(fields) < 6 or fields[5] != target:
+                return None  # anonymous memory, or another file
+            start = max(low, begin - begin % mmap.PAGESIZE)
+            stop = min(high, -(-end // mmap.PAGESIZE) * mmap.PAGESIZE)
+            return start, stop - start
+    return None
+
+
+def drop_mapped_pages(ranges: Iterable[tuple[int, int]]) -> bool:
+    """Take the pages of the file mappings ``ranges`` (from :func:`mapped_range`) out of this
+    process's resident memory; they stay in the page cache and are mapped again when read (a minor
+    page fault each). ``False`` where that cannot be done (not Linux): nothing changes.
+
+    Example:
+        >>> drop_mapped_pages([mapped_range(states, shard)])
+        True
+    """
+    if _LIBC is None:
+        return False
+    for start, length in ranges:
+        if _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), MADV_DONTNEED) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"madvise of {length} bytes at {start:#x}: {os.strerror(error)}")
+    return True
 
 
 def _table_problem(tensors: dict[str, torch.Tensor], count: int, num_blocks: int) -> str | None:

@@ -66,7 +66,9 @@ from .cache_files import (
     SHARD_SUFFIX,
     CorruptShardError,
     SentenceKey,
+    drop_mapped_pages,
     feature_key,
+    mapped_range,
     read_shard,
     remove_stale_temp_files,
     write_shard,
@@ -76,6 +78,8 @@ from .loop import release_freed_memory
 # storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round
 STORAGE_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in CACHE_DTYPES}
 FLUSH_BYTES = 256 * 2**20  # with a directory, a fill writes a shard (and maps it) every 256 MiB of states
+# with a directory, the shards' pages leave the process after every 256 MiB of states served from them
+MAPPED_BYTES_HELD = 256 * 2**20
 # what a sweep's process holds before any cache: Python, torch, transformers, the data, the tokenizer
 # (about 0.6 GB measured on the CoNLL-2003 sweeps, benchmarks/README.md)
 PROCESS_BYTES = 600 * 10**6
@@ -268,10 +272,11 @@ def plan_cache(
     )
 
 
-def resident_limit(plan: CachePlan, training: TrainingPlan | None = None) -> int:
+def resident_limit(plan: CachePlan, training: TrainingPlan | None = None, mapped: bool = False) -> int:
     """What one process of a sweep holds resident by the memory line (:func:`memory_check`):
     :data:`PROCESS_BYTES`, the model, the training state of one pass of stacked candidates and the
-    states (resident as they are read, mapped from a cache directory or not). Above it, a run gives
+    states, unless they are ``mapped`` from a cache directory (their pages leave the process as it
+    reads them: :class:`FeatureCache`). Above it, a run gives
     the heap's freed pages back after a training step or evaluation batch, not only after every
     epoch and evaluation (``TaskSettings.resident_limit``).
 
@@ -288,7 +293,8 @@ def resident_limit(plan: CachePlan, training: TrainingPlan | None = None) -> int
     Example:
         >>> resident_limit(plan, training)  # e.g. 4435000000
     """
-    return held_by_one_process(plan.model_bytes, training.nbytes if training is not None else 0, plan.nbytes)
+    trained = training.nbytes if training is not None else 0
+    return held_by_one_process(plan.model_bytes, trained, 0 if mapped else plan.nbytes)
 
 
 def held_by_one_process(model_bytes: int, trained: int, states: int) -> int:
@@ -489,7 +495,11 @@ class FeatureCache:
         model_name: Name or path of the model (for messages; the key hashes the weights instead).
         max_length: Tokenizer max length (part of the cache key).
         directory: Optional folder where the cache is persisted (shards under ``features-<key>/``)
-            and from which it is served memory-mapped.
+            and from which it is served memory-mapped. After every :data:`MAPPED_BYTES_HELD` of
+            states served from the shards, their pages leave the process
+            (:func:`~layerfusion_recipes.core.cache_files.drop_mapped_pages`): its RSS holds its
+            working set and at most that much of the shards, not every state it has read, and the
+            page cache keeps one copy for every process (read again from there: minor page faults).
         tokenizer: The tokenizer that made the token ids (part of the cache key).
         positions: Which positions to keep (:class:`KeptPositions`; part of the key).
         dtype: Storage dtype name (:data:`STORAGE_DTYPES`; part of the key).
@@ -522,6 +532,9 @@ class FeatureCache:
         self.path = Path(directory) / f"features-{self.key}" if directory else None  # shard folder
         self.states: dict[SentenceKey, torch.Tensor] = {}  # (ids, kept positions) -> (kept, L, d)
         self._read_shards: set[str] = set()
+        self._mapped: list[tuple[int, int]] = []  # the shards' pages in this process: (start, length)
+        self._served = 0  # bytes of mapped states served since their pages were last dropped
+        self.pages_dropped = 0  # how many times (drop_mapped_pages)
         self.block_output_len: int | None = None  # None: blocks return a tensor; n: a tuple of n
         self.refresh()
 
@@ -625,6 +638,9 @@ class FeatureCache:
     def _map_shard(self, shard: Path) -> None:
         """Serve the sentences of ``shard`` from the file (memory-mapped)."""
         states, block_output_len = read_shard(shard, self.key, self.num_blocks)
+        mapped = mapped_range(next(iter(states.values())), shard) if states else None
+        if mapped is not None:  # None: read into memory, never dropped
+            self._mapped.append(mapped)
         self.states.update(states)
         self.block_output_len = block_output_len
         self._read_shards.add(shard.name)
@@ -647,7 +663,19 @@ class FeatureCache:
         keys = [self.key_of(feature) for feature in features]
         width = max(len(ids) for ids, _ in keys)
         kept = [self.states[key] for key in keys]  # (kept, L, d) each, not copied
+        self._serve(sum(states.nbytes for states in kept))
         return CachedBatch(kept, flat_positions(keys, width), (len(keys), width))
+
+    def _serve(self, nbytes: int) -> None:
+        """Count ``nbytes`` of states served; past :data:`MAPPED_BYTES_HELD` since the last time,
+        the shards' pages leave this process (the next reads map them again)."""
+        if not self._mapped:
+            return
+        self._served += nbytes
+        if self._served > MAPPED_BYTES_HELD:
+            drop_mapped_pages(self._mapped)
+            self._served = 0
+            self.pages_dropped += 1
 
     def batch_states(self, features: Sequence[Feature]) -> torch.Tensor:
         """Cached states of a batch in float32, zero-padded: ``(L, batch, seq, d)`` (every block at once:

@@ -375,7 +375,7 @@ def _sweep(
     if plan is not None:
         fields.update(cache_bytes=plan.nbytes, cache_model_bytes=plan.model_bytes)
         # the runs keep their resident memory near the line (trims after the steps above it)
-        limit = resident_limit(plan, training)
+        limit = resident_limit(plan, training, mapped=settings.cache_dir is not None)
         settings = experiment.settings = dataclasses.replace(settings, resident_limit=limit)
         if state.is_main_process:
             print(f"layerfusion: {line}", file=sys.stderr)

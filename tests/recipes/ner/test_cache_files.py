@@ -170,6 +170,54 @@ def test_only_temporary_files_of_dead_or_old_writers_are_removed(tmp_path):
     )
 
 
+# ----------------------------------------------------------------------------- pages of a read shard
+
+
+def _resident_file_bytes() -> int:
+    """This process's resident pages of file mappings (``RssFile``), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+def _one_shard(folder: Path, rows: int) -> tuple[Path, torch.Tensor, dict]:
+    """A shard of one sentence keeping ``rows`` positions of 2 blocks x 1024: its path, the states
+    written, and the states read back (memory-mapped)."""
+    keys = [(tuple(range(rows)), tuple(range(rows)))]
+    written = torch.randn(rows, 2, 1024)  # (kept, L, d)
+    cache_files.write_shard(folder / "shard-a.safetensors", keys, written, None, "k")
+    read, _ = cache_files.read_shard(folder / "shard-a.safetensors", "k", num_blocks=2)
+    return folder / "shard-a.safetensors", written, read
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps, madvise")
+def test_a_read_shards_pages_leave_the_process_and_read_back_unchanged(tmp_path):
+    shard, written, read = _one_shard(tmp_path, rows=4096)  # 32 MiB of states
+    (states,) = read.values()
+    start, length = cache_files.mapped_range(states, shard)
+    assert start % 4096 == 0 and length % 4096 == 0
+    assert start <= states.data_ptr() and states.data_ptr() + states.nbytes <= start + length
+    assert torch.equal(states, written)  # every page read: resident
+    before = _resident_file_bytes()
+    assert cache_files.drop_mapped_pages([(start, length)])
+    after = _resident_file_bytes()
+    assert before - after > 30 * 2**20  # the 32 MiB left the process
+    assert torch.equal(states, written)  # read again from the file, unchanged
+    assert _resident_file_bytes() - after > 30 * 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_only_a_mapping_of_the_named_file_is_ever_given_a_range(tmp_path):
+    shard, written, read = _one_shard(tmp_path, rows=8)
+    (states,) = read.values()
+    assert cache_files.mapped_range(states, shard) is not None
+    assert cache_files.mapped_range(written, shard) is None  # anonymous memory: would read back as zeros
+    assert cache_files.mapped_range(states.clone(), shard) is None
+    (tmp_path / "other.safetensors").write_bytes(shard.read_bytes())
+    assert cache_files.mapped_range(states, tmp_path / "other.safetensors") is None
+
+
 # ----------------------------------------------------------------------------- kill -9 mid-fill
 
 

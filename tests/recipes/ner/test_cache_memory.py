@@ -26,6 +26,7 @@ from layerfusion_recipes.core.feature_cache import (
     TrainingPlan,
     memory_check,
     padded_inputs,
+    resident_limit,
 )
 from layerfusion_recipes.core.loop import release_freed_memory, resident_above, resident_bytes
 from layerfusion_recipes.core.models import PLAIN_HEAD, load_token_classifier
@@ -209,6 +210,13 @@ def test_the_memory_model_says_its_arithmetic():
     )
 
 
+def test_the_resident_limit_leaves_out_states_mapped_from_a_cache_directory():
+    plan = CachePlan(4000, 60000, 12, 768, "float32", "labelled", model_bytes=440_000_000)
+    held = resident_limit(plan)
+    assert held == PROCESS_BYTES + 440_000_000 + plan.nbytes
+    assert resident_limit(plan, mapped=True) == held - plan.nbytes  # their pages leave as they are read
+
+
 def test_a_sentence_task_keeps_its_pooled_position_or_every_one():
     feature = {"input_ids": [101, 7, 8, 9, 102]}
     assert FIRST_POSITION.of(feature) == (0,) and LAST_POSITION.of(feature) == (4,)
@@ -247,6 +255,32 @@ def test_with_a_directory_the_states_are_served_memory_mapped_from_the_shards(tm
     for key, value in memory.states.items():
         assert torch.equal(reader.states[key], value)
     assert _mapped_file(next(iter(memory.states.values()))) is None  # no directory: plain memory
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps, madvise")
+def test_with_a_directory_the_shards_pages_leave_the_process_every_mapped_bytes_held(
+    tmp_path, model_path, monkeypatch
+):
+    from layerfusion_recipes.core import feature_cache
+
+    experiment = _experiment(model_path, "all")
+    base = load_token_classifier(model_path, len(experiment.labels), seed=0)
+    mapped = FeatureCache(base, find_encoder_blocks(base), model_path, 128, tmp_path)
+    memory = FeatureCache(base, find_encoder_blocks(base), model_path, 128)
+    for cache in (mapped, memory):
+        cache.fill(experiment.dev, batch_size=4)
+    (shard,) = mapped.path.glob("*.safetensors")
+    dropped, drop = [], feature_cache.drop_mapped_pages
+    monkeypatch.setattr(feature_cache, "drop_mapped_pages", lambda got: dropped.append(got) or drop(got))
+    batches = [experiment.dev[i : i + 2] for i in range(0, len(experiment.dev), 2)]  # 5 batches
+    served = [sum(mapped.states[mapped.key_of(f)].nbytes for f in batch) for batch in batches]
+    for held, drops in ((sum(served), 0), (min(served) - 1, len(batches))):  # never; after every batch
+        monkeypatch.setattr(feature_cache, "MAPPED_BYTES_HELD", held)
+        mapped.pages_dropped, dropped[:] = 0, []
+        for batch in batches:
+            assert torch.equal(mapped.batch(batch).stacked(), memory.batch(batch).stacked())  # read again
+        assert mapped.pages_dropped == len(dropped) == drops and memory.pages_dropped == 0
+    assert dropped[0] == [feature_cache.mapped_range(next(iter(mapped.states.values())), shard)]
 
 
 def test_a_fill_writes_a_shard_every_flush_bytes(tmp_path, model_path, monkeypatch):
