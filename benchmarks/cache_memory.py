@@ -153,9 +153,10 @@ def dry_run_peak(argv: list[str], env: dict[str, str]) -> int:
 
 
 def training_seconds(records: list[dict]) -> float:
-    """Seconds of training: one per stacked pass (its records share their seconds), summed."""
-    passes = {(r["method"], r["shots"], r["epochs"], r["trial"]): r["seconds"] for r in records}
-    return sum(passes.values())
+    """Seconds of training: one per stacked pass (its records share their seconds), summed. A cell
+    trained in several passes (``--train-memory``) has one ``seconds`` per pass."""
+    passes = {(r["method"], r["shots"], r["epochs"], r["trial"], r["seconds"]) for r in records}
+    return sum(seconds for *_, seconds in passes)
 
 
 def comparable(records: list[dict]) -> dict[str, dict]:

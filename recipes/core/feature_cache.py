@@ -315,7 +315,8 @@ def memory_check(
     Each process holds :data:`PROCESS_BYTES`, the model and the training state of one pass of
     stacked candidates (``training``); without ``mapped`` (a cache directory) each also holds the
     states, with it they are mapped from the shards and shared through the page cache (one copy,
-    which the kernel pages from disk when memory is short: not counted).
+    which the kernel pages from disk when memory is short: not counted; each process lets the pages
+    go after every :data:`MAPPED_BYTES_HELD` it reads).
 
     Args:
         plan: The cache's :class:`CachePlan`.
