@@ -445,7 +445,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         help="Folder persisting the feature cache as memory-mapped shards. Pays off with --workers > 1 "
         "(one copy shared through the page cache instead of one per worker), when sweeps re-run on "
         "the same encoder, data and max length (computed once, reused), and when the printed cache "
-        "size nears the memory available: a process keeps at most 256 MiB of the shards' pages (read "
+        "size nears the memory available: a process keeps about 256 MiB of the shards' pages at most (read "
         "again from the page cache, or from disk when the memory is short), so its RSS is its working "
         "set. Needs disk space of the printed size. Default: in memory, per process.",
     )
