@@ -146,9 +146,10 @@ def dry_run_peak(argv: list[str], env: dict[str, str]) -> int:
     model loaded to plan the cache, nothing computed; the floor under any run of the sweep."""
     command = [sys.executable, "-m", "layerfusion_recipes.cli", *argv, "--dry-run"]
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), command)
+    _, status, usage = os.wait4(child.pid, 0)  # reaped here, with its rusage
+    child.returncode = os.waitstatus_to_exitcode(status)  # so Popen does not wait for it again
+    if child.returncode != 0:
+        raise subprocess.CalledProcessError(child.returncode, command)
     return usage.ru_maxrss * 1024  # KiB on Linux
 
 
