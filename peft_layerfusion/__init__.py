@@ -13,7 +13,7 @@ sequence-to-sequence methods in ``seq2seq/``, fair comparisons in ``comparison/`
 """
 
 from .bitfit import BitFitConfig, BitFitModel
-from .config import LayerFusionConfig
+from .config import DepthMixConfig, LayerFusionConfig
 from .discovery import EncoderBlocks, find_encoder_blocks
 from .fusion import FusionContext, FusionModule
 from .hooks import count_hooks
@@ -22,9 +22,12 @@ from .methods.average import AverageConfig, AverageModel
 from .methods.concat import ConcatConfig, ConcatModel
 from .methods.dwatt import DWAttConfig, DWAttModel
 from .methods.extra_layers import ExtraLayersConfig, ExtraLayersModel
+from .methods.layer_mix import LayerMixConfig, LayerMixModel
 from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
+from .methods.scaled_dwatt import ScaledDWAttConfig, ScaledDWAttModel
 from .model import LayerFusionModel
-from .registration import METHODS, Method, method_named, register_all
+from .optim import mixing_multipliers, parameter_groups
+from .registration import METHODS, RECOMMENDED, Method, method_named, register_all
 from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
 from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
 
@@ -34,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "METHODS",
+    "RECOMMENDED",
     "AverageConfig",
     "AverageModel",
     "BitFitConfig",
@@ -42,6 +46,7 @@ __all__ = [
     "ConcatModel",
     "DWAttConfig",
     "DWAttModel",
+    "DepthMixConfig",
     "EncoderBlocks",
     "EncoderFusionConfig",
     "EncoderFusionModel",
@@ -52,9 +57,13 @@ __all__ = [
     "LayerFusionConfig",
     "LayerFusionLayer",
     "LayerFusionModel",
+    "LayerMixConfig",
+    "LayerMixModel",
     "Method",
     "ScalarMixConfig",
     "ScalarMixModel",
+    "ScaledDWAttConfig",
+    "ScaledDWAttModel",
     "SurfaceFusionConfig",
     "SurfaceFusionModel",
     "active_fusion_module",
@@ -62,5 +71,7 @@ __all__ = [
     "find_encoder_blocks",
     "fused_positions",
     "method_named",
+    "mixing_multipliers",
+    "parameter_groups",
     "register_all",
 ]

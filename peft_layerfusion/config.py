@@ -21,6 +21,8 @@ from .discovery import is_decoder_only
 
 # Values of `fusion_init` (see its help text).
 INIT_CHOICES: tuple[str, ...] = ("auto", "paper", "identity")
+# Values of `state_norm` (DepthMixConfig): the raw stream, or every state at unit RMS per position.
+STATE_NORMS: tuple[str, ...] = ("none", "rms")
 
 
 def invalid(field_name: str, value: object, allowed: str) -> ValueError:
@@ -222,3 +224,52 @@ class LayerFusionConfig(LoraConfig):
         if len(set(resolved)) != len(resolved):
             raise invalid("layers", self.layers, "indices naming distinct hidden states")
         return resolved
+
+
+@dataclass
+class DepthMixConfig(LayerFusionConfig):
+    """Options of the token-wise methods that mix states across depth (Average, ScalarMix, Concat, DWAtt).
+
+    Args:
+        state_norm: ``"none"`` (default, the published methods) mixes the residual stream as the
+            blocks pass it on. ``"rms"`` mixes every state at unit RMS per position,
+            ``ẑ_n = z_n / sqrt(mean_i z_{n,i}^2 + ε)`` (a parameter-free RMS norm, no gain), and puts
+            the mix back on ``z_L``'s scale: ``h = z_L + rms(z_L) (mix(ẑ) - ẑ_L)``, which is
+            ``rms(z_L) mix(ẑ)`` for weights summing to one and exactly ``z_L`` at an identity start.
+            On a pre-norm decoder the stream's RMS grows with depth (about 1 to 1400 on Gemma 3 270M),
+            so a raw mix is decided by the deepest blocks' scale, not by its weights.
+        mixing_lr_multiplier: The parameters that decide the mix (weights, logits, queries, maps:
+            each method's ``mixing_parameters()``) train at ``lr * mixing_lr_multiplier``; the head
+            and LoRA at ``lr``. Applied by :func:`peft_layerfusion.parameter_groups` (plain optimizers
+            and ``Trainer(optimizers=...)``) and by the recipes.
+        (every option of :class:`LayerFusionConfig` and of LoRA)
+
+    Example:
+        >>> from peft_layerfusion import ScalarMixConfig
+        >>> config = ScalarMixConfig(state_norm="rms", mixing_lr_multiplier=10.0)
+        >>> config.state_norm, config.mixing_lr_multiplier
+        ('rms', 10.0)
+    """
+
+    state_norm: str = field(
+        default="none",
+        metadata={
+            "help": "'none' (the published methods) mixes the residual stream as it is; 'rms' mixes every "
+            "block's state at unit RMS per position (a parameter-free RMS norm) and rescales the mix "
+            "to z_L's RMS, so depth scale cannot decide the mix. Exact identity starts are kept."
+        },
+    )
+    mixing_lr_multiplier: float = field(
+        default=1.0,
+        metadata={
+            "help": "Learning-rate multiplier of the mixing parameters (layer weights and logits, depth "
+            "queries and keys, maps); the head and LoRA keep the base LR. Applied by "
+            "peft_layerfusion.parameter_groups and by the recipes."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.state_norm not in STATE_NORMS:
+            raise invalid("state_norm", self.state_norm, f"one of {list(STATE_NORMS)}")
+        require_number("mixing_lr_multiplier", self.mixing_lr_multiplier, low=0.0, low_open=True)

@@ -120,7 +120,33 @@ class FusionModule(nn.Module):
         super().__init__()
         self.num_fused = context.num_fused
         self.hidden_size = context.hidden_size
+        # `state_norm="rms"` (DepthMixConfig): mix unit-RMS states, the result in z_L's units
+        self.normalizes_states = getattr(config, "state_norm", "none") == "rms"
+        self.mixing_lr_multiplier = float(getattr(config, "mixing_lr_multiplier", 1.0))
         self.register_load_state_dict_post_hook(realign_after_load)
+
+    def mixing_parameters(self) -> list[nn.Parameter]:
+        """The parameters that decide how the layers are mixed (weights, logits, queries, maps): they
+        train at ``lr * mixing_lr_multiplier`` (:func:`peft_layerfusion.parameter_groups`). Default:
+        none (a method with no mixing weights)."""
+        return []
+
+    def unit_states(self, states: list[torch.Tensor]) -> Iterable[torch.Tensor]:
+        """``states`` as they are mixed: each ``z_n / rms(z_n)`` with ``state_norm="rms"`` (made one at a
+        time, as it is read: no ``K`` normalised copies held at once), else ``states`` themselves."""
+        return map(unit_rms, states) if self.normalizes_states else states
+
+    def in_stream_units(self, mixed: torch.Tensor, capture: Capture) -> torch.Tensor:
+        """A mix of unit-RMS states put back on ``z_L``'s scale (``state_norm="rms"``), else ``mixed``.
+
+        ``h = z_L + rms(z_L) (mixed - z_L / rms(z_L))``: equal to ``rms(z_L) mixed`` up to rounding,
+        and to ``z_L`` bitwise where ``mixed`` is exactly ``z_L / rms(z_L)`` (a one-hot start on
+        ``z_L``), so identity inits stay exact. ``mixed`` has ``z_L``'s shape.
+        """
+        if not self.normalizes_states:
+            return mixed
+        last = capture.states[-1]  # z_L: (..., d)
+        return torch.addcmul(last, rms(last), mixed - unit_rms(last))
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:  # noqa: D102
         raise NotImplementedError
@@ -174,6 +200,30 @@ def realign_after_load(module: nn.Module, incompatible_keys: object = None) -> N
                     tensor.data = tensor.data.clone()
                 else:
                     sub._buffers[name] = tensor.clone()
+
+
+RMS_EPS = 1e-6  # the parameter-free RMS norm's epsilon (as Llama's RMSNorm)
+
+
+def rms(state: torch.Tensor) -> torch.Tensor:
+    """Per-position root mean square over the width: ``sqrt(mean_i x_i^2 + eps)``, ``(..., d) -> (..., 1)``.
+
+    Example:
+        >>> rms(torch.tensor([[3.0, 4.0]])).item() == (12.5 + RMS_EPS) ** 0.5
+        True
+    """
+    return state.pow(2).mean(-1, keepdim=True).add(RMS_EPS).sqrt()
+
+
+def unit_rms(state: torch.Tensor) -> torch.Tensor:
+    """The parameter-free RMS norm ``z / rms(z)`` per position (no gain): every position at RMS 1, so a
+    mix of such states is decided by its weights, not by how large each block's stream has grown.
+
+    Example:
+        >>> unit_rms(torch.tensor([[300.0, 400.0]]))
+        tensor([[0.8485, 1.1314]])
+    """
+    return state * torch.rsqrt(state.pow(2).mean(-1, keepdim=True).add(RMS_EPS))
 
 
 def stack_layers(states: list[torch.Tensor]) -> torch.Tensor:

@@ -30,7 +30,9 @@ from .methods.average import AverageConfig, AverageModel
 from .methods.concat import ConcatConfig, ConcatModel
 from .methods.dwatt import DWAttConfig, DWAttModel
 from .methods.extra_layers import ExtraLayersConfig, ExtraLayersModel
+from .methods.layer_mix import LayerMixConfig, LayerMixModel
 from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
+from .methods.scaled_dwatt import ScaledDWAttConfig, ScaledDWAttModel
 from .model import LayerFusionModel
 from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
 from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
@@ -44,11 +46,13 @@ class Method:
         name: Lower case, e.g. ``"dwatt"``; the PEFT type is ``name.upper()``.
         config_cls: Its PEFT config.
         model_cls: Its PEFT tuner (a :class:`LayerFusionModel` naming its fusion module).
+        recommended: The one method the project recommends (:data:`RECOMMENDED`).
     """
 
     name: str
     config_cls: type[LayerFusionConfig]
     model_cls: type[LayerFusionModel]
+    recommended: bool = False
 
     @property
     def prefix(self) -> str:
@@ -74,11 +78,14 @@ METHODS: tuple[Method, ...] = (
     Method("concat", ConcatConfig, ConcatModel),
     Method("average", AverageConfig, AverageModel),
     Method("scalar_mix", ScalarMixConfig, ScalarMixModel),
+    Method("scaled_dwatt", ScaledDWAttConfig, ScaledDWAttModel),
+    Method("layer_mix", LayerMixConfig, LayerMixModel, recommended=True),
     Method("extra_layers", ExtraLayersConfig, ExtraLayersModel),
     Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel),
     Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel),
 )
 
+RECOMMENDED: Method = next(m for m in METHODS if m.recommended)  # the one method we recommend
 ENCODER_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if not m.seq2seq)  # any encoder
 SEQ2SEQ_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if m.seq2seq)  # encoder-decoder only
 

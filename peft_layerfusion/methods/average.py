@@ -4,6 +4,18 @@ r"""Average: the plain mean of the fused layers' outputs (no parameters).
 
     h = \frac{1}{K} \sum_n z_n
 
+With ``state_norm="rms"`` every state is mixed at unit RMS per position and the mean is put back
+on ``z_L``'s scale (:class:`~peft_layerfusion.config.DepthMixConfig`):
+
+.. math::
+
+    h = z_L + \mathrm{rms}(z_L) \Big(\frac{1}{K} \sum_n \hat z_n - \hat z_L\Big)
+      \approx \mathrm{rms}(z_L) \, \frac{1}{K} \sum_n \hat z_n,
+    \qquad \hat z_n = z_n / \mathrm{rms}(z_n),
+    \qquad \mathrm{rms}(x) = \sqrt{\tfrac{1}{d} \textstyle\sum_i x_i^2 + \epsilon}
+
+so every block counts the same, however large the stream has grown by its depth.
+
 No identity init: with no parameters, ``h`` is the mean from the start and can equal the base
 model's ``z_L`` only when ``layers`` fuses ``z_L`` alone. ``fusion_init="identity"`` is refused;
 ``"auto"`` and ``"paper"`` both give the mean.
@@ -16,20 +28,21 @@ from typing import ClassVar
 
 import torch
 
-from ..config import LayerFusionConfig
+from ..config import DepthMixConfig
 from ..fusion import FusionModule, weighted_sum
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
 
 @dataclass
-class AverageConfig(LayerFusionConfig):
+class AverageConfig(DepthMixConfig):
     """Configuration of the Average baseline (no new parameters).
 
     Args:
         fusion_init: ``"identity"`` is refused (no parameters: the mean cannot start as ``z_L``);
             ``"auto"`` and ``"paper"`` both give the mean.
-        (every other option of :class:`LayerFusionConfig` and of LoRA)
+        (``state_norm`` of :class:`DepthMixConfig`, every other option of :class:`LayerFusionConfig`
+        and of LoRA)
 
     Example:
         >>> model = get_peft_model(base_model, AverageConfig(modules_to_save=["classifier"]))
@@ -47,7 +60,8 @@ class Average(FusionModule):
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = states[0].new_full((len(states),), 1.0 / len(states))  # (K,)
-        return weighted_sum(zip(states, weights, strict=True))  # (batch, seq, d)
+        mixed = weighted_sum(zip(self.unit_states(states), weights, strict=True))  # (batch, seq, d)
+        return self.in_stream_units(mixed, capture)
 
 
 class AverageModel(LayerFusionModel):

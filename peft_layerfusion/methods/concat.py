@@ -26,6 +26,14 @@ Identity init (``fusion_init="identity"``), ``h = z_L`` exactly at initialisatio
   ``A_n`` random. At step 1 only ``B`` and ``b`` have non-zero gradients (``∂L/∂A_n =
   B_n^T g z_n^T = 0`` while ``B = 0``, as LoRA's ``A`` under its zero ``B``); ``A`` trains from
   step 2.
+
+With ``state_norm="rms"`` the map reads unit-RMS states and its output is put back on ``z_L``'s
+scale (:class:`~peft_layerfusion.config.DepthMixConfig`; exact at the identity start):
+
+.. math::
+
+    h = z_L + \mathrm{rms}(z_L) \big(W [\hat z_1; \dots; \hat z_K] + b - \hat z_L\big),
+    \qquad \hat z_n = z_n / \mathrm{rms}(z_n)
 """
 
 from __future__ import annotations
@@ -37,20 +45,21 @@ from typing import ClassVar, Optional
 import torch
 from torch import nn
 
-from ..config import LayerFusionConfig, require_number
-from ..fusion import FusionContext, FusionModule, linear_init_
+from ..config import DepthMixConfig, require_number
+from ..fusion import FusionContext, FusionModule, linear_init_, unit_rms
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
 
 @dataclass
-class ConcatConfig(LayerFusionConfig):
+class ConcatConfig(DepthMixConfig):
     """Configuration of Concat (a linear map of the concatenated layer outputs).
 
     Args:
         map_rank: Rank ``r`` of each per-layer map ``W_n = B_n A_n`` (``2 K d r + d``
             parameters); ``None`` (default) keeps the paper's full maps (``K d^2 + d``).
-        (every option of :class:`LayerFusionConfig` and of LoRA)
+        (``state_norm`` and ``mixing_lr_multiplier`` of :class:`DepthMixConfig`, every option of
+        :class:`LayerFusionConfig` and of LoRA)
 
     Example:
         >>> from peft import get_peft_model
@@ -117,13 +126,18 @@ class Concat(FusionModule):
                     self.up.weight.zero_()
                     self.up.bias.zero_()
 
+    def mixing_parameters(self) -> list[nn.Parameter]:
+        """Every parameter: the maps are the mix."""
+        return list(self.parameters())
+
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         d = self.hidden_size
-        tokens = [state.reshape(-1, d) for state in states]  # each (tokens, d)
+        tokens = [state.reshape(-1, d) for state in self.unit_states(states)]  # each (tokens, d)
         fused = self._full(tokens) if self.map_rank is None else self._low_rank(tokens)  # (tokens, d)
-        if self.adds_last:
-            fused = fused + capture.states[-1].reshape(-1, d)  # z_L + Σ B_n A_n z_n + b
-        return fused.view_as(states[0])
+        if self.adds_last:  # z_L + Σ B_n A_n z_n + b (ẑ_L with state_norm: put on z_L's scale below)
+            last = capture.states[-1].reshape(-1, d)
+            fused = fused + (unit_rms(last) if self.normalizes_states else last)
+        return self.in_stream_units(fused.view_as(states[0]), capture)
 
     def _full(self, tokens: list[torch.Tensor]) -> torch.Tensor:
         # h = b + sum_n W_n z_n with W_n = proj.weight[:, n*d:(n+1)*d], one product per layer:

@@ -45,10 +45,27 @@ last linear instead would hand ``LN_n`` an all-zero input, where its derivative 
 ``1/sqrt(eps) ≈ 316``: the first step would jump to unit-variance values.) At step 1 only the
 ``LN_n`` gains and shifts get non-zero gradients: ``∂L/∂a_n = g · v_n = 0`` gates the query MLP
 and ``W_K``, and the zero gain gates the value MLPs; every parameter has one from step 2.
+
+Keeping the depth attention spread (the options :class:`~.scaled_dwatt.ScaledDWAttConfig` turns on):
+
+* ``state_norm="rms"``: the query reads ``ẑ_L = z_L / rms(z_L)`` and each value MLP ``ẑ_n``
+  (a parameter-free RMS norm per position), and the correction is counted in units of the stream,
+  ``h = z_L + rms(z_L) Σ_n a_n v_n``;
+* ``score_scale="sqrt_d"``: scores ``q · k_n / (τ sqrt(d))``, as dot-product attention scales them;
+* ``query_init="uniform"``: ``W_K`` and its bias start at zero, so every ``k_n = 0`` and the depth
+  softmax starts uniform, ``a_n = 1/K`` (the keys get gradients once the values are not all zero).
+
+.. math::
+
+    a_n = \mathrm{softmax}_n\Big(\frac{q \cdot k_n}{\tau \sqrt{d}}\Big),
+    \quad q = 1 + \mathrm{elu}(\hat z_L + f^Q(\hat z_L)),
+    \quad v_n = \mathrm{LN}_n(f^V_n(\hat z_n)),
+    \quad h = z_L + \mathrm{rms}(z_L) \textstyle\sum_n a_n v_n
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
@@ -57,12 +74,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import LayerFusionConfig, invalid, require_number
-from ..fusion import FusionContext, FusionModule, linear_init_, weighted_sum
+from ..config import DepthMixConfig, invalid, require_number
+from ..fusion import FusionContext, FusionModule, linear_init_, rms, unit_rms, weighted_sum
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
 PAPER_BOTTLENECK = 0.5  # γ of the query and value MLPs in the paper
+SCORE_SCALES: tuple[str, ...] = ("none", "sqrt_d")  # values of `score_scale`
+QUERY_INITS: tuple[str, ...] = ("paper", "uniform")  # values of `query_init`
 
 
 def bottleneck_width(hidden_size: int, ratio: float) -> int:
@@ -76,7 +95,7 @@ def mlp_parameters(hidden_size: int, width: int) -> int:
 
 
 @dataclass
-class DWAttConfig(LayerFusionConfig):
+class DWAttConfig(DepthMixConfig):
     """Configuration of DWAtt (depth-wise attention). Paper defaults throughout.
 
     Args:
@@ -90,7 +109,12 @@ class DWAttConfig(LayerFusionConfig):
         attention_dropout: Dropout on the depth-attention weights ``a_n``.
         prenorm_scaling: On a pre-norm stack, the query reads ``F(z_L)`` and the correction is
             scaled by ``rms(z_L)`` (module docstring); no effect without a final norm.
-        (plus every option of :class:`LayerFusionConfig` and of LoRA)
+        score_scale: ``"none"`` (the paper) or ``"sqrt_d"``: scores divided by ``sqrt(d)`` too.
+        query_init: ``"paper"`` (``W_K`` as ``nn.Linear``) or ``"uniform"``: ``W_K = 0``, so the depth
+            softmax starts uniform.
+        (plus ``state_norm`` and ``mixing_lr_multiplier`` of :class:`DepthMixConfig`: with
+        ``state_norm="rms"`` the query and values read unit-RMS states and the correction is scaled by
+        ``rms(z_L)``; every option of :class:`LayerFusionConfig` and of LoRA)
 
     Example:
         >>> from peft import get_peft_model
@@ -142,9 +166,30 @@ class DWAttConfig(LayerFusionConfig):
             "paper; no effect on post-norm stacks."
         },
     )
+    score_scale: str = field(
+        default="none",
+        metadata={
+            "help": "'none' (the paper): scores q·k_n / score_temperature; 'sqrt_d': also divided by "
+            "sqrt(d), as dot-product attention scales them."
+        },
+    )
+    query_init: str = field(
+        default="paper",
+        metadata={
+            "help": "'paper': W_K initialised as nn.Linear; 'uniform': W_K = 0, so the depth attention "
+            "starts uniform over the fused layers."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.score_scale not in SCORE_SCALES:
+            raise invalid("score_scale", self.score_scale, f"one of {list(SCORE_SCALES)}")
+        if self.query_init not in QUERY_INITS:
+            raise invalid("query_init", self.query_init, f"one of {list(QUERY_INITS)}")
+        if self.prenorm_scaling and self.state_norm == "rms":
+            allowed = "False with state_norm='rms' (the query then reads z_L / rms(z_L) already)"
+            raise invalid("prenorm_scaling", True, allowed)
         for name in ("query_bottleneck", "value_bottleneck", "score_temperature"):
             require_number(name, getattr(self, name), low=0.0, low_open=True)
         require_number("d_pos", self.d_pos, low=1, integer=True)
@@ -237,6 +282,8 @@ class DWAtt(FusionModule):
         query_width, value_width = config.widths(d)
         starts_at_base = config.starts_at_base(context.model, context.layers, context.located.num_blocks)
         self.score_temperature = float(config.score_temperature)
+        if config.score_scale == "sqrt_d":
+            self.score_temperature *= math.sqrt(d)
         self.prenorm_scaling = bool(config.prenorm_scaling)
         self.query_mlp = StackedBottleneckMLP(1, d, query_width)
         self.value_mlps = StackedBottleneckMLP(k, d, value_width)
@@ -244,6 +291,9 @@ class DWAtt(FusionModule):
         self.value_norm_weight = nn.Parameter(torch.zeros(k, d) if starts_at_base else torch.ones(k, d))
         self.value_norm_bias = nn.Parameter(torch.zeros(k, d))
         self.key_proj = nn.Linear(config.d_pos, d)  # W_K
+        if config.query_init == "uniform":  # every k_n = 0: the depth softmax starts uniform
+            nn.init.zeros_(self.key_proj.weight)
+            nn.init.zeros_(self.key_proj.bias)
         self.register_buffer("depth_embeddings", torch.rand(k, config.d_pos))  # p_n ~ U(0, 1), fixed
         self.attention_dropout = nn.Dropout(config.attention_dropout)
 
@@ -255,18 +305,23 @@ class DWAtt(FusionModule):
         scores = query @ keys.T / self.score_temperature  # (tokens, K)
         return torch.softmax(scores, dim=-1).view(*last.shape[:-1], keys.shape[0])
 
+    def mixing_parameters(self) -> list[nn.Parameter]:
+        """The query MLP ``f^Q`` and ``W_K``: what decides the weights ``a_n``."""
+        return [*self.query_mlp.parameters(), *self.key_proj.parameters()]
+
     def values(self, states: list[torch.Tensor]) -> Iterator[torch.Tensor]:
         """``v_n = LN_n(f^V_n(z_n))`` ``(tokens, d)`` for each state ``(..., d)``, one at a time (the
         per-layer weights taken once: :meth:`StackedBottleneckMLP.parts`)."""
         mlps = self.value_mlps.parts()
         norms = zip(self.value_norm_weight.unbind(0), self.value_norm_bias.unbind(0), strict=True)
-        for state, mlp, (gain, bias) in zip(states, mlps, norms, strict=True):
+        for state, mlp, (gain, bias) in zip(self.unit_states(states), mlps, norms, strict=True):
             tokens = state.reshape(-1, state.shape[-1])  # (tokens, d)
             yield F.layer_norm(StackedBottleneckMLP.apply_part(tokens, mlp), tokens.shape[-1:], gain, bias)
 
     def value(self, index: int, state: torch.Tensor) -> torch.Tensor:
-        """``v_n = LN_n(f^V_n(z_n))`` for ``state`` of shape ``(tokens, d)``."""
+        """``v_n = LN_n(f^V_n(z_n))`` for ``state`` of shape ``(tokens, d)`` (``ẑ_n`` with ``state_norm``)."""
         d = state.shape[-1]
+        state = unit_rms(state) if self.normalizes_states else state
         return F.layer_norm(
             self.value_mlps(state, index), (d,), self.value_norm_weight[index], self.value_norm_bias[index]
         )
@@ -281,6 +336,8 @@ class DWAtt(FusionModule):
         query reads ``z_L``, or ``F(z_L)`` where :meth:`scales_to_stream`."""
         last = capture.states[-1]  # z_L: (batch, seq, d)
         tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
+        if self.normalizes_states:
+            return self.depth_attention(unit_rms(tokens))
         query_input = normed_tokens(capture, last) if self.scales_to_stream(capture) else tokens
         return self.depth_attention(query_input)
 
@@ -288,7 +345,9 @@ class DWAtt(FusionModule):
         last = capture.states[-1]  # z_L: (batch, seq, d)
         tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
         weights = self.attention_dropout(self.capture_attention(capture))  # (tokens, K)
-        if self.scales_to_stream(capture):  # a_n rms(z_L): the correction in units of the stream's scale
+        if self.normalizes_states:  # a_n rms(z_L): the correction in units of the stream's scale
+            weights = weights * rms(tokens)  # (tokens, K)
+        elif self.scales_to_stream(capture):  # the same, as prenorm_scaling has it (no ε)
             weights = weights * tokens.pow(2).mean(-1, keepdim=True).sqrt()  # (tokens, K)
         # h = z_L + sum_n a_n v_n; each v_n is made just before it is added (no stack).
         values = self.values(states)

@@ -14,46 +14,100 @@ Identity init (``fusion_init="identity"``; ``z_L`` must be fused): the weights s
 
     h = \gamma \sum_n s_n z_n, \qquad s = e_L + \beta \, (\mathrm{softmax}(w) - e_L)
 
-so ``h = z_L`` bitwise at initialisation and ``s`` always sums to 1. Why not a large logit on
-``z_L``: softmax's Jacobian ``diag(s) - s s^T`` vanishes at a one-hot ``s``. A logit of ~104 or
-more makes ``s`` exactly one-hot in float32 and ``w`` never receives a gradient again; a
-smaller one (say 20) leaves weights ``e^{-20} ≈ 2e-9`` on the other layers (the output is not
-exact where ``z_L`` is small and another layer large) and gradients of that size. With ``β``:
+so ``h = z_L`` bitwise at initialisation and ``s`` always sums to 1.
+
+Why not a large logit on ``z_L``: softmax's Jacobian ``diag(s) - s s^T`` vanishes at a one-hot
+``s``. A logit of ~104 or more makes ``s`` exactly one-hot in float32 and ``w`` never receives a
+gradient again; a smaller one (say 20) leaves weights ``e^{-20} ≈ 2e-9`` on the other layers (the output is
+not exact where ``z_L`` is small and another layer large) and gradients of that size. With ``β``:
 ``γ`` and ``β`` have non-zero gradients at step 1 (``∂L/∂β = γ g · (Σ softmax(w)_n z_n - z_L)``),
 ``w`` from step 2, once ``β ≠ 0``.
+
+A chosen start (``start_layer=b``, e.g. the block whose linear probe scores best on dev): the same
+blend starts one-hot on ``z_b`` instead, ``s = e_b + β (softmax(w) - e_b)``, so the model starts as
+the head on block ``b`` alone and the mix moves from there.
+
+With ``state_norm="rms"`` the weights mix unit-RMS states and the mix is put back on ``z_L``'s scale
+(:class:`~peft_layerfusion.config.DepthMixConfig`):
+
+.. math::
+
+    h = \gamma \Big( z_L + \mathrm{rms}(z_L) \big(\textstyle\sum_n s_n \hat z_n - \hat z_L\big) \Big),
+    \qquad \hat z_n = z_n / \mathrm{rms}(z_n)
+
+(exactly ``z_L`` at the identity start; ``γ rms(z_L) ẑ_b`` at a start on block ``b``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import LayerFusionConfig
+from ..config import DepthMixConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule, weighted_sum
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
 
 @dataclass
-class ScalarMixConfig(LayerFusionConfig):
+class ScalarMixConfig(DepthMixConfig):
     """Configuration of ScalarMix (``K`` + 1 scalars; one more, ``β``, under the identity init).
 
     Args:
         fusion_init: ``"identity"`` (``"auto"`` on a decoder-only model) adds ``β`` and starts the
             weights one-hot on ``z_L``; ``"identity"`` needs ``layers`` to fuse ``z_L``, ``"auto"``
             falls back to the paper's init (weights ``softmax(0)``, uniform) where they do not.
-        (every other option of :class:`LayerFusionConfig` and of LoRA)
+        start_layer: Start the weights one-hot on this hidden state (an index into ``z_0 .. z_L`` as
+            ``layers`` takes, among the fused ones), e.g. the block whose linear probe scores best on
+            dev; ``None`` (default): ``fusion_init`` decides.
+        (``state_norm`` and ``mixing_lr_multiplier`` of :class:`DepthMixConfig`, every other option of
+        :class:`LayerFusionConfig` and of LoRA)
 
     Example:
         >>> model = get_peft_model(base_model, ScalarMixConfig(modules_to_save=["classifier"]))
+        >>> probed = ScalarMixConfig(state_norm="rms", start_layer=10)  # starts as a head on z_10
     """
 
     PEFT_TYPE: ClassVar[str] = "SCALAR_MIX"
     IDENTITY_INIT: ClassVar[bool] = True
+
+    start_layer: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "Start the layer weights one-hot on this hidden state (index into z_0..z_L, one of the "
+            "fused layers), e.g. the block whose probe is best on dev. None: fusion_init decides."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.start_layer is not None:
+            require_number("start_layer", self.start_layer, integer=True)
+            if self.fusion_init == "paper":
+                allowed = "None with fusion_init='paper' (a chosen start is not the paper's uniform one)"
+                raise invalid("start_layer", self.start_layer, allowed)
+
+    def start_position(self, layers: Sequence[int], num_blocks: int, model: nn.Module) -> Optional[int]:
+        """Where among the fused ``layers`` the weights start one-hot (``None``: ``softmax(0)``, uniform).
+
+        Raises:
+            ValueError: when ``start_layer`` is not one of the fused layers.
+
+        Example:
+            >>> ScalarMixConfig(start_layer=-2).start_position([1, 2, 3], 3, bert)
+            1
+        """
+        if self.start_layer is None:
+            return layers.index(num_blocks) if self.starts_at_base(model, layers, num_blocks) else None
+        block = self.start_layer % (num_blocks + 1) if -(num_blocks + 1) <= self.start_layer else None
+        if block not in layers:
+            raise invalid("start_layer", self.start_layer, f"one of the fused layers {list(layers)}")
+        return list(layers).index(block)
 
 
 class ScalarMix(FusionModule):
@@ -67,13 +121,23 @@ class ScalarMix(FusionModule):
         super().__init__(config, context)
         self.layer_logits = nn.Parameter(torch.zeros(context.num_fused))
         self.gamma = nn.Parameter(torch.ones(()))
-        self.start_index: Optional[int] = None  # position of z_L among the fused states (identity init)
-        if config.starts_at_base(context.model, context.layers, context.located.num_blocks):
-            self.start_index = context.layers.index(context.located.num_blocks)
+        # position among the fused states of the one-hot start (z_L: the identity init; or start_layer)
+        self.start_index = config.start_position(context.layers, context.located.num_blocks, context.model)
+        if self.start_index is not None:
             self.blend = nn.Parameter(torch.zeros(()))  # β
 
+    @classmethod
+    def check_supported(cls, config: ScalarMixConfig, context: FusionContext) -> None:
+        """Refuse a ``start_layer`` that is not fused (before the model is touched)."""
+        config.start_position(context.layers, context.located.num_blocks, context.model)
+
+    def mixing_parameters(self) -> list[nn.Parameter]:
+        """``w``, ``γ`` and ``β``: every parameter of the mix."""
+        return list(self.parameters())
+
     def mix_weights(self) -> torch.Tensor:
-        """The weights ``s`` ``(K,)``: ``softmax(w)``, or ``e_L + β (softmax(w) - e_L)`` (identity init)."""
+        """The weights ``s`` ``(K,)``: ``softmax(w)``, or ``e_b + β (softmax(w) - e_b)`` (a one-hot start
+        on ``z_b``: ``z_L`` under the identity init, or ``start_layer``)."""
         weights = torch.softmax(self.layer_logits, dim=0)  # (K,)
         if self.start_index is None:
             return weights
@@ -82,8 +146,9 @@ class ScalarMix(FusionModule):
         return torch.lerp(one_hot, weights, self.blend)  # exactly e_L while β = 0
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
-        mixed = weighted_sum(zip(states, self.mix_weights(), strict=True))  # (batch, seq, d)
-        return self.gamma * mixed
+        weights = self.mix_weights()  # (K,)
+        mixed = weighted_sum(zip(self.unit_states(states), weights, strict=True))  # (batch, seq, d)
+        return self.gamma * self.in_stream_units(mixed, capture)
 
 
 class ScalarMixModel(LayerFusionModel):

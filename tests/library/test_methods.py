@@ -19,7 +19,9 @@ from peft_layerfusion import (
     ConcatConfig,
     DWAttConfig,
     ExtraLayersConfig,
+    LayerMixConfig,
     ScalarMixConfig,
+    ScaledDWAttConfig,
 )
 from peft_layerfusion.hooks import first_tensor
 
@@ -41,13 +43,33 @@ def vector(stacked: torch.Tensor, n: int) -> torch.Tensor:
     return stacked[n].reshape(-1)
 
 
+def root_mean_square(x: torch.Tensor) -> torch.Tensor:
+    """``sqrt(mean_i x_i^2 + 1e-6)`` per position, ``(..., d) -> (..., 1)``, written out."""
+    return torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + 1e-6)
+
+
+def unit(z: tuple[torch.Tensor, ...], module) -> list[torch.Tensor]:
+    """The states a module with ``state_norm="rms"`` mixes (``z_n / rms(z_n)``), else ``z`` as it is."""
+    return [state / root_mean_square(state) for state in z] if module.normalizes_states else list(z)
+
+
+def on_stream_scale(mixed: torch.Tensor, z: tuple[torch.Tensor, ...], module) -> torch.Tensor:
+    """A mix of unit-RMS states times ``rms(z_L)`` (``state_norm="rms"``), else the mix itself."""
+    return mixed * root_mean_square(z[-1]) if module.normalizes_states else mixed
+
+
 def dwatt_ref(
     z: tuple[torch.Tensor, ...], layers: list[int], module, weights_hook=None, final_norm=None
 ) -> torch.Tensor:
     """DWAtt's ``h``; with ``final_norm`` (a pre-norm stack's ``F``, for ``prenorm_scaling``) the query
-    reads ``F(z_L)`` and the correction is scaled by ``sqrt(mean(z_L²))`` per token."""
+    reads ``F(z_L)`` and the correction is scaled by ``sqrt(mean(z_L²))`` per token; with
+    ``state_norm="rms"`` query and values read ``z_n / rms(z_n)`` and the correction is scaled by
+    ``rms(z_L)``."""
     last = z[-1]  # (batch, seq, d)
-    read = last if final_norm is None else final_norm(last)
+    if module.normalizes_states:
+        read, z = last / root_mean_square(last), unit(z, module)
+    else:
+        read = last if final_norm is None else final_norm(last)
     query = 1.0 + F.elu(read + bottleneck_ref(read, module.query_mlp, 0))
     scores, values = [], []
     for n, index in enumerate(layers):
@@ -60,27 +82,33 @@ def dwatt_ref(
     if weights_hook is not None:
         weights = weights_hook(weights)
     scale = 1.0 if final_norm is None else torch.sqrt((last * last).mean(-1, keepdim=True))  # (batch, seq, 1)
+    scale = root_mean_square(last) if module.normalizes_states else scale
     return last + scale * sum(weights[..., n : n + 1] * v for n, v in enumerate(values))
 
 
 def concat_ref(z, layers, module) -> torch.Tensor:
     d = z[-1].shape[-1]
     weight, bias = module.proj.weight, module.proj.bias  # (d, K*d)
-    return sum(z[index] @ weight[:, n * d : (n + 1) * d].T for n, index in enumerate(layers)) + bias
+    states = unit(z, module)
+    mixed = sum(states[index] @ weight[:, n * d : (n + 1) * d].T for n, index in enumerate(layers)) + bias
+    return on_stream_scale(mixed, z, module)
 
 
 def average_ref(z, layers, module) -> torch.Tensor:
-    return sum(z[index] for index in layers) / len(layers)
+    states = unit(z, module)
+    return on_stream_scale(sum(states[index] for index in layers) / len(layers), z, module)
 
 
 def scalar_mix_ref(z, layers, module) -> torch.Tensor:
     logits = module.layer_logits
     exp = [torch.exp(logits[n] - logits.max()) for n in range(len(layers))]
     weights = [e / sum(exp) for e in exp]  # softmax(w)
-    if "blend" in module._parameters:  # identity init: s = e_L + β (softmax(w) - e_L)
-        last = module.start_index  # where z_L sits among the fused states
-        weights = [module.blend * w + (1 - module.blend) * (n == last) for n, w in enumerate(weights)]
-    return module.gamma * sum(w * z[index] for w, index in zip(weights, layers, strict=True))
+    if "blend" in module._parameters:  # one-hot start: s = e_b + β (softmax(w) - e_b)
+        start = module.start_index  # where z_b (z_L under the identity init) sits among the fused states
+        weights = [module.blend * w + (1 - module.blend) * (n == start) for n, w in enumerate(weights)]
+    states = unit(z, module)
+    mixed = sum(w * states[index] for w, index in zip(weights, layers, strict=True))
+    return module.gamma * on_stream_scale(mixed, z, module)
 
 
 REFERENCES = {
@@ -88,6 +116,8 @@ REFERENCES = {
     ConcatConfig: concat_ref,
     AverageConfig: average_ref,
     ScalarMixConfig: scalar_mix_ref,
+    ScaledDWAttConfig: dwatt_ref,
+    LayerMixConfig: scalar_mix_ref,
 }
 
 
@@ -264,6 +294,16 @@ def test_feature_extraction_trains_only_fusion_and_head(config_cls, input_ids, a
     head = model.base_model.model.classifier.modules_to_save["default"]
     head_params = set(map(id, head.parameters()))
     trainable = {id(p) for p in fusion_params.values()} | head_params
+    # query_init="uniform": W_K = 0 gates the query MLP at step 1 (every k_n = 0); it learns from step 2
+    gated = {id(p) for n, p in fusion_params.items() if n.startswith("query_mlp")}
+    gated = gated if getattr(config_cls(), "query_init", "paper") == "uniform" else set()
+    if gated:
+        assert all(fusion_params[n].grad.abs().sum() == 0 for n in fusion_params if n.startswith("query_mlp"))
+        with torch.no_grad():
+            for param in fusion_params.values():
+                param -= 0.1 * param.grad
+        model.zero_grad()
+        loss_of(model, input_ids, attention_mask).backward()
     for name, param in model.named_parameters():
         if id(param) in trainable:
             assert param.requires_grad, name
@@ -272,14 +312,15 @@ def test_feature_extraction_trains_only_fusion_and_head(config_cls, input_ids, a
             assert not param.requires_grad, name
             assert param.grad is None or param.grad.abs().sum() == 0, name
     per_layer_names = [n for n in fusion_params if n.startswith("value")]  # value MLPs f^V_n and LN_n
-    assert len(per_layer_names) == (8 if config_cls is DWAttConfig else 0)
+    assert len(per_layer_names) == (8 if issubclass(config_cls, DWAttConfig) else 0)
     for name in per_layer_names:  # every layer's own slice of a stacked parameter learns
         per_layer = fusion_params[name].grad.abs().flatten(1).sum(1)
         assert per_layer.shape == (3,) and (per_layer > 0).all(), (name, per_layer)
     assert len(head_params) == 2
     # one R+1 block of BERT: q, k, v, attention output + LN, intermediate, output + LN (weights and biases)
     expected_count = {
-        DWAttConfig: 16, ConcatConfig: 2, ScalarMixConfig: 2, AverageConfig: 0, ExtraLayersConfig: 16
+        DWAttConfig: 16, ConcatConfig: 2, ScalarMixConfig: 2, AverageConfig: 0, ExtraLayersConfig: 16,
+        ScaledDWAttConfig: 16, LayerMixConfig: 2,
     }  # fmt: skip
     assert len(fusion_params) == expected_count[config_cls]
 

@@ -1,0 +1,192 @@
+"""Mixing that depth scale cannot decide (``state_norm``), a chosen start (``start_layer``), the mixing
+parameters' own learning rate (``mixing_lr_multiplier``, ``parameter_groups``) and Scaled DWAtt.
+
+Every fused output is checked against ``test_methods.REFERENCES`` (the formulas written out from
+``output_hidden_states`` of an untouched copy) on a post-norm encoder (BERT) and a pre-norm decoder
+(Llama, whose stream grows with depth), and every identity start against the base model, bitwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from conftest import attach, fusion_of, perturb_, tiny_bert
+from peft import get_peft_model
+from test_methods import REFERENCES, reference_logits
+from tiny_decoders import FAMILIES, adapted, head_output, residual_stream, token_ids
+
+from peft_layerfusion import (
+    AverageConfig,
+    ConcatConfig,
+    DWAttConfig,
+    LayerMixConfig,
+    ScalarMixConfig,
+    ScaledDWAttConfig,
+    parameter_groups,
+)
+from peft_layerfusion.fusion import rms, unit_rms
+
+PAPER_METHODS = [AverageConfig, ScalarMixConfig, ConcatConfig, DWAttConfig]
+LLAMA = FAMILIES["llama"]
+
+
+def llama_inputs() -> dict[str, torch.Tensor]:
+    ids = token_ids()
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def scaled_bert() -> torch.nn.Module:
+    """The tiny BERT with block n's output norm gain times n + 1: post-norm states of different RMS."""
+    model = tiny_bert()
+    with torch.no_grad():
+        for n, block in enumerate(model.bert.encoder.layer):
+            block.output.LayerNorm.weight.mul_(n + 1)
+    return model
+
+
+def causal_logits(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).logits
+
+
+def test_unit_rms_and_rms_are_the_written_out_norm():
+    x = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
+    torch.testing.assert_close(rms(x), torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6))
+    torch.testing.assert_close(unit_rms(x), x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6))
+    assert unit_rms(torch.full((2, 8), 1400.0)).pow(2).mean().item() == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("config_cls", PAPER_METHODS, ids=lambda c: c.__name__)
+def test_rms_states_on_a_post_norm_encoder_equal_the_recomputation(config_cls, input_ids, attention_mask):
+    config = config_cls(state_norm="rms", modules_to_save=["classifier"])
+    model, reference = attach(config, base=scaled_bert())
+    module = fusion_of(model)
+    perturb_(module)
+    expected = reference_logits(
+        reference, input_ids, attention_mask, lambda z: REFERENCES[config_cls](z, [1, 2, 3], module)
+    )
+    raw, _ = attach(config_cls(modules_to_save=["classifier"]), base=scaled_bert())
+    perturb_(fusion_of(raw))  # the same parameters, mixing the raw states
+    with torch.no_grad():
+        got = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        unnormed = raw(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert (got - unnormed).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("config_cls", PAPER_METHODS, ids=lambda c: c.__name__)
+def test_rms_states_on_a_pre_norm_decoder_equal_the_recomputation(config_cls):
+    reference = LLAMA.build("causal")
+    with torch.no_grad():  # a stream whose RMS grows with depth (about 1, 30, 900), as in deep LLMs
+        for n, block in enumerate(LLAMA.blocks_of(reference)):
+            block.mlp.down_proj.weight.mul_(30.0 ** (n + 1))
+    model = adapted(copy.deepcopy(reference), config_cls(state_norm="rms", fusion_init="paper"))
+    inputs = llama_inputs()
+    states = residual_stream(LLAMA, reference, inputs)
+    h = REFERENCES[config_cls](states, list(range(1, len(states))), fusion_of(model))
+    expected = head_output(LLAMA, reference, "causal", h, inputs)
+    torch.testing.assert_close(causal_logits(model, inputs), expected, atol=2e-5, rtol=1e-5)
+    raw = adapted(copy.deepcopy(reference), config_cls(fusion_init="paper"))
+    assert (causal_logits(raw, inputs) - expected).abs().max() > 1e-3  # the option changes the mix
+
+
+@pytest.mark.parametrize("config_cls", [ScalarMixConfig, ConcatConfig, DWAttConfig, LayerMixConfig])
+def test_rms_states_keep_the_identity_start_exact_on_a_decoder(config_cls):
+    base = LLAMA.build("causal")
+    inputs = llama_inputs()
+    plain = causal_logits(base, inputs)
+    model = get_peft_model(base, config_cls(state_norm="rms", fusion_init="identity"))
+    assert torch.equal(causal_logits(model, inputs), plain)  # bitwise: h = z_L at initialisation
+
+
+def test_the_paper_defaults_are_unchanged():
+    assert DWAttConfig().state_norm == "none" and DWAttConfig().score_scale == "none"
+    assert DWAttConfig().query_init == "paper" and ScalarMixConfig().start_layer is None
+    for config_cls in PAPER_METHODS:
+        assert config_cls().state_norm == "none" and config_cls().mixing_lr_multiplier == 1.0
+
+
+@pytest.mark.parametrize("config_cls", [ScalarMixConfig, LayerMixConfig])
+@pytest.mark.parametrize("norm", ["none", "rms"])
+def test_a_start_layer_starts_the_mix_one_hot_on_that_block(config_cls, norm, input_ids, attention_mask):
+    model, reference = attach(config_cls(start_layer=2, state_norm=norm, modules_to_save=["classifier"]))
+    module = fusion_of(model)
+    assert module.mix_weights().tolist() == [0.0, 1.0, 0.0]
+    with torch.no_grad():
+        got = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        out = reference(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        z = out.hidden_states
+        start = z[2] if norm == "none" else z[2] / rms(z[2]) * rms(z[3])  # the head on block 2 alone
+        expected = reference.classifier(start)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    perturb_(module)  # and once the weights move, the written-out mix
+    expected = reference_logits(
+        reference, input_ids, attention_mask, lambda z: REFERENCES[config_cls](z, [1, 2, 3], module)
+    )
+    with torch.no_grad():
+        got = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_a_start_layer_outside_the_fused_layers_is_refused_before_the_model_changes():
+    base = tiny_bert()
+    with pytest.raises(ValueError, match=r"`start_layer`=0 is not allowed: expected one of the fused layers"):
+        get_peft_model(base, ScalarMixConfig(start_layer=0))
+    assert not any("layer_fusion" in name for name, _ in base.named_modules())
+    with pytest.raises(ValueError, match=r"`start_layer`=2 is not allowed: expected None with fusion_init"):
+        ScalarMixConfig(start_layer=2, fusion_init="paper")
+
+
+@pytest.mark.parametrize(
+    "field, value", [("state_norm", "layer"), ("mixing_lr_multiplier", 0.0), ("mixing_lr_multiplier", "10")]
+)
+def test_depth_mix_options_are_checked(field, value):
+    with pytest.raises(ValueError, match=rf"`{field}`={value!r} is not allowed"):
+        AverageConfig(**{field: value})
+
+
+def test_scaled_dwatt_starts_uniform_over_depth_with_scaled_scores(input_ids):
+    model, _ = attach(ScaledDWAttConfig(modules_to_save=["classifier"]))
+    module = fusion_of(model)
+    assert module.score_temperature == pytest.approx(math.sqrt(32))  # τ sqrt(d), d = 32
+    states = torch.randn(4, 5, 32) * 1000.0
+    attention = module.depth_attention(unit_rms(states))
+    torch.testing.assert_close(attention, torch.full((4, 5, 3), 1 / 3))
+    paper, _ = attach(DWAttConfig(modules_to_save=["classifier"]))  # the paper's: saturated by the scale
+    assert fusion_of(paper).depth_attention(states).max(-1).values.min() > 0.99
+    with pytest.raises(ValueError, match="`prenorm_scaling`=True is not allowed"):
+        ScaledDWAttConfig(prenorm_scaling=True)
+
+
+def test_mixing_parameters_get_their_multiplier_in_the_groups():
+    model, _ = attach(ScalarMixConfig(mixing_lr_multiplier=10.0, modules_to_save=["classifier"]))
+    groups = parameter_groups(model, lr=1e-3, weight_decay=0.01)
+    assert [group["lr"] for group in groups] == [1e-3, pytest.approx(1e-2)]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in fusion_of(model).parameters()}
+    assert all(group["weight_decay"] == 0.01 for group in groups)
+    head = model.base_model.model.classifier.modules_to_save["default"]
+    assert {id(p) for p in groups[0]["params"]} == {id(p) for p in head.parameters()}
+    plain, _ = attach(ScalarMixConfig(modules_to_save=["classifier"]))
+    assert len(parameter_groups(plain, lr=1e-3)) == 1  # no multiplier: one group, as before
+
+
+def test_a_first_adam_step_moves_the_mixing_parameters_multiplier_times_as_far(input_ids, attention_mask):
+    """Adam's first step moves every parameter with a gradient by about its LR: the mix 100x the head."""
+    model, _ = attach(DWAttConfig(mixing_lr_multiplier=100.0, modules_to_save=["classifier"]))
+    module = fusion_of(model)
+    perturb_(module)
+    optimizer = torch.optim.Adam(parameter_groups(model, lr=1e-5))
+    before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    labels = torch.arange(input_ids.numel()).view_as(input_ids) % 5
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+    optimizer.step()
+    moved = {name: (p.detach() - before[name]).abs().max().item() for name, p in model.named_parameters()
+             if p.requires_grad}  # fmt: skip
+    key_step = moved[next(n for n in moved if n.endswith("key_proj.weight"))]
+    value_step = moved[next(n for n in moved if n.endswith("value_norm_weight"))]
+    head_step = moved[next(n for n in moved if "classifier" in n and n.endswith("weight"))]
+    assert key_step == pytest.approx(1e-3, rel=1e-2)
+    assert value_step == pytest.approx(1e-5, rel=1e-2) and head_step == pytest.approx(1e-5, rel=1e-2)
