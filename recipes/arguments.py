@@ -502,6 +502,14 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
         "the layer weights the ScalarMix and DWAtt runs learned, and the best K layers on dev "
         f"(default {PROBE_TOP}) are printed as layers=[...] for any fusion config.",
     )
+    group.add_argument(
+        "--probe-start",
+        action="store_true",
+        default=None,
+        help="Start each trial's fusion of a method with a `start_layer` option (layer_mix, scalar_mix) "
+        "one-hot on the block whose probe scored best on dev in that trial (the training sample and dev "
+        "only, never test); implies --probe-layers. The chosen block is in each record (start_layer).",
+    )
 
 
 CLASSIFY_WORDS = TaskWords(

@@ -20,6 +20,7 @@ picks the LR per cell on dev.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,9 +32,11 @@ from transformers import AutoTokenizer
 
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
+from peft_layerfusion.registration import METHODS
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
 from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
+from .errors import UserError
 from .feature_cache import (
     ALL_POSITIONS,
     CachePlan,
@@ -111,6 +114,11 @@ class TaskSettings:
             ``release_above``): set by a sweep to what its memory line says one process holds
             (:func:`~layerfusion_recipes.core.feature_cache.resident_limit`); ``None``: only after every
             epoch and evaluation. The same records either way (not part of the setup).
+        probe_start: Start each trial's fusion of a method with a ``start_layer`` option one-hot on the
+            block whose probe scored best on dev in that trial (``--probe-start``); part of the setup
+            with the FE LR grid the probes select over.
+        probe_starts: ``{(shots, epochs, trial): block}``, set by a sweep from its probes
+            (:func:`~layerfusion_recipes.core.probes.probe_starts`) before the runs; ``None`` before.
     """
 
     # the fields that change a result, hence part of every record key (each task names its own)
@@ -136,6 +144,8 @@ class TaskSettings:
     cache_positions: str = "all"
     train_memory: float | None = None
     resident_limit: int | None = None
+    probe_start: bool = False
+    probe_starts: dict[tuple[int, int, int], int] | None = None
 
     def lr_for(self, regime: str) -> float:
         """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
@@ -179,6 +189,8 @@ class TaskSettings:
             fields["head_modules"] = list(fields["head_modules"])
         if self.cache_dtype != "float32":  # rounded features: other results (float32 keeps older keys)
             fields["cache_dtype"] = self.cache_dtype
+        if self.probe_start:  # the start block is chosen over the probes of this FE LR grid
+            fields["probe_start"] = list(self.lr_grid("fe"))
         return fields
 
     def make_experiment(self) -> FewShotExperiment:
@@ -347,14 +359,33 @@ class FewShotExperiment:
         base = self.load_model(seed=self.settings.seed + cell.trial)
         located = find_encoder_blocks(base)
         torch.manual_seed(self.settings.seed + cell.trial)
-        model = apply_regime(
-            base,
-            cell.method,
-            cell.regime,
-            head_modules=self.head_modules(),
-            **regime_options(cell.regime, self.settings.method_options),
-        )
+        options = regime_options(cell.regime, self.settings.method_options)
+        start = self.start_layer(cell)
+        if start is not None:
+            options["start_layer"] = start
+        model = apply_regime(base, cell.method, cell.regime, head_modules=self.head_modules(), **options)
         return model, located
+
+    def start_layer(self, cell: Cell) -> int | None:
+        """The block ``cell``'s fusion starts one-hot on (``--probe-start``: its trial's best probe on
+        dev), or ``None``: no probe start, a method without ``start_layer``, or the probes not yet run
+        (a memory plan builds the model before them).
+
+        Raises:
+            UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
+        """
+        starts = self.settings.probe_starts
+        if not self.settings.probe_start or starts is None or not takes_start_layer(cell.method):
+            return None
+        if cell.regime != "fe":
+            return None
+        found = starts.get((cell.shots, cell.epochs, cell.trial))
+        if found is None:
+            raise UserError(
+                f"--probe-start: no layer probes for shots={cell.shots} epochs={cell.epochs} "
+                f"trial={cell.trial}; the sweep trains them with --probe-layers"
+            )
+        return found
 
     def run(self, cell: Cell, use_cache: bool | None = None, lr: float | None = None) -> dict[str, Any]:
         """Train one cell at one LR (default ``settings.lr_for``); returns its record (:meth:`_record`)."""
@@ -498,6 +529,9 @@ class FewShotExperiment:
             "cached": runner.cache is not None,
             **self.provenance(),
         }
+        start = self.start_layer(cell)
+        if start is not None:  # --probe-start: the block this run's mix started on
+            record["start_layer"] = start
         adapter = adapter_summary(runner.model)
         if adapter is not None:  # AdapterHub regimes: e.g. {"kind": "seqbn", "reduction_factor": 16.0, ...}
             record["adapter"] = adapter
@@ -528,6 +562,17 @@ class FewShotExperiment:
 
 
 ScorerFactory = Callable[[Sequence[dict]], Scorer]
+
+
+def takes_start_layer(method: str) -> bool:
+    """Whether ``method``'s config has a ``start_layer`` option (a probe-guided start).
+
+    Example:
+        >>> takes_start_layer("layer_mix"), takes_start_layer("dwatt"), takes_start_layer("none")
+        (True, False, False)
+    """
+    known = {m.name: m for m in METHODS}
+    return method in known and "start_layer" in {f.name for f in dataclasses.fields(known[method].config_cls)}
 
 
 def trainable_count(model: nn.Module) -> int:

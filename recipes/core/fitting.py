@@ -103,6 +103,21 @@ class RunResult:
         return fields
 
 
+def lr_groups(params: Sequence[torch.Tensor], lr: float, scales: Sequence[float]) -> list[dict]:
+    """AdamW parameter groups of one candidate: ``params`` at ``lr``, or split by their LR multiplier
+    ``scales`` (one group per distinct multiplier, ``lr * multiplier``; one group when all are 1, as
+    runs without a multiplier always had).
+
+    Example:
+        >>> [g["lr"] for g in lr_groups([torch.zeros(1), torch.zeros(2)], 0.01, [1.0, 10.0])]
+        [0.01, 0.1]
+    """
+    grouped: dict[float, list[torch.Tensor]] = {}
+    for param, scale in zip(params, scales, strict=True):
+        grouped.setdefault(scale, []).append(param)
+    return [{"params": group, "lr": lr * scale} for scale, group in grouped.items()]
+
+
 def shuffled_batches(size: int, settings: TrainSettings) -> DataLoader:
     """Index batches of a training set of ``size`` examples, shuffled each epoch from ``settings.seed``."""
     return DataLoader(
@@ -177,7 +192,10 @@ def fit(
     candidates = runner.candidate_parameters()  # (a stacked runner moves them to the device first)
     if len(lrs) != len(candidates):
         raise ValueError(f"lrs has {len(lrs)} values for {len(candidates)} candidates")
-    groups = [{"params": params, "lr": lr} for params, lr in zip(candidates, lrs, strict=True)]
+    scales = runner.lr_scales()  # the mixing parameters' LR multiplier (mixing_lr_multiplier), else 1
+    groups = [
+        group for params, lr in zip(candidates, lrs, strict=True) for group in lr_groups(params, lr, scales)
+    ]
     # one seed: the dropout draws of a lone run, shared by every candidate
     loop = TrainingLoop(
         runner.model, groups, settings.epochs * len(loader), settings.seed, settings.weight_decay

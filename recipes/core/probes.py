@@ -234,3 +234,39 @@ def run_probes(
         for record in probe_records(experiment, cell.shots, cell.epochs, cell.trial, missing):
             append_record(path, record)
     return [record for record in read_records(path) if record["key"] in wanted]
+
+
+def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The probe a user would pick for one trial: the (layer, LR) whose best dev score is highest among
+    ``records`` (that trial's probe records, one per LR; ties to the smaller LR, then the lower
+    layer), with its test scores: chosen on the training sample and dev only.
+
+    Returns:
+        ``{"layer", "lr", "dev", "test", "metric"}`` (``test`` ``None`` without a test split).
+
+    Example:
+        >>> best_single_layer(records_of_one_trial)["layer"]
+        10
+    """
+    candidates = []
+    for record in sorted(records, key=lambda r: r["lr"]):
+        metric = record["metric"]
+        for entry in record["layers"]:
+            candidates.append((entry[f"dev_{metric}"], -record["lr"], -entry["layer"], record, entry))
+    dev, _, _, record, entry = max(candidates, key=lambda c: c[:3])
+    metric = record["metric"]
+    test = entry[f"test_{metric}"]
+    return {"layer": entry["layer"], "lr": record["lr"], "dev": dev, "test": test, "metric": metric}
+
+
+def probe_starts(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], int]:
+    """``{(shots, epochs, trial): block}``: each trial's :func:`best_single_layer` (``--probe-start``).
+
+    Example:
+        >>> probe_starts(run_probes(experiment, grid))
+        {(8, 30, 0): 10, (8, 30, 1): 9, ...}
+    """
+    trials: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    for record in records:
+        trials.setdefault((record["shots"], record["epochs"], record["trial"]), []).append(record)
+    return {trial: best_single_layer(found)["layer"] for trial, found in trials.items()}

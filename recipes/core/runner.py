@@ -36,6 +36,7 @@ from torch.func import functional_call, vmap
 
 from peft_layerfusion.discovery import hidden_size_of
 from peft_layerfusion.layer import active_fusion_module, fused_positions
+from peft_layerfusion.optim import mixing_multipliers
 from peft_layerfusion.utils import eval_mode
 
 from ..data.readers import IGNORE_INDEX, collate
@@ -128,6 +129,12 @@ class Runner:
     def candidate_parameters(self) -> list[list[nn.Parameter]]:
         """The trainable parameters of each candidate (one: the model's), before the optimizer exists."""
         return [trainable_parameters(self.model)]
+
+    def lr_scales(self) -> list[float]:
+        """The LR multiplier of each of a candidate's parameters (in :meth:`candidate_parameters`'
+        order): the fusion's ``mixing_lr_multiplier`` for its mixing parameters, 1 for the rest."""
+        multipliers = mixing_multipliers(self.model)
+        return [multipliers.get(id(p), 1.0) for p in trainable_parameters(self.model)]
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of ``(..., labels)`` logits where ``labels`` ``(...)`` is not -100 (every
@@ -229,6 +236,12 @@ class StackedRunner(Runner):
         """Every candidate's parameters, moved to this process's device (before the optimizer holds them)."""
         self.to(process_state().device)
         return self.candidates
+
+    def lr_scales(self) -> list[float]:
+        """As :meth:`Runner.lr_scales`, in the order of :attr:`names` (each candidate's parameters)."""
+        multipliers = mixing_multipliers(self.model)
+        named = dict(self.model.named_parameters())
+        return [multipliers.get(id(named[name]), 1.0) if name in named else 1.0 for name in self.names]
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The candidates' losses of ``(K, ..., labels)`` logits, summed: each candidate gets its own

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ..arguments import FULL_TRAIN, check_positive_ints
+from ..arguments import FULL_TRAIN, PROBE_TOP, check_positive_ints
 from .experiment import cache_positions_for
 from .feature_cache import storage_dtype
 from .models import METHOD_NAMES, check_adapter_grid
@@ -110,6 +110,7 @@ def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
         "dev_limit": pick("dev_limit"),
         "test_limit": pick("test_limit"),
         "fixed_sample": bool(pick("fixed_sample")),
+        "probe_start": bool(pick("probe_start")),
         "method_options": dict(loaded.get("method_options", {})),
     }
 
@@ -136,6 +137,8 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
         'layerfusion-results/results.jsonl'
     """
     grid = {key: pick(key) for key in (*GRID_KEYS, *RUN_KEYS)}
+    if settings.probe_start and not grid["probe_layers"]:  # a probe-guided start needs the probes
+        grid["probe_layers"] = PROBE_TOP
     grid["results"] = results_path(grid["output"], grid["results"])
     grid["shots"] = [FULL_TRAIN if value == "all" else value for value in grid["shots"] or ()]
     check_names("methods", grid["methods"], METHOD_NAMES)

@@ -66,7 +66,7 @@ from .cells import (
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
 from .feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
-from .probes import probe_cells, run_probes
+from .probes import probe_cells, probe_starts, run_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
@@ -392,6 +392,8 @@ def _sweep(
     # the layer probes on the filled cache (the encoder gone after a prefill), before the runs
     top = grid.get("probe_layers")
     probes = run_probes(experiment, grid, progress=not grid["quiet"]) if top and state.is_main_process else []
+    if settings.probe_start:  # each trial's fusion starts on its best probed block (dev only)
+        settings = experiment.settings = dataclasses.replace(settings, probe_starts=probe_starts(probes))
     records = run_cells(
         cells,
         grid["results"],

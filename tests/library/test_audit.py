@@ -83,6 +83,8 @@ def test_cli_json_is_one_object_of_integers(tiny_config, tmp_path, capsys):
         "extra_layers": TINY_BLOCK,
         "average": 0,
         "scalar_mix": 4,
+        "scaled_dwatt": 5408,  # DWAtt's parameters, other options
+        "layer_mix": 4,  # ScalarMix's
     }
 
 

@@ -258,3 +258,20 @@ def test_probes_on_a_prefilled_cache_of_the_head_positions_match_an_every_positi
     assert every.cache().base_model is not None and every.cache().positions.name == "all"
     assert len(read) == 2 * len(prefilled.settings.lr_grid("fe"))
     assert _without_timing(read) == _without_timing(full)  # bitwise: the same states where read
+
+
+def _probe_record(lr: float, trial: int, scores: list[tuple[float, float]]) -> dict:
+    layers = [{"layer": n, "dev_f1": dev, "test_f1": test} for n, (dev, test) in enumerate(scores, start=1)]
+    return {"lr": lr, "trial": trial, "shots": 8, "epochs": 5, "metric": "f1", "layers": layers}
+
+
+def test_the_best_single_layer_is_chosen_on_dev_alone():
+    records = [
+        _probe_record(1e-2, 0, [(0.5, 0.9), (0.7, 0.2), (0.6, 0.6)]),  # layer 1's test is best: unseen
+        _probe_record(1e-3, 0, [(0.4, 0.4), (0.7, 0.3), (0.2, 0.2)]),  # layer 2 ties at a smaller LR
+        _probe_record(1e-2, 1, [(0.1, 0.1), (0.2, 0.2), (0.3, 0.5)]),
+    ]
+    expected = {"layer": 2, "lr": 1e-3, "dev": 0.7, "test": 0.3, "metric": "f1"}
+    assert probes.best_single_layer(records[:2]) == expected
+    assert probes.probe_starts(records) == {(8, 5, 0): 2, (8, 5, 1): 3}
+

@@ -399,3 +399,24 @@ def test_stacked_candidates_are_rows_of_one_tensor_read_without_a_copy(experimen
     with torch.no_grad():
         runner.candidates[1][0].add_(1.0)
     assert torch.equal(runner.stacks[runner.names[0]][1], runner.candidates[1][0])
+
+
+@pytest.mark.parametrize("method", ["layer_mix", "dwatt"])
+def test_a_mixing_lr_multiplier_trains_stacked_as_alone_and_changes_the_run(experiment, method):
+    """``mixing_lr_multiplier`` (method_options) splits each candidate's AdamW group: the mix at
+    ``lr * 30``. Stacked candidates still equal lone runs, and the runs differ from the multiplier's
+    absence (the mix moves faster)."""
+    cell = Cell(method, "fe", 4, 3, 0)
+    lrs = [1e-3, 1e-2]
+    plain = experiment.run_lrs(cell, lrs)
+    settings = experiment.settings
+    experiment.settings = replace(settings, method_options={"mixing_lr_multiplier": 30.0})
+    try:
+        stacked = experiment.run_lrs(cell, lrs)
+        lone = [experiment.run(cell, lr=lr) for lr in lrs]
+    finally:
+        experiment.settings = settings
+    for together, alone in zip(stacked, lone, strict=True):
+        assert {k: together[k] for k in SCORES} == {k: alone[k] for k in SCORES}
+    moved = "mix_weights" if method == "layer_mix" else "depth_attention"
+    assert [r[moved] for r in stacked] != [r[moved] for r in plain]

@@ -371,3 +371,23 @@ def test_a_deep_model_gets_at_most_twelve_layer_labels_and_always_its_last():
     assert [label for label in labels if label] == ["2", "4", "6", "8", "10", "12", "14", "16", "18"]
     assert layer_tick_labels(range(1, 7)) == ["1", "2", "3", "4", "5", "6"]  # MiniLM: every one
     assert sum(1 for label in layer_tick_labels(range(1, 33)) if label) <= 12  # Llama-3.1-8B's 32
+
+
+def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):
+    """``--probe-start``: each trial's LayerMix starts one-hot on the block whose probe scored best on
+    dev in that trial (implies the probes); the plain head is untouched; the setup says so."""
+    no_probes = classify_argv(paths, tmp_path)[:-2]  # without --probe-layers: --probe-start trains them
+    argv = [*no_probes, "--methods", "none", "layer_mix", "--probe-start"]
+    assert main(argv) == 0
+    probes = read_records(tmp_path / "results.probes.jsonl")
+    starts = core_probes.probe_starts(probes)
+    assert sorted(starts) == [(3, 3, 0), (3, 3, 1)] and set(starts.values()) <= {1, 2, 3}
+    runs = read_records(tmp_path / "results.jsonl")
+    mixes = [r for r in runs if r["method"] == "layer_mix"]
+    assert len(mixes) == 4 and all(r["start_layer"] == starts[(3, 3, r["trial"])] for r in mixes)
+    assert not any("start_layer" in r for r in runs if r["method"] == "none")
+    assert all(r["settings"]["probe_start"] == [1e-2, 1e-1] for r in runs)
+    for record in mixes:  # the weights began one-hot there and moved from it
+        weights = record["mix_weights"]
+        assert max(range(3), key=weights.__getitem__) + 1 == record["start_layer"]
+        assert weights[record["start_layer"] - 1] != 1.0
