@@ -1,0 +1,124 @@
+"""Each method against the best single layer chosen on dev, paired by trial (issue 38's comparator).
+
+Reads a sweep's results file and its layer probes (``RESULTS.probes.jsonl``, written by
+``--probe-layers`` or ``--probe-start``) and prints, per (shots, max epochs), one Markdown table:
+
+- each method at the LR selected on dev (the mean best dev score over trials, the sweep's rule), its
+  test score mean ± 95% t-CI over trials;
+- **best layer (dev)**: per trial, the probe (layer, LR) with the best dev score in that trial
+  (:func:`~layerfusion_recipes.core.probes.best_single_layer`), scored on test;
+- the paired difference of each method minus the best layer, and minus the plain head, over the trials
+  both have (bold: the interval excludes 0).
+
+No choice reads test: LR, epoch and layer are chosen on dev. Scores in points (0-100).
+
+Usage:
+    python benchmarks/best_layer.py benchmarks/results/trec_fe_mean_probe_start/results.jsonl [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from layerfusion_recipes.core.probes import best_single_layer, probes_path
+from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.selection import select_lr, test_score
+from layerfusion_recipes.core.stats import mean_ci, paired_mean_ci
+
+BEST_LAYER = "best layer (dev)"
+PLAIN = "none"
+
+
+def method_scores(records: Sequence[dict[str, Any]]) -> dict[str, tuple[float, dict[int, float]]]:
+    """``{method: (selected LR, {trial: test score in points})}`` for one (shots, epochs) of a sweep."""
+    by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_method[record["method"]].append(record)
+    scores = {}
+    for method, runs in by_method.items():
+        lr = select_lr(runs).lr
+        scores[method] = (lr, {r["trial"]: 100 * test_score(r) for r in runs if r["lr"] == lr})
+    return scores
+
+
+def best_layer_scores(probes: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """``{trial: best_single_layer(...)}`` of one (shots, epochs)."""
+    trials: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in probes:
+        trials[record["trial"]].append(record)
+    return {trial: best_single_layer(found) for trial, found in trials.items()}
+
+
+def difference(own: dict[int, float], base: dict[int, float]) -> str:
+    paired = paired_mean_ci(own, base)
+    if paired is None:
+        return "-"
+    text = f"{paired.mean:+.1f} ± {paired.half_width:.1f}"
+    return f"**{text}**" if paired.resolved else text
+
+
+def table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -> tuple[str, dict[str, Any]]:
+    """The Markdown table of one (shots, epochs) and its numbers."""
+    scores = method_scores(records)
+    best = best_layer_scores(probes)
+    best_test = {trial: 100 * found["test"] for trial, found in best.items()}
+    plain = scores.get(PLAIN, (None, {}))[1]
+    lines = [
+        f"**N={cell[0]}, max {cell[1]} epochs**: best layer per trial on dev: "
+        + ", ".join(f"trial {t}: z_{found['layer']} @{found['lr']:g}" for t, found in sorted(best.items())),
+        "",
+        "| method | test (mean ± CI) | LR | minus best layer (paired) | minus plain head (paired) |",
+        "|---|---|---|---|---|",
+    ]
+    mean, half = mean_ci(list(best_test.values()))
+    lines.append(f"| {BEST_LAYER} | {mean:.1f} ± {half:.1f} (n={len(best_test)}) | per trial | | "
+                 f"{difference(best_test, plain)} |")  # fmt: skip
+    numbers: dict[str, Any] = {
+        BEST_LAYER: {"trials": best_test, "layers": {t: b["layer"] for t, b in best.items()}}
+    }
+    for method, (lr, trials) in scores.items():
+        mean, half = mean_ci(list(trials.values()))
+        lines.append(
+            f"| {method} | {mean:.1f} ± {half:.1f} (n={len(trials)}) | {lr:g} | "
+            f"{difference(trials, best_test)} | {'' if method == PLAIN else difference(trials, plain)} |"
+        )
+        numbers[method] = {"lr": lr, "trials": trials}
+    return "\n".join(lines), numbers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", help="A sweep's results.jsonl (its probes file beside it).")
+    parser.add_argument("--json", help="Also write the numbers here.")
+    args = parser.parse_args(argv)
+    records = [r for r in read_records(args.results) if r.get("regime") == "fe"]
+    probes = read_records(probes_path(args.results))
+    if not probes:
+        print(
+            f"{probes_path(args.results)}: no layer probes (run the sweep with --probe-layers)",
+            file=sys.stderr,
+        )
+        return 1
+    cells = sorted({(r["shots"], r["epochs"]) for r in probes})
+    out = {}
+    for cell in cells:
+        text, numbers = table(
+            cell,
+            [r for r in records if (r["shots"], r["epochs"]) == cell],
+            [p for p in probes if (p["shots"], p["epochs"]) == cell],
+        )
+        print(text + "\n")
+        out[f"N={cell[0]} epochs={cell[1]}"] = numbers
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(out, handle, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
