@@ -27,6 +27,7 @@ from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
 from .methods.scaled_dwatt import ScaledDWAttConfig, ScaledDWAttModel
 from .model import LayerFusionModel
 from .optim import mixing_multipliers, parameter_groups
+from .probing import best_layer, layer_probe_scores
 from .registration import METHODS, RECOMMENDED, Method, method_named, register_all
 from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
 from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
@@ -67,9 +68,11 @@ __all__ = [
     "SurfaceFusionConfig",
     "SurfaceFusionModel",
     "active_fusion_module",
+    "best_layer",
     "count_hooks",
     "find_encoder_blocks",
     "fused_positions",
+    "layer_probe_scores",
     "method_named",
     "mixing_multipliers",
     "parameter_groups",

@@ -1,0 +1,98 @@
+"""Where a fusion should start: a linear probe per layer, scored on dev (a probe-guided start).
+
+A frozen model's intermediate layers often carry a task better than its last one (on decoders the
+middle of the stack, Skean et al. 2025). :func:`layer_probe_scores` trains one linear probe per hidden
+state on the training examples and scores it on dev; :func:`best_layer` picks the block to start a
+mix on (``LayerMixConfig(start_layer=...)``, ``ScalarMixConfig(start_layer=...)``) or the top blocks
+to fuse (``layers=[...]``). Test data never enters: the choice is made on dev.
+
+The inputs are the states a head would read, one row per example, e.g. the pooled token of every
+``output_hidden_states`` entry: ``torch.stack(out.hidden_states, 1)[rows, position]`` ``(n, L + 1, d)``.
+Each state is read at unit RMS (``z / rms(z)``, as ``state_norm="rms"`` mixes it), so one learning rate
+fits every depth however large the stream has grown.
+
+Example:
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> states = torch.randn(40, 4, 16)  # (examples, hidden states z_0..z_3, d)
+    >>> labels = (states[:, 2, 0] > 0).long()  # the label lives in z_2
+    >>> scores = layer_probe_scores(states[:30], labels[:30], states[30:], labels[30:])
+    >>> best_layer(scores, skip_embeddings=True)
+    2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .fusion import unit_rms
+
+
+def layer_probe_scores(
+    train_states: torch.Tensor,
+    train_labels: torch.Tensor,
+    dev_states: torch.Tensor,
+    dev_labels: torch.Tensor,
+    steps: int = 200,
+    lr: float = 1e-2,
+    seed: int = 0,
+) -> list[float]:
+    """Dev accuracy of a linear probe on each hidden state, trained on the training examples.
+
+    Args:
+        train_states: ``(n, K, d)``: each training example's ``K`` hidden states (e.g. ``z_0 .. z_L``
+            at the position the head reads).
+        train_labels: ``(n,)`` class ids.
+        dev_states: ``(m, K, d)``.
+        dev_labels: ``(m,)``.
+        steps: Full-batch Adam steps of every probe (all ``K`` train together, each on its own state).
+        lr: Adam's learning rate.
+        seed: Seed of the probes' initial weights.
+
+    Returns:
+        ``K`` dev accuracies in ``[0, 1]``, in the order of the states.
+
+    Raises:
+        ValueError: when the shapes do not agree (naming them).
+    """
+    if train_states.dim() != 3 or dev_states.shape[1:] != train_states.shape[1:]:
+        raise ValueError(
+            f"train_states {tuple(train_states.shape)} and dev_states {tuple(dev_states.shape)}: expected "
+            "(examples, states, d) with the same states and d"
+        )
+    if len(train_labels) != len(train_states) or len(dev_labels) != len(dev_states):
+        raise ValueError("one label per example expected in train_labels and dev_labels")
+    classes = int(max(train_labels.max(), dev_labels.max())) + 1
+    count, width = train_states.shape[1], train_states.shape[2]
+    generator = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(count, width, classes, generator=generator) / width**0.5).requires_grad_(True)
+    bias = torch.zeros(count, 1, classes, requires_grad=True)
+    train = unit_rms(train_states.detach().float()).transpose(0, 1)  # (K, n, d)
+    dev = unit_rms(dev_states.detach().float()).transpose(0, 1)  # (K, m, d)
+    optimizer = torch.optim.Adam([weight, bias], lr=lr)
+    with torch.enable_grad():
+        for _ in range(steps):
+            logits = torch.baddbmm(bias, train, weight)  # (K, n, C)
+            loss = F.cross_entropy(logits.flatten(0, 1), train_labels.repeat(count), reduction="sum") / len(
+                train_labels
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        predicted = torch.baddbmm(bias, dev, weight).argmax(-1)  # (K, m)
+        return (predicted == dev_labels).float().mean(-1).tolist()
+
+
+def best_layer(scores: Sequence[float], skip_embeddings: bool = False) -> int:
+    """The index of the best score (ties to the deeper state), optionally never ``z_0``.
+
+    Example:
+        >>> best_layer([0.5, 0.7, 0.7, 0.6])
+        2
+    """
+    candidates = range(1 if skip_embeddings else 0, len(scores))
+    return max(candidates, key=lambda index: (scores[index], index))

@@ -1,0 +1,44 @@
+"""The library's probe-guided start (probing.py): a label that lives in one hidden state is found
+there, on dev; one learning rate fits states of any scale (each read at unit RMS)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from peft_layerfusion import best_layer, layer_probe_scores
+
+
+def toy(label_state: int, scales: tuple[float, ...] = (1.0, 30.0, 900.0, 27000.0), seed: int = 0):
+    """``(states (60, 4, 16), labels)``: the label is the sign of one coordinate of ``label_state``; the
+    states' scales grow with depth as a pre-norm stream's do."""
+    generator = torch.Generator().manual_seed(seed)
+    states = torch.randn(60, 4, 16, generator=generator) * torch.tensor(scales).view(1, 4, 1)
+    labels = (states[:, label_state, 3] > 0).long()
+    return states, labels
+
+
+@pytest.mark.parametrize("label_state", [1, 2, 3])
+def test_the_probes_find_the_state_that_carries_the_label(label_state):
+    states, labels = toy(label_state)
+    scores = layer_probe_scores(states[:40], labels[:40], states[40:], labels[40:])
+    assert len(scores) == 4 and best_layer(scores, skip_embeddings=True) == label_state
+    others = [score for index, score in enumerate(scores) if index != label_state]
+    assert scores[label_state] >= max(others) + 0.2  # 0.85-0.95 against 0.6 at most (40 examples)
+
+
+def test_dev_alone_decides():
+    states, labels = toy(2)
+    flipped = layer_probe_scores(states[:40], labels[:40], states[40:], 1 - labels[40:])
+    assert best_layer(flipped, skip_embeddings=True) != 2  # a dev set that disagrees moves the choice
+
+
+def test_best_layer_ties_go_deeper_and_can_skip_the_embeddings():
+    assert best_layer([0.9, 0.5, 0.7, 0.7]) == 0
+    assert best_layer([0.9, 0.5, 0.7, 0.7], skip_embeddings=True) == 3
+
+
+def test_shapes_that_disagree_are_refused_naming_them():
+    with pytest.raises(ValueError, match=r"train_states \(4, 3, 8\) and dev_states \(4, 2, 8\)"):
+        labels = torch.zeros(4).long()
+        layer_probe_scores(torch.zeros(4, 3, 8), labels, torch.zeros(4, 2, 8), labels)
