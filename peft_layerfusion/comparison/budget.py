@@ -181,6 +181,7 @@ def match_dwatt_width(model: nn.Module, target: int, **config_options: Any) -> B
 # The budget knob of every fusion method sized to a budget (``sized_to_budget``), by method name.
 METHOD_SIZERS: dict[str, Callable[..., BudgetMatch]] = {
     "dwatt": match_dwatt_width,
+    "scaled_dwatt": match_dwatt_width,  # DWAtt's parameters (other options, the same count)
     "concat": match_concat_rank,
     "extra_layers": match_extra_layers,
 }

@@ -36,7 +36,12 @@ STEP_1_GRADIENTS = {
     "concat": {"proj.weight", "proj.bias"},
     "concat_low_rank": {"up.weight", "up.bias"},
     "scalar_mix": {"gamma", "blend"},
+    "scaled_dwatt": {"value_norm_weight", "value_norm_bias"},
+    "layer_mix": {"gamma", "blend"},
 }
+# The parameters whose first non-zero gradient comes at step 3, not 2: Scaled DWAtt's query MLP, gated by
+# W_K = 0 (every k_n = 0) until W_K's first update at step 2 (its own gradient gated by v_n = 0 at step 1).
+STEP_3_GRADIENTS = {"scaled_dwatt": "query_mlp."}
 
 
 def logits(model, inputs: dict) -> torch.Tensor:
@@ -45,7 +50,8 @@ def logits(model, inputs: dict) -> torch.Tensor:
 
 
 def test_identity_methods_come_from_the_registry():
-    assert {m.name for m in IDENTITY_METHODS} == {"dwatt", "concat", "scalar_mix"}
+    names = {"dwatt", "concat", "scalar_mix", "scaled_dwatt", "layer_mix"}
+    assert {m.name for m in IDENTITY_METHODS} == names
     assert set(STEP_1_GRADIENTS) == set(VARIANTS)
 
 
@@ -101,7 +107,7 @@ def test_one_step_moves_the_output_and_gradients_reach_every_parameter(variant, 
     optimizer = torch.optim.Adam(module.parameters(), lr=1e-2)
     labels = torch.arange(input_ids.numel()).view_as(input_ids) % 5
     nonzero = []
-    for _ in range(2):
+    for _ in range(3):
         model.train()
         optimizer.zero_grad()
         model(**inputs, labels=labels).loss.backward()
@@ -109,8 +115,12 @@ def test_one_step_moves_the_output_and_gradients_reach_every_parameter(variant, 
         optimizer.step()
         model.eval()
         assert (logits(model, inputs) - expected).abs().max() > 1e-3
+    everything = {name for name, _ in module.named_parameters()}
+    late_prefix = STEP_3_GRADIENTS.get(variant)
+    late = {name for name in everything if late_prefix and name.startswith(late_prefix)}
     assert nonzero[0] == STEP_1_GRADIENTS[variant]
-    assert nonzero[1] == {name for name, _ in module.named_parameters()}
+    assert nonzero[1] == everything - late
+    assert nonzero[2] == everything
 
 
 # ----------------------------------------------------------------------------- "auto" and "paper"

@@ -113,8 +113,10 @@ def test_every_method_sized_to_lora_r16(name):
         assert abs(row["vs_target"]) < 0.01  # within 1% of the LoRA
     extra = rows["extra_layers (num_extra_layers=1)"]  # one block is the least R+n can add
     assert extra["total"] == extra["formula"] == shape["block"] > 3 * target
+    sized_rows = [row for row in rows if abs(rows[row]["vs_target"]) < 0.01]  # LoRA, Concat, the DWAtts
+    assert len(sized_rows) == 4 and rows[sized_rows[-1]]["total"] == sized["dwatt"]  # Scaled DWAtt: DWAtt
     assert {pair[:2] for pair in report["flagged"]} == {
-        (first, "extra_layers (num_extra_layers=1)") for first in list(rows)[:3]
+        (first, "extra_layers (num_extra_layers=1)") for first in sized_rows
     }  # only R+n is off budget
     assert rows["average"]["total"] == 0
     assert rows["scalar_mix"]["components"] == {
