@@ -198,17 +198,34 @@ def _ends_with(states: Any, last: torch.Tensor) -> bool:
     return isinstance(states, tuple) and bool(states) and states[-1] is last
 
 
-class ThreadState(threading.local):
+class ThreadState:
     """Attributes private to each thread; a deep copy (or pickle) starts empty.
 
     Per-forward state of a module shared by several threads (a server running one model from
     several threads) lives here, so concurrent forwards never see each other's tensors. Copies
     of a model (``copy.deepcopy``, ``AveragedModel``) get a fresh, empty state of their own.
 
+    The attributes live in a plain ``threading.local`` held inside, not in a subclass of it:
+    ``torch.compile`` (dynamo, torch 2.13) drops every attribute set on a *subclass* of
+    ``threading.local`` inside a compiled frame, so the counts the fusion's checks read
+    (captures closed, forwards entered) would stay behind and a graph break after the block
+    container would see a fusion that "did not run".
+
     Example:
         >>> state = ThreadState()
         >>> state.frames = []  # seen by this thread only
     """
+
+    __slots__ = ("_per_thread",)
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_per_thread", threading.local())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_per_thread"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_per_thread"), name, value)
 
     def __deepcopy__(self, memo: dict) -> ThreadState:
         return type(self)()

@@ -251,6 +251,24 @@ def test_a_fusion_whose_hooks_never_fire_raises_naming_blocks_path():
         model(input_ids=torch.tensor([[1, 2, 3]]))
 
 
+def test_a_fusion_whose_hooks_never_fire_raises_under_torch_compile_too():
+    """Issue 37 item 1: the check reads per-thread counts that dynamo used to drop; compiled, with a
+    graph break after the blocks, it still fires when the hooks really never ran."""
+    dynamo = pytest.importorskip("torch._dynamo", reason="torch without torch.compile")
+    if not dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile is not supported on this Python")
+    model = get_peft_model(LayersInHead(), DWAttConfig(blocks_path="aux.blocks"))
+    model.base_model.model.head.layers[1].register_forward_pre_hook(lambda module, args: dynamo.graph_break())
+    dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend="eager")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match=r"did not run .*blocks_path='aux.blocks'"):
+                compiled(input_ids=torch.tensor([[1, 2, 3]]))
+    finally:
+        dynamo.reset()
+
+
 class SkippingStack(nn.Module):
     """Runs its blocks but skips those in ``skip`` (as layer drop does in training)."""
 
