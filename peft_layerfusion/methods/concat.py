@@ -37,7 +37,7 @@ from typing import ClassVar, Optional
 import torch
 from torch import nn
 
-from ..config import LayerFusionConfig, require_number
+from ..config import LayerFusionConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule, linear_init_
 from ..hooks import Capture
 from ..model import LayerFusionModel
@@ -116,6 +116,14 @@ class Concat(FusionModule):
                 with torch.no_grad():
                     self.up.weight.zero_()
                     self.up.bias.zero_()
+
+    @classmethod
+    def check_supported(cls, config: ConcatConfig, context: FusionContext) -> None:
+        """``map_rank`` below ``d``: at ``r >= d`` the "low-rank" maps have more parameters than full ones."""
+        r, d = config.map_rank, context.hidden_size
+        if r is not None and r >= d:
+            allowed = f"None (full maps) or an int in [1, {d - 1}], below the hidden size d = {d}"
+            raise invalid("map_rank", r, allowed)
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         d = self.hidden_size

@@ -187,6 +187,18 @@ def test_too_many_extra_layers_are_refused_before_the_model_is_touched():
     assert base_state(base) == before
 
 
+@pytest.mark.parametrize("rank", [32, 100])
+def test_a_concat_map_rank_at_or_above_the_width_is_refused_before_the_model_is_touched(rank):
+    """Issue 37: at ``map_rank >= d`` the "low-rank" maps (2 K d r + d) outgrow the full ones (K d^2 + d)."""
+    base = tiny_bert()  # d = 32
+    before = base_state(base)
+    one_line = rf"^`map_rank`={rank} is not allowed: expected None \(full maps\) or an int in \[1, 31\]"
+    with pytest.raises(ValueError, match=one_line):
+        get_peft_model(base, ConcatConfig(map_rank=rank))
+    assert base_state(base) == before and count_hooks(base) == 0
+    assert get_peft_model(base, ConcatConfig(map_rank=31)) is not None  # just below d: built
+
+
 # ----------------------------------------------------------------------------- 7. discovery
 class Block(nn.Module):
     def __init__(self) -> None:
