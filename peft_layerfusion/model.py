@@ -113,7 +113,7 @@ class LayerFusionModel(LoraModel):
             model, located, hidden_size_of(model, located), tuple(config.resolve_layers(located.num_blocks))
         )
         module_cls.check_supported(config, context)
-        config.starts_at_base(model, context.layers, located.num_blocks)  # an impossible 'identity' raises
+        config.starts_at_base(model, context.layers, located.num_blocks, warn=True)  # 'identity' may raise
         if shares_weights(located):
             warn_shared_blocks(located, config.blocks_path)
         return context
