@@ -42,6 +42,9 @@ KNOWN_BLOCK_PATHS: dict[str, str] = {
     "t5": "encoder.block",
     "mt5": "encoder.block",
     "gpt2": "h",
+    "falcon": "h",
+    "bloom": "h",
+    "gptj": "h",
     "opt": "decoder.layers",
 }
 

@@ -1,8 +1,9 @@
 """Layer fusion on decoder-only LLMs (issue 26, items 1 and 3): every head, every family, recomputed.
 
-Families: Llama, Qwen2, Qwen3, Mistral, Gemma 3 (text), Phi-3, GPT-2, GPT-NeoX, OPT (tiny random
-configs, ``tiny_decoders.py``). Heads: ``*ForCausalLM``, ``*ForSequenceClassification`` (pooled at
-the last real token, right and left padding), ``*ForTokenClassification`` where transformers has one.
+Families: Llama, Qwen2, Qwen3, Mistral, Gemma 3 (text), Phi-3, GPT-2, GPT-NeoX, Falcon, BLOOM,
+GPT-J, OPT (tiny random configs, ``tiny_decoders.py``). Heads: ``*ForCausalLM``,
+``*ForSequenceClassification`` (pooled at the last real token, right and left padding),
+``*ForTokenClassification`` where transformers has one.
 
 * token-wise methods (the registry's ``token_wise`` ones): the head's output equals the model's
   own final norm ``F`` and head applied to the method's formula (``test_methods.REFERENCES``) on the
