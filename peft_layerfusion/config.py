@@ -9,6 +9,7 @@ empty, meaning *no LoRA*; fusion alone is the default.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional, Union
@@ -180,13 +181,17 @@ class LayerFusionConfig(LoraConfig):
         """
         return num_blocks in layers
 
-    def starts_at_base(self, model: nn.Module, layers: Sequence[int], num_blocks: int) -> bool:
+    def starts_at_base(
+        self, model: nn.Module, layers: Sequence[int], num_blocks: int, warn: bool = False
+    ) -> bool:
         """Whether the fusion module starts at the base model's output (resolves ``fusion_init``).
 
         Args:
             model: The model the fusion is attached to ("auto" asks whether it is decoder-only).
             layers: The resolved fused indices (:meth:`resolve_layers`).
             num_blocks: ``L``.
+            warn: Warn when ``"auto"`` falls back to the paper's init on a decoder-only model because
+                ``layers`` leave out ``z_L`` (the injection asks with ``warn=True``, once).
 
         Raises:
             ValueError: for ``fusion_init="identity"`` when the method cannot start at the base
@@ -204,7 +209,19 @@ class LayerFusionConfig(LoraConfig):
                 allowed = f"a list with the last state ({num_blocks} or -1) when fusion_init='identity'"
                 raise invalid("layers", self.layers, allowed)
             return True
-        return fits and is_decoder_only(model)
+        if not is_decoder_only(model):
+            return False
+        if not fits and warn:
+            method = type(self).__name__.removesuffix("Config")
+            warnings.warn(
+                f"Layer fusion: {method} with fusion_init='auto' starts from the paper's init on this "
+                f"decoder-only model, not the identity init: layers={self.layers!r} leaves out the last "
+                f"state z_L ({num_blocks} or -1) that the identity init starts from. Add {num_blocks} to "
+                "`layers`, or set fusion_init='paper' to silence this.",
+                UserWarning,
+                stacklevel=4,
+            )
+        return fits
 
     def resolve_layers(self, num_blocks: int) -> list[int]:
         """The fused hidden-state indices for an encoder of ``num_blocks`` blocks.

@@ -42,6 +42,9 @@ KNOWN_BLOCK_PATHS: dict[str, str] = {
     "t5": "encoder.block",
     "mt5": "encoder.block",
     "gpt2": "h",
+    "falcon": "h",
+    "bloom": "h",
+    "gptj": "h",
     "opt": "decoder.layers",
 }
 
@@ -54,6 +57,11 @@ GENERIC_BLOCK_SUFFIXES: tuple[str, ...] = (
     "layers",
 )
 
+
+# Children of a container that project the last state to another width after the blocks (and after a
+# final norm, if any), as the container's last step: OPT's `project_out` (OPT-350m: hidden_size 1024,
+# word_embed_proj_dim 512). Where one reads z_L itself (no final norm), the fusion runs at its input.
+OUTPUT_PROJECTIONS: tuple[str, ...] = ("project_out",)
 
 # Children of a model that hold a task head, never an encoder (skipped by the generic search).
 HEAD_MODULE_NAMES: tuple[str, ...] = ("classifier", "lm_head", "qa_outputs", "score", "cls", "head", "heads")
@@ -71,6 +79,9 @@ class EncoderBlocks:
         final_norms: Norm modules inside the container, outside the blocks: whichever of them
             reads the last block's output in a forward is the stack's final norm ``F`` (a
             pre-norm stack's; see the placement rule in ``fusion.py``).
+        projections: The container's output projections (children named in ``OUTPUT_PROJECTIONS``,
+            e.g. OPT's ``project_out``): one that reads the last block's output takes the fused state
+            in its place, and the container returns its output.
     """
 
     blocks_name: str
@@ -78,6 +89,7 @@ class EncoderBlocks:
     container_name: str
     container: nn.Module
     final_norms: tuple[nn.Module, ...] = ()
+    projections: tuple[nn.Module, ...] = ()
 
     @property
     def num_blocks(self) -> int:
@@ -102,11 +114,15 @@ class LinkedBlocks:
         self.blocks_name, self.container_name = located.blocks_name, located.container_name
         self.blocks, self.container = WeakLink(located.blocks), WeakLink(located.container)
         self.final_norms = tuple(WeakLink(norm) for norm in located.final_norms)
+        self.projections = tuple(WeakLink(projection) for projection in located.projections)
 
     def __call__(self) -> EncoderBlocks:
         """The blocks (``ReferenceError`` once the model was freed)."""
         norms = tuple(norm() for norm in self.final_norms)
-        return EncoderBlocks(self.blocks_name, self.blocks(), self.container_name, self.container(), norms)
+        projections = tuple(projection() for projection in self.projections)
+        return EncoderBlocks(
+            self.blocks_name, self.blocks(), self.container_name, self.container(), norms, projections
+        )
 
 
 def _matches_suffix(name: str, suffix: str) -> bool:
@@ -209,7 +225,10 @@ def _resolve(model: nn.Module, blocks_name: str, blocks: nn.ModuleList) -> Encod
     container = model.get_submodule(container_name) if container_name else model
     in_blocks = {id(m) for m in blocks.modules()}
     final_norms = tuple(m for m in container.modules() if is_norm(m) and id(m) not in in_blocks)
-    return EncoderBlocks(blocks_name, blocks, container_name, container, final_norms)
+    projections = tuple(
+        m for name, m in container.named_children() if name in OUTPUT_PROJECTIONS and id(m) not in in_blocks
+    )
+    return EncoderBlocks(blocks_name, blocks, container_name, container, final_norms, projections)
 
 
 def _search_order(model: nn.Module) -> tuple[str, ...]:

@@ -198,17 +198,34 @@ def _ends_with(states: Any, last: torch.Tensor) -> bool:
     return isinstance(states, tuple) and bool(states) and states[-1] is last
 
 
-class ThreadState(threading.local):
+class ThreadState:
     """Attributes private to each thread; a deep copy (or pickle) starts empty.
 
     Per-forward state of a module shared by several threads (a server running one model from
     several threads) lives here, so concurrent forwards never see each other's tensors. Copies
     of a model (``copy.deepcopy``, ``AveragedModel``) get a fresh, empty state of their own.
 
+    The attributes live in a plain ``threading.local`` held inside, not in a subclass of it:
+    ``torch.compile`` (dynamo, torch 2.13) drops every attribute set on a *subclass* of
+    ``threading.local`` inside a compiled frame, so the counts the fusion's checks read
+    (captures closed, forwards entered) would stay behind and a graph break after the block
+    container would see a fusion that "did not run".
+
     Example:
         >>> state = ThreadState()
         >>> state.frames = []  # seen by this thread only
     """
+
+    __slots__ = ("_per_thread",)
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_per_thread", threading.local())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_per_thread"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_per_thread"), name, value)
 
     def __deepcopy__(self, memo: dict) -> ThreadState:
         return type(self)()
@@ -226,7 +243,9 @@ class _Frame:
     runs: list[int] | None = None  # how often each block ran in this forward
     outputs: list[Any] | None = None  # each block's output (tensor, tuple...): states of dropped blocks
     last_output: torch.Tensor | None = None  # output of the last block that ran: z_L, before any norm
-    fused: bool = False  # the final norm already fused this capture (pre-norm stacks)
+    fused: bool = False  # the final norm (pre-norm stacks) or an output projection already fused this capture
+    projection: nn.Module | None = None  # the output projection that fused it (OPT's project_out)
+    projected: torch.Tensor | None = None  # that projection's output: what the container must return
     mask: torch.Tensor | None = None  # (batch, seq): gather the block inputs there as they come
     selected: torch.Tensor | None = None  # (selected,) flat positions of ``mask``, found at z_0
     shape: torch.Size | None = None  # (batch, seq, d) of the block inputs (before any gathering)
@@ -318,6 +337,9 @@ class BlockCapture:
             add(block.register_forward_hook(BoundHook(self.record_output, index)))
         for norm in located.final_norms:
             add(norm.register_forward_hook(BoundHook(self._at_final_norm), with_kwargs=True))
+        for projection in located.projections:
+            add(projection.register_forward_pre_hook(BoundHook(self._at_projection), with_kwargs=True))
+            add(projection.register_forward_hook(BoundHook(self._after_projection)))
         add(container.register_forward_hook(BoundHook(self._close_capture), always_call=True))
 
     # ------------------------------------------------------------- per-thread state
@@ -403,12 +425,33 @@ class BlockCapture:
         )
         return self.fuse(capture)
 
+    def _at_projection(self, projection: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """Forward pre-hook of an output projection (OPT's ``project_out``): if it reads ``z_L`` itself
+        (no final norm before it), the capture is fused here and the projection runs on the fused state,
+        as the model runs it on ``z_L``; the container then returns the projection's output."""
+        frame = self._frames()[-1] if self._frames() else None
+        if frame is None or frame.fused or not _is_tensor(_hidden_from_call(args, kwargs), frame.last_output):
+            return None
+        frame.fused, frame.projection = True, projection
+        states = self._checked_states(frame, projection.training)
+        states[-1] = frame.last_output
+        fused = self.fuse(Capture(states, *frame.last_call, selected=frame.selected))
+        return None if fused is None else _replace_hidden(args, kwargs, fused)
+
+    def _after_projection(self, projection: nn.Module, args: tuple, output: Any) -> None:
+        """Forward hook of an output projection: keep the output of the one that fused."""
+        frame = self._frames()[-1] if self._frames() else None
+        if frame is not None and frame.projection is projection:
+            frame.projected = output
+
     def _close_capture(self, module: nn.Module, args: tuple, output: Any) -> Any:
         frames = self._frames()
         if not frames:
             return None
         frame = frames.pop()
         self._local.closed = self.closed_count + 1
+        if output is not None and frame.projection is not None:
+            self._check_projected(output, frame)
         if output is None or frame.fused:  # the forward raised, or the final norm fused already
             return None
         states = self._checked_states(frame, module.training)
@@ -417,6 +460,20 @@ class BlockCapture:
             self._warn_unknown_transform()
         fused = self.fuse(Capture(states, *frame.last_call, selected=frame.selected))
         return None if fused is None else _with_hidden(output, fused)
+
+    def _check_projected(self, output: Any, frame: _Frame) -> None:
+        """Raise unless the container returns the output of the projection that fused (its last step)."""
+        try:
+            last = first_tensor(output)
+        except (KeyError, IndexError, TypeError):
+            last = None
+        if not _is_tensor(last, frame.projected):
+            raise RuntimeError(
+                f"Layer fusion: the container of {self._where()} fused at the input of its output projection "
+                f"`{type(frame.projection).__name__}`, but does not return that projection's output, so the "
+                "fused state may not reach the head. Set `blocks_path` to a block list whose container ends "
+                "with its last block, final norm or output projection."
+            )
 
     def _warn_unknown_transform(self) -> None:
         """Warn (once per capture) that the container changed ``z_L`` with no norm module seen doing it."""

@@ -14,6 +14,9 @@ package's adapter types only:
   fusion module, hooks, LoRA layers and ``modules_to_save`` copies);
 * ``from_pretrained``: the base model is put back as it was (children, hooks, ``requires_grad``,
   attributes: :class:`~.model.ModelSnapshot`);
+* transformers' own ``model.load_adapter(path)`` (``PeftAdapterMixin``): a new adapter of ours
+  whose load fails (a truncated file, weights of another width) is taken out again, the model put
+  back as it was (:func:`roll_back_transformers_load`);
 * a weights file that lacks the keys of a module in ``modules_to_save`` (peft raises a bare
   ``KeyError``) becomes a ``ValueError`` naming the file, the missing keys and what to do.
 
@@ -30,15 +33,17 @@ import os
 from collections.abc import Callable
 from typing import Any, Optional
 
+import torch
 from peft import PeftModel
 from peft.utils import SAFETENSORS_WEIGHTS_NAME
 from peft.utils.other import AuxiliaryTrainingWrapper
 from safetensors import safe_open
 from torch import nn
+from transformers.integrations.peft import PeftAdapterMixin
 
 from .card import is_layerfusion_config
 from .layer import LayerFusionLayer
-from .model import ModelSnapshot
+from .model import ModelSnapshot, forget_fusion_adapter
 
 _GUARD_MARK = "_peft_layerfusion_load_guard"
 
@@ -68,6 +73,22 @@ def install_load_guards() -> None:
 
         setattr(guarded_from_pretrained, _GUARD_MARK, True)
         PeftModel.from_pretrained = classmethod(guarded_from_pretrained)
+    transformers_load: Callable[..., Any] = PeftAdapterMixin.load_adapter
+    if not getattr(transformers_load, _GUARD_MARK, False):
+
+        @functools.wraps(transformers_load)
+        def guarded_transformers_load(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            snapshot, configs = ModelSnapshot(self), dict(self.__dict__.get("peft_config") or {})
+            biases = BiasValues(self)
+            try:
+                return transformers_load(self, *args, **kwargs)
+            except Exception:
+                if roll_back_transformers_load(self, snapshot, configs):
+                    biases.restore()
+                raise
+
+        setattr(guarded_transformers_load, _GUARD_MARK, True)
+        PeftAdapterMixin.load_adapter = guarded_transformers_load
 
 
 def load_or_roll_back(
@@ -110,6 +131,64 @@ def restore_if_ours(model: nn.Module, snapshot: ModelSnapshot) -> None:
         for layer in [m for m in model.modules() if isinstance(m, LayerFusionLayer)]:
             layer.remove_hooks()
         snapshot.restore()
+
+
+def roll_back_transformers_load(model: nn.Module, snapshot: ModelSnapshot, configs: dict[str, Any]) -> bool:
+    """After a failed transformers ``model.load_adapter``: take a new adapter of ours out again.
+
+    transformers injects the adapter (fusion layer, hooks, LoRA layers) before it reads the weights;
+    when reading fails the injected adapter would stay, its fresh fusion running in every forward.
+
+    Args:
+        model: The transformers model ``load_adapter`` was called on.
+        snapshot: The model as it was before the call.
+        configs: Its ``peft_config`` entries before the call (empty when it had none).
+
+    Returns:
+        Whether an adapter of ours was taken out.
+    """
+    current = model.__dict__.get("peft_config")
+    current = current if isinstance(current, dict) else {}
+    new = {name: config for name, config in current.items() if name not in configs}
+    if not any(is_layerfusion_config(config) for config in new.values()):
+        return False
+    for name in new:
+        forget_fusion_adapter(model, name)
+    snapshot.restore()  # children, hooks, requires_grad; new root attributes (peft_config) go
+    if isinstance(model.__dict__.get("peft_config"), dict):  # the model carried adapters before
+        for name in new:
+            del model.peft_config[name]
+    return True
+
+
+class BiasValues:
+    """The values of every bias of a model, to put back after a failed load.
+
+    The only tensors of the base an adapter of ours loads in place are biases (BitFit, or
+    ``bias="all"``): transformers reads them one by one, so a load that fails half-way (weights of
+    another width: the biases whose shape still fits are read before the first that does not)
+    leaves some of them overwritten. Biases are a tiny share of a model's parameters.
+
+    Args:
+        model: The model whose biases are kept.
+
+    Example:
+        >>> biases = BiasValues(model)
+        >>> biases.restore()
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.values = [
+            (param, param.detach().clone())
+            for name, param in model.named_parameters()
+            if name.rpartition(".")[2] == "bias"
+        ]
+
+    def restore(self) -> None:
+        """Copy the kept values back into the same parameters."""
+        with torch.no_grad():
+            for param, value in self.values:
+                param.copy_(value)
 
 
 def _missing_keys_message(

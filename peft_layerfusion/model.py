@@ -18,6 +18,7 @@ treat it like any LoRA layer.
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from typing import Any, ClassVar, Optional
@@ -112,18 +113,13 @@ class LayerFusionModel(LoraModel):
             model, located, hidden_size_of(model, located), tuple(config.resolve_layers(located.num_blocks))
         )
         module_cls.check_supported(config, context)
-        config.starts_at_base(model, context.layers, located.num_blocks)  # an impossible 'identity' raises
+        config.starts_at_base(model, context.layers, located.num_blocks, warn=True)  # 'identity' may raise
         if shares_weights(located):
             warn_shared_blocks(located, config.blocks_path)
         return context
 
     def _forget_adapter(self, model: nn.Module, adapter_name: str) -> None:
-        """Undo what a failed injection registered outside the module tree (hooks, the layer's records)."""
-        for layer in [m for m in model.modules() if isinstance(m, LayerFusionLayer)]:
-            layer._remove_model_hooks(adapter_name)
-            layer.fused_layers.pop(adapter_name, None)
-            if not layer.fused_layers:  # the layer was new: all its hooks go
-                layer.remove_hooks()
+        forget_fusion_adapter(model, adapter_name)
 
     def _attach_fusion(
         self, config: LayerFusionConfig, context: FusionContext, adapter_name: str, low_cpu_mem_usage: bool
@@ -205,6 +201,23 @@ class LayerFusionModel(LoraModel):
         return new_key if found else super()._remove_adapter_name_from_key(key, adapter_name)
 
 
+def forget_fusion_adapter(model: nn.Module, adapter_name: str) -> None:
+    """Undo what a failed injection or load of ``adapter_name`` registered outside the module tree.
+
+    The hooks its fusion module put on the model, the fusion layer's records of it, and, where the
+    layer held no other adapter (it was new), every hook of the layer. The module tree itself is put
+    back by :class:`ModelSnapshot`.
+
+    Example:
+        >>> forget_fusion_adapter(model, "default")
+    """
+    for layer in [m for m in model.modules() if isinstance(m, LayerFusionLayer)]:
+        layer._remove_model_hooks(adapter_name)
+        layer.fused_layers.pop(adapter_name, None)
+        if not layer.fused_layers:  # the layer was new: all its hooks go
+            layer.remove_hooks()
+
+
 def inject_lora(tuner: LoraModel, model: nn.Module, adapter_name: str, **kwargs: Any) -> None:
     """Run LoRA's ``inject_adapter`` for ``tuner``; empty ``target_modules`` injects no LoRA layer.
 
@@ -231,8 +244,9 @@ class ModelSnapshot:
     """What an injection may change in a model, to put it back if the injection fails.
 
     Kept: every module's children (LoRA layers, ``modules_to_save`` wrappers and the fusion layer
-    replace or add children), its forward hooks, every parameter's ``requires_grad``, and the
-    attributes of the root (e.g. a wrapped ``generate``).
+    replace or add children), its parameters (the objects: a loader may swap in new ones), its
+    forward hooks, every parameter's ``requires_grad``, the attributes of the root (e.g. a wrapped
+    ``generate``), and the active adapters of the tuner layers already there.
 
     Example:
         >>> snapshot = ModelSnapshot(model)
@@ -257,11 +271,20 @@ class ModelSnapshot:
             (module, dict(module._modules), {name: set(getattr(module, name)) for name in self._HOOK_DICTS})
             for module in model.modules()
         ]
+        self.parameters = [(module, dict(module._parameters)) for module in model.modules()]
         self.requires_grad = [(param, param.requires_grad) for param in model.parameters()]
         self.root_attributes = set(model.__dict__)
+        self.active = [  # tuner layers already there: which adapters they run
+            (module, copy.copy(module._active_adapter))
+            for module in model.modules()
+            if isinstance(module, BaseTunerLayer) and "_active_adapter" in module.__dict__
+        ]
 
     def restore(self) -> None:
-        """Put children, hooks, ``requires_grad`` and root attributes back as they were."""
+        """Put children, parameters, hooks, ``requires_grad`` and root attributes back as they were."""
+        for module, parameters in self.parameters:  # a loader may have put new Parameter objects in
+            module._parameters.clear()
+            module._parameters.update(parameters)
         for module, children, hooks in self.modules:
             module._modules.clear()
             module._modules.update(children)
@@ -273,6 +296,8 @@ class ModelSnapshot:
             param.requires_grad_(requires_grad)
         for name in set(self.model.__dict__) - self.root_attributes:
             del self.model.__dict__[name]
+        for module, active in self.active:
+            module._active_adapter = active
 
 
 def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:

@@ -45,7 +45,7 @@ from typing import ClassVar, Optional
 import torch
 from torch import nn
 
-from ..config import DepthMixConfig, require_number
+from ..config import DepthMixConfig, invalid, require_number
 from ..fusion import FusionContext, FusionModule, linear_init_, unit_rms
 from ..hooks import Capture
 from ..model import LayerFusionModel
@@ -129,6 +129,14 @@ class Concat(FusionModule):
     def mixing_parameters(self) -> list[nn.Parameter]:
         """Every parameter: the maps are the mix."""
         return list(self.parameters())
+
+    @classmethod
+    def check_supported(cls, config: ConcatConfig, context: FusionContext) -> None:
+        """``map_rank`` below ``d``: at ``r >= d`` the "low-rank" maps have more parameters than full ones."""
+        r, d = config.map_rank, context.hidden_size
+        if r is not None and r >= d:
+            allowed = f"None (full maps) or an int in [1, {d - 1}], below the hidden size d = {d}"
+            raise invalid("map_rank", r, allowed)
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         d = self.hidden_size

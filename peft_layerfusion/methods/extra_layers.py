@@ -128,11 +128,19 @@ def caches_in(args: tuple, kwargs: dict[str, Any]) -> list[Cache]:
     return caches
 
 
+# Constructor parameters a cache layer keeps under another attribute: a static sliding-window layer
+# stores only its slot length, ``max_cache_len = min(sliding_window, max_cache_len)``, so passing that
+# length as both gives a slot of the same length.
+_STORED_AS = {"sliding_window": "max_cache_len"}
+
+
 def empty_cache_layer_like(layer: Any) -> Any:
     """A new, empty cache layer of ``layer``'s class and settings (e.g. the same sliding window).
 
     The constructor's named parameters are read back from ``layer``'s attributes of the same name
-    (``DynamicSlidingWindowLayer(sliding_window=...)``, ``StaticLayer(max_cache_len=...)``).
+    (``DynamicSlidingWindowLayer(sliding_window=...)``, ``StaticLayer(max_cache_len=...)``, or the
+    attribute ``_STORED_AS`` names). A layer that records its past states (``generate`` turns that on
+    for assisted and prompt-lookup decoding, which crop the cache back) gives a layer that records too.
 
     Raises:
         TypeError: if a parameter cannot be read back.
@@ -142,11 +150,15 @@ def empty_cache_layer_like(layer: Any) -> Any:
     for name, parameter in inspect.signature(cls.__init__).parameters.items():
         if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
-        if hasattr(layer, name):
-            settings[name] = getattr(layer, name)
+        stored = name if hasattr(layer, name) else _STORED_AS.get(name)
+        if stored is not None and hasattr(layer, stored):
+            settings[name] = getattr(layer, stored)
         elif parameter.default is parameter.empty:
             raise TypeError(f"cannot read `{name}` of a {cls.__name__}")
-    return cls(**settings)
+    new = cls(**settings)
+    if getattr(layer, "record_past", False) and callable(getattr(new, "activate_past_recording", None)):
+        new.activate_past_recording()
+    return new
 
 
 def reserve_cache_slots(caches: list[Cache], first: int, count: int) -> None:

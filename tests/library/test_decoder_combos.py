@@ -234,6 +234,40 @@ def test_compiled_forward_equals_eager(name):
     assert (got - logits_of(FAMILIES[name].build("causal"), inputs)).abs().max() > 1e-3
 
 
+def graph_break_hook(module: torch.nn.Module, args: tuple) -> None:
+    """A forward pre-hook that makes dynamo break the graph there (eager: does nothing)."""
+    torch._dynamo.graph_break()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_compiled_forward_with_a_graph_break_after_the_blocks_equals_eager(name):
+    """Issue 37 item 1: a graph break after the block container (in the LM head; GPT-2 with ``labels``
+    in the loss) split the forward, and the per-thread counts the "did the adapter run" check reads
+    stayed behind (dynamo dropped attributes set on a ``threading.local`` subclass): a false
+    "did not run" on every call. Now the compiled logits and loss equal eager ones, no error."""
+    dynamo = pytest.importorskip("torch._dynamo", reason="torch without torch.compile")
+    testing = pytest.importorskip("torch._dynamo.testing")
+    if not dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile is not supported on this Python")
+    model = combined(name)
+    model.get_output_embeddings().register_forward_pre_hook(graph_break_hook)
+    inputs = {**causal_inputs(), "labels": token_ids(), "use_cache": False}
+    with torch.no_grad():
+        eager = model(**inputs)
+    dynamo.reset()
+    counter = testing.CompileCounterWithBackend("aot_eager")
+    try:
+        compiled = torch.compile(model, backend=counter)
+        with torch.no_grad():
+            outputs = [compiled(**inputs) for _ in range(2)]  # the second call runs the compiled graphs
+    finally:
+        dynamo.reset()
+    assert counter.frame_count >= 2  # the graph did break
+    for got in outputs:
+        assert torch.equal(got.logits, eager.logits) and torch.equal(got.loss, eager.loss)
+    assert (eager.logits - logits_of(FAMILIES[name].build("causal"), causal_inputs())).abs().max() > 1e-3
+
+
 # ----------------------------------------------------------------------------- several adapters
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_set_adapter_gives_each_adapters_own_outputs(name, tmp_path):

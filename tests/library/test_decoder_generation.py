@@ -202,14 +202,43 @@ def test_a_bart_decoder_alone_generates_exactly(method):
     assert_scores_close(out.logits, scores)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("name", ["llama", "gemma3_text", "mistral"])
 def test_extra_layers_with_a_static_cache_equal_uncached(name):
-    # cache_implementation="static": the extra slot is a StaticLayer of the same max_cache_len.
+    # cache_implementation="static": the extra slot is a StaticLayer of the same max_cache_len; on an
+    # all-sliding model (Mistral, issue 37) a StaticSlidingWindowLayer of the same window (it keeps
+    # only that length, which was refused as "cannot read `sliding_window`").
     model = adapted_with(FAMILIES[name].build("causal"), method_named_extra())
     ids = token_ids(2, 7)
     settings = {**no_eos(model), "output_logits": True, "return_dict_in_generate": True}
     with torch.no_grad():
         static = model.generate(input_ids=ids, cache_implementation="static", **settings)
+        dynamic = model.generate(input_ids=ids, use_cache=True, **settings)
         uncached = model.generate(input_ids=ids, use_cache=False, **settings)
     assert torch.equal(static.sequences, uncached.sequences)
+    assert torch.equal(dynamic.sequences, uncached.sequences)
     assert_scores_close(static.logits, torch.stack(uncached.logits))
+    assert_scores_close(dynamic.logits, torch.stack(uncached.logits))
+
+
+# a sliding-window last block: Mistral (every block), Gemma 3 with its layer types swapped
+SLIDING_LAST = {"mistral": {}, "gemma3_text": {"layer_types": ["full_attention", "sliding_attention"]}}
+
+
+@pytest.mark.parametrize("decoding", ["prompt_lookup", "assisted"])
+@pytest.mark.parametrize("name", list(SLIDING_LAST))
+def test_extra_layers_on_a_sliding_last_block_decode_assisted_and_by_prompt_lookup(name, decoding):
+    """Issue 37 item 5: assisted and prompt-lookup decoding crop the cache back after rejected
+    candidates, which a sliding-window layer allows only once ``generate`` turned on its past
+    recording; the extra block's new slot did not record ("crop was called, but the current layer
+    does not track past states"). Now the tokens equal plain greedy cached generation."""
+    base = FAMILIES[name].build("causal", **SLIDING_LAST[name])
+    assert getattr(base.config, "layer_types", ["sliding_attention"])[-1] == "sliding_attention"
+    model = adapted_with(copy.deepcopy(base), method_named_extra())
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]])  # repeats: prompt lookup finds candidates
+    extra = {"prompt_lookup_num_tokens": 3} if decoding == "prompt_lookup" else {"assistant_model": base}
+    with torch.no_grad():
+        greedy = model.generate(input_ids=ids, use_cache=True, **no_eos(model))
+        got = model.generate(input_ids=ids, use_cache=True, **no_eos(model), **extra)
+    assert torch.equal(got, greedy)
+    tokens, _ = uncached_greedy(model, ids)
+    assert torch.equal(greedy[:, -NEW_TOKENS:], tokens)

@@ -1,8 +1,9 @@
 """Layer fusion on decoder-only LLMs (issue 26, items 1 and 3): every head, every family, recomputed.
 
-Families: Llama, Qwen2, Qwen3, Mistral, Gemma 3 (text), Phi-3, GPT-2, GPT-NeoX, OPT (tiny random
-configs, ``tiny_decoders.py``). Heads: ``*ForCausalLM``, ``*ForSequenceClassification`` (pooled at
-the last real token, right and left padding), ``*ForTokenClassification`` where transformers has one.
+Families: Llama, Qwen2, Qwen3, Mistral, Gemma 3 (text), Phi-3, GPT-2, GPT-NeoX, Falcon, BLOOM,
+GPT-J, OPT (tiny random configs, ``tiny_decoders.py``). Heads: ``*ForCausalLM``,
+``*ForSequenceClassification`` (pooled at the last real token, right and left padding),
+``*ForTokenClassification`` where transformers has one.
 
 * token-wise methods (the registry's ``token_wise`` ones): the head's output equals the model's
   own final norm ``F`` and head applied to the method's formula (``test_methods.REFERENCES``) on the
@@ -22,17 +23,21 @@ import torch
 import transformers as tf
 from conftest import fusion_of, survivors
 from peft import get_peft_model
+from test_decoder_generation import NEW_TOKENS, assert_scores_close, cached_generate, uncached_greedy
 from test_methods import REFERENCES, dwatt_ref
 from tiny_decoders import (
+    COMMON,
     FAMILIES,
     NAMES,
     TASK_TYPES,
     adapted,
     head_output,
+    last_real_index,
     padded,
     residual_stream,
     token_ids,
     with_blocks_appended,
+    with_norm_gains,
 )
 
 from peft_layerfusion import DWAttConfig, ExtraLayersConfig, find_encoder_blocks, fused_positions
@@ -135,6 +140,103 @@ def test_two_extra_layers_equal_the_model_with_two_more_blocks():
     deeper = with_blocks_appended(family, base, list(fusion_of(model).blocks))
     inputs = inputs_for("causal", "right")
     torch.testing.assert_close(output_of(model, inputs), output_of(deeper, inputs), atol=ATOL, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- OPT-350m's layout
+# `word_embed_proj_dim != hidden_size`: OPTDecoder maps the embeddings in (`project_in`) and the last
+# state out (`project_out`), inside the container. OPT-350m is post-norm (no final norm): `project_out`
+# reads z_L itself. The pre-norm variant has F before it.
+OPT_LAYOUTS = {"post_norm_350m": False, "pre_norm": True}
+
+
+def projected_opt(head: str, layer_norm_before: bool) -> torch.nn.Module:
+    """A tiny OPT of width 32 whose embeddings and output are 16 wide (OPT-350m's layout, scaled down)."""
+    config = tf.OPTConfig(**COMMON, ffn_dim=48, word_embed_proj_dim=16, num_labels=3,
+                          do_layer_norm_before=layer_norm_before)  # fmt: skip
+    torch.manual_seed(0)
+    auto = {"causal": tf.AutoModelForCausalLM, "seq": tf.AutoModelForSequenceClassification}[head]
+    return with_norm_gains(auto.from_config(config).eval())
+
+
+def projected_stream(reference: torch.nn.Module, inputs: dict) -> list[torch.Tensor]:
+    """``z_0 .. z_L`` of an untouched projected OPT: ``output_hidden_states`` for the block inputs, and
+    ``z_L`` from what reads it after the blocks (the final norm, else ``project_out``)."""
+    decoder = reference.model.decoder
+    after_blocks = decoder.final_layer_norm or decoder.project_out
+    seen = []
+    handle = after_blocks.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            hidden = decoder(**inputs, output_hidden_states=True, use_cache=False).hidden_states
+    finally:
+        handle.remove()
+    return [*hidden[: len(decoder.layers)], seen[-1]]
+
+
+def projected_head_output(reference: torch.nn.Module, head: str, h: torch.Tensor, inputs: dict):
+    """What the OPT makes of ``h`` in place of ``z_L``: its final norm (if any), ``project_out``, the head."""
+    decoder = reference.model.decoder
+    with torch.no_grad():
+        if decoder.final_layer_norm is not None:
+            h = decoder.final_layer_norm(h)
+        h = decoder.project_out(h)  # (batch, seq, 16)
+        if head == "causal":
+            return reference.lm_head(h)
+        logits = reference.score(h)
+        last = last_real_index(inputs)
+        return logits[torch.arange(len(last)), last]
+
+
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=[m.name for m in ENCODER_METHODS])
+@pytest.mark.parametrize("head, side", [("causal", "right"), ("seq", "left")])
+@pytest.mark.parametrize("layout", list(OPT_LAYOUTS))
+def test_opt_with_an_output_projection_equals_the_recomputation(layout, head, side, method):
+    """Issue 37 item 4: OPT-350m's layout was accepted, then every forward raised advising a
+    `blocks_path` that was right. The fusion now runs at ``project_out``'s input (post-norm) or at
+    the final norm (pre-norm), and ``project_out`` runs on the fused state as the model runs it."""
+    reference = projected_opt(head, OPT_LAYOUTS[layout])
+    assert reference.config.word_embed_proj_dim != reference.config.hidden_size
+    model = adapted(copy.deepcopy(reference), method.config_cls(task_type=TASK_TYPES[head]))
+    assert fusion_of(model).hidden_size == 32  # the blocks' width, not the projected one
+    inputs = inputs_for(head, side)
+    if method.config_cls is ExtraLayersConfig:
+        deeper = copy.deepcopy(reference)
+        for block in fusion_of(model).blocks:
+            deeper.model.decoder.layers.append(copy.deepcopy(block))
+        expected = output_of(deeper, inputs)
+    else:
+        states = projected_stream(reference, inputs)
+        h = REFERENCES[method.config_cls](states, list(range(1, len(states))), fusion_of(model))
+        expected = projected_head_output(reference, head, h, inputs)
+    got = output_of(model, inputs)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-5)
+    # the fusion changes what the head reads, far beyond the tolerance (OPT's small score head: logits ~0.01)
+    assert (got - output_of(reference, inputs)).abs().max() > 10 * ATOL
+
+
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=[m.name for m in ENCODER_METHODS])
+def test_opt_350m_layout_generates_with_the_cache_as_without(method):
+    model = adapted(projected_opt("causal", False), method.config_cls(task_type="CAUSAL_LM", **(
+        {"num_extra_layers": 1} if method.config_cls is ExtraLayersConfig else {})))  # fmt: skip
+    ids = token_ids(2, 5)
+    tokens, scores = uncached_greedy(model, ids)
+    out = cached_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert torch.equal(out.sequences[:, -NEW_TOKENS:], tokens)
+    assert_scores_close(out.logits, scores)
+
+
+def test_an_output_projection_whose_output_is_not_returned_raises():
+    """The fusion at ``project_out``'s input holds only if the container returns that projection's output."""
+    model = adapted(projected_opt("causal", False), DWAttConfig(task_type="CAUSAL_LM"))
+
+    def copy_output(module: torch.nn.Module, args: tuple, output):
+        output.last_hidden_state = output.last_hidden_state + 0  # equal values, not the projection's output
+        return output
+
+    model.base_model.model.model.decoder.register_forward_hook(copy_output, prepend=True)  # before ours
+    one_line = r"fused at the input of its output projection `Linear`, but does not return"
+    with pytest.raises(RuntimeError, match=one_line):
+        output_of(model, inputs_for("causal", "right"))
 
 
 @pytest.mark.parametrize("method", ENCODER_METHODS, ids=[m.name for m in ENCODER_METHODS])

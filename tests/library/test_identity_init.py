@@ -192,6 +192,33 @@ def test_auto_resolves_to_identity_on_decoders(name):
     assert not ScalarMixConfig().starts_at_base(tiny_bert(), [1, 2, 3], 3)  # an encoder: the paper's
 
 
+@pytest.mark.parametrize("config_cls", [ConcatConfig, ScalarMixConfig])
+def test_auto_falling_back_to_the_paper_init_on_a_decoder_warns_once(config_cls):
+    """Issue 37: ``"auto"`` with ``layers`` leaving out ``z_L`` gave the paper's init silently."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_peft_model(tiny_decoder("llama"), config_cls(layers=[1, 2]))
+    method = config_cls.__name__.removesuffix("Config")
+    said = [str(w.message) for w in caught if "identity init" in str(w.message)]
+    assert said == [
+        f"Layer fusion: {method} with fusion_init='auto' starts from the paper's init on this "
+        "decoder-only model, not the identity init: layers=[1, 2] leaves out the last state z_L "
+        "(3 or -1) that the identity init starts from. Add 3 to `layers`, or set fusion_init='paper' "
+        "to silence this."
+    ]
+    quiet = [  # z_L fused, the paper's init asked for, an encoder, DWAtt (reads z_L whatever the layers)
+        (tiny_decoder("llama"), config_cls(layers=[1, 3])),
+        (tiny_decoder("llama"), config_cls(layers=[1, 2], fusion_init="paper")),
+        (tiny_bert(), config_cls(layers=[1, 2])),
+        (tiny_decoder("llama"), DWAttConfig(layers=[1, 2])),
+    ]
+    for base, config in quiet:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            get_peft_model(base, config)
+        assert not [w for w in caught if "identity init" in str(w.message)], config
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("name", list(DECODERS))
 def test_decoders_start_at_the_base_by_default(name, variant):

@@ -18,6 +18,7 @@ from conftest import perturb_, tiny_bert
 from peft import get_peft_model
 from test_surface_fusion import batch, tiny_bart
 
+from peft_layerfusion import count_hooks
 from peft_layerfusion.fusion import realign_after_load
 from peft_layerfusion.registration import BASELINE_TYPES, METHODS
 
@@ -60,3 +61,53 @@ def test_transformers_load_adapter_restores_every_tensor_and_the_logits(tmp_path
             realign_after_load(fresh)
             logits = fresh(**inputs).logits
     assert torch.equal(logits, saved_logits)
+
+
+def base_and_inputs(name: str) -> tuple[torch.nn.Module, dict, dict]:
+    """The tiny base for method ``name`` (BART for the seq2seq methods), its inputs and config options."""
+    if name in SEQ2SEQ:
+        return tiny_bart(), batch(), {}
+    input_ids = torch.randint(1, 99, (2, 7), generator=torch.Generator().manual_seed(1))
+    return tiny_bert(), {"input_ids": input_ids}, {"modules_to_save": ["classifier"]}
+
+
+def wider(base: torch.nn.Module) -> torch.nn.Module:
+    """A model like ``base`` with hidden states 16 wider (its adapters do not fit ``base``)."""
+    config = copy.deepcopy(base.config)
+    config.hidden_size += 16  # BART's d_model through its attribute map
+    torch.manual_seed(3)
+    return type(base)(config).eval()
+
+
+@pytest.mark.parametrize("failure", ["truncated", "other_width"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_failed_transformers_load_adapter_leaves_the_model_as_it_was(tmp_path, name, failure):
+    """Issue 37 item 6: transformers injects the adapter before it reads the weights; a read that
+    failed left the fresh fusion's hooks live, and the untouched model's logits moved. Now the model is
+    put back: logits bitwise, no hook and no adapter left, and a good adapter then loads."""
+    base, inputs, options = base_and_inputs(name)
+    perturb_(base)
+    source = base if failure == "truncated" else wider(base)
+    get_peft_model(copy.deepcopy(source), CONFIGS[name](**options)).save_pretrained(tmp_path / "bad")
+    if failure == "truncated":
+        weights = tmp_path / "bad" / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    model = get_peft_model(copy.deepcopy(base), CONFIGS[name](**options)).eval()
+    generator = torch.Generator().manual_seed(9)
+    with torch.no_grad():  # every trainable tensor away from its init (BitFit: the base's biases)
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(0.3 * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(tmp_path / "good")
+    with torch.no_grad():
+        saved_logits = model(**inputs).logits
+        before = base(**inputs).logits
+    with pytest.raises(Exception):  # noqa: B017 (transformers' own error, by cause and version)
+        base.load_adapter(str(tmp_path / "bad"))
+    with torch.no_grad():
+        assert torch.equal(base(**inputs).logits, before)
+    assert count_hooks(base) == 0 and not getattr(base, "peft_config", None)
+    base.load_adapter(str(tmp_path / "good"))
+    realign_after_load(base)
+    with torch.no_grad():
+        assert torch.equal(base.eval()(**inputs).logits, saved_logits)

@@ -187,6 +187,18 @@ def test_too_many_extra_layers_are_refused_before_the_model_is_touched():
     assert base_state(base) == before
 
 
+@pytest.mark.parametrize("rank", [32, 100])
+def test_a_concat_map_rank_at_or_above_the_width_is_refused_before_the_model_is_touched(rank):
+    """Issue 37: at ``map_rank >= d`` the "low-rank" maps (2 K d r + d) outgrow the full ones (K d^2 + d)."""
+    base = tiny_bert()  # d = 32
+    before = base_state(base)
+    one_line = rf"^`map_rank`={rank} is not allowed: expected None \(full maps\) or an int in \[1, 31\]"
+    with pytest.raises(ValueError, match=one_line):
+        get_peft_model(base, ConcatConfig(map_rank=rank))
+    assert base_state(base) == before and count_hooks(base) == 0
+    assert get_peft_model(base, ConcatConfig(map_rank=31)) is not None  # just below d: built
+
+
 # ----------------------------------------------------------------------------- 7. discovery
 class Block(nn.Module):
     def __init__(self) -> None:
@@ -249,6 +261,24 @@ def test_a_fusion_whose_hooks_never_fire_raises_naming_blocks_path():
         model(input_ids=torch.tensor([[1, 2, 3]]))
     with model.disable_adapter():  # without the fusion nothing is expected to run
         model(input_ids=torch.tensor([[1, 2, 3]]))
+
+
+def test_a_fusion_whose_hooks_never_fire_raises_under_torch_compile_too():
+    """Issue 37 item 1: the check reads per-thread counts that dynamo used to drop; compiled, with a
+    graph break after the blocks, it still fires when the hooks really never ran."""
+    dynamo = pytest.importorskip("torch._dynamo", reason="torch without torch.compile")
+    if not dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile is not supported on this Python")
+    model = get_peft_model(LayersInHead(), DWAttConfig(blocks_path="aux.blocks"))
+    model.base_model.model.head.layers[1].register_forward_pre_hook(lambda module, args: dynamo.graph_break())
+    dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend="eager")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match=r"did not run .*blocks_path='aux.blocks'"):
+                compiled(input_ids=torch.tensor([[1, 2, 3]]))
+    finally:
+        dynamo.reset()
 
 
 class SkippingStack(nn.Module):
