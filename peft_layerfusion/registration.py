@@ -44,11 +44,13 @@ class Method:
         name: Lower case, e.g. ``"dwatt"``; the PEFT type is ``name.upper()``.
         config_cls: Its PEFT config.
         model_cls: Its PEFT tuner (a :class:`LayerFusionModel` naming its fusion module).
+        label: Its name in figures and tables, e.g. ``"R+n"`` for ``extra_layers``.
     """
 
     name: str
     config_cls: type[LayerFusionConfig]
     model_cls: type[LayerFusionModel]
+    label: str
 
     @property
     def prefix(self) -> str:
@@ -70,13 +72,13 @@ class Method:
 
 
 METHODS: tuple[Method, ...] = (
-    Method("dwatt", DWAttConfig, DWAttModel),
-    Method("concat", ConcatConfig, ConcatModel),
-    Method("average", AverageConfig, AverageModel),
-    Method("scalar_mix", ScalarMixConfig, ScalarMixModel),
-    Method("extra_layers", ExtraLayersConfig, ExtraLayersModel),
-    Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel),
-    Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel),
+    Method("dwatt", DWAttConfig, DWAttModel, "DWAtt"),
+    Method("concat", ConcatConfig, ConcatModel, "Concat"),
+    Method("average", AverageConfig, AverageModel, "Average"),
+    Method("scalar_mix", ScalarMixConfig, ScalarMixModel, "ScalarMix"),
+    Method("extra_layers", ExtraLayersConfig, ExtraLayersModel, "R+n"),
+    Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel, "SurfaceFusion"),
+    Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel, "EncoderFusion"),
 )
 
 ENCODER_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if not m.seq2seq)  # any encoder

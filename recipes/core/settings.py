@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ..arguments import FULL_TRAIN, check_positive_ints
+from ..arguments import FULL_TRAIN, check_names, check_positive_ints
 from .experiment import cache_positions_for
 from .feature_cache import storage_dtype
 from .models import METHOD_NAMES, check_adapter_grid
@@ -68,19 +68,6 @@ def results_path(output: str | os.PathLike, results: str | os.PathLike | None = 
         'benchmarks/results/conll_fe_lr/results.jsonl'
     """
     return str(results) if results else str(Path(output) / "results.jsonl")
-
-
-def check_names(option: str, values: list[str] | None, allowed: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` naming ``option``, the unknown values and what is allowed.
-
-    Example:
-        >>> check_names("methods", ["dwat"], ("none", "dwatt"))
-        Traceback (most recent call last):
-        ValueError: --methods: unknown ['dwat']; allowed: none, dwatt
-    """
-    unknown = [value for value in values or () if value not in allowed]
-    if unknown:
-        raise ValueError(f"--{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
 
 
 def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:

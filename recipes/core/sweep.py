@@ -66,7 +66,7 @@ from .cells import (
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
 from .feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
-from .probes import probe_cells, run_probes
+from .probes import missing_probes, probe_cells, run_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
@@ -180,6 +180,25 @@ def _run_at_selected_lrs(later: list[Cell], wanted: set[str], runner, mine, setu
     bar.update(len({record_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
     runner.run(units)
     return keys
+
+
+def runs_left(
+    cells: list[Cell], results: str | os.PathLike, settings: TaskSettings, select_trials: int | None
+) -> bool:
+    """Whether a run of ``cells`` is missing from ``results``: one of the selection trials at any LR of
+    its grid, or one of the later trials at the LR selected on them (``select_trials``).
+
+    Example:
+        >>> runs_left(grid_cells(grid), "out/results.jsonl", settings, None)  # a finished grid
+        False
+    """
+    done, setup = finished_keys(results), settings.setup()
+    first, later = split_trials(cells, select_trials)
+    wanted = {record_key(cell, lr, setup) for cell in first for lr in settings.lr_grid(cell.regime)}
+    if not wanted <= done:
+        return True
+    chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted) if later else {}
+    return any(record_key(cell, chosen[_group(cell)], setup) not in done for cell in later)
 
 
 def split_trials(cells: list[Cell], select_trials: int | None) -> tuple[list[Cell], list[Cell]]:
@@ -384,9 +403,12 @@ def _sweep(
     start.begin()  # refused before this line: no sweeps.jsonl line (nor output folder)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
-    if plan is not None and grid["workers"] == 1 and state.num_processes == 1:
+    left = runs_left(cells, grid["results"], settings, grid["select_trials"])
+    probes_left = bool(grid.get("probe_layers")) and bool(missing_probes(experiment, grid))
+    if plan is not None and grid["workers"] == 1 and state.num_processes == 1 and (left or probes_left):
         # everything the runs and the probes read, in the order the runs read it (the probes' samples
-        # are the FE cells' where the grid has some); then the encoder that computes it goes
+        # are the FE cells' where the grid has some); then the encoder that computes it goes. A grid
+        # whose runs are all in the results file builds no cache: it only reports them
         first, later = split_trials(cells, grid["select_trials"])
         experiment.prefill_cache(first + later + probed_cells(grid))
     # the layer probes on the filled cache (the encoder gone after a prefill), before the runs

@@ -75,7 +75,7 @@ def tiny(tmp_path_factory):
     return write_tiny_model(root / "model"), write_toy_data(root / "data", train=30, dev=8, test=8)
 
 
-def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys):
+def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys, monkeypatch):
     model, data = tiny
     argv = [
         "ner",
@@ -104,7 +104,11 @@ def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys):
     assert len(read_records(tmp_path / "results.jsonl")) == 4
     for name in ("table.md", "f1_vs_shots.png", "dev_curves.png", "dwatt_attention.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert main(argv) == 0  # resumed: nothing to run
+    def no_cache(self):
+        raise AssertionError("a finished sweep built the feature cache")
+
+    monkeypatch.setattr(Experiment, "_cache_object", no_cache)
+    assert main(argv) == 0  # resumed: nothing to run, no feature cache built
     assert len(read_records(tmp_path / "results.jsonl")) == 4
     assert main(["plot", str(tmp_path / "results.jsonl"), "--output", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "f1_vs_shots.png").exists()
@@ -181,7 +185,20 @@ def test_missing_paths_are_one_line_before_the_library_is_imported(tmp_path):
         "layerfusion seq2seq: error: give --data DIR (valid.txt, test.txt) or --train-file and --test-file",
         f"layerfusion audit: error: CONFIG '{missing}': no such file or directory",
         f"layerfusion plot: error: '{missing}': no such results file",
+        f"layerfusion ner: error: --model '{missing}': no such model folder or file",
+        f"layerfusion classify: error: --model '{missing}.gguf': no such model folder or file",
     ]
+
+
+def test_a_missing_relative_model_folder_is_one_line_not_a_hub_name(tmp_path):
+    """``runs/minilm`` beside a ``runs/`` folder is a path (not the Hub's owner/name): said at once."""
+    (tmp_path / "runs").mkdir()
+    script = "from layerfusion_recipes.cli import main\nprint(main(['ner', '--model', 'runs/minilm']))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path, timeout=60
+    )
+    assert result.stdout.strip() == "2"
+    assert result.stderr.splitlines() == ["layerfusion ner: error: --model 'runs/minilm': no such model folder or file"]
 
 
 ARGVS = [
@@ -192,6 +209,8 @@ ARGVS = [
     ["seq2seq"],
     ["audit", "MISSING"],
     ["plot", "MISSING"],
+    ["ner", "--model", "MISSING"],
+    ["classify", "--data", "sst2", "--model", "MISSING.gguf"],
 ]
 
 
