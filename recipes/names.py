@@ -5,6 +5,7 @@ do not edit (tests/recipes/reporting/test_methods.py fails while it is out of da
 """
 
 # ruff: noqa: E501
+# fmt: off
 
 PLAIN_HEAD = "none"
 METHOD_NAMES = ("none", "dwatt", "concat", "average", "scalar_mix", "extra_layers")

@@ -34,6 +34,7 @@ do not edit (tests/recipes/reporting/test_methods.py fails while it is out of da
 """
 
 # ruff: noqa: E501
+# fmt: off
 '''
 
 

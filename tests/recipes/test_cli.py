@@ -104,6 +104,7 @@ def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys, 
     assert len(read_records(tmp_path / "results.jsonl")) == 4
     for name in ("table.md", "f1_vs_shots.png", "dev_curves.png", "dwatt_attention.png"):
         assert (tmp_path / name).stat().st_size > 0
+
     def no_cache(self):
         raise AssertionError("a finished sweep built the feature cache")
 
@@ -198,7 +199,8 @@ def test_a_missing_relative_model_folder_is_one_line_not_a_hub_name(tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path, timeout=60
     )
     assert result.stdout.strip() == "2"
-    assert result.stderr.splitlines() == ["layerfusion ner: error: --model 'runs/minilm': no such model folder or file"]
+    message = "layerfusion ner: error: --model 'runs/minilm': no such model folder or file"
+    assert result.stderr.splitlines() == [message]
 
 
 ARGVS = [
