@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -71,6 +72,7 @@ from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
 from .sweep_log import SweepStart, logged_sweep
+from .tasks import check_task
 
 _WORKER: FewShotExperiment | Exception | None = None
 
@@ -82,6 +84,8 @@ SweepReport = Callable[[list[dict[str, Any]], list[dict[str, Any]], dict[str, An
 
 def _init_worker(settings: TaskSettings, threads: int) -> None:
     global _WORKER
+    # Ctrl-C reaches the whole process group: the parent stops the pool, a worker says nothing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     try:
         _WORKER = settings.make_experiment()
@@ -142,7 +146,9 @@ def run_cells(
     own_keys = {record_key(cell, lr, setup) for cell, lrs in first_units for lr in lrs}
     total = len(own_keys) + len(mine([(cell, ()) for cell in later]))
     bar = _progress_bar(total, len(own_keys & finished_keys(results)), state, progress)
+    # added to each record, not to its key: which process ran it, and the task (one per results file)
     launch = {"num_processes": state.num_processes, "process_index": state.process_index}
+    launch["task"] = settings.TASK
     runner = _UnitRunner(results, settings, workers, experiment, bar, on_record, launch)
     try:
         runner.run(first_units)
@@ -241,7 +247,7 @@ class _UnitRunner:
     def __init__(self, results, settings, workers, experiment, bar, on_record, launch) -> None:
         self.results, self.settings, self.workers = results, settings, workers
         self.experiment, self.bar, self.on_record = experiment, bar, on_record
-        self.launch = launch  # {"num_processes", "process_index"}: added to each record, not to its key
+        self.launch = launch  # {"num_processes", "process_index", "task"}: in each record, not its key
         self.setup = settings.setup()
         self.pool = None
 
@@ -324,6 +330,7 @@ def run_sweep(
         >>> run_sweep(*resolve(args), print_sweep_report, figures=True)
         0
     """
+    check_task(read_records(grid["results"]), grid["results"], settings.TASK)  # one task per file
     state = process_state()  # a launch accelerate cannot set up stops here, before any work
     cells = grid_cells(grid)
     fields = {

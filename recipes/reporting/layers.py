@@ -33,6 +33,7 @@ from ..core.probes import PROBE_REGIME, probes_path
 from ..core.records import read_records
 from ..core.selection import cell_of, dev_score, record_metric, select_lr, test_score
 from ..core.stats import mean_ci
+from ..core.tasks import is_probe_record, read_task_records, sweep_task
 from .plot import (
     _pyplot,
     _save,
@@ -474,13 +475,14 @@ def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
 def plot_main(args: argparse.Namespace) -> int:
     """``layerfusion plot``: table.md and the figures of a results file, and the layer diagnostics when
     its probes file (:func:`~layerfusion_recipes.core.probes.probes_path`) is beside it."""
-    records = read_records(args.results)
+    records = read_task_records(args.results)  # lines that are no record: skipped, said on stderr
+    sweep_task(records, args.results)  # one task's, that of a sweep
     if not records:
         raise SystemExit(f"{args.results}: no finished cell found")
     output = args.output or Path(args.results).parent
     paths = write_report(records, output)
     top = getattr(args, "probe_layers", None) or DEFAULT_TOP
-    probes = read_records(probes_path(args.results))
+    probes = read_records(probes_path(args.results), is_probe_record)
     paths.update(write_layer_report(records, probes, output, top))
     print(paths["table"].read_text())
     for line in best_layers_lines(probes, top):

@@ -40,10 +40,10 @@ from peft_layerfusion.utils import atomic_write, atomic_write_text
 
 from ..core.cells import FULL_TRAIN, shots_size
 from ..core.models import METHOD_NAMES, PLAIN_HEAD
-from ..core.records import read_records
 from ..core.selection import cell_of, dev_score, record_metric, test_score
 from ..core.stats import excludes_zero
 from ..core.summary import GroupSummary, Layout, paired_by_trial, summarize_groups
+from ..core.tasks import read_task_records, sweep_task
 
 GROUP = ("regime", "epochs", "shots", "method")
 
@@ -713,7 +713,8 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
 
 
 def plot_main(args: argparse.Namespace) -> int:
-    records = read_records(args.results)
+    records = read_task_records(args.results)  # lines that are no record: skipped, said on stderr
+    sweep_task(records, args.results)  # one task's, that of a sweep
     if not records:
         raise SystemExit(f"{args.results}: no finished cell found")
     paths = write_report(records, args.output or Path(args.results).parent)

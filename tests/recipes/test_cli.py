@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -101,7 +102,7 @@ def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys, 
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| regime | epochs | shots | none | dwatt |" in out and "(n=2)" in out
-    assert len(read_records(tmp_path / "results.jsonl")) == 4
+    assert [r["task"] for r in read_records(tmp_path / "results.jsonl")] == ["ner"] * 4
     for name in ("table.md", "f1_vs_shots.png", "dev_curves.png", "dwatt_attention.png"):
         assert (tmp_path / name).stat().st_size > 0
 
@@ -113,6 +114,29 @@ def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys, 
     assert len(read_records(tmp_path / "results.jsonl")) == 4
     assert main(["plot", str(tmp_path / "results.jsonl"), "--output", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "f1_vs_shots.png").exists()
+
+
+def test_each_task_has_its_own_output_and_a_results_file_holds_one_task(tiny, tmp_path, capsys):
+    """`ner` (and `sweep`) and `classify` never share a results file by default, and a sweep refuses
+    a file holding another task's records, in one line, before any run."""
+    from layerfusion_recipes.classify.settings import resolve as resolve_classify
+    from layerfusion_recipes.ner.settings import resolve as resolve_ner
+
+    model, data = tiny
+    base = ["--model", model, "--data", data]
+    assert resolve_ner(build_parser().parse_args(["ner", *base]))[1]["output"] == "layerfusion-results/ner"
+    assert resolve_ner(build_parser().parse_args(["sweep", *base]))[1]["output"] == "layerfusion-results/ner"
+    classify = resolve_classify(build_parser().parse_args(["classify", *base]))[1]
+    assert classify["results"] == "layerfusion-results/classify/results.jsonl"
+    results = tmp_path / "results.jsonl"
+    record = {"key": "none|fe|2|1|0|lr=0.03|s", "method": "none", "regime": "fe", "shots": 2, "epochs": 1}
+    results.write_text(json.dumps({**record, "trial": 0, "dev_f1": 0.5}) + "\n")  # a NER record of old
+    assert main(["classify", *base, "--results", str(results), "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"layerfusion classify: error: {results} holds records of ner (1 record), not classify: a results "
+        "file holds one task's records; give classify its own --output (or --results)"
+    ]
+    assert len(results.read_text().splitlines()) == 1 and not (tmp_path / "sweeps.jsonl").exists()
 
 
 def test_sweep_from_yaml(tiny, tmp_path, capsys):
@@ -148,8 +172,7 @@ def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, mon
         return run(self, *args, **kwargs)
 
     monkeypatch.setattr(Experiment, "run", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        main(argv)
+    assert main(argv) == 130  # Ctrl-C: one line, 128 + SIGINT
     assert len(calls) == 2
     monkeypatch.setattr(Experiment, "run", run)
     assert main(argv) == 0  # resumes: the second cell only

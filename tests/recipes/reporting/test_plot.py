@@ -256,3 +256,45 @@ def test_axes_and_colour_bar_say_what_they_show_and_fit(figures):
     assert heatmap.get_xlabel() == "fused layer"
     assert colour_bar.get_ylabel().startswith("mean attention weight")
     assert not heatmap.title.get_window_extent().overlaps(colour_bar.yaxis.label.get_window_extent())
+
+
+def _write_lines(path, entries) -> None:
+    import json
+
+    text = (entry if isinstance(entry, str) else json.dumps(entry) for entry in entries)
+    path.write_text("".join(line + "\n" for line in text))
+
+
+def test_plot_of_a_corrupt_results_file_skips_its_bad_lines_in_one_warning(tmp_path, capsys):
+    from layerfusion_recipes.cli import main
+
+    path = tmp_path / "results.jsonl"
+    good = _records()
+    _write_lines(path, [good[0], {"key": 5}, "not json", {"key": "x"}, *good[1:], '{"key": "torn", "re'])
+    assert main(["plot", str(path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    n = len(good) + 4
+    assert err == [
+        f"layerfusion: warning: {path}:2,3,4,{n}: skipped 4 lines that are not complete records "
+        "(torn, not JSON, or missing fields)"
+    ]
+    assert (tmp_path / "f1_vs_shots.png").stat().st_size > 0
+
+
+def test_plot_refuses_a_file_of_several_tasks_or_of_another_task_in_one_line(tmp_path, capsys):
+    from layerfusion_recipes.cli import main
+
+    mixed, mlm = tmp_path / "mixed.jsonl", tmp_path / "mlm.jsonl"
+    classify = {**_record("none", 2, 0, 0.5, "|c"), "task": "classify", "metric": "accuracy"}
+    _write_lines(mixed, [*_records(), classify])
+    _write_lines(mlm, [{"key": "dwatt|fe|0|lr=0.001|s", "settings": {}, "dev_ppl": 20.0, "test_ppl": 21.0}])
+    assert main(["plot", str(mixed)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"layerfusion plot: error: {mixed} holds records of ner (12 records), classify (1 record): a results "
+        "file holds one task's records; give each task its own --output"
+    ]
+    assert main(["plot", str(mlm)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"layerfusion plot: error: {mlm} holds records of mlm (1 record): tables and figures are drawn from "
+        "the records of ner, classify (layerfusion ner, sweep, classify)"
+    ]
