@@ -40,8 +40,10 @@ from .plot import (
     format_lr,
     markdown_row,
     method_color,
+    method_label,
     method_rank,
     metric_named,
+    regime_label,
     shots_text,
     summarize,
     write_report,
@@ -206,8 +208,11 @@ def _weights_of(weights: dict[tuple, dict[str, Any]], cell: tuple) -> list[tuple
     return sorted(found, key=lambda item: (item[1] != PROBE_REGIME, item[1], method_rank(item[0])))
 
 
-def _weight_label(method: str, regime: str, field: str) -> str:
-    return f"{method} {WEIGHT_FIELDS[field]}" + ("" if regime == PROBE_REGIME else f" ({regime})")
+def _weight_label(method: str, regime: str, field: str, display: bool = False) -> str:
+    """What a method's learned weights are called: in the table by names, in the figure (``display``) by
+    the registry's labels (``ScalarMix softmax weights``)."""
+    name, regime_name = (method_label(method), regime_label(regime)) if display else (method, regime)
+    return f"{name} {WEIGHT_FIELDS[field]}" + ("" if regime == PROBE_REGIME else f" ({regime_name})")
 
 
 def _cell_title(cell: tuple, several_setups: bool) -> str:
@@ -267,7 +272,7 @@ def layers_markdown(
         ]
         for row in cell_rows:
             weight_texts = [_weight_text(entry, row["layer"]) for _, _, entry in own_weights]
-            other_texts = [_interval(row["others"][name]) for name in others]
+            other_texts = [_interval(row["others"][name], row["n"]) for name in others]
             lines.append(markdown_row([row["layer"], _probe_text(row), *other_texts, *weight_texts]))
     flagged = [row for row in rows if row["edge"]]
     if flagged:
@@ -282,8 +287,11 @@ def layers_markdown(
     return "\n".join(lines) + "\n"
 
 
-def _interval(value: tuple[float, float] | None) -> str:
-    return "-" if value is None else f"{value[0]:.1f} ± {value[1]:.1f}"
+def _interval(value: tuple[float, float] | None, n: int) -> str:
+    """A further metric's mean ± CI over ``n`` trials; one trial has no interval (as :func:`_probe_text`)."""
+    if value is None:
+        return "-"
+    return f"{value[0]:.1f}" + (f" ± {value[1]:.1f}" if n > 1 else "")
 
 
 def _probe_text(row: dict[str, Any]) -> str:
@@ -354,7 +362,7 @@ def plot_layers(
                     row["mean"],
                     color=method_color(row["method"]),
                     linestyle=":",
-                    label=f"{row['method']} ({row['score']})",
+                    label=f"{method_label(row['method'])} ({row['score']})",
                 )
         top_ax.set_title(_cell_title(cell, several))
         _draw_weights(bottom_ax, _weights_of(weights, cell))
@@ -415,7 +423,7 @@ def _draw_weights(ax, found: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
             marker="o",
             color=method_color(method),
             linestyle="-" if regime == PROBE_REGIME else "--",
-            label=_weight_label(method, regime, entry["field"]),
+            label=_weight_label(method, regime, entry["field"], display=True),
         )
     counts = {len(entry["layers"]) for _, _, entry in found}
     for count in sorted(counts):
