@@ -94,7 +94,7 @@ def test_latin1_file_stops_with_file_line_and_byte(tmp_path):
         "(e.g. Latin-1 or cp1252): convert it (`iconv -f latin1 -t utf-8`)"
     )
     bare = tmp_path / "train"  # no suffix: perhaps a binary table read as text
-    bare.write_bytes(b"PAR1\x15\x04")
+    bare.write_bytes(b"PAR1\x15\x04\xff\x00")
     with pytest.raises(DataFormatError, match=r"needs its \.parquet/\.arrow suffix$"):
         read_ner_file(bare)
 
