@@ -208,6 +208,34 @@ def _weights_of(weights: dict[tuple, dict[str, Any]], cell: tuple) -> list[tuple
     return sorted(found, key=lambda item: (item[1] != PROBE_REGIME, item[1], method_rank(item[0])))
 
 
+def layer_count(rows: Sequence[dict[str, Any]]) -> int:
+    """How many layers the probe rows (:func:`probe_rows`) hold: the model's blocks."""
+    return len({row["layer"] for row in rows})
+
+
+def clamped_top(top: int, rows: Sequence[dict[str, Any]]) -> int:
+    """``top`` (``--probe-layers K``) at most the layers there are: the best 99 of 3 layers are all 3.
+
+    Example:
+        >>> clamped_top(99, [{"layer": 1}, {"layer": 2}, {"layer": 3}]), clamped_top(2, [{"layer": 1}])
+        (3, 1)
+    """
+    return min(top, layer_count(rows)) if rows else top
+
+
+def clamp_note(top: int, rows: Sequence[dict[str, Any]]) -> str | None:
+    """What :func:`clamped_top` did, in one line (``None`` when ``top`` fits the model).
+
+    Example:
+        >>> clamp_note(99, [{"layer": 1}, {"layer": 2}, {"layer": 3}])
+        '--probe-layers 99: the model has 3 layers, so all 3 are listed'
+    """
+    count = layer_count(rows)
+    if not rows or top <= count:
+        return None
+    return f"--probe-layers {top}: the model has {count} layers, so all {count} are listed"
+
+
 def _weight_label(method: str, regime: str, field: str, display: bool = False) -> str:
     """What a method's learned weights are called: in the table by names, in the figure (``display``) by
     the registry's labels (``ScalarMix softmax weights``)."""
@@ -238,6 +266,8 @@ def layers_markdown(
     rows = probe_rows(probes)
     if not rows:
         return ""
+    note = clamp_note(top, rows)
+    top = clamped_top(top, rows)
     cells = probe_cells(rows)
     weights = learned_weights(records)
     several = len({cell[0] for cell in cells}) > 1
@@ -250,7 +280,7 @@ def layers_markdown(
         f"dev {metric.short} over trials, ties to the smaller LR), mean ± 95% CI (t) over trials, (dev x) "
         "beside it; then the layer weights the trained runs learned at their cell's selected LR, mean over "
         f"trials. The best {top} layers on dev are a `layers=[...]` list any fusion config takes "
-        "(e.g. `DWAttConfig(layers=[...])`).",
+        "(e.g. `DWAttConfig(layers=[...])`)." + (f" ({note}.)" if note else ""),
     ]
     for cell, cell_rows in cells.items():
         own_weights = _weights_of(weights, cell)
@@ -345,6 +375,7 @@ def plot_layers(
     rows = probe_rows(probes)
     if not rows:
         return None
+    top = clamped_top(top, rows)
     plt = _pyplot()
     cells = probe_cells(rows)
     weights = learned_weights(records)
@@ -466,18 +497,23 @@ def write_layer_report(
 
 
 def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
-    """One line per probe cell: its best ``top`` layers on dev as a config takes them.
+    """One line per probe cell: its best ``top`` layers on dev as a config takes them (``top`` at most
+    the model's layers, then a note saying so).
 
     Example:
         >>> best_layers_lines(probes, 3)
         ['layers (best 3 on dev), N=8, max 30 epochs: layers=[4, 5, 6]']
     """
-    cells = probe_cells(probe_rows(probes))
+    rows = probe_rows(probes)
+    note = clamp_note(top, rows)
+    top = clamped_top(top, rows)
+    cells = probe_cells(rows)
     several = len({cell[0] for cell in cells}) > 1
-    return [
+    lines = [
         f"layers (best {top} on dev), {_cell_title(cell, several)}: {layers_text(best_layers(rows, top))}"
         for cell, rows in cells.items()
     ]
+    return lines + ([f"note: {note}"] if note else [])
 
 
 def plot_main(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.reporting import layers as layers_module
 from layerfusion_recipes.reporting.layers import (
     best_layers,
+    best_layers_lines,
     layer_tick_labels,
     layers_markdown,
     layers_text,
@@ -388,3 +389,18 @@ def test_the_layer_table_claims_no_interval_for_one_trial_in_any_column():
     text = layers_markdown(probes, [], top=1)
     assert "| layer | probe test accuracy | probe test macro-F1 |" in text
     assert "| 1 | 20.0 @0.01 ⚠ (dev 20.0) (n=1) | 10.0 |" in text and "±" not in text.split("| layer |")[1]
+
+
+def test_probe_layers_beyond_the_model_s_depth_are_clamped_and_said():
+    """--probe-layers 99 on 3 layers: "best 3", a note saying why, never "best 99"."""
+    probes, runs = _synthetic()
+    lines = best_layers_lines(probes, 99)
+    assert lines == [
+        "layers (best 3 on dev), N=2, max 5 epochs: layers=[1, 2, 3]",
+        "layers (best 3 on dev), N=8, max 5 epochs: layers=[1, 2, 3]",
+        "note: --probe-layers 99: the model has 3 layers, so all 3 are listed",
+    ]
+    text = layers_markdown(probes, runs, top=99)
+    assert "99" not in text.replace("--probe-layers 99", "")
+    assert text.count("best 3 layers on dev") == 3 and "(--probe-layers 99: the model has 3 layers" in text
+    assert best_layers_lines(probes, 2)[-1].startswith("layers (best 2 on dev)")  # within the depth: no note
