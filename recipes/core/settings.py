@@ -120,7 +120,7 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
 
     Example:
         >>> grid_options(lambda name: defaults.get(name), settings, ("fe", "ft", "lora", "bitfit"))["results"]
-        'layerfusion-results/results.jsonl'
+        'layerfusion-results/ner/results.jsonl'
     """
     grid = {key: pick(key) for key in (*GRID_KEYS, *RUN_KEYS)}
     grid["results"] = results_path(grid["output"], grid["results"])

@@ -128,6 +128,7 @@ def test_each_task_has_its_own_output_and_a_results_file_holds_one_task(tiny, tm
     assert resolve_ner(build_parser().parse_args(["sweep", *base]))[1]["output"] == "layerfusion-results/ner"
     classify = resolve_classify(build_parser().parse_args(["classify", *base]))[1]
     assert classify["results"] == "layerfusion-results/classify/results.jsonl"
+    assert build_parser().parse_args(["mlm", "--data", data]).output == "layerfusion-results/mlm"
     results = tmp_path / "results.jsonl"
     record = {"key": "none|fe|2|1|0|lr=0.03|s", "method": "none", "regime": "fe", "shots": 2, "epochs": 1}
     results.write_text(json.dumps({**record, "trial": 0, "dev_f1": 0.5}) + "\n")  # a NER record of old
