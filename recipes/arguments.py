@@ -783,8 +783,8 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
 # imported, so a missing path answers in one line at once. The library's names are checked later.
 def check_experiment_paths(args: argparse.Namespace) -> None:
     """``ner`` / ``sweep``: the method and regime names of the flags, then ``--data`` is an existing
-    path or a Hub name, ``--config`` a file (the data is read before the model, so a bad ``--model``
-    is said after the data's errors)."""
+    path or a Hub name, ``--model`` too, ``--config`` a file (a ``--model`` folder that is there but
+    not a model is said after the data's errors: the data is read first)."""
     check_grid_names(args, REGIME_NAMES + ADAPTER_REGIME_NAMES)
     _check_paths(args)
 

@@ -11,6 +11,7 @@ from layerfusion_recipes.core.errors import DataSourceError, Terminated, UserErr
 
 
 def _ner(tmp_path, data) -> list[str]:
+    (tmp_path / "model").mkdir(exist_ok=True)  # there (a missing one is refused first), never read
     return ["ner", "--model", str(tmp_path / "model"), "--data", str(data), "--output", str(tmp_path / "out")]
 
 
@@ -126,7 +127,7 @@ def test_a_command_stopped_by_sigterm_exits_143_with_one_line(capsys):
 
 
 CTRL_C_SCRIPT = """
-import sys, time
+import signal, sys, time
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.ner.experiment import Experiment
 
@@ -136,6 +137,8 @@ def slow(self, cell, lrs, use_cache=None):
     yield from ()
 
 Experiment.iter_lrs = slow
+# Python's own Ctrl-C handler, as in a terminal (a shell's background job inherits SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.exit(main(sys.argv[1:]))
 """
 
