@@ -72,7 +72,7 @@ def check_model(source: str | None, option: str = "--model") -> None:
     a minute of retries online).
 
     Raises:
-        DataSourceError: ``OPTION 'SOURCE': no such model folder or file``.
+        DataSourceError: ``OPTION 'SOURCE': no such model folder or file`` (``no such GGUF file``).
 
     Example:
         >>> check_model("/models/gone")
@@ -80,4 +80,5 @@ def check_model(source: str | None, option: str = "--model") -> None:
         DataSourceError: --model '/models/gone': no such model folder or file
     """
     if source is not None and is_local_path(source) and not Path(source).expanduser().exists():
-        raise DataSourceError(f"{option} {source!r}: no such model folder or file")
+        what = "GGUF file" if source.lower().endswith(".gguf") else "model folder or file"
+        raise DataSourceError(f"{option} {source!r}: no such {what}")

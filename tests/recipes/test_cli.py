@@ -211,7 +211,7 @@ def test_missing_paths_are_one_line_before_the_library_is_imported(tmp_path):
         f"layerfusion audit: error: CONFIG '{missing}': no such file or directory",
         f"layerfusion plot: error: '{missing}': no such results file",
         f"layerfusion ner: error: --model '{missing}': no such model folder or file",
-        f"layerfusion classify: error: --model '{missing}.gguf': no such model folder or file",
+        f"layerfusion classify: error: --model '{missing}.gguf': no such GGUF file",
     ]
 
 
