@@ -46,12 +46,14 @@ class Method:
         name: Lower case, e.g. ``"dwatt"``; the PEFT type is ``name.upper()``.
         config_cls: Its PEFT config.
         model_cls: Its PEFT tuner (a :class:`LayerFusionModel` naming its fusion module).
+        label: Its name in figures and tables, e.g. ``"R+n"`` for ``extra_layers``.
         recommended: The one method the project recommends (:data:`RECOMMENDED`).
     """
 
     name: str
     config_cls: type[LayerFusionConfig]
     model_cls: type[LayerFusionModel]
+    label: str
     recommended: bool = False
 
     @property
@@ -74,15 +76,15 @@ class Method:
 
 
 METHODS: tuple[Method, ...] = (
-    Method("dwatt", DWAttConfig, DWAttModel),
-    Method("concat", ConcatConfig, ConcatModel),
-    Method("average", AverageConfig, AverageModel),
-    Method("scalar_mix", ScalarMixConfig, ScalarMixModel),
-    Method("scaled_dwatt", ScaledDWAttConfig, ScaledDWAttModel),
-    Method("layer_mix", LayerMixConfig, LayerMixModel, recommended=True),
-    Method("extra_layers", ExtraLayersConfig, ExtraLayersModel),
-    Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel),
-    Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel),
+    Method("dwatt", DWAttConfig, DWAttModel, "DWAtt"),
+    Method("concat", ConcatConfig, ConcatModel, "Concat"),
+    Method("average", AverageConfig, AverageModel, "Average"),
+    Method("scalar_mix", ScalarMixConfig, ScalarMixModel, "ScalarMix"),
+    Method("scaled_dwatt", ScaledDWAttConfig, ScaledDWAttModel, "Scaled DWAtt"),
+    Method("layer_mix", LayerMixConfig, LayerMixModel, "LayerMix", recommended=True),
+    Method("extra_layers", ExtraLayersConfig, ExtraLayersModel, "R+n"),
+    Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel, "SurfaceFusion"),
+    Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel, "EncoderFusion"),
 )
 
 RECOMMENDED: Method = next(m for m in METHODS if m.recommended)  # the one method we recommend

@@ -2,9 +2,10 @@
 
 Only the standard library is imported here (and by :mod:`layerfusion_recipes.cli`), so
 ``layerfusion --help`` and every ``layerfusion COMMAND --help`` answer at once; the heavy
-libraries (torch, transformers, peft) load only when a command runs. Choices that the library
-defines (method and regime names) are therefore checked when the command runs, with a one-line
-error naming what is allowed.
+libraries (torch, transformers, peft) load only when a command runs. The method and regime names
+that the library defines are checked before that (the ``check_*`` functions below), from
+:mod:`layerfusion_recipes.names` (generated from the registry), with a one-line error naming what
+is allowed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 from .core.errors import DataSourceError, UserError
 from .core.grids import DEMO_AXES, describe_default
-from .data.locations import check_source
+from .data.locations import check_model, check_source
 from .data.tags import TAG_SCHEMES
+from .names import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
 # AdapterHub bottleneck adapters: their usual 1e-4..1e-3, extended up to 1e-2 for a new random head
@@ -46,6 +48,7 @@ DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "ft": (1e-4, 3e-4, 1e-3),
 }
 
+RESULTS_ROOT = "layerfusion-results"  # the default output folders are its sub-folders, one per task
 FULL_TRAIN = 0  # the shots of a cell trained on the whole train split (``--shots all``)
 # integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
 POSITIVE_INT_OPTIONS = (
@@ -63,6 +66,30 @@ POSITIVE_INT_OPTIONS = (
     "select_trials",
     "probe_layers",
 )
+
+
+def default_output(task: str) -> str:
+    """The output folder of a task when ``--output`` is not given: its own, so that two tasks never
+    share a results file.
+
+    Example:
+        >>> default_output("classify")
+        'layerfusion-results/classify'
+    """
+    return f"{RESULTS_ROOT}/{task}"
+
+
+def check_names(option: str, values: Sequence[str] | None, allowed: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming ``option``, the unknown values and what is allowed.
+
+    Example:
+        >>> check_names("methods", ["dwat"], ("none", "dwatt"))
+        Traceback (most recent call last):
+        ValueError: --methods: unknown ['dwat']; allowed: none, dwatt
+    """
+    unknown = [value for value in values or () if value not in allowed]
+    if unknown:
+        raise ValueError(f"--{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
 
 
 def positive_int(text: str) -> int:
@@ -218,6 +245,8 @@ class TaskWords:
         epochs: The help of ``--epochs``.
         trials: The help of ``--trials``.
         paper_grid: Whether the task has ``--paper-grid`` (NER).
+        task: The task's name: its records say it, its default output folder is named after it
+            (:func:`default_output`).
     """
 
     examples: str
@@ -233,6 +262,7 @@ class TaskWords:
     epochs: str
     trials: str
     paper_grid: bool = False
+    task: str = "ner"
 
 
 REGIMES_HELP = "fe: frozen encoder; ft: everything trains; lora: LoRA on the encoder; bitfit: encoder biases"
@@ -258,6 +288,7 @@ NER_WORDS = TaskWords(
     epochs=f"Max epochs. {describe_default('epochs')}",
     trials=f"Trials per cell, each with a new seed and sample. {describe_default('trials')}",
     paper_grid=True,
+    task="ner",
 )
 
 
@@ -271,7 +302,7 @@ def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) ->
     """The options every few-shot task shares: optimisation and LR grid, the grid, the output."""
     _add_training_arguments(parser, words)
     _add_grid_arguments(parser, words)
-    _add_output_arguments(parser)
+    _add_output_arguments(parser, words.task)
 
 
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -403,10 +434,12 @@ def _add_grid_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> No
     grid.add_argument("--trials", type=positive_int, help=words.trials)
 
 
-def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_output_arguments(parser: argparse.ArgumentParser, task: str) -> None:
     out = parser.add_argument_group("output")
     out.add_argument(
-        "--output", help="Output folder (results.jsonl, table.md, figures). Default: ./layerfusion-results."
+        "--output",
+        help=f"Output folder (results.jsonl, table.md, figures). Default: ./{default_output(task)} (each "
+        "task its own: a results file holds one task's records).",
     )
     out.add_argument(
         "--results",
@@ -530,6 +563,7 @@ CLASSIFY_WORDS = TaskWords(
     shots_type=shots_value,
     epochs="Max epochs. Default: 30.",
     trials="Trials per cell, each with a new seed and sample. Default: 3.",
+    task="classify",
 )
 
 
@@ -707,8 +741,8 @@ def _add_mlm_block_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="Seed of init, order and masks (default 0).")
     parser.add_argument(
         "--output",
-        default="layerfusion-results",
-        help="Folder of results.jsonl, one record per run (default: layerfusion-results). Re-running "
+        default=default_output("mlm"),
+        help=f"Folder of results.jsonl, one record per run (default: {default_output('mlm')}). Re-running "
         "skips a run finished with the same settings (also one of an older folder's "
         "mlm-METHOD-REGIME-lrLR.json files) and runs it otherwise.",
     )
@@ -756,20 +790,42 @@ def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
 # Checks that need no library: run before a command's module (and torch, transformers, peft) is
 # imported, so a missing path answers in one line at once. The library's names are checked later.
 def check_experiment_paths(args: argparse.Namespace) -> None:
-    """``ner`` / ``sweep`` / ``mlm``: ``--data`` is an existing path or a Hub name, ``--config`` a file
-    (the data is read before the model, so a bad ``--model`` is said after the data's errors)."""
+    """``ner`` / ``sweep``: the method and regime names of the flags, then ``--data`` is an existing
+    path or a Hub name, ``--model`` too, ``--config`` a file (a ``--model`` folder that is there but
+    not a model is said after the data's errors: the data is read first)."""
+    check_grid_names(args, REGIME_NAMES + ADAPTER_REGIME_NAMES)
+    _check_paths(args)
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """``--data`` and ``--model`` exist (or are Hub names), ``--config`` is a file."""
     check_source(args.data)
+    check_model(args.model)
     config = getattr(args, "config", None)
     if config and not pathlib.Path(config).is_file():
         raise DataSourceError(f"--config {config!r}: no such file")
 
 
+def check_grid_names(args: argparse.Namespace, regimes: Sequence[str]) -> None:
+    """``--methods`` and ``--regimes`` (when given) name registered methods and the task's regimes."""
+    check_names("methods", args.methods, METHOD_NAMES)
+    check_names("regimes", args.regimes, regimes)
+
+
 def check_classify_paths(args: argparse.Namespace) -> None:
-    """``classify``: ``--data`` given (or in ``--config``), an existing path or a Hub name; ``--config``
-    a file."""
+    """``classify``: the method and regime names, ``--data`` given (or in ``--config``), an existing
+    path or a Hub name; ``--config`` a file."""
+    check_grid_names(args, REGIME_NAMES)
     if not args.data and not getattr(args, "config", None):
         raise UserError("--data is required (a data folder, a file or a Hub name)")
-    check_experiment_paths(args)
+    _check_paths(args)
+
+
+def check_mlm_paths(args: argparse.Namespace) -> None:
+    """``mlm``: ``--method`` and ``--regime`` known, ``--data`` an existing path or a Hub name."""
+    check_names("method", [args.method], METHOD_NAMES)
+    check_names("regime", [args.regime], REGIME_NAMES)
+    _check_paths(args)
 
 
 def check_seq2seq_paths(args: argparse.Namespace) -> None:

@@ -143,7 +143,7 @@ COMMANDS: dict[str, Command] = {
         MLM_DESCRIPTION,
         arguments.add_mlm_arguments,
         "layerfusion_recipes.mlm.experiment:mlm_main",
-        arguments.check_experiment_paths,
+        arguments.check_mlm_paths,
     ),
     "seq2seq": Command(
         "Sentence denoising: vanilla vs EncoderFusion vs SurfaceFusion (hard, soft).",

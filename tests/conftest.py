@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from layerfusion_recipes.data.readers import NerDataset, NerSentence
@@ -425,3 +426,50 @@ def survivors(build: Callable[[], nn.Module], use: Callable[[nn.Module], object]
         modules = [(name, weakref.ref(module)) for name, module in model.named_modules()]
         del model
         return [name or "(the model)" for name, module in modules if module() is not None]
+
+
+TINY_TOKENS = ["<unk>", "<s>", "</s>", "\u2581"] + list("abcdefghij") + [f"\u2581{c}" for c in "abcdefghij"]
+
+
+def write_tiny_llama_gguf(path: Path, d: int = 16, blocks: int = 2, heads: int = 2, ff: int = 32) -> Path:
+    """A 2-block, width-16 Llama with a 24-token sentencepiece vocabulary, float32 tensors."""
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(d)
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads)
+    writer.add_rope_dimension_count(d // heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(len(TINY_TOKENS))
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(TINY_TOKENS)
+    writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(len(TINY_TOKENS) - 3)])
+    writer.add_token_types([2, 3, 3] + [1] * (len(TINY_TOKENS) - 3))  # unknown, control x2, normal
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    generator = np.random.default_rng(0)
+
+    def add(name: str, *shape: int) -> None:
+        writer.add_tensor(name, (0.2 * generator.standard_normal(shape)).astype(np.float32))
+
+    add("token_embd.weight", len(TINY_TOKENS), d)
+    for block in range(blocks):
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{block}.{norm}.weight", np.ones(d, np.float32))
+        for projection in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            add(f"blk.{block}.{projection}.weight", d, d)
+        add(f"blk.{block}.ffn_gate.weight", ff, d)
+        add(f"blk.{block}.ffn_up.weight", ff, d)
+        add(f"blk.{block}.ffn_down.weight", d, ff)
+    writer.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

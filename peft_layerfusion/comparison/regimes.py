@@ -44,6 +44,17 @@ METHOD_NAMES: tuple[str, ...] = ("none", *(method.name for method in ENCODER_MET
 REGIME_NAMES = ("fe", "ft", "lora", "bitfit")
 DEFAULT_LORA_R = 8  # LoRA rank of the regime `lora`
 ADAPTER_REGIME_NAMES = ("adapter_seqbn", "adapter_double_seqbn")  # AdapterHub, method "none" only
+# names in figures and tables: the plain head's (the methods' are the registry's `Method.label`) and
+# every regime's
+PLAIN_HEAD_LABEL = "last layer (plain head)"
+REGIME_LABELS: dict[str, str] = {
+    "fe": "frozen encoder",
+    "ft": "full fine-tuning",
+    "lora": "LoRA",
+    "bitfit": "BitFit",
+    "adapter_seqbn": "bottleneck adapter (Pfeiffer)",
+    "adapter_double_seqbn": "bottleneck adapters (Houlsby)",
+}
 
 # Query/value linears of encoder types peft's own mapping does not list.
 EXTRA_LORA_TARGETS: dict[str, list[str]] = {

@@ -77,6 +77,7 @@ class ClassifySettings(TaskSettings):
     """
 
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = SETUP_FIELDS
+    TASK: ClassVar[str] = "classify"
 
     head_modules: tuple[str, ...] | None = None
     batch_size: int = 8

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..arguments import default_output
 from ..core.demo import model_path
 from ..core.models import METHOD_NAMES, REGIME_NAMES
 from ..core.settings import grid_options, load_config, option, task_fields
@@ -27,7 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "fixed_sample": False,
     "pooling": "model",
     "metric": "accuracy",
-    "output": "layerfusion-results",
+    "output": default_output(ClassifySettings.TASK),
     "workers": 1,
     "quiet": False,
     **GRID,

@@ -8,9 +8,11 @@ syntax errors count as well. :func:`run_command` runs a sub-command and turns th
 ``layerfusion ner: error: <what and where>`` and exit code 2 (as ``argparse`` does for bad flags);
 ``--debug`` re-raises them with the full traceback.
 
-A long command stopped with SIGTERM (``kill``, a scheduler's time limit) ends like Ctrl-C where it
-runs inside :func:`sigterm_raises`: :class:`Terminated` is raised in the main thread, so ``finally``
-blocks run (a sweep logs its line), and :func:`run_command` returns 143 (128 + SIGTERM).
+A long command stopped with Ctrl-C (SIGINT) ends in one line, ``layerfusion ner: stopped by SIGINT
+(Ctrl-C)``, with exit code 130 (128 + SIGINT, what a shell reports), after its ``finally`` blocks ran
+(a sweep logs its line). One stopped with SIGTERM (``kill``, a scheduler's time limit) ends like
+Ctrl-C where it runs inside :func:`sigterm_raises`: :class:`Terminated` is raised in the main
+thread, and :func:`run_command` returns 143 (128 + SIGTERM).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TextIO
 
 USER_EXIT_CODE = 2  # argparse's exit code for bad command lines
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process killed by SIGTERM
+SIGINT_EXIT_CODE = 128 + signal.SIGINT  # ... and for one stopped by Ctrl-C
 
 
 class Terminated(BaseException):
@@ -133,8 +136,9 @@ def run_command(
         stream: Where the message goes (default: ``sys.stderr``).
 
     Returns:
-        The exit code: ``func``'s, 2 after a user error, 143 after :class:`Terminated` (one line
-        ``PROG: stopped by SIGTERM``). Other exceptions (bugs) propagate.
+        The exit code: ``func``'s, 2 after a user error, 130 after Ctrl-C (one line ``PROG: stopped by
+        SIGINT (Ctrl-C)``; with ``debug`` the traceback instead), 143 after :class:`Terminated` (one
+        line ``PROG: stopped by SIGTERM``). Other exceptions (bugs) propagate.
 
     Example:
         >>> sys.exit(run_command(args.func, args, debug=args.debug, prog="layerfusion ner"))
@@ -144,6 +148,11 @@ def run_command(
     except Terminated as stop:
         print(f"{prog}: stopped by {stop}", file=stream or sys.stderr)
         return SIGTERM_EXIT_CODE
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: stopped by SIGINT (Ctrl-C)", file=stream or sys.stderr)
+        return SIGINT_EXIT_CODE
     except Exception as error:
         if debug or not is_user_error(error):
             raise

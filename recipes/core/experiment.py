@@ -125,6 +125,8 @@ class TaskSettings:
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = ()
     # the name of ``cache_positions`` that keeps only the positions the task's head reads
     READ_POSITIONS: ClassVar[str] = "read"
+    # the task's name: its records say it (a results file holds one task's: core.tasks.check_task)
+    TASK: ClassVar[str] = ""
 
     model: str
     data: str

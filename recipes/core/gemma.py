@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TextIO
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 CACHE_VARIABLE = "LAYERFUSION_CACHE"
 DEFAULT_CACHE = Path("~/.cache/peft_layerfusion")
@@ -256,6 +256,49 @@ def resolve_model(
         if not gguf_path.is_file():
             raise FileNotFoundError(f"--model {model}: no such GGUF file")
         return str(convert(gguf_path, root / "models" / gguf_folder_name(gguf_path), stream, load))
+    return model
+
+
+def gguf_config(gguf_path: Path) -> PretrainedConfig:
+    """The model config in a GGUF file's header, read without its tensors (nothing de-quantised).
+
+    Example:
+        >>> gguf_config(Path("tiny.gguf")).num_hidden_layers
+        2
+    """
+    if not gguf_is_installed():
+        raise ValueError(f"{gguf_path.name}: reading GGUF files needs the gguf package: {INSTALL_EXTRA}")
+    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    if hasattr(config, "quantization_config"):  # the shapes are what counts, not the file's storage
+        del config.quantization_config
+    return config
+
+
+def resolve_config(
+    model: str, environ: Mapping[str, str] = os.environ, stream: TextIO = sys.stderr
+) -> str | PretrainedConfig:
+    """What ``layerfusion audit`` counts for a model value, never reading a weight: a named model's or a
+    GGUF file's float32 copy when it is there (its ``config.json``), else the config in the GGUF
+    header (:func:`gguf_config`; a named model's parts are assembled first); anything else unchanged.
+
+    Example:
+        >>> resolve_config("gemma3-270m").num_hidden_layers  # no float32 copy yet: from the header
+        18
+    """
+    root = cache_root(environ)
+    if model in NAMED_MODELS:
+        named = NAMED_MODELS[model]
+        folder = root / "models" / model
+        if folder.is_dir():
+            return str(folder)
+        gguf_path = assemble(part_paths(model, named), root / "gguf" / named.file, named.sha256, stream)
+        return gguf_config(gguf_path)
+    if model.lower().endswith(".gguf"):
+        gguf_path = Path(model).expanduser()
+        if not gguf_path.is_file():
+            raise FileNotFoundError(f"--model {model}: no such GGUF file")
+        folder = root / "models" / gguf_folder_name(gguf_path)
+        return str(folder) if folder.is_dir() else gguf_config(gguf_path)
     return model
 
 

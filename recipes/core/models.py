@@ -32,6 +32,7 @@ from peft_layerfusion.comparison.regimes import ADAPTER_REGIME_NAMES, METHOD_NAM
 from peft_layerfusion.discovery import is_decoder_only
 from peft_layerfusion.registration import ENCODER_METHODS
 
+from ..data.locations import check_model
 from .errors import UserError
 
 # The plain last-layer head ("none"): no fusion method, the baseline every table pairs with.
@@ -79,7 +80,9 @@ def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> n
 def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> nn.Module:
     """``auto_class.from_pretrained`` with new weights (e.g. a head) drawn from ``seed``, quietly.
 
-    The "newly initialized" report and progress bars are silenced: a fresh head is expected here.
+    The "newly initialized" report and progress bars are silenced: a fresh head is expected here. A
+    local folder gone since the command started is said in one line (``check_model``), not as a Hub
+    name that is not one.
 
     Example:
         >>> from transformers import AutoModelForMaskedLM
@@ -87,6 +90,7 @@ def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> n
     """
     from transformers.utils import logging
 
+    check_model(model_name)
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
     logging.disable_progress_bar()

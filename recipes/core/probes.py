@@ -206,6 +206,23 @@ def probe_cells(grid: dict[str, Any]) -> list[Cell]:
     ]
 
 
+def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[tuple[Cell, list[float]]]:
+    """The probes' trials of ``grid`` (:func:`probe_cells`) with the LRs of the FE grid that the probes
+    file does not hold yet (those whose every LR is there are left out).
+
+    Example:
+        >>> missing_probes(experiment, grid)  # all of them on a first run
+        [(Cell(method='probe', regime='fe', shots=8, epochs=25, trial=0), [0.0001, ...]), ...]
+    """
+    lrs = experiment.settings.lr_grid(PROBE_REGIME)
+    done = finished_keys(probes_path(grid["results"]))
+    return [
+        (cell, missing)
+        for cell in probe_cells(grid)
+        if (missing := [lr for lr in lrs if record_key(cell, lr, experiment.setup) not in done])
+    ]
+
+
 def run_probes(
     experiment: FewShotExperiment, grid: dict[str, Any], progress: bool = True
 ) -> list[dict[str, Any]]:
@@ -222,14 +239,8 @@ def run_probes(
     """
     path = probes_path(grid["results"])
     lrs = experiment.settings.lr_grid(PROBE_REGIME)
-    units = probe_cells(grid)
-    wanted = {record_key(cell, lr, experiment.setup) for cell in units for lr in lrs}
-    done = finished_keys(path)
-    todo = [
-        (cell, missing)
-        for cell in units
-        if (missing := [lr for lr in lrs if record_key(cell, lr, experiment.setup) not in done])
-    ]
+    wanted = {record_key(cell, lr, experiment.setup) for cell in probe_cells(grid) for lr in lrs}
+    todo = missing_probes(experiment, grid)
     for cell, missing in tqdm(todo, desc="layer probes", disable=not progress or not todo, file=sys.stderr):
         for record in probe_records(experiment, cell.shots, cell.epochs, cell.trial, missing):
             append_record(path, record)

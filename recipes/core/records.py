@@ -2,8 +2,9 @@
 
 Each record is written with a single ``write`` of one complete line to a file opened in
 append mode, then flushed and fsync'ed, so a killed sweep leaves every finished cell on disk
-and at worst no partial line. A torn last line (e.g. power loss) is ignored when reading,
-so that cell simply runs again.
+and at worst no partial line. A torn last line (e.g. power loss), a line that is not JSON and an
+object that is not a record are skipped when reading, said in one line on stderr with their line
+numbers (:func:`read_lines`), so that cell simply runs again.
 
 Exactly one record per key: appends hold an exclusive lock on the file and skip a key that is
 already there (two sweeps on one output never write a cell twice), and reading keeps the first
@@ -25,10 +26,11 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> bool:
@@ -85,9 +87,17 @@ def _ends_with_newline(path: Path) -> bool:
         return handle.read(1) == b"\n"
 
 
-def read_lines(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every complete JSON object of a JSON-lines file, in file order (missing file: empty list;
-    torn lines and lines that are not objects skipped).
+def read_lines(
+    path: str | os.PathLike, valid: Callable[[dict[str, Any]], bool] | None = None, what: str = "JSON objects"
+) -> list[dict[str, Any]]:
+    """Every complete JSON object of a JSON-lines file that ``valid`` accepts, in file order (missing
+    file: empty list). The other lines (torn, not JSON, not UTF-8, another object) are skipped and
+    said in one line on stderr, with their numbers (:func:`warn_skipped`).
+
+    Args:
+        path: The file.
+        valid: Which objects to keep (default: all).
+        what: What the kept lines are, for the warning (``complete records``).
 
     Example:
         >>> [entry["completed"] for entry in read_lines("out/sweeps.jsonl")]
@@ -96,23 +106,67 @@ def read_lines(path: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    entries = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
+    entries, skipped = [], []
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
             continue
-        if isinstance(entry, dict):
+        try:
+            entry = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            entry = None
+        if isinstance(entry, dict) and (valid is None or valid(entry)):
             entries.append(entry)
+        else:
+            skipped.append(number)
+    if skipped:
+        warn_skipped(path, skipped, what)
     return entries
 
 
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every complete record of a results file, the first one of each key (missing file: empty list;
-    torn lines skipped)."""
+_WARNED: dict[str, set[int]] = {}  # per file, the line numbers already said skipped by this process
+
+
+def warn_skipped(path: Path, numbers: list[int], what: str, stream: TextIO | None = None) -> None:
+    """Say once per process and file (again only when more lines are skipped) which lines of ``path``
+    were skipped: ``layerfusion: warning: out/results.jsonl:2,5: skipped 2 lines that are not
+    complete records (torn, not JSON, or missing fields)``. The first 20 line numbers are listed."""
+    said = _WARNED.setdefault(str(path.resolve()), set())
+    if set(numbers) <= said:
+        return
+    said.update(numbers)
+    listed = ",".join(map(str, numbers[:20])) + (",..." if len(numbers) > 20 else "")
+    lines = f"{len(numbers)} line" + ("s" if len(numbers) > 1 else "")
+    print(
+        f"layerfusion: warning: {path}:{listed}: skipped {lines} that are not {what} "
+        "(torn, not JSON, or missing fields)",
+        file=stream or sys.stderr,
+    )
+
+
+def is_record(entry: dict[str, Any], accept: Callable[[dict[str, Any]], bool] | None = None) -> bool:
+    """Whether ``entry`` is a record: a string ``key`` (and ``accept(entry)`` when given).
+
+    Example:
+        >>> is_record({"key": 5}), is_record({"key": "k"}, lambda entry: "regime" in entry)
+        (False, False)
+    """
+    return isinstance(entry.get("key"), str) and (accept is None or accept(entry))
+
+
+def read_records(
+    path: str | os.PathLike, accept: Callable[[dict[str, Any]], bool] | None = None
+) -> list[dict[str, Any]]:
+    """Every complete record of a results file (:func:`is_record`: a string ``key``, and what ``accept``
+    asks for, e.g. a task's fields), the first one of each key (missing file: empty list). The other
+    lines are skipped and said on stderr (:func:`read_lines`): a sweep runs what they held again.
+
+    Example:
+        >>> read_records("out/results.jsonl")[0]["key"]
+        'none|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+    """
     records, seen = [], set()
-    for record in read_lines(path):
-        if "key" in record and record["key"] not in seen:
+    for record in read_lines(path, lambda entry: is_record(entry, accept), "complete records"):
+        if record["key"] not in seen:
             seen.add(record["key"])
             records.append(record)
     return records

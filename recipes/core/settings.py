@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ..arguments import FULL_TRAIN, PROBE_TOP, check_positive_ints
+from ..arguments import FULL_TRAIN, PROBE_TOP, check_names, check_positive_ints
 from .experiment import cache_positions_for
 from .feature_cache import storage_dtype
 from .models import METHOD_NAMES, check_adapter_grid
@@ -70,19 +70,6 @@ def results_path(output: str | os.PathLike, results: str | os.PathLike | None = 
     return str(results) if results else str(Path(output) / "results.jsonl")
 
 
-def check_names(option: str, values: list[str] | None, allowed: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` naming ``option``, the unknown values and what is allowed.
-
-    Example:
-        >>> check_names("methods", ["dwat"], ("none", "dwatt"))
-        Traceback (most recent call last):
-        ValueError: --methods: unknown ['dwat']; allowed: none, dwatt
-    """
-    unknown = [value for value in values or () if value not in allowed]
-    if unknown:
-        raise ValueError(f"--{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
-
-
 def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
     """The options of the fields every few-shot task's settings share
     (:class:`~layerfusion_recipes.core.experiment.TaskSettings`, model and data aside).
@@ -134,7 +121,7 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
 
     Example:
         >>> grid_options(lambda name: defaults.get(name), settings, ("fe", "ft", "lora", "bitfit"))["results"]
-        'layerfusion-results/results.jsonl'
+        'layerfusion-results/ner/results.jsonl'
     """
     grid = {key: pick(key) for key in (*GRID_KEYS, *RUN_KEYS)}
     if settings.probe_start and not grid["probe_layers"]:  # a probe-guided start needs the probes

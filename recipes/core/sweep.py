@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -66,11 +67,12 @@ from .cells import (
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
 from .feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
-from .probes import probe_cells, probe_starts, run_probes
+from .probes import missing_probes, probe_cells, probe_starts, run_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
 from .sweep_log import SweepStart, logged_sweep
+from .tasks import check_task
 
 _WORKER: FewShotExperiment | Exception | None = None
 
@@ -82,6 +84,8 @@ SweepReport = Callable[[list[dict[str, Any]], list[dict[str, Any]], dict[str, An
 
 def _init_worker(settings: TaskSettings, threads: int) -> None:
     global _WORKER
+    # Ctrl-C reaches the whole process group: the parent stops the pool, a worker says nothing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     try:
         _WORKER = settings.make_experiment()
@@ -142,7 +146,9 @@ def run_cells(
     own_keys = {record_key(cell, lr, setup) for cell, lrs in first_units for lr in lrs}
     total = len(own_keys) + len(mine([(cell, ()) for cell in later]))
     bar = _progress_bar(total, len(own_keys & finished_keys(results)), state, progress)
+    # added to each record, not to its key: which process ran it, and the task (one per results file)
     launch = {"num_processes": state.num_processes, "process_index": state.process_index}
+    launch["task"] = settings.TASK
     runner = _UnitRunner(results, settings, workers, experiment, bar, on_record, launch)
     try:
         runner.run(first_units)
@@ -180,6 +186,25 @@ def _run_at_selected_lrs(later: list[Cell], wanted: set[str], runner, mine, setu
     bar.update(len({record_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
     runner.run(units)
     return keys
+
+
+def runs_left(
+    cells: list[Cell], results: str | os.PathLike, settings: TaskSettings, select_trials: int | None
+) -> bool:
+    """Whether a run of ``cells`` is missing from ``results``: one of the selection trials at any LR of
+    its grid, or one of the later trials at the LR selected on them (``select_trials``).
+
+    Example:
+        >>> runs_left(grid_cells(grid), "out/results.jsonl", settings, None)  # a finished grid
+        False
+    """
+    done, setup = finished_keys(results), settings.setup()
+    first, later = split_trials(cells, select_trials)
+    wanted = {record_key(cell, lr, setup) for cell in first for lr in settings.lr_grid(cell.regime)}
+    if not wanted <= done:
+        return True
+    chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted) if later else {}
+    return any(record_key(cell, chosen[_group(cell)], setup) not in done for cell in later)
 
 
 def split_trials(cells: list[Cell], select_trials: int | None) -> tuple[list[Cell], list[Cell]]:
@@ -222,7 +247,7 @@ class _UnitRunner:
     def __init__(self, results, settings, workers, experiment, bar, on_record, launch) -> None:
         self.results, self.settings, self.workers = results, settings, workers
         self.experiment, self.bar, self.on_record = experiment, bar, on_record
-        self.launch = launch  # {"num_processes", "process_index"}: added to each record, not to its key
+        self.launch = launch  # {"num_processes", "process_index", "task"}: in each record, not its key
         self.setup = settings.setup()
         self.pool = None
 
@@ -305,6 +330,7 @@ def run_sweep(
         >>> run_sweep(*resolve(args), print_sweep_report, figures=True)
         0
     """
+    check_task(read_records(grid["results"]), grid["results"], settings.TASK)  # one task per file
     state = process_state()  # a launch accelerate cannot set up stops here, before any work
     cells = grid_cells(grid)
     fields = {
@@ -384,9 +410,12 @@ def _sweep(
     start.begin()  # refused before this line: no sweeps.jsonl line (nor output folder)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
-    if plan is not None and grid["workers"] == 1 and state.num_processes == 1:
+    left = runs_left(cells, grid["results"], settings, grid["select_trials"])
+    probes_left = bool(grid.get("probe_layers")) and bool(missing_probes(experiment, grid))
+    if plan is not None and grid["workers"] == 1 and state.num_processes == 1 and (left or probes_left):
         # everything the runs and the probes read, in the order the runs read it (the probes' samples
-        # are the FE cells' where the grid has some); then the encoder that computes it goes
+        # are the FE cells' where the grid has some); then the encoder that computes it goes. A grid
+        # whose runs are all in the results file builds no cache: it only reports them
         first, later = split_trials(cells, grid["select_trials"])
         experiment.prefill_cache(first + later + probed_cells(grid))
     # the layer probes on the filled cache (the encoder gone after a prefill), before the runs

@@ -47,3 +47,38 @@ def check_source(source: str | None, option: str = "--data") -> None:
     """
     if source is not None and not Path(source).exists() and not looks_like_hub_name(source):
         raise DataSourceError(f"{option} {source!r}: no such file or directory")
+
+
+def is_local_path(source: str) -> bool:
+    """Whether a ``--model`` value names a local path rather than a Hub name: it exists; or it cannot
+    be a Hub name (``./x``, ``/x``, ``a/b/c``, ``~/x``, a ``.gguf`` file); or its first part is an
+    existing folder (``runs/minilm`` beside a ``runs/`` folder).
+
+    Example:
+        >>> is_local_path("bert-base-cased"), is_local_path("/models/minilm"), is_local_path("m.gguf")
+        (False, True, True)
+    """
+    path = Path(source)
+    if path.exists() or source.lower().endswith(".gguf"):
+        return True
+    if not _HUB_NAME.fullmatch(source):
+        return True
+    return len(path.parts) > 1 and Path(path.parts[0]).is_dir()
+
+
+def check_model(source: str | None, option: str = "--model") -> None:
+    """Refuse a model that names a local path that is not there (``None``: not given), in one line,
+    before transformers would take it for a Hub name (a "Repo id must be in the form..." error, or
+    a minute of retries online).
+
+    Raises:
+        DataSourceError: ``OPTION 'SOURCE': no such model folder or file`` (``no such GGUF file``).
+
+    Example:
+        >>> check_model("/models/gone")
+        Traceback (most recent call last):
+        DataSourceError: --model '/models/gone': no such model folder or file
+    """
+    if source is not None and is_local_path(source) and not Path(source).expanduser().exists():
+        what = "GGUF file" if source.lower().endswith(".gguf") else "model folder or file"
+        raise DataSourceError(f"{option} {source!r}: no such {what}")

@@ -82,19 +82,28 @@ def _types_of(tags) -> list[str]:
     return sorted({tag.split("-", 1)[1] for tag in tags if "-" in tag})
 
 
+# suffixes of files read as text whatever their content: undecodable bytes there are their encoding's
+TEXT_FILE_SUFFIXES = (".csv", ".tsv", ".txt", ".json", ".jsonl", ".conll", ".conllu", ".bio", ".iob")
+
+
 def _decoded_lines(path: str | os.PathLike) -> list[str]:
-    """The lines of a UTF-8 file (a leading BOM dropped); undecodable bytes stop with file and line."""
+    """The lines of a UTF-8 file (a leading BOM dropped); undecodable bytes stop with file, line and
+    byte offset, naming the cause: the file's encoding (a file without a text suffix may also be a
+    binary table read as text)."""
     data = Path(path).read_bytes()
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         column = error.start - data.rfind(b"\n", 0, error.start)
+        advice = "its encoding is not UTF-8 (e.g. Latin-1 or cp1252): convert it (`iconv -f latin1 -t utf-8`)"
+        if Path(path).suffix.lower() not in TEXT_FILE_SUFFIXES:
+            advice += "; a Parquet or Arrow table needs its .parquet/.arrow suffix"
         raise DataFormatError(
             path,
             line,
-            f"not UTF-8 text (byte 0x{data[error.start]:02x} at column {column}); convert the file "
-            "to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or give a .jsonl/.csv/.parquet/.arrow suffix",
+            f"not UTF-8 text (byte 0x{data[error.start]:02x} at column {column}, byte offset {error.start}): "
+            + advice,
         ) from None
     return [line.rstrip("\r") for line in text.split("\n")]
 

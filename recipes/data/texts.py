@@ -376,9 +376,12 @@ def label_key(value: str) -> tuple[int, int | str]:
 
 def _label(value: Any, table: Table, index: int, column: str) -> str | None:
     """The label name of a cell: a ``ClassLabel`` id as its name, an integer (or integral float) as its
-    digits, a name as it is; ``None`` for a ``ClassLabel``'s missing label (-1)."""
+    digits, a boolean as JSON writes it (``false``, ``true``), a name as it is; ``None`` for a
+    ``ClassLabel``'s missing label (-1)."""
     names = table.class_names.get(column)
-    if isinstance(value, bool) or value is None or (isinstance(value, float) and value != value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None or (isinstance(value, float) and value != value):
         raise DataSourceError(f"{table.at(index)}: no label in column {column!r} (got {value!r})")
     if isinstance(value, float) and value.is_integer():
         value = int(value)

@@ -55,9 +55,10 @@ from ..core.models import (
     model_skeleton,
     trainable_parameters,
 )
-from ..core.records import finished_records, run_or_resume
+from ..core.records import finished_records, read_records, run_or_resume
 from ..core.selection import select_then_repeat
 from ..core.sweep_log import peak_rss_mb
+from ..core.tasks import check_task
 from ..data.locations import looks_like_hub_name
 from ..data.readers import IGNORE_INDEX, read_text
 from .records import legacy_records, lr_label, results_file, run_key, summarize
@@ -380,6 +381,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
     """
     check_model(settings)
     path = results_file(settings.output)
+    check_task(read_records(path), path, "mlm")  # a results file holds one task's records
     finished = finished_records(path, legacy_records(Path(settings.output)))
     data: list[MlmData] = []  # prepared once, only if some LR has to run
 

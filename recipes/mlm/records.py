@@ -24,6 +24,7 @@ from typing import Any
 
 from ..core.records import fingerprint, read_records, unit_key
 from ..core.summary import Layout, fields, summarize_groups
+from ..core.tasks import is_mlm_record
 
 RESULTS_FILE = "results.jsonl"
 SELECTION_RULE = "lowest dev perplexity (held-out split), ties to the smaller LR; test perplexity not used"
@@ -65,17 +66,6 @@ def run_key(settings: dict[str, Any]) -> str:
     """
     cell = f"{settings['method']}|{settings['regime']}|{settings['seed']}"
     return unit_key(cell, settings["lr"], setup_of(settings))
-
-
-def is_mlm_record(record: dict[str, Any]) -> bool:
-    """Whether ``record`` is a ``layerfusion mlm`` run's (its ``settings`` and perplexities), not another
-    command's in the same folder (a sweep's ``results.jsonl``).
-
-    Example:
-        >>> is_mlm_record({"settings": {}, "dev_ppl": 20.0, "test_ppl": 21.0}), is_mlm_record({"f1": 0.5})
-        (True, False)
-    """
-    return isinstance(record.get("settings"), dict) and {"dev_ppl", "test_ppl"} <= record.keys()
 
 
 def legacy_records(folder: Path) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..arguments import DEFAULT_MLM_LR_GRIDS, lr_grid
+from ..arguments import DEFAULT_MLM_LR_GRIDS, default_output, lr_grid
 from ..core.demo import demo_model_path
 from ..core.models import METHOD_NAMES, REGIME_NAMES
 from ..core.settings import check_names
@@ -64,7 +64,7 @@ class MlmSettings:
     max_eval_blocks: int | None = None
     head_modules: tuple[str, ...] | None = None
     seed: int = 0
-    output: str = "layerfusion-results"
+    output: str = default_output("mlm")
 
     def __post_init__(self) -> None:
         if self.block_size < 3:  # [CLS] + at least one token + [SEP]

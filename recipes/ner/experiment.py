@@ -95,6 +95,7 @@ class ExperimentSettings(TaskSettings):
 
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = SETUP_FIELDS
     READ_POSITIONS: ClassVar[str] = LABELLED_POSITIONS.name
+    TASK: ClassVar[str] = "ner"
 
     language: str | None = None
     tokens_column: str | None = None

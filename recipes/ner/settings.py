@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..arguments import default_output
 from ..core.cells import FULL_TRAIN
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, model_path
 from ..core.grids import PAPER_AXES, USER_AXES
@@ -25,7 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "no_cache": False,
     "fixed_sample": False,
-    "output": "layerfusion-results",
+    "output": default_output(ExperimentSettings.TASK),
     "workers": 1,
     "quiet": False,
 }

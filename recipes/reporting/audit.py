@@ -27,7 +27,7 @@ from peft_layerfusion.comparison.audit import (
 from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
 from peft_layerfusion.comparison.regimes import REGIME_NAMES
 
-from ..core.gemma import resolve_model
+from ..core.gemma import resolve_config
 from ..core.models import peft_alias_quiet
 from ..core.settings import check_names
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     check_names("regime", [args.regime], REGIME_NAMES)
-    config = resolve_model(args.config)  # gemma3-270m, a .gguf file: their float32 copy's folder
+    config = resolve_config(args.config)  # gemma3-270m, a .gguf file: the config in its header
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     if args.match:
         check_names("match", [args.match], AUDITED_METHODS)

@@ -33,14 +33,17 @@ from ..core.probes import PROBE_REGIME, probes_path
 from ..core.records import read_records
 from ..core.selection import cell_of, dev_score, record_metric, select_lr, test_score
 from ..core.stats import mean_ci
+from ..core.tasks import is_probe_record, read_task_records, sweep_task
 from .plot import (
     _pyplot,
     _save,
     format_lr,
     markdown_row,
     method_color,
+    method_label,
     method_rank,
     metric_named,
+    regime_label,
     shots_text,
     summarize,
     write_report,
@@ -205,8 +208,39 @@ def _weights_of(weights: dict[tuple, dict[str, Any]], cell: tuple) -> list[tuple
     return sorted(found, key=lambda item: (item[1] != PROBE_REGIME, item[1], method_rank(item[0])))
 
 
-def _weight_label(method: str, regime: str, field: str) -> str:
-    return f"{method} {WEIGHT_FIELDS[field]}" + ("" if regime == PROBE_REGIME else f" ({regime})")
+def layer_count(rows: Sequence[dict[str, Any]]) -> int:
+    """How many layers the probe rows (:func:`probe_rows`) hold: the model's blocks."""
+    return len({row["layer"] for row in rows})
+
+
+def clamped_top(top: int, rows: Sequence[dict[str, Any]]) -> int:
+    """``top`` (``--probe-layers K``) at most the layers there are: the best 99 of 3 layers are all 3.
+
+    Example:
+        >>> clamped_top(99, [{"layer": 1}, {"layer": 2}, {"layer": 3}]), clamped_top(2, [{"layer": 1}])
+        (3, 1)
+    """
+    return min(top, layer_count(rows)) if rows else top
+
+
+def clamp_note(top: int, rows: Sequence[dict[str, Any]]) -> str | None:
+    """What :func:`clamped_top` did, in one line (``None`` when ``top`` fits the model).
+
+    Example:
+        >>> clamp_note(99, [{"layer": 1}, {"layer": 2}, {"layer": 3}])
+        '--probe-layers 99: the model has 3 layers, so all 3 are listed'
+    """
+    count = layer_count(rows)
+    if not rows or top <= count:
+        return None
+    return f"--probe-layers {top}: the model has {count} layers, so all {count} are listed"
+
+
+def _weight_label(method: str, regime: str, field: str, display: bool = False) -> str:
+    """What a method's learned weights are called: in the table by names, in the figure (``display``) by
+    the registry's labels (``ScalarMix softmax weights``)."""
+    name, regime_name = (method_label(method), regime_label(regime)) if display else (method, regime)
+    return f"{name} {WEIGHT_FIELDS[field]}" + ("" if regime == PROBE_REGIME else f" ({regime_name})")
 
 
 def _cell_title(cell: tuple, several_setups: bool) -> str:
@@ -232,6 +266,8 @@ def layers_markdown(
     rows = probe_rows(probes)
     if not rows:
         return ""
+    note = clamp_note(top, rows)
+    top = clamped_top(top, rows)
     cells = probe_cells(rows)
     weights = learned_weights(records)
     several = len({cell[0] for cell in cells}) > 1
@@ -244,7 +280,7 @@ def layers_markdown(
         f"dev {metric.short} over trials, ties to the smaller LR), mean ± 95% CI (t) over trials, (dev x) "
         "beside it; then the layer weights the trained runs learned at their cell's selected LR, mean over "
         f"trials. The best {top} layers on dev are a `layers=[...]` list any fusion config takes "
-        "(e.g. `DWAttConfig(layers=[...])`).",
+        "(e.g. `DWAttConfig(layers=[...])`)." + (f" ({note}.)" if note else ""),
     ]
     for cell, cell_rows in cells.items():
         own_weights = _weights_of(weights, cell)
@@ -266,7 +302,7 @@ def layers_markdown(
         ]
         for row in cell_rows:
             weight_texts = [_weight_text(entry, row["layer"]) for _, _, entry in own_weights]
-            other_texts = [_interval(row["others"][name]) for name in others]
+            other_texts = [_interval(row["others"][name], row["n"]) for name in others]
             lines.append(markdown_row([row["layer"], _probe_text(row), *other_texts, *weight_texts]))
     flagged = [row for row in rows if row["edge"]]
     if flagged:
@@ -281,8 +317,11 @@ def layers_markdown(
     return "\n".join(lines) + "\n"
 
 
-def _interval(value: tuple[float, float] | None) -> str:
-    return "-" if value is None else f"{value[0]:.1f} ± {value[1]:.1f}"
+def _interval(value: tuple[float, float] | None, n: int) -> str:
+    """A further metric's mean ± CI over ``n`` trials; one trial has no interval (as :func:`_probe_text`)."""
+    if value is None:
+        return "-"
+    return f"{value[0]:.1f}" + (f" ± {value[1]:.1f}" if n > 1 else "")
 
 
 def _probe_text(row: dict[str, Any]) -> str:
@@ -336,6 +375,7 @@ def plot_layers(
     rows = probe_rows(probes)
     if not rows:
         return None
+    top = clamped_top(top, rows)
     plt = _pyplot()
     cells = probe_cells(rows)
     weights = learned_weights(records)
@@ -353,7 +393,7 @@ def plot_layers(
                     row["mean"],
                     color=method_color(row["method"]),
                     linestyle=":",
-                    label=f"{row['method']} ({row['score']})",
+                    label=f"{method_label(row['method'])} ({row['score']})",
                 )
         top_ax.set_title(_cell_title(cell, several))
         _draw_weights(bottom_ax, _weights_of(weights, cell))
@@ -414,7 +454,7 @@ def _draw_weights(ax, found: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
             marker="o",
             color=method_color(method),
             linestyle="-" if regime == PROBE_REGIME else "--",
-            label=_weight_label(method, regime, entry["field"]),
+            label=_weight_label(method, regime, entry["field"], display=True),
         )
     counts = {len(entry["layers"]) for _, _, entry in found}
     for count in sorted(counts):
@@ -457,30 +497,36 @@ def write_layer_report(
 
 
 def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
-    """One line per probe cell: its best ``top`` layers on dev as a config takes them.
+    """One line per probe cell: its best ``top`` layers on dev as a config takes them (``top`` at most
+    the model's layers, then a note saying so).
 
     Example:
         >>> best_layers_lines(probes, 3)
         ['layers (best 3 on dev), N=8, max 30 epochs: layers=[4, 5, 6]']
     """
-    cells = probe_cells(probe_rows(probes))
+    rows = probe_rows(probes)
+    note = clamp_note(top, rows)
+    top = clamped_top(top, rows)
+    cells = probe_cells(rows)
     several = len({cell[0] for cell in cells}) > 1
-    return [
+    lines = [
         f"layers (best {top} on dev), {_cell_title(cell, several)}: {layers_text(best_layers(rows, top))}"
         for cell, rows in cells.items()
     ]
+    return lines + ([f"note: {note}"] if note else [])
 
 
 def plot_main(args: argparse.Namespace) -> int:
     """``layerfusion plot``: table.md and the figures of a results file, and the layer diagnostics when
     its probes file (:func:`~layerfusion_recipes.core.probes.probes_path`) is beside it."""
-    records = read_records(args.results)
+    records = read_task_records(args.results)  # lines that are no record: skipped, said on stderr
+    sweep_task(records, args.results)  # one task's, that of a sweep
     if not records:
         raise SystemExit(f"{args.results}: no finished cell found")
     output = args.output or Path(args.results).parent
     paths = write_report(records, output)
     top = getattr(args, "probe_layers", None) or DEFAULT_TOP
-    probes = read_records(probes_path(args.results))
+    probes = read_records(probes_path(args.results), is_probe_record)
     paths.update(write_layer_report(records, probes, output, top))
     print(paths["table"].read_text())
     for line in best_layers_lines(probes, top):

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import UserError
-from ..core.records import read_records
 from ..core.stats import paired_mean_ci
+from ..core.tasks import read_task_records
 from .plot import format_lr, score_groups
 
 # settings that may differ between paired cells: they change the model, not the sample or the data
@@ -71,7 +71,7 @@ def read_cell(spec: str, shots: int, epochs: int) -> Cell:
         raise ValueError(f"cell {spec!r}: expected RESULTS:METHOD:REGIME")
     runs = [
         record
-        for record in read_records(path)
+        for record in read_task_records(path)
         if (record["method"], record["regime"], record["shots"], record["epochs"])
         == (method, regime, shots, epochs)
     ]

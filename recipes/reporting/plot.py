@@ -17,8 +17,10 @@ seqeval micro-F1 for NER (``F1`` below), accuracy (and macro-F1 beside it) for `
   records with several metrics (``classify``: accuracy, macro-F1) one table and paired table
   each, every one at the LR and epoch the first metric selected on dev.
 
-Every figure draws a method in one colour (:func:`method_color`, the registry's order), puts one
-legend beside its panels, clips CI bands to [0, 100] and labels its y axis with the score it shows.
+Every figure draws a method in one colour (:func:`method_color`, the registry's order), names methods
+and regimes as the registry labels them (:func:`method_label`: "last layer (plain head)", "R+n",
+"DWAtt"; :func:`regime_label`: "frozen encoder"), puts one legend beside its panels, clips CI bands to
+[0, 100] and labels its y axis with the score it shows.
 
 LR selection: :mod:`layerfusion_recipes.core.selection`.
 """
@@ -40,10 +42,11 @@ from peft_layerfusion.utils import atomic_write, atomic_write_text
 
 from ..core.cells import FULL_TRAIN, shots_size
 from ..core.models import METHOD_NAMES, PLAIN_HEAD
-from ..core.records import read_records
 from ..core.selection import cell_of, dev_score, record_metric, test_score
 from ..core.stats import excludes_zero
 from ..core.summary import GroupSummary, Layout, paired_by_trial, summarize_groups
+from ..core.tasks import read_task_records, sweep_task
+from ..names import METHOD_LABELS, REGIME_LABELS
 
 GROUP = ("regime", "epochs", "shots", "method")
 
@@ -106,6 +109,27 @@ def method_rank(method: str) -> tuple[int, str]:
     (``none`` first), then any other method by name."""
     known = METHOD_NAMES.index(method) if method in METHOD_NAMES else len(METHOD_NAMES)
     return known, method
+
+
+def method_label(method: str) -> str:
+    """The name of a method in figures (:data:`~layerfusion_recipes.names.METHOD_LABELS`, from the
+    registry); an unknown one as it is.
+
+    Example:
+        >>> method_label("none"), method_label("extra_layers"), method_label("dwatt")
+        ('last layer (plain head)', 'R+n', 'DWAtt')
+    """
+    return METHOD_LABELS.get(method, method)
+
+
+def regime_label(regime: str) -> str:
+    """The name of a regime in figures (:data:`~layerfusion_recipes.names.REGIME_LABELS`).
+
+    Example:
+        >>> regime_label("fe")
+        'frozen encoder'
+    """
+    return REGIME_LABELS.get(regime, regime)
 
 
 def score_groups(
@@ -344,12 +368,14 @@ def method_color(method: str) -> str:
 
 
 def _legend(axes) -> None:
-    """One legend, right of the last panel (never over a line): every method once, registry order."""
+    """One legend, right of the last panel (never over a line): every method once, by its display name
+    (:func:`method_label`), in the registry's order."""
     handles: dict[str, Any] = {}
     for ax in axes[0]:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    labels = sorted(handles, key=method_rank)
+    methods = {method_label(method): method for method in METHOD_LABELS}
+    labels = sorted(handles, key=lambda label: method_rank(methods.get(label, label)))
     axes[0][-1].legend(
         [handles[label] for label in labels],
         labels,
@@ -369,34 +395,74 @@ def _finish_panels(plt, figure, axes, path: str | os.PathLike, ylabel: str) -> P
     return saved
 
 
-def _spread(positions: Sequence[float], gap: float) -> list[float]:
-    """``positions`` moved up as little as needed to be at least ``gap`` apart, in their order.
-
-    Example:
-        >>> _spread([10.0, 10.5, 20.0], gap=2.0)
-        [10.0, 12.0, 20.0]
-    """
-    out: list[float] = []
-    for position in positions:
-        out.append(position if not out else max(position, out[-1] + gap))
-    return out
+# where an LR label may sit, tried in this order: (dx, dy) in points from its point, ha, va
+LABEL_PLACES = (
+    (5, 0, "left", "center"),
+    (-5, 0, "right", "center"),
+    (0, 6, "center", "bottom"),
+    (0, -6, "center", "top"),
+    *((dx, dy, ha, "center") for dy in (8, -8, 16, -16, 24, -24) for dx, ha in ((5, "left"), (-5, "right"))),
+)
+MARKER_RADIUS_PT = 3.5  # half a default marker (6 points) and a margin: a label never covers a point
+LINE_COST = 0.25  # a label crossing a line costs as much as covering a quarter of another label
 
 
 def _lr_labels(ax, labels: Sequence[tuple[float, float, str, str]]) -> None:
-    """Write each ``(x, y, text, method)`` right of its point in the method's colour; the labels of one
-    x are spread vertically so that none covers another."""
-    low, high = ax.get_ylim()
-    gap = 0.055 * (high - low)  # about one line of 6-point text in a 3.6-inch panel
-    by_x: dict[float, list[tuple[float, str, str]]] = defaultdict(list)
-    for x, y, text, method in labels:
-        by_x[x].append((y, text, method))
-    for x, points in by_x.items():
-        points.sort()
-        for (_, text, method), y in zip(points, _spread([p[0] for p in points], gap), strict=True):
-            ax.annotate(
-                text, (x, y), textcoords="offset points", xytext=(5, 0), va="center", fontsize=6,
+    """Write each ``(x, y, text, method)`` beside its point in the method's colour, at the first place of
+    :data:`LABEL_PLACES` where it covers no other label, no point, crosses no line and stays inside the
+    panel (the least covered place when none is free): right of its point, else left, above, below,
+    then further up or down. Close shot sizes (N = 2, 3, 4 on the log axis) and close scores thus keep
+    their labels apart."""
+    renderer = ax.figure.canvas.get_renderer()
+    radius = MARKER_RADIUS_PT * ax.figure.dpi / 72
+    taken = [
+        _Box(px - radius, py - radius, px + radius, py + radius)
+        for px, py in (ax.transData.transform((x, y)) for x, y, *_ in labels)
+    ]
+    lines = [line.get_transform().transform_path(line.get_path()) for line in ax.get_lines()]
+    panel = ax.get_window_extent(renderer)
+    for x, y, text, method in sorted(labels, key=lambda label: (label[0], -label[1])):
+        best = None
+        for dx, dy, ha, va in LABEL_PLACES:
+            note = ax.annotate(
+                text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va, fontsize=6,
                 color=method_color(method),
             )  # fmt: skip
+            box = note.get_window_extent(renderer)
+            crossed = sum(path.intersects_bbox(box, filled=False) for path in lines)
+            cost = sum(_overlap(box, other) for other in taken) + _outside(box, panel)
+            cost += crossed * LINE_COST * box.width * box.height
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, note, box)
+            else:
+                note.remove()
+            if cost == 0:
+                break
+        taken.append(best[2])
+
+
+@dataclass(frozen=True)
+class _Box:
+    """A rectangle in display coordinates (as matplotlib's ``Bbox`` names its sides)."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+
+def _overlap(a, b) -> float:
+    """The area two display boxes share (0 when apart)."""
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return max(0.0, width) * max(0.0, height)
+
+
+def _outside(box, panel) -> float:
+    """How much of ``box`` lies outside ``panel``, weighed as a cover of it."""
+    return _overlap(box, box) - _overlap(box, panel)
 
 
 def shots_axis(shots: Sequence[int]) -> dict[int, float]:
@@ -426,7 +492,7 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
             shots = [where[r["shots"]] for r in line]
             mean = [r["mean"] for r in line]
             color = method_color(method)
-            ax.plot(shots, mean, marker="o", label=method, color=color)
+            ax.plot(shots, mean, marker="o", label=method_label(method), color=color)
             for row, x, y in zip(line, shots, mean, strict=True):  # the LR selected on dev, per point
                 if row.get("lrs") and len(row["lrs"]) > 1:
                     own.append((x, y, f"{row['lr']:g}" + (" (edge)" if row["edge"] else ""), method))
@@ -443,7 +509,7 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
         ax.set_xlim(smallest / 2**0.3, largest * 2**0.9)  # room for the LR labels right of the points
         ax.set_xticks([where[n] for n in ticks], [shots_text(n) for n in ticks])
         ax.minorticks_off()
-        ax.set_title(f"{regime}, max {epochs} epochs")
+        ax.set_title(f"{regime_label(regime)}, max {epochs} epochs")
         ax.set_xlabel("shots N (labels: LR selected on dev)")
     for ax, own in zip(axes[0], labels, strict=True):  # once every panel has its y range (shared)
         _lr_labels(ax, own)
@@ -468,7 +534,8 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         )
         for row in panel_rows:
             lrs, color = row["lrs"], method_color(row["method"])
-            ax.plot(lrs, [row["dev_by_lr"][lr] for lr in lrs], marker="o", color=color, label=row["method"])
+            label = method_label(row["method"])
+            ax.plot(lrs, [row["dev_by_lr"][lr] for lr in lrs], marker="o", color=color, label=label)
             tests = [row["test_by_lr"][lr] for lr in lrs]
             if all(t is not None for t in tests):
                 ax.plot(lrs, tests, linestyle="--", color=color)
@@ -478,7 +545,7 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         ax.minorticks_off()  # one labelled tick per LR of the panel, none between them
         ticks = sorted({lr for row in panel_rows for lr in row["lrs"]})
         ax.set_xticks(ticks, [format_lr(lr) for lr in ticks], rotation=45, fontsize=8)
-        ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
+        ax.set_title(f"{regime_label(panel[0])}, {panel[1]} epochs, N={shots_text(panel[2])}")
         ax.set_xlabel("max LR (circled: selected on dev)")
     axis = metric_named(rows[0]["metric"]).axis
     label = f"{axis} (%), mean over trials\n(solid: dev, dashed: test)"
@@ -503,13 +570,19 @@ def plot_dev_curves(
     panels = sorted(curves)
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels, strict=True):
+        drawn: set[int] = set()
         for method in sorted(curves[panel], key=method_rank):
             runs = curves[panel][method]
             length = min(len(run) for run in runs)
             steps = [runs[0][i]["step"] for i in range(length)]
             mean = [100 * sum(run[i][f"dev_{metric}"] for run in runs) / len(runs) for i in range(length)]
-            ax.plot(steps, mean, label=method, color=method_color(method))
-        ax.set_title(f"{panel[0]}, {panel[1]} epochs, N={shots_text(panel[2])}")
+            # markers: a run with one dev evaluation is one point, which a line alone does not show
+            color = method_color(method)
+            ax.plot(steps, mean, marker="o", markersize=4, label=method_label(method), color=color)
+            drawn.update(steps)
+        ax.set_title(f"{regime_label(panel[0])}, {panel[1]} epochs, N={shots_text(panel[2])}")
+        if len(drawn) < 3:  # one or two evaluations: ticks at their steps, none between
+            ax.set_xticks(sorted(drawn))
         ax.set_xlabel("training steps")
     axis = metric_named(metric).axis
     return _finish_panels(plt, figure, axes, path, f"dev {axis} (%)\nselected LR, mean over trials")
@@ -535,7 +608,7 @@ def plot_depth_attention(
     figure, ax = plt.subplots(figsize=(max(4.5, 2.0 + 0.6 * layers), max(2.4, 1.2 + 0.4 * len(keys))))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis")
     ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
-    ax.set_yticks(range(len(keys)), [f"{r} N={shots_text(n)} ep={e}" for r, n, e in keys])
+    ax.set_yticks(range(len(keys)), [f"{regime_label(r)} N={shots_text(n)} ep={e}" for r, n, e in keys])
     ax.set_xlabel("fused layer")
     ax.set_title("DWAtt mean depth attention\n(dev tokens, at the selected LR)", fontsize=10)
     figure.colorbar(image, ax=ax).set_label("mean attention weight\n(each row sums to 1)")
@@ -713,7 +786,8 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
 
 
 def plot_main(args: argparse.Namespace) -> int:
-    records = read_records(args.results)
+    records = read_task_records(args.results)  # lines that are no record: skipped, said on stderr
+    sweep_task(records, args.results)  # one task's, that of a sweep
     if not records:
         raise SystemExit(f"{args.results}: no finished cell found")
     paths = write_report(records, args.output or Path(args.results).parent)

@@ -183,6 +183,7 @@ from ..core.records import read_records
 from ..core.settings import load_config, option, results_path
 from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
+from ..core.tasks import is_probe_record, read_task_records, sweep_task
 from ..mlm import records as mlm_records
 from ..mlm.records import SELECTION_RULE, folder_grids, lr_label, read_mlm_records
 from ..mlm.settings import RESULT_SETTINGS, mlm_lr_grid
@@ -511,7 +512,11 @@ def cost_line(runs: int, results: str, totals: SweepTotals | None) -> str:
 
 
 def _read_results(block: Block, root: Path, results: str) -> list[dict[str, Any]]:
-    records = read_records(root / results)
+    records = read_task_records(root / results)  # lines that are no record: skipped, said on stderr
+    try:
+        sweep_task(records, results)
+    except UserError as error:
+        raise _error(block, str(error)) from error
     if not records:
         raise _error(block, f"no results in {results} under {root}")
     return records
@@ -565,7 +570,7 @@ def render_grid_block(block: Block, root: Path, page: Path = RESULTS_MD) -> str:
     rows = summarize(records)  # once, for the tables and the unfinished cells
     unfinished = unfinished_text(unfinished_lines(rows, options))
     top = options.probe_layers or DEFAULT_TOP
-    probes = read_records(probes_path(root / results))
+    probes = read_records(probes_path(root / results), is_probe_record)
     layers = probes_text(records, probes, top, _figure_link(root, Path(results).parent, page))
     plot = f"layerfusion plot {results}" + (f" --probe-layers {top}" if probes and top != DEFAULT_TOP else "")
     commands = "\n".join([*_grid_commands(block, block.params), plot])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -75,7 +76,7 @@ def tiny(tmp_path_factory):
     return write_tiny_model(root / "model"), write_toy_data(root / "data", train=30, dev=8, test=8)
 
 
-def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys):
+def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys, monkeypatch):
     model, data = tiny
     argv = [
         "ner",
@@ -101,13 +102,42 @@ def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| regime | epochs | shots | none | dwatt |" in out and "(n=2)" in out
-    assert len(read_records(tmp_path / "results.jsonl")) == 4
+    assert [r["task"] for r in read_records(tmp_path / "results.jsonl")] == ["ner"] * 4
     for name in ("table.md", "f1_vs_shots.png", "dev_curves.png", "dwatt_attention.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert main(argv) == 0  # resumed: nothing to run
+
+    def no_cache(self):
+        raise AssertionError("a finished sweep built the feature cache")
+
+    monkeypatch.setattr(Experiment, "_cache_object", no_cache)
+    assert main(argv) == 0  # resumed: nothing to run, no feature cache built
     assert len(read_records(tmp_path / "results.jsonl")) == 4
     assert main(["plot", str(tmp_path / "results.jsonl"), "--output", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "f1_vs_shots.png").exists()
+
+
+def test_each_task_has_its_own_output_and_a_results_file_holds_one_task(tiny, tmp_path, capsys):
+    """`ner` (and `sweep`) and `classify` never share a results file by default, and a sweep refuses
+    a file holding another task's records, in one line, before any run."""
+    from layerfusion_recipes.classify.settings import resolve as resolve_classify
+    from layerfusion_recipes.ner.settings import resolve as resolve_ner
+
+    model, data = tiny
+    base = ["--model", model, "--data", data]
+    assert resolve_ner(build_parser().parse_args(["ner", *base]))[1]["output"] == "layerfusion-results/ner"
+    assert resolve_ner(build_parser().parse_args(["sweep", *base]))[1]["output"] == "layerfusion-results/ner"
+    classify = resolve_classify(build_parser().parse_args(["classify", *base]))[1]
+    assert classify["results"] == "layerfusion-results/classify/results.jsonl"
+    assert build_parser().parse_args(["mlm", "--data", data]).output == "layerfusion-results/mlm"
+    results = tmp_path / "results.jsonl"
+    record = {"key": "none|fe|2|1|0|lr=0.03|s", "method": "none", "regime": "fe", "shots": 2, "epochs": 1}
+    results.write_text(json.dumps({**record, "trial": 0, "dev_f1": 0.5}) + "\n")  # a NER record of old
+    assert main(["classify", *base, "--results", str(results), "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"layerfusion classify: error: {results} holds records of ner (1 record), not classify: a results "
+        "file holds one task's records; give classify its own --output (or --results)"
+    ]
+    assert len(results.read_text().splitlines()) == 1 and not (tmp_path / "sweeps.jsonl").exists()
 
 
 def test_sweep_from_yaml(tiny, tmp_path, capsys):
@@ -143,8 +173,7 @@ def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, mon
         return run(self, *args, **kwargs)
 
     monkeypatch.setattr(Experiment, "run", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        main(argv)
+    assert main(argv) == 130  # Ctrl-C: one line, 128 + SIGINT
     assert len(calls) == 2
     monkeypatch.setattr(Experiment, "run", run)
     assert main(argv) == 0  # resumes: the second cell only
@@ -181,7 +210,21 @@ def test_missing_paths_are_one_line_before_the_library_is_imported(tmp_path):
         "layerfusion seq2seq: error: give --data DIR (valid.txt, test.txt) or --train-file and --test-file",
         f"layerfusion audit: error: CONFIG '{missing}': no such file or directory",
         f"layerfusion plot: error: '{missing}': no such results file",
+        f"layerfusion ner: error: --model '{missing}': no such model folder or file",
+        f"layerfusion classify: error: --model '{missing}.gguf': no such GGUF file",
     ]
+
+
+def test_a_missing_relative_model_folder_is_one_line_not_a_hub_name(tmp_path):
+    """``runs/minilm`` beside a ``runs/`` folder is a path (not the Hub's owner/name): said at once."""
+    (tmp_path / "runs").mkdir()
+    script = "from layerfusion_recipes.cli import main\nprint(main(['ner', '--model', 'runs/minilm']))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path, timeout=60
+    )
+    assert result.stdout.strip() == "2"
+    message = "layerfusion ner: error: --model 'runs/minilm': no such model folder or file"
+    assert result.stderr.splitlines() == [message]
 
 
 ARGVS = [
@@ -192,6 +235,8 @@ ARGVS = [
     ["seq2seq"],
     ["audit", "MISSING"],
     ["plot", "MISSING"],
+    ["ner", "--model", "MISSING"],
+    ["classify", "--data", "sst2", "--model", "MISSING.gguf"],
 ]
 
 

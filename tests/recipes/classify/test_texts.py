@@ -89,6 +89,26 @@ def test_integer_labels_sort_as_numbers_and_names_as_text(tmp_path):
     assert load_texts(str(tmp_path)).labels == ["C", "a", "b"]
 
 
+def test_json_boolean_labels_are_labels(tmp_path):
+    """`"label": true` (a yes/no task written by a JSON tool) is a label, named as JSON writes it."""
+    write_jsonl(tmp_path / "train.jsonl", [{"text": f"t{i}", "label": i % 2 == 0} for i in range(4)])
+    write_jsonl(tmp_path / "dev.jsonl", [{"text": "x", "label": False}])
+    data = load_texts(str(tmp_path))
+    assert data.labels == ["false", "true"] and [e.label for e in data.train] == ["true", "false"] * 2
+    assert [e.label for e in data.dev] == ["false"]
+
+
+def test_a_latin1_csv_names_its_encoding_and_the_byte_offset_not_a_suffix(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_bytes("text,label\ngood,pos\nK\u00f6ln,neg\n".encode("latin-1"))
+    with pytest.raises(DataFormatError) as caught:
+        load_texts(str(tmp_path))
+    assert str(caught.value) == (
+        f"{path}, line 3: not UTF-8 text (byte 0xf6 at column 2, byte offset 21): its encoding is not UTF-8 "
+        "(e.g. Latin-1 or cp1252): convert it (`iconv -f latin1 -t utf-8`)"
+    )
+
+
 @pytest.mark.parametrize(
     ("header", "columns", "text", "pair", "label"),
     [

@@ -11,6 +11,7 @@ from layerfusion_recipes.core.errors import DataSourceError, Terminated, UserErr
 
 
 def _ner(tmp_path, data) -> list[str]:
+    (tmp_path / "model").mkdir(exist_ok=True)  # there (a missing one is refused first), never read
     return ["ner", "--model", str(tmp_path / "model"), "--data", str(data), "--output", str(tmp_path / "out")]
 
 
@@ -123,3 +124,55 @@ def test_a_command_stopped_by_sigterm_exits_143_with_one_line(capsys):
 
     assert run_command(stopped, argparse.Namespace(), prog="layerfusion sweep") == 143
     assert capsys.readouterr().err == "layerfusion sweep: stopped by SIGTERM\n"
+
+
+CTRL_C_SCRIPT = """
+import signal, sys, time
+from layerfusion_recipes.cli import main
+from layerfusion_recipes.ner.experiment import Experiment
+
+def slow(self, cell, lrs, use_cache=None):
+    print("training", flush=True)
+    time.sleep(120)  # Ctrl-C arrives here
+    yield from ()
+
+Experiment.iter_lrs = slow
+# Python's own Ctrl-C handler, as in a terminal (a shell's background job inherits SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_ends_a_sweep_in_one_line_with_exit_130(tmp_path):
+    """SIGINT, as a terminal's Ctrl-C sends it: the sweep's log line is written, then one line on stderr
+    and exit code 130 (128 + SIGINT), as SIGTERM ends in one line with 143; no traceback."""
+    import json
+    import signal
+    import subprocess
+
+    from conftest import write_tiny_model, write_toy_data
+
+    model = write_tiny_model(tmp_path / "model")
+    data = write_toy_data(tmp_path / "data", train=20, dev=4, test=4)
+    argv = ["ner", "--model", model, "--data", data, "--methods", "none", "--shots", "2", "--epochs", "1"]
+    argv += ["--trials", "1", "--lr", "0.03", "--no-cache", "--quiet", "--output", str(tmp_path / "out")]
+    command = [sys.executable, "-c", CTRL_C_SCRIPT, *argv]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "training\n"
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    assert "Traceback" not in err and err.splitlines()[-1] == "layerfusion ner: stopped by SIGINT (Ctrl-C)"
+    (line,) = [json.loads(text) for text in (tmp_path / "out" / "sweeps.jsonl").read_text().splitlines()]
+    assert (line["completed"], line["error"]) == (False, "KeyboardInterrupt")
+
+
+def test_debug_shows_the_traceback_of_ctrl_c():
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_command(interrupted, argparse.Namespace(), debug=True)

@@ -47,3 +47,18 @@ def test_only_that_warning_is_quieted():
             warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["something else is deprecated"]
     assert PEFT_ALIAS_WARNING.startswith("`is_gradient_checkpointing`")
+
+
+def test_a_model_folder_gone_since_the_start_is_said_missing(tmp_path):
+    """A sweep loads the model for every run: a folder deleted meanwhile is named as missing, not
+    refused as a malformed Hub repo id."""
+    from layerfusion_recipes.core.errors import DataSourceError
+    from layerfusion_recipes.core.models import load_pretrained
+    from transformers import AutoModel
+
+    folder = write_tiny_model(tmp_path / "m")
+    assert load_pretrained(AutoModel, folder, seed=0) is not None
+    for path in sorted(tmp_path.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    with pytest.raises(DataSourceError, match=r"^--model '.*/m': no such model folder or file$"):
+        load_pretrained(AutoModel, folder, seed=0)

@@ -43,3 +43,28 @@ def test_run_or_resume_runs_a_missing_key_once_and_appends_it(tmp_path):
     assert run_or_resume(path, finished, "new", run) == ({"dev_ppl": 21.0, "key": "new"}, False)
     assert calls == [1] and read_records(path) == [{"dev_ppl": 21.0, "key": "new"}]  # old: not copied
     assert run_or_resume(path, finished_records(path), "new", run)[1] is False  # a new process resumes it
+
+
+def test_lines_that_are_no_record_are_skipped_and_said_once_in_one_line(tmp_path, capsys):
+    """Torn, not JSON, not UTF-8, a foreign object: skipped (a sweep runs them again), and said in one
+    warning line naming the file and the line numbers; once per process, again only for new lines."""
+    path = tmp_path / "results.jsonl"
+    lines = [
+        json.dumps({"key": "a", "dev": 1.0}).encode(),
+        b"not json",
+        json.dumps({"key": 5}).encode(),  # an object, but no record
+        b"\xff\xfe{}",  # not UTF-8
+        json.dumps({"key": "b", "dev": 2.0}).encode(),
+        b'{"key": "c", "de',  # torn
+    ]
+    path.write_bytes(b"\n".join(lines))
+    assert [r["key"] for r in read_records(path)] == ["a", "b"]
+    assert finished_records(path).keys() == {"a", "b"}  # read again: said once
+    warning = (
+        f"layerfusion: warning: {path}:2,3,4,6: skipped 4 lines that are not complete records "
+        "(torn, not JSON, or missing fields)"
+    )
+    assert capsys.readouterr().err.splitlines() == [warning]
+    assert [r["key"] for r in read_records(path, lambda record: record["dev"] > 1)] == ["b"]
+    more = warning.replace(":2,3,4,6: skipped 4", ":1,2,3,4,6: skipped 5")  # line 1 now skipped too
+    assert capsys.readouterr().err.splitlines() == [more]

@@ -89,7 +89,14 @@ def test_latin1_file_stops_with_file_line_and_byte(tmp_path):
     with pytest.raises(DataFormatError) as error:
         read_ner_file(path)
     assert error.value.line == 3
-    assert str(error.value).startswith(f"{path}, line 3: not UTF-8 text (byte 0xf6 at column 2)")
+    assert str(error.value) == (
+        f"{path}, line 3: not UTF-8 text (byte 0xf6 at column 2, byte offset 11): its encoding is not UTF-8 "
+        "(e.g. Latin-1 or cp1252): convert it (`iconv -f latin1 -t utf-8`)"
+    )
+    bare = tmp_path / "train"  # no suffix: perhaps a binary table read as text
+    bare.write_bytes(b"PAR1\x15\x04\xff\x00")
+    with pytest.raises(DataFormatError, match=r"needs its \.parquet/\.arrow suffix$"):
+        read_ner_file(bare)
 
 
 def test_index_token_tag_columns_and_conllu_comments(tmp_path):

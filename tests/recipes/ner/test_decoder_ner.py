@@ -201,7 +201,7 @@ def test_a_model_with_no_token_head_that_is_no_decoder_is_refused_in_one_line(fo
 
 def test_a_missing_gguf_file_is_one_line(folders, tmp_path, capsys):
     assert main(ner_argv(str(tmp_path / "absent.gguf"), folders["data"], tmp_path / "out")) == 2
-    assert one_error_line(capsys).endswith("absent.gguf: no such GGUF file")
+    assert one_error_line(capsys).endswith("absent.gguf': no such GGUF file")  # said before torch loads
 
 
 def test_a_named_model_without_its_extra_is_one_line(folders, tmp_path, capsys, monkeypatch):

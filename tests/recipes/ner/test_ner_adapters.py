@@ -59,8 +59,9 @@ def test_a_fusion_method_with_an_adapter_regime_stops_before_any_run(tmp_path, c
     grid = write_grid(tmp_path / "grid.yaml", methods=["concat"], regimes=["adapter_double_seqbn"])
     with pytest.raises(ValueError, match=r"`methods: \[none\]`.*concat in one of the regimes fe, ft, lora"):
         resolve(parse("--config", grid))
-    # the command: one line, exit code 2, and no model or data was read (the model does not exist; the
-    # data folder does, as the command line checks before it imports the library, but holds no data)
+    # the command: one line, exit code 2, and no model or data was read (the model and data folders
+    # exist, as the command line checks before it imports the library, but hold nothing)
+    (tmp_path / "none").mkdir()
     argv = ["sweep", "--model", str(tmp_path / "none"), "--data", str(tmp_path)]
     assert main([*argv, "--methods", "dwatt", "--regimes", "adapter_seqbn", "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -69,6 +70,7 @@ def test_a_fusion_method_with_an_adapter_regime_stops_before_any_run(tmp_path, c
 
 def test_without_adapters_the_regimes_stop_with_one_line_naming_the_stack(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "adapters", None)  # `import adapters` fails, in every stack
+    (tmp_path / "none").mkdir()  # an empty model folder: there (checked first), never read
     argv = ["sweep", "--model", str(tmp_path / "none"), "--data", str(tmp_path)]  # no data in it
     code = main([*argv, "--methods", "none", "--regimes", "fe", "adapter_seqbn", "--output", str(tmp_path)])
     err = capsys.readouterr().err.strip()

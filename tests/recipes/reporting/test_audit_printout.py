@@ -71,3 +71,28 @@ def test_audit_reads_the_named_offline_decoder_from_its_cache_folder(tmp_path, c
     capsys.readouterr()
     assert main(["audit", "gemma3-270m", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["concat"] == 2 * 32 * 32 + 32
+
+
+def test_audit_of_a_gguf_file_reads_its_header_and_no_weight(tmp_path, capsys, monkeypatch):
+    """`layerfusion audit FILE.gguf` counts from the config in the GGUF header: no tensor is read nor
+    de-quantised, no float32 copy written; the counts are those of the converted copy."""
+    from conftest import write_tiny_llama_gguf
+    from layerfusion_recipes.core import gemma
+
+    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("LAYERFUSION_CACHE", str(tmp_path / "cache"))
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the audit loaded the weights")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(gemma, "load_gguf", no_weights)
+        patched.setattr(gemma.AutoModelForCausalLM, "from_pretrained", no_weights)
+        capsys.readouterr()
+        assert main(["audit", str(path), "--json"]) == 0
+        from_header = json.loads(capsys.readouterr().out)
+    assert not (tmp_path / "cache" / "models").exists()
+    folder = gemma.resolve_model(str(path), {"LAYERFUSION_CACHE": str(tmp_path / "cache")})  # the copy
+    assert main(["audit", folder, "--json"]) == 0
+    assert from_header == json.loads(capsys.readouterr().out)
+    assert from_header["concat"] == 2 * 16 * 16 + 16  # W over z_1, z_2 (d = 16) and a bias

@@ -22,6 +22,7 @@ from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.reporting import layers as layers_module
 from layerfusion_recipes.reporting.layers import (
     best_layers,
+    best_layers_lines,
     layer_tick_labels,
     layers_markdown,
     layers_text,
@@ -280,9 +281,11 @@ def test_the_layer_figure_draws_each_method_in_its_colour_and_the_probe_in_black
         "linear probe (test)": {to_hex("black")},
         "linear probe (dev)": {to_hex("grey")},
         "best 2 on dev": {to_hex("black")},
-        **{f"{m} (test)": {to_hex(method_color(m))} for m in ("none", "scalar_mix", "dwatt")},
-        "scalar_mix softmax weights": {to_hex(method_color("scalar_mix"))},
-        "dwatt mean depth attention": {to_hex(method_color("dwatt"))},
+        "last layer (plain head) (test)": {to_hex(method_color("none"))},
+        "ScalarMix (test)": {to_hex(method_color("scalar_mix"))},
+        "DWAtt (test)": {to_hex(method_color("dwatt"))},
+        "ScalarMix softmax weights": {to_hex(method_color("scalar_mix"))},
+        "DWAtt mean depth attention": {to_hex(method_color("dwatt"))},
         "uniform 1/K": {to_hex("grey")},
     }
 
@@ -371,6 +374,36 @@ def test_a_deep_model_gets_at_most_twelve_layer_labels_and_always_its_last():
     assert [label for label in labels if label] == ["2", "4", "6", "8", "10", "12", "14", "16", "18"]
     assert layer_tick_labels(range(1, 7)) == ["1", "2", "3", "4", "5", "6"]  # MiniLM: every one
     assert sum(1 for label in layer_tick_labels(range(1, 33)) if label) <= 12  # Llama-3.1-8B's 32
+
+
+def test_the_layer_table_claims_no_interval_for_one_trial_in_any_column():
+    """Every column of a probe row drops the "±" for n = 1, the further metrics' (macro-F1) as the first."""
+    probes = []
+    for lr in (1e-2, 1e-1):
+        layers = [
+            {"layer": n, "dev_accuracy": 0.2 * n, "test_accuracy": 0.2 * n, "test_macro_f1": 0.1 * n}
+            for n in (1, 2)
+        ]
+        cell = {"shots": 2, "epochs": 5, "trial": 0, "lr": lr, "setup": "s", "metric": "accuracy"}
+        probes.append({"key": f"probe|{lr}", **cell, "metrics": ["accuracy", "macro_f1"], "layers": layers})
+    text = layers_markdown(probes, [], top=1)
+    assert "| layer | probe test accuracy | probe test macro-F1 |" in text
+    assert "| 1 | 20.0 @0.01 ⚠ (dev 20.0) (n=1) | 10.0 |" in text and "±" not in text.split("| layer |")[1]
+
+
+def test_probe_layers_beyond_the_model_s_depth_are_clamped_and_said():
+    """--probe-layers 99 on 3 layers: "best 3", a note saying why, never "best 99"."""
+    probes, runs = _synthetic()
+    lines = best_layers_lines(probes, 99)
+    assert lines == [
+        "layers (best 3 on dev), N=2, max 5 epochs: layers=[1, 2, 3]",
+        "layers (best 3 on dev), N=8, max 5 epochs: layers=[1, 2, 3]",
+        "note: --probe-layers 99: the model has 3 layers, so all 3 are listed",
+    ]
+    text = layers_markdown(probes, runs, top=99)
+    assert "99" not in text.replace("--probe-layers 99", "")
+    assert text.count("best 3 layers on dev") == 3 and "(--probe-layers 99: the model has 3 layers" in text
+    assert best_layers_lines(probes, 2)[-1].startswith("layers (best 2 on dev)")  # within the depth: no note
 
 
 def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):

@@ -202,7 +202,9 @@ def test_every_figure_draws_a_method_in_its_one_registry_colour(figures):
             for line in ax.get_lines():
                 if not line.get_label().startswith("_"):
                     colours.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
-    assert colours == {m: {to_hex(plot.method_color(m))} for m in ("none", "dwatt", "concat", "extra_layers")}
+    methods = ("none", "dwatt", "concat", "extra_layers")  # each under its registry label
+    assert colours == {plot.method_label(m): {to_hex(plot.method_color(m))} for m in methods}
+    assert set(colours) == {"last layer (plain head)", "DWAtt", "Concat", "R+n"}
     assert [plot.method_color(m) for m in plot.METHOD_NAMES] == [
         f"C{i}" for i in range(len(plot.METHOD_NAMES))
     ]
@@ -256,3 +258,106 @@ def test_axes_and_colour_bar_say_what_they_show_and_fit(figures):
     assert heatmap.get_xlabel() == "fused layer"
     assert colour_bar.get_ylabel().startswith("mean attention weight")
     assert not heatmap.title.get_window_extent().overlaps(colour_bar.yaxis.label.get_window_extent())
+
+
+def _write_lines(path, entries) -> None:
+    import json
+
+    text = (entry if isinstance(entry, str) else json.dumps(entry) for entry in entries)
+    path.write_text("".join(line + "\n" for line in text))
+
+
+def test_plot_of_a_corrupt_results_file_skips_its_bad_lines_in_one_warning(tmp_path, capsys):
+    from layerfusion_recipes.cli import main
+
+    path = tmp_path / "results.jsonl"
+    good = _records()
+    _write_lines(path, [good[0], {"key": 5}, "not json", {"key": "x"}, *good[1:], '{"key": "torn", "re'])
+    assert main(["plot", str(path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    n = len(good) + 4
+    assert err == [
+        f"layerfusion: warning: {path}:2,3,4,{n}: skipped 4 lines that are not complete records "
+        "(torn, not JSON, or missing fields)"
+    ]
+    assert (tmp_path / "f1_vs_shots.png").stat().st_size > 0
+
+
+def test_plot_refuses_a_file_of_several_tasks_or_of_another_task_in_one_line(tmp_path, capsys):
+    from layerfusion_recipes.cli import main
+
+    mixed, mlm = tmp_path / "mixed.jsonl", tmp_path / "mlm.jsonl"
+    classify = {**_record("none", 2, 0, 0.5, "|c"), "task": "classify", "metric": "accuracy"}
+    _write_lines(mixed, [*_records(), classify])
+    _write_lines(mlm, [{"key": "dwatt|fe|0|lr=0.001|s", "settings": {}, "dev_ppl": 20.0, "test_ppl": 21.0}])
+    assert main(["plot", str(mixed)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"layerfusion plot: error: {mixed} holds records of ner (12 records), classify (1 record): a results "
+        "file holds one task's records; give each task its own --output"
+    ]
+    assert main(["plot", str(mlm)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"layerfusion plot: error: {mlm} holds records of mlm (1 record): tables and figures are drawn from "
+        "the records of ner, classify (layerfusion ner, sweep, classify)"
+    ]
+
+
+def test_titles_and_legends_name_methods_and_regimes_as_the_registry_labels_them(figures):
+    for name in ("f1_vs_shots", "f1_vs_lr", "dev_curves"):
+        axes = figures[name].axes
+        legend = next(ax.get_legend() for ax in axes if ax.get_legend() is not None)
+        assert [t.get_text() for t in legend.get_texts()] == [
+            "last layer (plain head)",
+            "DWAtt",
+            "Concat",
+            "R+n",
+        ]
+        assert all(ax.get_title().startswith("frozen encoder, ") for ax in axes), name
+    heatmap = figures["dwatt_attention"].axes[0]
+    assert [t.get_text() for t in heatmap.get_yticklabels()] == [
+        "frozen encoder N=2 ep=5",
+        "frozen encoder N=8 ep=5",
+    ]
+
+
+def test_dev_curves_of_runs_with_one_dev_evaluation_draw_their_points(monkeypatch, tmp_path):
+    saved = {}
+    monkeypatch.setattr(plot, "_save", lambda figure, path: saved.setdefault(path.stem, figure) and path)
+    records = [{**record, "curve": record["curve"][-1:]} for record in _records()]  # dev once, at the end
+    write_report(records, tmp_path)
+    for ax in saved["dev_curves"].axes:
+        lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        assert len(lines) == 2 and all(
+            len(line.get_xdata()) == 1 and line.get_marker() == "o" for line in lines
+        )
+        assert [tick.get_text() for tick in ax.get_xticklabels()] == ["15"]  # its step, none between
+
+
+def test_lr_labels_at_close_shot_sizes_cover_no_other_label_and_no_point(monkeypatch, tmp_path):
+    """N = 1 .. 6 sit close on the log axis, the LR labels long (edge): none covers another or a point."""
+    saved = {}
+    monkeypatch.setattr(plot, "_save", lambda figure, path: saved.setdefault(path.stem, figure) and path)
+    records = []
+    for method, base in (("none", 0.40), ("dwatt", 0.45), ("concat", 0.43), ("extra_layers", 0.42)):
+        for shots in range(1, 7):
+            for lr in (1e-3, 1e-2):
+                chosen = lr == (1e-3 if (shots + len(method)) % 2 else 1e-2)  # an edge either way
+                for trial in range(2):
+                    score = base + shots / 100 + 0.05 * chosen + 0.01 * trial
+                    fields = {"lr": lr, "setup": "s", "dev_f1": score, "test_f1": score}
+                    records.append(_record(method, shots, trial, score, f"|lr={lr!r}|s", **fields))
+    write_report(records, tmp_path)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure = saved["f1_vs_shots"]
+    (ax,) = figure.axes
+    renderer = FigureCanvasAgg(figure).get_renderer()  # the figure is closed: draw it again
+    boxes = [text.get_window_extent(renderer) for text in ax.texts]
+    assert len(boxes) == 24 and all("(edge)" in text.get_text() for text in ax.texts)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    from matplotlib.transforms import Bbox
+
+    radius = 3 * figure.dpi / 72  # a marker of 6 points
+    points = [ax.transData.transform(xy) for line in ax.get_lines() for xy in line.get_xydata()]
+    markers = [Bbox.from_bounds(x - radius, y - radius, 2 * radius, 2 * radius) for x, y in points]
+    assert not any(box.overlaps(marker) for box in boxes for marker in markers)

@@ -1,0 +1,145 @@
+"""Which task wrote a record, and one task per results file.
+
+``ner`` (``layerfusion ner`` and ``sweep``), ``classify``, ``mlm`` and ``seq2seq`` each write their own
+records; each has its own default output folder
+(:func:`~layerfusion_recipes.arguments.default_output`), and a results file holds one task's records:
+a command refuses a file that holds another task's (:func:`check_task`), in one line naming the file,
+the task found there and its own. A record says its task (``task``); one written before that field
+is told by its fields (:func:`record_task`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import UserError
+from .records import read_records
+
+# the tasks whose records `layerfusion plot` draws (a sweep's records: a grid of cells)
+SWEEP_TASKS = ("ner", "classify")
+# the fields a sweep's record has whatever its task: its cell (what the tables and figures group by)
+CELL_RECORD_FIELDS = ("method", "regime", "shots", "epochs", "trial")
+
+
+def is_mlm_record(record: dict[str, Any]) -> bool:
+    """Whether ``record`` is a ``layerfusion mlm`` run's (its ``settings`` and perplexities), not another
+    command's in the same folder (a sweep's ``results.jsonl``).
+
+    Example:
+        >>> is_mlm_record({"settings": {}, "dev_ppl": 20.0, "test_ppl": 21.0}), is_mlm_record({"f1": 0.5})
+        (True, False)
+    """
+    return isinstance(record.get("settings"), dict) and {"dev_ppl", "test_ppl"} <= record.keys()
+
+
+def record_task(record: dict[str, Any]) -> str | None:
+    """The task that wrote ``record``: its ``task`` field, else told by its fields (records written
+    before that field): ``mlm`` (perplexities), ``seq2seq`` (chrF and a learning rate), ``classify``
+    (accuracy or macro-F1), ``ner`` (micro-F1); ``None`` for none of these.
+
+    Example:
+        >>> record_task({"task": "classify"}), record_task({"best_f1": 0.5}), record_task({"x": 1})
+        ('classify', 'ner', None)
+    """
+    if isinstance(record.get("task"), str):
+        return record["task"]
+    if is_mlm_record(record):
+        return "mlm"
+    if "chrf" in record and "learning_rate" in record:
+        return "seq2seq"
+    if "metrics" in record or record.get("metric") in ("accuracy", "macro_f1"):
+        return "classify"
+    if "dev_f1" in record or "best_f1" in record:
+        return "ner"
+    return None
+
+
+def task_counts(records: Iterable[dict[str, Any]]) -> Counter:
+    """How many of ``records`` each task wrote (records of no known task not counted).
+
+    Example:
+        >>> task_counts([{"best_f1": 0.5}, {"task": "classify"}, {"best_f1": 0.1}])
+        Counter({'ner': 2, 'classify': 1})
+    """
+    return Counter(task for task in map(record_task, records) if task is not None)
+
+
+def describe_tasks(counts: Counter) -> str:
+    """``ner (72 records), classify (4 records)``: the tasks of a file, most records first."""
+    return ", ".join(f"{task} ({n} record{'s' if n > 1 else ''})" for task, n in counts.most_common())
+
+
+def check_task(records: Iterable[dict[str, Any]], path: str | os.PathLike, task: str) -> None:
+    """Refuse a results file that holds records of another task than ``task``.
+
+    Raises:
+        UserError: ``PATH holds records of ner (72 records), not classify: a results file holds one
+            task's records; give classify its own --output (or --results)``.
+
+    Example:
+        >>> check_task([{"best_f1": 0.5}], "out/results.jsonl", "classify")
+        Traceback (most recent call last):
+        UserError: out/results.jsonl holds records of ner (1 record), not classify: a results file ...
+    """
+    counts = task_counts(records)
+    if set(counts) - {task}:
+        raise UserError(
+            f"{path} holds records of {describe_tasks(counts)}, not {task}: a results file holds one task's "
+            f"records; give {task} its own --output (or --results)"
+        )
+
+
+def has_cell_fields(record: dict[str, Any]) -> bool:
+    """Whether ``record`` has the fields of a sweep's cell (:data:`CELL_RECORD_FIELDS`)."""
+    return all(field in record for field in CELL_RECORD_FIELDS)
+
+
+def is_probe_record(record: dict[str, Any]) -> bool:
+    """Whether ``record`` is a layer probe's (a cell and its ``layers``), as the probes file holds them."""
+    return has_cell_fields(record) and isinstance(record.get("layers"), list)
+
+
+def readable(record: dict[str, Any]) -> bool:
+    """Whether a results file's ``record`` can be read as its task's: a known task, and a sweep's record
+    (``ner``, ``classify``) with the fields of its cell (:data:`CELL_RECORD_FIELDS`)."""
+    task = record_task(record)
+    return task is not None and (task not in SWEEP_TASKS or has_cell_fields(record))
+
+
+def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a results file that its task can read (:func:`readable`), one per key; every other
+    line is skipped and said in one warning line (:func:`~layerfusion_recipes.core.records.read_lines`).
+
+    Example:
+        >>> len(read_task_records("out/results.jsonl"))  # a line {"key": 5} skipped, said on stderr
+        40
+    """
+    return read_records(path, readable)
+
+
+def sweep_task(records: Iterable[dict[str, Any]], path: str | os.PathLike) -> str | None:
+    """The one sweep task (``ner``, ``classify``) of a results file's ``records`` (``None`` without any).
+
+    Raises:
+        UserError: The file holds several tasks' records, or another task's (``mlm``, ``seq2seq``).
+
+    Example:
+        >>> sweep_task([{"task": "classify"}], "out/results.jsonl")
+        'classify'
+    """
+    counts = task_counts(records)
+    if len(counts) > 1:
+        raise UserError(
+            f"{path} holds records of {describe_tasks(counts)}: a results file holds one task's records; "
+            "give each task its own --output"
+        )
+    task = next(iter(counts), None)
+    if task is not None and task not in SWEEP_TASKS:
+        raise UserError(
+            f"{path} holds records of {describe_tasks(counts)}: tables and figures are drawn from the "
+            f"records of {', '.join(SWEEP_TASKS)} (layerfusion ner, sweep, classify)"
+        )
+    return task
