@@ -65,6 +65,13 @@ class Method:
         return self.model_cls.fusion_module_cls
 
     @property
+    def variant_of(self) -> str | None:
+        """The registered method this one is a variant of (its config subclasses that method's, with
+        other defaults: ``scaled_dwatt`` of ``dwatt``, ``layer_mix`` of ``scalar_mix``), else ``None``."""
+        parents = [m.name for m in METHODS if m is not self and issubclass(self.config_cls, m.config_cls)]
+        return parents[0] if parents else None
+
+    @property
     def token_wise(self) -> bool:
         """``h`` at a position depends on that position only (may run on selected positions)."""
         return self.module_cls.token_wise

@@ -37,8 +37,11 @@ from .errors import UserError
 
 # The plain last-layer head ("none"): no fusion method, the baseline every table pairs with.
 PLAIN_HEAD: str = METHOD_NAMES[0]
-# The methods sized to a parameter budget (DWAtt, Concat, R+n: the paper's comparison), registry order.
-BUDGET_METHOD_NAMES: tuple[str, ...] = tuple(m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget)
+# The methods sized to a parameter budget (DWAtt, Concat, R+n: the paper's comparison; no variant of
+# them, such as Scaled DWAtt), registry order.
+BUDGET_METHOD_NAMES: tuple[str, ...] = tuple(
+    m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget and m.variant_of is None
+)
 # Every regime the NER recipe trains: the PEFT ones, then AdapterHub's (method "none" only).
 NER_REGIME_NAMES: tuple[str, ...] = REGIME_NAMES + ADAPTER_REGIME_NAMES
 # Method options of the AdapterHub regimes -> the keyword of `apply_regime` each one becomes.

@@ -638,11 +638,15 @@ def method_pairs() -> tuple[tuple[str, str], ...]:
     budget = [m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget and m.token_wise]
     depth = [m.name for m in ENCODER_METHODS if not m.token_wise]
     light = [m.name for m in ENCODER_METHODS if not m.module_cls.sized_to_budget]
+    recommended = [
+        m.name for m in ENCODER_METHODS if getattr(m, "recommended", False) and m.name not in budget
+    ]
     return (
         *itertools.product(budget, depth),
         *itertools.combinations(budget, 2),
         *((name, PLAIN_HEAD) for name in budget),
         *itertools.product(light, depth),
+        *((name, PLAIN_HEAD) for name in recommended),  # the method we recommend against the plain head
     )
 
 

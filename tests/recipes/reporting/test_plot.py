@@ -40,11 +40,17 @@ def test_the_paired_methods_derive_from_the_registry(monkeypatch):
     assert plot.method_pairs() == (
         ("dwatt", "extra_layers"),
         ("concat", "extra_layers"),
+        ("scaled_dwatt", "extra_layers"),
         ("dwatt", "concat"),
+        ("dwatt", "scaled_dwatt"),
+        ("concat", "scaled_dwatt"),
         ("dwatt", "none"),
         ("concat", "none"),
+        ("scaled_dwatt", "none"),
         ("average", "extra_layers"),
         ("scalar_mix", "extra_layers"),
+        ("layer_mix", "extra_layers"),
+        ("layer_mix", "none"),
     )
     # a newly registered method sized to the budget is paired without touching plot.py
     new = SimpleNamespace(name="new", token_wise=True, module_cls=SimpleNamespace(sized_to_budget=True))
