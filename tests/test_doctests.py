@@ -1,0 +1,170 @@
+"""Every ``>>>`` example in the library (``peft_layerfusion``) and the recipes (``layerfusion_recipes``)
+runs as a doctest, one test per module, with the project's option flags (``ELLIPSIS``,
+``NORMALIZE_WHITESPACE``). An example needs no network, no data set outside the repository and no GPU:
+it builds what it needs (a tiny config, a temporary folder), and runs in well under a second.
+
+An example sees its module's names and, as numpy's examples assume ``np``, a few names every example
+may take as given (:func:`stand_ins`, the documentation's "Conventions of the examples" lists them):
+``torch``, ``F`` (``torch.nn.functional``), ``nn``, ``get_peft_model`` and ``PeftModel``, and small
+random stand-ins for what a user loads with ``from_pretrained``: ``base_model`` (a BERT token
+classifier, 3 blocks of width 32, 5 labels), ``causal_lm`` (a Llama causal LM, 3 blocks of width 32), ``bart`` (a BART, 2 + 2 blocks of width 32),
+``model`` (``base_model``'s twin adapted with DWAtt, its ``classifier`` trained) and a batch for them,
+``ids``, ``attention`` and ``labels`` (2 sentences of 8 tokens, -100 at the last 2 of the second).
+Each docstring gets fresh ones.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+import re
+import tempfile
+from types import ModuleType
+
+import layerfusion_recipes
+import pytest
+import torch
+from peft import PeftModel, get_peft_model
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    BertConfig,
+    BertForTokenClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+import peft_layerfusion
+from peft_layerfusion import DWAttConfig
+
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+# A module whose examples need an optional extra runs where that extra is installed (CI's second stack).
+NEEDS = {"peft_layerfusion.comparison.adapters_baseline": "adapters"}
+PACKAGES = (peft_layerfusion, layerfusion_recipes)
+
+
+def module_names() -> list[str]:
+    """Every module of the two packages, found by walking them (none listed by hand)."""
+    names = []
+    for package in PACKAGES:
+        names.append(package.__name__)
+        for info in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + "."):
+            names.append(info.name)
+    return sorted(names)
+
+
+MODULES = module_names()
+
+
+def doctests_of(module: ModuleType) -> list[doctest.DocTest]:
+    """The module's doctests with at least one example (its own objects only, private ones too)."""
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    return [test for test in finder.find(module) if test.examples]
+
+
+def tiny_bert() -> BertForTokenClassification:
+    """A BERT token classifier small enough for an example (eval mode: no dropout)."""
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        num_labels=5,
+    )
+    return BertForTokenClassification(config).eval()
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_bart() -> BartForConditionalGeneration:
+    config = BartConfig(
+        vocab_size=100,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_position_embeddings=64,
+    )
+    return BartForConditionalGeneration(config).eval()
+
+
+def stand_ins(source: str) -> dict:
+    """The names an example may take as given; the models are built only where ``source`` names them."""
+    torch.manual_seed(0)
+    names: dict = dict(torch=torch, F=F, nn=nn, get_peft_model=get_peft_model, PeftModel=PeftModel)
+    ids = torch.randint(1, 100, (2, 8))
+    attention = torch.ones_like(ids)
+    labels = torch.randint(0, 5, (2, 8))
+    labels[1, -2:] = -100
+    names.update(ids=ids, attention=attention, labels=labels)
+    words = set(re.findall(r"\w+", source))
+    if "base_model" in words:
+        names["base_model"] = tiny_bert()
+    if "model" in words:
+        names["model"] = get_peft_model(tiny_bert(), DWAttConfig(modules_to_save=["classifier"]))
+    if "causal_lm" in words:
+        names["causal_lm"] = tiny_llama()
+    if "bart" in words:
+        names["bart"] = tiny_bart()
+    return names
+
+
+def examples_in_source(module: ModuleType) -> int:
+    """How many ``>>>`` prompts the module's source holds, counted on the text."""
+    source = open(module.__file__, encoding="utf-8").read()
+    return len(re.findall(r"^\s*>>> ", source, re.MULTILINE))
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """An example that writes a relative path or calls ``tempfile.mkdtemp()`` writes under tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setenv("LAYERFUSION_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+
+
+def test_the_walk_finds_both_packages_subpackages():
+    assert "peft_layerfusion.methods.dwatt" in MODULES
+    assert "layerfusion_recipes.ner.scoring" in MODULES
+    assert len(MODULES) > 80
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_examples(name, scratch):
+    if name in NEEDS:
+        pytest.importorskip(NEEDS[name])
+    module = importlib.import_module(name)
+    tests = doctests_of(module)
+    found = sum(len(test.examples) for test in tests)
+    # An example the finder cannot reach (a nested function's docstring, a string that is not a
+    # docstring) would never run: the prompts counted on the source must all be found.
+    assert found == examples_in_source(module), f"{name}: {examples_in_source(module)} prompts, {found} found"
+    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    for test in tests:
+        test.globs.update(stand_ins("".join(example.source for example in test.examples)))
+        runner.run(test, out=print)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed (above)"
