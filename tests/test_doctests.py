@@ -4,13 +4,13 @@ runs as a doctest, one test per module, with the project's option flags (``ELLIP
 it builds what it needs (a tiny config, a temporary folder), and runs in well under a second.
 
 An example sees its module's names and, as numpy's examples assume ``np``, a few names every example
-may take as given (:func:`stand_ins`, the documentation's "Conventions of the examples" lists them):
-``torch``, ``F`` (``torch.nn.functional``), ``nn``, ``get_peft_model`` and ``PeftModel``, and small
-random stand-ins for what a user loads with ``from_pretrained``: ``base_model`` (a BERT token
-classifier, 3 blocks of width 32, 5 labels), ``causal_lm`` (a Llama causal LM, 3 blocks of width 32), ``bart`` (a BART, 2 + 2 blocks of width 32),
-``model`` (``base_model``'s twin adapted with DWAtt, its ``classifier`` trained) and a batch for them,
-``ids``, ``attention`` and ``labels`` (2 sentences of 8 tokens, -100 at the last 2 of the second).
-Each docstring gets fresh ones.
+may take as given (:func:`stand_ins`; the documentation's contributing page lists them): ``torch``,
+``F`` (``torch.nn.functional``), ``nn``, ``get_peft_model`` and ``PeftModel``, and small random
+stand-ins for what a user loads with ``from_pretrained``: ``base_model`` (a BERT token classifier,
+3 blocks of width 32, 5 labels), ``causal_lm`` (a Llama causal LM, 3 blocks of width 32), ``bart``
+(a BART, 2 + 2 blocks of width 32), ``model`` (a twin of ``base_model`` adapted with DWAtt, its
+``classifier`` trained) and a batch for them: ``ids``, ``attention`` and ``labels`` (2 sentences of
+8 tokens, -100 at the last 2 of the second). Each docstring gets fresh ones.
 """
 
 from __future__ import annotations
