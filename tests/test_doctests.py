@@ -20,6 +20,7 @@ import importlib
 import pkgutil
 import re
 import tempfile
+from pathlib import Path
 from types import ModuleType
 
 import layerfusion_recipes
@@ -40,6 +41,7 @@ from transformers import (
 import peft_layerfusion
 from peft_layerfusion import DWAttConfig
 
+REPO = Path(__file__).resolve().parents[1]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 # A module whose examples need an optional extra runs where that extra is installed (CI's second stack).
 NEEDS = {"peft_layerfusion.comparison.adapters_baseline": "adapters"}
@@ -57,6 +59,10 @@ def module_names() -> list[str]:
 
 
 MODULES = module_names()
+# Modules whose examples do not all run yet (they need a data set, a trained experiment or the Hub):
+# each is to be rewritten and then taken off this list (the mark is strict: a module whose examples
+# all pass fails here until it leaves the list).
+STILL_FAILING: set[str] = set()
 
 
 def doctests_of(module: ModuleType) -> list[doctest.DocTest]:
@@ -138,6 +144,7 @@ def examples_in_source(module: ModuleType) -> int:
 @pytest.fixture
 def scratch(tmp_path, monkeypatch):
     """An example that writes a relative path or calls ``tempfile.mkdtemp()`` writes under tmp_path."""
+    (tmp_path / "benchmarks").symlink_to(REPO / "benchmarks")  # an example may read the committed results
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -152,7 +159,15 @@ def test_the_walk_finds_both_packages_subpackages():
     assert len(MODULES) > 80
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="examples not yet rewritten to run"))
+        if name in STILL_FAILING
+        else name
+        for name in MODULES
+    ],
+)
 def test_module_examples(name, scratch):
     if name in NEEDS:
         pytest.importorskip(NEEDS[name])
@@ -163,8 +178,8 @@ def test_module_examples(name, scratch):
     # docstring) would never run: the prompts counted on the source must all be found.
     assert found == examples_in_source(module), f"{name}: {examples_in_source(module)} prompts, {found} found"
     runner = doctest.DocTestRunner(optionflags=FLAGS)
+    report: list[str] = []  # the runner's own report of each failure (it swaps sys.stdout while it runs)
     for test in tests:
         test.globs.update(stand_ins("".join(example.source for example in test.examples)))
-        runner.run(test, out=print)
-    result = runner.summarize(verbose=False)
-    assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed (above)"
+        runner.run(test, out=report.append)
+    assert runner.failures == 0, f"{name}: {runner.failures} of {runner.tries} examples failed:\n" + "".join(report)

@@ -157,7 +157,8 @@ def resident_bytes() -> int | None:
     cannot be read (not Linux).
 
     Example:
-        >>> resident_bytes()  # e.g. 612368384
+        >>> resident_bytes() > 0  # e.g. 612368384
+        True
     """
     try:
         with open("/proc/self/statm") as handle:

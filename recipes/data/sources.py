@@ -60,6 +60,7 @@ class NerColumns:
 
     Example:
         >>> NerColumns(tags="ner", label_names=("O", "B-PER", "I-PER"))
+        NerColumns(tokens=None, tags='ner', label_names=('O', 'B-PER', 'I-PER'), tag_scheme='auto')
     """
 
     tokens: str | None = None

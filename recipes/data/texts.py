@@ -97,6 +97,7 @@ class TextColumns:
 
     Example:
         >>> TextColumns(text="title", pair="body", label="stars")
+        TextColumns(text='title', pair='body', label='stars')
     """
 
     text: str | None = None

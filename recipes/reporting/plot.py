@@ -285,7 +285,7 @@ def table_legend(rows: Sequence[dict[str, Any]]) -> str:
     """The legend under :func:`markdown_table`: which score, where its epoch and LR come from.
 
     Example:
-        >>> table_legend([{"score": "test", "metric": "accuracy", "selected_by": "accuracy"}])[:40]
+        >>> table_legend([{"score": "test", "metric": "accuracy", "selected_by": "accuracy"}])[:43]
         "\\nTest accuracy at each run's best dev epoch"
     """
     tested = any(row["score"] == "test" for row in rows)
