@@ -182,4 +182,5 @@ def test_module_examples(name, scratch):
     for test in tests:
         test.globs.update(stand_ins("".join(example.source for example in test.examples)))
         runner.run(test, out=report.append)
-    assert runner.failures == 0, f"{name}: {runner.failures} of {runner.tries} examples failed:\n" + "".join(report)
+    failed = f"{name}: {runner.failures} of {runner.tries} examples failed:\n"
+    assert runner.failures == 0, failed + "".join(report)

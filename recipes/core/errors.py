@@ -154,7 +154,7 @@ def run_command(
         >>> def ner(args):  # a sub-command that meets a bad --data
         ...     raise DataSourceError("--data 'missing/': no such file or directory")
         >>> run_command(ner, None, prog="layerfusion ner", stream=sys.stdout)  # the CLI: sys.exit(...)
-        layerfusion ner: --data 'missing/': no such file or directory
+        layerfusion ner: error: --data 'missing/': no such file or directory
         2
     """
     try:

@@ -210,7 +210,8 @@ def paired_by_trial(
         >>> layout = Layout(dev=lambda r: r["dev"], trial="seed", metrics=fields("exact_match"))
         >>> runs = [
         ...     {"method": m, "seed": s, "lr": 1e-3, "dev": 1.0, "exact_match": v}
-        ...     for m, s, v in [("x", 0, 3.0), ("x", 1, 4.0), ("x", 2, 5.0)] + [("vanilla", s, 2.0) for s in range(3)]
+        ...     for m, s, v in [("x", 0, 3.0), ("x", 1, 4.0), ("x", 2, 5.0)]
+        ...     + [("vanilla", s, 2.0) for s in range(3)]
         ... ]
         >>> groups = summarize_groups(runs, layout)
         >>> paired_by_trial(groups, [("x", "vanilla")], "exact_match")[0].difference
