@@ -109,11 +109,11 @@ def logged_sweep(
     reported on stderr instead of hiding it.
 
     Example:
-        >>> with logged_sweep("out/results.jsonl", set(), {"workers": 2}, checks_first=True) as start:
+        >>> with logged_sweep("logged/results.jsonl", set(), {"workers": 2}, checks_first=True) as start:
         ...     pass  # the checks (e.g. Experiment(settings)): a bad --data stops here, no line, no folder
         ...     start.begin()  # from here on the sweep is logged, however it ends
-        ...     pass  # run_cells(cells, "out/results.jsonl", settings, experiment=experiment)
-        >>> [(entry["workers"], entry["completed"]) for entry in read_sweep_log("out/results.jsonl")]
+        ...     pass  # run_cells(cells, "logged/results.jsonl", settings, experiment=experiment)
+        >>> [(entry["workers"], entry["completed"]) for entry in read_sweep_log("logged/results.jsonl")]
         [(2, True)]
     """
     start_of_runs = SweepStart(begun=not checks_first)
