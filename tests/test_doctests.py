@@ -10,7 +10,10 @@ stand-ins for what a user loads with ``from_pretrained``: ``base_model`` (a BERT
 3 blocks of width 32, 5 labels), ``causal_lm`` (a Llama causal LM, 3 blocks of width 32), ``bart``
 (a BART, 2 + 2 blocks of width 32), ``model`` (a twin of ``base_model`` adapted with DWAtt, its
 ``classifier`` trained) and a batch for them: ``ids``, ``attention`` and ``labels`` (2 sentences of
-8 tokens, -100 at the last 2 of the second). Each docstring gets fresh ones.
+8 tokens, -100 at the last 2 of the second). What a user has on disk is written on demand in the
+example's working folder: ``model_path`` (a tiny BERT and its WordPiece ``tokenizer``, as
+``save_pretrained`` writes them), ``ner_data`` (toy NER splits, ``token<TAB>tag``) and ``text_data``
+(toy 3-class CSV splits). Each docstring gets fresh ones.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from types import ModuleType
 import layerfusion_recipes
 import pytest
 import torch
+from conftest import write_text_data, write_tiny_model, write_toy_data
 from peft import PeftModel, get_peft_model
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 from transformers import (
+    AutoTokenizer,
     BartConfig,
     BartForConditionalGeneration,
     BertConfig,
@@ -133,6 +138,16 @@ def stand_ins(source: str) -> dict:
         names["causal_lm"] = tiny_llama()
     if "bart" in words:
         names["bart"] = tiny_bart()
+    folders = {  # saved like a download or a data set, in the example's working folder
+        "model_path": lambda: write_tiny_model(Path.cwd() / "tiny-bert"),
+        "ner_data": lambda: write_toy_data(Path.cwd() / "toy-ner"),
+        "text_data": lambda: write_text_data(Path.cwd() / "toy-text"),
+    }
+    for name, write in folders.items():
+        if name in words:
+            names[name] = write()
+    if "tokenizer" in words:
+        names["tokenizer"] = AutoTokenizer.from_pretrained(write_tiny_model(Path.cwd() / "tiny-bert"))
     return names
 
 
