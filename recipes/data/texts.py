@@ -136,7 +136,7 @@ def read_delimited(path: Path, delimiter: str) -> Table:
     quoting: a ``"`` is text) file with a header line; every row must have the header's fields.
 
     Example:
-        >>> _ = Path("train.tsv").write_text("sentence\\tlabel\\na stirring , funny film\\t1\\n")  # GLUE's SST-2
+        >>> _ = Path("train.tsv").write_text("sentence\\tlabel\\na stirring , funny film\\t1\\n")
         >>> read_delimited(Path("train.tsv"), "\\t").rows[0]
         {'sentence': 'a stirring , funny film', 'label': '1'}
     """
