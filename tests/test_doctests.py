@@ -13,7 +13,8 @@ stand-ins for what a user loads with ``from_pretrained``: ``base_model`` (a BERT
 8 tokens, -100 at the last 2 of the second). What a user has on disk is written on demand in the
 example's working folder: ``model_path`` (a tiny BERT and its WordPiece ``tokenizer``, as
 ``save_pretrained`` writes them), ``ner_data`` (toy NER splits, ``token<TAB>tag``) and ``text_data``
-(toy 3-class CSV splits). Each docstring gets fresh ones.
+(toy 3-class CSV splits), ``decoder_path`` and ``gemma_path`` (a tiny Llama and a tiny Gemma 3 text
+decoder, 2 blocks of width 32, with a tokenizer). Each docstring gets fresh ones.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from types import ModuleType
 import layerfusion_recipes
 import pytest
 import torch
-from conftest import write_text_data, write_tiny_model, write_toy_data
+from conftest import write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
 from peft import PeftModel, get_peft_model
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
@@ -142,6 +143,8 @@ def stand_ins(source: str) -> dict:
         "model_path": lambda: write_tiny_model(Path.cwd() / "tiny-bert"),
         "ner_data": lambda: write_toy_data(Path.cwd() / "toy-ner"),
         "text_data": lambda: write_text_data(Path.cwd() / "toy-text"),
+        "decoder_path": lambda: write_tiny_decoder(Path.cwd() / "tiny-llama"),
+        "gemma_path": lambda: write_tiny_decoder(Path.cwd() / "tiny-gemma", family="gemma3_text"),
     }
     for name, write in folders.items():
         if name in words:
