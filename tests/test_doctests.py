@@ -14,7 +14,8 @@ stand-ins for what a user loads with ``from_pretrained``: ``base_model`` (a BERT
 example's working folder: ``model_path`` (a tiny BERT and its WordPiece ``tokenizer``, as
 ``save_pretrained`` writes them), ``ner_data`` (toy NER splits, ``token<TAB>tag``) and ``text_data``
 (toy 3-class CSV splits), ``decoder_path`` and ``gemma_path`` (a tiny Llama and a tiny Gemma 3 text
-decoder, 2 blocks of width 32, with a tokenizer). Each docstring gets fresh ones.
+decoder, 2 blocks of width 32, with a tokenizer) and ``text_path`` (WikiText-2's three files in
+small). Each docstring gets fresh ones.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from types import ModuleType
 import layerfusion_recipes
 import pytest
 import torch
-from conftest import write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
+from conftest import WORDS, write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
 from peft import PeftModel, get_peft_model
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
@@ -121,6 +122,16 @@ def tiny_bart() -> BartForConditionalGeneration:
     return BartForConditionalGeneration(config).eval()
 
 
+def write_paragraphs(directory: Path) -> str:
+    """WikiText-2's layout in small: ``train.txt``, ``valid.txt`` and ``test.txt``, a paragraph a line."""
+    directory.mkdir(parents=True, exist_ok=True)
+    words = [word for word in WORDS if not word.startswith("##")]
+    for index, split in enumerate(("train", "valid", "test")):
+        lines = [" ".join(words[(i + j) % len(words)] for j in range(40)) for i in range(6 + index)]
+        (directory / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return str(directory)
+
+
 def stand_ins(source: str) -> dict:
     """The names an example may take as given; the models are built only where ``source`` names them."""
     torch.manual_seed(0)
@@ -145,6 +156,7 @@ def stand_ins(source: str) -> dict:
         "text_data": lambda: write_text_data(Path.cwd() / "toy-text"),
         "decoder_path": lambda: write_tiny_decoder(Path.cwd() / "tiny-llama"),
         "gemma_path": lambda: write_tiny_decoder(Path.cwd() / "tiny-gemma", family="gemma3_text"),
+        "text_path": lambda: write_paragraphs(Path.cwd() / "toy-wikitext"),
     }
     for name, write in folders.items():
         if name in words:
