@@ -169,7 +169,7 @@ def learned_weights(
 
     Example:
         >>> weights = learned_weights(read_records("benchmarks/results/trec_fe/results.jsonl"))
-        >>> [cell for cell in weights if cell[-1] == "scalar_mix"][0][1:]  # (setup, regime, N, epochs, method)
+        >>> [cell for cell in weights if cell[-1] == "scalar_mix"][0][1:]  # (setup, regime, N, epochs, ...)
         ('fe', 32, 30, 'scalar_mix')
         >>> list(weights.values())[0]["layers"]
         [1, 2, 3, 4, 5, 6]
