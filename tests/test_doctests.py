@@ -70,7 +70,15 @@ MODULES = module_names()
 # Modules whose examples do not all run yet (they need a data set, a trained experiment or the Hub):
 # each is to be rewritten and then taken off this list (the mark is strict: a module whose examples
 # all pass fails here until it leaves the list).
-STILL_FAILING: set[str] = set()
+STILL_FAILING = {
+    "layerfusion_recipes.core.cache_files",
+    "layerfusion_recipes.core.experiment",
+    "layerfusion_recipes.core.feature_cache",
+    "layerfusion_recipes.core.probes",
+    "layerfusion_recipes.core.runner",
+    "layerfusion_recipes.ner.candidates",
+    "layerfusion_recipes.seq2seq.experiment",
+}
 
 
 def doctests_of(module: ModuleType) -> list[doctest.DocTest]:
@@ -213,7 +221,8 @@ def test_module_examples(name, scratch):
     runner = doctest.DocTestRunner(optionflags=FLAGS)
     report: list[str] = []  # the runner's own report of each failure (it swaps sys.stdout while it runs)
     for test in tests:
-        test.globs.update(stand_ins("".join(example.source for example in test.examples)))
+        for given, value in stand_ins("".join(example.source for example in test.examples)).items():
+            test.globs.setdefault(given, value)  # the module's own names come first
         runner.run(test, out=report.append)
     failed = f"{name}: {runner.failures} of {runner.tries} examples failed:\n"
     assert runner.failures == 0, failed + "".join(report)
