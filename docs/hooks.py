@@ -22,11 +22,29 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\((?P<path>(?!https?://|#)[^)\s]+)\)")
 
 
 def results_page() -> str:
-    """RESULTS.md, its relative links checked (a figure must exist, other relative links are refused)."""
+    """RESULTS.md, its relative links checked (a figure must exist, other relative links are refused),
+    with a blank line before each list that follows a paragraph: GitHub starts a list there, Python
+    Markdown only after a blank line."""
     text = RESULTS.read_text(encoding="utf-8")
     for match in LINK.finditer(text):
         raise ValueError(f"{RESULTS}: a relative link the site cannot resolve: {match['path']}")
-    return text
+    lines, fenced = [], False
+    for line in text.split("\n"):
+        fenced ^= line.startswith("```")
+        previous = lines[-1] if lines else ""
+        after_paragraph = previous.strip() and not previous.startswith(("- ", "  "))
+        if not fenced and line.startswith("- ") and after_paragraph:
+            lines.append("")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def on_page_content(html: str, page, **kwargs) -> str:
+    """The Results page in a ``results-page`` block: its wide tables scroll instead of wrapping every
+    cell (``docs/css/extra.css``)."""
+    if page.file.src_uri == "results.md":
+        return f'<div class="results-page">{html}</div>'
+    return html
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
