@@ -19,8 +19,8 @@ LR, its dev and test perplexity, every LR's, and ``at_edge`` when the selected L
 largest of a grid of two or more (printed; ``layerfusion report`` tabulates a folder's records).
 
 Data: ``--data`` is a folder with ``train.txt``/``valid.txt``/``test.txt`` (one paragraph a
-line, WikiText style) or a Hub name (``wikitext-2-raw-v1``, online only). Offline there is
-no train split (``../shared/data/wikitext-2`` has valid/test only): the recipe then trains on
+line, WikiText style) or a Hub name (``wikitext-2-raw-v1``, online only). A folder without
+``train.txt`` (some WikiText-2 copies hold valid/test only) has no train split: the recipe then trains on
 the first 90% of ``valid.txt``, selects the checkpoint and the LR on its last 10% (dev), reports
 on ``test.txt`` and says so in its output and files. Scales with ``accelerate launch`` like ``ner``.
 """
