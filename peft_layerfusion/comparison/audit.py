@@ -236,12 +236,8 @@ def audit_totals(config_or_path: str | os.PathLike | PretrainedConfig) -> dict[s
     """``{method: new trainable parameters}`` for the five fusion methods (regime ``fe``).
 
     Example:
-        >>> from transformers import RobertaConfig
-        >>> roberta_large = RobertaConfig(
-        ...     hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
-        ... )
-        >>> audit_totals(roberta_large)["concat"]
-        25166848
+        >>> audit_totals(base_model.config)  # a tiny BERT: 3 blocks of width 32
+        {'dwatt': 5408, 'concat': 3104, 'average': 0, 'scalar_mix': 4, 'extra_layers': 7504}
     """
     return {method: entry["total"] for method, entry in audit(config_or_path).items()}
 
