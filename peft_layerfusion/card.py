@@ -15,8 +15,11 @@ each adapter's method, the base model and the load, ``import peft_layerfusion`` 
 rest of the card (a user's own text and tags) is kept; saving again replaces the section.
 
 Example:
-    >>> model = get_peft_model(base, DWAttConfig(task_type="TOKEN_CLS"))
+    >>> from peft_layerfusion import DWAttConfig
+    >>> model = get_peft_model(base_model, DWAttConfig(task_type="TOKEN_CLS"))
     >>> model.save_pretrained("adapter")  # adapter/README.md names peft_layerfusion and DWATT
+    >>> "peft_layerfusion" in open("adapter/README.md").read()
+    True
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def method_description(config: PeftConfig) -> str:
     """One line on the method: the first line of its config's docstring, in Markdown.
 
     Example:
+        >>> from peft_layerfusion import DWAttConfig
         >>> method_description(DWAttConfig())
         'DWAtt (depth-wise attention). Paper defaults throughout.'
     """
@@ -109,7 +113,15 @@ def card_section(
             that exist (``None``: list them all).
 
     Example:
+        >>> from peft_layerfusion import DWAttConfig
+        >>> from transformers import BertForTokenClassification
         >>> print(card_section({"default": DWAttConfig()}, "bert-base-cased", BertForTokenClassification, 9))
+        <!-- peft_layerfusion: begin (rewritten on every save_pretrained) -->
+        ## peft_layerfusion adapter
+        ...
+        | `default` | `DWATT` | DWAtt (depth-wise attention). Paper defaults throughout. | - |
+        ...
+        <!-- peft_layerfusion: end -->
     """
     types = sorted({config.peft_type.value for config in configs.values()})
     class_name = base_class.__name__
@@ -199,7 +211,8 @@ def update_model_card(model: PeftModel, output_dir: str, previous_tags: Iterable
         previous_tags: The card's tags before peft's update.
 
     Example:
-        >>> update_model_card(model, "adapter")
+        >>> model.save_pretrained("adapter")  # save_pretrained calls it
+        >>> update_model_card(model, "adapter")  # the section is rewritten, the rest of the card kept
         True
     """
     ours = {name: config for name, config in model.peft_config.items() if is_layerfusion_config(config)}

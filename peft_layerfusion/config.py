@@ -67,6 +67,7 @@ def require_number(
         >>> require_number("attention_dropout", 0.1, low=0.0, high=1.0, high_open=True)
         >>> require_number("temperature", float("inf"), low=0.0, low_open=True)
         Traceback (most recent call last):
+        ...
         ValueError: `temperature`=inf is not allowed: expected a finite number > 0.0.
     """
     allowed = ("an int" if integer else "a finite number") + _range_text(low, high, low_open, high_open)
@@ -198,7 +199,8 @@ class LayerFusionConfig(LoraConfig):
                 output with these ``layers`` (e.g. Concat without ``z_L``).
 
         Example:
-            >>> ConcatConfig(fusion_init="identity").starts_at_base(bert, [1, 2, 3], 3)
+            >>> from peft_layerfusion import ConcatConfig
+            >>> ConcatConfig(fusion_init="identity").starts_at_base(base_model, [1, 2, 3], 3)
             True
         """
         if self.fusion_init == "paper" or not self.IDENTITY_INIT:

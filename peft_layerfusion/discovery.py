@@ -105,9 +105,9 @@ class LinkedBlocks:
         located: The blocks to link to.
 
     Example:
-        >>> linked = LinkedBlocks(find_encoder_blocks(model))
+        >>> linked = LinkedBlocks(find_encoder_blocks(base_model))
         >>> linked().num_blocks  # an EncoderBlocks again, while the model lives
-        12
+        3
     """
 
     def __init__(self, located: EncoderBlocks) -> None:
@@ -155,7 +155,7 @@ def is_decoder_only(model: nn.Module) -> bool:
     ``is_decoder``; encoder-decoder models and models without a config are not.
 
     Example:
-        >>> is_decoder_only(LlamaForCausalLM(LlamaConfig(num_hidden_layers=2))), is_decoder_only(bert)
+        >>> is_decoder_only(causal_lm), is_decoder_only(base_model)
         (True, False)
     """
     config = getattr(model, "config", None)
@@ -172,7 +172,7 @@ def shares_weights(located: EncoderBlocks) -> bool:
     """Whether the blocks share weights: one module listed several times, or a parameter in two blocks.
 
     Example:
-        >>> shares_weights(find_encoder_blocks(bert))
+        >>> shares_weights(find_encoder_blocks(base_model))
         False
     """
     if len({id(block) for block in located.blocks}) < located.num_blocks:
@@ -297,6 +297,7 @@ def hidden_size_of(model: nn.Module, located: EncoderBlocks | None = None) -> in
         located: Its encoder blocks, for the fallback.
 
     Example:
+        >>> from transformers import BertConfig, BertModel
         >>> hidden_size_of(BertModel(BertConfig(hidden_size=64, num_attention_heads=4)))
         64
     """

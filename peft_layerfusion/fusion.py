@@ -241,7 +241,10 @@ def weighted_sum(
     ``(tokens, 1)`` column per layer).
 
     Example:
-        >>> weighted_sum(zip(states, torch.softmax(logits, 0)))
+        >>> states = [torch.full((2, 3), 1.0), torch.full((2, 3), 3.0)]  # K = 2 layers' (tokens, d)
+        >>> weighted_sum(zip(states, torch.softmax(torch.zeros(2), 0)))  # equal weights: the mean
+        tensor([[2., 2., 2.],
+                [2., 2., 2.]])
     """
     fused = start
     for state, weight in pairs:

@@ -103,6 +103,7 @@ class Capture:
             dtype: The floating dtype of the module that will consume the capture.
 
         Example:
+            >>> capture = Capture([torch.zeros(1, 2, 4, dtype=torch.bfloat16)], (), {})
             >>> capture.to(torch.float32).states[0].dtype
             torch.float32
         """
@@ -265,7 +266,14 @@ class BoundHook:
         *bound: Leading arguments (e.g. a layer index).
 
     Example:
-        >>> block.register_forward_pre_hook(BoundHook(fusion.swap, 0), with_kwargs=True)
+        >>> class Doubler(nn.Module):
+        ...     def double(self, module, args, kwargs):
+        ...         return (args[0] * 2,), kwargs
+        >>> doubler, block = Doubler(), nn.Identity()
+        >>> hook = BoundHook(doubler.double)  # holds ``doubler`` weakly
+        >>> handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+        >>> block(torch.ones(2))
+        tensor([2., 2.])
     """
 
     def __init__(self, method: Callable, *bound: Any) -> None:
@@ -304,7 +312,10 @@ class BlockCapture:
             ``None`` (every position; also where the fusion mixes positions).
 
     Example:
-        >>> capture = BlockCapture(find_encoder_blocks(model), lambda c: c.states[-1] * 2)
+        >>> from peft_layerfusion.discovery import find_encoder_blocks
+        >>> capture = BlockCapture(find_encoder_blocks(base_model), lambda c: c.states[-1] * 2)
+        >>> count_hooks(base_model) > 0
+        True
         >>> capture.remove()  # every hook gone (they also stop once ``capture`` is freed)
     """
 
@@ -572,7 +583,13 @@ def warn_shared_blocks(
         runs: How often each block ran in one forward, when known.
 
     Example:
-        >>> warn_shared_blocks(find_encoder_blocks(albert, "albert_layers"), "albert_layers", [12])
+        >>> import warnings
+        >>> from peft_layerfusion.discovery import find_encoder_blocks
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_shared_blocks(find_encoder_blocks(base_model), None, [2, 2, 2])
+        >>> print(caught[0].message)
+        Layer fusion: the blocks `bert.encoder.layer` (blocks_path=None) share ...
     """
     seen = f" (runs per forward: {runs})" if runs else ""
     warnings.warn(
@@ -597,7 +614,7 @@ def count_hooks(model: nn.Module, package: str | None = "peft_layerfusion") -> i
             it); ``None`` counts every hook.
 
     Example:
-        >>> unloaded = peft_model.unload()
+        >>> unloaded = model.unload()  # a PeftModel with a fusion adapter
         >>> count_hooks(unloaded)
         0
     """

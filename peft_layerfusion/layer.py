@@ -370,7 +370,8 @@ def active_fusion_module(model: nn.Module) -> Optional[FusionModule]:
         model: A ``PeftModel`` with a layer-fusion adapter, or its tuned base model.
 
     Example:
-        >>> module = active_fusion_module(get_peft_model(base, DWAttConfig()))
+        >>> from peft_layerfusion import DWAttConfig
+        >>> module = active_fusion_module(get_peft_model(base_model, DWAttConfig()))
         >>> type(module).__name__
         'DWAtt'
     """
@@ -395,6 +396,7 @@ def fused_positions(model: nn.Module, mask: torch.Tensor) -> Iterator[None]:
         >>> with fused_positions(model, labels != -100):
         ...     logits = model(input_ids=ids, attention_mask=attention).logits
         >>> loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        >>> loss.backward()  # the same gradients as a forward that fuses every position
     """
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 2:
         described = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else repr(mask)

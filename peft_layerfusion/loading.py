@@ -21,7 +21,13 @@ package's adapter types only:
   ``KeyError``) becomes a ``ValueError`` naming the file, the missing keys and what to do.
 
 Example:
-    >>> model.load_adapter("corrupt_adapter", adapter_name="b")  # raises ...
+    >>> model.save_pretrained("corrupt_adapter")
+    >>> _ = open("corrupt_adapter/adapter_model.safetensors", "wb").write(b"not safetensors")
+    >>> try:
+    ...     model.load_adapter("corrupt_adapter", adapter_name="b")
+    ... except Exception as error:
+    ...     print(type(error).__name__)
+    SafetensorError
     >>> "b" in model.peft_config
     False
 """

@@ -162,7 +162,8 @@ class LayerFusionModel(LoraModel):
         without LoRA (no ``target_modules``) has nothing to merge.
 
         Example:
-            >>> model = get_peft_model(llama, DWAttConfig(target_modules=["q_proj", "v_proj"]))
+            >>> from peft_layerfusion import DWAttConfig
+            >>> model = get_peft_model(causal_lm, DWAttConfig(target_modules=["q_proj", "v_proj"]))
             >>> model.merge_adapter()  # q_proj and v_proj carry B A; DWAtt still fuses
         """
         super().merge_adapter(adapter_names=adapter_names, safe_merge=safe_merge)
@@ -249,12 +250,11 @@ class ModelSnapshot:
     ``generate``), and the active adapters of the tuner layers already there.
 
     Example:
-        >>> snapshot = ModelSnapshot(model)
-        >>> try:
-        ...     inject(model)
-        ... except Exception:
-        ...     snapshot.restore()
-        ...     raise
+        >>> snapshot = ModelSnapshot(base_model)
+        >>> base_model.classifier = nn.Linear(32, 2)  # an injection that replaced a child, then failed
+        >>> snapshot.restore()
+        >>> base_model.classifier.out_features  # the head as it was
+        5
     """
 
     _HOOK_DICTS = (
@@ -310,7 +310,13 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
     (whose LM head usually stays frozen on purpose) are not checked.
 
     Example:
-        >>> warn_if_head_frozen(model, DWAttConfig())  # UserWarning: ... ['classifier'] ...
+        >>> import warnings
+        >>> from peft_layerfusion import DWAttConfig
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_if_head_frozen(base_model.requires_grad_(False), DWAttConfig())
+        >>> "classifier" in str(caught[0].message)
+        True
     """
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return  # a seq2seq LM head (tied or not) usually stays frozen under PEFT, on purpose

@@ -3,6 +3,7 @@ links that keep a model out of reference cycles.
 
 Example:
     >>> atomic_write_json("out/result.json", {"f1": 0.61})
+    PosixPath('out/result.json')
     >>> with eval_mode(model):
     ...     logits = model(ids).logits
 """
@@ -37,7 +38,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
         write: Writes the content to the path it is given.
 
     Example:
+        >>> import matplotlib.pyplot as plt
+        >>> figure = plt.figure()
         >>> atomic_write("fig.png", lambda temp: figure.savefig(temp, format="png"))
+        PosixPath('fig.png')
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,8 +101,8 @@ class WeakLink(Generic[T]):
         target: The object to link to (it must be held elsewhere: the link does not keep it alive).
 
     Example:
-        >>> link = WeakLink(model.encoder)
-        >>> link() is model.encoder
+        >>> link = WeakLink(base_model.bert.encoder)
+        >>> link() is base_model.bert.encoder
         True
     """
 

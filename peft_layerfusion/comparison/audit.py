@@ -15,7 +15,11 @@ configs; ``shapes.LLM_SHAPES`` names published LLM shapes that every function he
 The command line (``layerfusion audit``) lives in the recipes.
 
 Example:
-    >>> audit("roberta-large.json")["dwatt"]["total"]
+    >>> from transformers import RobertaConfig
+    >>> roberta_large = RobertaConfig(
+    ...     hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    ... )
+    >>> audit(roberta_large)["dwatt"]["total"]  # the paper's Table 2
     26353152
     >>> lora_sized_report("llama-3.1-8b")["rows"]["concat (map_rank=52)"]["total"]
     13635584
@@ -68,8 +72,12 @@ def load_model_config(config_or_path: str | os.PathLike | PretrainedConfig) -> P
         ValueError: if nothing can be read, saying what was tried.
 
     Example:
-        >>> load_model_config("../shared/configs/roberta-large.json").hidden_size
+        >>> import json
+        >>> _ = open("config.json", "w").write(json.dumps({"model_type": "roberta", "hidden_size": 1024}))
+        >>> load_model_config("config.json").hidden_size
         1024
+        >>> load_model_config("llama-3.1-8b").num_hidden_layers  # a shape name (``shapes.LLM_SHAPES``)
+        32
     """
     if isinstance(config_or_path, PretrainedConfig):
         return config_or_path
@@ -101,7 +109,10 @@ def check_sizes(config: PretrainedConfig) -> None:
     """Raise a one-line ``ValueError`` for a negative size field, or a width or block count of 0.
 
     Example:
+        >>> from transformers import BertConfig
         >>> check_sizes(BertConfig(hidden_size=-32))
+        Traceback (most recent call last):
+        ...
         ValueError: `hidden_size`=-32 in the bert config is negative: a size must be >= 0 ...
     """
     for name, value in sorted(config.to_dict().items()):
@@ -127,7 +138,7 @@ def meta_model(config: PretrainedConfig) -> nn.Module:
             width of 0...).
 
     Example:
-        >>> meta_model(load_model_config("roberta-large.json")).device
+        >>> meta_model(load_model_config("llama-3.1-8b")).device
         device(type='meta')
     """
     check_sizes(config)
@@ -168,8 +179,9 @@ def trainable_components(model: nn.Module) -> dict[str, int]:
     """Trainable parameters of ``model`` per component (the task head excluded).
 
     Example:
-        >>> trainable_components(apply_regime(encoder, "concat", "fe", head_modules=()))
-        {'proj': 25166848}
+        >>> from peft_layerfusion.comparison.regimes import apply_regime
+        >>> trainable_components(apply_regime(base_model.bert, "concat", "fe", head_modules=()))
+        {'proj': 3104}
     """
     counts: dict[str, int] = {}
     for name, param in model.named_parameters():
@@ -203,7 +215,11 @@ def audit(
         ``{method: {"total": int, "percent_of_base": float, "components": {name: int}}}``.
 
     Example:
-        >>> audit("../shared/configs/roberta-large.json")["dwatt"]["total"]
+        >>> from transformers import RobertaConfig
+        >>> roberta_large = RobertaConfig(
+        ...     hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+        ... )
+        >>> audit(roberta_large)["dwatt"]["total"]
         26353152
     """
     config = load_model_config(config_or_path)
@@ -220,8 +236,8 @@ def audit_totals(config_or_path: str | os.PathLike | PretrainedConfig) -> dict[s
     """``{method: new trainable parameters}`` for the five fusion methods (regime ``fe``).
 
     Example:
-        >>> audit_totals("roberta-large.json")["concat"]
-        25166848
+        >>> audit_totals(base_model.config)  # a tiny BERT: 3 blocks of width 32
+        {'dwatt': 5408, 'concat': 3104, 'average': 0, 'scalar_mix': 4, 'extra_layers': 7504}
     """
     return {method: entry["total"] for method, entry in audit(config_or_path).items()}
 
@@ -248,8 +264,11 @@ def match_report(
         ``{"target": str, "rows": {name: entry}, "flagged": [(a, b, gap), ...]}``.
 
     Example:
-        >>> report = match_report("roberta-large.json", "fe", "dwatt")
-        >>> report["rows"]["+lora (r=14)"]["total"]  # tiny BERT: 14 x 384
+        >>> report = match_report(base_model.config, "fe", "dwatt")
+        >>> report["target"]
+        'dwatt'
+        >>> report["rows"]["+lora (r=14)"]["total"]  # LoRA's rank that matches DWAtt on this tiny BERT
+        5376
     """
     config = load_model_config(config_or_path)
     base = meta_model(config)
@@ -326,6 +345,10 @@ def lora_sized_report(
 
     Example:
         >>> print(format_table(lora_sized_report("gemma-3-270m")["rows"], reference="lora"))
+        method                                                   params   % base  vs target  components
+        lora (r=16; q_proj, k_proj, v_proj, o_proj)           1,474,560    0.55%      +0.00% lora=1.47M
+        dwatt (query_bottleneck_width=58, value_bottleneck_width=58) ...
+        ...
     """
     config = load_model_config(config_or_path)
     base = meta_model(config)

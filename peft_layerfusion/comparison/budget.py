@@ -15,8 +15,9 @@ that comes closest and reports the residual mismatch:
 Counts are exact and analytic (no model is adapted), so they work on meta-device models.
 
 Example:
-    >>> match = match_lora_rank(model, target=26_353_152)
+    >>> match = match_lora_rank(base_model, 5_000, ["query", "value"])  # a tiny BERT: 3 x 2 x 64 per rank
     >>> match.value, f"{match.relative:+.2%}"
+    (13, '-0.16%')
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def lora_params_per_rank(model: nn.Module, target_modules: Sequence[str] | str) 
         target_modules: LoRA's ``target_modules`` (names or a regex), matched as peft does.
 
     Example:
-        >>> lora_params_per_rank(bert, ["query", "value"])  # 2 L (d + d) for BERT
+        >>> lora_params_per_rank(base_model, ["query", "value"])  # 2 L (d + d): L = 3 blocks, d = 32
+        384
     """
     config = LoraConfig(target_modules=target_modules)
     total = 0
@@ -103,7 +105,8 @@ def match_lora_rank(model: nn.Module, target: int, target_modules: Sequence[str]
     """The LoRA rank ``r >= 1`` whose size is closest to ``target``.
 
     Example:
-        >>> match_lora_rank(bert, 26_000_000, ["query", "value"]).value
+        >>> match_lora_rank(base_model, 5_000, ["query", "value"]).value  # 384 per rank
+        13
     """
     per_rank = lora_params_per_rank(model, target_modules)
     rank = max(1, round(target / per_rank))
@@ -114,7 +117,14 @@ def match_extra_layers(model: nn.Module, target: int, blocks_path: str | None = 
     """The number of extra blocks ``n >= 1`` (R+n) whose size is closest to ``target``.
 
     Example:
-        >>> match_extra_layers(roberta_large, 26_353_152).value  # 2
+        >>> from transformers import RobertaConfig
+        >>> from peft_layerfusion.comparison.audit import meta_model
+        >>> roberta_large = RobertaConfig(
+        ...     hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+        ... )
+        >>> roberta_large = meta_model(roberta_large)
+        >>> match_extra_layers(roberta_large, 26_353_152).value  # DWAtt's count: two blocks
+        2
     """
     block = count_parameters(find_encoder_blocks(model, blocks_path).blocks[-1])
     n = max(1, round(target / block))
@@ -142,6 +152,8 @@ def match_concat_rank(model: nn.Module, target: int, **config_options: Any) -> B
         **config_options: Other :class:`ConcatConfig` fields (``layers``, ``blocks_path``...).
 
     Example:
+        >>> from peft_layerfusion.comparison.audit import load_model_config, meta_model
+        >>> llama_8b = meta_model(load_model_config("llama-3.1-8b"))  # no weights
         >>> match_concat_rank(llama_8b, 13_631_488).options  # LoRA r=16 on q, k, v, o
         {'map_rank': 52}
     """
@@ -163,6 +175,8 @@ def match_dwatt_width(model: nn.Module, target: int, **config_options: Any) -> B
         **config_options: Other :class:`DWAttConfig` fields (``layers``, ``d_pos``...).
 
     Example:
+        >>> from peft_layerfusion.comparison.audit import load_model_config, meta_model
+        >>> llama_8b = meta_model(load_model_config("llama-3.1-8b"))
         >>> match_dwatt_width(llama_8b, 13_631_488).options
         {'query_bottleneck_width': 49, 'value_bottleneck_width': 49}
     """
@@ -220,8 +234,14 @@ def match_bottleneck(
     """The bottleneck-adapter reduction factor whose size is closest to ``target``.
 
     Example:
-        >>> match = match_bottleneck(roberta_large, 26_353_152, "seqbn")
-        >>> match.value  # reduction factor, bottleneck width 1024 / value
+        >>> from transformers import RobertaConfig
+        >>> from peft_layerfusion.comparison.audit import meta_model
+        >>> roberta_large = RobertaConfig(
+        ...     hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+        ... )
+        >>> match = match_bottleneck(meta_model(roberta_large), 26_353_152, "seqbn")
+        >>> round(match.value, 2), 1024 // 1.91  # the reduction factor, and its bottleneck width
+        (1.91, 536.0)
     """
     d = hidden_size_of(model)
     num_blocks = find_encoder_blocks(model, blocks_path).num_blocks

@@ -5,8 +5,12 @@ weights train too (regime ``ft``), every weight of the model is also written to
 :data:`FULL_STATE_FILE`. AdapterHub regimes write their adapters and head.
 
 Example:
+    >>> from peft_layerfusion.comparison.regimes import apply_regime
+    >>> model = apply_regime(base_model, "dwatt", "ft")  # everything trains
     >>> save_trained(model, "out/ft-dwatt")
-    >>> again = load_trained(fresh_base_model, "out/ft-dwatt")
+    >>> again = load_trained(type(base_model)(base_model.config), "out/ft-dwatt")  # onto a fresh base
+    >>> torch.equal(again.eval()(ids).logits, model.eval()(ids).logits)
+    True
 """
 
 from __future__ import annotations
@@ -76,7 +80,11 @@ def load_trained(
             writes (no adapter config, no full state, no AdapterHub spec): never the untouched base.
 
     Example:
-        >>> model = load_trained(AutoModelForTokenClassification.from_pretrained(name), "out/ft-dwatt")
+        >>> from peft_layerfusion.comparison.regimes import apply_regime
+        >>> save_trained(apply_regime(base_model, "concat", "fe"), "out/fe-concat")
+        >>> fresh = type(base_model)(base_model.config)  # from_pretrained(name) in real use
+        >>> type(load_trained(fresh, "out/fe-concat")).__name__
+        'PeftModel'
     """
     expected = ("adapter_config.json", FULL_STATE_FILE, adapters_baseline.SPEC_FILE)
     if not os.path.isdir(directory):

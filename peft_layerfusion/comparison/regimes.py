@@ -21,7 +21,7 @@ AdapterHub bottleneck adapters (``adapter_seqbn``, ``adapter_double_seqbn``, see
 method ``"none"`` only; they are not PEFT configs, so :func:`make_config` refuses them.
 
 Example:
-    >>> model = apply_regime(tiny_model, "dwatt", "lora", lora_r=4)
+    >>> model = apply_regime(base_model, "dwatt", "lora", lora_r=4)
     >>> config = make_config("concat", "bitfit")          # ConcatConfig(bias="all", ...)
 """
 
@@ -137,7 +137,7 @@ def make_config(
 
     Example:
         >>> make_config("dwatt", "lora", lora_r=4).target_modules
-        '.*\\.(query|value|...)'
+        '.*\\\\.(query|value|...)'
     """
     _check_names(method, regime)
     heads = list(head_modules) or None
@@ -172,7 +172,7 @@ def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> n
         A ``PeftModel`` (the plain ``model`` for ``("none", "ft")`` and AdapterHub regimes).
 
     Example:
-        >>> peft_model = apply_regime(tiny_model, "concat", "bitfit")
+        >>> peft_model = apply_regime(base_model, "concat", "bitfit")
         >>> any("bias" in n for n in trainable_parameter_names(peft_model))
         True
     """
@@ -196,7 +196,11 @@ def unfreeze_base(peft_model: PeftModel) -> None:
     ``modules_to_save`` (``original_module``), which no forward uses.
 
     Example:
-        >>> unfreeze_base(get_peft_model(tiny_model, DWAttConfig()))
+        >>> from peft_layerfusion import DWAttConfig
+        >>> peft_model = get_peft_model(base_model, DWAttConfig())
+        >>> unfreeze_base(peft_model)
+        >>> all(param.requires_grad for param in peft_model.parameters())
+        True
     """
     for name, param in peft_model.named_parameters():
         param.requires_grad_(".original_module." not in name)
@@ -206,7 +210,7 @@ def trainable_parameter_names(model: nn.Module) -> list[str]:
     """Names of the parameters that train (``requires_grad``), in module order.
 
     Example:
-        >>> trainable_parameter_names(apply_regime(tiny_model, "none", "fe"))
+        >>> trainable_parameter_names(apply_regime(base_model, "none", "fe"))
         ['base_model.model.classifier.modules_to_save.default.weight', ...]
     """
     return [name for name, param in model.named_parameters() if param.requires_grad]

@@ -46,6 +46,8 @@ class AverageConfig(DepthMixConfig):
 
     Example:
         >>> model = get_peft_model(base_model, AverageConfig(modules_to_save=["classifier"]))
+        >>> model(ids).logits.shape  # (batch, seq, labels), read from the fused hidden state
+        torch.Size([2, 8, 5])
     """
 
     PEFT_TYPE: ClassVar[str] = "AVERAGE"

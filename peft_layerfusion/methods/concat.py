@@ -64,7 +64,9 @@ class ConcatConfig(DepthMixConfig):
     Example:
         >>> from peft import get_peft_model
         >>> model = get_peft_model(base_model, ConcatConfig(modules_to_save=["classifier"]))
-        >>> llm = get_peft_model(causal_lm, ConcatConfig(map_rank=52, fusion_init="identity"))
+        >>> llm = get_peft_model(causal_lm, ConcatConfig(map_rank=4, fusion_init="identity"))
+        >>> llm.print_trainable_parameters()  # 3 low-rank maps: 2 K d r + d = 2 * 3 * 32 * 4 + 32
+        trainable params: 800 || all params: ... || trainable%: ...
     """
 
     PEFT_TYPE: ClassVar[str] = "CONCAT"

@@ -50,6 +50,8 @@ class ExtraLayersConfig(LayerFusionConfig):
 
     Example:
         >>> model = get_peft_model(base_model, ExtraLayersConfig(modules_to_save=["classifier"]))
+        >>> model(ids).logits.shape  # (batch, seq, labels), read from the fused hidden state
+        torch.Size([2, 8, 5])
     """
 
     PEFT_TYPE: ClassVar[str] = "EXTRA_LAYERS"

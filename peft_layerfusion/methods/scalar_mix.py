@@ -70,7 +70,9 @@ class ScalarMixConfig(DepthMixConfig):
 
     Example:
         >>> model = get_peft_model(base_model, ScalarMixConfig(modules_to_save=["classifier"]))
-        >>> probed = ScalarMixConfig(state_norm="rms", start_layer=10)  # starts as a head on z_10
+        >>> model(ids).logits.shape  # (batch, seq, labels), read from the fused hidden state
+        torch.Size([2, 8, 5])
+        >>> probed = ScalarMixConfig(state_norm="rms", start_layer=2)  # starts as a head on z_2
     """
 
     PEFT_TYPE: ClassVar[str] = "SCALAR_MIX"

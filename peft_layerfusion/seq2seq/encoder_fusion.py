@@ -48,6 +48,8 @@ class EncoderFusionConfig(LayerFusionConfig):
 
     Example:
         >>> model = get_peft_model(bart, EncoderFusionConfig(include_embeddings=True))
+        >>> model(input_ids=ids, labels=ids).logits.shape  # (batch, target length, vocab)
+        torch.Size([2, 8, 100])
     """
 
     PEFT_TYPE: ClassVar[str] = "ENCODER_FUSION"

@@ -61,8 +61,9 @@ def find_seq2seq_parts(model: nn.Module) -> Seq2SeqParts:
         ValueError: if ``model`` has no decoder (``get_decoder``) or no layer list in it.
 
     Example:
-        >>> parts = find_seq2seq_parts(BartForConditionalGeneration(BartConfig(...)))
+        >>> parts = find_seq2seq_parts(bart)  # a BartForConditionalGeneration, 2 + 2 blocks
         >>> len(parts.decoder_layers)
+        2
     """
     is_seq2seq = getattr(getattr(model, "config", None), "is_encoder_decoder", False)
     decoder = model.get_decoder() if is_seq2seq and callable(getattr(model, "get_decoder", None)) else None
@@ -111,9 +112,12 @@ class EncoderMemory:
     """What one encoder forward left for the decoder, matched to each decoder call.
 
     Example:
-        >>> memory.store(x_L, x0=x0)                 # at the encoder, batch B
-        >>> memory.recall(encoder_hidden_states)     # at the decoder, batch B·n
-        {'x0': ...}                                  # each repeated n times on the batch
+        >>> memory = EncoderMemory()
+        >>> x_L, x0 = torch.randn(2, 5, 8), torch.randn(2, 5, 8)  # batch B = 2
+        >>> memory.store(x_L, x0=x0)  # at the encoder
+        >>> recalled = memory.recall(x_L.repeat_interleave(3, dim=0))  # at the decoder: 3 beams each
+        >>> recalled["x0"].shape  # x0 repeated as the encoder states were
+        torch.Size([6, 5, 8])
     """
 
     def __init__(self) -> None:
@@ -167,6 +171,7 @@ def repeats_of(stored: torch.Tensor, given: torch.Tensor) -> Optional[int]:
     beams), else ``None``.
 
     Example:
+        >>> x = torch.randn(2, 4)
         >>> repeats_of(x, x.repeat_interleave(3, dim=0))
         3
     """

@@ -95,6 +95,8 @@ class SurfaceFusionConfig(LayerFusionConfig):
 
     Example:
         >>> model = get_peft_model(bart, SurfaceFusionConfig(fusion="soft"))
+        >>> model(input_ids=ids, labels=ids).loss.shape  # the loss of the fused distribution
+        torch.Size([])
     """
 
     PEFT_TYPE: ClassVar[str] = "SURFACE_FUSION"
@@ -354,7 +356,10 @@ class FusedBeamScores(LogitsProcessor):
             they are, whatever normaliser the module kept from an earlier forward.
 
     Example:
-        >>> model.generate(**inputs, num_beams=4)  # appended automatically by the adapter
+        >>> model = get_peft_model(bart, SurfaceFusionConfig())
+        >>> beams = model.generate(ids, num_beams=4, max_new_tokens=3)  # appended by the adapter
+        >>> beams.shape[0]
+        2
     """
 
     def __init__(self, fusion: SurfaceFusion, is_active: Callable[[], bool]) -> None:
@@ -403,8 +408,16 @@ def wrap_generate(model: nn.Module, processor: LogitsProcessor) -> GenerateWrapp
         processor: The processor to append.
 
     Example:
-        >>> handle = wrap_generate(model, FusedBeamScores(fusion, is_active))
-        >>> handle.remove()  # model.generate is the class's again
+        >>> from transformers import LogitsProcessor
+        >>> class Identity(LogitsProcessor):
+        ...     def __call__(self, input_ids, scores):
+        ...         return scores
+        >>> handle = wrap_generate(bart, Identity())
+        >>> "generate" in vars(bart)  # the instance's own generate
+        True
+        >>> handle.remove()  # bart.generate is the class's again
+        >>> "generate" in vars(bart)
+        False
     """
     generate = FusedGenerate(model, model.__dict__.get("generate"), processor)
     model.__dict__["generate"] = generate

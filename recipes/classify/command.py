@@ -15,8 +15,13 @@ def classify_main(args: argparse.Namespace) -> int:
     the figures; one line and exit code 2 for bad data or options, before any run.
 
     Example:
-        >>> classify_main(build_parser().parse_args(["classify", "--data", "sst2/", "--model", "minilm/"]))
-        0
+        >>> import sys
+        >>> from layerfusion_recipes.cli import build_parser
+        >>> from layerfusion_recipes.core.errors import run_command
+        >>> args = build_parser().parse_args(["classify", "--data", "missing/", "--model", "minilm/"])
+        >>> run_command(classify_main, args, prog="layerfusion classify", stream=sys.stdout)
+        layerfusion classify: ...missing/...
+        2
     """
     settings, grid = resolve(args)
     return run_sweep(settings, grid, print_sweep_report, figures=True, config=getattr(args, "config", None))

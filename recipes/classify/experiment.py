@@ -133,6 +133,7 @@ def encode_texts(
     tokenizer makes them: a BERT pair's segments), ``labels`` (the label id).
 
     Example:
+        >>> from layerfusion_recipes.data.texts import TextExample
         >>> encode_texts(tokenizer, [TextExample("a b", None, "pos")], {"pos": 1}, 16)[0]["labels"]
         1
     """
@@ -171,8 +172,12 @@ class ClassifyExperiment(FewShotExperiment):
     of :class:`ClassifySettings` (and, optionally, a :class:`TextDataset` already loaded).
 
     Example:
-        >>> experiment = ClassifyExperiment(ClassifySettings(model=path, data="sst2/"))
-        >>> experiment.run(Cell("dwatt", "fe", shots=8, epochs=10, trial=0))["test_accuracy"]
+        >>> from layerfusion_recipes.classify.settings import ClassifySettings
+        >>> from layerfusion_recipes.core.cells import Cell
+        >>> experiment = ClassifyExperiment(ClassifySettings(model=model_path, data=text_data, lr=[1e-2]))
+        >>> record = experiment.run(Cell("dwatt", "fe", shots=2, epochs=2, trial=0))
+        >>> 0.0 <= record["test_accuracy"] <= 1.0, record["lr"]
+        (True, 0.01)
     """
 
     def __init__(self, settings: ClassifySettings, dataset: TextDataset | None = None) -> None:

@@ -63,9 +63,11 @@ class MeanPooledClassifier(nn.Module):
         dropout: Dropout before the classifier.
 
     Example:
-        >>> model = MeanPooledClassifier(AutoModel.from_pretrained(path), num_labels=2)
-        >>> model(input_ids=ids, attention_mask=mask).logits.shape
-        torch.Size([batch, 2])
+        >>> from transformers import AutoModel
+        >>> model = MeanPooledClassifier(AutoModel.from_pretrained(model_path), num_labels=2)
+        >>> words = torch.randint(5, 30, (2, 8))  # ids in the tiny vocabulary
+        >>> model(input_ids=words, attention_mask=torch.ones_like(words)).logits.shape  # (batch, labels)
+        torch.Size([2, 2])
     """
 
     def __init__(self, backbone: nn.Module, num_labels: int, dropout: float = 0.1) -> None:
@@ -101,7 +103,7 @@ def new_modules(model: nn.Module, missing: Sequence[str]) -> tuple[str, ...]:
     the loading, not in the checkpoint): the task head.
 
     Example:
-        >>> new_modules(bert_classifier, ["classifier.weight", "classifier.bias"])
+        >>> new_modules(base_model, ["classifier.weight", "classifier.bias"])
         ('classifier',)
     """
     missing = set(missing)
@@ -140,7 +142,7 @@ def load_sequence_classifier(
             token by it).
 
     Example:
-        >>> model, head = load_sequence_classifier(path, 2, seed=0, pooling="model", pad_token_id=0)
+        >>> model, head = load_sequence_classifier(model_path, 2, seed=0, pooling="model", pad_token_id=0)
         >>> head
         ('classifier',)
     """
@@ -169,7 +171,7 @@ def classifier_skeleton(model_name: str, num_labels: int, pooling: str) -> nn.Mo
     weight read): for the checks before any run.
 
     Example:
-        >>> read_positions(classifier_skeleton(path, 2, "model"), "model")
+        >>> read_positions(classifier_skeleton(model_path, 2, "model"), "model")
         'first'
     """
     from transformers import AutoModel, AutoModelForSequenceClassification
@@ -187,6 +189,8 @@ def read_positions(model: nn.Module, pooling: str) -> str:
     exact whatever the head reads).
 
     Example:
+        >>> from transformers import BertForSequenceClassification
+        >>> bert_classifier = BertForSequenceClassification(base_model.config)
         >>> read_positions(bert_classifier, "model"), read_positions(bert_classifier, "mean")
         ('first', 'all')
     """

@@ -24,9 +24,10 @@ class ClassScorer:
         metric: The metric that chooses (listed first in :attr:`metrics`): ``accuracy`` or ``macro_f1``.
 
     Example:
+        >>> dev = [{"labels": 0}, {"labels": 1}, {"labels": 1}]  # encoded examples: their gold label
         >>> scorer = ClassScorer(dev, num_labels=2)
         >>> scorer.scores(torch.tensor([[0, 1, 1], [1, 1, 1]]))  # two candidates
-        [{'accuracy': 0.666..., 'macro_f1': 0.666...}, {'accuracy': 0.333..., 'macro_f1': 0.25}]
+        [{'accuracy': 1.0, 'macro_f1': 1.0}, {'accuracy': 0.666..., 'macro_f1': 0.4}]
     """
 
     def __init__(self, features: Sequence[dict], num_labels: int, metric: str = "accuracy") -> None:

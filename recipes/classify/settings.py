@@ -46,7 +46,11 @@ def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]
         select_trials.
 
     Example:
-        >>> settings, grid = resolve(parser.parse_args(["--data", "sst2/", "--model", "minilm/"]))
+        >>> from layerfusion_recipes.cli import build_parser
+        >>> args = build_parser().parse_args(["classify", "--data", "sst2/", "--model", "minilm/"])
+        >>> settings, grid = resolve(args)
+        >>> settings.model, grid["results"]
+        ('minilm/', 'layerfusion-results/results.jsonl')
     """
     loaded = load_config(args)
 

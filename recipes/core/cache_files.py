@@ -74,7 +74,7 @@ def weights_fingerprint(model: nn.Module) -> str:
     Cost: one pass over the weights (0.05 s for MiniLM-L6's 90 MB on one CPU core).
 
     Example:
-        >>> len(weights_fingerprint(BertModel(BertConfig(num_hidden_layers=2))))  # hex SHA-256
+        >>> len(weights_fingerprint(base_model))  # hex SHA-256
         64
     """
     backbone = getattr(model, "base_model", model)
@@ -307,8 +307,12 @@ def remove_stale_temp_files(folder: Path, max_age: float = STALE_TEMP_SECONDS) -
     or when it was last modified more than ``max_age`` seconds ago (whoever wrote it).
 
     Example:
-        >>> remove_stale_temp_files(Path("cache/features-a1b2c3d4e5f60718"))
-        [PosixPath('cache/features-a1b2c3d4e5f60718/tmp-4242-9f...-host.tmp')]
+        >>> folder = Path("cache/features-a1b2c3d4e5f60718")
+        >>> folder.mkdir(parents=True)
+        >>> _ = (folder / "tmp-4242-9f3c-host.tmp").write_bytes(b"")  # its writer died long ago
+        >>> os.utime(folder / "tmp-4242-9f3c-host.tmp", (0, 0))
+        >>> remove_stale_temp_files(folder)
+        [PosixPath('cache/features-a1b2c3d4e5f60718/tmp-4242-9f3c-host.tmp')]
     """
     removed = []
     now = time.time()

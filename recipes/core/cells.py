@@ -116,7 +116,10 @@ def grid_keys(cells: Iterable[Cell], settings: GridSettings) -> set[str]:
     """Every key the runs of ``cells`` can have: each cell at each LR of its regime's grid.
 
     Example:
-        >>> len(grid_keys(grid_cells(grid), settings))  # 10 cells x the 5 LRs of the FE grid
+        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+        >>> settings = ExperimentSettings(model="m", data="d", lr=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1])
+        >>> grid = {"methods": ["dwatt"], "regimes": ["fe"], "shots": [8, 16], "epochs": [25], "trials": 5}
+        >>> len(grid_keys(grid_cells(grid), settings))  # 10 cells x 5 LRs
         50
     """
     setup = settings.setup()
@@ -129,6 +132,8 @@ def planned_runs(cells: Iterable[Cell], settings: GridSettings, select_trials: i
 
     Example:
         >>> lora = {"methods": ["none"], "regimes": ["lora"], "shots": [8], "epochs": [25], "trials": 3}
+        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+        >>> settings = ExperimentSettings(model="m", data="d", lr=[1e-3, 3e-3, 1e-2, 3e-2])
         >>> planned_runs(grid_cells(lora), settings, select_trials=1)  # 4 LRs on trial 0, then 1 + 1
         6
     """

@@ -36,6 +36,9 @@ class Terminated(BaseException):
 
     Example:
         >>> raise Terminated("SIGTERM")
+        Traceback (most recent call last):
+        ...
+        layerfusion_recipes.core.errors.Terminated: SIGTERM
     """
 
 
@@ -46,8 +49,13 @@ def sigterm_raises() -> Iterator[None]:
     cannot set handlers) the block runs unchanged.
 
     Example:
-        >>> with sigterm_raises():
-        ...     run_cells(cells, results, settings)  # `kill PID`: its finally blocks still run
+        >>> import signal
+        >>> try:
+        ...     with sigterm_raises():  # around a sweep: `kill PID` still runs its finally blocks
+        ...         signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # what `kill PID` calls
+        ... except Terminated as stop:
+        ...     print(f"stopped by {stop}")
+        stopped by SIGTERM
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -68,6 +76,9 @@ class UserError(Exception):
 
     Example:
         >>> raise UserError("--data nowhere/: no such file or directory")
+        Traceback (most recent call last):
+        ...
+        layerfusion_recipes.core.errors.UserError: --data nowhere/: no such file or directory
     """
 
 
@@ -78,6 +89,9 @@ class DataSourceError(UserError, FileNotFoundError):
 
     Example:
         >>> raise DataSourceError("--data 'nowhere.jsonl': no such file or directory")
+        Traceback (most recent call last):
+        ...
+        layerfusion_recipes.core.errors.DataSourceError: --data 'nowhere.jsonl': no such file or directory
     """
 
     def __str__(self) -> str:  # OSError's __str__ would print the args tuple for several args
@@ -141,7 +155,11 @@ def run_command(
         line ``PROG: stopped by SIGTERM``). Other exceptions (bugs) propagate.
 
     Example:
-        >>> sys.exit(run_command(args.func, args, debug=args.debug, prog="layerfusion ner"))
+        >>> def ner(args):  # a sub-command that meets a bad --data
+        ...     raise DataSourceError("--data 'missing/': no such file or directory")
+        >>> run_command(ner, None, prog="layerfusion ner", stream=sys.stdout)  # the CLI: sys.exit(...)
+        layerfusion ner: error: --data 'missing/': no such file or directory
+        2
     """
     try:
         return int(func(args) or 0)

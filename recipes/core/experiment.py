@@ -162,6 +162,7 @@ class TaskSettings:
         """The LR candidates of ``regime``: the ``lr`` values (sorted, unique) or its default grid.
 
         Example:
+            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
             >>> ExperimentSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
             (0.001, 0.003)
         """
@@ -176,6 +177,7 @@ class TaskSettings:
         Existing model and data paths count by their absolute real path.
 
         Example:
+            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
             >>> ExperimentSettings("m", "d").setup() == ExperimentSettings("m", "e").setup()
             False
         """

@@ -207,8 +207,8 @@ class TrainingPlan:
             pass; 1 for a method whose LRs run one after another).
 
     Example:
-        >>> TrainingPlan("dwatt", 8_330_000, 7, 7).nbytes
-        1399440000
+        >>> TrainingPlan("dwatt", 8_330_000, 7, 7).nbytes  # 20 B per parameter of each candidate
+        1166200000
     """
 
     method: str
@@ -291,7 +291,11 @@ def resident_limit(plan: CachePlan, training: TrainingPlan | None = None, mapped
     0.09 GB less.
 
     Example:
-        >>> resident_limit(plan, training)  # e.g. 4435000000
+        >>> plan = CachePlan(sentences=4379, positions=62903, num_blocks=12, width=768, dtype="float32",
+        ...                  kept="labelled", model_bytes=440_000_000)  # CoNLL-2003 train on a BERT-base
+        >>> training = TrainingPlan("dwatt", 7_740_000, 7, 7)
+        >>> resident_limit(plan, training) > plan.nbytes + training.nbytes  # plus the model and the process
+        True
     """
     trained = training.nbytes if training is not None else 0
     return held_by_one_process(plan.model_bytes, trained, 0 if mapped else plan.nbytes)
@@ -330,7 +334,12 @@ def memory_check(
         options that would make it fit.
 
     Example:
-        >>> line, refusal = memory_check(plan, copies=2, mapped=False, available=16 * 10**9)
+        >>> plan = CachePlan(sentences=4379, positions=62903, num_blocks=12, width=768, dtype="float32",
+        ...                  kept="labelled", model_bytes=440_000_000)  # CoNLL-2003 train on a BERT-base
+        >>> training = TrainingPlan("dwatt", 7_740_000, 7, 7)
+        >>> line, refusal = memory_check(plan, 2, mapped=False, available=16 * 10**9, training=training)
+        >>> refusal is None
+        True
     """
     train = training.nbytes if training is not None else 0
 
@@ -389,7 +398,8 @@ def available_memory() -> int | None:
     cgroup (container) limit leaves; ``None`` where neither can be read (not Linux).
 
     Example:
-        >>> available_memory()  # e.g. 21474836480
+        >>> available_memory() > 0  # e.g. 21474836480
+        True
     """
     limits = []
     try:

@@ -146,7 +146,14 @@ def evaluate(
     one forward pass (eval mode during the call); ``release_above``: see :func:`predict_labelled`.
 
     Example:
-        >>> evaluate(runner, dev, scorer, 64, torch.device("cpu"))  # [{"f1": 0.41}]
+        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
+        >>> from layerfusion_recipes.ner.training import TokenClassifierRunner, span_scorer
+        >>> label2id = {tag: i for i, tag in enumerate(["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"])}
+        >>> train, dev = (encode_ner(tokenizer, read_ner_file(f"{ner_data}/{split}.txt"), label2id)
+        ...               for split in ("train", "dev"))
+        >>> scorer_of = span_scorer({i: tag for tag, i in label2id.items()})
+        >>> evaluate(TokenClassifierRunner(model), dev, scorer_of(dev), 64, torch.device("cpu"))
+        [{'f1': ...}]
     """
     return runner.scores(scorer, predict_labelled(runner, features, batch_size, device, release_above))
 
@@ -184,8 +191,16 @@ def fit(
         One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
 
     Example:
-        >>> [result] = fit(Runner(model), train, dev, TrainSettings(), scorer_of, [1e-3])
-        >>> result.best_score, result.curve[-1]
+        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
+        >>> from layerfusion_recipes.ner.training import TokenClassifierRunner, span_scorer
+        >>> label2id = {tag: i for i, tag in enumerate(["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"])}
+        >>> train, dev = (encode_ner(tokenizer, read_ner_file(f"{ner_data}/{split}.txt"), label2id)
+        ...               for split in ("train", "dev"))
+        >>> scorer_of = span_scorer({i: tag for tag, i in label2id.items()})
+        >>> runner = TokenClassifierRunner(model)
+        >>> [result] = fit(runner, train, dev, TrainSettings(epochs=2), scorer_of, [1e-2])
+        >>> len(result.curve), result.best_score >= 0.0
+        (2, True)
     """
     start = time.perf_counter()
     loader = shuffled_batches(len(train), settings)

@@ -17,9 +17,15 @@ how long it took is said on stderr. Any other ``--model`` value (a folder, a hub
 unchanged. Nothing here is tied to one architecture: a named model is a file name, its part
 packages and its checksum (:data:`NAMED_MODELS`).
 
-Example:
-    >>> folder = resolve_model("gemma3-270m")  # first call: ~1 min; later calls: instant
-    >>> model = AutoModelForCausalLM.from_pretrained(folder)
+Example (with the ``llm`` extra installed; the first call takes about a minute, later ones none)::
+
+    folder = resolve_model("gemma3-270m")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+
+and what runs anywhere:
+
+    >>> resolve_model("bert-base-cased")  # neither a named model nor a .gguf file: unchanged
+    'bert-base-cased'
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class NamedGGUF:
 
     Example:
         >>> NamedGGUF("tiny.gguf", ("tiny_part1", "tiny_part2"), "ab12...")
+        NamedGGUF(file='tiny.gguf', packages=('tiny_part1', 'tiny_part2'), sha256='ab12...')
     """
 
     file: str
@@ -132,7 +139,15 @@ def assemble(parts: Sequence[Path], target: Path, sha256: str, stream: TextIO = 
     A ``target`` already there was checked when it was written and is trusted.
 
     Example:
-        >>> assemble([Path("f.gguf.part00"), Path("f.gguf.part01")], Path("cache/f.gguf"), "ab12...")
+        >>> import hashlib
+        >>> parts = [Path("f.gguf.part00"), Path("f.gguf.part01")]
+        >>> for part, data in zip(parts, [b"GGUF", b"rest"]):
+        ...     _ = part.write_bytes(data)
+        >>> sha256 = hashlib.sha256(b"GGUFrest").hexdigest()
+        >>> assemble(parts, Path("cache/f.gguf"), sha256, stream=sys.stdout)
+        layerfusion: assembling f.gguf from 2 parts into cache ...
+        layerfusion: assembling f.gguf from 2 parts into cache: done in ... s
+        PosixPath('cache/f.gguf')
     """
     if target.is_file():
         return target
@@ -193,7 +208,16 @@ def convert(gguf_path: Path, folder: Path, stream: TextIO = sys.stderr, load: Lo
     its copy first, that one is kept and this one discarded.
 
     Example:
-        >>> convert(Path("cache/gguf/f.gguf"), Path("cache/models/f"))  # minutes once, then instant
+        >>> class Tokenizer:  # stands in for the GGUF file's tokenizer
+        ...     def save_pretrained(self, folder):
+        ...         pass
+        >>> load = lambda path: (base_model, Tokenizer())  # load_gguf reads the file (minutes, once)
+        >>> convert(Path("f.gguf"), Path("models/f"), stream=sys.stdout, load=load)
+        layerfusion: converting f.gguf to a float32 copy in models/f ...
+        layerfusion: converting f.gguf to a float32 copy in models/f: done in ... s
+        PosixPath('models/f')
+        >>> convert(Path("f.gguf"), Path("models/f"), stream=sys.stdout, load=load)  # there: instant
+        PosixPath('models/f')
     """
     if folder.is_dir():
         return folder
@@ -238,8 +262,9 @@ def resolve_model(
         load: GGUF path -> ``(model, tokenizer)`` (:func:`load_gguf`; tests pass a stand-in).
 
     Example:
-        >>> resolve_model("gemma3-270m")
-        '/home/me/.cache/peft_layerfusion/models/gemma3-270m'
+        >>> Path("cache/models/gemma3-270m").mkdir(parents=True)  # converted by an earlier call
+        >>> resolve_model("gemma3-270m", environ={"LAYERFUSION_CACHE": "cache"})  # found: not converted again
+        'cache/models/gemma3-270m'
         >>> resolve_model("bert-base-cased")
         'bert-base-cased'
     """

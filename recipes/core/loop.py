@@ -8,10 +8,13 @@ and a step counter. The recipes keep what differs: their batches, their loss, wh
 evaluate after an epoch.
 
 Example:
-    >>> loop = TrainingLoop(model, [{"params": trainable_parameters(model), "lr": 1e-3}], 100, seed=0)
-    >>> for epoch in range(1, 11):
-    ...     for batch in batches(epoch):
-    ...         loop.step(loss_of(loop.model, batch.to(loop.device)))
+    >>> params = [p for p in model.parameters() if p.requires_grad]
+    >>> loop = TrainingLoop(model, [{"params": params, "lr": 1e-3}], total_steps=4, seed=0)
+    >>> for epoch in range(2):
+    ...     for _ in range(2):  # the epoch's batches
+    ...         loop.step(F.cross_entropy(loop.model(ids).logits.flatten(0, 1), labels.flatten()))
+    >>> loop.steps
+    4
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ def prepare_local(accelerator: Accelerator, model: nn.Module, optimizer: torch.o
     once per process).
 
     Example:
-        >>> model, optimizer = prepare_local(Accelerator(), model, optimizer)
+        >>> from accelerate import Accelerator
+        >>> optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+        >>> model, optimizer = prepare_local(Accelerator(cpu=True), model, optimizer)
     """
     model = accelerator.prepare_model(model, evaluation_mode=True)  # device + autocast, no DDP
     return model, accelerator.prepare_optimizer(optimizer)
@@ -61,7 +66,9 @@ class TrainingLoop:
         clip_norm: Clip the gradient norm of the trained parameters to this value (``None``: no clip).
 
     Example:
+        >>> params = [p for p in model.parameters() if p.requires_grad]
         >>> loop = TrainingLoop(model, [{"params": params, "lr": 3e-3}], total_steps=50, seed=1)
+        >>> loss = F.cross_entropy(loop.model(ids).logits.flatten(0, 1), labels.flatten())
         >>> loop.step(loss)  # backward, clip, AdamW, schedule, zero_grad
     """
 
@@ -157,7 +164,8 @@ def resident_bytes() -> int | None:
     cannot be read (not Linux).
 
     Example:
-        >>> resident_bytes()  # e.g. 612368384
+        >>> resident_bytes() > 0  # e.g. 612368384
+        True
     """
     try:
         with open("/proc/self/statm") as handle:

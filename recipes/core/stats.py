@@ -16,7 +16,8 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
     The half-width is 0 for a single value.
 
     Example:
-        >>> mean_ci([1.0, 2.0, 3.0])  # (2.0, 2.484...)
+        >>> mean_ci([1.0, 2.0, 3.0])  # the mean and the half-width of its 95% t interval
+        (2.0, 2.484...)
     """
     n = len(values)
     if n == 0:

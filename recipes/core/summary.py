@@ -57,7 +57,9 @@ class Layout:
         metrics: Name -> a record's value (``None`` where it has none), e.g. :func:`fields`.
 
     Example:
-        >>> Layout(dev=lambda r: r["dev_ppl"], lower_is_better=True, metrics=fields("test_ppl"))
+        >>> layout = Layout(dev=lambda r: r["dev_ppl"], lower_is_better=True, metrics=fields("test_ppl"))
+        >>> layout.dev({"dev_ppl": 20.5}), sorted(layout.metrics)
+        (20.5, ['test_ppl'])
     """
 
     setting: Callable[[Record], Hashable] = _no_setting
@@ -172,7 +174,8 @@ def summarize_groups(records: Sequence[Record], layout: Layout) -> dict[tuple, G
         >>> layout = Layout(trial="seed", metrics=fields("bleu"))  # runs at one LR: nothing to select
         >>> runs = [{"method": "m", "seed": s, "bleu": b} for s, b in [(0, 1.0), (1, 3.0)]]
         >>> groups = summarize_groups(runs, layout)
-        >>> groups[(), "m"].stats["bleu"]  # MeanCI(mean=2.0, half_width=12.706..., n=2)
+        >>> groups[(), "m"].stats["bleu"]
+        MeanCI(mean=2.0, half_width=12.706..., n=2)
     """
     grouped: dict[tuple, list[Record]] = defaultdict(list)
     for record in records:
@@ -204,6 +207,13 @@ def paired_by_trial(
         metric: A metric of the layout, or a group's metric (e.g. test where it has test scores).
 
     Example:
+        >>> layout = Layout(dev=lambda r: r["dev"], trial="seed", metrics=fields("exact_match"))
+        >>> runs = [
+        ...     {"method": m, "seed": s, "lr": 1e-3, "dev": 1.0, "exact_match": v}
+        ...     for m, s, v in [("x", 0, 3.0), ("x", 1, 4.0), ("x", 2, 5.0)]
+        ...     + [("vanilla", s, 2.0) for s in range(3)]
+        ... ]
+        >>> groups = summarize_groups(runs, layout)
         >>> paired_by_trial(groups, [("x", "vanilla")], "exact_match")[0].difference
         PairedDifference(mean=2.0, half_width=2.48..., n=3)
     """

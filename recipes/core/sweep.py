@@ -130,7 +130,14 @@ def run_cells(
         The records of these cells at their LRs in ``results`` (old and new), one per key.
 
     Example:
-        >>> run_cells(grid_cells(grid), "out/results.jsonl", settings, workers=2)
+        >>> from layerfusion_recipes.core.cells import grid_cells
+        >>> from layerfusion_recipes.core.records import read_records
+        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+        >>> settings = ExperimentSettings(model=model_path, data=ner_data, lr=[1e-2], eval_every=1)
+        >>> grid = {"methods": ["none", "dwatt"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
+        >>> records = run_cells(grid_cells(grid), "out/results.jsonl", settings, progress=False)
+        >>> sorted(record["method"] for record in read_records("out/results.jsonl"))
+        ['dwatt', 'none']
     """
     cells = list(cells)
     if select_trials is not None and select_trials < 1:
@@ -212,6 +219,9 @@ def split_trials(cells: list[Cell], select_trials: int | None) -> tuple[list[Cel
     ``select_trials``) and those that run the selected one, each in grid order (the order they run).
 
     Example:
+        >>> from layerfusion_recipes.core.cells import grid_cells
+        >>> grid = {"methods": ["none", "dwatt"], "regimes": ["lora"], "shots": [8], "epochs": [25]}
+        >>> grid["trials"] = 3
         >>> [len(part) for part in split_trials(grid_cells(grid), select_trials=1)]  # 3 trials
         [2, 4]
     """
@@ -327,7 +337,16 @@ def run_sweep(
         unless its checks refused it before the first run (then nothing is written: no folder).
 
     Example:
-        >>> run_sweep(*resolve(args), print_sweep_report, figures=True)
+        >>> from layerfusion_recipes.cli import build_parser
+        >>> from layerfusion_recipes.ner.settings import resolve
+        >>> from layerfusion_recipes.reporting.sweep_report import print_sweep_report
+        >>> options = ["--shots", "2", "--epochs", "2", "--trials", "1", "--lr", "1e-2", "--methods", "none"]
+        >>> args = ["ner", "--model", model_path, "--data", ner_data, *options, "--output", "out", "--quiet"]
+        >>> args = build_parser().parse_args(args)
+        >>> run_sweep(*resolve(args), print_sweep_report, figures=False)
+        | regime | epochs | shots | none |
+        ...
+        results: out/results.jsonl (1 runs)
         0
     """
     check_task(read_records(grid["results"]), grid["results"], settings.TASK)  # one task per file

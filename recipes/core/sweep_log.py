@@ -109,10 +109,12 @@ def logged_sweep(
     reported on stderr instead of hiding it.
 
     Example:
-        >>> with logged_sweep("out/results.jsonl", keys, {"workers": 2}, checks_first=True) as start:
-        ...     experiment = Experiment(settings)  # a bad --data stops here: no line, no folder
-        ...     start.begin()
-        ...     run_cells(cells, "out/results.jsonl", settings, experiment=experiment)
+        >>> with logged_sweep("logged/results.jsonl", set(), {"workers": 2}, checks_first=True) as start:
+        ...     pass  # the checks (e.g. Experiment(settings)): a bad --data stops here, no line, no folder
+        ...     start.begin()  # from here on the sweep is logged, however it ends
+        ...     pass  # run_cells(cells, "logged/results.jsonl", settings, experiment=experiment)
+        >>> [(entry["workers"], entry["completed"]) for entry in read_sweep_log("logged/results.jsonl")]
+        [(2, True)]
     """
     start_of_runs = SweepStart(begun=not checks_first)
     grid_keys = set(grid_keys)
@@ -185,8 +187,10 @@ def sweep_totals(entries: Iterable[dict[str, Any]]) -> SweepTotals | None:
     """Sum the wall time and take the largest peak RSS of logged invocations; ``None`` without any.
 
     Example:
-        >>> sweep_totals(read_lines(sweep_log_path("out/results.jsonl"))).wall_s
-        3168.4
+        >>> logged = [{"wall_s": 3000.0, "peak_rss_mb": 900.0}, {"wall_s": 168.4, "peak_rss_mb": 1200.0}]
+        >>> totals = sweep_totals(logged)
+        >>> totals.wall_s, totals.peak_rss_mb
+        (3168.4, 1200.0)
     """
     entries = list(entries)
     if not entries:
@@ -209,7 +213,10 @@ def read_sweep_log(results: str | os.PathLike) -> list[dict[str, Any]]:
     """The logged invocations of the sweeps of ``results`` (empty when none was logged).
 
     Example:
-        >>> [entry["completed"] for entry in read_sweep_log("out/results.jsonl")]
+        >>> from layerfusion_recipes.core.records import append_line
+        >>> for completed in (False, True):
+        ...     append_line(sweep_log_path("sweeps/results.jsonl"), {"completed": completed})
+        >>> [entry["completed"] for entry in read_sweep_log("sweeps/results.jsonl")]
         [False, True]
     """
     return read_lines(sweep_log_path(results))

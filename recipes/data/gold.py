@@ -74,9 +74,13 @@ def gold_reach(features: Sequence[dict], id2label: dict[int, str]) -> GoldReach:
     """Count the gold entities of ``features`` and those with a word the model does not see.
 
     Example:
-        >>> reach = gold_reach(encode_ner(tokenizer, data.dev, label2id, max_length=16), id2label)
-        >>> reach.entities, reach.out_of_reach
-        (120, 3)
+        >>> from layerfusion_recipes.data.readers import NerSentence, encode_ner
+        >>> labels = ["O", "B-LOC", "I-LOC"]
+        >>> sentences = [NerSentence(("walks", "paris"), ("O", "B-LOC"))]
+        >>> features = encode_ner(tokenizer, sentences, {t: i for i, t in enumerate(labels)}, max_length=3)
+        >>> reach = gold_reach(features, dict(enumerate(labels)))
+        >>> reach.entities, reach.out_of_reach  # 3 tokens: [CLS] walks [SEP], "paris" is cut off
+        (1, 1)
     """
     entities = out_of_reach = 0
     for feature in features:

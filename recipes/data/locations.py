@@ -43,7 +43,8 @@ def check_source(source: str | None, option: str = "--data") -> None:
     Example:
         >>> check_source("nowhere/train.txt")
         Traceback (most recent call last):
-        DataSourceError: --data 'nowhere/train.txt': no such file or directory
+        ...
+        layerfusion_recipes.core.errors.DataSourceError: --data 'nowhere/train.txt': no such file or directory
     """
     if source is not None and not Path(source).exists() and not looks_like_hub_name(source):
         raise DataSourceError(f"{option} {source!r}: no such file or directory")

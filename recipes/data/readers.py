@@ -210,8 +210,9 @@ def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
         The sentences, in file order.
 
     Example:
-        >>> sentences = read_ner_file("conll2003/valid.txt")
+        >>> sentences = read_ner_file(f"{ner_data}/dev.txt")  # token<TAB>tag lines
         >>> sentences[0].tokens[:2], sentences[0].tags[:2]
+        (('in', 'went'), ('O', 'O'))
     """
     blocks = _sentence_blocks(_decoded_lines(path))
     if not blocks:
@@ -238,7 +239,9 @@ def split_sentences(
     examples (NER sentences, classification examples).
 
     Example:
-        >>> train, dev, test = split_sentences(read_ner_file("ner.txt"), seed=0)
+        >>> train, dev, test = split_sentences(list(range(10)), seed=0)
+        >>> len(train), len(dev), len(test)
+        (6, 2, 2)
     """
     order = list(range(len(sentences)))
     random.Random(seed).shuffle(order)
@@ -251,7 +254,9 @@ def read_text(path: str | os.PathLike) -> list[str]:
     """Non-empty lines of a plain-text file (WikiText: one paragraph a line, headings kept).
 
     Example:
-        >>> paragraphs = read_text("wikitext-2/valid.txt")
+        >>> _ = open("valid.txt", "w").write(" = Heading = \\n\\n A paragraph .\\n")
+        >>> read_text("valid.txt")
+        ['= Heading =', 'A paragraph .']
     """
     lines = [line.strip() for line in _decoded_lines(path)]
     lines = [line for line in lines if line]
@@ -293,8 +298,8 @@ def word_separator(tokenizer) -> str:
     ``""`` when neither matches.
 
     Example:
-        >>> word_separator(bert_tokenizer), word_separator(gemma_tokenizer)
-        ('', ' ')
+        >>> word_separator(tokenizer)  # a BERT WordPiece tokenizer; Gemma's gives ' '
+        ''
     """
     text = tokenizer(" ".join(PROBE_WORDS))["input_ids"]
     for separator in ("", " "):
@@ -318,7 +323,10 @@ def encode_ner(
     and ``labelled_words`` (the word index of each labelled position, in order).
 
     Example:
-        >>> features = encode_ner(tokenizer, data.train, {"O": 0, "B-PER": 1, "I-PER": 2})
+        >>> sentences = [NerSentence(("paris", "walks"), ("B-LOC", "O"))]
+        >>> features = encode_ner(tokenizer, sentences, {"O": 0, "B-LOC": 1, "I-LOC": 2})
+        >>> features[0]["labels"][:4]  # [CLS] paris walks [SEP]: the special tokens are ignored (-100)
+        [-100, 1, 0, -100]
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("Label alignment needs a fast tokenizer (word_ids); got a slow one.")

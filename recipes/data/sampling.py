@@ -22,7 +22,11 @@ def sample_shots(sentences: Sequence[T], shots: int, num_types: int, seed: int) 
         The sample (all sentences when ``N * C`` exceeds the split).
 
     Example:
-        >>> sample = sample_shots(data.train, shots=8, num_types=len(data.train_entity_types), seed=0)
+        >>> from layerfusion_recipes.data.readers import read_ner_file
+        >>> train = read_ner_file(f"{ner_data}/train.txt")
+        >>> sample = sample_shots(train, shots=2, num_types=3, seed=0)  # 2 sentences per entity type
+        >>> len(sample)
+        6
     """
     if shots < 1 or num_types < 1:
         raise ValueError(f"shots and num_types must be >= 1, got shots={shots}, num_types={num_types}")
@@ -40,7 +44,10 @@ def sample_per_class(
         ValueError: A class has fewer than ``shots`` examples (naming it, its count and the largest N).
 
     Example:
-        >>> sample = sample_per_class(data.train, 8, data.labels, lambda e: e.label, seed=0)  # 8 x C
+        >>> examples = [{"text": f"t{i}", "label": "pos" if i % 3 else "neg"} for i in range(12)]
+        >>> sample = sample_per_class(examples, 2, ["neg", "pos"], lambda e: e["label"], seed=0)  # 2 x C
+        >>> sorted(e["label"] for e in sample)
+        ['neg', 'neg', 'pos', 'pos']
     """
     by_class: dict[str, list[int]] = {label: [] for label in labels}
     for index, example in enumerate(examples):

@@ -60,6 +60,7 @@ class NerColumns:
 
     Example:
         >>> NerColumns(tags="ner", label_names=("O", "B-PER", "I-PER"))
+        NerColumns(tokens=None, tags='ner', label_names=('O', 'B-PER', 'I-PER'), tag_scheme='auto')
     """
 
     tokens: str | None = None
@@ -160,7 +161,9 @@ def dataset_sentences(dataset: Any, columns: NerColumns, where: str) -> list[Ner
             has more tokens than tags or fewer; the message names ``where``, the row and the problem.
 
     Example:
-        >>> dataset_sentences(Dataset.from_dict({"tokens": [["EU"]], "tags": [["B-ORG"]]}), NerColumns(), "x")
+        >>> from datasets import Dataset
+        >>> dataset = Dataset.from_dict({"tokens": [["EU"]], "tags": [["B-ORG"]]})
+        >>> dataset_sentences(dataset, NerColumns(), "x")
         [NerSentence(tokens=('EU',), tags=('B-ORG',))]
     """
     names = list(dataset.column_names)
@@ -235,7 +238,9 @@ def read_tabular(path: Path, columns: NerColumns, split: str = "train") -> list[
     """Sentences of one json/jsonl/csv/parquet/arrow file (``datasets.load_dataset(builder, ...)``).
 
     Example:
-        >>> read_tabular(Path("ner/train.jsonl"), NerColumns())[0].tokens
+        >>> _ = Path("train.jsonl").write_text('{"tokens": ["EU", "rejects"], "ner_tags": ["B-ORG", "O"]}\\n')
+        >>> read_tabular(Path("train.jsonl"), NerColumns())[0].tokens
+        ('EU', 'rejects')
     """
     import datasets
 
@@ -382,7 +387,7 @@ def cut_missing_splits(
     the rest trains; a note says so.
 
     Example:
-        >>> train, dev, test, notes = cut_missing_splits({"train": examples}, "trec")
+        >>> train, dev, test, notes = cut_missing_splits({"train": list(range(10))}, "trec")
         >>> notes
         ['trec: no dev split: cut into train/dev/test 60/20/20 with seed 0']
     """
@@ -408,8 +413,10 @@ def assemble(
     ``all``) with ``split_seed``: 20% each, the rest trains.
 
     Example:
-        >>> data = assemble({"all": sentences}, "ner.jsonl")
-        >>> data.notes  # ['ner.jsonl: one split only: cut into train/dev/test 60/20/20 with seed 0']
+        >>> from layerfusion_recipes.data.readers import read_ner_file
+        >>> data = assemble({"all": read_ner_file(f"{ner_data}/train.txt")}, "ner.jsonl")
+        >>> data.notes
+        ['ner.jsonl: one split only: cut into train/dev/test 60/20/20 with seed 0']
     """
     train, dev, test, notes = cut_missing_splits(splits, name, split_seed)
     if not train:
@@ -440,8 +447,9 @@ def load_ner(
         columns: Token/tag columns, label names and tag scheme of tabular data.
 
     Example:
-        >>> data = load_ner("ner_saved/", columns=NerColumns(tags="labels"))
+        >>> data = load_ner(ner_data)  # a folder of train/dev/test files (token<TAB>tag)
         >>> data.labels, data.notes
+        (['O', 'B-LOC', 'B-ORG', 'B-PER', 'I-ORG'], [])
     """
     columns = columns or NerColumns()
     splits, name, notes = load_splits(source, language, columns)

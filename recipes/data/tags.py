@@ -101,7 +101,7 @@ def to_iob2(
 
     Example:
         >>> to_iob2([["I-PER", "O"]])
-        ([('B-PER', 'O')], 'IOB1 tags normalised to IOB2: 1 entity opened by I- now opens with B-')
+        ([('B-PER', 'O')], 'IOB1 tags normalised to IOB2: 1 entity opened by I- now open with B-')
     """
     if scheme not in TAG_SCHEMES:
         raise ValueError(f"--tag-scheme {scheme!r}: expected one of {', '.join(TAG_SCHEMES)}")

@@ -21,9 +21,9 @@ that cannot be read stops with one line naming the file, the line (or row) and t
 dev split, dev (and test, if missing) are cut from train with seed 0; a note on stderr says so.
 
 Example:
-    >>> data = load_texts("glue/sst2", TextColumns())
+    >>> data = load_texts(text_data, TextColumns())  # a folder of train/dev/test CSV files
     >>> data.labels, data.train[0]
-    (['0', '1'], TextExample(text='a stirring , funny ...', pair=None, label='1'))
+    (['loc', 'org', 'per'], TextExample(text='with and corp alice works in', pair=None, label='per'))
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ class TextColumns:
 
     Example:
         >>> TextColumns(text="title", pair="body", label="stars")
+        TextColumns(text='title', pair='body', label='stars')
     """
 
     text: str | None = None
@@ -135,8 +136,9 @@ def read_delimited(path: Path, delimiter: str) -> Table:
     quoting: a ``"`` is text) file with a header line; every row must have the header's fields.
 
     Example:
-        >>> read_delimited(Path("sst2/train.tsv"), "\\t").rows[0]
-        {'sentence': 'a stirring , funny and finally transporting re-imagining ...', 'label': '1'}
+        >>> _ = Path("train.tsv").write_text("sentence\\tlabel\\na stirring , funny film\\t1\\n")
+        >>> read_delimited(Path("train.tsv"), "\\t").rows[0]
+        {'sentence': 'a stirring , funny film', 'label': '1'}
     """
     text = "\n".join(_decoded_lines(path))
     quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
@@ -185,8 +187,9 @@ def read_json(path: Path) -> Table:
     """JSON lines (one object a line), or one JSON array of objects (rows counted from 0).
 
     Example:
-        >>> read_json(Path("trec/train.jsonl")).rows[0]["coarse_label"]
-        'DESC'
+        >>> _ = Path("train.jsonl").write_text('{"text": "How far is it ?", "coarse_label": "NUM"}\\n')
+        >>> read_json(Path("train.jsonl")).rows[0]["coarse_label"]
+        'NUM'
     """
     lines = _decoded_lines(path)
     first = next((line.strip() for line in lines if line.strip()), "")
@@ -470,9 +473,9 @@ def load_texts(
         stream: Where the notes go (default: stderr).
 
     Example:
-        >>> data = load_texts("trec/", TextColumns(label="coarse_label"))  # no dev split: cut from train
+        >>> data = load_texts(text_data, TextColumns(label="label"))  # train.csv, dev.csv, test.csv
         >>> data.labels
-        ['ABBR', 'DESC', 'ENTY', 'HUM', 'LOC', 'NUM']
+        ['loc', 'org', 'per']
     """
     columns = columns or TextColumns()
     tables, name, notes = load_tables(source)

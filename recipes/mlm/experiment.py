@@ -19,8 +19,8 @@ LR, its dev and test perplexity, every LR's, and ``at_edge`` when the selected L
 largest of a grid of two or more (printed; ``layerfusion report`` tabulates a folder's records).
 
 Data: ``--data`` is a folder with ``train.txt``/``valid.txt``/``test.txt`` (one paragraph a
-line, WikiText style) or a Hub name (``wikitext-2-raw-v1``, online only). Offline there is
-no train split (``../shared/data/wikitext-2`` has valid/test only): the recipe then trains on
+line, WikiText style) or a Hub name (``wikitext-2-raw-v1``, online only). A folder without
+``train.txt`` (some WikiText-2 copies hold valid/test only) has no train split: the recipe then trains on
 the first 90% of ``valid.txt``, selects the checkpoint and the LR on its last 10% (dev), reports
 on ``test.txt`` and says so in its output and files. Scales with ``accelerate launch`` like ``ner``.
 """
@@ -81,8 +81,11 @@ def load_text_splits(source: str, holdout: float = 0.1) -> TextSplits:
     Without a train file the first ``1 - holdout`` of ``valid`` trains and the rest validates.
 
     Example:
-        >>> splits = load_text_splits("../shared/data/wikitext-2")
-        >>> splits.note  # 'no train split: trained on valid.txt[:90%], ...'
+        >>> splits = load_text_splits(text_path)  # a folder of train.txt, valid.txt and test.txt
+        >>> len(splits.train), len(splits.valid), len(splits.test)  # paragraphs
+        (6, 7, 8)
+        >>> splits.note  # with no train.txt: 'no train split: trained on valid.txt[:90%], ...'
+        'train.txt / valid.txt / test.txt'
     """
     folder = Path(source)
     if folder.is_dir():
@@ -176,9 +179,13 @@ def head_on_positions(model: nn.Module, mask: torch.Tensor) -> Iterator[None]:
     output. Logits then come out as ``(1, selected, vocab)``, in the order of ``mask.nonzero()``.
 
     Example:
+        >>> from transformers import BertForMaskedLM
+        >>> model = BertForMaskedLM(base_model.config)
         >>> with head_on_positions(model, labels != -100):
-        ...     logits = model(input_ids=inputs).logits[0]  # (selected, vocab)
+        ...     logits = model(input_ids=ids).logits[0]  # (selected, vocab)
         >>> loss = F.cross_entropy(logits, labels[labels != -100])
+        >>> logits.shape  # the 14 positions the loss reads, not 16
+        torch.Size([14, 100])
     """
     hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone = hf_model.base_model  # e.g. BertForMaskedLM.bert
@@ -253,8 +260,10 @@ def prepare_data(settings: MlmSettings) -> MlmData:
             masking).
 
     Example:
+        >>> settings = MlmSettings(text_path, model_path, epochs=1, block_size=16, max_train_blocks=8)
         >>> data = prepare_data(settings)
         >>> data.train.shape  # (blocks, block_size)
+        torch.Size([8, 16])
     """
     from transformers import AutoTokenizer
 
@@ -274,9 +283,9 @@ def check_model(settings: MlmSettings) -> None:
     naming no module of it (one line each; reads the config and the tokenizer, no weights).
 
     Example:
-        >>> check_model(MlmSettings("wt2", "bert-base-cased", block_size=1024))
+        >>> check_model(MlmSettings(text_path, model_path, block_size=1024))
         Traceback (most recent call last):
-        ValueError: --block-size 1024: BertForMaskedLM embeds at most 512 positions; use --block-size <= 512
+        ValueError: --block-size 1024: BertForMaskedLM embeds at most 128 positions; use --block-size <= 128
     """
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -298,7 +307,9 @@ def train_at_lr(settings: MlmSettings, data: MlmData, lr: float) -> dict[str, An
         lr: Max LR of the linear schedule.
 
     Example:
-        >>> train_at_lr(settings, prepare_data(settings), 1e-3)["dev_ppl"]
+        >>> settings = MlmSettings(text_path, model_path, epochs=1, block_size=16, max_train_blocks=8)
+        >>> train_at_lr(settings, prepare_data(settings), 1e-3)["dev_ppl"] > 1
+        True
     """
     from transformers import AutoModelForMaskedLM
 
@@ -347,6 +358,7 @@ def run_record(
     data came from, then ``details``.
 
     Example:
+        >>> settings = MlmSettings(text_path, model_path, epochs=1, block_size=16, max_train_blocks=8)
         >>> run_record(settings, 1e-3, 21.4, 22.1, "train.txt / valid.txt / test.txt")["dev_ppl"]
         21.4
     """
@@ -376,8 +388,10 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
         progress: Called with one line per LR as it finishes (e.g. ``print``).
 
     Example:
-        >>> summary = run_mlm(MlmSettings("wt2", "path/to/model", lrs=(1e-3, 3e-3)))
-        >>> summary["selected_lr"], summary["test_ppl"]
+        >>> settings = MlmSettings(text_path, model_path, lrs=(1e-3, 3e-3), epochs=1, block_size=16)
+        >>> summary = run_mlm(settings)
+        >>> summary["selected_lr"] in (1e-3, 3e-3), summary["test_ppl"] > 1
+        (True, True)
     """
     check_model(settings)
     path = results_file(settings.output)
@@ -438,6 +452,7 @@ def run_line(record: dict[str, Any], path: Path, skipped: bool) -> str:
         skipped: Whether it was finished earlier (under the same settings) rather than trained now.
 
     Example:
+        >>> record = {"lr": 1e-3, "dev_ppl": 21.4031, "test_ppl": 22.1183}
         >>> run_line(record, Path("out/results.jsonl"), skipped=False)
         'lr 0.001: dev perplexity 21.403, test perplexity 22.118 (trained; out/results.jsonl)'
     """
@@ -456,7 +471,13 @@ def summary_line(summary: dict[str, Any], path: Path) -> str:
         path: The results file of its runs.
 
     Example:
-        >>> summary_line(summary, Path("out/results.jsonl"))
+        >>> from layerfusion_recipes.mlm.records import summarize
+        >>> runs = [
+        ...     {"lr": lr, "dev_ppl": dev, "test_ppl": dev + 1, "method": "dwatt", "regime": "fe",
+        ...      "model": "m", "data": "d", "settings": {"epochs": 1}}
+        ...     for lr, dev in [(3e-4, 25.0), (1e-3, 21.4031), (3e-3, 30.0)]
+        ... ]
+        >>> summary_line(summarize(runs), Path("out/results.jsonl"))
         'dwatt (fe): lr 0.001 selected on dev of [0.0003, 0.001, 0.003]: dev perplexity 21.403, ...'
     """
     grid = ", ".join(map(lr_label, summary["lrs"]))
@@ -498,7 +519,12 @@ def mlm_main(args: argparse.Namespace) -> int:
         The exit code, 0.
 
     Example:
-        >>> mlm_main(build_parser().parse_args(["mlm", "--data", "path/to/wikitext-2"]))
+        >>> from layerfusion_recipes.cli import build_parser
+        >>> args = ["mlm", "--data", text_path, "--model", model_path, "--lr", "1e-3", "--epochs", "1",
+        ...         "--block-size", "16", "--output", "mlm-out"]
+        >>> mlm_main(build_parser().parse_args(args))
+        lr 0.001: ...
+        ...
         0
     """
     settings = MlmSettings.from_args(args)

@@ -126,7 +126,12 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ``settings`` (the runs' settings but the LR).
 
     Example:
-        >>> summarize(records)["selected_lr"]  # the lowest dev_ppl's, whatever test_ppl says
+        >>> runs = [
+        ...     {"lr": lr, "dev_ppl": dev, "test_ppl": test, "method": "dwatt", "regime": "fe",
+        ...      "model": "m", "data": "d", "settings": {"epochs": 1}}
+        ...     for lr, dev, test in [(1e-3, 20.0, 22.0), (3e-3, 21.0, 19.0)]
+        ... ]
+        >>> summarize(runs)["selected_lr"]  # the lowest dev_ppl's, whatever test_ppl says
         0.001
     """
     if not records:

@@ -86,6 +86,7 @@ class MlmSettings:
             ValueError: naming ``--method``, ``--regime`` or ``--lr`` and what is allowed.
 
         Example:
+            >>> from layerfusion_recipes.cli import build_parser
             >>> MlmSettings.from_args(build_parser().parse_args(["mlm", "--data", "wt2", "--lr", "1e-3"])).lrs
             (0.001,)
         """
@@ -116,6 +117,7 @@ class MlmSettings:
         paths count by their absolute real path.
 
         Example:
+            >>> settings = MlmSettings("wikitext-2", "bert-base-cased")
             >>> settings.run_settings(1e-3)["lr"]
             0.001
         """

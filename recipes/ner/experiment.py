@@ -146,6 +146,7 @@ def check_sample_sizes(
         ValueError: naming the option, the value, what it asks for and the largest allowed.
 
     Example:
+        >>> settings = ExperimentSettings(model="m", data="d")
         >>> check_sample_sizes(settings, [8, 64], train_size=100, num_types=4)  # 64 * 4 > 100
         Traceback (most recent call last):
         ValueError: --shots 64 asks for 64 x 4 entity types = 256 training sentences, ...
@@ -175,8 +176,11 @@ class Experiment(FewShotExperiment):
     :class:`ExperimentSettings` (and, optionally, a :class:`NerDataset` already loaded).
 
     Example:
-        >>> experiment = Experiment(ExperimentSettings(model=path, data="ner.txt"))
-        >>> experiment.run(Cell("dwatt", "fe", shots=8, epochs=10, trial=0))["best_f1"]
+        >>> from layerfusion_recipes.core.cells import Cell
+        >>> experiment = Experiment(ExperimentSettings(model=model_path, data=ner_data, lr=[1e-2]))
+        >>> record = experiment.run(Cell("dwatt", "fe", shots=2, epochs=2, trial=0))
+        >>> record["key"], 0.0 <= record["test_f1"] <= 100.0
+        ('dwatt|fe|2|2|0|lr=0.01|...', True)
     """
 
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:

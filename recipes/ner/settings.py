@@ -46,7 +46,10 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         ``(settings, grid)``; ``grid`` also carries output, results, workers, quiet and threads.
 
     Example:
-        >>> settings, grid = resolve(parser.parse_args(["--shots", "8"]))
+        >>> from layerfusion_recipes.cli import build_parser
+        >>> settings, grid = resolve(build_parser().parse_args(["ner", "--data", "conll/", "--shots", "8"]))
+        >>> settings.data, grid["shots"], grid["methods"]
+        ('conll/', [8], ['none', 'extra_layers', 'concat', 'dwatt'])
     """
     loaded = load_config(args)
     defaults = dict(DEFAULTS)

@@ -42,8 +42,13 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
         The exit code (0). The invocation's line in ``sweeps.jsonl`` is written however it ends.
 
     Example:
-        >>> sweep_main(build_parser().parse_args(["sweep", "--config", "grid.yaml"]))
-        0
+        >>> import sys
+        >>> from layerfusion_recipes.cli import build_parser
+        >>> from layerfusion_recipes.core.errors import run_command
+        >>> args = build_parser().parse_args(["sweep", "--config", "missing.yaml"])
+        >>> run_command(sweep_main, args, prog="layerfusion sweep", stream=sys.stdout)
+        layerfusion sweep: ...missing.yaml...
+        2
     """
     settings, grid = resolve(args)
     return run_sweep(settings, grid, print_sweep_report, figures, config=getattr(args, "config", None))

@@ -92,7 +92,14 @@ def evaluate(
     here if omitted).
 
     Example:
-        >>> evaluate(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # [0.42]
+        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
+        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
+        >>> id2label = dict(enumerate(labels))
+        >>> label2id = {tag: i for i, tag in id2label.items()}
+        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
+        >>> f1s = evaluate(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))
+        >>> len(f1s)  # one micro-F1 per candidate: here the one model
+        1
     """
     scorer = scorer or SpanScorer(features, id2label)
     return [scores["f1"] for scores in fitting.evaluate(runner, features, scorer, batch_size, device)]
@@ -104,7 +111,13 @@ def evaluate_f1(
     """Micro-F1 of a lone runner's model (:func:`evaluate`'s one score).
 
     Example:
-        >>> evaluate_f1(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))  # 0.42
+        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
+        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
+        >>> id2label = dict(enumerate(labels))
+        >>> label2id = {tag: i for i, tag in id2label.items()}
+        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
+        >>> 0.0 <= evaluate_f1(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu")) <= 100.0
+        True
     """
     (f1,) = evaluate(runner, features, id2label, batch_size, device)
     return f1
@@ -134,9 +147,17 @@ def train_token_classifier(
         test: Encoded test sentences, scored at the best dev epoch (``None``: no test score).
 
     Example:
+        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
+        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
+        >>> id2label = dict(enumerate(labels))
+        >>> label2id = {tag: i for i, tag in id2label.items()}
+        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
+        >>> from layerfusion_recipes.core.fitting import TrainSettings
+        >>> train = encode_ner(tokenizer, read_ner_file(f"{ner_data}/train.txt"), label2id)
         >>> runner = TokenClassifierRunner(model)
-        >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings())
-        >>> result.best_f1, result.curve[-1]
+        >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings(epochs=2, lr=1e-2))
+        >>> len(result.curve), result.best_f1 >= 0.0
+        (2, True)
     """
     return fit(runner, train, dev, id2label, settings, [settings.lr], test, on_epoch)[0]
 
@@ -159,7 +180,16 @@ def fit(
         One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
 
     Example:
-        >>> fit(TokenClassifierRunner(model), train, dev, id2label, TrainSettings(), [1e-3])[0].best_f1
+        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
+        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
+        >>> id2label = dict(enumerate(labels))
+        >>> label2id = {tag: i for i, tag in id2label.items()}
+        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
+        >>> from layerfusion_recipes.core.fitting import TrainSettings
+        >>> train = encode_ner(tokenizer, read_ner_file(f"{ner_data}/train.txt"), label2id)
+        >>> results = fit(TokenClassifierRunner(model), train, dev, id2label, TrainSettings(epochs=2), [1e-2])
+        >>> len(results), len(results[0].curve)  # one result per LR (a StackedRunner trains several)
+        (1, 2)
     """
     results = fitting.fit(runner, train, dev, settings, span_scorer(id2label), lrs, test, on_epoch)
     return [RunResult.of(result) for result in results]

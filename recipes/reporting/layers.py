@@ -81,7 +81,8 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     metric: ``{metric: (mean, ci)}`` at the same runs, ``None`` without a test split).
 
     Example:
-        >>> probe_rows(read_records("out/results.probes.jsonl"))[0]["layer"]
+        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
+        >>> probe_rows(probes)[0]["layer"]
         1
     """
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -170,7 +171,10 @@ def learned_weights(
         the fused layers, the mean weight of each, the trials.
 
     Example:
-        >>> learned_weights(read_records("out/results.jsonl"))[("3f2a", "fe", 8, 30, "scalar_mix")]["layers"]
+        >>> weights = learned_weights(read_records("benchmarks/results/trec_fe/results.jsonl"))
+        >>> [cell for cell in weights if cell[-1] == "scalar_mix"][0][1:]  # (setup, regime, N, epochs, ...)
+        ('fe', 32, 30, 'scalar_mix')
+        >>> list(weights.values())[0]["layers"]
         [1, 2, 3, 4, 5, 6]
     """
     selected = {cell_of(row): row["lr"] for row in (summarize(records) if rows is None else rows)}
@@ -485,6 +489,10 @@ def write_layer_report(
     :func:`~layerfusion_recipes.reporting.plot.write_report` first); nothing without probes.
 
     Example:
+        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
+        >>> from layerfusion_recipes.reporting.plot import write_report
+        >>> records = read_records("benchmarks/results/trec_fe/results.jsonl")
+        >>> _ = write_report(records, "out")  # table.md and the figures, which the layer report adds to
         >>> write_layer_report(records, probes, "out", top=3)["layers"]
         PosixPath('out/layers.png')
     """
@@ -501,8 +509,9 @@ def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
     the model's layers, then a note saying so).
 
     Example:
+        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
         >>> best_layers_lines(probes, 3)
-        ['layers (best 3 on dev), N=8, max 30 epochs: layers=[4, 5, 6]']
+        ['layers (best 3 on dev), N=8, max 30 epochs: layers=[...]', ...]
     """
     rows = probe_rows(probes)
     note = clamp_note(top, rows)

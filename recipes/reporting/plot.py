@@ -142,7 +142,12 @@ def score_groups(
     points, in ``metric(record)`` (default: the record's own).
 
     Example:
-        >>> score_groups(records)[("", "fe", 25, 8), "dwatt"].stats["test"]  # MeanCI(mean=..., n=3)
+        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> groups = score_groups(records)
+        >>> list(groups)[0]  # ((setup, regime, epochs, N), method)
+        (('9c55cda5f4f5', 'fe', 25, 8), 'none')
+        >>> groups[list(groups)[0]].stats["test"].n  # 3 trials at the selected LR
+        3
     """
     layout = Layout(
         setting=lambda record: cell_of(record)[:-1],
@@ -272,7 +277,9 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = (), edg
             second table of the same cells, another metric, leaves them to the first).
 
     Example:
-        >>> print(markdown_table(summarize(read_records("out/results.jsonl"))))
+        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> print(markdown_table(summarize(records)).splitlines()[2])  # the first row
+        | fe | 25 | 8 | 26.0 ± 5.0 @0.03 (dev 26.6) (n=3) | 42.1 ± 16.5 @0.01 (dev 47.9) (n=3) | ...
     """
     methods = sorted(dict.fromkeys(row["method"] for row in rows), key=method_rank)
     # a setup column only where one group (e.g. one language) mixes setups
@@ -309,7 +316,7 @@ def table_legend(rows: Sequence[dict[str, Any]]) -> str:
     """The legend under :func:`markdown_table`: which score, where its epoch and LR come from.
 
     Example:
-        >>> table_legend([{"score": "test", "metric": "accuracy", "selected_by": "accuracy"}])[:40]
+        >>> table_legend([{"score": "test", "metric": "accuracy", "selected_by": "accuracy"}])[:43]
         "\\nTest accuracy at each run's best dev epoch"
     """
     tested = any(row["score"] == "test" for row in rows)
@@ -661,6 +668,7 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
     Returns rows ``{setup, regime, epochs, shots, pair, mean, ci, n}`` (points; mean ± 95% t-CI).
 
     Example:
+        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
         >>> paired_differences(records, summarize(records))[0]["pair"]
         ('dwatt', 'extra_layers')
     """
@@ -690,7 +698,9 @@ def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()
             :func:`markdown_table`), e.g. ``("language",)``.
 
     Example:
-        >>> print(paired_table(paired_differences(records, summarize(records))))
+        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> print(paired_table(paired_differences(records, summarize(records))).splitlines()[0])
+        | regime | epochs | shots | dwatt - extra_layers | concat - extra_layers | dwatt - concat | ...
     """
     if not differences:
         return ""
@@ -729,7 +739,9 @@ def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         rows: Their :func:`summarize` (computed when not given).
 
     Example:
-        >>> print(table_markdown(read_records("out/results.jsonl")))
+        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> print(table_markdown(records).splitlines()[0])
+        | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """
     rows = summarize(records) if rows is None else rows
     text = _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
@@ -749,8 +761,10 @@ def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field
         field: The name of the leading column, e.g. ``"language"``.
 
     Example:
-        >>> files = {lang: read_records(f"out/{lang}/results.jsonl") for lang in ("en", "de")}
-        >>> print(grouped_table_markdown(files, "language"))
+        >>> folder = "benchmarks/results/wikiann_lr"
+        >>> files = {lang: read_records(f"{folder}/{lang}/results.jsonl") for lang in ("en", "de")}
+        >>> print(grouped_table_markdown(files, "language").splitlines()[0])
+        | language | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """
     rows: list[dict[str, Any]] = []
     differences: list[dict[str, Any]] = []
@@ -768,7 +782,9 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
     ``accuracy_vs_shots.png`` for ``classify``.
 
     Example:
-        >>> write_report(read_records("out/results.jsonl"), "out")["f1_vs_shots"]
+        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> write_report(records, "out")["f1_vs_shots"]
+        PosixPath('out/f1_vs_shots.png')
     """
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)

@@ -432,6 +432,11 @@ def unfinished_lines(rows: list[dict[str, Any]], options: GridOptions, prefix: s
     the selected LR has fewer trials than the grid's ``trials``.
 
     Example:
+        >>> from layerfusion_recipes.core.records import append_record
+        >>> record = {"key": "dwatt|fe|8|25|0|lr=0.001|3f2a", "method": "dwatt", "regime": "fe", "shots": 8,
+        ...           "epochs": 25, "trial": 0, "lr": 1e-3, "dev_f1": 50.0, "test_f1": 45.0, "setup": "3f2a"}
+        >>> append_record("out/results.jsonl", record)
+        True
         >>> options = GridOptions("out", None, [1e-3, 1e-2], 3)
         >>> unfinished_lines(summarize(read_records("out/results.jsonl")), options)
         ["- dwatt fe 25 epochs N=8: 1 of the grid's 2 LRs run (not yet: 0.01); 1 of 3 trials at 0.001"]
@@ -536,7 +541,8 @@ def probes_text(
     cell), then ``figure`` (a link) as an image; empty without probe records.
 
     Example:
-        >>> print(probes_text(records, read_records("out/results.probes.jsonl"), 3, "out/layers.png"))
+        >>> probes_text([], [], 3, "out/layers.png")  # no probe records: nothing
+        ''
     """
     if not probes:
         return ""
@@ -563,7 +569,9 @@ def render_grid_block(block: Block, root: Path, page: Path = RESULTS_MD) -> str:
         MarkerError: No grid file, no output folder or no results for the marker.
 
     Example:
-        >>> print(render_grid_block(find_blocks(Path("benchmarks/RESULTS.md").read_text())[0], Path(".")))
+        >>> block = find_blocks(Path("benchmarks/RESULTS.md").read_text())[0]  # conll_fe_lr
+        >>> print(render_grid_block(block, Path(".")).splitlines()[0])  # the table's header
+        | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """
     results, options = _grid_results(block, root)
     records, cost = _cost(block, root, results)
@@ -606,7 +614,8 @@ def render_joined_block(block: Block, root: Path) -> str:
     Example:
         >>> spec = "conll_plain_128_lr join=conll_regimes_128_lr"
         >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
-        >>> print(render_joined_block(find_blocks(text)[0], Path(".")))
+        >>> print(render_joined_block(find_blocks(text)[0], Path(".")).splitlines()[0])
+        | regime | epochs | shots | none | dwatt | concat |
     """
     grids = _joined_grids(block)
     records: list[dict[str, Any]] = []
@@ -664,7 +673,8 @@ def render_languages_block(block: Block, root: Path) -> str:
     Example:
         >>> spec = "wikiann_fe_lr languages=en,de"
         >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
-        >>> print(render_languages_block(find_blocks(text)[0], Path(".")))
+        >>> print(render_languages_block(find_blocks(text)[0], Path(".")).splitlines()[0])
+        | language | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """
     languages, params = _languages(block)
     options = _grid_outputs(block, root, params)
@@ -829,6 +839,12 @@ def mlm_table(summaries: dict[tuple[str, str], dict[str, Any]]) -> str:
 
     Example:
         >>> print(mlm_table(read_mlm_folder(Path("benchmarks/results/mlm_lr")).summaries))
+        | regime | none | dwatt | concat | extra_layers |
+        |---|---|---|---|---|
+        | fe | 563.78 (572.21) @0.001 | 456.47 (456.89) @0.001 | 386.15 (394.75) @0.0003
+          | 524.91 (525.43) @0.001 |
+        | ft | 96.82 (93.62) @0.0003 | 107.87 (103.29) @0.0003 | 74.30 (68.94) @0.0003
+          | 102.33 (97.91) @0.0003 |
     """
     methods = sorted({method for method, _ in summaries}, key=method_rank)
     lines = [markdown_row(["regime", *methods]), "|" + "---|" * (1 + len(methods))]
@@ -929,8 +945,9 @@ def mlm_command(summary: dict[str, Any], output: str, root: Path) -> str:
         root: The repository root (paths under its parent folder are written relative to it).
 
     Example:
+        >>> summary = read_mlm_folder(Path("benchmarks/results/mlm_lr")).summaries["dwatt", "fe"]
         >>> mlm_command(summary, "benchmarks/results/mlm_lr", Path("."))
-        'layerfusion mlm --data ../shared/data/wikitext-2 --method dwatt --regime fe --epochs 1 ...'
+        'layerfusion mlm --data .../wikitext-2 --method dwatt --regime fe --epochs 1 ... --output .../mlm_lr'
     """
     defaults = option_defaults(add_mlm_arguments)
     settings = summary["settings"]
@@ -955,8 +972,10 @@ def render_mlm_block(block: Block, root: Path) -> str:
         MarkerError: Other parameters, no folder, or no run in it.
 
     Example:
-        >>> text = "<!-- generated: mlm output=out -->\\n<!-- end generated: mlm output=out -->"
-        >>> print(render_mlm_block(find_blocks(text)[0], Path(".")))
+        >>> spec = "mlm output=benchmarks/results/mlm_lr"
+        >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
+        >>> print(render_mlm_block(find_blocks(text)[0], Path(".")).splitlines()[0])
+        | regime | none | dwatt | concat | extra_layers |
     """
     keys = [key for key, _ in block.params]
     if keys not in (["output"], ["output", "seeds"]):
@@ -1110,6 +1129,13 @@ def mlm_seeds_table(scores: SeedScores, baseline: str = PLAIN_HEAD) -> str:
 
     Example:
         >>> print(mlm_seeds_table({("none", "fe"): {0: 50.0, 1: 40.0}, ("dwatt", "fe"): {0: 30.0, 1: 28.0}}))
+        | regime | none | dwatt |
+        |---|---|---|
+        | fe | 45.0 ± 63.5 (n=2) | 29.0 ± 12.7 (n=2) |
+        <BLANKLINE>
+        | regime | dwatt - none |
+        |---|---|
+        | fe | -16.0 ± 50.8 (n=2) |
     """
     runs = [
         {"method": method, "regime": regime, "seed": seed, "test_ppl": value}
@@ -1188,8 +1214,10 @@ def seq2seq_command(results: dict[str, Any], output: str, root: Path) -> str:
         root: The repository root (paths under its parent folder are shown relative to it).
 
     Example:
+        >>> import json
+        >>> results = json.loads(Path("benchmarks/results/seq2seq/results.json").read_text())
         >>> seq2seq_command(results, "benchmarks/results/seq2seq", Path("."))
-        'layerfusion seq2seq --data ../shared/data/wikitext-2 --epochs 16 ... --output benchmarks/...'
+        'layerfusion seq2seq --data .../wikitext-2 --output benchmarks/results/seq2seq'
     """
     defaults = option_defaults(add_seq2seq_arguments) | {"methods": list(SEQ2SEQ_METHOD_NAMES)}
     train, test = Path(results["train_file"]), Path(results["test_file"])
@@ -1207,6 +1235,8 @@ def seq2seq_cost_line(results: dict[str, Any], output: str) -> str:
     """Runs, their summed wall and CPU time, the peak RSS and the stored note of a ``results.json``.
 
     Example:
+        >>> import json
+        >>> results = json.loads(Path("benchmarks/results/seq2seq/results.json").read_text())
         >>> seq2seq_cost_line(results, "benchmarks/results/seq2seq")
         '12 runs in `benchmarks/results/seq2seq/results.json`; 1 h 16 min 06 s of run wall time, ...'
     """
@@ -1239,8 +1269,10 @@ def render_seq2seq_block(block: Block, root: Path) -> str:
         MarkerError: Other parameters, no results file, or a comparison that has not finished.
 
     Example:
-        >>> text = "<!-- generated: seq2seq output=out -->\n<!-- end generated: seq2seq output=out -->"
-        >>> print(render_seq2seq_block(find_blocks(text)[0], Path(".")))
+        >>> spec = "seq2seq output=benchmarks/results/seq2seq"
+        >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
+        >>> print(render_seq2seq_block(find_blocks(text)[0], Path(".")).splitlines()[0])
+        | method | LR | exact match | chrF | BLEU | Δ EM vs vanilla | Δ chrF | Δ BLEU |
     """
     if [key for key, _ in block.params] != ["output"]:
         raise _error(
@@ -1310,8 +1342,10 @@ def render_report_block(block: Block, root: Path) -> str:
         MarkerError: Other parameters, no such file, or a file that is not a report.
 
     Example:
-        >>> text = "<!-- generated: report output=r.json -->\n<!-- end generated: report output=r.json -->"
-        >>> print(render_report_block(find_blocks(text)[0], Path(".")))
+        >>> spec = "report output=benchmarks/results/perf/overhead.json"
+        >>> text = f"<!-- generated: {spec} -->\\n<!-- end generated: {spec} -->"
+        >>> print(render_report_block(find_blocks(text)[0], Path(".")).splitlines()[0])
+        Run of ... UTC, torch ..., 1-min load average ... on ... CPUs at its start:
     """
     if [key for key, _ in block.params] != ["output"]:
         raise _error(
@@ -1342,7 +1376,9 @@ def render_block(block: Block, root: Path, page: Path = RESULTS_MD) -> str:
         MarkerError: What the block cannot be regenerated from, naming its marker.
 
     Example:
-        >>> print(render_block(find_blocks(Path("benchmarks/RESULTS.md").read_text())[0], Path(".")))
+        >>> block = find_blocks(Path("benchmarks/RESULTS.md").read_text())[0]
+        >>> print(render_block(block, Path(".")).splitlines()[0])
+        | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """
     if block.name == MLM:
         return render_mlm_block(block, root)
@@ -1362,7 +1398,10 @@ def regenerate(text: str, root: Path, page: Path = RESULTS_MD) -> str:
     (:func:`render_block`), the rest unchanged.
 
     Example:
-        >>> regenerate(Path("benchmarks/RESULTS.md").read_text(), Path("."))
+        >>> block = "<!-- generated: conll_fe_lr -->\\nold\\n<!-- end generated: conll_fe_lr -->"
+        >>> text = f"# Results\\n\\n{block}\\n"
+        >>> print(regenerate(text, Path(".")).splitlines()[4])  # the block's table in place of "old"
+        | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """
     parts, last = [], 0
     for block in find_blocks(text):
@@ -1375,7 +1414,13 @@ def report_main(args: argparse.Namespace) -> int:
     """``layerfusion report``: regenerate RESULTS.md, or check it (``--check``); returns the exit code.
 
     Example:
-        >>> report_main(argparse.Namespace(check=True, root=None, file=RESULTS_MD))
+        >>> text = "# Results\\n\\n<!-- generated: conll_fe_lr -->\\n<!-- end generated: conll_fe_lr -->\\n"
+        >>> _ = Path("results.md").write_text(text)
+        >>> report_main(argparse.Namespace(check=False, root=Path("."), file=Path("results.md")))  # rewrite
+        results.md: regenerated 1 generated block
+        0
+        >>> report_main(argparse.Namespace(check=True, root=Path("."), file=Path("results.md")))  # --check
+        results.md: up to date (1 generated block)
         0
     """
     root = ROOT if args.root is None else args.root

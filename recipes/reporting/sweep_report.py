@@ -26,9 +26,12 @@ def print_sweep_report(
         figures: Also write ``table.md`` and the figures into ``grid["output"]``.
 
     Example:
-        >>> print_sweep_report(records, [], {"output": "out", "results": "out/results.jsonl"}, False)
-        | ... table ... |
-        results: out/results.jsonl (40 runs)
+        >>> record = {"key": "dwatt|fe|8|25|0|lr=0.001|3f2a", "method": "dwatt", "regime": "fe", "shots": 8,
+        ...           "epochs": 25, "trial": 0, "lr": 1e-3, "dev_f1": 50.0, "test_f1": 45.0, "setup": "3f2a"}
+        >>> print_sweep_report([record], [], {"output": "out", "results": "out/results.jsonl"}, False)
+        | regime | epochs | shots | dwatt |
+        ...
+        results: out/results.jsonl (1 runs)
     """
     top = grid.get("probe_layers")
     if figures:

@@ -580,6 +580,8 @@ def run_row(record: dict[str, Any]) -> str:
     """One run as a row of the :data:`RUN_TABLE_HEADER` table: dev EM and chrF, then test EM, chrF, BLEU.
 
     Example:
+        >>> import json
+        >>> results = json.loads(Path("benchmarks/results/seq2seq/results.json").read_text())  # committed
         >>> print(run_row(results["runs"][0]))
         | vanilla | 0 | 0.003 | 41.0 | 87.5 | 47.2 | 88.8 | 88.3 | 260 |
     """
@@ -598,7 +600,10 @@ def summary_table(results: dict[str, Any]) -> str:
     """Markdown: the copy baseline, then each method's test mean ± 95% CI and paired difference to vanilla.
 
     Example:
-        >>> print(summary_table(results))  # results of run_comparison
+        >>> import json
+        >>> results = json.loads(Path("benchmarks/results/seq2seq/results.json").read_text())  # committed
+        >>> print(summary_table(results).splitlines()[0])  # results of run_comparison
+        | method | LR | exact match | chrF | BLEU | Δ EM vs vanilla | Δ chrF | Δ BLEU |
     """
 
     def cell(value: list[float] | None, signed: bool = False) -> str:
@@ -631,6 +636,7 @@ def comparison_header(args: argparse.Namespace) -> dict[str, Any]:
         ValueError: An unknown method or a setting out of range, naming its option.
 
     Example:
+        >>> from layerfusion_recipes.cli import build_parser
         >>> comparison_header(build_parser().parse_args(["seq2seq", "--data", "wt2"]))["train_file"]
         'wt2/valid.txt'
     """

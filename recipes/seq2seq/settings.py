@@ -74,8 +74,9 @@ class Seq2SeqSettings:
         ``learning_rate`` come from ``--seeds`` and ``--learning-rates``, per run).
 
         Example:
-            >>> Seq2SeqSettings.from_args(parser.parse_args(["seq2seq", "--epochs", "3"])).epochs
-            3
+            >>> from layerfusion_recipes.cli import build_parser
+        >>> Seq2SeqSettings.from_args(build_parser().parse_args(["seq2seq", "--epochs", "3"])).epochs
+        3
         """
         names = [field.name for field in fields(cls)]
         return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})

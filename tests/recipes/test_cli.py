@@ -53,7 +53,9 @@ def test_unknown_method_is_one_line_with_the_allowed_names(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "layerfusion ner: error: --methods: unknown ['dwat']; allowed: "
-        + ", ".join(["none", "dwatt", "concat", "average", "scalar_mix", "scaled_dwatt", "layer_mix", "extra_layers"])
+        + ", ".join(
+            ["none", "dwatt", "concat", "average", "scalar_mix", "scaled_dwatt", "layer_mix", "extra_layers"]
+        )
     ]
 
 
