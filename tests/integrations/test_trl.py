@@ -101,11 +101,15 @@ def check_trained_and_reloaded(trainer, tokenizer, tmp_path, family, before, ada
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize(
-    "checkpointing", [None, {"use_reentrant": True}, {"use_reentrant": False}], ids=["no-gc", "reentrant", "non-reentrant"]
+    "checkpointing",
+    [None, {"use_reentrant": True}, {"use_reentrant": False}],
+    ids=["no-gc", "reentrant", "non-reentrant"],
 )
 def test_sft_trainer_trains_dwatt_with_lora_and_reloads_bitwise(tokenizer, tmp_path, family, checkpointing):
-    arguments = dict(gradient_checkpointing=checkpointing is not None, gradient_checkpointing_kwargs=checkpointing)
-    trainer, before, adapter_before, loss_before = sft_run(tokenizer, tmp_path, family, **arguments)
+    trainer, before, adapter_before, loss_before = sft_run(
+        tokenizer, tmp_path, family,
+        gradient_checkpointing=checkpointing is not None, gradient_checkpointing_kwargs=checkpointing,
+    )  # fmt: skip
     trainer.train()
     assert trainer.model.get_base_model().is_gradient_checkpointing == (checkpointing is not None)
     if checkpointing is not None:  # the blocks ran under torch's checkpoint with the mode asked for

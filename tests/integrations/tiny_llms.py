@@ -31,7 +31,8 @@ def tiny_config(family: str, vocab_size: int) -> tf.PretrainedConfig:
     """A 2-block, width-32 config of ``family`` (``llama`` or ``gpt2``) over ``vocab_size`` ids."""
     special = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3)
     if family == "gpt2":
-        return tf.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128, **special)
+        sizes = dict(n_embd=32, n_layer=2, n_head=4, n_positions=128)
+        return tf.GPT2Config(vocab_size=vocab_size, **sizes, **special)
     return tf.LlamaConfig(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **special,
