@@ -127,3 +127,42 @@ def test_quantised_base_with_fusion_and_lora_trains_reloads_and_matches_recomput
     reloaded = PeftModel.from_pretrained(quantised(base_folder, bits), tmp_path / "adapter").eval()
     with torch.no_grad():
         assert torch.equal(reloaded(**logits_inputs).logits, trained)
+
+
+def test_sft_trainer_on_a_4bit_base_casts_fusion_and_lora_to_bf16_and_trains(base_folder, tmp_path):
+    """TRL casts every trainable parameter of a quantised model to bf16 (``param.data = ...``), the
+    fusion module's included, but not its buffers (DWAtt's depth embeddings: cast where read). The
+    adapter saves those bf16 values; peft reloads them as float32 (``autocast_adapter_dtype``), so
+    the reload equals the trained model once its adapter parameters are cast back to bf16."""
+    trl = pytest.importorskip("trl", reason="TRL is missing: pip install -e '.[integrations]'")
+    reason = quantises(4)
+    if reason:
+        pytest.skip(reason)
+    from datasets import Dataset
+    from tiny_llms import SENTENCES, tokenizer_folder
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(tmp_path / "tokenizer"))
+    arguments = trl.SFTConfig(
+        str(tmp_path / "run"), max_steps=6, per_device_train_batch_size=4, learning_rate=1e-2, bf16=False,
+        save_strategy="no", logging_strategy="no", report_to=[], use_cpu=DEVICE == "cpu", disable_tqdm=True,
+        seed=0, max_length=32,
+    )  # fmt: skip
+    data = Dataset.from_dict({"text": [SENTENCES[i % len(SENTENCES)] for i in range(32)]})
+    config = DWAttConfig(task_type="CAUSAL_LM", target_modules=LORA_TARGETS["llama"], r=4)
+    trainer = trl.SFTTrainer(model=quantised(base_folder, 4), args=arguments, train_dataset=data,
+                             processing_class=tokenizer, peft_config=config)  # fmt: skip
+    module = fusion_layer_of(trainer.model).fusion_modules["default"]
+    assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    assert module.depth_embeddings.dtype == torch.float32
+    before = adapter_parameters(trainer.model)
+    trainer.train()
+    assert moved(before, trainer.model, "_fusion.") and moved(before, trainer.model, "lora_")
+    trainer.save_model(str(tmp_path / "adapter"))
+    inputs = tokenizer(list(SENTENCES), return_tensors="pt", padding=True).to(DEVICE)
+    reloaded = PeftModel.from_pretrained(quantised(base_folder, 4), tmp_path / "adapter").eval()
+    for name, parameter in reloaded.named_parameters():
+        if "lora_" in name or "_fusion." in name:
+            parameter.data = parameter.data.to(torch.bfloat16)  # as TRL cast them for training
+    with torch.no_grad():
+        assert torch.equal(reloaded(**inputs).logits, trainer.model.eval()(**inputs).logits)
