@@ -51,7 +51,10 @@ def base_folder(tmp_path_factory) -> str:
 
 def quantised(folder: str, bits: int) -> torch.nn.Module:
     config = BitsAndBytesConfig(**QUANTISATION[bits])
-    return AutoModelForCausalLM.from_pretrained(folder, quantization_config=config, device_map=DEVICE)
+    # float32 outside the quantised layers on both stacks (transformers 4.57 would load float16)
+    return AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=config, device_map=DEVICE, dtype=torch.float32
+    )
 
 
 def batch() -> dict[str, torch.Tensor]:
