@@ -11,6 +11,6 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0          # the CPU wheel; never let torch resolve on its own
-"$venv/bin/pip" install -q -e ".[test,demo,seq2seq]" "$@"
+"$venv/bin/pip" install -q -e ".[test,demo,seq2seq,integrations]" "$@"
 "$venv/bin/ruff" check .
 "$venv/bin/python" -m pytest -q tests

@@ -301,7 +301,9 @@ class DWAtt(FusionModule):
         """The weights ``a_n`` ``(..., K)`` for last hidden states ``z_L`` of shape ``(..., d)``."""
         tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
         query = 1.0 + F.elu(tokens + self.query_mlp(tokens))  # (tokens, d), every entry > 0
-        keys = self.key_proj(self.depth_embeddings)  # (K, d)
+        # (K, d); the buffer in W_K's dtype: a cast of the parameters alone (TRL's bf16 cast of a
+        # quantised model's trainable parameters, `param.data = ...`) leaves it float32
+        keys = self.key_proj(self.depth_embeddings.to(self.key_proj.weight.dtype))
         scores = query @ keys.T / self.score_temperature  # (tokens, K)
         return torch.softmax(scores, dim=-1).view(*last.shape[:-1], keys.shape[0])
 
