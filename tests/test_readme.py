@@ -17,6 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOC_PAGES = sorted((ROOT / "docs").rglob("*.md"))
+# the packages of optional extras (pyproject's `integrations`): a page importing one runs only with it
+OPTIONAL_PACKAGES = ("trl", "sentence_transformers", "bitsandbytes")
 NOT_RUN = "not-run-offline"  # the README's marker of a block the test only compiles
 FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<code>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
@@ -59,6 +61,9 @@ def test_every_python_block_of_the_readme_runs_in_order(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("page", DOC_PAGES, ids=[str(page.relative_to(ROOT / "docs")) for page in DOC_PAGES])
 def test_every_python_block_of_a_documentation_page_runs_in_order(page, tmp_path, monkeypatch):
+    for package in OPTIONAL_PACKAGES:  # a page on an optional extra runs where the extra is installed
+        if re.search(rf"^\s*(from|import) {package}\b", page.read_text(), re.MULTILINE):
+            pytest.importorskip(package, reason=f"{page.name} needs the `integrations` extra ({package})")
     blocks = run_blocks(page, tmp_path, monkeypatch)
     not_run = [line for line, _, runs in blocks if not runs]
     assert 4 * len(not_run) <= len(blocks), f"almost every block must run offline; not run: {not_run}"
