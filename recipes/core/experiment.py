@@ -33,6 +33,7 @@ from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
+from .cache_files import path_fingerprint
 from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
 from .feature_cache import (
     ALL_POSITIONS,
@@ -161,7 +162,8 @@ class TaskSettings:
     def setup(self) -> str:
         """Fingerprint (12 hex digits) of the settings that change a result (:attr:`SETUP_FIELDS`).
 
-        Existing model and data paths count by their absolute real path.
+        Existing model and data paths count by their absolute real path and their content
+        (:meth:`content_fingerprints`).
 
         Example:
             >>> ExperimentSettings("m", "d").setup() == ExperimentSettings("m", "e").setup()
@@ -177,9 +179,25 @@ class TaskSettings:
                 fields[name] = os.path.realpath(fields[name])
         if fields.get("head_modules") is not None:
             fields["head_modules"] = list(fields["head_modules"])
+        content = self.content_fingerprints()
+        if content:  # local files: new weights or data at the same path give other records
+            fields["content"] = content
         if self.cache_dtype != "float32":  # rounded features: other results (float32 keeps older keys)
             fields["cache_dtype"] = self.cache_dtype
         return fields
+
+    def content_fingerprints(self) -> dict[str, str]:
+        """``{"model": ..., "data": ...}``: the content fingerprints of the paths of ``model`` and
+        ``data`` that exist here (:func:`~layerfusion_recipes.core.cache_files.path_fingerprint`, read
+        again on every call: a file is hashed again only once its size or time changed); a Hub name
+        has none.
+
+        Example:
+            >>> ExperimentSettings(model="hub/model", data=folder).content_fingerprints()
+            {'data': '5be7c1d0a2f94e3b'}
+        """
+        paths = {name: getattr(self, name) for name in ("model", "data")}
+        return {name: path_fingerprint(path) or "" for name, path in paths.items() if os.path.exists(path)}
 
     def make_experiment(self) -> FewShotExperiment:
         """The experiment of these settings (each task's settings build their own)."""

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+import torch
 from conftest import toy_dataset, write_tiny_model
 from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core.records import append_record, finished_keys, read_records
@@ -155,3 +156,79 @@ def test_longest_cells_go_first_and_ties_keep_grid_order():
         (100, 8, "none"), (100, 8, "dwatt"),  # 800
         (25, 8, "none"), (25, 8, "dwatt"),  # 200
     ]  # fmt: skip
+
+
+def _ner(model: str, data: str, output) -> list[str]:
+    """One FE run of the plain head (one LR, one trial), the table and figures off."""
+    return [
+        "sweep", *("--model", model, "--data", data, "--methods", "none", "--shots", "2"),
+        *("--epochs", "1", "--trials", "1", "--lr", "3e-2", "--output", str(output), "--quiet"),
+    ]  # fmt: skip
+
+
+def _flip_tags(path) -> None:
+    """Give every entity in the ``token<TAB>tag`` file ``path`` another type, in place."""
+    other = {"PER": "LOC", "LOC": "ORG", "ORG": "PER"}
+    lines = path.read_text().splitlines()
+    flipped = [f"{t}\t{g[:2]}{other[g[2:]]}" if "\t" in line and (g := line.split("\t")[1]) != "O" else line
+               for line in lines for t in [line.split("\t")[0]]]  # fmt: skip
+    assert flipped != lines
+    path.write_text("\n".join(flipped) + "\n")
+
+
+def test_a_resumed_sweep_runs_again_what_new_data_or_weights_at_the_same_path_change(tmp_path, capsys):
+    """Records are keyed by the content of the model and data paths, not by their names: after the
+    test labels are flipped in place, or new weights are saved into the model folder, the same command
+    trains again (another key) instead of serving the earlier record; an unchanged re-run trains nothing."""
+    from conftest import write_toy_data
+    from layerfusion_recipes.cli import main
+    from transformers import AutoModel
+
+    model, data = (
+        write_tiny_model(tmp_path / "model"),
+        write_toy_data(tmp_path / "data", train=20, dev=6, test=6),
+    )
+    results = tmp_path / "out" / "results.jsonl"
+    assert main(_ner(model, data, tmp_path / "out")) == 0
+    [first] = read_records(results)
+    assert main(_ner(model, data, tmp_path / "out")) == 0  # nothing changed: resumed, nothing trained
+    assert read_records(results) == [first]
+
+    _flip_tags(tmp_path / "data" / "test.txt")
+    assert main(_ner(model, data, tmp_path / "out")) == 0
+    assert len(read_records(results)) == 2  # trained again, the earlier record not served
+    _, flipped = read_records(results)
+    assert flipped["key"] != first["key"] and flipped["settings"]["model"] == first["settings"]["model"]
+    assert flipped["settings"]["content"]["data"] != first["settings"]["content"]["data"]
+    assert flipped["settings"]["content"]["model"] == first["settings"]["content"]["model"]
+
+    weights = AutoModel.from_pretrained(model)
+    torch.manual_seed(5)
+    weights.embeddings.word_embeddings.weight.data.normal_()
+    weights.save_pretrained(model)  # new weights at the same path
+    assert main(_ner(model, data, tmp_path / "out")) == 0
+    *_, retrained = read_records(results)
+    assert len(read_records(results)) == 3 and retrained["key"] not in {first["key"], flipped["key"]}
+    assert retrained["settings"]["content"]["model"] != flipped["settings"]["content"]["model"]
+    capsys.readouterr()
+
+
+def test_the_content_fingerprint_reads_bytes_not_times(tmp_path):
+    """Rewriting a data file with the same bytes keeps the setup (a copy or ``touch`` re-runs nothing);
+    one changed byte changes it; a Hub name has no content; hidden files do not count."""
+    from conftest import write_toy_data
+
+    data = write_toy_data(tmp_path / "data", train=20, dev=6, test=6)
+    settings = ExperimentSettings(model="hub/model", data=data)
+    setup = settings.setup()
+    assert set(settings.content_fingerprints()) == {"data"}
+    train = tmp_path / "data" / "train.txt"
+    text = train.read_text()
+    train.write_text(text)
+    os.utime(train, ns=(1, 1))
+    (tmp_path / "data" / ".lock").write_text("x")
+    assert ExperimentSettings(model="hub/model", data=data).setup() == setup
+    train.write_text(text.replace("alice", "alicf", 1))
+    assert ExperimentSettings(model="hub/model", data=data).setup() != setup
+    assert settings.setup() != setup  # the same settings object notices too (its paths' content)
+    assert "content" not in ExperimentSettings(model="hub/model", data="hub/data").setup_fields()
