@@ -21,7 +21,7 @@ picks the LR per cell on dev.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -82,8 +82,10 @@ class TaskSettings:
         model: Model name or path.
         data: Dataset directory, file, or Hub name.
         max_length: Tokenizer max length.
-        lr: Max LR, or several (LR selection on dev); ``None``: the regime's
-            :data:`DEFAULT_LR_GRIDS` in a sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
+        lr: Max LR, or several (LR selection on dev), or a mapping ``{method: LRs}`` giving each method
+            its own (the demo's, :data:`~layerfusion_recipes.core.grids.DEMO_AXES`; a method it leaves
+            out: the regime's default grid); ``None``: the regime's :data:`DEFAULT_LR_GRIDS` in a
+            sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
         batch_size: Training batch size.
         eval_every: Dev evaluation every k epochs.
         seed: Base seed.
@@ -122,7 +124,7 @@ class TaskSettings:
     model: str
     data: str
     max_length: int = 128
-    lr: float | Sequence[float] | None = None
+    lr: float | Sequence[float] | Mapping[str, Sequence[float]] | None = None
     batch_size: int = 16
     eval_every: int = 1
     seed: int = 0
@@ -138,26 +140,40 @@ class TaskSettings:
     train_memory: float | None = None
     resident_limit: int | None = None
 
-    def lr_for(self, regime: str) -> float:
-        """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
-        if self.lr is None:
+    def lr_for(self, regime: str, method: str | None = None) -> float:
+        """The LR of a lone run: the only LR of ``method``'s grid (:meth:`lr_grid`), else 1e-3 (FE) /
+        5e-5 (other regimes) where ``lr`` gives it none."""
+        if self.lr_values(method) is None:
             return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
-        grid = self.lr_grid(regime)
+        grid = self.lr_grid(regime, method)
         if len(grid) != 1:
             raise ValueError(f"lr has {len(grid)} values {list(grid)}: pick one for a lone run")
         return grid[0]
 
-    def lr_grid(self, regime: str) -> tuple[float, ...]:
-        """The LR candidates of ``regime``: the ``lr`` values (sorted, unique) or its default grid.
+    def lr_grid(self, regime: str, method: str | None = None) -> tuple[float, ...]:
+        """The LR candidates of ``method`` under ``regime``: its ``lr`` values (sorted, unique) or the
+        regime's default grid.
 
         Example:
             >>> ExperimentSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
             (0.001, 0.003)
+            >>> ExperimentSettings(model="m", data="d", lr={"none": [3e-2, 1e-2]}).lr_grid("fe", "none")
+            (0.01, 0.03)
         """
+        values = self.lr_values(method)
         try:
-            return lr_grid(self.lr, DEFAULT_LR_GRIDS, regime, "lr")
+            return lr_grid(values, DEFAULT_LR_GRIDS, regime, "lr")
         except ValueError as error:  # the whole value, as the YAML file or caller gave it
             raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}") from error
+
+    def lr_values(self, method: str | None = None) -> float | Sequence[float] | None:
+        """The ``lr`` values of ``method``: ``lr`` itself, or its entry for ``method`` where ``lr`` is
+        a mapping by method (``None`` where it has none: the regime's default grid)."""
+        if not isinstance(self.lr, Mapping):
+            return self.lr
+        if method is None:
+            raise ValueError(f"lr gives each method its LRs ({', '.join(self.lr)}): name the method")
+        return self.lr.get(method)
 
     def setup(self) -> str:
         """Fingerprint (12 hex digits) of the settings that change a result (:attr:`SETUP_FIELDS`).
@@ -377,7 +393,7 @@ class FewShotExperiment:
     def run(self, cell: Cell, use_cache: bool | None = None, lr: float | None = None) -> dict[str, Any]:
         """Train one cell at one LR (default ``settings.lr_for``); returns its record (:meth:`_record`)."""
         use_cache = self.settings.use_cache if use_cache is None else use_cache
-        lr = self.settings.lr_for(cell.regime) if lr is None else float(lr)
+        lr = self.settings.lr_for(cell.regime, cell.method) if lr is None else float(lr)
         train = self.train_sample(cell.shots, cell.trial)
         model, located = self.build(cell)
         cache = self.filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
@@ -457,7 +473,7 @@ class FewShotExperiment:
         plans = []
         for cell in {cell.method: cell for cell in self.cached_cells(cells)}.values():
             model, _ = self.build(cell)
-            count = len(self.settings.lr_grid(cell.regime))
+            count = len(self.settings.lr_grid(cell.regime, cell.method))
             together = lrs_train_together(cell, True)
             per_pass = self.pass_size(model, count) if together else 1
             plans.append(TrainingPlan(cell.method, trainable_count(model), count, per_pass))

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from ..data.readers import collate
 from .cells import Cell, record_key
 from .fitting import RunResult, fit
+from .models import PLAIN_HEAD
 from .records import append_record, finished_keys, read_records
 from .runner import StackedRunner
 
@@ -221,7 +222,7 @@ def run_probes(
         >>> run_probes(experiment, grid)
     """
     path = probes_path(grid["results"])
-    lrs = experiment.settings.lr_grid(PROBE_REGIME)
+    lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
     units = probe_cells(grid)
     wanted = {record_key(cell, lr, experiment.setup) for cell in units for lr in lrs}
     done = finished_keys(path)

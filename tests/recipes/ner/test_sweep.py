@@ -134,6 +134,46 @@ def test_yaml_config_and_flags(tmp_path):
         resolve(parser.parse_args(["--config", str(config)]))
 
 
+# each method's dev-selected LR on WNUT-16 (the README's one-trial slice and the demo's runs): the
+# plain head's 3e-2, R+1's and Concat's 1e-3, DWAtt's 3e-3
+DEMO_BEST_LRS = {"none": 3e-2, "extra_layers": 1e-3, "concat": 1e-3, "dwatt": 3e-3}
+
+
+def test_the_demo_gives_each_method_lrs_on_both_sides_of_its_best():
+    """The demo (no --model/--data) trains each method at its own LRs, each grid around that method's
+    known best LR, so the LR it selects is not at an edge of its grid; ``--lr`` gives every method the
+    same LRs."""
+    from layerfusion_recipes.core.demo import GRID_METHODS
+    from layerfusion_recipes.core.grids import DEMO_AXES
+    from layerfusion_recipes.ner.sweep import planned_runs
+
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    settings, grid = resolve(parser.parse_args([]))
+    assert grid["methods"] == GRID_METHODS and list(DEMO_AXES["lr"]) == GRID_METHODS  # every method, once
+    assert settings.lr_grid("fe", "none")[1:4] == (1e-2, 3e-2, 1e-1)  # the head's best and both neighbours
+    for method, best in DEMO_BEST_LRS.items():
+        lrs = settings.lr_grid("fe", method)
+        assert best in lrs[1:-1], (method, lrs)
+    assert planned_runs(grid_cells(grid), settings) == 2 * 3 * (5 + 3 + 3 + 3)  # shots x trials x LRs
+    flat, _ = resolve(parser.parse_args(["--lr", "1e-3", "3e-3"]))
+    assert {flat.lr_grid("fe", method) for method in GRID_METHODS} == {(1e-3, 3e-3)}
+
+
+def test_lrs_by_method_name_known_methods_and_need_the_method(tmp_path):
+    config = tmp_path / "grid.yaml"
+    config.write_text("model: some/model\ndata: data/dir\nlr: {dwat: [0.001]}\n")
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    with pytest.raises(ValueError, match=r"--lr: unknown \['dwat'\]; allowed: none"):
+        resolve(parser.parse_args(["--config", str(config)]))
+    by_method = ExperimentSettings(model="m", data="d", lr={"dwatt": [3e-3, 1e-3]})
+    assert by_method.lr_grid("fe", "dwatt") == (1e-3, 3e-3) and by_method.lr_for("fe", "concat") == 1e-3
+    assert by_method.lr_grid("lora", "none") == (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # not given: the regime's
+    with pytest.raises(ValueError, match="lr gives each method its LRs"):
+        by_method.lr_grid("fe")
+
+
 def test_workers_run_cells_in_other_processes(tmp_path, settings):
     from conftest import write_toy_data
 
