@@ -389,6 +389,8 @@ def test_the_memory_line_holds_what_an_r_n_run_on_a_decoder_holds(tmp_path, monk
     cell = Cell("extra_layers", "fe", shots=2, epochs=1, trial=0)
     plan, training = experiment.cache_plan([cell]), experiment.training_plan([cell])
     experiment.prefill_cache([cell])  # the encoder that filled the cache goes, as in a sweep
+    gc.collect()
+    before = live_tensor_bytes()  # the cache's states, and what other tests left alive
     held = []
     original = torch.nn.Parameter.__deepcopy__
     monkeypatch.setattr(
@@ -403,8 +405,8 @@ def test_the_memory_line_holds_what_an_r_n_run_on_a_decoder_holds(tmp_path, monk
         lambda loop, loss: (held.append(live_tensor_bytes()), step(loop, loss))[1],
     )
     experiment.run(cell, lr=1e-2)
-    line = plan.model_bytes + plan.nbytes + training.nbytes  # the line but the process's own bytes
-    assert held and max(held) <= line, (max(held), line)
+    line = plan.model_bytes + training.nbytes  # the line but the process's own bytes and the states
+    assert held and max(held) - before <= line, (max(held) - before, line)
 
 
 @pytest.fixture()
