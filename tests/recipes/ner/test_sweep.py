@@ -134,9 +134,14 @@ def test_yaml_config_and_flags(tmp_path):
         resolve(parser.parse_args(["--config", str(config)]))
 
 
-# each method's dev-selected LR on WNUT-16 (the README's one-trial slice and the demo's runs): the
-# plain head's 3e-2, R+1's and Concat's 1e-3, DWAtt's 3e-3
-DEMO_BEST_LRS = {"none": 3e-2, "extra_layers": 1e-3, "concat": 1e-3, "dwatt": 3e-3}
+# each method's dev-selected LRs on WNUT-16 (the README's one-trial slice and the demo's runs): the
+# plain head's 3e-2 (1e-2 to 1e-1 at N = 2), R+1's 1e-3, Concat's 1e-3 or 3e-3, DWAtt's 3e-3
+DEMO_BEST_LRS = {
+    "none": (1e-2, 3e-2, 1e-1),
+    "extra_layers": (1e-3,),
+    "concat": (1e-3, 3e-3),
+    "dwatt": (3e-3,),
+}
 
 
 def test_the_demo_gives_each_method_lrs_on_both_sides_of_its_best():
@@ -154,8 +159,8 @@ def test_the_demo_gives_each_method_lrs_on_both_sides_of_its_best():
     assert settings.lr_grid("fe", "none")[1:4] == (1e-2, 3e-2, 1e-1)  # the head's best and both neighbours
     for method, best in DEMO_BEST_LRS.items():
         lrs = settings.lr_grid("fe", method)
-        assert best in lrs[1:-1], (method, lrs)
-    assert planned_runs(grid_cells(grid), settings) == 2 * 3 * (5 + 3 + 3 + 3)  # shots x trials x LRs
+        assert set(best) <= set(lrs[1:-1]), (method, lrs)
+    assert planned_runs(grid_cells(grid), settings) == 2 * 3 * (5 + 3 + 4 + 3)  # shots x trials x LRs
     flat, _ = resolve(parser.parse_args(["--lr", "1e-3", "3e-3"]))
     assert {flat.lr_grid("fe", method) for method in GRID_METHODS} == {(1e-3, 3e-3)}
 
