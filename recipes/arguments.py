@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .core.errors import DataSourceError, UserError
-from .core.grids import DEMO_AXES, describe_default
+from .core.grids import describe_default, describe_demo_lrs
 from .data.locations import check_model, check_source
 from .data.tags import TAG_SCHEMES
 from .names import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
@@ -383,7 +383,7 @@ def _add_training_arguments(parser: argparse.ArgumentParser, words: TaskWords) -
         help="Max learning rate(s). Every cell trains each LR; the LR is selected per cell on dev "
         f"(mean best {words.score} over trials, ties to the smaller) and reported with the {words.test} "
         f"of each run's best dev epoch. Default: per regime ({grids}); the demo: "
-        f"{' '.join(map('{:g}'.format, DEMO_AXES['lr']))}. One value: no selection.",
+        f"{describe_demo_lrs()}. One value: no selection.",
     )
     train.add_argument(
         "--select-trials",

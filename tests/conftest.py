@@ -289,8 +289,10 @@ def write_tiny_decoder(
     directory: str | os.PathLike, seed: int = 0, layers: int = 2, width: int = 32, family: str = "llama"
 ) -> str:
     """Save a tiny random decoder (``layers`` blocks, width ``width``; ``family`` ``llama``, or
-    ``gemma3_text`` and ``opt``, which have no token-classification class in transformers) and a
-    tokenizer that starts every text with ``<s>`` and pads with ``<pad>`` (id 0); return the path.
+    ``gemma3_text`` and ``opt``, which have no token-classification class in transformers; ``gpt2``,
+    ``gpt_neox`` and ``t5`` (its encoder-decoder), whose block containers hold a parameter-less
+    embedding dropout, at 0.1) and a tokenizer that starts every text with ``<s>`` and pads with
+    ``<pad>`` (id 0); return the path.
 
     Example:
         >>> path = write_tiny_decoder(tmp_path / "llama")
@@ -300,9 +302,13 @@ def write_tiny_decoder(
     from transformers import (
         AutoModelForCausalLM,
         Gemma3TextConfig,
+        GPT2Config,
+        GPTNeoXConfig,
         LlamaConfig,
         OPTConfig,
         PreTrainedTokenizerFast,
+        T5Config,
+        T5ForConditionalGeneration,
     )
 
     directory = Path(directory)
@@ -341,8 +347,26 @@ def write_tiny_decoder(
             layer_types=["sliding_attention", "full_attention"],
         ),
         "opt": lambda: OPTConfig(**common, ffn_dim=2 * width, word_embed_proj_dim=width),
+        "gpt2": lambda: GPT2Config(**common, n_inner=2 * width),  # embd_pdrop 0.1: `transformer.drop`
+        # hidden_dropout 0.1: `emb_dropout`
+        "gpt_neox": lambda: GPTNeoXConfig(**common, intermediate_size=2 * width, hidden_dropout=0.1),
+        # dropout_rate 0.1: `encoder.dropout`
+        "t5": lambda: T5Config(
+            vocab_size=len(ids),
+            d_model=width,
+            d_kv=8,
+            d_ff=2 * width,
+            num_layers=layers,
+            num_heads=4,
+            pad_token_id=0,
+            eos_token_id=ids["</s>"],
+            decoder_start_token_id=0,
+        ),
     }[family]()
-    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    if family == "t5":
+        T5ForConditionalGeneration(config).save_pretrained(directory)
+    else:
+        AutoModelForCausalLM.from_config(config).save_pretrained(directory)
     return str(directory)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from peft import LoraConfig
 from peft.tuners.tuners_utils import check_target_module_exists
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from ..config import LayerFusionConfig, invalid
 from ..discovery import find_encoder_blocks, hidden_size_of
@@ -79,7 +80,12 @@ def count_parameters(module: nn.Module) -> int:
 
 
 def lora_params_per_rank(model: nn.Module, target_modules: Sequence[str] | str) -> int:
-    """Parameters LoRA adds per unit of rank: ``Σ (d_in + d_out)`` over the adapted linears.
+    """Parameters LoRA adds per unit of rank: ``Σ (d_in + d_out)`` over the modules it adapts.
+
+    The modules LoRA wraps as a linear: ``nn.Linear`` (weight ``(d_out, d_in)``) and transformers'
+    ``Conv1D`` (GPT-2's ``c_attn``, ``c_proj``...: weight ``(d_in, d_out)``); an ``nn.Embedding``
+    (``r (num_embeddings + embedding_dim)``). Another module a name matches counts nothing (peft
+    cannot wrap it); targets that match none of these kinds are refused.
 
     Args:
         model: The base model (any device, meta included).
@@ -92,13 +98,26 @@ def lora_params_per_rank(model: nn.Module, target_modules: Sequence[str] | str) 
     config = LoraConfig(target_modules=target_modules)
     total = 0
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and check_target_module_exists(config, name):
-            total += module.in_features + module.out_features
+        if check_target_module_exists(config, name):
+            total += _lora_width(module)
     if total == 0:
         raise invalid(
-            "target_modules", target_modules, f"names of nn.Linear modules of {type(model).__name__}"
+            "target_modules",
+            target_modules,
+            f"names of linear (nn.Linear, Conv1D) modules of {type(model).__name__}",
         )
     return total
+
+
+def _lora_width(module: nn.Module) -> int:
+    """``d_in + d_out`` of a module LoRA adapts (its parameters per unit of rank); 0 for any other."""
+    if isinstance(module, nn.Linear):
+        return module.in_features + module.out_features
+    if isinstance(module, Conv1D):
+        return sum(module.weight.shape)  # (d_in, d_out)
+    if isinstance(module, nn.Embedding):
+        return module.num_embeddings + module.embedding_dim
+    return 0
 
 
 def match_lora_rank(model: nn.Module, target: int, target_modules: Sequence[str] | str) -> BudgetMatch:

@@ -89,14 +89,13 @@ def _strip_tuner_layers(block: nn.Module) -> None:
 
 
 def fresh_copy(block: nn.Module, model: nn.Module) -> nn.Module:
-    """A copy of ``block`` with every weight re-drawn by the model's own initialiser."""
-    new = copy.deepcopy(block)
-    for sub in new.modules():  # deepcopy copies hooks too (ours, transformers' output recorders): drop them
-        for hooks in (sub._forward_hooks, sub._forward_pre_hooks, sub._backward_hooks):
-            hooks.clear()
-        sub._backward_pre_hooks.clear()
-        sub._forward_hooks_with_kwargs.clear()
-        sub._forward_pre_hooks_with_kwargs.clear()
+    """A copy of ``block`` with every weight re-drawn by the model's own initialiser.
+
+    The copy has no hooks, and copies none: a hook on the block (the fusion's capture, transformers'
+    output recorders) reaches the block's container, and copying it would copy the whole model
+    (freed at once, but the process's memory peaks at two models while R+n is built).
+    """
+    new = copy.deepcopy(block, memo=_without_hooks(block))
     _strip_tuner_layers(new)
     for tensor in [*new.parameters(), *new.buffers()]:
         if getattr(tensor, "_is_hf_initialized", False):
@@ -109,6 +108,18 @@ def fresh_copy(block: nn.Module, model: nn.Module) -> nn.Module:
             elif hasattr(sub, "reset_parameters"):
                 sub.reset_parameters()
     return new
+
+
+def _without_hooks(module: nn.Module) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo under which the hook tables of ``module`` and its sub-modules (every
+    dict attribute whose name holds ``hooks``) are copied as empty ones: nothing a hook refers to is
+    copied."""
+    memo: dict[int, Any] = {}
+    for sub in module.modules():
+        for name, value in vars(sub).items():
+            if "hooks" in name and isinstance(value, dict):
+                memo[id(value)] = type(value)()
+    return memo
 
 
 def set_layer_index(block: nn.Module, index: int) -> None:

@@ -3,7 +3,9 @@
 * **Key** (:func:`feature_key`): a hash of what the features are computed from, not of a name:
   the encoder's weights (every tensor of the backbone, the head excluded), its config, the
   tokenizer, the max length, which positions are kept and the storage dtype. New weights saved
-  at the same path give a new key, and so does a cache kept in another precision.
+  at the same path give a new key, and so does a cache kept in another precision. The records of
+  a sweep are keyed by content too, before any model is loaded: :func:`path_fingerprint` hashes the
+  files of a local model or data path the same way (new weights or data at the same path, a new key).
 * **Shards** (:func:`write_shard`, :func:`read_shard`): safetensors files, which hold tensors and
   string metadata only, so loading one cannot execute code (whatever the torch version or
   ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``). One shard holds a table of sentences (token ids, kept
@@ -84,6 +86,72 @@ def weights_fingerprint(model: nn.Module) -> str:
         digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(flat.view(torch.uint8).numpy())
     return digest.hexdigest()
+
+
+def path_fingerprint(path: str | os.PathLike) -> str | None:
+    """16 hex digits naming the content of a local file or folder (a model's weights, config and
+    tokenizer; a data set's files); ``None`` where ``path`` does not exist (a Hub name).
+
+    A folder counts every file under it (followed links included) but hidden ones (``.git``, ``.cache``),
+    by relative name and content (:func:`file_fingerprint`). Keep a sweep's output and cache folders
+    outside its data folder: their files would count as the data's.
+
+    Example:
+        >>> path_fingerprint(model_folder) == path_fingerprint(model_folder)
+        True
+    """
+    root = Path(path)
+    if not root.exists():
+        return None
+    files = [(root.name, root)] if root.is_file() else sorted(_visible_files(root))
+    digest = hashlib.sha256()
+    for name, file in files:
+        digest.update(f"{name}|{file_fingerprint(file)}|".encode())
+    return digest.hexdigest()[:16]
+
+
+def _visible_files(root: Path) -> Iterable[tuple[str, Path]]:
+    """``(name relative to root, path)`` of every file under ``root`` but those under a hidden name
+    or in ``__pycache__``."""
+    for file in root.rglob("*"):
+        parts = file.relative_to(root).parts
+        if file.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in parts):
+            yield "/".join(parts), file
+
+
+WHOLE_FILE_BYTES = 64 * 2**20  # files up to this size are hashed whole (data, configs, small models)
+SAMPLED_CHUNKS = 32  # a larger file: its size, its modification time and this many chunks spread over it
+CHUNK_BYTES = 2**16
+_FILE_FINGERPRINTS: dict[tuple, str] = {}  # (real path, size, mtime_ns, inode) -> fingerprint
+
+
+def file_fingerprint(path: Path) -> str:
+    """SHA-256 of a file's content: all of it up to :data:`WHOLE_FILE_BYTES`; above, its size, its
+    modification time and :data:`SAMPLED_CHUNKS` chunks of :data:`CHUNK_BYTES` spread over it (a
+    multi-GB weights file costs 2 MB of reading; new weights saved over it change its modification
+    time, and a copy keeping the time changes the sampled bytes). Memoized on the file's identity
+    and time: a second call costs a ``stat``.
+
+    Example:
+        >>> file_fingerprint(Path("data/train.txt"))[:8]
+        '3f2a9c0d'
+    """
+    stat = path.stat()
+    identity = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if identity in _FILE_FINGERPRINTS:
+        return _FILE_FINGERPRINTS[identity]
+    digest = hashlib.sha256(f"{stat.st_size}|".encode())
+    with open(path, "rb") as handle:
+        if stat.st_size <= WHOLE_FILE_BYTES:
+            digest.update(handle.read())
+        else:
+            digest.update(f"{stat.st_mtime_ns}|".encode())
+            last = stat.st_size - CHUNK_BYTES
+            for index in range(SAMPLED_CHUNKS):
+                handle.seek(last * index // (SAMPLED_CHUNKS - 1))
+                digest.update(handle.read(CHUNK_BYTES))
+    _FILE_FINGERPRINTS[identity] = digest.hexdigest()
+    return _FILE_FINGERPRINTS[identity]
 
 
 def config_fingerprint(model: nn.Module) -> str:

@@ -52,7 +52,7 @@ class GridSettings(Protocol):
 
     def setup(self) -> str: ...
 
-    def lr_grid(self, regime: str) -> tuple[float, ...]: ...
+    def lr_grid(self, regime: str, method: str | None = None) -> tuple[float, ...]: ...
 
 
 def record_key(cell: Cell, lr: float, setup: str) -> str:
@@ -113,7 +113,8 @@ def grid_cells(grid: dict[str, Any]) -> list[Cell]:
 
 
 def grid_keys(cells: Iterable[Cell], settings: GridSettings) -> set[str]:
-    """Every key the runs of ``cells`` can have: each cell at each LR of its regime's grid.
+    """Every key the runs of ``cells`` can have: each cell at each LR of its grid (its method's
+    under its regime).
 
     Example:
         >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
@@ -123,7 +124,9 @@ def grid_keys(cells: Iterable[Cell], settings: GridSettings) -> set[str]:
         50
     """
     setup = settings.setup()
-    return {record_key(cell, lr, setup) for cell in cells for lr in settings.lr_grid(cell.regime)}
+    return {
+        record_key(cell, lr, setup) for cell in cells for lr in settings.lr_grid(cell.regime, cell.method)
+    }
 
 
 def planned_runs(cells: Iterable[Cell], settings: GridSettings, select_trials: int | None = None) -> int:
@@ -138,7 +141,9 @@ def planned_runs(cells: Iterable[Cell], settings: GridSettings, select_trials: i
         6
     """
     return sum(
-        len(settings.lr_grid(cell.regime)) if select_trials is None or cell.trial < select_trials else 1
+        len(settings.lr_grid(cell.regime, cell.method))
+        if select_trials is None or cell.trial < select_trials
+        else 1
         for cell in cells
     )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -35,6 +35,7 @@ from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from peft_layerfusion.registration import METHODS
 
 from ..arguments import DEFAULT_LR_GRIDS, lr_grid
+from .cache_files import path_fingerprint
 from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
 from .errors import UserError
 from .feature_cache import (
@@ -50,6 +51,7 @@ from .feature_cache import (
 from .fitting import RunResult, TrainSettings, fit
 from .loop import collect_garbage, restore, snapshot
 from .models import (
+    PLAIN_HEAD,
     adapter_summary,
     apply_regime,
     check_head_modules,
@@ -84,8 +86,10 @@ class TaskSettings:
         model: Model name or path.
         data: Dataset directory, file, or Hub name.
         max_length: Tokenizer max length.
-        lr: Max LR, or several (LR selection on dev); ``None``: the regime's
-            :data:`DEFAULT_LR_GRIDS` in a sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
+        lr: Max LR, or several (LR selection on dev), or a mapping ``{method: LRs}`` giving each method
+            its own (the demo's, :data:`~layerfusion_recipes.core.grids.DEMO_AXES`; a method it leaves
+            out: the regime's default grid); ``None``: the regime's :data:`DEFAULT_LR_GRIDS` in a
+            sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
         batch_size: Training batch size.
         eval_every: Dev evaluation every k epochs.
         seed: Base seed.
@@ -131,7 +135,7 @@ class TaskSettings:
     model: str
     data: str
     max_length: int = 128
-    lr: float | Sequence[float] | None = None
+    lr: float | Sequence[float] | Mapping[str, Sequence[float]] | None = None
     batch_size: int = 16
     eval_every: int = 1
     seed: int = 0
@@ -149,32 +153,47 @@ class TaskSettings:
     probe_start: bool = False
     probe_starts: dict[tuple[int, int, int], int] | None = None
 
-    def lr_for(self, regime: str) -> float:
-        """The LR of a lone run: the only ``lr`` given, else 1e-3 (FE) / 5e-5 (other regimes)."""
-        if self.lr is None:
+    def lr_for(self, regime: str, method: str | None = None) -> float:
+        """The LR of a lone run: the only LR of ``method``'s grid (:meth:`lr_grid`), else 1e-3 (FE) /
+        5e-5 (other regimes) where ``lr`` gives it none."""
+        if self.lr_values(method) is None:
             return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
-        grid = self.lr_grid(regime)
+        grid = self.lr_grid(regime, method)
         if len(grid) != 1:
             raise ValueError(f"lr has {len(grid)} values {list(grid)}: pick one for a lone run")
         return grid[0]
 
-    def lr_grid(self, regime: str) -> tuple[float, ...]:
-        """The LR candidates of ``regime``: the ``lr`` values (sorted, unique) or its default grid.
+    def lr_grid(self, regime: str, method: str | None = None) -> tuple[float, ...]:
+        """The LR candidates of ``method`` under ``regime``: its ``lr`` values (sorted, unique) or the
+        regime's default grid.
 
         Example:
             >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
             >>> ExperimentSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
             (0.001, 0.003)
+            >>> ExperimentSettings(model="m", data="d", lr={"none": [3e-2, 1e-2]}).lr_grid("fe", "none")
+            (0.01, 0.03)
         """
+        values = self.lr_values(method)
         try:
-            return lr_grid(self.lr, DEFAULT_LR_GRIDS, regime, "lr")
+            return lr_grid(values, DEFAULT_LR_GRIDS, regime, "lr")
         except ValueError as error:  # the whole value, as the YAML file or caller gave it
             raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}") from error
+
+    def lr_values(self, method: str | None = None) -> float | Sequence[float] | None:
+        """The ``lr`` values of ``method``: ``lr`` itself, or its entry for ``method`` where ``lr`` is
+        a mapping by method (``None`` where it has none: the regime's default grid)."""
+        if not isinstance(self.lr, Mapping):
+            return self.lr
+        if method is None:
+            raise ValueError(f"lr gives each method its LRs ({', '.join(self.lr)}): name the method")
+        return self.lr.get(method)
 
     def setup(self) -> str:
         """Fingerprint (12 hex digits) of the settings that change a result (:attr:`SETUP_FIELDS`).
 
-        Existing model and data paths count by their absolute real path.
+        Existing model and data paths count by their absolute real path and their content
+        (:meth:`content_fingerprints`).
 
         Example:
             >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
@@ -191,11 +210,27 @@ class TaskSettings:
                 fields[name] = os.path.realpath(fields[name])
         if fields.get("head_modules") is not None:
             fields["head_modules"] = list(fields["head_modules"])
+        content = self.content_fingerprints()
+        if content:  # local files: new weights or data at the same path give other records
+            fields["content"] = content
         if self.cache_dtype != "float32":  # rounded features: other results (float32 keeps older keys)
             fields["cache_dtype"] = self.cache_dtype
         if self.probe_start:  # the start block is chosen over the probes of this FE LR grid
-            fields["probe_start"] = list(self.lr_grid("fe"))
+            fields["probe_start"] = list(self.lr_grid("fe", PLAIN_HEAD))
         return fields
+
+    def content_fingerprints(self) -> dict[str, str]:
+        """``{"model": ..., "data": ...}``: the content fingerprints of the paths of ``model`` and
+        ``data`` that exist here (:func:`~layerfusion_recipes.core.cache_files.path_fingerprint`, read
+        again on every call: a file is hashed again only once its size or time changed); a Hub name
+        has none.
+
+        Example:
+            >>> ExperimentSettings(model="hub/model", data=folder).content_fingerprints()
+            {'data': '5be7c1d0a2f94e3b'}
+        """
+        paths = {name: getattr(self, name) for name in ("model", "data")}
+        return {name: path_fingerprint(path) or "" for name, path in paths.items() if os.path.exists(path)}
 
     def make_experiment(self) -> FewShotExperiment:
         """The experiment of these settings (each task's settings build their own)."""
@@ -394,7 +429,7 @@ class FewShotExperiment:
     def run(self, cell: Cell, use_cache: bool | None = None, lr: float | None = None) -> dict[str, Any]:
         """Train one cell at one LR (default ``settings.lr_for``); returns its record (:meth:`_record`)."""
         use_cache = self.settings.use_cache if use_cache is None else use_cache
-        lr = self.settings.lr_for(cell.regime) if lr is None else float(lr)
+        lr = self.settings.lr_for(cell.regime, cell.method) if lr is None else float(lr)
         train = self.train_sample(cell.shots, cell.trial)
         model, located = self.build(cell)
         cache = self.filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
@@ -474,7 +509,7 @@ class FewShotExperiment:
         plans = []
         for cell in {cell.method: cell for cell in self.cached_cells(cells)}.values():
             model, _ = self.build(cell)
-            count = len(self.settings.lr_grid(cell.regime))
+            count = len(self.settings.lr_grid(cell.regime, cell.method))
             together = lrs_train_together(cell, True)
             per_pass = self.pass_size(model, count) if together else 1
             plans.append(TrainingPlan(cell.method, trainable_count(model), count, per_pass))

@@ -30,6 +30,7 @@ from peft_layerfusion.comparison.adapters_baseline import (
 )
 from peft_layerfusion.comparison.regimes import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
 from peft_layerfusion.discovery import is_decoder_only
+from peft_layerfusion.layer import LayerFusionLayer
 from peft_layerfusion.registration import ENCODER_METHODS
 
 from ..data.locations import check_model
@@ -343,23 +344,50 @@ def check_head_modules(model: nn.Module, head_modules: Sequence[str], option: st
 
 
 def eval_frozen_subtrees(model: nn.Module) -> nn.Module:
-    """``model.train()``, then eval mode for every sub-tree whose parameters are all frozen.
+    """``model.train()``, then eval mode for every part of it that does not train.
 
-    In the FE regime this turns dropout off inside the frozen encoder (its outputs are then
-    deterministic, and identical to a feature cache) while the fusion module and the head train.
+    * a sub-tree whose parameters are all frozen: eval mode, all of it;
+    * a module whose trainable parameters all sit in a layer-fusion layer (the block container the
+      fusion is attached to, and the modules above it inside the base model: the frozen encoder of
+      the FE regime): eval mode for itself and for its parameter-less children (an embedding dropout
+      beside the blocks: GPT-2's ``transformer.drop``, GPT-NeoX's ``emb_dropout``, T5's
+      ``encoder.dropout``; a functional dropout or layer drop that reads the container's flag);
+      the fusion layer trains;
+    * everything else trains, a parameter-less module as its parent does (the head's dropout beside
+      the classifier; dropout inside a LoRA layer or a block that trains).
+
+    In the FE regime the frozen encoder's outputs are then deterministic, and identical to a feature
+    cache's (filled in eval mode), while the fusion module and the head train; the runs on the
+    cache and without it train on the same inputs.
+
+    Example:
+        >>> model = eval_frozen_subtrees(apply_regime(gpt2, "dwatt", "fe", head_modules=("score",)))
+        >>> model.base_model.model.transformer.drop.training, model.base_model.model.score.training
+        (False, True)
     """
     model.train()
 
-    def visit(module: nn.Module) -> None:
+    def visit(module: nn.Module, parent_trains: bool) -> None:
         params = list(module.parameters())
-        if params and not any(p.requires_grad for p in params):
-            module.eval()
+        trainable = [p for p in params if p.requires_grad]
+        if not trainable:
+            # frozen weights, or none: a parameter-less module (dropout) follows its parent
+            module.train(parent_trains and not params)
             return
+        trains = isinstance(module, LayerFusionLayer) or not _trains_fusion_only(module, trainable)
+        module.training = trains
         for child in module.children():
-            visit(child)
+            visit(child, trains)
 
-    visit(model)
+    visit(model, True)
     return model
+
+
+def _trains_fusion_only(module: nn.Module, trainable: Sequence[nn.Parameter]) -> bool:
+    """Whether every trainable parameter of ``module`` (``trainable``) is a layer-fusion layer's."""
+    layers = [layer for layer in module.modules() if isinstance(layer, LayerFusionLayer)]
+    fused = {id(p) for layer in layers for p in layer.parameters()}
+    return all(id(p) in fused for p in trainable)
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

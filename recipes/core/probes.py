@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from ..data.readers import collate
 from .cells import Cell, record_key
 from .fitting import RunResult, fit
+from .models import PLAIN_HEAD
 from .records import append_record, finished_keys, read_records
 from .runner import StackedRunner
 
@@ -214,7 +215,7 @@ def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[
         >>> missing_probes(experiment, grid)  # all of them on a first run
         [(Cell(method='probe', regime='fe', shots=8, epochs=25, trial=0), [0.0001, ...]), ...]
     """
-    lrs = experiment.settings.lr_grid(PROBE_REGIME)
+    lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
     done = finished_keys(probes_path(grid["results"]))
     return [
         (cell, missing)
@@ -238,7 +239,7 @@ def run_probes(
         >>> run_probes(experiment, grid)
     """
     path = probes_path(grid["results"])
-    lrs = experiment.settings.lr_grid(PROBE_REGIME)
+    lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
     wanted = {record_key(cell, lr, experiment.setup) for cell in probe_cells(grid) for lr in lrs}
     todo = missing_probes(experiment, grid)
     for cell, missing in tqdm(todo, desc="layer probes", disable=not progress or not todo, file=sys.stderr):

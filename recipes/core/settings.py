@@ -139,8 +139,11 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
     check_names("methods", grid["methods"], METHOD_NAMES)
     check_names("regimes", grid["regimes"], regimes)
     check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
+    if isinstance(settings.lr, dict):  # each method its LRs
+        check_names("lr", list(settings.lr), METHOD_NAMES)
     for regime in grid["regimes"] or ():
-        settings.lr_grid(regime)  # a bad --lr / lr: stops here, naming the values
+        for method in grid["methods"] or ():
+            settings.lr_grid(regime, method)  # a bad --lr / lr: stops here, naming the values
     storage_dtype(settings.cache_dtype)  # a bad value in the YAML stops here, naming the allowed ones
     # what every method reads: the cache keeps the head's positions only where no method reads others
     settings.cache_positions = cache_positions_for(grid["methods"] or (), settings.READ_POSITIONS)

@@ -110,7 +110,8 @@ def run_cells(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     select_trials: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every cell at each LR of its regime's grid, skipping the runs already in ``results``.
+    """Run every cell at each LR of its grid (its method's under its regime), skipping the runs
+    already in ``results``.
 
     Args:
         cells: The grid.
@@ -145,11 +146,11 @@ def run_cells(
     setup = settings.setup()
     state = process_state()
     check_workers(workers, state.num_processes)
-    grids = {cell.regime: settings.lr_grid(cell.regime) for cell in cells}
+    grids = {(cell.regime, cell.method): settings.lr_grid(cell.regime, cell.method) for cell in cells}
     first, later = split_trials(cells, select_trials)
-    wanted = {record_key(c, lr, setup) for c in first for lr in grids[c.regime]}
+    wanted = {record_key(c, lr, setup) for c in first for lr in grids[c.regime, c.method]}
     mine = _share_of(state)
-    first_units = mine([(cell, grids[cell.regime]) for cell in first])
+    first_units = mine([(cell, grids[cell.regime, cell.method]) for cell in first])
     own_keys = {record_key(cell, lr, setup) for cell, lrs in first_units for lr in lrs}
     total = len(own_keys) + len(mine([(cell, ()) for cell in later]))
     bar = _progress_bar(total, len(own_keys & finished_keys(results)), state, progress)

@@ -97,3 +97,32 @@ def test_bottleneck_count_matches_adapterhub(kind):
         p.numel() for n, p in model.named_parameters() if p.requires_grad and "classifier" not in n
     )
     assert adapters == match.params
+
+
+def tiny_gpt2():
+    """A 2-block, width-32 GPT-2: its attention and MLP linears are transformers' ``Conv1D``."""
+    from transformers import GPT2Config, GPT2Model
+
+    return GPT2Model(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16, n_inner=48))
+
+
+@pytest.mark.parametrize("r", [1, 8])
+@pytest.mark.parametrize("targets", [["c_attn"], ["c_attn", "c_proj", "c_fc"]])
+def test_lora_size_per_rank_counts_gpt2_conv1d_as_peft_adapts_it(targets, r):
+    """GPT-2's ``Conv1D`` has its weight as ``(d_in, d_out)``: the count equals the LoRA parameters
+    peft creates (c_attn 32 -> 96, c_proj 32 -> 32 in the attention and 48 -> 32 in the MLP,
+    c_fc 32 -> 48)."""
+    per_rank = lora_params_per_rank(tiny_gpt2(), targets)
+    lora = get_peft_model(tiny_gpt2(), LoraConfig(target_modules=targets, r=r))
+    created = sum(p.numel() for n, p in lora.named_parameters() if "lora_" in n)
+    assert r * per_rank == created
+    assert per_rank == (2 * 128 if targets == ["c_attn"] else 2 * (128 + 64 + 80 + 80))
+
+
+def test_audit_matches_lora_on_gpt2(tmp_path, capsys):
+    """``audit --regime lora --match``: the lora regime's targets on GPT-2 are Conv1D modules."""
+    from layerfusion_recipes.cli import main
+
+    tiny_gpt2().config.save_pretrained(tmp_path)
+    assert main(["audit", str(tmp_path), "--regime", "lora", "--match", "dwatt"]) == 0
+    assert "+lora (r=" in capsys.readouterr().out

@@ -132,6 +132,24 @@ def test_extra_layers_equal_the_model_with_more_blocks(name, head, side):
     assert (got - output_of(base, inputs)).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma3_text", "gpt2"])
+def test_building_extra_layers_copies_its_blocks_and_nothing_else(name, monkeypatch):
+    """R+n copies the last block n times, not what the block's hooks reach (the fusion's capture holds
+    the container: copying it copied the whole model, a second model in memory while R+n was built,
+    what the recipes' memory line did not count)."""
+    copied = []
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        original = cls.__deepcopy__
+        monkeypatch.setattr(
+            cls, "__deepcopy__", lambda self, memo, o=original: copied.append(self.nbytes) or o(self, memo)
+        )
+    base = FAMILIES[name].build("causal")
+    last = find_encoder_blocks(base).blocks[-1]
+    block_bytes = sum(t.nbytes for t in (*last.parameters(), *last.buffers()))
+    adapted(base, ExtraLayersConfig(num_extra_layers=2, task_type=TASK_TYPES["causal"]))
+    assert sum(copied) == 2 * block_bytes
+
+
 def test_two_extra_layers_equal_the_model_with_two_more_blocks():
     family = FAMILIES["llama"]
     base = family.build("causal")

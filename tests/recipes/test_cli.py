@@ -289,4 +289,7 @@ def test_help_gives_each_grid_default(capsys):
     assert "new seed and sample. Default: 3 (demo: 3; --paper-grid: 5)." in text
     assert "the best dev score is reported. Default: 5 (demo: 3; --paper-grid: 1)." in text
     assert "--paper-grid The paper's grid" in text
-    assert "3e-05 0.0001 0.0003 0.001; adapter_seqbn" in text and "the demo: 0.001 0.003 0.01." in text
+    assert (
+        "3e-05 0.0001 0.0003 0.001; adapter_seqbn" in text
+        and "the demo: none 0.003 0.01 0.03 0.1 0.3; extra_layers 0.0003 0.001 0.003;" in text
+    )

@@ -5,6 +5,7 @@ precision as a keyed option, and a memory model that predicts the bytes exactly.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import platform
 import sys
 from pathlib import Path
@@ -356,6 +357,56 @@ def test_the_memory_model_adds_the_training_state_and_offers_passes_of_fewer_can
     assert "--train-memory 2.74 (passes of 5 LR candidates, 28.94 GB)" in two  # 5 x 0.55 GB per process
     _, lone = memory_check(plan, 1, False, 12 * 10**9, dataclasses.replace(training, per_pass=1))
     assert "--train-memory" not in lone  # one candidate per pass already
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of every CPU tensor storage alive in this process (each storage once)."""
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def test_the_memory_line_holds_what_an_r_n_run_on_a_decoder_holds(tmp_path, monkeypatch):
+    """R+n on a decoder whose embeddings are most of it (Gemma 3's way): what the process holds while
+    the run's model is built (sampled at every tensor it copies) and at every training step (values,
+    gradients, AdamW moments), beside the cache, stays within the memory line's model, states and
+    training state. Building R+n once copied the whole model (the fusion's hooks reach the container),
+    a model more than the line counted."""
+    from conftest import write_tiny_decoder
+    from transformers import AutoModelForCausalLM
+
+    path = write_tiny_decoder(tmp_path / "decoder")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.resize_token_embeddings(20_000)  # 0.64M of its 0.66M parameters: the embeddings
+    model.save_pretrained(path)
+    settings = ExperimentSettings(
+        model=path, data="toy", max_length=64, batch_size=4, head_modules=("score",)
+    )
+    experiment = Experiment(settings, toy_dataset(train=20, dev=6, test=6))
+    cell = Cell("extra_layers", "fe", shots=2, epochs=1, trial=0)
+    plan, training = experiment.cache_plan([cell]), experiment.training_plan([cell])
+    experiment.prefill_cache([cell])  # the encoder that filled the cache goes, as in a sweep
+    gc.collect()
+    before = live_tensor_bytes()  # the cache's states, and what other tests left alive
+    held = []
+    original = torch.nn.Parameter.__deepcopy__
+    monkeypatch.setattr(
+        torch.nn.Parameter,
+        "__deepcopy__",
+        lambda self, memo: (held.append(live_tensor_bytes()), original(self, memo))[1],
+    )
+    step = fitting.TrainingLoop.step
+    monkeypatch.setattr(
+        fitting.TrainingLoop,
+        "step",
+        lambda loop, loss: (held.append(live_tensor_bytes()), step(loop, loss))[1],
+    )
+    experiment.run(cell, lr=1e-2)
+    line = plan.model_bytes + training.nbytes  # the line but the process's own bytes and the states
+    assert held and max(held) - before <= line, (max(held) - before, line)
 
 
 @pytest.fixture()

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+import torch
 from conftest import toy_dataset, write_tiny_model
 from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core.records import append_record, finished_keys, read_records
@@ -133,6 +134,51 @@ def test_yaml_config_and_flags(tmp_path):
         resolve(parser.parse_args(["--config", str(config)]))
 
 
+# each method's dev-selected LRs on WNUT-16 (the README's one-trial slice and the demo's runs): the
+# plain head's 3e-2 (1e-2 to 1e-1 at N = 2), R+1's 1e-3, Concat's 1e-3 or 3e-3, DWAtt's 3e-3
+DEMO_BEST_LRS = {
+    "none": (1e-2, 3e-2, 1e-1),
+    "extra_layers": (1e-3,),
+    "concat": (1e-3, 3e-3),
+    "dwatt": (3e-3,),
+}
+
+
+def test_the_demo_gives_each_method_lrs_on_both_sides_of_its_best():
+    """The demo (no --model/--data) trains each method at its own LRs, each grid around that method's
+    known best LR, so the LR it selects is not at an edge of its grid; ``--lr`` gives every method the
+    same LRs."""
+    from layerfusion_recipes.core.demo import GRID_METHODS
+    from layerfusion_recipes.core.grids import DEMO_AXES
+    from layerfusion_recipes.ner.sweep import planned_runs
+
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    settings, grid = resolve(parser.parse_args([]))
+    assert grid["methods"] == GRID_METHODS and list(DEMO_AXES["lr"]) == GRID_METHODS  # every method, once
+    assert settings.lr_grid("fe", "none")[1:4] == (1e-2, 3e-2, 1e-1)  # the head's best and both neighbours
+    for method, best in DEMO_BEST_LRS.items():
+        lrs = settings.lr_grid("fe", method)
+        assert set(best) <= set(lrs[1:-1]), (method, lrs)
+    assert planned_runs(grid_cells(grid), settings) == 2 * 3 * (5 + 3 + 4 + 3)  # shots x trials x LRs
+    flat, _ = resolve(parser.parse_args(["--lr", "1e-3", "3e-3"]))
+    assert {flat.lr_grid("fe", method) for method in GRID_METHODS} == {(1e-3, 3e-3)}
+
+
+def test_lrs_by_method_name_known_methods_and_need_the_method(tmp_path):
+    config = tmp_path / "grid.yaml"
+    config.write_text("model: some/model\ndata: data/dir\nlr: {dwat: [0.001]}\n")
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    with pytest.raises(ValueError, match=r"--lr: unknown \['dwat'\]; allowed: none"):
+        resolve(parser.parse_args(["--config", str(config)]))
+    by_method = ExperimentSettings(model="m", data="d", lr={"dwatt": [3e-3, 1e-3]})
+    assert by_method.lr_grid("fe", "dwatt") == (1e-3, 3e-3) and by_method.lr_for("fe", "concat") == 1e-3
+    assert by_method.lr_grid("lora", "none") == (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # not given: the regime's
+    with pytest.raises(ValueError, match="lr gives each method its LRs"):
+        by_method.lr_grid("fe")
+
+
 def test_workers_run_cells_in_other_processes(tmp_path, settings):
     from conftest import write_toy_data
 
@@ -155,3 +201,79 @@ def test_longest_cells_go_first_and_ties_keep_grid_order():
         (100, 8, "none"), (100, 8, "dwatt"),  # 800
         (25, 8, "none"), (25, 8, "dwatt"),  # 200
     ]  # fmt: skip
+
+
+def _ner(model: str, data: str, output) -> list[str]:
+    """One FE run of the plain head (one LR, one trial), the table and figures off."""
+    return [
+        "sweep", *("--model", model, "--data", data, "--methods", "none", "--shots", "2"),
+        *("--epochs", "1", "--trials", "1", "--lr", "3e-2", "--output", str(output), "--quiet"),
+    ]  # fmt: skip
+
+
+def _flip_tags(path) -> None:
+    """Give every entity in the ``token<TAB>tag`` file ``path`` another type, in place."""
+    other = {"PER": "LOC", "LOC": "ORG", "ORG": "PER"}
+    lines = path.read_text().splitlines()
+    flipped = [f"{t}\t{g[:2]}{other[g[2:]]}" if "\t" in line and (g := line.split("\t")[1]) != "O" else line
+               for line in lines for t in [line.split("\t")[0]]]  # fmt: skip
+    assert flipped != lines
+    path.write_text("\n".join(flipped) + "\n")
+
+
+def test_a_resumed_sweep_runs_again_what_new_data_or_weights_at_the_same_path_change(tmp_path, capsys):
+    """Records are keyed by the content of the model and data paths, not by their names: after the
+    test labels are flipped in place, or new weights are saved into the model folder, the same command
+    trains again (another key) instead of serving the earlier record; an unchanged re-run trains nothing."""
+    from conftest import write_toy_data
+    from layerfusion_recipes.cli import main
+    from transformers import AutoModel
+
+    model, data = (
+        write_tiny_model(tmp_path / "model"),
+        write_toy_data(tmp_path / "data", train=20, dev=6, test=6),
+    )
+    results = tmp_path / "out" / "results.jsonl"
+    assert main(_ner(model, data, tmp_path / "out")) == 0
+    [first] = read_records(results)
+    assert main(_ner(model, data, tmp_path / "out")) == 0  # nothing changed: resumed, nothing trained
+    assert read_records(results) == [first]
+
+    _flip_tags(tmp_path / "data" / "test.txt")
+    assert main(_ner(model, data, tmp_path / "out")) == 0
+    assert len(read_records(results)) == 2  # trained again, the earlier record not served
+    _, flipped = read_records(results)
+    assert flipped["key"] != first["key"] and flipped["settings"]["model"] == first["settings"]["model"]
+    assert flipped["settings"]["content"]["data"] != first["settings"]["content"]["data"]
+    assert flipped["settings"]["content"]["model"] == first["settings"]["content"]["model"]
+
+    weights = AutoModel.from_pretrained(model)
+    torch.manual_seed(5)
+    weights.embeddings.word_embeddings.weight.data.normal_()
+    weights.save_pretrained(model)  # new weights at the same path
+    assert main(_ner(model, data, tmp_path / "out")) == 0
+    *_, retrained = read_records(results)
+    assert len(read_records(results)) == 3 and retrained["key"] not in {first["key"], flipped["key"]}
+    assert retrained["settings"]["content"]["model"] != flipped["settings"]["content"]["model"]
+    capsys.readouterr()
+
+
+def test_the_content_fingerprint_reads_bytes_not_times(tmp_path):
+    """Rewriting a data file with the same bytes keeps the setup (a copy or ``touch`` re-runs nothing);
+    one changed byte changes it; a Hub name has no content; hidden files do not count."""
+    from conftest import write_toy_data
+
+    data = write_toy_data(tmp_path / "data", train=20, dev=6, test=6)
+    settings = ExperimentSettings(model="hub/model", data=data)
+    setup = settings.setup()
+    assert set(settings.content_fingerprints()) == {"data"}
+    train = tmp_path / "data" / "train.txt"
+    text = train.read_text()
+    train.write_text(text)
+    os.utime(train, ns=(1, 1))
+    (tmp_path / "data" / ".lock").write_text("x")
+    assert ExperimentSettings(model="hub/model", data=data).setup() == setup
+    train.write_text(text.replace("alice", "alicf", 1))
+    assert ExperimentSettings(model="hub/model", data=data).setup() != setup
+    assert settings.setup() != setup  # the same settings object notices too (its paths' content)
+    assert "content" not in ExperimentSettings(model="hub/model", data="hub/data").setup_fields()
