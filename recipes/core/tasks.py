@@ -82,7 +82,7 @@ def check_task(records: Iterable[dict[str, Any]], path: str | os.PathLike, task:
     Example:
         >>> check_task([{"best_f1": 0.5}], "out/results.jsonl", "classify")
         Traceback (most recent call last):
-        layerfusion_recipes.core.errors.UserError: out/results.jsonl holds records of ner (1 record), not classify: a results file ...
+        layerfusion_recipes.core.errors.UserError: out/results.jsonl holds records of ner (1 record), ...
     """
     counts = task_counts(records)
     if set(counts) - {task}:
