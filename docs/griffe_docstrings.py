@@ -4,6 +4,8 @@
   ``help()`` read them). The site's Markdown knows ``$$ ... $$`` (``pymdownx.arithmatex``), so each
   block is rewritten when mkdocstrings loads the docstrings. Lines with ``&`` are aligned (the
   ``aligned`` environment), as the ``.. math::`` directive aligns them.
+- Sphinx roles (``:class:`~peft_layerfusion.config.DepthMixConfig```, ``:func:`...```) would show as
+  written; each becomes the code name a reader of ``help()`` reads (``~``: the last part only).
 - The docstrings head their examples ``Example:``; griffe's Google parser knows ``Examples:`` (an
   ``Example:`` would become a note whose ``>>>`` lines read as Markdown quotes), so it is renamed.
 """
@@ -16,6 +18,7 @@ import textwrap
 import griffe
 
 EXAMPLE_HEADING = re.compile(r"^(?P<indent>[ \t]*)Example:[ \t]*$", re.MULTILINE)
+ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):`(?P<tilde>~?)(?P<target>[^`]+)`")
 DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)\.\. math::[ \t]*\n", re.MULTILINE)
 
 
@@ -58,14 +61,29 @@ def rst_math_to_dollars(text: str) -> str:
     return "".join(out)
 
 
+def plain_roles(text: str) -> str:
+    """Every Sphinx role of ``text`` as inline code: its target, or its last part after a ``~``.
+
+    Example:
+        >>> plain_roles("see :class:`~peft_layerfusion.config.DepthMixConfig` and :mod:`.dwatt`")
+        'see `DepthMixConfig` and `.dwatt`'
+    """
+
+    def name(match: re.Match) -> str:
+        target = match["target"]
+        return f"`{target.rsplit('.', 1)[-1] if match['tilde'] else target}`"
+
+    return ROLE.sub(name, text)
+
+
 def site_docstring(text: str) -> str:
     """``text`` with its math blocks as ``$$`` blocks and its ``Example:`` headings as ``Examples:``.
 
     Example:
-        >>> site_docstring("Sum.\n\nExample:\n    >>> 1 + 1\n    2")
-        'Sum.\n\nExamples:\n    >>> 1 + 1\n    2'
+        >>> site_docstring("Sum.\\n\\nExample:\\n    >>> 1 + 1\\n    2")
+        'Sum.\\n\\nExamples:\\n    >>> 1 + 1\\n    2'
     """
-    return EXAMPLE_HEADING.sub(r"\g<indent>Examples:", rst_math_to_dollars(text))
+    return EXAMPLE_HEADING.sub(r"\g<indent>Examples:", plain_roles(rst_math_to_dollars(text)))
 
 
 class SiteDocstrings(griffe.Extension):

@@ -21,7 +21,8 @@ def mixing_multipliers(model: nn.Module) -> dict[int, float]:
     """``{id(parameter): multiplier}`` for every mixing parameter of every fusion adapter of ``model``.
 
     Example:
-        >>> model = get_peft_model(base, ScalarMixConfig(mixing_lr_multiplier=10.0))
+        >>> from peft_layerfusion import ScalarMixConfig
+        >>> model = get_peft_model(base_model, ScalarMixConfig(mixing_lr_multiplier=10.0))
         >>> sorted(set(mixing_multipliers(model).values()))
         [10.0]
     """
@@ -49,9 +50,9 @@ def parameter_groups(model: nn.Module, lr: float, weight_decay: float = 0.0) -> 
         ``[{"params": [...], "lr": ..., "weight_decay": ...}, ...]``, groups with no parameter left out.
 
     Example:
-        >>> import torch
+        >>> from peft_layerfusion import LayerMixConfig
         >>> config = LayerMixConfig(mixing_lr_multiplier=100.0, modules_to_save=["classifier"])
-        >>> model = get_peft_model(base, config)
+        >>> model = get_peft_model(base_model, config)
         >>> optimizer = torch.optim.AdamW(parameter_groups(model, lr=1e-3))
         >>> [group["lr"] for group in optimizer.param_groups]
         [0.001, 0.1]

@@ -675,7 +675,8 @@ def add_mlm_arguments(parser: argparse.ArgumentParser) -> None:
         "--data",
         required=True,
         help="Folder with valid.txt/test.txt (and train.txt if any), "
-        "e.g. ../shared/data/wikitext-2, or a Hub config such as wikitext-2-raw-v1 (online).",
+        "e.g. path/to/wikitext-2 (a folder of valid.txt and test.txt), "
+        "or a Hub config such as wikitext-2-raw-v1 (online).",
     )
     parser.add_argument(
         "--model",
@@ -751,7 +752,9 @@ def _add_mlm_block_arguments(parser: argparse.ArgumentParser) -> None:
 def add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion seq2seq``: data, methods, seeds, learning rates and one flag per setting."""
     parser.add_argument(
-        "--data", help="Folder with valid.txt (training) and test.txt, e.g. ../shared/data/wikitext-2"
+        "--data",
+        help="Folder with valid.txt (training) and test.txt, "
+        "e.g. path/to/wikitext-2 (a folder of valid.txt and test.txt)",
     )
     parser.add_argument("--train-file", help="Training text (overrides --data)")
     parser.add_argument("--test-file", help="Test text (overrides --data)")

@@ -101,7 +101,7 @@ class ScalarMixConfig(DepthMixConfig):
             ValueError: when ``start_layer`` is not one of the fused layers.
 
         Example:
-            >>> ScalarMixConfig(start_layer=-2).start_position([1, 2, 3], 3, bert)
+            >>> ScalarMixConfig(start_layer=-2).start_position([1, 2, 3], 3, base_model)
             1
         """
         if self.start_layer is None:

@@ -50,7 +50,7 @@ def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]
         >>> args = build_parser().parse_args(["classify", "--data", "sst2/", "--model", "minilm/"])
         >>> settings, grid = resolve(args)
         >>> settings.model, grid["results"]
-        ('minilm/', 'layerfusion-results/results.jsonl')
+        ('minilm/', 'layerfusion-results/classify/results.jsonl')
     """
     loaded = load_config(args)
 

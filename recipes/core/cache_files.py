@@ -184,8 +184,8 @@ def feature_key(
     and the storage dtype: a cache of other positions or another precision is another folder.
 
     Example:
-        >>> feature_key(base, tokenizer, 128, 6)
-        'a1b2c3d4e5f60718'
+        >>> len(feature_key(base_model, tokenizer, 128, 3))  # hex, the cache folder's name
+        16
     """
     parts = (
         SHARD_FORMAT,
@@ -220,7 +220,12 @@ def write_shard(
     renamed to ``path``; on any error the temporary file is removed.
 
     Example:
-        >>> write_shard(folder / "shard-1.safetensors", [((101, 7592, 102), (1,))], states, None, key)
+        >>> folder = Path("cache/features-0123456789abcdef")
+        >>> folder.mkdir(parents=True)
+        >>> states = torch.randn(1, 6, 32)  # one kept position, 6 blocks, width 32
+        >>> write_shard(folder / "shard-1.safetensors", [((101, 7592, 102), (1,))], states, None, "k")
+        >>> [path.name for path in folder.iterdir()]  # no temporary file left
+        ['shard-1.safetensors']
     """
     kept = [len(positions) for _, positions in keys]
     if states.dim() != 3 or states.shape[0] != sum(kept):
@@ -268,7 +273,11 @@ def read_shard(path: Path, key: str, num_blocks: int) -> tuple[dict[SentenceKey,
             tables or states of inconsistent shapes (the message names the file).
 
     Example:
-        >>> states, block_output_len = read_shard(folder / "shard-1.safetensors", key, num_blocks=6)
+        >>> shard = Path("shard-1.safetensors")
+        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), None, "k")  # 6 blocks
+        >>> states, block_output_len = read_shard(shard, "k", num_blocks=6)
+        >>> [tuple(state.shape) for state in states.values()], block_output_len
+        ([(1, 6, 32)], None)
     """
     try:
         with safe_open(path, framework="pt") as handle:
@@ -313,8 +322,11 @@ def mapped_range(tensor: torch.Tensor, path: str | os.PathLike) -> tuple[int, in
     Only such a range may be given to :func:`drop_mapped_pages`: its pages read back from the file.
 
     Example:
-        >>> states, _ = read_shard(shard, key, num_blocks=6)
-        >>> mapped_range(next(iter(states.values())), shard)  # e.g. (140230010863616, 23212032)
+        >>> shard = Path("shard-1.safetensors")
+        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), None, "k")  # 6 blocks
+        >>> states, _ = read_shard(shard, "k", num_blocks=6)
+        >>> mapped_range(next(iter(states.values())), shard)  # doctest: +SKIP
+        (140230010863616, 4096)
     """
     storage = tensor.untyped_storage()
     begin, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
@@ -342,7 +354,10 @@ def drop_mapped_pages(ranges: Iterable[tuple[int, int]]) -> bool:
     page fault each). ``False`` where that cannot be done (not Linux): nothing changes.
 
     Example:
-        >>> drop_mapped_pages([mapped_range(states, shard)])
+        >>> shard = Path("shard-1.safetensors")
+        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), None, "k")  # 6 blocks
+        >>> states, _ = read_shard(shard, "k", num_blocks=6)
+        >>> drop_mapped_pages([mapped_range(next(iter(states.values())), shard)])  # on Linux
         True
     """
     if _LIBC is None:

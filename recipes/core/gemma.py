@@ -287,9 +287,9 @@ def resolve_model(
 def gguf_config(gguf_path: Path) -> PretrainedConfig:
     """The model config in a GGUF file's header, read without its tensors (nothing de-quantised).
 
-    Example:
-        >>> gguf_config(Path("tiny.gguf")).num_hidden_layers
-        2
+    Example (with the ``llm`` extra installed and a GGUF file at hand)::
+
+        gguf_config(Path("gemma-3-270m-it-Q8_0.gguf")).num_hidden_layers  # 18
     """
     if not gguf_is_installed():
         raise ValueError(f"{gguf_path.name}: reading GGUF files needs the gguf package: {INSTALL_EXTRA}")

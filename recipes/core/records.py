@@ -163,8 +163,8 @@ def read_records(
     lines are skipped and said on stderr (:func:`read_lines`): a sweep runs what they held again.
 
     Example:
-        >>> read_records("out/results.jsonl")[0]["key"]
-        'none|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+        >>> read_records("benchmarks/results/conll_fe_lr/results.jsonl")[0]["key"]  # the committed runs
+        'none|fe|8|25|0|lr=0.001|9c55cda5f4f5'
     """
     records, seen = [], set()
     for record in read_lines(path, lambda entry: is_record(entry, accept), "complete records"):

@@ -127,7 +127,7 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
     Example:
         >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
         >>> settings = ExperimentSettings(model="m", data="d")
-        >>> defaults = {"output": "layerfusion-results", "methods": ["dwatt"], "regimes": ["fe"]}
+        >>> defaults = {"output": "layerfusion-results/ner", "methods": ["dwatt"], "regimes": ["fe"]}
         >>> grid_options(lambda name: defaults.get(name), settings, ("fe", "ft", "lora", "bitfit"))["results"]
         'layerfusion-results/ner/results.jsonl'
     """

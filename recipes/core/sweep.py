@@ -203,8 +203,12 @@ def runs_left(
     its grid, or one of the later trials at the LR selected on them (``select_trials``).
 
     Example:
-        >>> runs_left(grid_cells(grid), "out/results.jsonl", settings, None)  # a finished grid
-        False
+        >>> from layerfusion_recipes.core.cells import grid_cells
+        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+        >>> settings = ExperimentSettings(model="m", data="d", lr=[1e-2])
+        >>> grid = {"methods": ["none"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
+        >>> runs_left(grid_cells(grid), "out/results.jsonl", settings, None)  # nothing run yet
+        True
     """
     done, setup = finished_keys(results), settings.setup()
     first, later = split_trials(cells, select_trials)

@@ -82,7 +82,7 @@ def check_task(records: Iterable[dict[str, Any]], path: str | os.PathLike, task:
     Example:
         >>> check_task([{"best_f1": 0.5}], "out/results.jsonl", "classify")
         Traceback (most recent call last):
-        UserError: out/results.jsonl holds records of ner (1 record), not classify: a results file ...
+        layerfusion_recipes.core.errors.UserError: out/results.jsonl holds records of ner (1 record), ...
     """
     counts = task_counts(records)
     if set(counts) - {task}:
@@ -114,8 +114,8 @@ def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     line is skipped and said in one warning line (:func:`~layerfusion_recipes.core.records.read_lines`).
 
     Example:
-        >>> len(read_task_records("out/results.jsonl"))  # a line {"key": 5} skipped, said on stderr
-        40
+        >>> len(read_task_records("benchmarks/results/conll_fe_lr/results.jsonl"))  # the committed runs
+        548
     """
     return read_records(path, readable)
 

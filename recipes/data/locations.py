@@ -78,7 +78,7 @@ def check_model(source: str | None, option: str = "--model") -> None:
     Example:
         >>> check_model("/models/gone")
         Traceback (most recent call last):
-        DataSourceError: --model '/models/gone': no such model folder or file
+        layerfusion_recipes.core.errors.DataSourceError: --model '/models/gone': no such model folder or file
     """
     if source is not None and is_local_path(source) and not Path(source).expanduser().exists():
         what = "GGUF file" if source.lower().endswith(".gguf") else "model folder or file"

@@ -142,7 +142,7 @@ def score_groups(
     points, in ``metric(record)`` (default: the record's own).
 
     Example:
-        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
         >>> groups = score_groups(records)
         >>> list(groups)[0]  # ((setup, regime, epochs, N), method)
         (('9c55cda5f4f5', 'fe', 25, 8), 'none')
@@ -277,7 +277,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = (), edg
             second table of the same cells, another metric, leaves them to the first).
 
     Example:
-        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
         >>> print(markdown_table(summarize(records)).splitlines()[2])  # the first row
         | fe | 25 | 8 | 26.0 ± 5.0 @0.03 (dev 26.6) (n=3) | 42.1 ± 16.5 @0.01 (dev 47.9) (n=3) | ...
     """
@@ -640,7 +640,7 @@ def method_pairs() -> tuple[tuple[str, str], ...]:
 
     Example:
         >>> method_pairs()[:3]
-        (('dwatt', 'extra_layers'), ('concat', 'extra_layers'), ('dwatt', 'concat'))
+        (('dwatt', 'extra_layers'), ('concat', 'extra_layers'), ('scaled_dwatt', 'extra_layers'))
     """
     budget = [m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget and m.token_wise]
     depth = [m.name for m in ENCODER_METHODS if not m.token_wise]
@@ -668,7 +668,7 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
     Returns rows ``{setup, regime, epochs, shots, pair, mean, ci, n}`` (points; mean ± 95% t-CI).
 
     Example:
-        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
         >>> paired_differences(records, summarize(records))[0]["pair"]
         ('dwatt', 'extra_layers')
     """
@@ -698,7 +698,7 @@ def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()
             :func:`markdown_table`), e.g. ``("language",)``.
 
     Example:
-        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
         >>> print(paired_table(paired_differences(records, summarize(records))).splitlines()[0])
         | regime | epochs | shots | dwatt - extra_layers | concat - extra_layers | dwatt - concat | ...
     """
@@ -739,7 +739,7 @@ def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         rows: Their :func:`summarize` (computed when not given).
 
     Example:
-        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
         >>> print(table_markdown(records).splitlines()[0])
         | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """
@@ -762,7 +762,7 @@ def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field
 
     Example:
         >>> folder = "benchmarks/results/wikiann_lr"
-        >>> files = {lang: read_records(f"{folder}/{lang}/results.jsonl") for lang in ("en", "de")}
+        >>> files = {lang: read_task_records(f"{folder}/{lang}/results.jsonl") for lang in ("en", "de")}
         >>> print(grouped_table_markdown(files, "language").splitlines()[0])
         | language | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """
@@ -782,7 +782,7 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
     ``accuracy_vs_shots.png`` for ``classify``.
 
     Example:
-        >>> records = read_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
+        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
         >>> write_report(records, "out")["f1_vs_shots"]
         PosixPath('out/f1_vs_shots.png')
     """
