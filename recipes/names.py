@@ -1,7 +1,7 @@
 """The registry's names and labels as plain data (standard library only), for the command line.
 
 GENERATED from peft_layerfusion's registry by ``python -m layerfusion_recipes.reporting.registry_names``:
-do not edit (tests/recipes/reporting/test_methods.py fails while it is out of date).
+do not edit (tests/recipes/reporting/test_methods_command.py fails while it is out of date).
 """
 
 # ruff: noqa: E501

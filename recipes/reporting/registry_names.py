@@ -5,7 +5,7 @@ torch, transformers or peft.
 The registry (:data:`~peft_layerfusion.registration.METHODS`, the regimes of
 :mod:`peft_layerfusion.comparison.regimes`) stays the one source of truth: ``names.py`` is generated
 from it by ``python -m layerfusion_recipes.reporting.registry_names`` and never edited by hand;
-tests/recipes/reporting/test_methods.py fails while it differs from :func:`names_source`.
+tests/recipes/reporting/test_methods_command.py fails while it differs from :func:`names_source`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PLAIN_HEAD = METHOD_NAMES[0]
 HEADER = '''"""The registry's names and labels as plain data (standard library only), for the command line.
 
 GENERATED from peft_layerfusion's registry by ``python -m layerfusion_recipes.reporting.registry_names``:
-do not edit (tests/recipes/reporting/test_methods.py fails while it is out of date).
+do not edit (tests/recipes/reporting/test_methods_command.py fails while it is out of date).
 """
 
 # ruff: noqa: E501
