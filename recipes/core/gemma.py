@@ -268,20 +268,11 @@ def resolve_model(
         >>> resolve_model("bert-base-cased")
         'bert-base-cased'
     """
-    root = cache_root(environ)
-    if model in NAMED_MODELS:
-        named = NAMED_MODELS[model]
-        folder = root / "models" / model
-        if folder.is_dir():
-            return str(folder)
-        gguf_path = assemble(part_paths(model, named), root / "gguf" / named.file, named.sha256, stream)
-        return str(convert(gguf_path, folder, stream, load))
-    if model.lower().endswith(".gguf"):
-        gguf_path = Path(model).expanduser()
-        if not gguf_path.is_file():
-            raise FileNotFoundError(f"--model {model}: no such GGUF file")
-        return str(convert(gguf_path, root / "models" / gguf_folder_name(gguf_path), stream, load))
-    return model
+    source = gguf_source(model, cache_root(environ), stream)
+    if source is None:
+        return model
+    folder, gguf_path = source
+    return str(folder if gguf_path is None else convert(gguf_path, folder, stream, load))
 
 
 def gguf_config(gguf_path: Path) -> PretrainedConfig:
@@ -310,21 +301,38 @@ def resolve_config(
         >>> resolve_config("gemma3-270m").num_hidden_layers  # no float32 copy yet: from the header
         18
     """
-    root = cache_root(environ)
+    source = gguf_source(model, cache_root(environ), stream)
+    if source is None:
+        return model
+    folder, gguf_path = source
+    return str(folder) if gguf_path is None else gguf_config(gguf_path)
+
+
+def gguf_source(model: str, root: Path, stream: TextIO = sys.stderr) -> tuple[Path, Path | None] | None:
+    """Where a ``--model`` value's float32 copy lives under the cache ``root``, and the GGUF file to
+    convert or read when that copy is not there yet (``None`` once it is); ``None`` for a value that
+    names neither a named model nor a ``.gguf`` file. A named model's parts are assembled first.
+
+    Raises:
+        FileNotFoundError: a ``.gguf`` value that is no file.
+
+    Example:
+        >>> gguf_source("bert-base-cased", Path("cache")) is None
+        True
+    """
     if model in NAMED_MODELS:
         named = NAMED_MODELS[model]
         folder = root / "models" / model
         if folder.is_dir():
-            return str(folder)
-        gguf_path = assemble(part_paths(model, named), root / "gguf" / named.file, named.sha256, stream)
-        return gguf_config(gguf_path)
+            return folder, None
+        return folder, assemble(part_paths(model, named), root / "gguf" / named.file, named.sha256, stream)
     if model.lower().endswith(".gguf"):
         gguf_path = Path(model).expanduser()
         if not gguf_path.is_file():
             raise FileNotFoundError(f"--model {model}: no such GGUF file")
         folder = root / "models" / gguf_folder_name(gguf_path)
-        return str(folder) if folder.is_dir() else gguf_config(gguf_path)
-    return model
+        return folder, None if folder.is_dir() else gguf_path
+    return None
 
 
 if __name__ == "__main__":  # python -m layerfusion_recipes.core.gemma NAME_OR_GGUF: build, print the folder
