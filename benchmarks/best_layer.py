@@ -12,8 +12,13 @@ Reads a sweep's results file and its layer probes (``RESULTS.probes.jsonl``, wri
 
 No choice reads test: LR, epoch and layer are chosen on dev. Scores in points (0-100).
 
+``--also FILE ...`` adds the methods of other results files of the same grid (same data, model, seed,
+shots and trials, hence the same samples: e.g. a later sweep of one more method into its own folder);
+their runs pair with the main file's by trial.
+
 Usage:
     python benchmarks/best_layer.py benchmarks/results/trec_fe_mean_probe_start/results.jsonl [--json OUT]
+        [--also benchmarks/results/trec_fe_mean_probe_start_new/results.jsonl]
 """
 
 from __future__ import annotations
@@ -95,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", help="A sweep's results.jsonl (its probes file beside it).")
     parser.add_argument("--json", help="Also write the numbers here.")
+    parser.add_argument("--also", nargs="+", default=[], help="Results files of more methods, same trials.")
     args = parser.parse_args(argv)
-    records = [r for r in read_records(args.results) if r.get("regime") == "fe"]
+    records = [r for path in (args.results, *args.also) for r in read_records(path) if r.get("regime") == "fe"]
     probes = read_records(probes_path(args.results))
     if not probes:
         print(
