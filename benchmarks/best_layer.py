@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="Also write the numbers here.")
     parser.add_argument("--also", nargs="+", default=[], help="Results files of more methods, same trials.")
     args = parser.parse_args(argv)
-    records = [r for path in (args.results, *args.also) for r in read_records(path) if r.get("regime") == "fe"]
+    files = (args.results, *args.also)
+    records = [r for path in files for r in read_records(path) if r.get("regime") == "fe"]
     probes = read_records(probes_path(args.results))
     if not probes:
         print(
