@@ -83,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = sorted({m for _, _, m in found})
         figure, axes = plt.subplots(len(rows), len(columns), figsize=(4.5 * len(columns), 2.6 * len(rows)),
                                     squeeze=False, sharey=True)  # fmt: skip
+        drawn = {(rows.index(m), columns.index((s, e))) for s, e, m in found}
+        for row, column in {(r, c) for r in range(len(rows)) for c in range(len(columns))} - drawn:
+            axes[row][column].axis("off")  # a cell this method has no run of
         for (shots, epochs, method), entry in found.items():
             ax = axes[rows.index(method)][columns.index((shots, epochs))]
             for trial, weights in sorted(entry["trials"].items()):
