@@ -97,8 +97,8 @@ def path_fingerprint(path: str | os.PathLike) -> str | None:
     outside its data folder: their files would count as the data's.
 
     Example:
-        >>> path_fingerprint(model_folder) == path_fingerprint(model_folder)
-        True
+        >>> len(path_fingerprint(model_path)), path_fingerprint("bert-base-cased")  # a folder; a Hub name
+        (16, None)
     """
     root = Path(path)
     if not root.exists():
@@ -133,8 +133,10 @@ def file_fingerprint(path: Path) -> str:
     and time: a second call costs a ``stat``.
 
     Example:
-        >>> file_fingerprint(Path("data/train.txt"))[:8]
-        '3f2a9c0d'
+        >>> _ = Path("train.txt").write_text("EU rejects German call")
+        >>> first = file_fingerprint(Path("train.txt"))
+        >>> len(first), first == file_fingerprint(Path("train.txt"))  # 64 hex digits, memoized
+        (64, True)
     """
     stat = path.stat()
     identity = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)

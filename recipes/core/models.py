@@ -361,6 +361,8 @@ def eval_frozen_subtrees(model: nn.Module) -> nn.Module:
     cache and without it train on the same inputs.
 
     Example:
+        >>> from transformers import GPT2Config, GPT2ForSequenceClassification
+        >>> gpt2 = GPT2ForSequenceClassification(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100))
         >>> model = eval_frozen_subtrees(apply_regime(gpt2, "dwatt", "fe", head_modules=("score",)))
         >>> model.base_model.model.transformer.drop.training, model.base_model.model.score.training
         (False, True)
