@@ -297,9 +297,9 @@ def resolve_config(
     GGUF file's float32 copy when it is there (its ``config.json``), else the config in the GGUF
     header (:func:`gguf_config`; a named model's parts are assembled first); anything else unchanged.
 
-    Example:
-        >>> resolve_config("gemma3-270m").num_hidden_layers  # no float32 copy yet: from the header
-        18
+    Example (with the ``llm`` extra installed)::
+
+        resolve_config("gemma3-270m").num_hidden_layers  # 18; no float32 copy yet: from the header
     """
     source = gguf_source(model, cache_root(environ), stream)
     if source is None:
