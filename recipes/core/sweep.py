@@ -212,7 +212,9 @@ def runs_left(
     """
     done, setup = finished_keys(results), settings.setup()
     first, later = split_trials(cells, select_trials)
-    wanted = {record_key(cell, lr, setup) for cell in first for lr in settings.lr_grid(cell.regime)}
+    wanted = {
+        record_key(cell, lr, setup) for cell in first for lr in settings.lr_grid(cell.regime, cell.method)
+    }
     if not wanted <= done:
         return True
     chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted) if later else {}

@@ -277,3 +277,15 @@ def test_the_content_fingerprint_reads_bytes_not_times(tmp_path):
     assert ExperimentSettings(model="hub/model", data=data).setup() != setup
     assert settings.setup() != setup  # the same settings object notices too (its paths' content)
     assert "content" not in ExperimentSettings(model="hub/model", data="hub/data").setup_fields()
+
+
+def test_runs_left_reads_each_method_s_own_lrs(tmp_path):
+    """A grid whose ``lr`` maps methods to LRs (the demo's): the finished-runs check asks each cell's
+    method for its LRs (it raised "name the method" before, so `layerfusion ner` stopped at once)."""
+    from layerfusion_recipes.core.cells import grid_cells
+    from layerfusion_recipes.core.sweep import runs_left
+    from layerfusion_recipes.ner.experiment import ExperimentSettings
+
+    settings = ExperimentSettings(model="m", data="d", lr={"none": [1e-2, 3e-2], "dwatt": [1e-3]})
+    grid = {"methods": ["none", "dwatt"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
+    assert runs_left(grid_cells(grid), tmp_path / "results.jsonl", settings, None) is True
