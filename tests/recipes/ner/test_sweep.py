@@ -11,6 +11,7 @@ import torch
 from conftest import toy_dataset, write_tiny_model
 from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core.records import append_record, finished_keys, read_records
+from layerfusion_recipes.core.sweep import runs_left
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.sweep import _UnitRunner, grid_cells, longest_first, run_cells
@@ -282,10 +283,6 @@ def test_the_content_fingerprint_reads_bytes_not_times(tmp_path):
 def test_runs_left_reads_each_method_s_own_lrs(tmp_path):
     """A grid whose ``lr`` maps methods to LRs (the demo's): the finished-runs check asks each cell's
     method for its LRs (it raised "name the method" before, so `layerfusion ner` stopped at once)."""
-    from layerfusion_recipes.core.cells import grid_cells
-    from layerfusion_recipes.core.sweep import runs_left
-    from layerfusion_recipes.ner.experiment import ExperimentSettings
-
     settings = ExperimentSettings(model="m", data="d", lr={"none": [1e-2, 3e-2], "dwatt": [1e-3]})
     grid = {"methods": ["none", "dwatt"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
     assert runs_left(grid_cells(grid), tmp_path / "results.jsonl", settings, None) is True
