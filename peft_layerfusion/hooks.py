@@ -287,6 +287,144 @@ class BoundHook:
         return getattr(owner, self.name)(*self.bound, *args, **kwargs)
 
 
+FORWARD_GUARD = "_layer_fusion_forward"  # the container's HookedForward (an instance attribute)
+
+
+class HookedForward:
+    """Makes ``container.forward(...)`` run the container's hooks, as ``container(...)`` does.
+
+    Calling a module runs its forward pre-hooks, its ``forward`` and its forward hooks. Code that
+    calls ``module.forward(...)`` itself skips the hooks: sentence-transformers does so on the model it
+    wraps, which is the block container when a fusion adapter was loaded into a bare ``LlamaModel``
+    through transformers' ``load_adapter``. The capture would then never open and the output would not
+    be fused, without a word. So the container's ``forward`` becomes a :class:`ForwardThroughHooks`,
+    and a call that did not come through the module's own call is sent through it.
+
+    How a call is told apart: per thread, a stack with one entry per call of the module in progress.
+    A forward pre-hook (run first) pushes an unclaimed entry, the forward claims the top entry, and an
+    always-called forward hook pops it. A forward that finds no unclaimed entry on top was called
+    directly. One guard serves every capture of the container (``users`` counts them); the last to
+    leave restores the ``forward`` that was there before.
+
+    Args:
+        container: The module whose ``forward`` is guarded.
+
+    Example:
+        >>> container = nn.Linear(2, 2)
+        >>> guard = HookedForward.attach(container)
+        >>> seen = []
+        >>> handle = container.register_forward_pre_hook(lambda module, args: seen.append("hook"))
+        >>> _ = container.forward(torch.ones(1, 2))  # a direct call runs the hook too
+        >>> seen
+        ['hook']
+        >>> HookedForward.detach(container); handle.remove()
+        >>> "forward" in vars(container)  # the class's forward again
+        False
+    """
+
+    def __init__(self, container: nn.Module) -> None:
+        self.replaced = vars(container).get("forward")  # an instance forward set before us, or None
+        self.users = 0
+        self.detached = False
+        self._local = ThreadState()
+        self.handles = [
+            container.register_forward_pre_hook(BoundHook(self._push), prepend=True),
+            container.register_forward_hook(BoundHook(self._pop), always_call=True),
+        ]
+
+    @classmethod
+    def attach(cls, container: nn.Module) -> HookedForward:
+        """The container's guard (made and installed on first use); one more user of it."""
+        guard = vars(container).get(FORWARD_GUARD)
+        if guard is None:
+            guard = cls(container)
+            container.__dict__[FORWARD_GUARD] = guard
+            container.forward = ForwardThroughHooks(container)
+        guard.users += 1
+        return guard
+
+    @staticmethod
+    def detach(container: nn.Module) -> None:
+        """One user less; the last one removes the hooks and restores the container's ``forward``."""
+        guard = vars(container).get(FORWARD_GUARD)
+        if guard is None:
+            return
+        guard.users -= 1
+        if guard.users > 0:
+            return
+        for handle in guard.handles:
+            handle.remove()
+        guard.detached = True  # a wrapper put around ours since (accelerate's) still calls it: pass through
+        current = vars(container).get("forward")
+        if isinstance(current, ForwardThroughHooks) and current.__self__ is container:
+            del container.__dict__[FORWARD_GUARD]
+            if guard.replaced is None:
+                del container.__dict__["forward"]
+            else:
+                container.forward = guard.replaced
+
+    def _stack(self) -> list[bool]:
+        stack = getattr(self._local, "calls", None)
+        if stack is None:
+            stack = self._local.calls = []
+        return stack
+
+    def _push(self, module: nn.Module, args: tuple) -> None:
+        self._stack().append(False)
+
+    def _pop(self, module: nn.Module, args: tuple, output: Any) -> None:
+        stack = self._stack()
+        if stack:
+            stack.pop()
+
+    def claim(self) -> bool:
+        """Whether this forward came through the module's call (whose hooks run); claims that call."""
+        stack = self._stack()
+        if self.detached or (stack and not stack[-1]):
+            if stack and not self.detached:
+                stack[-1] = True
+            return True
+        return False
+
+    def forward(self, container: nn.Module) -> Callable:
+        """The forward the guard stands in front of."""
+        return self.replaced if self.replaced is not None else type(container).forward.__get__(container)
+
+
+def _forward_through_hooks(container: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``container.forward`` while a capture hooks it: a direct call goes through ``container(...)``."""
+    guard: HookedForward = container.__dict__[FORWARD_GUARD]
+    if guard.claim():
+        return guard.forward(container)(*args, **kwargs)
+    return container(*args, **kwargs)
+
+
+class ForwardThroughHooks:
+    """The guarded ``forward`` of a container, as a bound method of :func:`_forward_through_hooks`.
+
+    It quacks as a bound method (``__func__``, ``__self__``), so code that wraps
+    ``module.forward.__func__`` (accelerate's mixed precision) keeps working, but it holds its module
+    through a :class:`~.utils.WeakLink`: a bound method stored on the module would put the model in a
+    reference cycle. A deep copy of the model points at the copied container.
+
+    Args:
+        container: The module it is the ``forward`` of.
+    """
+
+    __slots__ = ("_container",)
+    __func__ = staticmethod(_forward_through_hooks)
+
+    def __init__(self, container: nn.Module) -> None:
+        self._container = WeakLink(container)
+
+    @property
+    def __self__(self) -> nn.Module:
+        return self._container()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _forward_through_hooks(self._container(), *args, **kwargs)
+
+
 class BlockCapture:
     """Hooks that capture ``z_0 .. z_L`` and swap in ``fuse(capture)``.
 
@@ -352,6 +490,7 @@ class BlockCapture:
             add(projection.register_forward_pre_hook(BoundHook(self._at_projection), with_kwargs=True))
             add(projection.register_forward_hook(BoundHook(self._after_projection)))
         add(container.register_forward_hook(BoundHook(self._close_capture), always_call=True))
+        HookedForward.attach(container)  # `container.forward(...)` runs these hooks too
 
     # ------------------------------------------------------------- per-thread state
     def _frames(self) -> list[_Frame]:
@@ -567,6 +706,8 @@ class BlockCapture:
 
     def remove(self) -> None:
         """Remove every hook this capture registered."""
+        if self.handles and self._located.container.alive:
+            HookedForward.detach(self.located.container)
         for handle in self.handles:
             handle.remove()
         self.handles.clear()

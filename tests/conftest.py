@@ -46,6 +46,20 @@ torch.set_num_threads(1)  # tiny models: one thread is fastest and leaves the ot
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
+@pytest.fixture(autouse=True)
+def environment_as_it_was() -> Iterator[None]:
+    """Each test ends with ``os.environ`` as it began.
+
+    transformers 4.x's ``TrainingArguments(bf16=True)`` (TRL's default) writes
+    ``ACCELERATE_MIXED_PRECISION=bf16`` into the process environment and never takes it back: every
+    later ``Trainer`` of the process, and every ``accelerate`` run, then trains under bf16 autocast.
+    """
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def seq2seq_sizes(sizes: dict) -> dict:
     """``sizes`` (BERT's names, as :data:`TINY`) under the names of BART-like encoder-decoders (BART,
     mBART, Whisper), the decoder as large as the encoder."""

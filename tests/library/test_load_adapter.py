@@ -10,6 +10,7 @@ bitwise once the tensors are realigned. ``PeftModel.from_pretrained`` is bitwise
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import transformers
 from conftest import perturb_, tiny_bert
 from peft import get_peft_model
 from test_surface_fusion import batch, tiny_bart
+from tiny_decoders import FAMILIES, adapted, token_ids
 
 from peft_layerfusion import count_hooks
 from peft_layerfusion.fusion import realign_after_load
@@ -111,3 +113,39 @@ def test_a_failed_transformers_load_adapter_leaves_the_model_as_it_was(tmp_path,
     realign_after_load(base)
     with torch.no_grad():
         assert torch.equal(base.eval()(**inputs).logits, saved_logits)
+
+
+def wrapped_like_accelerate(model: torch.nn.Module) -> None:
+    """What accelerate's mixed precision does to a prepared model: wrap ``model.forward.__func__``."""
+    inner = model.forward.__func__
+
+    def forward(self, *args, **kwargs):
+        return inner(self, *args, **kwargs)
+
+    model.forward = types.MethodType(forward, model)
+
+
+@pytest.mark.parametrize("name", [method.name for method in METHODS if not method.seq2seq])
+def test_a_bare_decoder_loaded_by_transformers_fuses_when_its_forward_is_called_directly(tmp_path, name):
+    """transformers' ``load_adapter`` on a bare ``LlamaModel`` puts the hooks on the model itself (it is the
+    blocks' container); sentence-transformers then calls ``model.forward(...)``, which skips a module's
+    hooks. That call fuses as ``model(...)`` does, also after a deep copy and under accelerate's wrap."""
+    family = FAMILIES["llama"]
+    base = family.backbone_of(family.build("causal"))  # LlamaModel: container and root at once
+    inputs = {"input_ids": token_ids()}
+    with torch.no_grad():
+        plain = base(**inputs).last_hidden_state
+    adapted(copy.deepcopy(base), CONFIGS[name]()).save_pretrained(tmp_path)
+    fresh = copy.deepcopy(base)
+    fresh.load_adapter(str(tmp_path))
+    fresh.eval()
+    with torch.no_grad():
+        called = fresh(**inputs).last_hidden_state
+        assert (called - plain).abs().max() > 1e-3  # the adapter changes the output
+        assert torch.equal(fresh.forward(**inputs).last_hidden_state, called)
+        copied = copy.deepcopy(fresh)  # tensors realigned: equal to its own call, close to fresh
+        assert torch.equal(copied.forward(**inputs).last_hidden_state, copied(**inputs).last_hidden_state)
+        torch.testing.assert_close(copied.forward(**inputs).last_hidden_state, called)
+        wrapped_like_accelerate(fresh)
+        assert torch.equal(fresh.forward(**inputs).last_hidden_state, called)
+        assert torch.equal(fresh(**inputs).last_hidden_state, called)

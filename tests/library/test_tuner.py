@@ -180,10 +180,13 @@ def test_disable_adapter_gives_exact_base(input_ids):
 @pytest.mark.parametrize("config_cls", [DWAttConfig, ExtraLayersConfig])
 def test_unload_restores_the_base(config_cls, input_ids):
     model, reference = trained(config_cls(modules_to_save=["classifier"]))
-    assert count_hooks(model) == 2 + 2 * 3 + 2  # container pre/post, pre/post per block, model pre/post
+    # container pre/post, pre/post per block, model pre/post, the container's forward guard pre/post
+    assert count_hooks(model) == 2 + 2 * 3 + 2 + 2
+    assert "forward" in vars(model.base_model.model.bert.encoder)  # the guard (HookedForward)
     unloaded = model.unload()
     assert type(unloaded) is type(reference)
     assert count_hooks(unloaded) == 0
+    assert "forward" not in vars(unloaded.bert.encoder)  # the class's forward again
     assert not any(isinstance(m, LayerFusionLayer) for m in unloaded.modules())
     assert "layer_fusion" not in unloaded.bert.encoder._modules
     assert isinstance(unloaded.classifier, torch.nn.Linear)  # the ModulesToSaveWrapper is gone too
