@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 st = pytest.importorskip(
     "sentence_transformers", reason="sentence-transformers is not installed: pip install -e '.[integrations]'"
@@ -27,6 +28,7 @@ from peft_layerfusion import ScalarMixConfig  # noqa: E402
 from peft_layerfusion.layer import fusion_layer_of  # noqa: E402
 
 WRITERS = {"bert": write_tiny_model, "llama": write_tiny_decoder}
+TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
 FINAL_NORM = {"bert": None, "llama": "norm"}  # the decoder's final norm F (applied after the fusion)
 
 
@@ -101,7 +103,10 @@ def test_sentence_transformer_with_fusion_trains_saves_reloads_and_matches_recom
     assert torch.equal(reloaded.encode(list(SENTENCES), convert_to_tensor=True), embeddings)
     # sentence-transformers' own load goes through transformers' `load_adapter` (the adapter's hooks on
     # the bare model, which sentence-transformers calls as `model.forward(...)`): equal up to float
-    # rounding (transformers 5 leaves the loaded tensors unaligned, tests/library/test_load_adapter.py)
+    # rounding (transformers 5 leaves the loaded tensors unaligned, tests/library/test_load_adapter.py).
+    # transformers 4 reads no adapter-only folder there (no config.json): nothing to check
+    if not TRANSFORMERS_5:
+        return
     loaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
     assert not isinstance(loaded[0].model, PeftModel)
     torch.testing.assert_close(loaded.encode(list(SENTENCES), convert_to_tensor=True), embeddings)
