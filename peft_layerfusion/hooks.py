@@ -386,16 +386,18 @@ class HookedForward:
             return True
         return False
 
-    def forward(self, container: nn.Module) -> Callable:
-        """The forward the guard stands in front of."""
-        return self.replaced if self.replaced is not None else type(container).forward.__get__(container)
+    def run_forward(self, container: nn.Module, args: tuple, kwargs: dict) -> Any:
+        """Run the forward the guard stands in front of (the class's, unless one was set on the instance)."""
+        if self.replaced is not None:
+            return self.replaced(*args, **kwargs)
+        return type(container).forward(container, *args, **kwargs)  # dynamo reads .__get__ as instance's
 
 
 def _forward_through_hooks(container: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``container.forward`` while a capture hooks it: a direct call goes through ``container(...)``."""
     guard: HookedForward = container.__dict__[FORWARD_GUARD]
     if guard.claim():
-        return guard.forward(container)(*args, **kwargs)
+        return guard.run_forward(container, args, kwargs)
     return container(*args, **kwargs)
 
 
