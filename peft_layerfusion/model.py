@@ -196,8 +196,9 @@ class LayerFusionModel(LoraModel):
     @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
         # `...layer_fusion.dwatt_fusion.<adapter>.query_mlp.up_weight`: the adapter name sits in
-        # the middle of a fusion key, where peft's default (last or second-to-last) misses it.
-        pattern = rf"(\.{LAYER_NAME}\.[A-Za-z0-9_]*{FUSION_SUFFIX})\.{re.escape(adapter_name)}(\.|$)"
+        # the middle of a fusion key, where peft's default (last or second-to-last) misses it. The
+        # key starts with `layer_fusion.` when the container is the model itself (a bare decoder).
+        pattern = rf"((?:^|\.){LAYER_NAME}\.[A-Za-z0-9_]*{FUSION_SUFFIX})\.{re.escape(adapter_name)}(\.|$)"
         new_key, found = re.subn(pattern, r"\1\2", key, count=1)
         return new_key if found else super()._remove_adapter_name_from_key(key, adapter_name)
 

@@ -135,13 +135,15 @@ def test_a_bare_decoder_loaded_by_transformers_fuses_when_its_forward_is_called_
     inputs = {"input_ids": token_ids()}
     with torch.no_grad():
         plain = base(**inputs).last_hidden_state
-    adapted(copy.deepcopy(base), CONFIGS[name]()).save_pretrained(tmp_path)
+    trained = adapted(copy.deepcopy(base), CONFIGS[name]())
+    trained.save_pretrained(tmp_path)
     fresh = copy.deepcopy(base)
     fresh.load_adapter(str(tmp_path))
     fresh.eval()
     with torch.no_grad():
         called = fresh(**inputs).last_hidden_state
         assert (called - plain).abs().max() > 1e-3  # the adapter changes the output
+        torch.testing.assert_close(called, trained(**inputs).last_hidden_state)  # every weight loaded
         assert torch.equal(fresh.forward(**inputs).last_hidden_state, called)
         copied = copy.deepcopy(fresh)  # tensors realigned: equal to its own call, close to fresh
         assert torch.equal(copied.forward(**inputs).last_hidden_state, copied(**inputs).last_hidden_state)
