@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..data.readers import collate
+from .batches import collate
 from .cells import Cell, record_key
 from .fitting import RunResult, fit
 from .models import PLAIN_HEAD

@@ -45,6 +45,7 @@ from torch import nn
 from peft_layerfusion.layer import fused_positions
 from peft_layerfusion.utils import eval_mode
 
+from ..core.batches import IGNORE_INDEX
 from ..core.errors import DataSourceError, first_line
 from ..core.loop import TrainingLoop, restore, snapshot
 from ..core.models import (
@@ -60,7 +61,7 @@ from ..core.selection import select_then_repeat
 from ..core.sweep_log import peak_rss_mb
 from ..core.tasks import check_task
 from ..data.locations import looks_like_hub_name
-from ..data.readers import IGNORE_INDEX, read_text
+from ..data.readers import read_text
 from .records import legacy_records, lr_label, results_file, run_key, summarize
 from .settings import MlmSettings
 

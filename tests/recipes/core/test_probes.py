@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from conftest import write_text_data, write_tiny_model, write_toy_data
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.core import probes
+from layerfusion_recipes.core.batches import IGNORE_INDEX
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.fitting import fit
 from layerfusion_recipes.core.probes import probe_records, probe_runner, probes_path, run_probes
 from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.data.readers import IGNORE_INDEX
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from seqeval.metrics import f1_score
 from torch import nn

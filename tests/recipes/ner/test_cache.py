@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from layerfusion_recipes.core.batches import collate
 from layerfusion_recipes.core.feature_cache import FeatureCache
-from layerfusion_recipes.data.readers import collate
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.training import TokenClassifierRunner, TrainSettings, train_token_classifier
 
