@@ -19,7 +19,7 @@ from typing import Any
 
 from .core.errors import DataSourceError, UserError
 from .core.grids import describe_default, describe_demo_lrs
-from .data.locations import check_model, check_source
+from .core.locations import check_model, check_source
 from .data.tags import TAG_SCHEMES
 from .names import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
 from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings

@@ -33,8 +33,8 @@ from peft_layerfusion.discovery import is_decoder_only
 from peft_layerfusion.layer import LayerFusionLayer
 from peft_layerfusion.registration import ENCODER_METHODS
 
-from ..data.locations import check_model
 from .errors import UserError
+from .locations import check_model
 
 # The plain last-layer head ("none"): no fusion method, the baseline every table pairs with.
 PLAIN_HEAD: str = METHOD_NAMES[0]

@@ -47,6 +47,7 @@ from peft_layerfusion.utils import eval_mode
 
 from ..core.batches import IGNORE_INDEX
 from ..core.errors import DataSourceError, first_line
+from ..core.locations import looks_like_hub_name
 from ..core.loop import TrainingLoop, restore, snapshot
 from ..core.models import (
     apply_regime,
@@ -60,7 +61,6 @@ from ..core.records import finished_records, read_records, run_or_resume
 from ..core.selection import select_then_repeat
 from ..core.sweep_log import peak_rss_mb
 from ..core.tasks import check_task
-from ..data.locations import looks_like_hub_name
 from ..data.readers import read_text
 from .records import legacy_records, lr_label, results_file, run_key, summarize
 from .settings import MlmSettings
