@@ -4,92 +4,33 @@ Only the standard library is imported here (and by :mod:`layerfusion_recipes.cli
 ``layerfusion --help`` and every ``layerfusion COMMAND --help`` answer at once; the heavy
 libraries (torch, transformers, peft) load only when a command runs. The method and regime names
 that the library defines are checked before that (the ``check_*`` functions below), from
-:mod:`layerfusion_recipes.names` (generated from the registry), with a one-line error naming what
+:mod:`layerfusion_recipes.core.names` (generated from the registry), with a one-line error naming what
 is allowed.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .core.errors import DataSourceError, UserError
-from .core.grids import describe_default, describe_demo_lrs
-from .core.locations import check_model, check_source
-from .data.tags import TAG_SCHEMES
-from .names import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
-from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
-
-# AdapterHub bottleneck adapters: their usual 1e-4..1e-3, extended up to 1e-2 for a new random head
-# trained in ~50 steps at N = 8 (LoRA and BitFit peak at 1e-2 there); not measured here yet.
-ADAPTER_LR_GRID: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2)
-# Max-LR grids per regime: every cell trains each LR, selected on dev (see README, "Learning-rate
-# selection", for the measurements behind them).
-DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
-    "fe": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
-    "lora": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
-    "bitfit": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
-    "ft": (3e-5, 1e-4, 3e-4, 1e-3),
-    "adapter_seqbn": ADAPTER_LR_GRID,
-    "adapter_double_seqbn": ADAPTER_LR_GRID,
-}
-# Max-LR grids of `layerfusion mlm` per regime: each LR is one run (minutes on CPU), the one with the
-# lowest dev perplexity is selected. Short on purpose; the summary flags a selected LR at an edge.
-DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
-    "fe": (1e-4, 3e-4, 1e-3, 3e-3),
-    # not measured for the masked LM; from the NER evidence of a fresh head (LoRA / BitFit best at
-    # 1e-2 after 50 steps, FT at 3e-4) and the FE MLM runs (every method selected 1e-3 or 3e-4)
-    "lora": (1e-3, 3e-3, 1e-2),
-    "bitfit": (1e-3, 3e-3, 1e-2),
-    "ft": (1e-4, 3e-4, 1e-3),
-}
-
-RESULTS_ROOT = "layerfusion-results"  # the default output folders are its sub-folders, one per task
-FULL_TRAIN = 0  # the shots of a cell trained on the whole train split (``--shots all``)
-# integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
-POSITIVE_INT_OPTIONS = (
-    "max_length",
-    "dev_limit",
-    "test_limit",
-    "train_sentences",
-    "batch_size",
-    "eval_every",
-    "shots",
-    "epochs",
-    "trials",
-    "workers",
-    "threads",
-    "select_trials",
-    "probe_layers",
+from .core.grids import (
+    DEFAULT_LR_GRIDS,
+    DEFAULT_MLM_LR_GRIDS,
+    FULL_TRAIN,
+    check_lr,
+    describe_default,
+    describe_demo_lrs,
+    describe_lr_grids,
 )
-
-
-def default_output(task: str) -> str:
-    """The output folder of a task when ``--output`` is not given: its own, so that two tasks never
-    share a results file.
-
-    Example:
-        >>> default_output("classify")
-        'layerfusion-results/classify'
-    """
-    return f"{RESULTS_ROOT}/{task}"
-
-
-def check_names(option: str, values: Sequence[str] | None, allowed: Sequence[str]) -> None:
-    """Raise ``ValueError`` naming ``option``, the unknown values and what is allowed.
-
-    Example:
-        >>> check_names("methods", ["dwat"], ("none", "dwatt"))
-        Traceback (most recent call last):
-        ValueError: --methods: unknown ['dwat']; allowed: none, dwatt
-    """
-    unknown = [value for value in values or () if value not in allowed]
-    if unknown:
-        raise ValueError(f"--{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
+from .core.locations import check_model, check_source
+from .core.names import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
+from .core.options import CACHE_DTYPES, PROBE_TOP, check_names, default_output
+from .data.tags import TAG_SCHEMES
+from .seq2seq.settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
 
 def positive_int(text: str) -> int:
@@ -124,58 +65,6 @@ def positive_float(text: str) -> float:
     return value
 
 
-def check_lr(value: float, option: str = "--lr") -> float:
-    """``value`` as a float if it is a finite number > 0, else ``ValueError`` naming ``option``.
-
-    Args:
-        value: A learning rate.
-        option: The option it came from, for the message.
-
-    Example:
-        >>> check_lr(1e-3)
-        0.001
-        >>> check_lr(float("nan"))
-        Traceback (most recent call last):
-        ValueError: --lr nan: must be a finite number > 0, e.g. --lr 1e-4 3e-4
-    """
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and value > 0):
-        raise ValueError(f"{option} {value!r}: must be a finite number > 0, e.g. {option} 1e-4 3e-4")
-    return float(value)
-
-
-def lr_grid(
-    lr: float | Sequence[float] | None,
-    defaults: Mapping[str, tuple[float, ...]],
-    regime: str,
-    option: str = "--lr",
-) -> tuple[float, ...]:
-    """The LRs to run, ascending and unique: the given values, else the regime's default grid.
-
-    Args:
-        lr: One LR or several; ``None``: ``defaults[regime]``.
-        defaults: Default grid per regime (:data:`DEFAULT_LR_GRIDS`, :data:`DEFAULT_MLM_LR_GRIDS`).
-        regime: The training regime.
-        option: Where the values came from, for the message (:func:`check_lr`).
-
-    Raises:
-        ValueError: naming ``option`` and the value when one is not a finite number > 0, or when
-            ``lr`` is empty.
-
-    Example:
-        >>> lr_grid([3e-3, 1e-3, 1e-3], DEFAULT_LR_GRIDS, "fe")
-        (0.001, 0.003)
-        >>> lr_grid(None, DEFAULT_LR_GRIDS, "ft") == DEFAULT_LR_GRIDS["ft"]
-        True
-    """
-    if lr is None:
-        return defaults[regime]
-    values = [lr] if isinstance(lr, (int, float)) else list(lr)
-    if not values:
-        raise ValueError(f"{option}: give one or more finite numbers > 0, e.g. {option} 1e-4 3e-4")
-    return tuple(sorted({check_lr(value, option) for value in values}))
-
-
 def learning_rate(text: str) -> float:
     """argparse ``type`` of LRs: a finite number > 0 (else a one-line usage error, exit code 2).
 
@@ -187,33 +76,6 @@ def learning_rate(text: str) -> float:
         return check_lr(float(text))
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from error
-
-
-def describe_lr_grids(grids: dict[str, tuple[float, ...]]) -> str:
-    """The LR grids per regime in one line, for help texts.
-
-    Example:
-        >>> describe_lr_grids({"fe": (1e-3, 3e-3), "ft": (3e-5,)})
-        'fe: 0.001 0.003; ft: 3e-05'
-    """
-    return "; ".join(f"{name}: {' '.join(map('{:g}'.format, lrs))}" for name, lrs in grids.items())
-
-
-def check_positive_ints(options: dict[str, Any], source: str) -> None:
-    """Raise ``ValueError`` naming ``source`` and the option when a count option is not >= 1.
-
-    Example:
-        >>> check_positive_ints({"epochs": [25, 0]}, "grid.yaml")
-        Traceback (most recent call last):
-        ValueError: grid.yaml: epochs must be integers >= 1, got [25, 0]
-    """
-    for name in POSITIVE_INT_OPTIONS:
-        value = options.get(name)
-        values = value if isinstance(value, list) else [value]
-        if name == "shots":  # `all` (the whole train split) is the task's to accept or refuse
-            values = [v for v in values if v != "all"]
-        if value is not None and not all(type(v) is int and v >= 1 for v in values):
-            raise ValueError(f"{source}: {name} must be integers >= 1, got {value!r}")
 
 
 def shots_value(text: str) -> int:
@@ -463,10 +325,6 @@ def _add_output_arguments(parser: argparse.ArgumentParser, task: str) -> None:
     add_probe_arguments(parser)
 
 
-# storage dtypes of the feature cache (``--cache-dtype``); float32, the default, is exact
-CACHE_DTYPES = ("float32", "bfloat16", "float16")
-
-
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     """The feature cache's options: where it lives, its precision, and its size before a run."""
     cache = parser.add_argument_group(
@@ -514,9 +372,6 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         "candidates, the process's own (0.6 GB), their sum per process (what the sweep peaks at) and "
         "the memory available, then exit without running.",
     )
-
-
-PROBE_TOP = 3  # --probe-layers without a value: the best 3 layers
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..arguments import default_output
 from ..core.demo import model_path
 from ..core.models import METHOD_NAMES, REGIME_NAMES
+from ..core.options import default_output
 from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ClassifySettings
 

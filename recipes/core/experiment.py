@@ -14,7 +14,7 @@ of a run. Its settings derive from :class:`TaskSettings` (the fields that change
 of every record key).
 
 Learning rates: a cell trains every LR of its regime's grid (``lr`` values, else
-:data:`~layerfusion_recipes.arguments.DEFAULT_LR_GRIDS`); :mod:`layerfusion_recipes.core.selection`
+:data:`~layerfusion_recipes.core.grids.DEFAULT_LR_GRIDS`); :mod:`layerfusion_recipes.core.selection`
 picks the LR per cell on dev.
 """
 
@@ -34,7 +34,6 @@ from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from peft_layerfusion.registration import METHODS
 
-from ..arguments import DEFAULT_LR_GRIDS, lr_grid
 from .cache_files import path_fingerprint
 from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
 from .errors import UserError
@@ -49,6 +48,7 @@ from .feature_cache import (
     storage_dtype,
 )
 from .fitting import RunResult, TrainSettings, fit
+from .grids import DEFAULT_LR_GRIDS, lr_grid
 from .loop import collect_garbage, restore, snapshot
 from .models import (
     PLAIN_HEAD,

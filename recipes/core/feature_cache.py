@@ -61,7 +61,6 @@ from peft_layerfusion.discovery import EncoderBlocks, hidden_size_of
 from peft_layerfusion.hooks import first_tensor
 from peft_layerfusion.utils import eval_mode
 
-from ..arguments import CACHE_DTYPES
 from .cache_files import (
     SHARD_SUFFIX,
     CorruptShardError,
@@ -74,6 +73,7 @@ from .cache_files import (
     write_shard,
 )
 from .loop import release_freed_memory
+from .options import CACHE_DTYPES
 
 # storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round
 STORAGE_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in CACHE_DTYPES}

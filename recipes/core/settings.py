@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
-from ..arguments import FULL_TRAIN, PROBE_TOP, check_names, check_positive_ints
 from .experiment import cache_positions_for
 from .feature_cache import storage_dtype
+from .grids import FULL_TRAIN
 from .models import METHOD_NAMES, check_adapter_grid
+from .options import PROBE_TOP, check_names, check_positive_ints
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 RUN_KEYS = ("output", "results", "workers", "quiet", "threads", "select_trials", "dry_run", "probe_layers")
@@ -118,7 +119,7 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
     Returns:
         ``{methods, regimes, shots, epochs, trials, output, results, workers, quiet, threads,
         select_trials, dry_run, probe_layers}``; ``results`` is the results file (:func:`results_path`), a
-        YAML ``shots`` value ``all`` is :data:`~layerfusion_recipes.arguments.FULL_TRAIN`; ``probe_layers``
+        YAML ``shots`` value ``all`` is :data:`~layerfusion_recipes.core.grids.FULL_TRAIN`; ``probe_layers``
         is ``None`` (no probes) or the K of ``--probe-layers``.
 
     Raises:

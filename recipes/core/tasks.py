@@ -2,7 +2,7 @@
 
 ``ner`` (``layerfusion ner`` and ``sweep``), ``classify``, ``mlm`` and ``seq2seq`` each write their own
 records; each has its own default output folder
-(:func:`~layerfusion_recipes.arguments.default_output`), and a results file holds one task's records:
+(:func:`~layerfusion_recipes.core.options.default_output`), and a results file holds one task's records:
 a command refuses a file that holds another task's (:func:`check_task`), in one line naming the file,
 the task found there and its own. A record says its task (``task``); one written before that field
 is told by its fields (:func:`record_task`).

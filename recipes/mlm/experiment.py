@@ -8,7 +8,7 @@ seed. A run reports the test perplexity ``exp(mean masked-token cross-entropy)``
 checkpoint with the best dev loss.
 
 Learning rates: each LR of the grid (``--lr``, else the regime's
-:data:`~layerfusion_recipes.arguments.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
+:data:`~layerfusion_recipes.core.grids.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
 and masks, appended as one record to ``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.mlm.records`:
 keyed by its method, regime, seed, LR and the settings that change its result,
 ``MlmSettings.run_settings``). Re-running skips a run whose key is there (also a run file of a folder

@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..arguments import default_output
 from ..core.cells import FULL_TRAIN
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, model_path
 from ..core.grids import PAPER_AXES, USER_AXES
 from ..core.models import NER_REGIME_NAMES, default_token_head
+from ..core.options import default_output
 from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ExperimentSettings
 

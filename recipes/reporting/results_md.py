@@ -168,15 +168,11 @@ from typing import Any
 
 from peft_layerfusion.utils import atomic_write_text
 
-from ..arguments import (
-    DEFAULT_LR_GRIDS,
-    add_mlm_arguments,
-    add_seq2seq_arguments,
-    lr_grid,
-)
+from ..arguments import add_mlm_arguments, add_seq2seq_arguments
 from ..commands import COMMANDS
 from ..core.demo import demo_model_path
 from ..core.errors import UserError, is_user_error, one_line
+from ..core.grids import DEFAULT_LR_GRIDS, lr_grid
 from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
 from ..core.probes import probes_path
 from ..core.records import read_records

@@ -14,8 +14,9 @@ import pytest
 import torch
 import yaml
 from conftest import toy_dataset, write_tiny_model, write_toy_data
-from layerfusion_recipes.arguments import DEFAULT_LR_GRIDS, add_experiment_arguments
+from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.cli import main
+from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
 from layerfusion_recipes.core.models import NER_REGIME_NAMES, regime_options
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key

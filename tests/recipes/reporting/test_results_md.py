@@ -7,8 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.cli import main
+from layerfusion_recipes.core.grids import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.core.records import append_line, append_record, read_records
 from layerfusion_recipes.mlm import records as mlm_records
 from layerfusion_recipes.reporting import results_md

@@ -1,0 +1,71 @@
+"""What the options of every task share, standard library only (the command line imports it): the
+default output folders, the feature cache's storage dtypes, the probes' default K, and one-line checks
+of names and counts that the flags and the YAML files both pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+RESULTS_ROOT = "layerfusion-results"  # the default output folders are its sub-folders, one per task
+
+# integer options that must be >= 1 (checked by argparse for flags, by `resolve` for the YAML)
+POSITIVE_INT_OPTIONS = (
+    "max_length",
+    "dev_limit",
+    "test_limit",
+    "train_sentences",
+    "batch_size",
+    "eval_every",
+    "shots",
+    "epochs",
+    "trials",
+    "workers",
+    "threads",
+    "select_trials",
+    "probe_layers",
+)
+# storage dtypes of the feature cache (``--cache-dtype``); float32, the default, is exact
+CACHE_DTYPES = ("float32", "bfloat16", "float16")
+PROBE_TOP = 3  # --probe-layers without a value: the best 3 layers
+
+
+def default_output(task: str) -> str:
+    """The output folder of a task when ``--output`` is not given: its own, so that two tasks never
+    share a results file.
+
+    Example:
+        >>> default_output("classify")
+        'layerfusion-results/classify'
+    """
+    return f"{RESULTS_ROOT}/{task}"
+
+
+def check_names(option: str, values: Sequence[str] | None, allowed: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming ``option``, the unknown values and what is allowed.
+
+    Example:
+        >>> check_names("methods", ["dwat"], ("none", "dwatt"))
+        Traceback (most recent call last):
+        ValueError: --methods: unknown ['dwat']; allowed: none, dwatt
+    """
+    unknown = [value for value in values or () if value not in allowed]
+    if unknown:
+        raise ValueError(f"--{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
+
+
+def check_positive_ints(options: dict[str, Any], source: str) -> None:
+    """Raise ``ValueError`` naming ``source`` and the option when a count option is not >= 1.
+
+    Example:
+        >>> check_positive_ints({"epochs": [25, 0]}, "grid.yaml")
+        Traceback (most recent call last):
+        ValueError: grid.yaml: epochs must be integers >= 1, got [25, 0]
+    """
+    for name in POSITIVE_INT_OPTIONS:
+        value = options.get(name)
+        values = value if isinstance(value, list) else [value]
+        if name == "shots":  # `all` (the whole train split) is the task's to accept or refuse
+            values = [v for v in values if v != "all"]
+        if value is not None and not all(type(v) is int and v >= 1 for v in values):
+            raise ValueError(f"{source}: {name} must be integers >= 1, got {value!r}")
