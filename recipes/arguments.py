@@ -18,6 +18,7 @@ from typing import Any
 
 from .core.errors import DataSourceError, UserError
 from .core.grids import (
+    DEFAULT_EVAL_EVERY,
     DEFAULT_LR_GRIDS,
     DEFAULT_MLM_LR_GRIDS,
     FULL_TRAIN,
@@ -405,7 +406,7 @@ CLASSIFY_WORDS = TaskWords(
     score="dev score of --metric (accuracy or macro-F1)",
     test="test accuracy and macro-F1",
     eval_every="Evaluate on dev every k epochs (and after the last); each run keeps its best dev epoch. "
-    "Default: 5 (scoring dev is most of a cached run's time).",
+    f"Default: {DEFAULT_EVAL_EVERY} (scoring dev is most of a cached run's time).",
     batch="Examples per step. Default: 8.",
     head="Head modules trained with the fusion (peft modules_to_save); default: the modules the "
     "checkpoint lacks (the new head: BERT's classifier, a decoder's score).",

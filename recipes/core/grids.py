@@ -39,9 +39,14 @@ DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
     "bitfit": (1e-3, 3e-3, 1e-2),
     "ft": (1e-4, 3e-4, 1e-3),
 }
+# The max LR of a lone run (``lr`` not given, outside a sweep's grid)
+FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
+FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
 FULL_TRAIN = 0  # the shots of a cell trained on the whole train split (``--shots all``)
 
-# eval_every: dev F1 every k epochs (and after the last); scoring dev is most of a cached run's time
+# eval_every: dev scored every k epochs (and after the last); scoring dev is most of a cached run's time
+EVERY_EPOCH = 1  # the paper's protocol, and the default of the settings a script builds (TaskSettings)
+DEFAULT_EVAL_EVERY = 5  # the command line's on your data (ner, sweep, classify); the demo has its own
 DEMO_AXES: dict[str, Any] = {
     "shots": [2, 8],
     "epochs": [15],
@@ -59,12 +64,12 @@ DEMO_AXES: dict[str, Any] = {
         "dwatt": [1e-3, 3e-3, 1e-2],
     },
 }
-USER_AXES: dict[str, Any] = {"shots": [2, 8], "epochs": [25], "trials": 3, "eval_every": 5}
+USER_AXES: dict[str, Any] = {"shots": [2, 8], "epochs": [25], "trials": 3, "eval_every": DEFAULT_EVAL_EVERY}
 PAPER_AXES: dict[str, Any] = {
     "shots": [8, 16, 32, 64, 128],
     "epochs": [25, 50, 75, 100],
     "trials": 5,
-    "eval_every": 1,
+    "eval_every": EVERY_EPOCH,
 }
 
 

@@ -25,8 +25,9 @@ POSITIVE_INT_OPTIONS = (
     "select_trials",
     "probe_layers",
 )
-# storage dtypes of the feature cache (``--cache-dtype``); float32, the default, is exact
-CACHE_DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_CACHE_DTYPE = "float32"  # the feature cache's storage dtype by default: the encoder's own numbers
+# storage dtypes of the feature cache (``--cache-dtype``): the exact default, then the two halves
+CACHE_DTYPES = (DEFAULT_CACHE_DTYPE, "bfloat16", "float16")
 PROBE_TOP = 3  # --probe-layers without a value: the best 3 layers
 
 
@@ -69,3 +70,20 @@ def check_positive_ints(options: dict[str, Any], source: str) -> None:
             values = [v for v in values if v != "all"]
         if value is not None and not all(type(v) is int and v >= 1 for v in values):
             raise ValueError(f"{source}: {name} must be integers >= 1, got {value!r}")
+
+
+def check_cache_dtype(name: str) -> str:
+    """``name`` when it is a storage dtype of the feature cache (:data:`CACHE_DTYPES`), else a one-line
+    ``ValueError`` naming it and the allowed ones: the one check of ``--cache-dtype``, whether it comes
+    from a flag, a YAML file or the settings of a script.
+
+    Example:
+        >>> check_cache_dtype("bfloat16")
+        'bfloat16'
+        >>> check_cache_dtype("half")
+        Traceback (most recent call last):
+        ValueError: --cache-dtype 'half': allowed float32, bfloat16, float16
+    """
+    if name not in CACHE_DTYPES:
+        raise ValueError(f"--cache-dtype {name!r}: allowed {', '.join(CACHE_DTYPES)}")
+    return name

@@ -151,7 +151,7 @@ def probe_records(
     cell = Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
     train = experiment.train_sample(shots, trial)
     runner = probe_runner(experiment, train, trial, len(lrs))
-    settings = experiment.train_settings(cell, lrs[0])
+    settings = experiment.train_settings(cell)
     layers = runner.num_blocks
     results = fit(
         runner,

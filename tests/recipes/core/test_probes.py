@@ -103,7 +103,7 @@ def trained_probes(experiment, shots: int, trial: int):
     """The probes of a trial trained by ``fit`` (as :func:`probe_records` does), for their weights."""
     train = experiment.train_sample(shots, trial)
     runner = probe_runner(experiment, train, trial, len(LRS))
-    settings = experiment.train_settings(Cell("probe", "fe", shots, EPOCHS, trial), LRS[0])
+    settings = experiment.train_settings(Cell("probe", "fe", shots, EPOCHS, trial))
     lrs = [lr for lr in LRS for _ in range(LAYERS)]
     fit(runner, train, experiment.dev, settings, experiment.scorer_of, lrs=lrs, test=experiment.test)
     return runner

@@ -30,7 +30,7 @@ def _train_one_epoch(experiment: Experiment, method: str, use_cache: bool):
         cache.fill(train)
     runner = TokenClassifierRunner(model, located, cache)
     result = train_token_classifier(
-        runner, train, experiment.dev, experiment.id2label, TrainSettings(epochs=1, lr=3e-2, batch_size=4)
+        runner, train, experiment.dev, experiment.id2label, TrainSettings(epochs=1, batch_size=4), 3e-2
     )
     model.eval()
     with torch.no_grad():

@@ -43,9 +43,9 @@ def test_lr_decays_linearly_to_zero_and_curve_every_k_epochs(experiment):
 
     torch.optim.AdamW.step = recording_step
     try:
-        settings = TrainSettings(epochs=6, lr=0.06, batch_size=4, eval_every=4)
+        settings = TrainSettings(epochs=6, batch_size=4, eval_every=4)
         result = train_token_classifier(
-            TokenClassifierRunner(model, located), train, experiment.dev, experiment.id2label, settings
+            TokenClassifierRunner(model, located), train, experiment.dev, experiment.id2label, settings, 0.06
         )
     finally:
         torch.optim.AdamW.step = original_step

@@ -156,7 +156,7 @@ def test_the_adapters_train_in_the_recipe_and_the_encoder_does_not(tmp_path):
     train = experiment.train_sample(4, 0)
     runner = TokenClassifierRunner(model, located)
     train_token_classifier(
-        runner, train, experiment.dev, experiment.id2label, experiment.train_settings(cell, 1e-2)
+        runner, train, experiment.dev, experiment.id2label, experiment.train_settings(cell), 1e-2
     )
     moved = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
     assert moved == set(trainable_parameter_names(model))
