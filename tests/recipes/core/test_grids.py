@@ -20,7 +20,8 @@ def test_dev_every_k_epochs_has_one_default_per_path():
     """Your data: every 5 epochs for both tasks; the paper's grid and a script's settings: every epoch;
     the demo: its own."""
     ner, _ = resolve_ner(build_parser().parse_args(["ner", "--data", "conll/"]))
-    classify, _ = resolve_classify(build_parser().parse_args(["classify", "--data", "sst2/", "--model", "m/"]))
+    args = build_parser().parse_args(["classify", "--data", "sst2/", "--model", "m/"])
+    classify, _ = resolve_classify(args)
     assert ner.eval_every == classify.eval_every == USER_AXES["eval_every"] == DEFAULT_EVAL_EVERY == 5
     paper, _ = resolve_ner(build_parser().parse_args(["ner", "--data", "conll/", "--paper-grid"]))
     assert paper.eval_every == _default(TaskSettings, "eval_every") == _default(TrainSettings, "eval_every")

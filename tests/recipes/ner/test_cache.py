@@ -76,7 +76,7 @@ def test_replay_skips_blocks_and_restores_them(experiment):
 
 
 def test_cache_fills_once_and_persists(tmp_path, experiment):
-    from layerfusion_recipes.core.models import load_token_classifier
+    from layerfusion_recipes.ner.models import load_token_classifier
 
     base = load_token_classifier(experiment.settings.model, 5, seed=0)
     located = find_encoder_blocks(base)
@@ -92,7 +92,7 @@ def test_cache_fills_once_and_persists(tmp_path, experiment):
 
 
 def test_workers_share_shards_and_never_recompute(tmp_path, experiment):
-    from layerfusion_recipes.core.models import load_token_classifier
+    from layerfusion_recipes.ner.models import load_token_classifier
 
     base = load_token_classifier(experiment.settings.model, 5, seed=0)
     located = find_encoder_blocks(base)
