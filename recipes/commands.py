@@ -1,9 +1,10 @@
 """The command table of ``layerfusion``: every sub-command's help, options and handler
 (:data:`COMMANDS`), standard library only.
 
-:mod:`layerfusion_recipes.cli` (the entry point) builds its parser from it; the reporting reads it
-too (which commands run a grid file). A handler is a ``"module:function"`` string, imported only
-when its command runs.
+:mod:`layerfusion_recipes.cli` (the entry point) builds its parser from it; ``layerfusion report``
+is handed it too (which commands run a grid file, with which options; which task renders a block of
+RESULTS.md of its own). A handler (and a task's renderer) is a ``"module:function"`` string, imported
+only when its command runs.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class Command:
         handler: ``"module:function"`` called with the parsed arguments; returns an exit code.
         check: Checks the arguments before the handler's module is imported (light: standard library
             only), e.g. that a path exists; raises a user error.
+        results: ``"module:function"`` rendering the task's own block of ``benchmarks/RESULTS.md``,
+            named after the command (``<!-- generated: mlm output=... -->``), called with the block,
+            the repository root and :attr:`add_arguments`; ``None``: none (a grid task's blocks are
+            the generator's, :mod:`layerfusion_recipes.reporting.results_md`).
     """
 
     help: str
@@ -78,6 +83,7 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     handler: str
     check: Callable[[argparse.Namespace], None] | None = None
+    results: str | None = None
 
     def run(self, args: argparse.Namespace) -> int | None:
         if self.check is not None:
@@ -88,6 +94,13 @@ class Command:
 
 def _methods_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion methods`` takes no option."""
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    """``layerfusion report``'s options, and the command table it renders each block through (the
+    generator imports no task and not this table: it is handed it)."""
+    arguments.add_report_arguments(parser)
+    parser.set_defaults(commands=COMMANDS)
 
 
 COMMANDS: dict[str, Command] = {
@@ -127,7 +140,7 @@ COMMANDS: dict[str, Command] = {
         "Rebuild every generated block of benchmarks/RESULTS.md (between `<!-- generated: NAME -->` "
         "markers) from the grid files and their results; the prose around them is kept. --check "
         "prints a diff and exits 1 instead of writing.",
-        arguments.add_report_arguments,
+        _report_arguments,
         "layerfusion_recipes.reporting.results_md:report_main",
     ),
     "paired": Command(
@@ -144,6 +157,7 @@ COMMANDS: dict[str, Command] = {
         arguments.add_mlm_arguments,
         "layerfusion_recipes.mlm.experiment:mlm_main",
         arguments.check_mlm_paths,
+        results="layerfusion_recipes.mlm.results:render_results",
     ),
     "seq2seq": Command(
         "Sentence denoising: vanilla vs EncoderFusion vs SurfaceFusion (hard, soft).",
@@ -152,6 +166,7 @@ COMMANDS: dict[str, Command] = {
         arguments.add_seq2seq_arguments,
         "layerfusion_recipes.seq2seq.experiment:seq2seq_main",
         arguments.check_seq2seq_paths,
+        results="layerfusion_recipes.seq2seq.results:render_results",
     ),
     "audit": Command(
         "Count each method's new trainable parameters (meta device, no weights).",
