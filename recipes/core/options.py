@@ -1,11 +1,15 @@
 """What the options of every task share, standard library only (the command line imports it): the
-default output folders, the feature cache's storage dtypes, the probes' default K, and one-line checks
-of names and counts that the flags and the YAML files both pass."""
+default output folders, the feature cache's storage dtypes, the probes' default K, one-line checks
+of names and counts that the flags and the YAML files both pass, and argparse's ``type`` of counts,
+sizes, LRs and shots."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import Any
+
+from .grids import FULL_TRAIN, check_lr
 
 RESULTS_ROOT = "layerfusion-results"  # the default output folders are its sub-folders, one per task
 
@@ -87,3 +91,59 @@ def check_cache_dtype(name: str) -> str:
     if name not in CACHE_DTYPES:
         raise ValueError(f"--cache-dtype {name!r}: allowed {', '.join(CACHE_DTYPES)}")
     return name
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` of counts: an integer >= 1 (else a one-line usage error, exit code 2).
+
+    Example:
+        >>> positive_int("3")
+        3
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type`` of sizes: a finite number > 0 (else a one-line usage error, exit code 2).
+
+    Example:
+        >>> positive_float("1.5")
+        1.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def learning_rate(text: str) -> float:
+    """argparse ``type`` of LRs: a finite number > 0 (else a one-line usage error, exit code 2).
+
+    Example:
+        >>> learning_rate("3e-4")
+        0.0003
+    """
+    try:
+        return check_lr(float(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from error
+
+
+def shots_value(text: str) -> int:
+    """argparse ``type`` of ``--shots``: an integer >= 1, or ``all`` (:data:`FULL_TRAIN`: the whole
+    train split).
+
+    Example:
+        >>> shots_value("8"), shots_value("all")
+        (8, 0)
+    """
+    return FULL_TRAIN if text.strip().lower() == "all" else positive_int(text)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core.demo import demo_data_path
 from layerfusion_recipes.data.readers import NerSentence
 from layerfusion_recipes.data.sources import load_ner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, sample_seed
+from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.training import (
     TokenClassifierRunner,
