@@ -1,5 +1,5 @@
 """The settings of ``layerfusion classify``: flags over YAML over defaults (the options are in
-:mod:`layerfusion_recipes.arguments`)."""
+:mod:`layerfusion_recipes.classify.options`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The settings of ``layerfusion ner`` and ``layerfusion sweep``: flags over YAML over defaults.
 
-The options themselves are defined in :mod:`layerfusion_recipes.arguments`.
+The options themselves are defined in :mod:`layerfusion_recipes.ner.options`.
 """
 
 from __future__ import annotations
