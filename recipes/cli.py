@@ -1,8 +1,8 @@
 """The ``layerfusion`` command (the entry point): one sub-command per experiment, found in the command
 table :data:`~layerfusion_recipes.commands.COMMANDS`.
 
-Each :class:`~layerfusion_recipes.commands.Command` names its options (a function of
-:mod:`layerfusion_recipes.arguments`, which imports only the standard library) and its handler as
+Each :class:`~layerfusion_recipes.commands.Command` names its options (a task's ``options.py``, or
+:mod:`layerfusion_recipes.arguments`; either imports only the standard library) and its handler as
 ``"module:function"``. The handler's module, and with it torch, transformers and peft, is imported
 only when the command runs, so ``layerfusion --help`` and ``layerfusion COMMAND --help`` answer at
 once. A user error (missing path, unreadable data, bad value) prints one line and exits with 2;

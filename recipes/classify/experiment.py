@@ -88,6 +88,7 @@ class ClassifySettings(TaskSettings):
     metric: str = "accuracy"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.pooling not in POOLINGS:
             raise ValueError(f"--pooling {self.pooling!r}: allowed {', '.join(POOLINGS)}")
         if self.metric not in METRICS:

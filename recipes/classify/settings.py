@@ -1,14 +1,15 @@
 """The settings of ``layerfusion classify``: flags over YAML over defaults (the options are in
-:mod:`layerfusion_recipes.arguments`)."""
+:mod:`layerfusion_recipes.classify.options`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from ..arguments import default_output
 from ..core.demo import model_path
+from ..core.grids import DEFAULT_EVAL_EVERY
 from ..core.models import METHOD_NAMES, REGIME_NAMES
+from ..core.options import default_output
 from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ClassifySettings
 
@@ -22,7 +23,7 @@ GRID: dict[str, Any] = {
 DEFAULTS: dict[str, Any] = {
     "max_length": 128,
     "batch_size": 8,
-    "eval_every": 5,  # scoring dev is most of a cached run's time (as NER's grid for your data)
+    "eval_every": DEFAULT_EVAL_EVERY,  # as NER's grid for your data
     "seed": 0,
     "no_cache": False,
     "fixed_sample": False,

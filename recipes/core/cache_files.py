@@ -45,6 +45,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .options import DEFAULT_CACHE_DTYPE
+
 # a sentence in the cache: its token ids and the positions whose states are kept (ascending)
 SentenceKey = tuple[tuple[int, ...], tuple[int, ...]]
 
@@ -179,7 +181,7 @@ def feature_key(
     max_length: int,
     num_blocks: int,
     positions: str = "all",
-    dtype: str = "float32",
+    dtype: str = DEFAULT_CACHE_DTYPE,
 ) -> str:
     """Key of the cached block outputs of ``model``: weights, config, tokenizer, max length, blocks,
     which positions are kept (a :class:`~layerfusion_recipes.core.feature_cache.KeptPositions` name)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from peft_layerfusion.registration import method_named
 
-from ..arguments import FULL_TRAIN
+from .grids import FULL_TRAIN
 from .models import PLAIN_HEAD
 from .records import unit_key
 

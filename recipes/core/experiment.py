@@ -14,7 +14,7 @@ of a run. Its settings derive from :class:`TaskSettings` (the fields that change
 of every record key).
 
 Learning rates: a cell trains every LR of its regime's grid (``lr`` values, else
-:data:`~layerfusion_recipes.arguments.DEFAULT_LR_GRIDS`); :mod:`layerfusion_recipes.core.selection`
+:data:`~layerfusion_recipes.core.grids.DEFAULT_LR_GRIDS`); :mod:`layerfusion_recipes.core.selection`
 picks the LR per cell on dev.
 """
 
@@ -34,7 +34,6 @@ from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from peft_layerfusion.registration import METHODS
 
-from ..arguments import DEFAULT_LR_GRIDS, lr_grid
 from .cache_files import path_fingerprint
 from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
 from .errors import UserError
@@ -46,9 +45,9 @@ from .feature_cache import (
     TrainingPlan,
     candidates_per_pass,
     plan_cache,
-    storage_dtype,
 )
 from .fitting import RunResult, TrainSettings, fit
+from .grids import DEFAULT_LR_GRIDS, EVERY_EPOCH, FE_DEFAULT_LR, FT_DEFAULT_LR, lr_grid
 from .loop import collect_garbage, restore, snapshot
 from .models import (
     PLAIN_HEAD,
@@ -59,11 +58,10 @@ from .models import (
     regime_options,
     trainable_parameters,
 )
+from .options import DEFAULT_CACHE_DTYPE, check_cache_dtype
 from .records import fingerprint
 from .runner import Runner, Scorer, StackedRunner, candidate_groups, depth_attention_profile
 
-FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
-FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
 # the TaskSettings fields that change a result in every task (each task's SETUP_FIELDS holds them,
 # after its model, data and data-reading fields)
 SHARED_SETUP_FIELDS = (
@@ -137,7 +135,7 @@ class TaskSettings:
     max_length: int = 128
     lr: float | Sequence[float] | Mapping[str, Sequence[float]] | None = None
     batch_size: int = 16
-    eval_every: int = 1
+    eval_every: int = EVERY_EPOCH
     seed: int = 0
     use_cache: bool = True
     cache_dir: str | None = None
@@ -146,12 +144,15 @@ class TaskSettings:
     dev_limit: int | None = None
     test_limit: int | None = None
     fixed_sample: bool = False
-    cache_dtype: str = "float32"
+    cache_dtype: str = DEFAULT_CACHE_DTYPE
     cache_positions: str = "all"
     train_memory: float | None = None
     resident_limit: int | None = None
     probe_start: bool = False
     probe_starts: dict[tuple[int, int, int], int] | None = None
+
+    def __post_init__(self) -> None:
+        check_cache_dtype(self.cache_dtype)  # a bad value (flag, YAML or script) stops here, in one line
 
     def lr_for(self, regime: str, method: str | None = None) -> float:
         """The LR of a lone run: the only LR of ``method``'s grid (:meth:`lr_grid`), else 1e-3 (FE) /
@@ -213,7 +214,7 @@ class TaskSettings:
         content = self.content_fingerprints()
         if content:  # local files: new weights or data at the same path give other records
             fields["content"] = content
-        if self.cache_dtype != "float32":  # rounded features: other results (float32 keeps older keys)
+        if self.cache_dtype != DEFAULT_CACHE_DTYPE:  # rounded features: other results (the default: old keys)
             fields["cache_dtype"] = self.cache_dtype
         if self.probe_start:  # the start block is chosen over the probes of this FE LR grid
             fields["probe_start"] = list(self.lr_grid("fe", PLAIN_HEAD))
@@ -276,7 +277,6 @@ class FewShotExperiment:
     def _finish_setup(self) -> None:
         """What a task's ``__init__`` sets last: the setup fingerprint, an empty feature cache."""
         self.setup = self.settings.setup()
-        storage_dtype(self.settings.cache_dtype)  # a bad value stops here, naming the allowed ones
         self._cache = None
 
     # --------------------------------------------------------------- the task's own
@@ -434,7 +434,7 @@ class FewShotExperiment:
         model, located = self.build(cell)
         cache = self.filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
         runner = self.runner(model, located, cache)
-        settings = self.train_settings(cell, lr)
+        settings = self.train_settings(cell)
         [result] = fit(runner, train, self.dev, settings, self.scorer_of, [lr], self.test or None)
         return self._record(cell, lr, result, runner, train)
 
@@ -478,7 +478,7 @@ class FewShotExperiment:
         model, located = self.build(cell)
         train = self.train_sample(cell.shots, cell.trial)
         cache = self.filled_cache(train, cell)
-        settings = self.train_settings(cell, lrs[0])
+        settings = self.train_settings(cell)
         initial = snapshot(trainable_parameters(model))  # each pass starts where the built model does
         for group in candidate_groups(len(lrs), self.pass_size(model, len(lrs))):
             restore(trainable_parameters(model), initial)
@@ -516,11 +516,11 @@ class FewShotExperiment:
             del model  # gone before the next method's is built
         return max(plans, key=lambda plan: plan.nbytes, default=None)
 
-    def train_settings(self, cell: Cell, lr: float) -> TrainSettings:
-        """The optimisation settings of ``cell`` at max LR ``lr``."""
+    def train_settings(self, cell: Cell) -> TrainSettings:
+        """The optimisation settings of ``cell``; its max LRs go to
+        :func:`~layerfusion_recipes.core.fitting.fit` beside them."""
         return TrainSettings(
             epochs=cell.epochs,
-            lr=lr,
             batch_size=self.settings.batch_size,
             eval_every=self.settings.eval_every,
             seed=self.settings.seed + cell.trial,

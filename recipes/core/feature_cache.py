@@ -61,7 +61,6 @@ from peft_layerfusion.discovery import EncoderBlocks, hidden_size_of
 from peft_layerfusion.hooks import first_tensor
 from peft_layerfusion.utils import eval_mode
 
-from ..arguments import CACHE_DTYPES
 from .cache_files import (
     SHARD_SUFFIX,
     CorruptShardError,
@@ -74,6 +73,7 @@ from .cache_files import (
     write_shard,
 )
 from .loop import release_freed_memory
+from .options import CACHE_DTYPES, DEFAULT_CACHE_DTYPE, check_cache_dtype
 
 # storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round
 STORAGE_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in CACHE_DTYPES}
@@ -133,15 +133,14 @@ def storage_dtype(name: str) -> torch.dtype:
     """The torch dtype of a ``--cache-dtype`` name.
 
     Raises:
-        ValueError: naming the value and the allowed names.
+        ValueError: naming the value and the allowed names
+            (:func:`~layerfusion_recipes.core.options.check_cache_dtype`).
 
     Example:
         >>> storage_dtype("bfloat16")
         torch.bfloat16
     """
-    if name not in STORAGE_DTYPES:
-        raise ValueError(f"--cache-dtype {name!r}: allowed {', '.join(STORAGE_DTYPES)}")
-    return STORAGE_DTYPES[name]
+    return STORAGE_DTYPES[check_cache_dtype(name)]
 
 
 @dataclass(frozen=True)
@@ -360,7 +359,7 @@ def memory_check(
         return line, None
     options = []
     half = peak(plan.with_dtype("bfloat16").nbytes)
-    if plan.dtype == "float32" and not mapped and half <= available:
+    if plan.dtype == DEFAULT_CACHE_DTYPE and not mapped and half <= available:
         options.append(f"--cache-dtype bfloat16 ({gigabytes(half)})")
     if copies > 1 and peak(plan.nbytes, workers=1) <= available:
         options.append(f"--workers 1 ({gigabytes(peak(plan.nbytes, workers=1))})")
@@ -531,7 +530,7 @@ class FeatureCache:
         directory: str | os.PathLike | None = None,
         tokenizer=None,
         positions: KeptPositions = ALL_POSITIONS,
-        dtype: str = "float32",
+        dtype: str = DEFAULT_CACHE_DTYPE,
     ) -> None:
         self.base_model: nn.Module | None = base_model  # None once released (release_encoder)
         self.located: EncoderBlocks | None = located

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
+from .grids import EVERY_EPOCH
 from .loop import TrainingLoop, release_freed_memory, resident_above, restore, snapshot
 from .runner import Runner, Scorer, predict_labelled
 
@@ -33,8 +34,8 @@ class TrainSettings:
     """Optimisation settings of one run.
 
     Args:
-        epochs: Max epochs; the LR decays linearly from ``lr`` to zero over them.
-        lr: Max learning rate of AdamW.
+        epochs: Max epochs; the LR decays linearly from its max (given to :func:`fit`, one per
+            candidate) to zero over them.
         batch_size: Examples per step (16 for NER in the paper).
         eval_every: Evaluate on dev every ``k`` epochs (and after the last one).
         weight_decay: AdamW weight decay.
@@ -52,9 +53,8 @@ class TrainSettings:
     """
 
     epochs: int = 20
-    lr: float = 1e-3
     batch_size: int = 16
-    eval_every: int = 1
+    eval_every: int = EVERY_EPOCH
     weight_decay: float = 0.0
     seed: int = 0
     eval_batch_size: int = 64
@@ -181,9 +181,9 @@ def fit(
         runner: The runner; it supplies its candidates' parameters, their loss and their scores.
         train: Encoded training examples.
         dev: Encoded dev examples.
-        settings: See :class:`TrainSettings` (its ``lr`` is not read: ``lrs`` is).
+        settings: See :class:`TrainSettings`.
         scorer_of: Builds the :class:`~layerfusion_recipes.core.runner.Scorer` of a split's examples.
-        lrs: One max LR per candidate (``[settings.lr]`` for a lone run).
+        lrs: One max LR per candidate (``[lr]`` for a lone run).
         test: Encoded test examples, scored at each run's best dev epoch (``None``: no test score).
         on_epoch: Called with the epoch number after each epoch (tests, progress).
 

@@ -1,5 +1,7 @@
-"""The sizes of the NER grids ``layerfusion ner`` / ``sweep`` run by default (standard library only,
-so that the ``--help`` texts quote them).
+"""The default grids (standard library only, so that the ``--help`` texts quote them): the max-LR
+grids per regime (:data:`DEFAULT_LR_GRIDS` for the few-shot tasks, :data:`DEFAULT_MLM_LR_GRIDS` for
+``layerfusion mlm``; :func:`lr_grid` picks the given LRs or the regime's grid), and the sizes of the
+NER grids ``layerfusion ner`` / ``sweep`` run by default.
 
 Without ``--model``/``--data`` the offline demo runs :data:`DEMO_AXES` (each method at its own LRs);
 with your data, :data:`USER_AXES`, a first comparison (168 runs under FE: 2 shot sizes x 3 trials x
@@ -10,9 +12,41 @@ four default methods under FE). A flag or a YAML key overrides each value.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-# eval_every: dev F1 every k epochs (and after the last); scoring dev is most of a cached run's time
+# AdapterHub bottleneck adapters: their usual 1e-4..1e-3, extended up to 1e-2 for a new random head
+# trained in ~50 steps at N = 8 (LoRA and BitFit peak at 1e-2 there); not measured here yet.
+ADAPTER_LR_GRID: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2)
+# Max-LR grids per regime: every cell trains each LR, selected on dev (see README, "Learning-rate
+# selection", for the measurements behind them).
+DEFAULT_LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "fe": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
+    "lora": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
+    "bitfit": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
+    "ft": (3e-5, 1e-4, 3e-4, 1e-3),
+    "adapter_seqbn": ADAPTER_LR_GRID,
+    "adapter_double_seqbn": ADAPTER_LR_GRID,
+}
+# Max-LR grids of `layerfusion mlm` per regime: each LR is one run (minutes on CPU), the one with the
+# lowest dev perplexity is selected. Short on purpose; the summary flags a selected LR at an edge.
+DEFAULT_MLM_LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "fe": (1e-4, 3e-4, 1e-3, 3e-3),
+    # not measured for the masked LM; from the NER evidence of a fresh head (LoRA / BitFit best at
+    # 1e-2 after 50 steps, FT at 3e-4) and the FE MLM runs (every method selected 1e-3 or 3e-4)
+    "lora": (1e-3, 3e-3, 1e-2),
+    "bitfit": (1e-3, 3e-3, 1e-2),
+    "ft": (1e-4, 3e-4, 1e-3),
+}
+# The max LR of a lone run (``lr`` not given, outside a sweep's grid)
+FE_DEFAULT_LR = 1e-3  # frozen encoder: only fusion + head train, a larger LR is usual
+FT_DEFAULT_LR = 5e-5  # the paper's max LR when the encoder trains
+FULL_TRAIN = 0  # the shots of a cell trained on the whole train split (``--shots all``)
+
+# eval_every: dev scored every k epochs (and after the last); scoring dev is most of a cached run's time
+EVERY_EPOCH = 1  # the paper's protocol, and the default of the settings a script builds (TaskSettings)
+DEFAULT_EVAL_EVERY = 5  # the command line's on your data (ner, sweep, classify); the demo has its own
 DEMO_AXES: dict[str, Any] = {
     "shots": [2, 8],
     "epochs": [15],
@@ -30,12 +64,12 @@ DEMO_AXES: dict[str, Any] = {
         "dwatt": [1e-3, 3e-3, 1e-2],
     },
 }
-USER_AXES: dict[str, Any] = {"shots": [2, 8], "epochs": [25], "trials": 3, "eval_every": 5}
+USER_AXES: dict[str, Any] = {"shots": [2, 8], "epochs": [25], "trials": 3, "eval_every": DEFAULT_EVAL_EVERY}
 PAPER_AXES: dict[str, Any] = {
     "shots": [8, 16, 32, 64, 128],
     "epochs": [25, 50, 75, 100],
     "trials": 5,
-    "eval_every": 1,
+    "eval_every": EVERY_EPOCH,
 }
 
 
@@ -65,3 +99,65 @@ def describe_default(name: str) -> str:
         f"Default: {words(USER_AXES[name])} (demo: {words(DEMO_AXES[name])}; "
         f"--paper-grid: {words(PAPER_AXES[name])})."
     )
+
+
+def check_lr(value: float, option: str = "--lr") -> float:
+    """``value`` as a float if it is a finite number > 0, else ``ValueError`` naming ``option``.
+
+    Args:
+        value: A learning rate.
+        option: The option it came from, for the message.
+
+    Example:
+        >>> check_lr(1e-3)
+        0.001
+        >>> check_lr(float("nan"))
+        Traceback (most recent call last):
+        ValueError: --lr nan: must be a finite number > 0, e.g. --lr 1e-4 3e-4
+    """
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise ValueError(f"{option} {value!r}: must be a finite number > 0, e.g. {option} 1e-4 3e-4")
+    return float(value)
+
+
+def lr_grid(
+    lr: float | Sequence[float] | None,
+    defaults: Mapping[str, tuple[float, ...]],
+    regime: str,
+    option: str = "--lr",
+) -> tuple[float, ...]:
+    """The LRs to run, ascending and unique: the given values, else the regime's default grid.
+
+    Args:
+        lr: One LR or several; ``None``: ``defaults[regime]``.
+        defaults: Default grid per regime (:data:`DEFAULT_LR_GRIDS`, :data:`DEFAULT_MLM_LR_GRIDS`).
+        regime: The training regime.
+        option: Where the values came from, for the message (:func:`check_lr`).
+
+    Raises:
+        ValueError: naming ``option`` and the value when one is not a finite number > 0, or when
+            ``lr`` is empty.
+
+    Example:
+        >>> lr_grid([3e-3, 1e-3, 1e-3], DEFAULT_LR_GRIDS, "fe")
+        (0.001, 0.003)
+        >>> lr_grid(None, DEFAULT_LR_GRIDS, "ft") == DEFAULT_LR_GRIDS["ft"]
+        True
+    """
+    if lr is None:
+        return defaults[regime]
+    values = [lr] if isinstance(lr, (int, float)) else list(lr)
+    if not values:
+        raise ValueError(f"{option}: give one or more finite numbers > 0, e.g. {option} 1e-4 3e-4")
+    return tuple(sorted({check_lr(value, option) for value in values}))
+
+
+def describe_lr_grids(grids: dict[str, tuple[float, ...]]) -> str:
+    """The LR grids per regime in one line, for help texts.
+
+    Example:
+        >>> describe_lr_grids({"fe": (1e-3, 3e-3), "ft": (3e-5,)})
+        'fe: 0.001 0.003; ft: 3e-05'
+    """
+    return "; ".join(f"{name}: {' '.join(map('{:g}'.format, lrs))}" for name, lrs in grids.items())

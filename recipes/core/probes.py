@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..data.readers import collate
+from .batches import collate
 from .cells import Cell, record_key
 from .fitting import RunResult, fit
 from .models import PLAIN_HEAD
@@ -151,7 +151,7 @@ def probe_records(
     cell = Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
     train = experiment.train_sample(shots, trial)
     runner = probe_runner(experiment, train, trial, len(lrs))
-    settings = experiment.train_settings(cell, lrs[0])
+    settings = experiment.train_settings(cell)
     layers = runner.num_blocks
     results = fit(
         runner,

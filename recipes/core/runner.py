@@ -39,7 +39,7 @@ from peft_layerfusion.layer import active_fusion_module, fused_positions
 from peft_layerfusion.optim import mixing_multipliers
 from peft_layerfusion.utils import eval_mode
 
-from ..data.readers import IGNORE_INDEX, collate
+from .batches import IGNORE_INDEX, collate
 from .loop import release_freed_memory, resident_above, restore
 from .models import trainable_parameters
 from .processes import process_state

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from ..arguments import FULL_TRAIN, PROBE_TOP, check_names, check_positive_ints
 from .experiment import cache_positions_for
-from .feature_cache import storage_dtype
+from .grids import FULL_TRAIN
 from .models import METHOD_NAMES, check_adapter_grid
+from .options import DEFAULT_CACHE_DTYPE, PROBE_TOP, check_names, check_positive_ints
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 RUN_KEYS = ("output", "results", "workers", "quiet", "threads", "select_trials", "dry_run", "probe_layers")
@@ -96,7 +96,7 @@ def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
         "seed": pick("seed"),
         "use_cache": not pick("no_cache"),
         "cache_dir": pick("cache_dir"),
-        "cache_dtype": pick("cache_dtype") or "float32",
+        "cache_dtype": pick("cache_dtype") or DEFAULT_CACHE_DTYPE,
         "train_memory": pick("train_memory"),
         "head_modules": tuple(head) if head else None,
         "dev_limit": pick("dev_limit"),
@@ -118,7 +118,7 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
     Returns:
         ``{methods, regimes, shots, epochs, trials, output, results, workers, quiet, threads,
         select_trials, dry_run, probe_layers}``; ``results`` is the results file (:func:`results_path`), a
-        YAML ``shots`` value ``all`` is :data:`~layerfusion_recipes.arguments.FULL_TRAIN`; ``probe_layers``
+        YAML ``shots`` value ``all`` is :data:`~layerfusion_recipes.core.grids.FULL_TRAIN`; ``probe_layers``
         is ``None`` (no probes) or the K of ``--probe-layers``.
 
     Raises:
@@ -144,7 +144,6 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
     for regime in grid["regimes"] or ():
         for method in grid["methods"] or ():
             settings.lr_grid(regime, method)  # a bad --lr / lr: stops here, naming the values
-    storage_dtype(settings.cache_dtype)  # a bad value in the YAML stops here, naming the allowed ones
     # what every method reads: the cache keeps the head's positions only where no method reads others
     settings.cache_positions = cache_positions_for(grid["methods"] or (), settings.READ_POSITIONS)
     return grid

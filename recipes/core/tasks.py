@@ -2,7 +2,7 @@
 
 ``ner`` (``layerfusion ner`` and ``sweep``), ``classify``, ``mlm`` and ``seq2seq`` each write their own
 records; each has its own default output folder
-(:func:`~layerfusion_recipes.arguments.default_output`), and a results file holds one task's records:
+(:func:`~layerfusion_recipes.core.options.default_output`), and a results file holds one task's records:
 a command refuses a file that holds another task's (:func:`check_task`), in one line naming the file,
 the task found there and its own. A record says its task (``task``); one written before that field
 is told by its fields (:func:`record_task`).
@@ -18,8 +18,10 @@ from typing import Any
 from .errors import UserError
 from .records import read_records
 
-# the tasks whose records `layerfusion plot` draws (a sweep's records: a grid of cells)
-SWEEP_TASKS = ("ner", "classify")
+# the tasks whose records are no grid's cells (each has a record shape and a block of RESULTS.md of its
+# own); every other task is a sweep over core's grid (ner, classify, a new one): `layerfusion plot`
+# draws its records
+RUN_TASKS = ("mlm", "seq2seq")
 # the fields a sweep's record has whatever its task: its cell (what the tables and figures group by)
 CELL_RECORD_FIELDS = ("method", "regime", "shots", "epochs", "trial")
 
@@ -92,6 +94,16 @@ def check_task(records: Iterable[dict[str, Any]], path: str | os.PathLike, task:
         )
 
 
+def is_sweep_task(task: str) -> bool:
+    """Whether ``task``'s records are a sweep's, a grid of cells (every task but :data:`RUN_TASKS`).
+
+    Example:
+        >>> is_sweep_task("classify"), is_sweep_task("mlm")
+        (True, False)
+    """
+    return task not in RUN_TASKS
+
+
 def has_cell_fields(record: dict[str, Any]) -> bool:
     """Whether ``record`` has the fields of a sweep's cell (:data:`CELL_RECORD_FIELDS`)."""
     return all(field in record for field in CELL_RECORD_FIELDS)
@@ -104,9 +116,9 @@ def is_probe_record(record: dict[str, Any]) -> bool:
 
 def readable(record: dict[str, Any]) -> bool:
     """Whether a results file's ``record`` can be read as its task's: a known task, and a sweep's record
-    (``ner``, ``classify``) with the fields of its cell (:data:`CELL_RECORD_FIELDS`)."""
+    (:func:`is_sweep_task`) with the fields of its cell (:data:`CELL_RECORD_FIELDS`)."""
     task = record_task(record)
-    return task is not None and (task not in SWEEP_TASKS or has_cell_fields(record))
+    return task is not None and (not is_sweep_task(task) or has_cell_fields(record))
 
 
 def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -121,7 +133,8 @@ def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def sweep_task(records: Iterable[dict[str, Any]], path: str | os.PathLike) -> str | None:
-    """The one sweep task (``ner``, ``classify``) of a results file's ``records`` (``None`` without any).
+    """The one sweep task (``ner``, ``classify``: :func:`is_sweep_task`) of a results file's ``records``
+    (``None`` without any).
 
     Raises:
         UserError: The file holds several tasks' records, or another task's (``mlm``, ``seq2seq``).
@@ -137,9 +150,9 @@ def sweep_task(records: Iterable[dict[str, Any]], path: str | os.PathLike) -> st
             "give each task its own --output"
         )
     task = next(iter(counts), None)
-    if task is not None and task not in SWEEP_TASKS:
+    if task is not None and not is_sweep_task(task):
         raise UserError(
-            f"{path} holds records of {describe_tasks(counts)}: tables and figures are drawn from the "
-            f"records of {', '.join(SWEEP_TASKS)} (layerfusion ner, sweep, classify)"
+            f"{path} holds records of {describe_tasks(counts)}: tables and figures are drawn from a "
+            "sweep's records, a grid of cells (layerfusion ner, sweep, classify)"
         )
     return task

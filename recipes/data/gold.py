@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from seqeval.metrics.sequence_labeling import get_entities
 
-from .readers import IGNORE_INDEX
+from ..core.batches import IGNORE_INDEX
 
 
 def word_label_ids(feature: dict) -> list[int]:

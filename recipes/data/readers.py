@@ -20,15 +20,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import torch
-
+from ..core.batches import IGNORE_INDEX
 from ..core.errors import UserError
 from .tags import TAG_RULE, is_valid_tag
 
 T = TypeVar("T")
-IGNORE_INDEX = -100  # label of sub-tokens after the first and of special tokens
 _LANG_PREFIX = re.compile(r"^[a-z]{2,3}:(?=.)")
 
 
@@ -349,27 +347,3 @@ def encode_ner(
             }
         )
     return features
-
-
-def collate(features: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Pad a list of encoded examples to the longest one: ``(batch, seq)`` tensors.
-
-    Keys: ``input_ids`` (padded with ``pad_id``), ``attention_mask`` and ``token_type_ids`` (0),
-    ``labels`` (-100): a list per token (NER) is padded, one label per example (a sentence
-    classifier) gives ``(batch,)``.
-
-    Example:
-        >>> collate([{"input_ids": [5, 6], "attention_mask": [1, 1], "labels": 1},
-        ...          {"input_ids": [7], "attention_mask": [1], "labels": 0}])["input_ids"]
-        tensor([[5, 6],
-                [7, 0]])
-    """
-    width = max(len(f["input_ids"]) for f in features)
-    pads = {"input_ids": pad_id, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX}
-    return {
-        key: torch.tensor(
-            [f[key] + [pad] * (width - len(f[key])) if isinstance(f[key], list) else f[key] for f in features]
-        )
-        for key, pad in pads.items()
-        if key in features[0]
-    }

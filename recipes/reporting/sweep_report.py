@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..arguments import PROBE_TOP
+from ..core.options import PROBE_TOP
 from ..core.probes import probes_path
 from .layers import best_layers_lines, layers_markdown, write_layer_report
 from .plot import markdown_table, summarize, write_report

@@ -61,9 +61,9 @@ from peft_layerfusion.utils import atomic_write_json
 
 from ..core.loop import TrainingLoop
 from ..core.models import peft_alias_quiet
+from ..core.options import check_names
 from ..core.records import append_record, finished_records, run_or_resume
 from ..core.selection import best_on_dev, select_then_repeat
-from ..core.settings import check_names
 from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..data.readers import read_text
 from .records import RESULTS_FILE, SUMMARY_FILE, comparison_setup, legacy_records, run_key

@@ -1,6 +1,6 @@
 """The settings of ``layerfusion seq2seq``: one run of the comparison, every field a command-line option.
 
-Standard library only: :mod:`layerfusion_recipes.arguments` makes one flag per field.
+Standard library only: :mod:`layerfusion_recipes.seq2seq.options` makes one flag per field.
 """
 
 from __future__ import annotations

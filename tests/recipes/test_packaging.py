@@ -49,3 +49,21 @@ def test_every_third_party_import_is_a_declared_dependency():
         if not {normalized(name) for name in distributions_of.get(module, [module])} & declared
     }
     assert not undeclared, f"imported but not declared in pyproject.toml: {sorted(undeclared)}"
+
+
+def test_every_package_folder_is_packaged_none_listed_by_hand():
+    """setup.py finds the packages (pyproject.toml lists none): each folder with an ``__init__.py`` of
+    the library and of the recipes, the recipes' under their installed name."""
+    import runpy
+
+    setuptools_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "packages" not in setuptools_config
+    assert setuptools_config["package-dir"] == {"layerfusion_recipes": "recipes"}
+    found = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")["packages"]()
+    folders = {
+        ".".join(init.parent.relative_to(ROOT).parts).replace("recipes", "layerfusion_recipes", 1)
+        for top in ("peft_layerfusion", "recipes")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert sorted(found) == sorted(folders)
+    assert {"layerfusion_recipes.ner", "layerfusion_recipes.core", "peft_layerfusion.methods"} <= folders

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from conftest import write_text_data, write_tiny_model, write_toy_data
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.core import probes
+from layerfusion_recipes.core.batches import IGNORE_INDEX
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.fitting import fit
 from layerfusion_recipes.core.probes import probe_records, probe_runner, probes_path, run_probes
 from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.data.readers import IGNORE_INDEX
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from seqeval.metrics import f1_score
 from torch import nn
@@ -103,7 +103,7 @@ def trained_probes(experiment, shots: int, trial: int):
     """The probes of a trial trained by ``fit`` (as :func:`probe_records` does), for their weights."""
     train = experiment.train_sample(shots, trial)
     runner = probe_runner(experiment, train, trial, len(LRS))
-    settings = experiment.train_settings(Cell("probe", "fe", shots, EPOCHS, trial), LRS[0])
+    settings = experiment.train_settings(Cell("probe", "fe", shots, EPOCHS, trial))
     lrs = [lr for lr in LRS for _ in range(LAYERS)]
     fit(runner, train, experiment.dev, settings, experiment.scorer_of, lrs=lrs, test=experiment.test)
     return runner

@@ -9,11 +9,12 @@ import json
 from pathlib import Path
 
 from conftest import write_tiny_model
-from layerfusion_recipes.arguments import add_experiment_arguments, add_mlm_arguments
 from layerfusion_recipes.cli import build_parser, main
 from layerfusion_recipes.mlm import experiment as mlm
+from layerfusion_recipes.mlm.options import add_arguments as add_mlm_arguments
 from layerfusion_recipes.mlm.settings import MlmSettings
 from layerfusion_recipes.ner.experiment import Cell, record_key
+from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.seq2seq.experiment import METHOD_NAMES, comparison_header
 from layerfusion_recipes.seq2seq.records import comparison_setup, legacy_records, run_key

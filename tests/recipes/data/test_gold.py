@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from layerfusion_recipes.core.batches import collate
 from layerfusion_recipes.core.runner import labelled_predictions
 from layerfusion_recipes.data.gold import gold_reach, spread_to_words, word_label_ids
-from layerfusion_recipes.data.readers import NerDataset, NerSentence, collate, encode_ner
+from layerfusion_recipes.data.readers import NerDataset, NerSentence, encode_ner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.scoring import SpanScorer
 from layerfusion_recipes.ner.training import TokenClassifierRunner, evaluate_f1

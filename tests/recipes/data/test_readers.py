@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 from conftest import write_tiny_model
+from layerfusion_recipes.core.batches import IGNORE_INDEX, collate
 from layerfusion_recipes.data.readers import (
-    IGNORE_INDEX,
     DataFormatError,
     NerSentence,
     align_labels,
-    collate,
     encode_ner,
     read_ner_file,
     read_text,

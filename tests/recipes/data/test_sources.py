@@ -8,7 +8,7 @@ import re
 import datasets
 import pytest
 from layerfusion_recipes.core.errors import DataSourceError
-from layerfusion_recipes.data.locations import looks_like_hub_name
+from layerfusion_recipes.core.locations import looks_like_hub_name
 from layerfusion_recipes.data.readers import NerSentence
 from layerfusion_recipes.data.sources import (
     NerColumnError,

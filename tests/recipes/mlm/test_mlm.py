@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 from conftest import write_tiny_model
-from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.cli import build_parser, main
+from layerfusion_recipes.core.grids import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.mlm import experiment as mlm
 from layerfusion_recipes.mlm.experiment import load_text_splits, make_blocks, mask_tokens

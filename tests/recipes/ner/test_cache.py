@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from layerfusion_recipes.core.batches import collate
 from layerfusion_recipes.core.feature_cache import FeatureCache
-from layerfusion_recipes.data.readers import collate
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.training import TokenClassifierRunner, TrainSettings, train_token_classifier
 
@@ -30,7 +30,7 @@ def _train_one_epoch(experiment: Experiment, method: str, use_cache: bool):
         cache.fill(train)
     runner = TokenClassifierRunner(model, located, cache)
     result = train_token_classifier(
-        runner, train, experiment.dev, experiment.id2label, TrainSettings(epochs=1, lr=3e-2, batch_size=4)
+        runner, train, experiment.dev, experiment.id2label, TrainSettings(epochs=1, batch_size=4), 3e-2
     )
     model.eval()
     with torch.no_grad():
@@ -76,7 +76,7 @@ def test_replay_skips_blocks_and_restores_them(experiment):
 
 
 def test_cache_fills_once_and_persists(tmp_path, experiment):
-    from layerfusion_recipes.core.models import load_token_classifier
+    from layerfusion_recipes.ner.models import load_token_classifier
 
     base = load_token_classifier(experiment.settings.model, 5, seed=0)
     located = find_encoder_blocks(base)
@@ -92,7 +92,7 @@ def test_cache_fills_once_and_persists(tmp_path, experiment):
 
 
 def test_workers_share_shards_and_never_recompute(tmp_path, experiment):
-    from layerfusion_recipes.core.models import load_token_classifier
+    from layerfusion_recipes.ner.models import load_token_classifier
 
     base = load_token_classifier(experiment.settings.model, 5, seed=0)
     located = find_encoder_blocks(base)

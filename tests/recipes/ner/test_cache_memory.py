@@ -30,7 +30,7 @@ from layerfusion_recipes.core.feature_cache import (
     resident_limit,
 )
 from layerfusion_recipes.core.loop import release_freed_memory, resident_above, resident_bytes
-from layerfusion_recipes.core.models import PLAIN_HEAD, load_token_classifier
+from layerfusion_recipes.core.models import PLAIN_HEAD
 from layerfusion_recipes.core.runner import (
     labelled_predictions,
     largest_first,
@@ -45,6 +45,7 @@ from layerfusion_recipes.ner.experiment import (
     cache_positions_for,
     reads_labelled_only,
 )
+from layerfusion_recipes.ner.models import load_token_classifier
 from torch.nn.utils.rnn import pad_sequence
 
 from peft_layerfusion.discovery import find_encoder_blocks

@@ -14,17 +14,16 @@ from conftest import toy_dataset, write_folders, write_tiny_decoder, write_tiny_
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core import gemma
 from layerfusion_recipes.core.gemma import NamedGGUF
-from layerfusion_recipes.core.models import (
-    DecoderTokenClassifier,
-    default_token_head,
-    eval_frozen_subtrees,
-    head_module_names,
-    load_token_classifier,
-    token_classifier_skeleton,
-)
+from layerfusion_recipes.core.models import eval_frozen_subtrees, head_module_names
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.data.readers import NerSentence, encode_ner, word_separator
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.ner.models import (
+    DecoderTokenClassifier,
+    default_token_head,
+    load_token_classifier,
+    token_classifier_skeleton,
+)
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
     AutoModelForCausalLM,

@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core import experiment as experiment_module
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.core.selection import select_lr
 from layerfusion_recipes.ner.candidates import StackedRunner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
+from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.sweep import grid_cells, run_cells
 from layerfusion_recipes.ner.training import (
@@ -125,9 +125,9 @@ def test_test_score_is_the_checkpoint_of_the_best_dev_epoch(experiment):
             with torch.no_grad():
                 head.bias[0] = 1e6
 
-    settings = TrainSettings(epochs=5, lr=3e-2, batch_size=4)
+    settings = TrainSettings(epochs=5, batch_size=4)
     result = train_token_classifier(
-        runner, train, experiment.dev, experiment.id2label, settings, on_epoch, test=experiment.test
+        runner, train, experiment.dev, experiment.id2label, settings, 3e-2, on_epoch, test=experiment.test
     )
     assert result.best_epoch <= 3 < 5 and result.curve[-1]["dev_f1"] == 0.0 and test_by_epoch[5] == 0.0
     assert result.test_f1 == test_by_epoch[result.best_epoch] > 0.0
@@ -250,7 +250,7 @@ def test_stacked_models_match_lone_training_within_float_tolerance(experiment, m
     train = experiment.train_sample(4, 0)
     cache = experiment.cache()
     cache.fill(train)
-    settings = experiment.train_settings(cell, lrs[0])
+    settings = experiment.train_settings(cell)
     model, located = experiment.build(cell)
     runner = StackedRunner(model, len(lrs), located, cache)
     fit(runner, train, experiment.dev, experiment.id2label, settings, lrs)
@@ -260,8 +260,7 @@ def test_stacked_models_match_lone_training_within_float_tolerance(experiment, m
     for index, lr in enumerate(lrs):
         alone, alone_located = experiment.build(cell)
         lone_runner = TokenClassifierRunner(alone, alone_located, cache)
-        lone_settings = replace(settings, lr=lr)
-        train_token_classifier(lone_runner, train, experiment.dev, experiment.id2label, lone_settings)
+        train_token_classifier(lone_runner, train, experiment.dev, experiment.id2label, settings, lr)
         runner.load_candidate(index)
         model.eval(), alone.eval()  # no dropout
         with torch.no_grad():

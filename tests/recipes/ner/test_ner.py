@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core.demo import demo_data_path
 from layerfusion_recipes.data.readers import NerSentence
 from layerfusion_recipes.data.sources import load_ner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, sample_seed
+from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.training import (
     TokenClassifierRunner,
@@ -43,9 +43,9 @@ def test_lr_decays_linearly_to_zero_and_curve_every_k_epochs(experiment):
 
     torch.optim.AdamW.step = recording_step
     try:
-        settings = TrainSettings(epochs=6, lr=0.06, batch_size=4, eval_every=4)
+        settings = TrainSettings(epochs=6, batch_size=4, eval_every=4)
         result = train_token_classifier(
-            TokenClassifierRunner(model, located), train, experiment.dev, experiment.id2label, settings
+            TokenClassifierRunner(model, located), train, experiment.dev, experiment.id2label, settings, 0.06
         )
     finally:
         torch.optim.AdamW.step = original_step

@@ -14,11 +14,13 @@ import pytest
 import torch
 import yaml
 from conftest import toy_dataset, write_tiny_model, write_toy_data
-from layerfusion_recipes.arguments import DEFAULT_LR_GRIDS, add_experiment_arguments
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.models import NER_REGIME_NAMES, regime_options
+from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.models import regime_options
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
+from layerfusion_recipes.ner.models import NER_REGIME_NAMES
+from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.training import TokenClassifierRunner, train_token_classifier
 
@@ -155,7 +157,7 @@ def test_the_adapters_train_in_the_recipe_and_the_encoder_does_not(tmp_path):
     train = experiment.train_sample(4, 0)
     runner = TokenClassifierRunner(model, located)
     train_token_classifier(
-        runner, train, experiment.dev, experiment.id2label, experiment.train_settings(cell, 1e-2)
+        runner, train, experiment.dev, experiment.id2label, experiment.train_settings(cell), 1e-2
     )
     moved = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
     assert moved == set(trainable_parameter_names(model))

@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.arguments import add_experiment_arguments
 from layerfusion_recipes.core.records import append_record, finished_keys, read_records
 from layerfusion_recipes.core.sweep import runs_left
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
+from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.sweep import _UnitRunner, grid_cells, longest_first, run_cells
 

