@@ -76,7 +76,6 @@ STILL_FAILING = {
     "layerfusion_recipes.core.probes",
     "layerfusion_recipes.core.runner",
     "layerfusion_recipes.ner.candidates",
-    "layerfusion_recipes.seq2seq.experiment",
     "peft_layerfusion.comparison.adapters_baseline",  # runs on the adapters stack only (stack 2)
 }
 

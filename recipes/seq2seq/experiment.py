@@ -374,7 +374,14 @@ class DenoisingData:
         """Split, tokenize and corrupt the texts.
 
         Example:
-            >>> data = DenoisingData.build(read_text("valid.txt"), read_text("test.txt"), Seq2SeqSettings())
+            >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+            >>> data = DenoisingData.build(
+            ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
+            ... )
+            >>> len(data.train), len(data.dev_pairs), len(data.test_pairs)  # 40-word lines, 10-word pieces
+            (24, 4, 32)
+            >>> data.copy_scores()["test"]["exact_match"]  # the corrupted input left as it is
+            9.375
         """
         pieces = sentences_of(train_text, settings.max_words)
         held_out = len(pieces) - settings.dev_sentences
@@ -420,8 +427,15 @@ def run_one(data: DenoisingData, method: str, seed: int, learning_rate: float) -
     """Train ``method`` from the seed's initial weights and score it on dev and test; one record.
 
     Example:
+        >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+        >>> data = DenoisingData.build(
+        ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
+        ... )
         >>> record = run_one(data, "vanilla", seed=0, learning_rate=3e-3)
-        >>> record["exact_match"], record["dev"]["exact_match"]  # test, dev
+        >>> record["method"], record["learning_rate"], sorted(record["dev"])  # test scores at the top level
+        ('vanilla', 0.003, ['bleu', 'chrf', 'exact_match'])
+        >>> 0 <= record["exact_match"] <= 100
+        True
     """
     settings = replace(data.settings, seed=seed, learning_rate=learning_rate)
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -495,8 +509,20 @@ def run_comparison(
         (see :func:`summarize`).
 
     Example:
-        >>> data = DenoisingData.build(read_text("valid.txt"), read_text("test.txt"), Seq2SeqSettings())
-        >>> results = run_comparison(data, METHOD_NAMES, seeds=(0, 1, 2), learning_rates=(1e-3, 3e-3))
+        >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+        >>> data = DenoisingData.build(
+        ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
+        ... )
+        >>> methods = ["vanilla", "surface_hard"]  # of METHOD_NAMES
+        >>> results = run_comparison(data, methods, seeds=(0, 1), learning_rates=(1e-3, 3e-3))
+        | vanilla | 0 | 0.001 | ...
+        | vanilla | 0 | 0.003 | ...
+        | vanilla | 1 | ...
+        | surface_hard | 0 | 0.001 | ...
+        | surface_hard | 0 | 0.003 | ...
+        | surface_hard | 1 | ...
+        >>> len(results["runs"]), [row["seeds"] for row in results["summary"]]  # 2 LRs on seed 0, then 1 seed
+        (6, [[0, 1], [0, 1]])
     """
     unknown = [m for m in methods if m not in METHOD_NAMES]
     if unknown or not seeds:
