@@ -227,8 +227,9 @@ class TaskSettings:
         has none.
 
         Example:
-            >>> ExperimentSettings(model="hub/model", data=folder).content_fingerprints()
-            {'data': '5be7c1d0a2f94e3b'}
+            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+            >>> ExperimentSettings(model="hub/model", data=ner_data).content_fingerprints()  # a folder here
+            {'data': '876cbf8e32de0987'}
         """
         paths = {name: getattr(self, name) for name in ("model", "data")}
         return {name: path_fingerprint(path) or "" for name, path in paths.items() if os.path.exists(path)}
@@ -360,7 +361,10 @@ class FewShotExperiment:
         its weights leave memory, and the runs replay the cache alone.
 
         Example:
+            >>> from layerfusion_recipes.core.cells import grid_cells
             >>> experiment.prefill_cache(grid_cells(grid))  # then experiment.run(...) for each cell
+            >>> len(experiment.cache()), experiment.cache().base_model is None  # sentences; encoder gone
+            (36, True)
         """
         cached = self.cached_cells(cells)
         if not cached:
@@ -375,7 +379,13 @@ class FewShotExperiment:
         test sets and every training sample of the cells that replay it (``None``: none does).
 
         Example:
-            >>> experiment.cache_plan(grid_cells(grid)).nbytes  # e.g. 2211840000
+            >>> from layerfusion_recipes.core.cells import grid_cells
+            >>> plan = experiment.cache_plan(grid_cells(grid))  # dev, test, 2 trials' samples of 2 x 3
+            >>> print(plan.describe())
+            feature cache: 36 sentences, 329 all positions x 3 blocks x 32 x 4 B (float32) = 0.00 GB,
+            model 0.00 GB
+            >>> plan.nbytes  # 329 x 3 x 32 x 4
+            126336
         """
         cached = self.cached_cells(cells)
         if not cached:
@@ -451,7 +461,11 @@ class FewShotExperiment:
         (:func:`~layerfusion_recipes.core.cells.lrs_train_together`). See :meth:`iter_lrs`.
 
         Example:
-            >>> [r["lr"] for r in experiment.run_lrs(Cell("dwatt", "fe", 8, 25, 0), [1e-3, 1e-2])]
+            >>> records = experiment.run_lrs(Cell("dwatt", "fe", 2, 2, 0), [1e-2, 3e-2])  # in one pass
+            >>> [r["lr"] for r in records], records[0]["key"]
+            ([0.01, 0.03], 'dwatt|fe|2|2|0|lr=0.01|...')
+            >>> all(0 <= r["dev_f1"] <= 1 and r["cached"] for r in records)
+            True
         """
         return list(self.iter_lrs(cell, lrs, use_cache))
 
@@ -467,8 +481,11 @@ class FewShotExperiment:
         candidate dimension of the stacked ones changes).
 
         Example:
-            >>> for record in experiment.iter_lrs(Cell("none", "lora", 8, 25, 0), [1e-3, 1e-2]):
-            ...     append_record("results.jsonl", record)
+            >>> from layerfusion_recipes.core.records import append_record
+            >>> for record in experiment.iter_lrs(Cell("none", "lora", 2, 2, 0), [1e-3, 1e-2]):
+            ...     append_record("results.jsonl", record)  # each as soon as its run ends
+            True
+            True
         """
         use_cache = self.settings.use_cache if use_cache is None else use_cache
         if len(lrs) < 2 or not lrs_train_together(cell, use_cache):
@@ -503,8 +520,9 @@ class FewShotExperiment:
         once, not kept); ``None``: none replays it.
 
         Example:
-            >>> experiment.training_plan(grid_cells(grid)).describe()
-            'training 7 of 7 LRs per pass x 7.74M dwatt parameters x 20 B = 1.08 GB'
+            >>> from layerfusion_recipes.core.cells import grid_cells
+            >>> experiment.training_plan(grid_cells(grid)).describe()  # DWAtt's, larger than the plain head's
+            'training 2 of 2 LRs per pass x 0.01M dwatt parameters x 20 B = 0.00 GB'
         """
         plans = []
         for cell in {cell.method: cell for cell in self.cached_cells(cells)}.values():
