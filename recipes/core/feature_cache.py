@@ -257,7 +257,12 @@ def plan_cache(
     """The :class:`CachePlan` of a cache of ``base_model`` holding ``features``, computing nothing.
 
     Example:
-        >>> plan_cache(base, find_encoder_blocks(base), ALL_POSITIONS, "float32", dev + test).nbytes
+        >>> from peft_layerfusion.discovery import find_encoder_blocks
+        >>> base = experiment.load_model(seed=0)  # the tiny BERT token classifier (3 blocks, width 32)
+        >>> features = experiment.dev + experiment.test  # encoded sentences
+        >>> plan = plan_cache(base, find_encoder_blocks(base), ALL_POSITIONS, "float32", features)
+        >>> plan.sentences, plan.positions, plan.nbytes  # nbytes: positions x 3 blocks x 32 x 4 B
+        (24, 207, 79488)
     """
     keys = {(tuple(feature["input_ids"]), positions.of(feature)) for feature in features}
     return CachePlan(
@@ -515,10 +520,20 @@ class FeatureCache:
         dtype: Storage dtype name (:data:`STORAGE_DTYPES`; part of the key).
 
     Example:
-        >>> cache = FeatureCache(base, find_encoder_blocks(base), "minilm", 128, tokenizer=tokenizer)
-        >>> cache.fill(train_features + dev_features)
-        >>> with cache.replay(located_of_trained_model, cache.batch(batch_features)):
-        ...     logits = model(input_ids=ids, attention_mask=mask).logits
+        >>> from peft_layerfusion.discovery import find_encoder_blocks
+        >>> base = experiment.load_model(seed=0).eval()  # the tiny BERT token classifier, frozen
+        >>> located = find_encoder_blocks(base)
+        >>> cache = FeatureCache(base, located, "tiny-bert", 128, tokenizer=experiment.tokenizer)
+        >>> cache.fill(experiment.dev + experiment.test)  # the sentences computed
+        24
+        >>> batch = experiment.dev[:4]
+        >>> ids, mask = padded_inputs(batch)
+        >>> with torch.no_grad():
+        ...     computed = base(input_ids=ids, attention_mask=mask).logits
+        ...     with cache.replay(located, cache.batch(batch)):  # each block returns its cached output
+        ...         replayed = base(input_ids=ids, attention_mask=mask).logits
+        >>> torch.allclose(replayed[mask.bool()], computed[mask.bool()], atol=1e-6)  # at the real tokens
+        True
     """
 
     def __init__(
@@ -739,8 +754,11 @@ class CachedBatch:
         size: ``(batch, seq)``.
 
     Example:
-        >>> batch = cache.batch(features)
+        >>> batch = cache.batch(experiment.dev[:4])  # the experiment's cache: dev and test filled
+        >>> batch.shape  # (L, batch, seq, d)
+        (3, 4, 6, 32)
         >>> batch.block(0).shape  # z_1, float32: (batch, seq, d)
+        torch.Size([4, 6, 32])
     """
 
     def __init__(self, kept: Sequence[torch.Tensor], rows: torch.Tensor, size: tuple[int, int]) -> None:
