@@ -74,8 +74,6 @@ MODULES = module_names()
 # all pass fails here until it leaves the list).
 STILL_FAILING = {
     "layerfusion_recipes.core.probes",
-    "layerfusion_recipes.core.runner",
-    "layerfusion_recipes.ner.candidates",
     "peft_layerfusion.comparison.adapters_baseline",  # runs on the adapters stack only (stack 2)
 }
 

@@ -90,8 +90,14 @@ class Runner:
             real token by it).
 
     Example:
-        >>> runner = Runner(model, located, cache, positions=labelled_positions)
-        >>> logits, labels = runner.logits(batch_features, torch.device("cpu"))
+        >>> from layerfusion_recipes.core.cells import Cell
+        >>> model, located = experiment.build(Cell("dwatt", "fe", 2, 2, 0))  # DWAtt + head, tiny BERT
+        >>> runner = Runner(model, located, cache, positions=labelled_positions)  # cache: dev, test filled
+        >>> logits, labels = runner.logits(experiment.dev[:4], torch.device("cpu"))
+        >>> logits.shape, labels.shape  # (batch, seq, C), (batch, seq)
+        (torch.Size([4, 6, 5]), torch.Size([4, 6]))
+        >>> runner.fused_count, int((labels != -100).sum())  # DWAtt ran at the 14 labelled of 24 only
+        (14, 14)
     """
 
     def __init__(
@@ -161,8 +167,15 @@ class StackedRunner(Runner):
     working set at a time instead of ``K``'s.
 
     Example:
+        >>> from layerfusion_recipes.core.cells import Cell
+        >>> model, located = experiment.build(Cell("dwatt", "fe", 2, 2, 0))  # DWAtt + head, tiny BERT
         >>> runner = StackedRunner(model, 4, located, cache, positions=labelled_positions)
-        >>> logits, labels = runner.logits(batch_features, torch.device("cpu"))  # (4, batch, ..., C)
+        >>> logits, labels = runner.logits(experiment.dev[:4], torch.device("cpu"))
+        >>> logits.shape  # (4 candidates, batch, seq, C)
+        torch.Size([4, 4, 6, 5])
+        >>> alone, _ = runner.plain().logits(experiment.dev[:4], torch.device("cpu"))  # one parameter set
+        >>> torch.allclose(logits[3], alone, atol=1e-6)  # every candidate starts as the built model
+        True
     """
 
     def __init__(self, model: nn.Module, count: int, located=None, cache=None, **options) -> None:
@@ -359,7 +372,12 @@ def predict_labelled(
     over each test evaluation without it), and their predictions are put back in order.
 
     Example:
-        >>> predict_labelled(runner, dev, 64, torch.device("cpu"))  # tensor([0, 3, 0, ...])
+        >>> from layerfusion_recipes.core.cells import Cell
+        >>> model, located = experiment.build(Cell("none", "fe", 2, 2, 0))  # the plain head, tiny BERT
+        >>> runner = Runner(model, located, cache, positions=labelled_positions)
+        >>> predicted = predict_labelled(runner, experiment.dev, 64, torch.device("cpu"))
+        >>> predicted.shape  # a label id per word of the 12 dev sentences
+        torch.Size([70])
     """
     predicted: dict[int, torch.Tensor] = {}  # batch start -> (..., batch labelled)
     with eval_mode(runner.model):
@@ -379,7 +397,12 @@ def depth_attention_profile(runner: Runner, features: list[dict], batch_size: in
     Returns one weight per fused layer (they sum to 1).
 
     Example:
-        >>> depth_attention_profile(runner.plain(), dev_features)  # e.g. [0.1, 0.05, ..., 0.4]
+        >>> from layerfusion_recipes.core.cells import Cell
+        >>> model, located = experiment.build(Cell("dwatt", "fe", 2, 2, 0))  # DWAtt + head, tiny BERT
+        >>> runner = Runner(model, located, cache, positions=labelled_positions)
+        >>> profile = depth_attention_profile(runner, experiment.dev)  # e.g. [0.35, 0.31, 0.34]
+        >>> len(profile), round(sum(profile), 6)  # one weight per fused block
+        (3, 1.0)
     """
     module = active_fusion_module(runner.model)
     seen: list[torch.Tensor] = []

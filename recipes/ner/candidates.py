@@ -29,8 +29,12 @@ class StackedRunner(CoreStackedRunner):
             forward, which does not depend on the trainable parameters only in FE).
 
     Example:
-        >>> runner = StackedRunner(model, 4, located, cache)
-        >>> logits, labels = runner.logits(batch_features, torch.device("cpu"))  # (4, batch, seq, C)
+        >>> from layerfusion_recipes.core.cells import Cell
+        >>> model, located = experiment.build(Cell("dwatt", "fe", 2, 2, 0))  # DWAtt + head, tiny BERT
+        >>> runner = StackedRunner(model, 4, located, cache)  # cache: the dev and test sets filled
+        >>> logits, labels = runner.logits(experiment.dev[:4], torch.device("cpu"))
+        >>> logits.shape, labels.shape  # (4, batch, seq, C), (batch, seq)
+        (torch.Size([4, 4, 6, 5]), torch.Size([4, 6]))
     """
 
     def __init__(self, model: torch.nn.Module, count: int, located=None, cache=None) -> None:
