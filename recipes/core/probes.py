@@ -83,8 +83,12 @@ class ProbeRunner(StackedRunner):
         inputs: The task's probe inputs (:meth:`FewShotExperiment.probe_inputs`).
 
     Example:
-        >>> runner = ProbeRunner(nn.Linear(384, 3), 6, 4, cache, experiment.probe_inputs)
-        >>> logits, labels = runner.logits(train[:8], torch.device("cpu"))  # (24, 8, 3), (8,)
+        >>> train = experiment.train_sample(2, 0)  # 2 shots x 3 entity types; the tiny BERT: L = 3, d = 32
+        >>> cache = experiment.filled_cache(train)
+        >>> runner = ProbeRunner(nn.Linear(32, len(experiment.labels)), 3, 4, cache, experiment.probe_inputs)
+        >>> logits, labels = runner.logits(train[:4], torch.device("cpu"))
+        >>> logits.shape, labels.shape  # (4 LRs x 3 layers, read, C), (read,): the labelled words
+        (torch.Size([12, 22, 5]), torch.Size([22]))
     """
 
     def __init__(self, head: nn.Linear, num_blocks: int, count: int, cache, inputs: ProbeInputs) -> None:
@@ -146,7 +150,11 @@ def probe_records(
     record per LR (see the module docstring).
 
     Example:
-        >>> [r["layers"][0]["test_f1"] for r in probe_records(experiment, 8, 25, 0, [1e-3, 1e-2])]
+        >>> records = list(probe_records(experiment, 2, 2, 0, [1e-2, 3e-2]))  # 2 shots, 2 epochs, trial 0
+        >>> [r["lr"] for r in records], [entry["layer"] for entry in records[0]["layers"]]
+        ([0.01, 0.03], [1, 2, 3])
+        >>> records[0]["key"], all(0 <= entry["test_f1"] <= 1 for entry in records[0]["layers"])
+        ('probe|fe|2|2|0|lr=0.01|...', True)
     """
     cell = Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
     train = experiment.train_sample(shots, trial)
@@ -212,8 +220,9 @@ def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[
     file does not hold yet (those whose every LR is there are left out).
 
     Example:
-        >>> missing_probes(experiment, grid)  # all of them on a first run
-        [(Cell(method='probe', regime='fe', shots=8, epochs=25, trial=0), [0.0001, ...]), ...]
+        >>> missing_probes(experiment, grid)  # all of them on a first run: 2 trials, the LRs of the FE grid
+        [(Cell(method='probe', regime='fe', shots=2, epochs=2, trial=0), [0.01, 0.03]),
+         (Cell(method='probe', regime='fe', shots=2, epochs=2, trial=1), [0.01, 0.03])]
     """
     lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
     done = finished_keys(probes_path(grid["results"]))
@@ -235,8 +244,12 @@ def run_probes(
         Every record of these probes in the file (old and new), one per key.
 
     Example:
-        >>> grid = {"shots": [8], "epochs": [25], "trials": 3, "results": "out/results.jsonl"}
-        >>> run_probes(experiment, grid)
+        >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
+        >>> records = run_probes(experiment, grid, progress=False)  # 2 trials x 2 LRs
+        >>> len(records), len(open("out/results.probes.jsonl").readlines())
+        (4, 4)
+        >>> missing_probes(experiment, grid)  # a second run_probes trains none
+        []
     """
     path = probes_path(grid["results"])
     lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
@@ -257,8 +270,15 @@ def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ``{"layer", "lr", "dev", "test", "metric"}`` (``test`` ``None`` without a test split).
 
     Example:
-        >>> best_single_layer(records_of_one_trial)["layer"]
-        10
+        >>> def record(lr, scores):  # a trial's record at one LR, as probe_records writes it (no curves)
+        ...     layers = [{"layer": n, "dev_f1": d, "test_f1": t} for n, (d, t) in enumerate(scores, 1)]
+        ...     return {"lr": lr, "metric": "f1", "layers": layers}
+        >>> records = [
+        ...     record(1e-2, [(0.2, 0.3), (0.6, 0.5), (0.4, 0.4)]),  # (dev, test) of layers 1, 2, 3
+        ...     record(3e-2, [(0.6, 0.7), (0.5, 0.5), (0.1, 0.2)]),
+        ... ]
+        >>> best_single_layer(records)  # dev 0.6 twice: the smaller LR
+        {'layer': 2, 'lr': 0.01, 'dev': 0.6, 'test': 0.5, 'metric': 'f1'}
     """
     candidates = []
     for record in sorted(records, key=lambda r: r["lr"]):
@@ -275,8 +295,8 @@ def probe_starts(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int]
     """``{(shots, epochs, trial): block}``: each trial's :func:`best_single_layer` (``--probe-start``).
 
     Example:
-        >>> probe_starts(run_probes(experiment, grid))
-        {(8, 30, 0): 10, (8, 30, 1): 9, ...}
+        >>> probe_starts(run_probes(experiment, grid, progress=False))  # grid: 2 shots, 2 epochs, 2 trials
+        {(2, 2, 0): ..., (2, 2, 1): ...}
     """
     trials: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
     for record in records:
