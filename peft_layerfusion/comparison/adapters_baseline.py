@@ -14,7 +14,10 @@ from :func:`peft_layerfusion.comparison.audit.audit`), which picks the reduction
 the task head train.
 
 Example:
-    >>> model = apply_regime(bert, "none", "adapter_seqbn", match_params=26_353_152)
+    >>> from peft_layerfusion.comparison.regimes import apply_regime
+    >>> model = apply_regime(base_model, "none", "adapter_seqbn", match_params=5_408)  # DWAtt's, here
+    >>> adapter_parameter_count(model), model.layerfusion_bottleneck["kind"]  # the closest count
+    (5361, 'seqbn')
 """
 
 from __future__ import annotations
@@ -87,7 +90,11 @@ def apply_bottleneck_adapters(
         ``model`` itself, with adapters active and trainable.
 
     Example:
-        >>> apply_bottleneck_adapters(bert, "double_seqbn", reduction_factor=8)
+        >>> model = apply_bottleneck_adapters(base_model, "double_seqbn", reduction_factor=8)  # d 32: 4 wide
+        >>> model is base_model, adapter_parameter_count(model)  # 2 adapters in each of the 3 blocks
+        (True, 1752)
+        >>> sorted({name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad})
+        ['bert', 'classifier']
     """
     if kind not in BOTTLENECK_KINDS:
         raise invalid("kind", kind, f"one of {list(BOTTLENECK_KINDS)}")
@@ -122,8 +129,12 @@ def quiet_logger(name: str, level: int = logging.ERROR) -> Iterator[None]:
         level: The lowest level still reported.
 
     Example:
-        >>> with quiet_logger("adapters.model_mixin"):
-        ...     model.train_adapter("bottleneck")
+        >>> import logging
+        >>> with quiet_logger("adapters.model_mixin"):  # e.g. around model.train_adapter("bottleneck")
+        ...     logging.getLogger("adapters.model_mixin").isEnabledFor(logging.WARNING)
+        False
+        >>> logging.getLogger("adapters.model_mixin").isEnabledFor(logging.WARNING)  # as before
+        True
     """
     logger = logging.getLogger(name)
     previous = logger.level
@@ -148,8 +159,8 @@ def adapter_parameter_count(model: nn.Module) -> int:
     """New parameters of the adapters of ``model`` (the head excluded), as ``budget`` counts them.
 
     Example:
-        >>> adapter_parameter_count(apply_bottleneck_adapters(minilm_l6, reduction_factor=16))
-        113040
+        >>> adapter_parameter_count(apply_bottleneck_adapters(base_model, reduction_factor=16))  # d 32: 2
+        486
     """
     return sum(param.numel() for name, param in model.named_parameters() if is_adapter_parameter(name))
 
@@ -161,7 +172,9 @@ def save_bottleneck(model: nn.Module, directory: str | os.PathLike) -> None:
     trainable tensor), each atomically.
 
     Example:
-        >>> save_bottleneck(model, "out/seqbn")
+        >>> save_bottleneck(apply_bottleneck_adapters(base_model, "seqbn"), "out/seqbn")  # once trained
+        >>> sorted(os.listdir("out/seqbn"))
+        ['bottleneck_adapters.json', 'bottleneck_adapters.safetensors']
     """
     spec = getattr(model, SPEC_ATTR, None)
     if spec is None:
@@ -176,7 +189,15 @@ def load_bottleneck(base_model: nn.Module, directory: str | os.PathLike) -> nn.M
     """Rebuild on ``base_model`` (the same pretrained model) what :func:`save_bottleneck` wrote.
 
     Example:
-        >>> model = load_bottleneck(AutoModelForTokenClassification.from_pretrained(name), "out/seqbn")
+        >>> from transformers import AutoModelForTokenClassification
+        >>> def pretrained():  # a fresh copy of the pretrained model (a random head each time)
+        ...     return AutoModelForTokenClassification.from_pretrained(model_path, num_labels=5)
+        >>> trained = apply_bottleneck_adapters(pretrained(), "seqbn").eval()
+        >>> save_bottleneck(trained, "out/seqbn")
+        >>> model = load_bottleneck(pretrained(), "out/seqbn")
+        >>> batch = torch.tensor([[2, 10, 11, 12, 3]])
+        >>> torch.equal(model(batch).logits, trained(batch).logits)  # the adapters and the head restored
+        True
     """
     with open(os.path.join(directory, SPEC_FILE)) as handle:
         spec = json.load(handle)
