@@ -15,7 +15,11 @@ example's working folder: ``model_path`` (a tiny BERT and its WordPiece ``tokeni
 ``save_pretrained`` writes them), ``ner_data`` (toy NER splits, ``token<TAB>tag``) and ``text_data``
 (toy 3-class CSV splits), ``decoder_path`` and ``gemma_path`` (a tiny Llama and a tiny Gemma 3 text
 decoder, 2 blocks of width 32, with a tokenizer) and ``text_path`` (WikiText-2's three files in
-small). Each docstring gets fresh ones.
+small). For the recipes' few-shot machinery: ``experiment`` (a NER experiment, as a sweep builds it,
+of the tiny BERT on the toy NER splits, LRs 1e-2 and 3e-2), ``cache`` (its feature cache, the dev
+and test sets filled) and ``grid`` (a sweep's grid: methods ``none`` and ``dwatt`` under ``fe``,
+2 shots, 2 epochs, 2 trials, results in ``out/results.jsonl``). Each docstring gets fresh ones, built
+only where its examples name them.
 """
 
 from __future__ import annotations
