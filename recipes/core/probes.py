@@ -252,13 +252,25 @@ def run_probes(
         []
     """
     path = probes_path(grid["results"])
-    lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
-    wanted = {record_key(cell, lr, experiment.setup) for cell in probe_cells(grid) for lr in lrs}
     todo = missing_probes(experiment, grid)
     for cell, missing in tqdm(todo, desc="layer probes", disable=not progress or not todo, file=sys.stderr):
         for record in probe_records(experiment, cell.shots, cell.epochs, cell.trial, missing):
             append_record(path, record)
-    return [record for record in read_records(path) if record["key"] in wanted]
+    return saved_probes(experiment, grid)
+
+
+def saved_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of ``grid``'s probes that the probes file holds, one per key, none trained: what the
+    other processes of a launched sweep read once the main process ran :func:`run_probes`.
+
+    Example:
+        >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
+        >>> saved_probes(experiment, grid)  # none yet
+        []
+    """
+    lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
+    wanted = {record_key(cell, lr, experiment.setup) for cell in probe_cells(grid) for lr in lrs}
+    return [record for record in read_records(probes_path(grid["results"])) if record["key"] in wanted]
 
 
 def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

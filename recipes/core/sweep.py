@@ -67,7 +67,7 @@ from .cells import (
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
 from .feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
-from .probes import missing_probes, probe_cells, probe_starts, run_probes
+from .probes import missing_probes, probe_cells, probe_starts, run_probes, saved_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
@@ -445,8 +445,11 @@ def _sweep(
         first, later = split_trials(cells, grid["select_trials"])
         experiment.prefill_cache(first + later + probed_cells(grid))
     # the layer probes on the filled cache (the encoder gone after a prefill), before the runs
-    top = grid.get("probe_layers")
-    probes = run_probes(experiment, grid, progress=not grid["quiet"]) if top and state.is_main_process else []
+    probes = []
+    if grid.get("probe_layers"):  # the main process trains them; the others read what it wrote
+        probes = run_probes(experiment, grid, progress=not grid["quiet"]) if state.is_main_process else []
+        state.wait_for_everyone()
+        probes = probes if state.is_main_process else saved_probes(experiment, grid)
     if settings.probe_start:  # each trial's fusion starts on its best probed block (dev only)
         settings = experiment.settings = dataclasses.replace(settings, probe_starts=probe_starts(probes))
     records = run_cells(

@@ -122,3 +122,25 @@ def test_worker_pools_are_refused_inside_a_multi_process_launch():
     check_workers(1, 4)  # a launch without pools
     with pytest.raises(ValueError, match="--workers 2 under accelerate launch with 2 processes"):
         check_workers(2, 2)
+
+
+@needs_launch
+def test_two_processes_start_each_fusion_on_the_probes_of_the_main_process(tmp_path, capsys):
+    """--probe-start under 2 processes: the main process trains the layer probes, the other reads them
+    from the probes file (it used to find none and stop), and every run equals one process's."""
+    model, data = write_tiny_model(tmp_path / "model"), write_text_data(tmp_path / "data")
+    argv = lambda output: [  # noqa: E731
+        "classify", *("--model", model, "--data", data, "--methods", "none", "layer_mix", "--regimes", "fe"),
+        *("--shots", "2", "--epochs", "2", "--trials", "2", "--lr", "0.03", "--probe-start"),
+        *("--output", str(output), "--quiet"),
+    ]
+    assert main(argv(tmp_path / "one")) == 0
+    alone = {r["key"]: r for r in read_records(tmp_path / "one" / "results.jsonl")}
+    capsys.readouterr()
+    launched = _launch(argv(tmp_path / "two"), cpu=True)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    shared = {r["key"]: r for r in read_records(tmp_path / "two" / "results.jsonl")}
+    assert shared.keys() == alone.keys() and len(shared) == 4  # 2 methods x 2 trials
+    assert {r["process_index"] for r in shared.values()} == {0, 1}  # both processes ran layer_mix or none
+    for key, record in shared.items():
+        assert {k: record[k] for k in SAME["classify"]} == {k: alone[key][k] for k in SAME["classify"]}, key
