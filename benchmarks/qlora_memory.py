@@ -5,8 +5,10 @@ prepared with ``prepare_model_for_kbit_training`` (gradient checkpointing on, as
 LoRA on ``q_proj``/``v_proj`` alone or with DWAtt over every block, and trained one step
 (forward, backward, AdamW) on a batch of ``--batch`` x ``--length`` tokens. Each variant runs in its
 own process, after one warm-up step (the optimizer state exists); the measure is the step's peak
-above the memory held before it: ``torch.cuda.max_memory_allocated`` on a GPU, on the CPU the peak
-resident set (``VmHWM``, reset through ``/proc/self/clear_refs``) above the resident set before.
+of tensor bytes above those held before it: ``torch.cuda.max_memory_allocated`` on a GPU; on the CPU
+the torch profiler's allocator events (``overhead.peak_allocated``: exact and repeatable, unlike the
+resident set, which the allocator's reuse of freed pages blurs; the resident set's peak above its
+start, ``VmHWM`` reset through ``/proc/self/clear_refs``, is printed beside it).
 
 Usage::
 
@@ -23,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from overhead import peak_allocated
 from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig
 
@@ -74,12 +77,14 @@ def step_peak(folder: str, variant: str, batch: int, length: int, queue) -> None
         step()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
-    else:
-        before = status_bytes("VmRSS")
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        step()
-        peak = status_bytes("VmHWM")
-    queue.put({"variant": variant, "above": peak - before, "trainable": trainable})
+        queue.put({"variant": variant, "above": peak - before, "trainable": trainable})
+        return
+    before = status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    step()
+    resident = status_bytes("VmHWM") - before
+    tensors = peak_allocated(step)  # one more step, under the profiler
+    queue.put({"variant": variant, "above": tensors, "resident_above": resident, "trainable": trainable})
 
 
 def measure(folder: str, variant: str, batch: int, length: int) -> dict:
@@ -112,8 +117,10 @@ def main() -> None:
     print(f"device {DEVICE}; {arguments.blocks} blocks x {arguments.width}, 4-bit NF4, checkpointing, "
           f"batch {arguments.batch} x {arguments.length} tokens")  # fmt: skip
     for variant, results in runs.items():
-        print(f"| {variant} | trainable {results[0]['trainable']:,} | step peak above start "
-              f"{median[variant] / 2**20:.1f} MiB |")  # fmt: skip
+        resident = [f"{r['resident_above'] / 2**20:.0f}" for r in results if "resident_above" in r]
+        resident_cell = f" resident set above start {', '.join(resident)} MiB |" if resident else ""
+        print(f"| {variant} | trainable {results[0]['trainable']:,} | step peak of tensors above start "
+              f"{median[variant] / 2**20:.1f} MiB |{resident_cell}")  # fmt: skip
     print(f"ratio DWAtt+LoRA / LoRA: {median['dwatt+lora'] / median['lora']:.2f}")
 
 
