@@ -265,8 +265,9 @@ def saved_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[di
 
     Example:
         >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
-        >>> saved_probes(experiment, grid)  # none yet
-        []
+        >>> records = run_probes(experiment, grid, progress=False)  # the main process
+        >>> saved_probes(experiment, grid) == records  # another process: the same records, none trained
+        True
     """
     lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
     wanted = {record_key(cell, lr, experiment.setup) for cell in probe_cells(grid) for lr in lrs}
