@@ -100,13 +100,7 @@ def positive_int(text: str) -> int:
         >>> positive_int("3")
         3
     """
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+    return _positive(text, int, "an integer >= 1")
 
 
 def positive_float(text: str) -> float:
@@ -116,12 +110,17 @@ def positive_float(text: str) -> float:
         >>> positive_float("1.5")
         1.5
     """
+    return _positive(text, float, "a number > 0")
+
+
+def _positive(text: str, convert: type, what: str) -> int | float:
+    """``convert(text)`` if it is finite and > 0, else argparse's usage error saying it must be ``what``."""
     try:
-        value = float(text)
+        value = convert(text)
     except ValueError:
         value = float("nan")
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
 
 
