@@ -1,7 +1,7 @@
 """The layer weights each trial's run learned, one line per trial: spread over depth, or one-hot?
 
 For every method whose records carry layer weights (DWAtt's and Scaled DWAtt's mean depth attention on
-dev, ScalarMix's and LayerMix's softmax weights), at each (shots, epochs)'s LR selected on dev, draws
+dev, ScalarMix's and LayerMix's mix weights), at each (shots, epochs)'s LR selected on dev, draws
 one panel per method with one line per trial, and prints each trial's largest weight and its effective
 number of layers ``exp(entropy)`` (1: one-hot; K: uniform over the K fused layers).
 

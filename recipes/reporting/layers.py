@@ -51,7 +51,7 @@ from .plot import (
 
 DEFAULT_TOP = 3  # layers in the subset printed as layers=[...]
 WEIGHT_FIELDS = {  # record field -> what it is, for the legend and the table
-    "mix_weights": "softmax weights",
+    "mix_weights": "mix weights",  # softmax(w), or e_b + β (softmax(w) - e_b) from a one-hot start
     "depth_attention": "mean depth attention",
 }
 PROBE_COLOR = "black"  # the probes are no method: none of the methods' colours
@@ -242,7 +242,7 @@ def clamp_note(top: int, rows: Sequence[dict[str, Any]]) -> str | None:
 
 def _weight_label(method: str, regime: str, field: str, display: bool = False) -> str:
     """What a method's learned weights are called: in the table by names, in the figure (``display``) by
-    the registry's labels (``ScalarMix softmax weights``)."""
+    the registry's labels (``ScalarMix mix weights``)."""
     name, regime_name = (method_label(method), regime_label(regime)) if display else (method, regime)
     return f"{name} {WEIGHT_FIELDS[field]}" + ("" if regime == PROBE_REGIME else f" ({regime_name})")
 

@@ -183,7 +183,7 @@ def test_classify_probe_layers_writes_the_figure_the_table_and_the_subset_and_re
     assert "## Layer probes" in table and f"best 2 layers on dev: `{layers_text(subset)}`" in table
     header = (
         "| layer | probe test accuracy | probe test macro-F1 | dwatt mean depth attention "
-        "| scalar_mix softmax weights |"
+        "| scalar_mix mix weights |"
     )
     assert header in table
     lines = table.split(header)[1].splitlines()[2:5]
@@ -222,7 +222,7 @@ def test_ner_probe_layers_reads_the_labelled_positions_and_reports_f1(paths, tmp
     probes = read_records(tmp_path / "results.probes.jsonl")
     assert len(probes) == 2 and all(r["metric"] == "f1" and len(r["layers"]) == 3 for r in probes)
     table = (tmp_path / "table.md").read_text()
-    assert "| layer | probe test micro-F1 | scalar_mix softmax weights |" in table
+    assert "| layer | probe test micro-F1 | scalar_mix mix weights |" in table
     assert "layers (best 3 on dev), N=2, max 2 epochs: layers=[1, 2, 3]" in capsys.readouterr().out
 
 
@@ -284,7 +284,7 @@ def test_the_layer_figure_draws_each_method_in_its_colour_and_the_probe_in_black
         "last layer (plain head) (test)": {to_hex(method_color("none"))},
         "ScalarMix (test)": {to_hex(method_color("scalar_mix"))},
         "DWAtt (test)": {to_hex(method_color("dwatt"))},
-        "ScalarMix softmax weights": {to_hex(method_color("scalar_mix"))},
+        "ScalarMix mix weights": {to_hex(method_color("scalar_mix"))},
         "DWAtt mean depth attention": {to_hex(method_color("dwatt"))},
         "uniform 1/K": {to_hex("grey")},
     }
@@ -315,7 +315,7 @@ def test_the_layer_table_of_synthetic_runs():
     probes, runs = _synthetic()
     text = layers_markdown(probes, runs, top=2)
     assert text.count("best 2 layers on dev: `layers=[2, 3]`") == 2
-    header = "| layer | probe test micro-F1 | dwatt mean depth attention | scalar_mix softmax weights |"
+    header = "| layer | probe test micro-F1 | dwatt mean depth attention | scalar_mix mix weights |"
     rows = text.split(header)[1].splitlines()[2:5]
     assert rows[0].startswith("| 1 | 16.7 ± 39.9 @0.01 ⚠ (dev 31.7) (n=3)") and rows[0].endswith(
         " | 0.600 | 0.200 |"

@@ -748,7 +748,7 @@ def test_a_classify_block_shows_its_command_metrics_and_layer_probes(classify_re
     # the probes: a bold title (RESULTS.md has its own sections), the grid's top 2, the learned weights
     assert "**Layer probes**" in text and "## Layer probes" not in text
     assert "**N=8, max 25 epochs**: best 2 layers on dev: `layers=[2, 3]`" in text
-    header = "| layer | probe test accuracy | probe test macro-F1 | scalar_mix softmax weights |"
+    header = "| layer | probe test accuracy | probe test macro-F1 | scalar_mix mix weights |"
     rows = text.split(header)[1].splitlines()[2:5]
     assert rows[0] == "| 1 | 10.0 ± 0.0 @0.01 ⚠ (dev 20.0) (n=2) | 5.0 ± 0.0 | 0.200 |"
     assert rows[2] == "| 3 | 30.0 ± 0.0 @0.01 ⚠ (dev 60.0) (n=2) | 25.0 ± 0.0 | 0.500 |"
