@@ -379,10 +379,11 @@ class HookedForward:
 
     def claim(self) -> bool:
         """Whether this forward came through the module's call (whose hooks run); claims that call."""
+        if self.detached:  # its hooks are gone: every call passes through
+            return True
         stack = self._stack()
-        if self.detached or (stack and not stack[-1]):
-            if stack and not self.detached:
-                stack[-1] = True
+        if stack and not stack[-1]:
+            stack[-1] = True
             return True
         return False
 
