@@ -48,10 +48,10 @@ def parse_shape(text: str) -> tuple[int, int]:
     try:
         blocks, width = (int(part) for part in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--random-shape must look like 12x768, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must look like 12x768 (blocks x width), got {text!r}") from None
     if blocks < 1 or width < 64 or width % 64:
         raise argparse.ArgumentTypeError(
-            f"--random-shape {text!r}: need >= 1 block and a width that is a multiple of 64"
+            f"{text!r}: need >= 1 block and a width that is a multiple of 64"
         )
     return blocks, width
 

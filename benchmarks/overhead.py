@@ -64,9 +64,14 @@ def addmm_inplace_flop(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -
 
 
 def count_flops(model: torch.nn.Module, ids: torch.Tensor) -> int:
+    return count_call_flops(lambda: model(ids))
+
+
+def count_call_flops(call: Callable[[], object]) -> int:
+    """Floating-point operations counted while ``call()`` runs without autograd (matmuls and the like)."""
     in_place = {torch.ops.aten.addmm_: addmm_inplace_flop}  # in case a module accumulates in place
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=in_place) as counter:
-        model(ids)
+        call()
     return counter.get_total_flops()
 
 

@@ -133,8 +133,11 @@ class FusionModule(nn.Module):
 
     def unit_states(self, states: list[torch.Tensor]) -> Iterable[torch.Tensor]:
         """``states`` as they are mixed: each ``z_n / rms(z_n)`` with ``state_norm="rms"`` (made one at a
-        time, as it is read: no ``K`` normalised copies held at once), else ``states`` themselves."""
-        return map(unit_rms, states) if self.normalizes_states else states
+        time, as it is read: no ``K`` normalised copies held at once; all at once where
+        :func:`runs_stacked`), else ``states`` themselves."""
+        if not self.normalizes_states:
+            return states
+        return unit_rms(torch.stack(states)).unbind(0) if runs_stacked(states) else map(unit_rms, states)
 
     def in_stream_units(self, mixed: torch.Tensor, capture: Capture) -> torch.Tensor:
         """A mix of unit-RMS states put back on ``z_L``'s scale (``state_norm="rms"``), else ``mixed``.
@@ -224,6 +227,49 @@ def unit_rms(state: torch.Tensor) -> torch.Tensor:
         tensor([[0.8485, 1.1314]])
     """
     return state * torch.rsqrt(state.pow(2).mean(-1, keepdim=True).add(RMS_EPS))
+
+
+# A forward without autograd over at most this many positions computes over a (K, tokens, d) stack of the
+# fused states, a few ops in all, instead of state by state, a few ops per layer: at a decoding step (one
+# position) the per-op overhead, not the FLOPs, is what costs. Both ways give the same bits.
+STACKED_TOKENS = 64
+# dtypes where the stacked ops round as the per-state ones: in half precision LayerNorm rounds its
+# normalised state once before its affine, which the stacked DWAtt applies apart.
+STACKED_DTYPES = (torch.float32, torch.float64)
+
+
+def runs_stacked(states: list[torch.Tensor]) -> bool:
+    """Whether a fusion computes over a ``(K, tokens, d)`` stack of ``states`` instead of state by state.
+
+    Where it is small (at most :data:`STACKED_TOKENS` positions), in float32 or float64, without autograd
+    (a training step keeps the per-state path, which never holds ``K`` states' intermediates at once),
+    and in plain eager code: under ``torch.func.vmap`` (the recipes' stacked LR candidates) batched ops
+    round otherwise than the per-state ones, and a compiled graph fuses the per-state ops anyway.
+
+    Example:
+        >>> step = [torch.zeros(1, 1, 8) for _ in range(4)]  # a decoding step: one position
+        >>> with torch.no_grad():
+        ...     runs_stacked(step)
+        True
+        >>> runs_stacked(step)  # autograd records: per state
+        False
+    """
+    first = states[0]  # (..., d)
+    small = first.numel() <= STACKED_TOKENS * first.shape[-1]
+    if not small or first.dtype not in STACKED_DTYPES or torch.is_grad_enabled():
+        return False
+    return not torch.compiler.is_compiling() and not inside_functorch()
+
+
+def inside_functorch() -> bool:
+    """Whether this runs inside a ``torch.func`` transform (``vmap``, ``grad``...), where a batched
+    rewrite of a computation may not round as it does in plain eager code.
+
+    Example:
+        >>> inside_functorch()
+        False
+    """
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def stack_layers(states: list[torch.Tensor]) -> torch.Tensor:

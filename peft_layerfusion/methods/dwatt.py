@@ -14,7 +14,11 @@ Data-Efficient Classification", LREC-COLING 2024 (arXiv 2209.15168). Per token:
 
 The per-layer value MLPs are stored as stacked weights ``(K, d, γd)``; each layer uses its
 own slice, so they are ``K`` independent MLPs (nothing shared). The sum over layers is
-accumulated one layer at a time, so no ``(K, tokens, d)`` stack is ever built.
+accumulated one layer at a time, so no ``(K, tokens, d)`` stack is built where it would be large:
+only a forward without autograd over at most :data:`STACKED_TOKENS` positions (a decoding step reads
+one) runs the ``K`` value MLPs as batched matmuls over a ``(K, tokens, d)`` stack, a few ops in all
+instead of about seven per layer (:func:`~peft_layerfusion.fusion.runs_stacked`); its values are the
+same bits as layer by layer.
 
 Size: one bottleneck MLP of width ``w`` has ``2 d w + 3 w + d`` parameters (``U``, the LayerNorm,
 ``W``), so DWAtt has ``(2 d w_Q + 3 w_Q + d) + K (2 d w_V + 3 w_V + d) + 2 K d + d_{pos} d + d``;
@@ -75,7 +79,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DepthMixConfig, invalid, require_number
-from ..fusion import FusionContext, FusionModule, linear_init_, rms, unit_rms, weighted_sum
+from ..fusion import FusionContext, FusionModule, linear_init_, rms, runs_stacked, unit_rms, weighted_sum
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
@@ -269,6 +273,20 @@ class StackedBottleneckMLP(nn.Module):
         """``f_index(x)`` for ``x`` of shape ``(tokens, d)``."""
         return self.apply_part(x, self.parts()[index])
 
+    def forward_all(self, x: torch.Tensor) -> torch.Tensor:
+        """Every ``f_k`` at once: ``x`` ``(K, tokens, d)`` -> ``(K, tokens, d)``, ``f_k`` on ``x[k]`` (the
+        same bits as :meth:`apply_part` per slice in float32 and float64: batched matmuls, and the
+        LayerNorm's affine as the ``addcmul`` it fuses)."""
+        inner = F.gelu(torch.baddbmm(self.up_bias.unsqueeze(1), x, self.up_weight))  # (K, tokens, γd)
+        inner = per_layer_affine(F.layer_norm(inner, inner.shape[-1:]), self.norm_weight, self.norm_bias)
+        return torch.baddbmm(self.down_bias.unsqueeze(1), inner, self.down_weight)  # (K, tokens, d)
+
+
+def per_layer_affine(normed: torch.Tensor, gain: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``shift_k + gain_k * normed[k]`` for ``normed`` ``(K, tokens, w)`` and ``gain``, ``shift`` ``(K, w)``:
+    a LayerNorm's affine, one per layer."""
+    return torch.addcmul(shift.unsqueeze(1), normed, gain.unsqueeze(1))
+
 
 class DWAtt(FusionModule):
     """Depth-wise attention (see the module docstring for the formula)."""
@@ -313,12 +331,25 @@ class DWAtt(FusionModule):
 
     def values(self, states: list[torch.Tensor]) -> Iterator[torch.Tensor]:
         """``v_n = LN_n(f^V_n(z_n))`` ``(tokens, d)`` for each state ``(..., d)``, one at a time (the
-        per-layer weights taken once: :meth:`StackedBottleneckMLP.parts`)."""
+        per-layer weights taken once: :meth:`StackedBottleneckMLP.parts`), or all at once where
+        :func:`~peft_layerfusion.fusion.runs_stacked`."""
+        if runs_stacked(states):
+            yield from self.stacked_values(states).unbind(0)
+            return
         mlps = self.value_mlps.parts()
         norms = zip(self.value_norm_weight.unbind(0), self.value_norm_bias.unbind(0), strict=True)
         for state, mlp, (gain, bias) in zip(self.unit_states(states), mlps, norms, strict=True):
             tokens = state.reshape(-1, state.shape[-1])  # (tokens, d)
             yield F.layer_norm(StackedBottleneckMLP.apply_part(tokens, mlp), tokens.shape[-1:], gain, bias)
+
+    def stacked_values(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """Every ``v_n`` at once, ``(K, tokens, d)``: the value MLPs as batched matmuls."""
+        d = states[0].shape[-1]
+        stacked = torch.stack([state.reshape(-1, d) for state in states])  # (K, tokens, d)
+        if self.normalizes_states:
+            stacked = unit_rms(stacked)
+        values = self.value_mlps.forward_all(stacked)  # (K, tokens, d)
+        return per_layer_affine(F.layer_norm(values, (d,)), self.value_norm_weight, self.value_norm_bias)
 
     def value(self, index: int, state: torch.Tensor) -> torch.Tensor:
         """``v_n = LN_n(f^V_n(z_n))`` for ``state`` of shape ``(tokens, d)`` (``ẑ_n`` with ``state_norm``)."""

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peft_layerfusion.fusion import linear_init_, stack_layers, weighted_sum
+from conftest import TOKEN_WISE_CONFIGS, attach, fusion_of, perturb_
+from peft_layerfusion.fusion import (
+    STACKED_TOKENS,
+    inside_functorch,
+    linear_init_,
+    runs_stacked,
+    stack_layers,
+    weighted_sum,
+)
+from peft_layerfusion.hooks import Capture
+from peft_layerfusion.layer import fusion_layer_of
 
 
 def test_weighted_sum_matches_the_stacked_formula_and_leaves_start_alone():
@@ -65,3 +75,47 @@ def test_fusion_modules_realign_tensors_loaded_with_assign():
     assert len(loaded) == len(state) and all(t.data_ptr() % 64 == 0 for t in loaded)
     for name, tensor in module.state_dict().items():
         assert torch.equal(tensor, state[name]), name
+
+
+def small_step(num_states: int = 4, shape: tuple[int, ...] = (1, 1, 8)) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(*shape, generator=generator) * (n + 1) ** 2 for n in range(num_states)]
+
+
+def test_runs_stacked_only_without_autograd_on_small_float_inputs_in_eager_code():
+    step = small_step()
+    with torch.no_grad():
+        assert runs_stacked(step)
+        assert runs_stacked(small_step(shape=(2, STACKED_TOKENS // 2, 8)))
+        assert not runs_stacked(small_step(shape=(2, STACKED_TOKENS // 2 + 1, 8)))  # too many positions
+        assert not runs_stacked([state.bfloat16() for state in step])  # LayerNorm rounds otherwise
+        assert not torch.func.vmap(lambda x: torch.tensor(runs_stacked([x] * 3)))(torch.ones(2, 1, 8)).any()
+    assert not runs_stacked(step)  # a training step keeps the per-state path
+
+
+def test_inside_functorch_is_true_under_vmap_only():
+    assert not inside_functorch()
+    assert torch.func.vmap(lambda x: x + inside_functorch())(torch.zeros(3)).tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("config_cls", TOKEN_WISE_CONFIGS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("state_norm", ["none", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("positions", [(1, 1), (2, 7), (1, STACKED_TOKENS)], ids=str)
+def test_the_stacked_forward_gives_the_per_state_bits(config_cls, state_norm, dtype, positions, monkeypatch):
+    """A decoding step's forward (no autograd, few positions) runs over a (K, tokens, d) stack; it must give
+    the very bits of the per-state forward that training and long inputs run."""
+    model, _ = attach(config_cls(fusion_init="paper", state_norm=state_norm))
+    module = fusion_of(model).to(dtype)
+    perturb_(module, scale=1.0)
+    layers = fusion_layer_of(model).fused_layers["default"]
+    capture = Capture([s.to(dtype) for s in small_step(4, (*positions, 32))], (), {})  # z_0 .. z_3
+    states = [capture.states[n] for n in layers]
+    with torch.no_grad():
+        assert runs_stacked(states)
+        stacked = module(states, capture)
+        for place in ("peft_layerfusion.fusion", "peft_layerfusion.methods.dwatt"):
+            monkeypatch.setattr(f"{place}.runs_stacked", lambda states: False)
+        per_state = module(states, capture)
+    assert torch.equal(stacked, per_state)
+    assert per_state.abs().max() > 0 and not torch.equal(per_state, capture.states[-1])  # something was mixed
