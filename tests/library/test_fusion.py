@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import TOKEN_WISE_CONFIGS, attach, fusion_of, perturb_
+
 from peft_layerfusion.fusion import (
     STACKED_TOKENS,
     inside_functorch,
@@ -56,8 +56,6 @@ def test_linear_init_bounds_follow_fan_in():
 
 
 def test_fusion_modules_realign_tensors_loaded_with_assign():
-    from conftest import attach, fusion_of
-
     from peft_layerfusion import DWAttConfig
 
     model, _ = attach(DWAttConfig())
