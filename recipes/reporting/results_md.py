@@ -625,23 +625,27 @@ def render_languages_block(block: Block, root: Path, commands: Commands) -> str:
 
 
 def report_markdown(lines: list[str]) -> str:
-    """A benchmark's printed lines as Markdown: runs of table rows as tables, other lines as a list.
+    """A benchmark's printed lines as Markdown: runs of table rows as tables, Markdown headings as they
+    are, other lines as a list (a printed line holding several lines counts as several; blank ones go).
 
     Example:
-        >>> print(report_markdown(["torch threads: 1", "| a | b |", "|---|---|", "| 1 | 2 |"]))
+        >>> printed = ["torch threads: 1", "\\n### Forward", "| a | b |", "|---|---|", "| 1 | 2 |"]
+        >>> print(report_markdown(printed))
         - torch threads: 1
+        <BLANKLINE>
+        ### Forward
         <BLANKLINE>
         | a | b |
         |---|---|
         | 1 | 2 |
     """
     groups: list[list[str]] = []
-    for line in filter(str.strip, lines):
-        row = line.lstrip().startswith("|")
-        if not groups or (groups[-1][0].lstrip().startswith("|")) != row:
-            groups.append([])
-        groups[-1].append(line if row else f"- {line}")
-    return "\n\n".join("\n".join(group) for group in groups)
+    for line in filter(str.strip, (part for printed in lines for part in printed.splitlines())):
+        kind = "row" if line.lstrip().startswith("|") else "heading" if line.startswith("#") else "item"
+        if not groups or groups[-1][0] != kind or kind == "heading":
+            groups.append([kind])
+        groups[-1].append(f"- {line}" if kind == "item" else line)
+    return "\n\n".join("\n".join(group[1:]) for group in groups)
 
 
 def render_report_block(block: Block, root: Path) -> str:

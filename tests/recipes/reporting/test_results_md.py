@@ -589,6 +589,14 @@ def test_the_report_block_shows_a_saved_benchmark_run(repo, capsys):
     assert _run(repo, "--check") == 0
 
 
+def test_a_report_renders_printed_headings_as_headings_and_never_an_empty_item():
+    printed = ["model: tiny", "\n### Forward: batch 2\n", "base: 3 ms", "| method | x |", "|---|---|"]
+    printed.append("| a | 1 |")
+    assert results_md.report_markdown(printed) == (
+        "- model: tiny\n\n### Forward: batch 2\n\n- base: 3 ms\n\n| method | x |\n|---|---|\n| a | 1 |"
+    )
+
+
 @pytest.mark.parametrize(
     "markers, message",
     [
