@@ -15,10 +15,10 @@ Data-Efficient Classification", LREC-COLING 2024 (arXiv 2209.15168). Per token:
 The per-layer value MLPs are stored as stacked weights ``(K, d, γd)``; each layer uses its
 own slice, so they are ``K`` independent MLPs (nothing shared). The sum over layers is
 accumulated one layer at a time, so no ``(K, tokens, d)`` stack is built where it would be large:
-only a forward without autograd over at most :data:`STACKED_TOKENS` positions (a decoding step reads
-one) runs the ``K`` value MLPs as batched matmuls over a ``(K, tokens, d)`` stack, a few ops in all
-instead of about seven per layer (:func:`~peft_layerfusion.fusion.runs_stacked`); its values are the
-same bits as layer by layer.
+only a forward without autograd over at most 64 positions (a decoding step reads one) runs the ``K``
+value MLPs as batched matmuls over a ``(K, tokens, d)`` stack, a few ops in all instead of about seven
+per layer (:func:`~peft_layerfusion.fusion.runs_stacked`); its values are the same bits as layer by
+layer.
 
 Size: one bottleneck MLP of width ``w`` has ``2 d w + 3 w + d`` parameters (``U``, the LayerNorm,
 ``W``), so DWAtt has ``(2 d w_Q + 3 w_Q + d) + K (2 d w_V + 3 w_V + d) + 2 K d + d_{pos} d + d``;
