@@ -41,19 +41,7 @@ from layerfusion_recipes.core.models import BUDGET_METHOD_NAMES, PLAIN_HEAD
 from layerfusion_recipes.core.selection import dev_score
 from layerfusion_recipes.ner.experiment import ExperimentSettings
 from layerfusion_recipes.reporting.benchmark_report import Report
-
-
-def parse_shape(text: str) -> tuple[int, int]:
-    """``"12x768"`` -> ``(12, 768)`` (blocks, width; width a multiple of 64)."""
-    try:
-        blocks, width = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must look like 12x768 (blocks x width), got {text!r}") from None
-    if blocks < 1 or width < 64 or width % 64:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: need >= 1 block and a width that is a multiple of 64"
-        )
-    return blocks, width
+from overhead import parse_shape
 
 
 def random_encoder_like(model: str, blocks: int, width: int, directory: str | Path) -> str:

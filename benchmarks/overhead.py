@@ -63,6 +63,19 @@ def addmm_inplace_flop(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -
     return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
 
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"12x768"`` -> ``(12, 768)`` (blocks, width; width a multiple of 64)."""
+    try:
+        blocks, width = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must look like 12x768 (blocks x width), got {text!r}") from None
+    if blocks < 1 or width < 64 or width % 64:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: need >= 1 block and a width that is a multiple of 64"
+        )
+    return blocks, width
+
+
 def count_flops(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return count_call_flops(lambda: model(ids))
 
@@ -79,7 +92,14 @@ def time_forward(model: torch.nn.Module, ids: torch.Tensor) -> float:
     with torch.no_grad():
         start = time.perf_counter()
         model(ids)
+        synchronize(ids.device)
         return time.perf_counter() - start
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a GPU's kernels run asynchronously); nothing on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def peak_forward_memory(model: torch.nn.Module, ids: torch.Tensor) -> int:
