@@ -261,15 +261,21 @@ def runs_stacked(states: list[torch.Tensor]) -> bool:
     return not torch.compiler.is_compiling() and not inside_functorch()
 
 
+# torch's own probe of the functorch transforms in progress (private; absent: assume one, so the safe
+# per-state path runs)
+_PEEK_TRANSFORMS = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+
+
 def inside_functorch() -> bool:
     """Whether this runs inside a ``torch.func`` transform (``vmap``, ``grad``...), where a batched
-    rewrite of a computation may not round as it does in plain eager code.
+    rewrite of a computation may not round as it does in plain eager code (``True`` where this torch
+    cannot tell).
 
     Example:
         >>> inside_functorch()
         False
     """
-    return torch._C._functorch.peek_interpreter_stack() is not None
+    return _PEEK_TRANSFORMS is None or _PEEK_TRANSFORMS() is not None
 
 
 def stack_layers(states: list[torch.Tensor]) -> torch.Tensor:
