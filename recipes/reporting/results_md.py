@@ -639,13 +639,13 @@ def report_markdown(lines: list[str]) -> str:
         |---|---|
         | 1 | 2 |
     """
-    groups: list[list[str]] = []
+    groups: list[tuple[str, list[str]]] = []  # (kind, its lines), a heading alone in its group
     for line in filter(str.strip, (part for printed in lines for part in printed.splitlines())):
         kind = "row" if line.lstrip().startswith("|") else "heading" if line.startswith("#") else "item"
         if not groups or groups[-1][0] != kind or kind == "heading":
-            groups.append([kind])
-        groups[-1].append(f"- {line}" if kind == "item" else line)
-    return "\n\n".join("\n".join(group[1:]) for group in groups)
+            groups.append((kind, []))
+        groups[-1][1].append(f"- {line}" if kind == "item" else line)
+    return "\n\n".join("\n".join(group) for _, group in groups)
 
 
 def render_report_block(block: Block, root: Path) -> str:
