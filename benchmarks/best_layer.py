@@ -8,7 +8,12 @@ Reads a sweep's results file and its layer probes (``RESULTS.probes.jsonl``, wri
 - **best layer (dev)**: per trial, the probe (layer, LR) with the best dev score in that trial
   (:func:`~layerfusion_recipes.core.probes.best_single_layer`), scored on test;
 - the paired difference of each method minus the best layer, and minus the plain head, over the trials
-  both have (bold: the interval excludes 0).
+  both have (bold: the interval excludes 0); and its mean dev difference to the best layer (each
+  trial's best dev score at the selected LR minus the best layer's dev score: what a choice among
+  methods may read).
+
+A run made with ``method_options`` (e.g. ``{mixing_lr_multiplier: 10}``) is its own row, labelled
+``method (option=value)``.
 
 No choice reads test: LR, epoch and layer are chosen on dev. Scores in points (0-100).
 
@@ -32,22 +37,43 @@ from typing import Any
 
 from layerfusion_recipes.core.probes import best_single_layer, probes_path
 from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.selection import select_lr, test_score
+from layerfusion_recipes.core.selection import dev_score, select_lr, test_score
 from layerfusion_recipes.core.stats import mean_ci, paired_mean_ci
 
 BEST_LAYER = "best layer (dev)"
 PLAIN = "none"
 
 
-def method_scores(records: Sequence[dict[str, Any]]) -> dict[str, tuple[float, dict[int, float]]]:
-    """``{method: (selected LR, {trial: test score in points})}`` for one (shots, epochs) of a sweep."""
+def method_label(record: dict[str, Any]) -> str:
+    """A record's row: its method, with its ``method_options`` where it has any.
+
+    Example:
+        >>> method_label({"method": "layer_mix", "method_options": {"mixing_lr_multiplier": 10}})
+        'layer_mix (mixing_lr_multiplier=10)'
+    """
+    options = record.get("method_options") or {}
+    if not options:
+        return record["method"]
+    return f"{record['method']} ({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})"
+
+
+def method_scores(
+    records: Sequence[dict[str, Any]],
+) -> dict[str, tuple[float, dict[int, float], dict[int, float]]]:
+    """``{label: (selected LR, {trial: test score}, {trial: dev score})}`` (points) for one (shots,
+    epochs) of a sweep; labels as :func:`method_label`."""
     by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
-        by_method[record["method"]].append(record)
+        by_method[method_label(record)].append(record)
     scores = {}
     for method, runs in by_method.items():
         lr = select_lr(runs).lr
-        scores[method] = (lr, {r["trial"]: 100 * test_score(r) for r in runs if r["lr"] == lr})
+        chosen = [r for r in runs if r["lr"] == lr]
+        scores[method] = (
+            lr,
+            {r["trial"]: 100 * test_score(r) for r in chosen},
+            {r["trial"]: 100 * dev_score(r) for r in chosen},
+        )
     return scores
 
 
@@ -72,27 +98,32 @@ def table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -> tup
     scores = method_scores(records)
     best = best_layer_scores(probes)
     best_test = {trial: 100 * found["test"] for trial, found in best.items()}
-    plain = scores.get(PLAIN, (None, {}))[1]
+    best_dev = {trial: 100 * found["dev"] for trial, found in best.items()}
+    plain = scores.get(PLAIN, (None, {}, {}))[1]
     lines = [
         f"**N={cell[0]}, max {cell[1]} epochs**: best layer per trial on dev: "
         + ", ".join(f"trial {t}: z_{found['layer']} @{found['lr']:g}" for t, found in sorted(best.items())),
         "",
-        "| method | test (mean ± CI) | LR | minus best layer (paired) | minus plain head (paired) |",
-        "|---|---|---|---|---|",
+        "| method | test (mean ± CI) | LR | minus best layer (paired) | minus plain head (paired) "
+        "| dev minus best layer |",
+        "|---|---|---|---|---|---|",
     ]
     mean, half = mean_ci(list(best_test.values()))
     lines.append(f"| {BEST_LAYER} | {mean:.1f} ± {half:.1f} (n={len(best_test)}) | per trial | | "
-                 f"{difference(best_test, plain)} |")  # fmt: skip
+                 f"{difference(best_test, plain)} | |")  # fmt: skip
     numbers: dict[str, Any] = {
         BEST_LAYER: {"trials": best_test, "layers": {t: b["layer"] for t, b in best.items()}}
     }
-    for method, (lr, trials) in scores.items():
+    for method, (lr, trials, dev) in scores.items():
         mean, half = mean_ci(list(trials.values()))
+        shared = sorted(set(dev) & set(best_dev))
+        dev_gap = sum(dev[t] - best_dev[t] for t in shared) / len(shared) if shared else float("nan")
         lines.append(
             f"| {method} | {mean:.1f} ± {half:.1f} (n={len(trials)}) | {lr:g} | "
-            f"{difference(trials, best_test)} | {'' if method == PLAIN else difference(trials, plain)} |"
+            f"{difference(trials, best_test)} | {'' if method == PLAIN else difference(trials, plain)} "
+            f"| {dev_gap:+.1f} |"
         )
-        numbers[method] = {"lr": lr, "trials": trials}
+        numbers[method] = {"lr": lr, "trials": trials, "dev": dev, "dev_minus_best_layer": dev_gap}
     return "\n".join(lines), numbers
 
 

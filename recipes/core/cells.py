@@ -2,8 +2,9 @@
 
 A *cell* is one point of a grid, method x regime x shots x max epochs x trial; a *run* is a cell
 trained at one max LR, stored under :func:`record_key` (the cell, its LR and the fingerprint of the
-settings that change a result, never the grid it ran in). Every task over the shared core (``ner``,
-``classify``) has the same grid, so everything here serves them all.
+settings that change a result, never the grid it ran in; a method whose config defaults changed
+since keys were first made adds those defaults' fingerprint: :func:`defaults_key`). Every task over
+the shared core (``ner``, ``classify``) has the same grid, so everything here serves them all.
 
 Seeds: trial ``t`` draws its training sample from :func:`sample_seed` ``(shots, t)`` (every method
 sees the same sample in a trial: the comparisons are paired) and initialises the head and the
@@ -12,18 +13,36 @@ fusion module from ``seed + t``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from peft_layerfusion.registration import method_named
+from peft_layerfusion.registration import METHODS, method_named
 
 from .grids import FULL_TRAIN
 from .models import PLAIN_HEAD
-from .records import unit_key
+from .records import fingerprint, unit_key
+
+# The fingerprint of each method's config defaults (:func:`config_defaults`) when keys began to carry
+# them: a method whose defaults still match keeps the keys it always had (its committed records
+# resume); one whose defaults changed gets keys its old records do not have, so none of them is
+# served for the new defaults. A method registered later always carries them. Never edit an entry.
+KEYED_DEFAULTS = {
+    "dwatt": "2f532b2105fd",
+    "concat": "45ee2d507082",
+    "average": "9ec961ee75c2",
+    "scalar_mix": "4e5bf6d7281f",
+    "scaled_dwatt": "554da4edb2b7",
+    "layer_mix": "d7fe4e051d76",
+    "extra_layers": "01801bfb0c9b",
+    "surface_fusion": "05eeeb02555a",
+    "encoder_fusion": "1e8896c6985e",
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +81,52 @@ def record_key(cell: Cell, lr: float, setup: str) -> str:
         >>> record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
         'dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
     """
-    return unit_key(cell.key, lr, setup)
+    return with_defaults(unit_key(cell.key, lr, setup), cell.method)
+
+
+def with_defaults(key: str, method: str) -> str:
+    """``key`` (a run of ``method``) with ``|defaults=...`` where :func:`defaults_key` gives one.
+
+    Example:
+        >>> with_defaults("dwatt|fe|0|lr=0.001|3f2a9c0d1e4b", "dwatt")  # its defaults never changed
+        'dwatt|fe|0|lr=0.001|3f2a9c0d1e4b'
+    """
+    defaults = defaults_key(method)
+    return key if defaults is None else f"{key}|defaults={defaults}"
+
+
+def config_defaults(config_cls: type) -> dict[str, Any]:
+    """The defaults of the options a fusion config declares in this library (peft's own fields left
+    out: another peft version must not change a key).
+
+    Example:
+        >>> config_defaults(method_named("scalar_mix").config_cls)["state_norm"]
+        'none'
+    """
+    own: set[str] = set()
+    for klass in config_cls.__mro__:
+        if klass.__module__.startswith("peft_layerfusion"):
+            own |= set(inspect.get_annotations(klass))
+    return {
+        field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        for field in dataclasses.fields(config_cls)
+        if field.name in own
+    }
+
+
+def defaults_key(method: str) -> str | None:
+    """The fingerprint of a fusion ``method``'s config defaults (its keys then end in
+    ``|defaults=...``), or ``None``: the plain head, a probe, or a method of :data:`KEYED_DEFAULTS`
+    whose defaults did not change.
+
+    Example:
+        >>> defaults_key("dwatt") is None, defaults_key(PLAIN_HEAD) is None
+        (True, True)
+    """
+    if method not in {registered.name for registered in METHODS}:
+        return None
+    found = fingerprint(config_defaults(method_named(method).config_cls))
+    return None if found == KEYED_DEFAULTS.get(method) else found
 
 
 def sample_seed(shots: int, trial: int) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.cells import with_defaults
 from ..core.records import fingerprint, read_records, unit_key
 from ..core.summary import Layout, fields, summarize_groups
 from ..core.tasks import is_mlm_record
@@ -65,7 +66,7 @@ def run_key(settings: dict[str, Any]) -> str:
         'dwatt|fe|0|lr=0.001|...'
     """
     cell = f"{settings['method']}|{settings['regime']}|{settings['seed']}"
-    return unit_key(cell, settings["lr"], setup_of(settings))
+    return with_defaults(unit_key(cell, settings["lr"], setup_of(settings)), settings["method"])
 
 
 def legacy_records(folder: Path) -> list[dict[str, Any]]:

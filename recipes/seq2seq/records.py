@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.cells import with_defaults
 from ..core.records import fingerprint, unit_key
 
 RESULTS_FILE = "results.jsonl"
@@ -44,7 +45,7 @@ def run_key(method: str, seed: int, learning_rate: float, setup: str) -> str:
         >>> run_key("vanilla", 0, 3e-3, "3f2a9c0d1e4b")
         'vanilla|0|lr=0.003|3f2a9c0d1e4b'
     """
-    return unit_key(f"{method}|{seed}", learning_rate, setup)
+    return with_defaults(unit_key(f"{method}|{seed}", learning_rate, setup), method)
 
 
 def legacy_records(output: Path) -> list[dict[str, Any]]:

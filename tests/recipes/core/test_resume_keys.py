@@ -1,6 +1,7 @@
 """Records written before the recipes were rearranged are still resumed: the keys and stored settings
 of NER and masked-LM runs, computed by the code of that time, are pinned here; and the stored seq2seq
-comparison of benchmarks/results/ is resumed by its command."""
+comparison of benchmarks/results/ is resumed by its command. A method whose config defaults change
+gets other keys, so its old records are never served for the new defaults."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
 from conftest import write_tiny_model
 from layerfusion_recipes.cli import build_parser, main
+from layerfusion_recipes.core.cells import KEYED_DEFAULTS, config_defaults, defaults_key
 from layerfusion_recipes.mlm import experiment as mlm
 from layerfusion_recipes.mlm.options import add_arguments as add_mlm_arguments
 from layerfusion_recipes.mlm.settings import MlmSettings
@@ -18,6 +21,8 @@ from layerfusion_recipes.ner.options import add_arguments as add_experiment_argu
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.seq2seq.experiment import METHOD_NAMES, comparison_header
 from layerfusion_recipes.seq2seq.records import comparison_setup, legacy_records, run_key
+
+from peft_layerfusion.registration import METHODS, method_named
 
 ROOT = Path(__file__).resolve().parents[3]
 NER_ARGV = ["--model", "hub-model/x", "--data", "hub/data", "--lr", "1e-3", "3e-2", "--shots", "8"]
@@ -43,6 +48,32 @@ def test_a_ner_record_key_is_the_one_written_before():
     assert settings.setup() == NER_SETUP
     key = record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, settings.setup())
     assert key == f"dwatt|fe|8|25|0|lr=0.001|{NER_SETUP}"
+
+
+@pytest.mark.parametrize("method", [method.name for method in METHODS])
+def test_a_method_whose_defaults_change_gets_keys_its_old_records_do_not_have(method, monkeypatch):
+    cell = Cell(method, "fe", 8, 25, 0)
+    before = record_key(cell, 1e-3, NER_SETUP)
+    field = method_named(method).config_cls.__dataclass_fields__["fusion_init"]  # every fusion config's
+    monkeypatch.setattr(field, "default", "identity" if field.default != "identity" else "paper")
+    after = record_key(cell, 1e-3, NER_SETUP)
+    assert after != before
+    assert after.startswith(f"{method}|fe|8|25|0|lr=0.001|{NER_SETUP}|defaults=")
+
+
+def test_every_method_keeps_the_keys_of_its_committed_records():
+    assert set(KEYED_DEFAULTS) == {method.name for method in METHODS}  # a new method: keys carry defaults
+    unchanged = {method.name for method in METHODS if defaults_key(method.name) is None}
+    # no default changed, so benchmarks/results resume as they are; after a change, the changed method
+    # leaves this set (never edit KEYED_DEFAULTS: its old records would be served for the new defaults)
+    assert unchanged == set(KEYED_DEFAULTS)
+    assert record_key(Cell("none", "fe", 8, 25, 0), 1e-3, NER_SETUP) == f"none|fe|8|25|0|lr=0.001|{NER_SETUP}"
+
+
+def test_the_keyed_defaults_are_the_library_s_own_options_not_peft_s():
+    defaults = config_defaults(method_named("layer_mix").config_cls)
+    assert defaults["mixing_lr_multiplier"] == 1.0 and defaults["state_norm"] == "rms"
+    assert not {"r", "lora_alpha", "task_type", "peft_type", "revision"} & set(defaults)
 
 
 def test_a_masked_lm_run_file_of_before_is_reused(tmp_path, monkeypatch, capsys):
