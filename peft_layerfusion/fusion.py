@@ -115,6 +115,11 @@ class FusionModule(nn.Module):
     # the weighted state added to it). The recipes size the groups of LR candidates an evaluation
     # forward runs together by it.
     states_held: ClassVar[int | None] = None
+    # True when forward reads the last block's call arguments (``Capture.last_block_args`` and
+    # ``last_block_kwargs``: R+n runs its extra blocks with them). Code that skips the encoder's blocks
+    # (a feature cache replaying their outputs) must then hand the last block the arguments a real
+    # forward would (T5's position bias, which each block hands to the next).
+    reads_block_calls: ClassVar[bool] = False
 
     def __init__(self, config: LayerFusionConfig, context: FusionContext) -> None:
         super().__init__()

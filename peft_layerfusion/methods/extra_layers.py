@@ -210,6 +210,8 @@ class ExtraLayers(FusionModule):
     ``z_L`` then enters the stack as a leaf that requires grad.
     """
 
+    reads_block_calls = True  # the extra blocks run with the last block's call arguments
+
     def __init__(self, config: ExtraLayersConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         last_block = context.located.blocks[-1]

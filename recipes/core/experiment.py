@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -60,7 +61,14 @@ from .models import (
 )
 from .options import DEFAULT_CACHE_DTYPE, check_cache_dtype
 from .records import fingerprint
-from .runner import Runner, Scorer, StackedRunner, candidate_groups, depth_attention_profile
+from .runner import (
+    Runner,
+    Scorer,
+    StackedRunner,
+    candidate_groups,
+    depth_attention_profile,
+    reads_block_calls,
+)
 
 # the TaskSettings fields that change a result in every task (each task's SETUP_FIELDS holds them,
 # after its model, data and data-reading fields)
@@ -443,7 +451,7 @@ class FewShotExperiment:
         train = self.train_sample(cell.shots, cell.trial)
         model, located = self.build(cell)
         cache = self.filled_cache(train, cell) if use_cache and cell.regime == "fe" else None
-        runner = self.runner(model, located, cache)
+        runner = self.runner(model, located, self.replayable(cache, model))
         settings = self.train_settings(cell)
         [result] = fit(runner, train, self.dev, settings, self.scorer_of, [lr], self.test or None)
         return self._record(cell, lr, result, runner, train)
@@ -570,6 +578,26 @@ class FewShotExperiment:
         cache = self.cache()
         cache.fill(train)
         return cache
+
+    def replayable(self, cache: FeatureCache | None, model: nn.Module) -> FeatureCache | None:
+        """``cache``, or ``None`` where ``model`` reads the last block's call (R+n) and a replay of
+        ``cache`` cannot give the real one (:attr:`FeatureCache.replays_block_calls`): that run trains
+        without the cache, and one line on stderr says why.
+
+        Example:
+            >>> model, _ = experiment.build(Cell("extra_layers", "fe", 2, 2, 0))
+            >>> experiment.replayable(cache, model) is cache  # BERT: a replay gives the real call
+            True
+        """
+        if cache is None or cache.replays_block_calls or not reads_block_calls(model):
+            return cache
+        print(
+            f"layerfusion: {cache.model_name}: a replay of the feature cache cannot give the last block the "
+            "arguments of a real forward, which R+n's extra blocks read: this run trains without the cache",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
 
     def _record(
         self, cell: Cell, lr: float, result: RunResult, runner: Runner, train: Sequence[dict]

@@ -38,6 +38,15 @@ every encoder block returns its cached output instead of computing it. The embed
 capture hooks, the fusion module (with the last block's real call arguments, so R+n's extra
 blocks get the real attention mask) and the head run as usual, so the cached path is the
 uncached one minus the encoder's blocks.
+
+**The blocks' other outputs.** A block may return more than its state, for the blocks after it: T5's
+blocks return the relative position bias, which block 0 computes and each block hands to the next (the
+extra block of R+n gets it from the last block's call). What each block returns is learned from one
+real forward of one sentence (:class:`BlockOutputs`): a replayed block hands on the argument it
+received, and a block that computes something a later block reads runs for real where the last
+block's call is read (``block_calls``: R+n), its own state still the cached one. The same sentence
+replayed must give the last block the call of the real forward; an encoder whose replay cannot
+(:attr:`BlockOutputs.exact_calls`) trains R+n without the cache, saying why in one line.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ import os
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -423,6 +432,19 @@ def available_memory() -> int | None:
     return min(limits) if limits else None
 
 
+def encoder_inputs(features: Sequence[Feature]) -> dict[str, torch.Tensor]:
+    """What the encoder reads of ``features``, padded with zeros: ``input_ids``, ``attention_mask`` and,
+    where they carry them, ``token_type_ids`` (a BERT pair's segments), ``(batch, seq)`` each.
+
+    Example:
+        >>> inputs = encoder_inputs(experiment.dev[:2])
+        >>> sorted(inputs), inputs["input_ids"].shape[0]
+        (['attention_mask', 'input_ids'], 2)
+    """
+    ids, mask = padded_inputs(features)
+    return {"input_ids": ids, "attention_mask": mask, **padded_token_types(features)}
+
+
 def padded_inputs(features: Sequence[Feature]) -> tuple[torch.Tensor, torch.Tensor]:
     """``input_ids`` and ``attention_mask`` of ``features``, padded with zeros: ``(batch, seq)`` each."""
     ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True)
@@ -500,6 +522,234 @@ class _KeptRows:
             handle.remove()
 
 
+@dataclass(frozen=True)
+class OutputSlot:
+    """What a replayed block returns in one entry of its output tuple after the hidden state.
+
+    Args:
+        kind: ``"none"`` (``None``: no later block reads what the real block returns there, e.g. its
+            attention weights), ``"arg"`` or ``"kwarg"`` (the block's own call argument ``where``, handed
+            on: T5's position bias from block 1 on), or ``"computed"`` (a value the block computes that
+            a later block reads: T5's position bias in block 0).
+        where: The argument's position (``"arg"``) or name (``"kwarg"``).
+
+    Example:
+        >>> bias = torch.zeros(1, 4, 6, 6)  # T5's position bias: a block's third argument
+        >>> OutputSlot("arg", 2).value((torch.zeros(1, 6, 32), None, bias), {}) is bias
+        True
+    """
+
+    kind: str
+    where: int | str | None = None
+
+    def value(self, args: tuple, kwargs: dict) -> object:
+        """This entry of a replayed block's output, from the block's call (``None`` unless handed on)."""
+        if self.kind == "arg":
+            return args[self.where]
+        if self.kind == "kwarg":
+            return kwargs[self.where]
+        return None
+
+
+NOTHING, COMPUTED = OutputSlot("none"), OutputSlot("computed")
+BlockCall = tuple[tuple, dict]  # a block's positional and keyword arguments
+
+
+@dataclass(frozen=True)
+class BlockOutputs:
+    """What each encoder block returns beside its hidden state (:func:`learn_block_outputs`), so that a
+    replayed block returns what the real one would and the blocks after it get a real forward's arguments.
+
+    Args:
+        slots: Per block, ``None`` (it returns a tensor) or one :class:`OutputSlot` per entry of its
+            output tuple after the hidden state.
+        exact_calls: Whether a replay with ``block_calls`` gives the last block the call of a real forward
+            (checked on the sentence the slots were learned from). ``False``: the encoder hands its blocks
+            something a replay cannot rebuild, and a method that reads the last block's call (R+n) runs
+            without the cache.
+
+    Example:
+        >>> t5 = ((COMPUTED, NOTHING), (OutputSlot("arg", 2), NOTHING))  # (hidden, position bias, None)
+        >>> outputs = BlockOutputs(t5)  # 2 T5 blocks: block 0 makes the bias, block 1 hands it on
+        >>> outputs.computes(0), outputs.computes(1), outputs.output_len
+        (True, False, 3)
+        >>> cache.block_outputs  # the tiny BERT's blocks return a tensor
+        BlockOutputs(slots=(None, None, None), exact_calls=True)
+    """
+
+    slots: tuple[tuple[OutputSlot, ...] | None, ...]
+    exact_calls: bool = True
+
+    def computes(self, index: int) -> bool:
+        """Whether block ``index`` computes something a later block reads (it runs where calls matter)."""
+        slots = self.slots[index]
+        return slots is not None and COMPUTED in slots
+
+    @property
+    def output_len(self) -> int | None:
+        """``None`` (the blocks return a tensor) or the length of the last block's output tuple."""
+        last = self.slots[-1]
+        return None if last is None else 1 + len(last)
+
+    def replayed(self, index: int, hidden: torch.Tensor, call: BlockCall, run: Callable | None) -> object:
+        """What replayed block ``index`` returns: ``hidden`` (its cached state), then each other entry
+        of its output (handed on from its ``call``; computed by ``run``, the block's own forward, where
+        given and the block computes something a later block reads).
+
+        Example:
+            >>> outputs = BlockOutputs(((COMPUTED, NOTHING), (OutputSlot("arg", 2), NOTHING)))  # T5's
+            >>> hidden = torch.zeros(1, 6, 32)  # (batch, seq, d)
+            >>> bias = torch.zeros(1, 4, 6, 6)  # (1, heads, seq, seq)
+            >>> replayed = outputs.replayed(1, hidden, ((hidden, None, bias), {}), run=None)
+            >>> replayed[0] is hidden, replayed[1] is bias, replayed[2]  # block 1 hands the bias on
+            (True, True, None)
+        """
+        slots = self.slots[index]
+        if slots is None:
+            return hidden
+        if run is not None and self.computes(index):
+            return (hidden, *run(*call[0], **call[1])[1:])
+        return (hidden, *(slot.value(*call) for slot in slots))
+
+
+def learn_block_outputs(model: nn.Module, located: EncoderBlocks, feature: Feature) -> BlockOutputs:
+    """What the blocks of ``model`` return beside their states (:class:`BlockOutputs`), from a real
+    forward of ``feature``: each entry is ``None``, one of the block's arguments (the same object) or a
+    value a later block reads (computed by the block). The sentence is then replayed from its own states
+    (blocks that compute run): ``exact_calls`` says whether the last block got the real call again.
+
+    Example:
+        >>> from peft_layerfusion.discovery import find_encoder_blocks
+        >>> base = experiment.load_model(seed=0)  # the tiny BERT token classifier: its blocks return a tensor
+        >>> learn_block_outputs(base, find_encoder_blocks(base), experiment.dev[0])
+        BlockOutputs(slots=(None, None, None), exact_calls=True)
+    """
+    inputs = encoder_inputs([feature])
+    with eval_mode(model), torch.no_grad():
+        with _BlockCalls(located) as real:
+            model(**inputs)
+        slots = tuple(_output_slots(real.calls, index) for index in range(located.num_blocks))
+        outputs = BlockOutputs(slots)
+        states = torch.stack([first_tensor(output) for _, _, output in real.calls])  # (L, 1, seq, d)
+        with _BlockCalls(located) as replayed, replaying(located, states, outputs, block_calls=True):
+            model(**inputs)
+    last_real, last_replayed = real.calls[-1], replayed.calls[-1]
+    exact = same_arguments(last_real[:2], last_replayed[:2])
+    return dataclasses.replace(outputs, exact_calls=exact)
+
+
+def _output_slots(calls: Sequence[tuple], index: int) -> tuple[OutputSlot, ...] | None:
+    """The :class:`OutputSlot` of each entry of block ``index``'s output after its hidden state
+    (``calls``: every block's ``(args, kwargs, output)`` in one forward)."""
+    args, kwargs, output = calls[index]
+    if isinstance(output, torch.Tensor):
+        return None
+    later = [
+        value
+        for call_args, call_kwargs, _ in calls[index + 1 :]
+        for value in (*call_args, *call_kwargs.values())
+    ]
+    return tuple(_slot_of(value, args, kwargs, later) for value in output[1:])
+
+
+def _slot_of(value: object, args: tuple, kwargs: dict, later: Sequence[object]) -> OutputSlot:
+    """Where a replay finds ``value``, an entry of a block's output: ``None``, the block's argument
+    that is ``value``, or the block itself when ``value`` is none of them and a later block reads it."""
+    if value is None:
+        return NOTHING
+    for position, argument in enumerate(args):
+        if argument is value:
+            return OutputSlot("arg", position)
+    for name, argument in kwargs.items():
+        if argument is value:
+            return OutputSlot("kwarg", name)
+    return COMPUTED if any(argument is value for argument in later) else NOTHING
+
+
+def same_arguments(first: object, second: object) -> bool:
+    """Whether two block calls' arguments are the same: equal tensors (dtype, shape, values), equal
+    plain values, containers of the same such entries, and other objects (key/value caches) of the same
+    type.
+
+    Example:
+        >>> same_arguments(((torch.ones(2), None), {"bias": torch.zeros(3)}), ((torch.ones(2), None), {}))
+        False
+    """
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return (
+            isinstance(first, torch.Tensor)
+            and isinstance(second, torch.Tensor)
+            and first.dtype == second.dtype
+            and first.shape == second.shape
+            and torch.equal(first, second)
+        )
+    if type(first) is not type(second):
+        return False
+    if isinstance(first, (tuple, list)):
+        return len(first) == len(second) and all(map(same_arguments, first, second))
+    if isinstance(first, dict):
+        return first.keys() == second.keys() and all(same_arguments(first[k], second[k]) for k in first)
+    if first is None or isinstance(first, (bool, int, float, str)):
+        return first == second
+    return True
+
+
+class _BlockCalls:
+    """Forward hooks keeping every block's ``(args, kwargs, output)`` of one forward (a context manager
+    that removes them on exit)."""
+
+    def __init__(self, located: EncoderBlocks) -> None:
+        self.calls: list[tuple | None] = [None] * located.num_blocks
+        self.handles = [
+            block.register_forward_hook(functools.partial(self._keep, index), with_kwargs=True)
+            for index, block in enumerate(located.blocks)
+        ]
+
+    def _keep(self, index: int, module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+        self.calls[index] = (args, kwargs, output)
+
+    def __enter__(self) -> _BlockCalls:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        if exc[0] is None and any(call is None for call in self.calls):
+            raise RuntimeError(
+                "the encoder did not run every block on one sentence: cannot learn their outputs"
+            )
+
+
+@contextmanager
+def replaying(
+    located: EncoderBlocks, states: CachedBatch | torch.Tensor, outputs: BlockOutputs, block_calls: bool
+) -> Iterator[None]:
+    """Inside, block ``i`` of ``located`` returns ``z_{i+1}`` of ``states`` (:meth:`FeatureCache.replay`)
+    and the other entries :class:`BlockOutputs` says; with ``block_calls`` a block that computes what a
+    later block reads runs for real (its state still the replayed one)."""
+    if states.shape[0] != located.num_blocks:
+        raise ValueError(f"cached states have {states.shape[0]} blocks, the model {located.num_blocks}")
+    for index, block in enumerate(located.blocks):
+        block.forward = _replayed(states, index, outputs, block.forward if block_calls else None)
+    try:
+        yield
+    finally:
+        for block in located.blocks:
+            del block.forward
+
+
+def _replayed(states: CachedBatch | torch.Tensor, index: int, outputs: BlockOutputs, run: Callable | None):
+    """Block ``index``'s forward under a replay (``run``: its own forward, or ``None``)."""
+
+    def forward(*args, **kwargs):
+        reference = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+        output = states.block(index) if isinstance(states, CachedBatch) else states[index]  # (batch, seq, d)
+        hidden = output.to(device=reference.device, dtype=reference.dtype)
+        return outputs.replayed(index, hidden, (args, kwargs), run)
+
+    return forward
+
+
 class FeatureCache:
     """``z_1 .. z_L`` at the kept positions of each sentence, for one frozen encoder.
 
@@ -560,7 +810,8 @@ class FeatureCache:
         self._mapped: list[tuple[int, int]] = []  # the shards' pages in this process: (start, length)
         self._served = 0  # bytes of mapped states served since their pages were last dropped
         self.pages_dropped = 0  # how many times (drop_mapped_pages)
-        self.block_output_len: int | None = None  # None: blocks return a tensor; n: a tuple of n
+        # what the blocks return beside their states, learned by the first fill (learn_block_outputs)
+        self.block_outputs: BlockOutputs | None = None
         self.refresh()
 
     def __len__(self) -> int:
@@ -583,8 +834,11 @@ class FeatureCache:
 
     @torch.no_grad()
     def fill(self, features: Sequence[Feature], batch_size: int = 64) -> int:
-        """Compute the states of every sentence not cached yet; returns how many were added."""
+        """Compute the states of every sentence not cached yet; returns how many were added. The first
+        fill also learns what the blocks return beside their states (:func:`learn_block_outputs`)."""
         self.refresh()  # another worker may have computed some of them meanwhile
+        if self.block_outputs is None and features and self.base_model is not None:
+            self.block_outputs = learn_block_outputs(self.base_model, self.located, features[0])
         missing: dict[SentenceKey, Feature] = {}
         for feature in features:
             key = self.key_of(feature)
@@ -599,17 +853,14 @@ class FeatureCache:
             )
         keys = list(missing)
         kept = _KeptRows(self.located, self.dtype)  # z_1 .. z_L at the kept positions, as they are computed
-        handle = self.located.blocks[-1].register_forward_hook(self._record_output_kind)
         pending: list[tuple[list[SentenceKey], torch.Tensor]] = []  # computed, not written yet
         try:
             with eval_mode(self.base_model):
                 for start in range(0, len(keys), batch_size):
                     chunk = keys[start : start + batch_size]
-                    batch = [missing[key] for key in chunk]
-                    ids, mask = padded_inputs(batch)
-                    kept.rows = flat_positions(chunk, ids.shape[1])
-                    # token types too: a BERT pair's segments
-                    self.base_model(input_ids=ids, attention_mask=mask, **padded_token_types(batch))
+                    inputs = encoder_inputs([missing[key] for key in chunk])
+                    kept.rows = flat_positions(chunk, inputs["input_ids"].shape[1])
+                    self.base_model(**inputs)
                     states, row = kept.take(), 0  # (kept, L, d)
                     for key in chunk:
                         self.states[key] = states[row : row + len(key[1])]  # (kept, L, d)
@@ -622,7 +873,6 @@ class FeatureCache:
                     release_freed_memory()
         finally:
             kept.remove()
-            handle.remove()
         self._write_shard(pending)
         return len(keys)
 
@@ -630,9 +880,6 @@ class FeatureCache:
         """Let the encoder that fills the cache go (its weights leave this process's memory): every
         sentence the run reads is cached. A later fill of a sentence not cached raises."""
         self.base_model = self.located = None
-
-    def _record_output_kind(self, module: nn.Module, args: tuple, output: object) -> None:
-        self.block_output_len = None if isinstance(output, torch.Tensor) else len(output)
 
     def refresh(self) -> int:
         """Read the shards written (by any worker) since the last call; returns how many.
@@ -662,12 +909,11 @@ class FeatureCache:
 
     def _map_shard(self, shard: Path) -> None:
         """Serve the sentences of ``shard`` from the file (memory-mapped)."""
-        states, block_output_len = read_shard(shard, self.key, self.num_blocks)
+        states, _ = read_shard(shard, self.key, self.num_blocks)  # its block output length: learned anew
         mapped = mapped_range(next(iter(states.values())), shard) if states else None
         if mapped is not None:  # None: read into memory, never dropped
             self._mapped.append(mapped)
         self.states.update(states)
-        self.block_output_len = block_output_len
         self._read_shards.add(shard.name)
 
     def _write_shard(self, pending: Sequence[tuple[Sequence[SentenceKey], torch.Tensor]]) -> None:
@@ -679,7 +925,8 @@ class FeatureCache:
         name = f"shard-{uuid.uuid4().hex}{SHARD_SUFFIX}"
         keys = [key for chunk, _ in pending for key in chunk]
         states = torch.cat([kept for _, kept in pending]) if len(pending) > 1 else pending[0][1]
-        write_shard(self.path / name, keys, states, self.block_output_len, self.key)
+        output_len = self.block_outputs.output_len if self.block_outputs is not None else None
+        write_shard(self.path / name, keys, states, output_len, self.key)
         self._map_shard(self.path / name)
 
     def batch(self, features: Sequence[Feature]) -> CachedBatch:
@@ -707,8 +954,15 @@ class FeatureCache:
         the probes' input; a replay builds one block at a time, :meth:`batch`)."""
         return self.batch(features).stacked()
 
-    @contextmanager
-    def replay(self, located: EncoderBlocks, states: CachedBatch | torch.Tensor) -> Iterator[None]:
+    @property
+    def replays_block_calls(self) -> bool:
+        """Whether a replay gives the last block the call of a real forward (:class:`BlockOutputs`), as a
+        method that reads it (R+n) needs; ``False`` also before the first fill."""
+        return self.block_outputs is not None and self.block_outputs.exact_calls
+
+    def replay(
+        self, located: EncoderBlocks, states: CachedBatch | torch.Tensor, block_calls: bool = True
+    ) -> AbstractContextManager[None]:
         """Inside, block ``i`` of ``located`` returns the cached ``z_{i+1}`` without computing.
 
         Args:
@@ -717,29 +971,22 @@ class FeatureCache:
                 called, so a forward that keeps only some positions of each state, as the fusion's
                 capture does without grad, never holds every block's padded state at once), or an
                 ``(L, batch, seq, d)`` tensor.
+            block_calls: The last block must get the call of a real forward (a fusion module that reads
+                it: R+n): a block that computes what a later block reads (T5's block 0, its position
+                bias) runs for real. ``False``: no block runs (what the blocks hand on may then differ).
+
+        Raises:
+            RuntimeError: before the first fill (what the blocks return is not known yet).
+            ValueError: ``block_calls`` on an encoder whose replay cannot give the real call (one line).
         """
-        if states.shape[0] != located.num_blocks:
-            raise ValueError(f"cached states have {states.shape[0]} blocks, the model {located.num_blocks}")
-        for index, block in enumerate(located.blocks):
-            block.forward = self._replayed(states, index)
-        try:
-            yield
-        finally:
-            for block in located.blocks:
-                del block.forward
-
-    def _replayed(self, states: CachedBatch | torch.Tensor, index: int):
-        extra = self.block_output_len
-
-        def forward(*args, **kwargs):
-            reference = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
-            output = (
-                states.block(index) if isinstance(states, CachedBatch) else states[index]
-            )  # (batch, seq, d)
-            hidden = output.to(device=reference.device, dtype=reference.dtype)
-            return hidden if extra is None else (hidden, *([None] * (extra - 1)))
-
-        return forward
+        if self.block_outputs is None:
+            raise RuntimeError("fill the feature cache before replaying it (its blocks' outputs are learned)")
+        if block_calls and not self.block_outputs.exact_calls:
+            raise ValueError(
+                f"the feature cache of {self.model_name} cannot give the last block the arguments of a "
+                "real forward: run the methods that read them (R+n) without the cache (--no-cache)"
+            )
+        return replaying(located, states, self.block_outputs, block_calls)
 
 
 class CachedBatch:

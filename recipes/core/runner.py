@@ -72,6 +72,20 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: batch[key] for key in MODEL_INPUTS if key in batch}
 
 
+def reads_block_calls(model: nn.Module) -> bool:
+    """Whether ``model``'s fusion module reads the last block's call arguments (R+n's extra blocks run
+    with them): a replay of the feature cache must then give the last block a real forward's call.
+
+    Example:
+        >>> from peft_layerfusion import ExtraLayersConfig
+        >>> r_plus_n = get_peft_model(base_model, ExtraLayersConfig(modules_to_save=["classifier"]))
+        >>> reads_block_calls(model), reads_block_calls(r_plus_n)  # DWAtt, R+n
+        (False, True)
+    """
+    module = active_fusion_module(model)
+    return module is not None and module.reads_block_calls
+
+
 def labelled_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The positions a token-level loss reads: ``labels != -100`` ``(batch, seq)``."""
     return batch["labels"] != IGNORE_INDEX
@@ -119,12 +133,22 @@ class Runner:
     def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's logits and the labels of a list of features (collated, on ``device``)."""
         batch = {k: v.to(device) for k, v in collate(features, self.pad_id).items()}
-        replay = self.cache.replay(self.located, self.cache.batch(features)) if self.cache else nullcontext()
+        replay = (
+            self.cache.replay(self.located, self.cache.batch(features), self.replays_block_calls)
+            if self.cache
+            else nullcontext()
+        )
         mask = self.positions(batch) if self.positions is not None else None
         self.fused_count = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         with replay, fused_positions(self.model, mask) if mask is not None else nullcontext():
             logits = self.forward(batch)
         return logits, batch["labels"]
+
+    @functools.cached_property
+    def replays_block_calls(self) -> bool:
+        """Whether a replay gives the last block a real forward's call (:func:`reads_block_calls`): only
+        where the fusion module reads it, as a block that computes what the next ones read then runs."""
+        return reads_block_calls(self.model)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The model's logits of a collated batch (replay already set up)."""

@@ -7,7 +7,8 @@ Usage::
 Imports once, then for each ``POINT:N`` forks a process that runs :data:`CELL` with its cache
 in ``ROOT/POINT-N`` and sends itself SIGKILL at the N-th call of the step named by ``POINT``:
 
-* ``compute``: the forward pass of a fill (nothing of that fill on disk);
+* ``compute``: the forward pass of a fill's batch, as its states are taken (nothing of that fill on
+  disk; the one-sentence forward that learns the blocks' outputs does not count);
 * ``write``: the shard's temporary file is half written (a torn temporary file is left);
 * ``rename``: the temporary file is complete and fsync'ed but not renamed to its shard name;
 * ``published``: just after the rename (the shard is complete, the process dies before going on).
@@ -72,7 +73,7 @@ def _arm(point: str, nth: int) -> None:
         return str(source).endswith(files_module.TEMP_SUFFIX)
 
     if point == "compute":
-        cache_module.padded_inputs = _killed_at(nth, cache_module.padded_inputs)
+        cache_module._KeptRows.take = _killed_at(nth, cache_module._KeptRows.take)
     elif point == "write":
         files_module.save_file = _killed_at(nth, files_module.save_file, before=_half_written)
     elif point in ("rename", "published"):

@@ -6,11 +6,19 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 from layerfusion_recipes.core.batches import collate
-from layerfusion_recipes.core.feature_cache import FeatureCache
+from layerfusion_recipes.core.feature_cache import (
+    COMPUTED,
+    NOTHING,
+    FeatureCache,
+    OutputSlot,
+    learn_block_outputs,
+    same_arguments,
+)
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.training import TokenClassifierRunner, TrainSettings, train_token_classifier
+from torch import nn
 
-from peft_layerfusion.discovery import find_encoder_blocks
+from peft_layerfusion.discovery import EncoderBlocks, find_encoder_blocks
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +113,59 @@ def test_workers_share_shards_and_never_recompute(tmp_path, experiment):
     assert sorted(p.suffix for p in first.path.iterdir()) == [".safetensors", ".safetensors", ".tmp"]
     key = first.key_of(experiment.dev[6])
     torch.testing.assert_close(first.states[key], second.states[key], atol=0, rtol=0)
+
+
+class BiasBlock(nn.Module):
+    """A block that returns ``(hidden, bias)``: the bias it got, or a new one where it got none (as T5's
+    blocks hand on the position bias that block 0 computes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(
+        self, hidden: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        bias = torch.arange(4.0) if bias is None else bias
+        return self.linear(hidden) + bias, bias
+
+
+class BiasStack(nn.Module):
+    """Three :class:`BiasBlock`; with ``rescale`` the container doubles the bias between blocks."""
+
+    def __init__(self, rescale: bool) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.layers = nn.ModuleList(BiasBlock() for _ in range(3))
+        self.rescale = rescale
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden, bias = self.embed(input_ids), None
+        for layer in self.layers:
+            hidden, bias = layer(hidden, bias=bias)
+            if self.rescale and bias is not None:
+                bias = bias * 2  # what a block hands on changes between blocks: no replay rebuilds it
+        return hidden
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+def test_what_the_blocks_hand_on_is_learned_from_a_real_forward(rescale):
+    """A value a block computes and the next one reads: that block runs in a replay; a value a block got
+    and returns: handed on. Where the container changes it between blocks, the replayed sentence gives the
+    last block another call, and the cache says so (``exact_calls``)."""
+    stack = BiasStack(rescale)
+    located = EncoderBlocks("layers", stack.layers, "", stack)
+    outputs = learn_block_outputs(stack, located, {"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]})
+    handed_on = (OutputSlot("kwarg", "bias"),)
+    assert outputs.slots == ((NOTHING if rescale else COMPUTED,), handed_on, handed_on)
+    assert outputs.computes(0) is not rescale and outputs.output_len == 2
+    assert outputs.exact_calls is not rescale
+
+
+def test_block_calls_are_the_same_only_with_equal_tensors_and_values():
+    call = ((torch.ones(2, 3), None), {"bias": torch.zeros(3), "layer": 1})
+    assert same_arguments(call, ((torch.ones(2, 3), None), {"bias": torch.zeros(3), "layer": 1}))
+    assert not same_arguments(call, ((torch.ones(2, 3), None), {"bias": None, "layer": 1}))  # bias missing
+    assert not same_arguments(call, ((torch.ones(2, 3), None), {"bias": torch.ones(3), "layer": 1}))
+    assert not same_arguments(call, ((torch.ones(2, 3), None), {"bias": torch.zeros(3), "layer": 2}))
+    assert not same_arguments(call, ((torch.ones(2, 3).double(), None), {"bias": torch.zeros(3), "layer": 1}))

@@ -4,6 +4,7 @@ running text, cached = uncached records, each token labelled from its left conte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import partial
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from conftest import toy_dataset, write_folders, write_tiny_decoder, write_tiny_model, write_toy_data
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core import gemma
+from layerfusion_recipes.core.batches import collate
 from layerfusion_recipes.core.gemma import NamedGGUF
 from layerfusion_recipes.core.models import eval_frozen_subtrees, head_module_names
 from layerfusion_recipes.core.records import read_records
@@ -156,13 +158,10 @@ def test_dwatt_scaled_to_the_stream_trains_stacked_and_cached_as_alone_and_uncac
     assert paper["depth_attention"] != together[1]["depth_attention"]  # the query reads F(z_L)
 
 
-# R+n on T5 is left out: its replayed blocks pass no relative position bias on to the extra block
-# (another defect than the dropout's: cached != uncached in eval mode too)
 @pytest.mark.parametrize(
     "family, method",
-    [(family, method) for family in CONTAINER_DROPOUT for method in ("dwatt", "concat", "extra_layers")
-     if (family, method) != ("t5", "extra_layers")],
-)  # fmt: skip
+    [(family, method) for family in CONTAINER_DROPOUT for method in ("dwatt", "concat", "extra_layers")],
+)
 def test_fe_training_puts_a_dropout_beside_the_fused_blocks_in_eval_mode(folders, family, method):
     """The frozen encoder's parameter-less dropout (GPT-2's ``transformer.drop``, GPT-NeoX's
     ``emb_dropout``, T5's ``encoder.dropout``) sits in the container that also holds the trainable
@@ -186,6 +185,61 @@ def test_fe_training_puts_a_dropout_beside_the_fused_blocks_in_eval_mode(folders
         logits.append(values[labels != -100])  # (labelled, C): what the loss reads
     assert logits[0].abs().max() > 0.01  # real logits
     torch.testing.assert_close(logits[0], logits[1], atol=1e-6, rtol=0)
+
+
+def test_r_plus_n_on_t5_gets_the_position_bias_from_a_replay_cached_equal_to_uncached(folders):
+    """T5's block 0 computes the relative position bias and each block hands it to the next: a replay
+    runs block 0 for it (its state still the cached one) and the replayed blocks hand it on, so R+n's
+    extra block gets it as in a real forward (without it, other logits)."""
+    data = toy_dataset(train=30, dev=8, test=8)
+    experiment = Experiment(ExperimentSettings(model=folders["t5"], data="toy", max_length=64), data)
+    cell = Cell("extra_layers", "fe", shots=2, epochs=1, trial=0)
+    model, located = experiment.build(cell)
+    cache = experiment.filled_cache(experiment.dev, cell)
+    outputs = cache.block_outputs  # (hidden, position bias, cross-attention bias) per block
+    assert outputs.computes(0) and not outputs.computes(1) and outputs.exact_calls
+    model.eval()
+    device, labelled = torch.device("cpu"), collate(experiment.dev)["labels"] != -100
+    with torch.no_grad():
+        cached = experiment.runner(model, located, cache).logits(experiment.dev, device)[0]  # (batch, seq, C)
+        uncached = experiment.runner(model, located, None).logits(experiment.dev, device)[0]
+        blind = experiment.runner(model, located, cache)
+        blind.replays_block_calls = False  # no block runs: the extra block gets no position bias
+        without_bias = blind.logits(experiment.dev, device)[0]
+    assert cached.abs().max() > 0.01  # real logits
+    torch.testing.assert_close(cached[labelled], uncached[labelled], atol=1e-6, rtol=0)
+    assert not torch.allclose(without_bias[labelled], uncached[labelled], atol=1e-3)
+
+
+def test_r_plus_n_on_t5_trains_cached_as_uncached(folders):
+    data = toy_dataset(train=30, dev=8, test=8)
+    settings = ExperimentSettings(model=folders["t5"], data="toy", lr=3e-2, batch_size=4, max_length=64)
+    experiment = Experiment(settings, data)
+    cell = Cell("extra_layers", "fe", shots=2, epochs=2, trial=0)
+    cached, uncached = experiment.run(cell, use_cache=True), experiment.run(cell, use_cache=False)
+    assert cached["cached"] and not uncached["cached"]
+    assert result_fields(cached) == result_fields(uncached)
+
+
+def test_r_plus_n_trains_without_the_cache_where_a_replay_cannot_give_the_real_block_call(folders, capsys):
+    """An encoder whose replay cannot give the last block the call of a real forward (the cache learned
+    so: ``exact_calls``) trains R+n without the cache, saying so in one line; the plain head, which reads
+    no block call, still replays it."""
+    data = toy_dataset(train=30, dev=8, test=8)
+    settings = ExperimentSettings(model=folders["t5"], data="toy", lr=3e-2, batch_size=4, max_length=64)
+    experiment = Experiment(settings, data)
+    cache = experiment.cache()
+    cache.block_outputs = dataclasses.replace(cache.block_outputs, exact_calls=False)
+    cell = Cell("extra_layers", "fe", shots=2, epochs=2, trial=0)
+    refused = experiment.run(cell, use_cache=True)
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("layerfusion:")]
+    assert "cannot give the last block the arguments of a real forward" in line
+    assert line.endswith("this run trains without the cache")
+    assert not refused["cached"]
+    assert result_fields(refused) == result_fields(experiment.run(cell, use_cache=False))
+    assert experiment.run(Cell("none", "fe", shots=2, epochs=1, trial=0), use_cache=True)["cached"]
+    with pytest.raises(ValueError, match="cannot give the last block"):
+        cache.replay(find_encoder_blocks(cache.base_model), cache.batch(experiment.dev[:2]))
 
 
 def test_default_token_head_names_the_models_head(folders):
