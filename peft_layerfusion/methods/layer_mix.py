@@ -20,7 +20,10 @@ Why this one: on a pre-norm stack a mix of raw states leans to the deepest block
 hundreds of times the first ones'), a one-hot start on ``z_L`` barely moves in a few-shot run, and
 a learned depth attention collapses to one block per trial; started on the best probed block with
 the scale taken out, the mix begins where the best single layer is and moves only where the
-training data pull it. ``ScalarMix`` with the same options is the same module.
+training data pull it. ``ScalarMix`` with the same options is the same module. Measured on few-shot
+SST-2, TREC and CoNLL-2003 with a frozen encoder and a frozen decoder LLM: 2.5 to 20 points over the
+last-layer head, and 1.4 to 3 points under a head on the best single layer chosen on dev (10 trials);
+``mixing_lr_multiplier=10`` closes that gap on token tasks (NER) and widens it on sentence tasks.
 """
 
 from __future__ import annotations
