@@ -573,8 +573,9 @@ class BlockOutputs:
         >>> outputs = BlockOutputs(t5)  # 2 T5 blocks: block 0 makes the bias, block 1 hands it on
         >>> outputs.computes(0), outputs.computes(1), outputs.output_len
         (True, False, 3)
-        >>> cache.block_outputs  # the tiny BERT's blocks return a tensor
-        BlockOutputs(slots=(None, None, None), exact_calls=True)
+        >>> learned = cache.block_outputs  # the tiny BERT's: a tensor (transformers 5) or (tensor, None)
+        >>> [learned.computes(index) for index in range(3)], learned.exact_calls
+        ([False, False, False], True)
     """
 
     slots: tuple[tuple[OutputSlot, ...] | None, ...]
@@ -621,8 +622,9 @@ def learn_block_outputs(model: nn.Module, located: EncoderBlocks, feature: Featu
     Example:
         >>> from peft_layerfusion.discovery import find_encoder_blocks
         >>> base = experiment.load_model(seed=0)  # the tiny BERT token classifier: its blocks return a tensor
-        >>> learn_block_outputs(base, find_encoder_blocks(base), experiment.dev[0])
-        BlockOutputs(slots=(None, None, None), exact_calls=True)
+        >>> learned = learn_block_outputs(base, find_encoder_blocks(base), experiment.dev[0])
+        >>> [learned.computes(index) for index in range(3)], learned.exact_calls  # nothing to run, exact
+        ([False, False, False], True)
     """
     inputs = encoder_inputs([feature])
     with eval_mode(model), torch.no_grad():
