@@ -70,9 +70,7 @@ def parse_shape(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"must look like 12x768 (blocks x width), got {text!r}") from None
     if blocks < 1 or width < 64 or width % 64:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: need >= 1 block and a width that is a multiple of 64"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r}: need >= 1 block and a width that is a multiple of 64")
     return blocks, width
 
 

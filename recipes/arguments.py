@@ -72,24 +72,8 @@ def add_paired_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=25, help="Max epochs of the row (default 25).")
 
 
-
-
-
-
-
-
 # Checks that need no library: run before a command's module (and torch, transformers, peft) is
 # imported, so a missing path answers in one line at once. The library's names are checked later.
-
-
-
-
-
-
-
-
-
-
 
 
 def check_audit_config(args: argparse.Namespace) -> None:
@@ -101,4 +85,3 @@ def check_results_file(args: argparse.Namespace) -> None:
     """``plot``: the results file exists."""
     if not pathlib.Path(args.results).is_file():
         raise DataSourceError(f"{args.results!r}: no such results file")
-

@@ -304,6 +304,24 @@ def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"layer": entry["layer"], "lr": record["lr"], "dev": dev, "test": test, "metric": metric}
 
 
+def guarded(run_dev: float, run_test: float | None, best: dict[str, Any]) -> tuple[float | None, bool]:
+    """A fusion run guarded by its trial's best single layer (:func:`best_single_layer`): the run's test
+    score where its dev score is strictly above the layer's, else the layer's; and whether the run was
+    kept. Dev alone decides (a tie keeps the layer: the fusion must earn its parameters).
+
+    This is the last step of the probe-guided recipe: probe every block, start the mix on the best
+    one (``--probe-start``), train it, and keep it only where dev says it beats that block.
+
+    Example:
+        >>> best = {"layer": 7, "lr": 0.1, "dev": 0.80, "test": 0.74, "metric": "accuracy"}
+        >>> guarded(0.82, 0.71, best), guarded(0.80, 0.90, best)
+        ((0.71, True), (0.74, False))
+    """
+    if run_dev > best["dev"]:
+        return run_test, True
+    return best["test"], False
+
+
 def probe_starts(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], int]:
     """``{(shots, epochs, trial): block}``: each trial's :func:`best_single_layer` (``--probe-start``).
 

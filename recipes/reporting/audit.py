@@ -106,4 +106,3 @@ def budget_lines(rows: dict[str, dict[str, Any]], match: str, tolerance: float) 
     if not lines:
         lines.append(f"every baseline sized here is within {tolerance:.0%} of {match}'s budget")
     return lines
-

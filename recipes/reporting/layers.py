@@ -34,6 +34,7 @@ from ..core.records import read_records
 from ..core.selection import cell_of, dev_score, record_metric, select_lr, test_score
 from ..core.stats import mean_ci
 from ..core.tasks import is_probe_record, read_task_records, sweep_task
+from .best_layer import best_layer_section
 from .plot import (
     _pyplot,
     _save,
@@ -485,8 +486,10 @@ def _legend_right(axes) -> None:
 def write_layer_report(
     records: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]], output: str | os.PathLike, top: int
 ) -> dict[str, Path]:
-    """``layers.png`` into ``output`` and the probe tables appended to its ``table.md`` (written by
-    :func:`~layerfusion_recipes.reporting.plot.write_report` first); nothing without probes.
+    """``layers.png`` into ``output``, and the probe tables and each method against the best single
+    layer (:func:`~layerfusion_recipes.reporting.best_layer.best_layer_section`) appended to its
+    ``table.md`` (written by :func:`~layerfusion_recipes.reporting.plot.write_report` first); nothing
+    without probes.
 
     Example:
         >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
@@ -500,7 +503,8 @@ def write_layer_report(
     if figure is None:
         return {}
     table = Path(output) / "table.md"
-    atomic_write_text(table, table.read_text() + "\n" + layers_markdown(probes, records, top))
+    sections = [table.read_text(), layers_markdown(probes, records, top), best_layer_section(records, probes)]
+    atomic_write_text(table, "\n".join(section for section in sections if section))
     return {"layers": figure}
 
 

@@ -1,6 +1,7 @@
 """What a sweep of ``layerfusion ner`` / ``sweep`` / ``classify`` shows when its runs are done: the
 summary table (with ``figures``: ``table.md`` and the figures written to the output folder), the layer
-probes' tables, the results file and the best layers. The tasks pass :func:`print_sweep_report` to
+probes' tables, each method against the best single layer chosen on dev, the results file and the best
+layers. The tasks pass :func:`print_sweep_report` to
 :func:`~layerfusion_recipes.core.sweep.run_sweep` (the core does not import the reporting)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 
 from ..core.options import PROBE_TOP
 from ..core.probes import probes_path
+from .best_layer import best_layer_section
 from .layers import best_layers_lines, layers_markdown, write_layer_report
 from .plot import markdown_table, summarize, write_report
 
@@ -43,6 +45,7 @@ def print_sweep_report(
         print(markdown_table(summarize(records)))
         if probes:
             print(layers_markdown(probes, records, top))
+            print(best_layer_section(records, probes))
     print(f"results: {grid['results']} ({len(records)} runs)")
     if probes:
         print(f"layer probes: {probes_path(grid['results'])} ({len(probes)} records)")

@@ -192,6 +192,8 @@ def test_classify_probe_layers_writes_the_figure_the_table_and_the_subset_and_re
     weights = mix[next(key for key in mix if key[-1] == "scalar_mix")]["weights"]
     assert [line.rstrip(" |").split(" | ")[-1] for line in lines] == [f"{w:.3f}" for w in weights]
     assert (tmp_path / "layers.png").stat().st_size > 0 and "layers.png" in out
+    against = table.split("## Against the best single layer chosen on dev")[1]
+    assert "| best layer (dev) |" in against and "| dwatt |" in against and "(kept)" in against
 
     monkeypatch.setattr(core_probes, "probe_records", lambda *args: pytest.fail("trained again"))
     assert main(classify_argv(paths, tmp_path)) == 0  # resumed: nothing trains again

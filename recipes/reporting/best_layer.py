@@ -1,0 +1,210 @@
+"""Each method against the best single layer chosen on dev, paired by trial: the bar a fusion must clear.
+
+For one sweep's runs and its layer probes (``--probe-layers`` or ``--probe-start``), per (shots, max
+epochs), one Markdown table (:func:`best_layer_markdown`):
+
+- each method at the LR selected on dev (the mean best dev score over trials, the sweep's rule), its
+  test score mean ± 95% t-CI over trials;
+- **best layer (dev)**: per trial, the probe (layer, LR) with the best dev score in that trial
+  (:func:`~layerfusion_recipes.core.probes.best_single_layer`), scored on test;
+- the paired difference of each method minus the best layer, and minus the plain head, over the trials
+  both have (bold: the interval excludes 0);
+- its mean dev difference to the best layer (each trial's best dev score at the selected LR minus the
+  best layer's: what a choice among methods may read);
+- **guarded**: the method kept in a trial only where its dev score beats the best layer's, else the best
+  layer (:func:`~layerfusion_recipes.core.probes.guarded`), minus the best layer, and in how many
+  trials the method was kept.
+
+A run made with ``method_options`` (e.g. ``{mixing_lr_multiplier: 10}``) is its own row, labelled
+``method (option=value)``. No choice reads test: LR, epoch, layer and the guard are chosen on dev.
+Scores in points (0-100).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.probes import best_single_layer, guarded
+from ..core.selection import dev_score, select_lr, test_score
+from ..core.stats import mean_ci, paired_mean_ci
+
+BEST_LAYER = "best layer (dev)"
+PLAIN = "none"
+Scores = dict[int, float]  # {trial: score in points}
+
+
+def run_label(record: dict[str, Any]) -> str:
+    """A record's row: its method, with its ``method_options`` where it has any.
+
+    Example:
+        >>> run_label({"method": "layer_mix", "method_options": {"mixing_lr_multiplier": 10}})
+        'layer_mix (mixing_lr_multiplier=10)'
+    """
+    options = record.get("method_options") or {}
+    if not options:
+        return record["method"]
+    return f"{record['method']} ({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})"
+
+
+def method_scores(records: Sequence[dict[str, Any]]) -> dict[str, tuple[float, Scores, Scores]]:
+    """``{label: (selected LR, {trial: test score}, {trial: dev score})}`` (points) of one (shots, max
+    epochs) of a sweep; labels as :func:`run_label`.
+
+    Example:
+        >>> runs = [{"method": "none", "lr": lr, "trial": 0, "dev_f1": dev, "test_f1": 0.5}
+        ...         for lr, dev in ((0.01, 0.4), (0.1, 0.6))]
+        >>> method_scores(runs)
+        {'none': (0.1, {0: 50.0}, {0: 60.0})}
+    """
+    by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_method[run_label(record)].append(record)
+    scores = {}
+    for method, runs in by_method.items():
+        lr = select_lr(runs).lr
+        chosen = [r for r in runs if r["lr"] == lr]
+        scores[method] = (
+            lr,
+            {r["trial"]: 100 * test_score(r) for r in chosen},
+            {r["trial"]: 100 * dev_score(r) for r in chosen},
+        )
+    return scores
+
+
+def best_layer_scores(probes: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """``{trial: best_single_layer(...)}`` of the probe records of one (shots, max epochs)."""
+    trials: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in probes:
+        trials[record["trial"]].append(record)
+    return {trial: best_single_layer(found) for trial, found in trials.items()}
+
+
+def guarded_scores(test: Scores, dev: Scores, best: dict[int, dict[str, Any]]) -> tuple[Scores, int]:
+    """A method's test scores guarded per trial by the trial's best layer (points), and the trials
+    where the method was kept; over the trials both have.
+
+    Example:
+        >>> best = {0: {"dev": 0.8, "test": 0.7}, 1: {"dev": 0.8, "test": 0.7}}
+        >>> guarded_scores({0: 75.0, 1: 90.0}, {0: 82.0, 1: 79.0}, best)  # trial 1: dev below, the layer
+        ({0: 75.0, 1: 70.0}, 1)
+    """
+    kept, scores = 0, {}
+    for trial in sorted(set(test) & set(dev) & set(best)):
+        own = {**best[trial], "dev": 100 * best[trial]["dev"], "test": 100 * best[trial]["test"]}
+        scores[trial], keep = guarded(dev[trial], test[trial], own)
+        kept += keep
+    return scores, kept
+
+
+def difference(own: Scores, base: Scores) -> str:
+    """The paired difference ``own - base`` as ``+m ± h`` (bold where the interval excludes 0); ``-``
+    without two shared trials.
+
+    Example:
+        >>> difference({0: 60.0, 1: 62.0, 2: 61.0}, {0: 50.0, 1: 51.0, 2: 50.5})
+        '**+10.5 ± 1.2**'
+    """
+    paired = paired_mean_ci(own, base)
+    if paired is None:
+        return "-"
+    text = f"{paired.mean:+.1f} ± {paired.half_width:.1f}"
+    return f"**{text}**" if paired.resolved else text
+
+
+def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -> tuple[str, dict[str, Any]]:
+    """The Markdown table of one (shots, max epochs) and its numbers (``{row: {...}}``)."""
+    scores = method_scores(records)
+    best = best_layer_scores(probes)
+    best_test = {trial: 100 * found["test"] for trial, found in best.items()}
+    best_dev = {trial: 100 * found["dev"] for trial, found in best.items()}
+    plain = scores.get(PLAIN, (None, {}, {}))[1]
+    lines = [
+        f"**N={cell[0]}, max {cell[1]} epochs**: best layer per trial on dev: "
+        + ", ".join(f"trial {t}: z_{found['layer']} @{found['lr']:g}" for t, found in sorted(best.items())),
+        "",
+        "| method | test (mean ± CI) | LR | minus best layer (paired) | minus plain head (paired) "
+        "| dev minus best layer | guarded, minus best layer (kept) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    mean, half = mean_ci(list(best_test.values()))
+    lines.append(f"| {BEST_LAYER} | {mean:.1f} ± {half:.1f} (n={len(best_test)}) | per trial | | "
+                 f"{difference(best_test, plain)} | | |")  # fmt: skip
+    numbers: dict[str, Any] = {
+        BEST_LAYER: {"trials": best_test, "layers": {t: b["layer"] for t, b in best.items()}}
+    }
+    for method, (lr, trials, dev) in scores.items():
+        mean, half = mean_ci(list(trials.values()))
+        shared = sorted(set(dev) & set(best_dev))
+        dev_gap = sum(dev[t] - best_dev[t] for t in shared) / len(shared) if shared else float("nan")
+        kept_scores, kept = guarded_scores(trials, dev, best)
+        lines.append(
+            f"| {method} | {mean:.1f} ± {half:.1f} (n={len(trials)}) | {lr:g} | "
+            f"{difference(trials, best_test)} | {'' if method == PLAIN else difference(trials, plain)} "
+            f"| {dev_gap:+.1f} | {difference(kept_scores, best_test)} ({kept}/{len(kept_scores)}) |"
+        )
+        numbers[method] = {
+            "lr": lr,
+            "trials": trials,
+            "dev": dev,
+            "dev_minus_best_layer": dev_gap,
+            "guarded": kept_scores,
+            "kept": kept,
+        }
+    return "\n".join(lines), numbers
+
+
+def best_layer_markdown(
+    records: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]
+) -> tuple[str, dict[str, Any]]:
+    """The tables of every (shots, max epochs) the probes have, FE runs only, and their numbers
+    (``{"N=8 epochs=30": {row: {...}}}``); empty without probes.
+
+    Example:
+        >>> from layerfusion_recipes.core.records import read_records
+        >>> path = "benchmarks/results/conll_fe_probe_start/results"  # committed: CoNLL, MiniLM
+        >>> records, probes = read_records(f"{path}.jsonl"), read_records(f"{path}.probes.jsonl")
+        >>> text, numbers = best_layer_markdown(records, probes)
+        >>> print(text.splitlines()[0])
+        **N=8, max 25 epochs**: best layer per trial on dev: trial 0: z_... @..., trial 1: ..., trial 2: ...
+        >>> sorted(numbers), numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # trials LayerMix beat it on dev
+        (['N=32 epochs=25', 'N=8 epochs=25'], 1)
+    """
+    fe = [r for r in records if r.get("regime") == "fe"]
+    texts, out = [], {}
+    for cell in sorted({(p["shots"], p["epochs"]) for p in probes}):
+        text, numbers = cell_table(
+            cell,
+            [r for r in fe if (r["shots"], r["epochs"]) == cell],
+            [p for p in probes if (p["shots"], p["epochs"]) == cell],
+        )
+        texts.append(text)
+        out[f"N={cell[0]} epochs={cell[1]}"] = numbers
+    return "\n\n".join(texts), out
+
+
+def best_layer_section(
+    records: Sequence[dict[str, Any]],
+    probes: Sequence[dict[str, Any]],
+    heading: str = "## Against the best single layer chosen on dev",
+) -> str:
+    """``table.md``'s section of :func:`best_layer_markdown` under ``heading`` (with what its columns
+    are); ``""`` without probes or FE runs.
+
+    Example:
+        >>> best_layer_section([], [])
+        ''
+    """
+    if not any(record.get("regime") == "fe" for record in records):
+        return ""
+    text, _ = best_layer_markdown(records, probes)
+    if not text:
+        return ""
+    return (
+        f"{heading}\n\nEach method at its LR selected on dev against, per trial, the layer probe with the "
+        "best dev score (its layer and LR chosen in that trial), scored on test; paired differences over "
+        "trials (bold: the 95% interval excludes 0). Guarded: the method kept in a trial only where its "
+        "dev score beats that layer's, else the layer; (kept) counts the trials it was kept.\n\n"
+        f"{text}\n"
+    )

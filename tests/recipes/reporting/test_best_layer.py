@@ -1,0 +1,91 @@
+"""Each method against the best single layer chosen on dev (reporting/best_layer.py): the comparator and
+the guard on planted records, by hand; the section a sweep with probes writes into ``table.md``."""
+
+from __future__ import annotations
+
+import pytest
+from layerfusion_recipes.core.probes import guarded
+from layerfusion_recipes.reporting.best_layer import (
+    BEST_LAYER,
+    best_layer_markdown,
+    best_layer_section,
+    guarded_scores,
+    method_scores,
+    run_label,
+)
+
+
+def _probe(trial: int, lr: float, scores: list[tuple[float, float]]) -> dict:
+    """A probe record of one trial at one LR: (dev, test) of layers 1, 2, ..."""
+    layers = [{"layer": n, "dev_f1": dev, "test_f1": test} for n, (dev, test) in enumerate(scores, start=1)]
+    return {"lr": lr, "trial": trial, "shots": 8, "epochs": 5, "metric": "f1", "layers": layers}
+
+
+def _run(method: str, trial: int, lr: float, dev: float, test: float, **options) -> dict:
+    return {"method": method, "regime": "fe", "shots": 8, "epochs": 5, "trial": trial, "lr": lr,
+            "dev_f1": dev, "test_f1": test, **({"method_options": options} if options else {})}  # fmt: skip
+
+
+# best layer per trial: trial 0 -> layer 2 (dev 0.70, test 0.60); trial 1 -> layer 1 (dev 0.80, test 0.50);
+# trial 2 -> layer 3 at the smaller LR (dev 0.60 ties, test 0.40)
+PROBES = [
+    _probe(0, 1e-2, [(0.50, 0.90), (0.70, 0.60), (0.40, 0.40)]),
+    _probe(1, 1e-2, [(0.80, 0.50), (0.30, 0.30), (0.20, 0.20)]),
+    _probe(2, 1e-2, [(0.10, 0.10), (0.20, 0.20), (0.60, 0.45)]),
+    _probe(2, 1e-3, [(0.10, 0.10), (0.20, 0.20), (0.60, 0.40)]),
+]
+# the mix at its selected LR 0.1 (mean dev 0.70 against 0.50 at 0.01): above the layer on dev in trials 0, 2
+RUNS = [
+    _run("layer_mix", 0, 0.1, dev=0.75, test=0.65),
+    _run("layer_mix", 1, 0.1, dev=0.70, test=0.90),  # below on dev: the layer's 0.50 stands, unseen 0.90
+    _run("layer_mix", 2, 0.1, dev=0.65, test=0.35),
+    *(_run("layer_mix", trial, 0.01, dev=0.50, test=0.99) for trial in range(3)),
+    *(_run("none", trial, 0.01, dev=0.30, test=0.20 + 0.1 * trial) for trial in range(3)),
+]
+
+
+def test_the_guard_keeps_a_run_only_where_its_dev_score_beats_the_layer_s():
+    best = {"dev": 0.7, "test": 0.6}
+    assert guarded(0.71, 0.1, best) == (0.1, True)
+    assert guarded(0.70, 0.9, best) == (0.6, False)  # a tie keeps the layer
+    assert guarded(0.69, 0.9, best) == (0.6, False)
+
+
+def test_each_method_against_the_best_layer_paired_by_trial_and_guarded():
+    text, numbers = best_layer_markdown(RUNS, PROBES)
+    cell = numbers["N=8 epochs=5"]
+    assert cell[BEST_LAYER]["layers"] == {0: 2, 1: 1, 2: 3}
+    assert cell[BEST_LAYER]["trials"] == pytest.approx({0: 60.0, 1: 50.0, 2: 40.0})
+    mix = cell["layer_mix"]
+    assert mix["lr"] == 0.1 and mix["trials"] == pytest.approx({0: 65.0, 1: 90.0, 2: 35.0})
+    assert mix["dev_minus_best_layer"] == pytest.approx((5 - 10 + 5) / 3)
+    assert mix["guarded"] == pytest.approx({0: 65.0, 1: 50.0, 2: 35.0}) and mix["kept"] == 2
+    plain = cell["none"]
+    assert plain["guarded"] == cell[BEST_LAYER]["trials"] and plain["kept"] == 0
+    row = next(line for line in text.splitlines() if line.startswith("| layer_mix |"))
+    # test 63.3; minus the layer +13.3 (5, 40, -5); guarded +0.0 (5, 0, -5) over 3 trials, 2 kept
+    assert row.startswith("| layer_mix | 63.3 ± ") and "| 0.1 | +13.3 ± " in row
+    assert row.endswith("| +0.0 ± 12.4 (2/3) |")
+    assert "trial 0: z_2 @0.01, trial 1: z_1 @0.01, trial 2: z_3 @0.001" in text
+
+
+def test_a_run_with_method_options_is_its_own_row():
+    varied = [_run("layer_mix", trial, 0.1, dev=0.9, test=0.9, mixing_lr_multiplier=10) for trial in range(3)]
+    scores = method_scores(RUNS + varied)
+    assert set(scores) == {"layer_mix", "none", "layer_mix (mixing_lr_multiplier=10)"}
+    assert run_label(varied[0]) == "layer_mix (mixing_lr_multiplier=10)"
+    _, numbers = best_layer_markdown(RUNS + varied, PROBES)
+    assert numbers["N=8 epochs=5"]["layer_mix (mixing_lr_multiplier=10)"]["kept"] == 3
+
+
+def test_the_guard_pairs_only_the_trials_both_have():
+    scores, kept = guarded_scores({0: 70.0, 5: 99.0}, {0: 90.0, 5: 99.0}, {0: {"dev": 0.8, "test": 0.6}})
+    assert scores == {0: 70.0} and kept == 1
+
+
+def test_the_section_needs_probes_and_fe_runs():
+    assert best_layer_section(RUNS, []) == ""
+    assert best_layer_section([{**run, "regime": "ft"} for run in RUNS], PROBES) == ""
+    section = best_layer_section(RUNS, PROBES)
+    assert section.startswith("## Against the best single layer chosen on dev\n")
+    assert "| best layer (dev) | 50.0 ± " in section
