@@ -11,6 +11,10 @@ The inputs are the states a head would read, one row per example, e.g. the poole
 Each state is read at unit RMS (``z / rms(z)``, as ``state_norm="rms"`` mixes it), so one learning rate
 fits every depth however large the stream has grown.
 
+The last step is a guard, on dev too: keep the trained mix only where its dev score is above the best
+probe's, else read that block alone (``AverageConfig(layers=[block])``: exactly its state). The mix
+starts as that block and can only move away from it; on a few examples it sometimes moves the wrong way.
+
 Example:
     >>> import torch
     >>> _ = torch.manual_seed(0)

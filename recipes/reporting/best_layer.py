@@ -132,7 +132,7 @@ def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -
     lines.append(f"| {BEST_LAYER} | {mean:.1f} ± {half:.1f} (n={len(best_test)}) | per trial | | "
                  f"{difference(best_test, plain)} | | |")  # fmt: skip
     numbers: dict[str, Any] = {
-        BEST_LAYER: {"trials": best_test, "layers": {t: b["layer"] for t, b in best.items()}}
+        BEST_LAYER: {"trials": best_test, "dev": best_dev, "layers": {t: b["layer"] for t, b in best.items()}}
     }
     for method, (lr, trials, dev) in scores.items():
         mean, half = mean_ci(list(trials.values()))
