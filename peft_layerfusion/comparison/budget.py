@@ -163,7 +163,8 @@ def _fused_and_width(model: nn.Module, config: LayerFusionConfig) -> tuple[int, 
 
 
 def match_concat_rank(model: nn.Module, target: int, **config_options: Any) -> BudgetMatch:
-    """Concat's ``map_rank`` ``r >= 1`` whose size ``2 K d r + d`` is closest to ``target``.
+    """Concat's ``map_rank`` ``1 <= r < d`` whose size ``2 K d r + d`` is closest to ``target`` (a rank
+    of ``d`` or more is refused by Concat: the full map is smaller there, so a larger target gets ``d - 1``).
 
     Args:
         model: The base model (meta device is fine).
@@ -181,7 +182,7 @@ def match_concat_rank(model: nn.Module, target: int, **config_options: Any) -> B
     def size_of(rank: int) -> int:
         return ConcatConfig(map_rank=rank, **config_options).num_parameters(num_fused, d)
 
-    rank = _linear_knob(size_of, target)
+    rank = min(_linear_knob(size_of, target), d - 1)
     return BudgetMatch("map_rank", rank, size_of(rank), target, {"map_rank": rank})
 
 

@@ -195,6 +195,12 @@ def test_concat_rank_is_the_closest(target):
     assert abs(found.params - target) == min(abs(size - target) for size in sizes.values())
 
 
+def test_concat_rank_stays_below_the_width_concat_accepts():
+    found = match_concat_rank(tiny_bert(), 10**7)  # the closest rank would be ~52,000 >> d = 32
+    assert found.value == D - 1 and found.params == ConcatConfig(map_rank=D - 1).num_parameters(3, D)
+    assert parameters_of(fusion_of(attach(ConcatConfig(**found.options))[0])) == found.params  # it builds
+
+
 @pytest.mark.parametrize("target", [1500, 5408, 9000])
 def test_dwatt_width_is_the_closest(target):
     found = match_dwatt_width(tiny_bert(), target, layers=[1, 3])
