@@ -8,7 +8,8 @@ its dev score beats the layer's). The sweeps print the same tables when they hav
 
 ``--also FILE ...`` adds the methods of other results files of the same grid (same data, model, seed,
 shots and trials, hence the same samples: e.g. a later sweep of one more method into its own folder);
-their runs pair with the main file's by trial.
+their runs pair with the main file's by trial, and their probes join the main file's (a probe sweep at
+more LRs widens the best layer's grid: the main file's records win where both have a (trial, LR)).
 
 Usage:
     python benchmarks/best_layer.py benchmarks/results/trec_fe_mean_probe_start/results.jsonl [--json OUT]
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 
 from layerfusion_recipes.core.probes import probes_path
 from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.reporting.best_layer import best_layer_markdown
+from layerfusion_recipes.reporting.best_layer import best_layer_markdown, union_probes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--also", nargs="+", default=[], help="Results files of more methods, same trials.")
     args = parser.parse_args(argv)
     records = [r for path in (args.results, *args.also) for r in read_records(path)]
-    probes = read_records(probes_path(args.results))
+    probes = union_probes([read_records(probes_path(path)) for path in (args.results, *args.also)])
     if not probes:
         print(
             f"{probes_path(args.results)}: no layer probes (run the sweep with --probe-layers)",

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.probes import best_single_layer, guarded
-from ..core.selection import dev_score, select_lr, test_score
+from ..core.selection import at_grid_edge, dev_score, select_lr, test_score
 from ..core.stats import mean_ci, paired_mean_ci
 
 BEST_LAYER = "best layer (dev)"
@@ -152,7 +152,48 @@ def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -
             "guarded": kept_scores,
             "kept": kept,
         }
+    edge = edge_trials(best, probes)
+    if edge:
+        lines += [
+            "",
+            f"⚠ widen the probes' LR grid: the best layer's LR is at its edge in trial(s) {edge} "
+            "(a probe sweep at more LRs joins with `benchmarks/best_layer.py --also`)",
+        ]
     return "\n".join(lines), numbers
+
+
+def edge_trials(best: dict[int, dict[str, Any]], probes: Sequence[dict[str, Any]]) -> str:
+    """The trials whose best layer's LR is the smallest or largest of their probes' LRs (its best may lie
+    outside the grid), as text (``"1, 3"``); ``""`` for none.
+
+    Example:
+        >>> probes = [{"trial": t, "lr": lr} for t in (0, 1) for lr in (0.01, 0.1, 1.0)]
+        >>> edge_trials({0: {"lr": 0.1}, 1: {"lr": 1.0}}, probes)
+        '1'
+    """
+    grids: dict[int, list[float]] = defaultdict(list)
+    for record in probes:
+        grids[record["trial"]].append(record["lr"])
+    edge = [t for t, found in sorted(best.items()) if at_grid_edge(found["lr"], sorted(set(grids[t])))]
+    return ", ".join(map(str, edge))
+
+
+def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The probe records of several sweeps of one grid (the same samples), one per (shots, max epochs,
+    trial, LR): the first group's where two have it. A later sweep at more LRs (a wider grid) adds its
+    LRs to the candidates of :func:`~layerfusion_recipes.core.probes.best_single_layer`.
+
+    Example:
+        >>> old = [{"shots": 8, "epochs": 5, "trial": 0, "lr": 1.0, "from": "old"}]
+        >>> new = [{**old[0], "from": "new"}, {**old[0], "lr": 10.0, "from": "new"}]
+        >>> [(p["lr"], p["from"]) for p in union_probes([old, new])]
+        [(1.0, 'old'), (10.0, 'new')]
+    """
+    found: dict[tuple, dict[str, Any]] = {}
+    for group in groups:
+        for record in group:
+            found.setdefault((record["shots"], record["epochs"], record["trial"], record["lr"]), record)
+    return list(found.values())
 
 
 def best_layer_markdown(

@@ -12,6 +12,7 @@ from layerfusion_recipes.reporting.best_layer import (
     guarded_scores,
     method_scores,
     run_label,
+    union_probes,
 )
 
 
@@ -89,3 +90,25 @@ def test_the_section_needs_probes_and_fe_runs():
     section = best_layer_section(RUNS, PROBES)
     assert section.startswith("## Against the best single layer chosen on dev\n")
     assert "| best layer (dev) | 50.0 ± " in section
+
+
+def test_a_wider_probe_grid_joins_the_candidates_and_the_first_sweep_wins_a_shared_lr():
+    wider = [
+        _probe(1, 1e-2, [(0.99, 0.99), (0.99, 0.99), (0.99, 0.99)]),  # the same (trial, LR): ignored
+        _probe(1, 10.0, [(0.85, 0.55), (0.10, 0.10), (0.10, 0.10)]),  # a new LR beats layer 1's dev
+    ]
+    probes = union_probes([PROBES, wider])
+    assert len(probes) == len(PROBES) + 1
+    _, numbers = best_layer_markdown(RUNS, probes)
+    best = numbers["N=8 epochs=5"][BEST_LAYER]
+    assert best["trials"] == pytest.approx({0: 60.0, 1: 55.0, 2: 40.0}) and best["layers"][1] == 1
+
+
+def test_a_best_layer_at_the_edge_of_its_probe_grid_is_flagged():
+    text, _ = best_layer_markdown(RUNS, PROBES)  # trial 2's best is at 1e-3, the smallest of its two LRs
+    assert "at its edge in trial(s) 2 " in text
+    below = [
+        _probe(trial, lr, [(0.0, 0.0)] * 3) for trial, lr in ((0, 1e-3), (0, 1e-1), (1, 1e-3), (1, 1e-1))
+    ]
+    interior = [*PROBES, *below, _probe(2, 1e-4, [(0.0, 0.0)] * 3)]  # each best LR now inside its grid
+    assert "widen" not in best_layer_markdown(RUNS, interior)[0]
