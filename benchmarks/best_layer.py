@@ -8,8 +8,9 @@ its dev score beats the layer's). The sweeps print the same tables when they hav
 
 ``--also FILE ...`` adds the methods of other results files of the same grid (same data, model, seed,
 shots and trials, hence the same samples: e.g. a later sweep of one more method into its own folder);
-their runs pair with the main file's by trial, and their probes join the main file's (a probe sweep at
-more LRs widens the best layer's grid: the main file's records win where both have a (trial, LR)).
+their runs pair with the main file's by trial (its trials only), and their probes join the main file's
+(a probe sweep at more LRs widens the best layer's grid: the main file's records win where both have a
+(trial, LR)).
 
 Usage:
     python benchmarks/best_layer.py benchmarks/results/trec_fe_mean_probe_start/results.jsonl [--json OUT]
@@ -34,8 +35,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="Also write the numbers here.")
     parser.add_argument("--also", nargs="+", default=[], help="Results files of more methods, same trials.")
     args = parser.parse_args(argv)
-    records = [r for path in (args.results, *args.also) for r in read_records(path)]
     probes = union_probes([read_records(probes_path(path)) for path in (args.results, *args.also)])
+    trials = {(p["shots"], p["epochs"], p["trial"]) for p in probes}  # the main file's
+    records = [
+        r
+        for path in (args.results, *args.also)
+        for r in read_records(path)
+        if (r["shots"], r["epochs"], r["trial"]) in trials
+    ]
     if not probes:
         print(
             f"{probes_path(args.results)}: no layer probes (run the sweep with --probe-layers)",

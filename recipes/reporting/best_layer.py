@@ -180,19 +180,27 @@ def edge_trials(best: dict[int, dict[str, Any]], probes: Sequence[dict[str, Any]
 
 def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The probe records of several sweeps of one grid (the same samples), one per (shots, max epochs,
-    trial, LR): the first group's where two have it. A later sweep at more LRs (a wider grid) adds its
-    LRs to the candidates of :func:`~layerfusion_recipes.core.probes.best_single_layer`.
+    trial, LR), for the (shots, max epochs, trial) of the first group only: the first group's where two
+    have it. A later sweep at more LRs (a wider grid) adds its LRs to the candidates of
+    :func:`~layerfusion_recipes.core.probes.best_single_layer`; its other trials are not the first's.
 
     Example:
         >>> old = [{"shots": 8, "epochs": 5, "trial": 0, "lr": 1.0, "from": "old"}]
-        >>> new = [{**old[0], "from": "new"}, {**old[0], "lr": 10.0, "from": "new"}]
-        >>> [(p["lr"], p["from"]) for p in union_probes([old, new])]
-        [(1.0, 'old'), (10.0, 'new')]
+        >>> new = [{**old[0], "from": "new"}, {**old[0], "lr": 10.0, "from": "new"},
+        ...        {**old[0], "trial": 1, "lr": 10.0, "from": "new"}]
+        >>> [(p["trial"], p["lr"], p["from"]) for p in union_probes([old, new])]
+        [(0, 1.0, 'old'), (0, 10.0, 'new')]
     """
+
+    def trial_of(record: dict[str, Any]) -> tuple:
+        return record["shots"], record["epochs"], record["trial"]
+
+    first = {trial_of(record) for record in groups[0]} if groups else set()
     found: dict[tuple, dict[str, Any]] = {}
     for group in groups:
         for record in group:
-            found.setdefault((record["shots"], record["epochs"], record["trial"], record["lr"]), record)
+            if trial_of(record) in first:
+                found.setdefault((*trial_of(record), record["lr"]), record)
     return list(found.values())
 
 

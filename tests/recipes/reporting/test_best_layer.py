@@ -96,6 +96,7 @@ def test_a_wider_probe_grid_joins_the_candidates_and_the_first_sweep_wins_a_shar
     wider = [
         _probe(1, 1e-2, [(0.99, 0.99), (0.99, 0.99), (0.99, 0.99)]),  # the same (trial, LR): ignored
         _probe(1, 10.0, [(0.85, 0.55), (0.10, 0.10), (0.10, 0.10)]),  # a new LR beats layer 1's dev
+        _probe(7, 10.0, [(0.85, 0.55), (0.10, 0.10), (0.10, 0.10)]),  # a trial the first sweep lacks
     ]
     probes = union_probes([PROBES, wider])
     assert len(probes) == len(PROBES) + 1
