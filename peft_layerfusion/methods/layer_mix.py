@@ -25,7 +25,7 @@ SST-2, TREC and CoNLL-2003 with a frozen encoder and a frozen decoder LLM: 2.5 t
 last-layer head, and 1.4 to 3 points under a head on the best single layer chosen on dev (10 trials);
 ``mixing_lr_multiplier=10`` closes that gap on token tasks (NER) and widens it on sentence tasks. Kept
 only where its dev score beats that block's probe (else the block is read alone, e.g.
-``AverageConfig(layers=[b])``), it is at or above the best layer in 9 of 12 such cells and within a
+``AverageConfig(layers=[b])``), it is at or above the best layer in 10 of 12 such cells and within a
 point of it in the rest.
 """
 
