@@ -73,15 +73,36 @@ class GridSettings(Protocol):
 
     def lr_grid(self, regime: str, method: str | None = None) -> tuple[float, ...]: ...
 
+    def run_key(self, cell: Cell, lr: float, setup: str) -> str: ...
 
-def record_key(cell: Cell, lr: float, setup: str) -> str:
-    """Key of the record of ``cell`` trained at max LR ``lr`` under settings ``setup``.
+
+START = "|start="  # a key's part naming the block a probe-guided run started on
+
+
+def record_key(cell: Cell, lr: float, setup: str, start: int | None = None) -> str:
+    """Key of the record of ``cell`` trained at max LR ``lr`` under settings ``setup``; a run started
+    one-hot on block ``start`` (``--probe-start``) says it: a start chosen again (other probes) is
+    another run, never the old record.
 
     Example:
         >>> record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
         'dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+        >>> record_key(Cell("layer_mix", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b", start=7)
+        'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7'
     """
-    return with_defaults(unit_key(cell.key, lr, setup), cell.method)
+    key = with_defaults(unit_key(cell.key, lr, setup), cell.method)
+    return key if start is None else f"{key}{START}{start}"
+
+
+def without_start(key: str) -> str:
+    """``key`` without its start block (:func:`record_key`): the cell and LR it runs, whatever block
+    it started on.
+
+    Example:
+        >>> without_start("layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7")
+        'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+    """
+    return key.split(START)[0]
 
 
 def with_defaults(key: str, method: str) -> str:
@@ -189,7 +210,9 @@ def grid_keys(cells: Iterable[Cell], settings: GridSettings) -> set[str]:
     """
     setup = settings.setup()
     return {
-        record_key(cell, lr, setup) for cell in cells for lr in settings.lr_grid(cell.regime, cell.method)
+        settings.run_key(cell, lr, setup)
+        for cell in cells
+        for lr in settings.lr_grid(cell.regime, cell.method)
     }
 
 

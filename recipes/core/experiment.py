@@ -198,6 +198,45 @@ class TaskSettings:
             raise ValueError(f"lr gives each method its LRs ({', '.join(self.lr)}): name the method")
         return self.lr.get(method)
 
+    def start_layer(self, cell: Cell) -> int | None:
+        """The block ``cell``'s fusion starts one-hot on (``--probe-start``: its trial's best probe on
+        dev), or ``None``: no probe start, a method without ``start_layer``, not FE, or the probes not
+        yet run (a memory plan builds the model before them).
+
+        Raises:
+            UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
+
+        Example:
+            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+            >>> settings = ExperimentSettings("m", "d", probe_start=True, probe_starts={(8, 25, 0): 4})
+            >>> [settings.start_layer(Cell(method, "fe", 8, 25, 0)) for method in ("layer_mix", "dwatt")]
+            [4, None]
+        """
+        starts = self.probe_starts
+        if not self.probe_start or starts is None or not takes_start_layer(cell.method):
+            return None
+        if cell.regime != "fe":
+            return None
+        found = starts.get((cell.shots, cell.epochs, cell.trial))
+        if found is None:
+            raise UserError(
+                f"--probe-start: no layer probes for shots={cell.shots} epochs={cell.epochs} "
+                f"trial={cell.trial}; the sweep trains them with --probe-layers"
+            )
+        return found
+
+    def run_key(self, cell: Cell, lr: float, setup: str) -> str:
+        """The key of ``cell``'s run at ``lr`` under ``setup`` (:meth:`setup`), with the block it starts
+        on where it has one (:meth:`start_layer`): new probes that move the start make another run.
+
+        Example:
+            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+            >>> settings = ExperimentSettings("m", "d", probe_start=True, probe_starts={(8, 25, 0): 4})
+            >>> settings.run_key(Cell("layer_mix", "fe", 8, 25, 0), 0.01, "3f2a9c0d1e4b")
+            'layer_mix|fe|8|25|0|lr=0.01|3f2a9c0d1e4b|...start=4'
+        """
+        return record_key(cell, lr, setup, self.start_layer(cell))
+
     def setup(self) -> str:
         """Fingerprint (12 hex digits) of the settings that change a result (:attr:`SETUP_FIELDS`).
 
@@ -424,25 +463,8 @@ class FewShotExperiment:
         return model, located
 
     def start_layer(self, cell: Cell) -> int | None:
-        """The block ``cell``'s fusion starts one-hot on (``--probe-start``: its trial's best probe on
-        dev), or ``None``: no probe start, a method without ``start_layer``, or the probes not yet run
-        (a memory plan builds the model before them).
-
-        Raises:
-            UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
-        """
-        starts = self.settings.probe_starts
-        if not self.settings.probe_start or starts is None or not takes_start_layer(cell.method):
-            return None
-        if cell.regime != "fe":
-            return None
-        found = starts.get((cell.shots, cell.epochs, cell.trial))
-        if found is None:
-            raise UserError(
-                f"--probe-start: no layer probes for shots={cell.shots} epochs={cell.epochs} "
-                f"trial={cell.trial}; the sweep trains them with --probe-layers"
-            )
-        return found
+        """The block ``cell``'s fusion starts one-hot on (:meth:`TaskSettings.start_layer`)."""
+        return self.settings.start_layer(cell)
 
     def run(self, cell: Cell, use_cache: bool | None = None, lr: float | None = None) -> dict[str, Any]:
         """Train one cell at one LR (default ``settings.lr_for``); returns its record (:meth:`_record`)."""
@@ -607,7 +629,7 @@ class FewShotExperiment:
         (:meth:`record_fields`), what ran it and the settings its key hashes; DWAtt's mean depth
         attention on dev where the method shows it."""
         record = {
-            "key": record_key(cell, lr, self.setup),
+            "key": self.settings.run_key(cell, lr, self.setup),
             **asdict(cell),
             **self.record_fields(result, train),
             "lr": lr,

@@ -1,10 +1,14 @@
 """Layer probes: a linear head on each block output ``z_1 .. z_L`` at the positions a task reads,
 trained on the feature cache; the LR selected on dev per layer, the test score of its best dev epoch.
 
-The probe of layer ``n`` is ``logits = W z_n + b`` (``W`` ``(C, d)``, ``b`` ``(C,)``) on the state
-``z_n`` (the output of block ``n``, as ``output_hidden_states[n]``) at the positions the task's head
-reads (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.probe_inputs`): every labelled
-first sub-word for NER, the pooled position of a sentence classifier (its first or last token, or the
+The probe of layer ``n`` is ``logits = W x_n + b`` (``W`` ``(C, d)``, ``b`` ``(C,)``) on a feature
+``x_n`` of the state ``z_n`` (the output of block ``n``, as ``output_hidden_states[n]``): ``z_n`` as it
+is (``raw``) or ``z_n / rms(z_n)`` per position (``rms``: every position at RMS 1, as a mix with
+``state_norm="rms"`` reads it, so one LR fits every depth however large the stream grew). Both kinds
+are probed and the bar takes whichever dev prefers: neither wins on every task and model. The states
+are read at the positions the task's head reads
+(:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.probe_inputs`): every labelled first
+sub-word for NER, the pooled position of a sentence classifier (its first or last token, or the
 mean over the real tokens with mean pooling). It trains as a cell's run does
 (:func:`~layerfusion_recipes.core.fitting.fit`: AdamW, the LR linear to zero over the max epochs, the
 trial's sample and batches, the task's scorer on dev every k epochs, the test score of the best dev
@@ -12,10 +16,17 @@ epoch), its head drawn from ``seed + trial`` (the same draw for every layer and 
 probes of a trial (``K``: the LRs of the FE grid) train together in one pass over the cached states:
 :class:`ProbeRunner`, a stacked runner whose candidates are the heads, each the run it would be alone.
 
-Records (:func:`run_probes`): one per (shots, max epochs, trial, LR) in the probes file beside the
-results file (:func:`probes_path`), keyed as every run is (:func:`~layerfusion_recipes.core.cells.record_key`
-of the method ``probe`` under ``fe``), so a sweep resumes them; the scores of each layer are under
-``layers``. :mod:`layerfusion_recipes.reporting.layers` selects, draws and tabulates them.
+The LRs: the plain head's FE grid for each kind, grown one step (the ratio of its two largest, or two
+smallest, LRs) past an end wherever a trial's best probe of that kind sits on that end, up to
+:data:`GROW_STEPS` steps each way (:func:`probe_plan`): a bar whose LR sits at a grid edge may be
+under-tuned. The grown LRs follow from the scores alone, so a sweep that resumes grows the same way.
+
+Records (:func:`run_probes`): one per (shots, max epochs, trial, feature kind, LR) in the probes file
+beside the results file (:func:`probes_path`), keyed as every run is
+(:func:`~layerfusion_recipes.core.cells.record_key` of the method ``probe`` under ``fe``, with
+``|features=rms`` for the unit-RMS kind: :func:`probe_key`), so a sweep resumes them; the scores of
+each layer are under ``layers``, the kind under ``features`` (``raw`` where a record has none: those
+written before the kinds). :mod:`layerfusion_recipes.reporting.layers` selects, draws and tabulates them.
 """
 
 from __future__ import annotations
@@ -31,11 +42,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from peft_layerfusion.fusion import unit_rms
+
 from .batches import collate
 from .cells import Cell, record_key
 from .fitting import RunResult, fit
 from .models import PLAIN_HEAD
-from .records import append_record, finished_keys, read_records
+from .records import append_record, read_records
 from .runner import StackedRunner
 
 if TYPE_CHECKING:
@@ -43,6 +56,9 @@ if TYPE_CHECKING:
 
 PROBE = "probe"  # the method name of a probe record
 PROBE_REGIME = "fe"  # probes read the frozen encoder's states
+RAW, UNIT_RMS = "raw", "rms"  # what a probe reads of z_n: z_n itself; z_n / rms(z_n) per position
+FEATURES = (RAW, UNIT_RMS)  # every probe trial reads both kinds
+GROW_STEPS = 4  # LRs a kind's grid may grow past each of its ends (the step: its end LRs' ratio)
 
 # (L, batch, seq, d) block outputs and the collated batch -> (read, L, d) probe inputs and (read,) labels
 ProbeInputs = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
@@ -81,6 +97,7 @@ class ProbeRunner(StackedRunner):
         count: ``K``, the LRs.
         cache: The feature cache of the frozen encoder.
         inputs: The task's probe inputs (:meth:`FewShotExperiment.probe_inputs`).
+        features: What the probes read of each state: :data:`RAW` or :data:`UNIT_RMS`.
 
     Example:
         >>> train = experiment.train_sample(2, 0)  # 2 shots x 3 entity types; the tiny BERT: L = 3, d = 32
@@ -91,9 +108,12 @@ class ProbeRunner(StackedRunner):
         (torch.Size([12, 22, 5]), torch.Size([22]))
     """
 
-    def __init__(self, head: nn.Linear, num_blocks: int, count: int, cache, inputs: ProbeInputs) -> None:
+    def __init__(
+        self, head: nn.Linear, num_blocks: int, count: int, cache, inputs: ProbeInputs, features: str = RAW
+    ) -> None:
         super().__init__(head, num_blocks * count, cache=cache)
         self.num_blocks, self.inputs = num_blocks, inputs
+        self.features = check_features(features)
         self._read: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # evaluation batch -> its inputs
 
     def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,10 +146,49 @@ class ProbeRunner(StackedRunner):
 
         The cache's batch is ``z_1 .. z_L`` at each sentence's own positions (zeros where it kept
         nothing: a cache of the head's positions only), so the task's read positions index it as they
-        index ``output_hidden_states``.
+        index ``output_hidden_states``. The unit-RMS kind divides each read state by its RMS.
         """
         states = self.cache.batch_states(features)  # (L, batch, seq, d): z_1 .. z_L (z_0 is not cached)
-        return self.inputs(states, collate(features, self.pad_id))
+        inputs, labels = self.inputs(states, collate(features, self.pad_id))  # (read, L, d), (read,)
+        return (unit_rms(inputs) if self.features == UNIT_RMS else inputs), labels
+
+
+def check_features(features: str) -> str:
+    """``features`` where it is a probe's feature kind (:data:`FEATURES`), else a one-line error.
+
+    Example:
+        >>> check_features("rms")
+        'rms'
+        >>> check_features("norm")
+        Traceback (most recent call last):
+        ValueError: features must be one of ['raw', 'rms'], got 'norm'
+    """
+    if features not in FEATURES:
+        raise ValueError(f"features must be one of {list(FEATURES)}, got {features!r}")
+    return features
+
+
+def features_of(record: dict[str, Any]) -> str:
+    """A probe record's feature kind (:data:`RAW` for a record written before the kinds).
+
+    Example:
+        >>> features_of({"features": "rms"}), features_of({})
+        ('rms', 'raw')
+    """
+    return record.get("features", RAW)
+
+
+def probe_key(cell: Cell, lr: float, setup: str, features: str = RAW) -> str:
+    """The key of a probe record: :func:`~layerfusion_recipes.core.cells.record_key`, with the kind
+    where it is not raw (the raw probes keep the keys they had before the kinds).
+
+    Example:
+        >>> cell = Cell(PROBE, PROBE_REGIME, 8, 25, 0)
+        >>> probe_key(cell, 0.1, "3f2a9c0d1e4b"), probe_key(cell, 0.1, "3f2a9c0d1e4b", UNIT_RMS)
+        ('probe|fe|8|25|0|lr=0.1|3f2a9c0d1e4b', 'probe|fe|8|25|0|lr=0.1|3f2a9c0d1e4b|features=rms')
+    """
+    key = record_key(cell, lr, setup)
+    return key if check_features(features) == RAW else f"{key}|features={features}"
 
 
 def layer_entry(layer: int, result: RunResult) -> dict[str, Any]:
@@ -144,10 +203,15 @@ def layer_entry(layer: int, result: RunResult) -> dict[str, Any]:
 
 
 def probe_records(
-    experiment: FewShotExperiment, shots: int, epochs: int, trial: int, lrs: Sequence[float]
+    experiment: FewShotExperiment,
+    shots: int,
+    epochs: int,
+    trial: int,
+    lrs: Sequence[float],
+    features: str = RAW,
 ) -> Iterator[dict[str, Any]]:
-    """Train the probes of every layer of one trial at each LR of ``lrs`` (in one pass) and yield one
-    record per LR (see the module docstring).
+    """Train the probes of every layer of one trial at each LR of ``lrs`` (in one pass) on the feature
+    kind ``features`` and yield one record per LR (see the module docstring).
 
     Example:
         >>> records = list(probe_records(experiment, 2, 2, 0, [1e-2, 3e-2]))  # 2 shots, 2 epochs, trial 0
@@ -158,7 +222,7 @@ def probe_records(
     """
     cell = Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
     train = experiment.train_sample(shots, trial)
-    runner = probe_runner(experiment, train, trial, len(lrs))
+    runner = probe_runner(experiment, train, trial, len(lrs), features)
     settings = experiment.train_settings(cell)
     layers = runner.num_blocks
     results = fit(
@@ -173,9 +237,10 @@ def probe_records(
     for k, lr in enumerate(lrs):
         own = results[k * layers : (k + 1) * layers]
         yield {
-            "key": record_key(cell, lr, experiment.setup),
+            "key": probe_key(cell, lr, experiment.setup, features),
             **asdict(cell),
             "lr": float(lr),
+            "features": features,
             "metric": own[0].metric,
             "metrics": list(own[0].dev),
             "layers": [layer_entry(n, result) for n, result in enumerate(own, start=1)],
@@ -186,16 +251,18 @@ def probe_records(
         }
 
 
-def probe_runner(experiment: FewShotExperiment, train: Sequence[dict], trial: int, count: int) -> ProbeRunner:
+def probe_runner(
+    experiment: FewShotExperiment, train: Sequence[dict], trial: int, count: int, features: str = RAW
+) -> ProbeRunner:
     """The :class:`ProbeRunner` of a trial: the feature cache filled with ``train`` (nothing to compute
     after :meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.prefill_cache`, whose encoder
-    is gone), every head drawn from ``seed + trial``."""
+    is gone), every head drawn from ``seed + trial`` (the same draw for both feature kinds)."""
     cache = experiment.filled_cache(train)  # the probes read the head's positions: any kept layout
     num_blocks = cache.num_blocks
     width = cache.batch_states(train[:1]).shape[-1]
     torch.manual_seed(experiment.settings.seed + trial)
     head = nn.Linear(width, len(experiment.labels))
-    return ProbeRunner(head, num_blocks, count, cache, experiment.probe_inputs)
+    return ProbeRunner(head, num_blocks, count, cache, experiment.probe_inputs, features)
 
 
 def probe_cells(grid: dict[str, Any]) -> list[Cell]:
@@ -215,53 +282,132 @@ def probe_cells(grid: dict[str, Any]) -> list[Cell]:
     ]
 
 
-def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[tuple[Cell, list[float]]]:
-    """The probes' trials of ``grid`` (:func:`probe_cells`) with the LRs of the FE grid that the probes
-    file does not hold yet (those whose every LR is there are left out).
+ProbeUnit = tuple[Cell, str, list[float]]  # a probe trial, its feature kind and the LRs it still needs
+
+
+def probe_plan(
+    experiment: FewShotExperiment, grid: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[ProbeUnit]]:
+    """The probe records of ``grid`` the bar reads and the probes still to train: per (shots, max
+    epochs) and feature kind, the plain head's FE grid for every trial, grown one LR past an end while
+    some trial's best probe of that kind (:func:`best_single_layer`) sits on that end
+    (:func:`grown_lr`, at most :data:`GROW_STEPS` each way). A kind whose LRs so far are not all in the
+    probes file waits for them before it may grow: what is missing is returned, and the plan is made
+    again once they are trained (:func:`run_probes`).
+
+    Returns:
+        ``(records, missing)``: the records (one per key) and ``(cell, kind, LRs)`` per trial to train.
 
     Example:
-        >>> missing_probes(experiment, grid)  # all of them on a first run: 2 trials, the LRs of the FE grid
-        [(Cell(method='probe', regime='fe', shots=2, epochs=2, trial=0), [0.01, 0.03]),
-         (Cell(method='probe', regime='fe', shots=2, epochs=2, trial=1), [0.01, 0.03])]
+        >>> grid = {"shots": [2], "epochs": [2], "trials": 1, "results": "out/results.jsonl"}
+        >>> records, missing = probe_plan(experiment, grid)  # nothing trained yet: each kind's grid
+        >>> records, [(cell.trial, kind, lrs) for cell, kind, lrs in missing]
+        ([], [(0, 'raw', [0.01, 0.03]), (0, 'rms', [0.01, 0.03])])
     """
-    lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
-    done = finished_keys(probes_path(grid["results"]))
-    return [
-        (cell, missing)
-        for cell in probe_cells(grid)
-        if (missing := [lr for lr in lrs if record_key(cell, lr, experiment.setup) not in done])
-    ]
+    base = sorted(experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD))  # a linear probe: the plain head's
+    found = {record["key"]: record for record in read_records(probes_path(grid["results"]))}
+    cells = probe_cells(grid)
+    groups: dict[tuple[int, int], list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.shots, cell.epochs), []).append(cell)
+    plan: list[dict[str, Any]] = []
+    missing: list[ProbeUnit] = []
+    for trials in groups.values():
+        for kind in FEATURES:
+            lrs = list(base)
+            while True:
+                keys = {cell: [probe_key(cell, lr, experiment.setup, kind) for lr in lrs] for cell in trials}
+                absent = [
+                    (cell, kind, [lr for lr, key in zip(lrs, own, strict=True) if key not in found])
+                    for cell, own in keys.items()
+                ]
+                absent = [unit for unit in absent if unit[2]]
+                if absent:
+                    missing += absent
+                    plan += [found[key] for own in keys.values() for key in own if key in found]
+                    break
+                records = [found[key] for own in keys.values() for key in own]
+                step = grown_lr(records, base)
+                if step is None:
+                    plan += records
+                    break
+                lrs = sorted({*lrs, step})
+    return plan, missing
+
+
+def grown_lr(records: Sequence[dict[str, Any]], base: Sequence[float]) -> float | None:
+    """The LR one step past an end of ``records``' LRs (one kind's probes of a (shots, max epochs)) where
+    a trial's best probe sits on that end, the top first; ``None`` where none does, or that end has
+    grown :data:`GROW_STEPS` steps past ``base`` (the plain head's grid) already. A step is the ratio of
+    the base grid's two LRs at that end (10 for a grid of one LR).
+
+    Example:
+        >>> def record(trial, lr, dev):  # one layer
+        ...     layers = [{"layer": 1, "dev_f1": dev, "test_f1": dev}]
+        ...     return {"trial": trial, "lr": lr, "metric": "f1", "layers": layers}
+        >>> trials = [record(0, 0.1, 0.5), record(0, 1.0, 0.6), record(1, 0.1, 0.5), record(1, 1.0, 0.4)]
+        >>> grown_lr(trials, [0.1, 1.0])  # trial 0's best sits on the top end
+        10.0
+        >>> grown_lr([record(0, 0.1, 0.5), record(0, 1.0, 0.4)], [0.1, 1.0])  # the bottom end: one step down
+        0.01
+        >>> grown_lr([record(0, 0.1, 0.5), record(0, 1.0, 0.6), record(0, 10.0, 0.5)], [0.1, 1.0])  # inside
+    """
+    lrs = sorted({record["lr"] for record in records})
+    trials: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        trials.setdefault(record["trial"], []).append(record)
+    best = {best_single_layer(found)["lr"] for found in trials.values()}
+    up = base[-1] / base[-2] if len(base) > 1 else 10.0
+    down = base[1] / base[0] if len(base) > 1 else 10.0
+    if len(lrs) > 1 and lrs[-1] in best and lrs[-1] < base[-1] * up**GROW_STEPS * (1 - 1e-9):
+        return float(f"{lrs[-1] * up:.12g}")
+    if len(lrs) > 1 and lrs[0] in best and lrs[0] > base[0] / down**GROW_STEPS * (1 + 1e-9):
+        return float(f"{lrs[0] / down:.12g}")
+    return None
+
+
+def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[ProbeUnit]:
+    """The probes of ``grid`` still to train now (:func:`probe_plan`): ``(cell, kind, LRs)`` per trial.
+
+    Example:
+        >>> [(cell.trial, kind, lrs) for cell, kind, lrs in missing_probes(experiment, grid)]  # a first run
+        [(0, 'raw', [0.01, 0.03]), (1, 'raw', [0.01, 0.03]),
+         (0, 'rms', [0.01, 0.03]), (1, 'rms', [0.01, 0.03])]
+    """
+    return probe_plan(experiment, grid)[1]
 
 
 def run_probes(
     experiment: FewShotExperiment, grid: dict[str, Any], progress: bool = True
 ) -> list[dict[str, Any]]:
-    """The probes of every (shots, max epochs, trial) of ``grid`` at each LR of the FE grid, skipping
-    the records already in the probes file (:func:`probes_path` of ``grid["results"]``); each record
+    """The probes of every (shots, max epochs, trial) of ``grid``, both feature kinds, at each LR of
+    their plan (:func:`probe_plan`: the FE grid, grown where a best probe sits on an end), skipping the
+    records already in the probes file (:func:`probes_path` of ``grid["results"]``); each record
     appended when its trial's probes are trained.
 
     Returns:
-        Every record of these probes in the file (old and new), one per key.
+        The records of these probes the bar reads (old and new), one per key.
 
     Example:
         >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
-        >>> records = run_probes(experiment, grid, progress=False)  # 2 trials x 2 LRs
-        >>> len(records), len(open("out/results.probes.jsonl").readlines())
-        (4, 4)
+        >>> records = run_probes(experiment, grid, progress=False)  # 2 trials x 2 kinds x 2+ LRs
+        >>> len(records) >= 8, len(records) == len(open("out/results.probes.jsonl").readlines())
+        (True, True)
         >>> missing_probes(experiment, grid)  # a second run_probes trains none
         []
     """
     path = probes_path(grid["results"])
-    todo = missing_probes(experiment, grid)
-    for cell, missing in tqdm(todo, desc="layer probes", disable=not progress or not todo, file=sys.stderr):
-        for record in probe_records(experiment, cell.shots, cell.epochs, cell.trial, missing):
-            append_record(path, record)
+    while todo := missing_probes(experiment, grid):
+        for cell, kind, lrs in tqdm(todo, desc="layer probes", disable=not progress, file=sys.stderr):
+            for record in probe_records(experiment, cell.shots, cell.epochs, cell.trial, lrs, kind):
+                append_record(path, record)
     return saved_probes(experiment, grid)
 
 
 def saved_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[dict[str, Any]]:
-    """The records of ``grid``'s probes that the probes file holds, one per key, none trained: what the
-    other processes of a launched sweep read once the main process ran :func:`run_probes`.
+    """The records of ``grid``'s probes that the probes file holds and the bar reads
+    (:func:`probe_plan`), none trained: what the other processes of a launched sweep read once the main
+    process ran :func:`run_probes`.
 
     Example:
         >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
@@ -269,18 +415,17 @@ def saved_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[di
         >>> saved_probes(experiment, grid) == records  # another process: the same records, none trained
         True
     """
-    lrs = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
-    wanted = {record_key(cell, lr, experiment.setup) for cell in probe_cells(grid) for lr in lrs}
-    return [record for record in read_records(probes_path(grid["results"])) if record["key"] in wanted]
+    return probe_plan(experiment, grid)[0]
 
 
 def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The probe a user would pick for one trial: the (layer, LR) whose best dev score is highest among
-    ``records`` (that trial's probe records, one per LR; ties to the smaller LR, then the lower
-    layer), with its test scores: chosen on the training sample and dev only.
+    """The probe a user would pick for one trial: the (layer, feature kind, LR) whose best dev score is
+    highest among ``records`` (that trial's probe records, one per kind and LR; ties to the raw kind,
+    then the smaller LR, then the lower layer), with its test scores: chosen on the training sample and
+    dev only.
 
     Returns:
-        ``{"layer", "lr", "dev", "test", "metric"}`` (``test`` ``None`` without a test split).
+        ``{"layer", "lr", "dev", "test", "metric", "features"}`` (``test`` ``None`` without a test split).
 
     Example:
         >>> def record(lr, scores):  # a trial's record at one LR, as probe_records writes it (no curves)
@@ -291,17 +436,23 @@ def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ...     record(3e-2, [(0.6, 0.7), (0.5, 0.5), (0.1, 0.2)]),
         ... ]
         >>> best_single_layer(records)  # dev 0.6 twice: the smaller LR
-        {'layer': 2, 'lr': 0.01, 'dev': 0.6, 'test': 0.5, 'metric': 'f1'}
+        {'layer': 2, 'lr': 0.01, 'dev': 0.6, 'test': 0.5, 'metric': 'f1', 'features': 'raw'}
     """
     candidates = []
-    for record in sorted(records, key=lambda r: r["lr"]):
-        metric = record["metric"]
+    for record in records:
+        metric, raw = record["metric"], features_of(record) == RAW
         for entry in record["layers"]:
-            candidates.append((entry[f"dev_{metric}"], -record["lr"], -entry["layer"], record, entry))
-    dev, _, _, record, entry = max(candidates, key=lambda c: c[:3])
+            candidates.append((entry[f"dev_{metric}"], raw, -record["lr"], -entry["layer"], record, entry))
+    dev, _, _, _, record, entry = max(candidates, key=lambda c: c[:4])
     metric = record["metric"]
-    test = entry[f"test_{metric}"]
-    return {"layer": entry["layer"], "lr": record["lr"], "dev": dev, "test": test, "metric": metric}
+    return {
+        "layer": entry["layer"],
+        "lr": record["lr"],
+        "dev": dev,
+        "test": entry[f"test_{metric}"],
+        "metric": metric,
+        "features": features_of(record),
+    }
 
 
 def guarded(run_dev: float, run_test: float | None, best: dict[str, Any]) -> tuple[float | None, bool]:

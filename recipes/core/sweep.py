@@ -62,7 +62,6 @@ from .cells import (
     longest_first_units,
     lrs_train_together,
     planned_runs,
-    record_key,
 )
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
@@ -148,10 +147,10 @@ def run_cells(
     check_workers(workers, state.num_processes)
     grids = {(cell.regime, cell.method): settings.lr_grid(cell.regime, cell.method) for cell in cells}
     first, later = split_trials(cells, select_trials)
-    wanted = {record_key(c, lr, setup) for c in first for lr in grids[c.regime, c.method]}
+    wanted = {settings.run_key(c, lr, setup) for c in first for lr in grids[c.regime, c.method]}
     mine = _share_of(state)
     first_units = mine([(cell, grids[cell.regime, cell.method]) for cell in first])
-    own_keys = {record_key(cell, lr, setup) for cell, lrs in first_units for lr in lrs}
+    own_keys = {settings.run_key(cell, lr, setup) for cell, lrs in first_units for lr in lrs}
     total = len(own_keys) + len(mine([(cell, ()) for cell in later]))
     bar = _progress_bar(total, len(own_keys & finished_keys(results)), state, progress)
     # added to each record, not to its key: which process ran it, and the task (one per results file)
@@ -162,7 +161,7 @@ def run_cells(
         runner.run(first_units)
         state.wait_for_everyone()  # the LR selection and the caller read every process's records
         if later:
-            wanted |= _run_at_selected_lrs(later, wanted, runner, mine, setup, bar)
+            wanted |= _run_at_selected_lrs(later, wanted, runner, mine, settings, bar)
             state.wait_for_everyone()
     finally:
         runner.close()
@@ -184,14 +183,17 @@ def _progress_bar(total: int, done: int, state, progress: bool):
     )
 
 
-def _run_at_selected_lrs(later: list[Cell], wanted: set[str], runner, mine, setup: str, bar) -> set[str]:
+def _run_at_selected_lrs(
+    later: list[Cell], wanted: set[str], runner, mine, settings: TaskSettings, bar
+) -> set[str]:
     """Run the ``later`` trials at the LR selected on the selection runs (``wanted``); their keys."""
     results = runner.results
     chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted)
     units = [(cell, (chosen[_group(cell)],)) for cell in later]
-    keys = {record_key(cell, lrs[0], setup) for cell, lrs in units}
+    setup = settings.setup()
+    keys = {settings.run_key(cell, lrs[0], setup) for cell, lrs in units}
     units = mine(units)
-    bar.update(len({record_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
+    bar.update(len({settings.run_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
     runner.run(units)
     return keys
 
@@ -213,12 +215,14 @@ def runs_left(
     done, setup = finished_keys(results), settings.setup()
     first, later = split_trials(cells, select_trials)
     wanted = {
-        record_key(cell, lr, setup) for cell in first for lr in settings.lr_grid(cell.regime, cell.method)
+        settings.run_key(cell, lr, setup)
+        for cell in first
+        for lr in settings.lr_grid(cell.regime, cell.method)
     }
     if not wanted <= done:
         return True
     chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted) if later else {}
-    return any(record_key(cell, chosen[_group(cell)], setup) not in done for cell in later)
+    return any(settings.run_key(cell, chosen[_group(cell)], setup) not in done for cell in later)
 
 
 def split_trials(cells: list[Cell], select_trials: int | None) -> tuple[list[Cell], list[Cell]]:
@@ -270,7 +274,7 @@ class _UnitRunner:
 
     def _missing(self, unit: Unit, done: set[str]) -> Unit:
         cell, lrs = unit
-        return cell, tuple(lr for lr in lrs if record_key(cell, lr, self.setup) not in done)
+        return cell, tuple(lr for lr in lrs if self.settings.run_key(cell, lr, self.setup) not in done)
 
     def _pieces(self, unit: Unit) -> list[Unit]:
         """What one pool task runs: the whole unit where its LRs train together, else one LR each

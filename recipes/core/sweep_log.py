@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .cells import without_start
 from .errors import Terminated, sigterm_raises
 from .records import append_line, finished_keys, read_lines
 
@@ -96,7 +97,8 @@ def logged_sweep(
 
     Args:
         results: The grid's results file.
-        grid_keys: Every key the grid's runs can have (counts ``runs`` and ``runs_total``).
+        grid_keys: Every key the grid's runs can have, start blocks left out (counts ``runs`` and
+            ``runs_total``).
         fields: Added to the line as they are: ``workers``, ``threads``, ``num_processes``, ``argv``,
             ``config``, ``runs_planned``.
         enabled: Write the line (``False`` on the processes of a launch other than the main one).
@@ -118,7 +120,7 @@ def logged_sweep(
     """
     start_of_runs = SweepStart(begun=not checks_first)
     grid_keys = set(grid_keys)
-    before = finished_keys(results) & grid_keys if enabled else set()
+    before = _grid_runs(results, grid_keys) if enabled else set()
     start, started = _now(), time.monotonic()
     load = os.getloadavg()[0]
     error = None
@@ -130,7 +132,7 @@ def logged_sweep(
         raise
     finally:
         if enabled and (start_of_runs.begun or error is None):
-            after = finished_keys(results) & grid_keys
+            after = _grid_runs(results, grid_keys)
             own, children = peak_rss_mb()
             line = {
                 **fields,
@@ -220,3 +222,9 @@ def read_sweep_log(results: str | os.PathLike) -> list[dict[str, Any]]:
         [False, True]
     """
     return read_lines(sweep_log_path(results))
+
+
+def _grid_runs(results: str | os.PathLike, grid_keys: set[str]) -> set[str]:
+    """The keys of ``results`` that are runs of the grid: in ``grid_keys`` once their start block is
+    left out (a probe-guided run's block is chosen after the log opens: :func:`~.cells.without_start`)."""
+    return {key for key in finished_keys(results) if without_start(key) in grid_keys}

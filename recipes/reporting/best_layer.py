@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.probes import best_single_layer, guarded
+from ..core.probes import UNIT_RMS, best_single_layer, features_of, guarded
 from ..core.selection import at_grid_edge, dev_score, select_lr, test_score
 from ..core.stats import mean_ci, paired_mean_ci
 
@@ -122,7 +122,7 @@ def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -
     plain = scores.get(PLAIN, (None, {}, {}))[1]
     lines = [
         f"**N={cell[0]}, max {cell[1]} epochs**: best layer per trial on dev: "
-        + ", ".join(f"trial {t}: z_{found['layer']} @{found['lr']:g}" for t, found in sorted(best.items())),
+        + ", ".join(f"trial {t}: {probe_label(found)}" for t, found in sorted(best.items())),
         "",
         "| method | test (mean ± CI) | LR | minus best layer (paired) | minus plain head (paired) "
         "| dev minus best layer | guarded, minus best layer (kept) |",
@@ -157,31 +157,51 @@ def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -
         lines += [
             "",
             f"⚠ widen the probes' LR grid: the best layer's LR is at its edge in trial(s) {edge} "
-            "(a probe sweep at more LRs joins with `benchmarks/best_layer.py --also`)",
+            "(it grew as far as the probes grow a grid; a probe sweep at more LRs joins with "
+            "`benchmarks/best_layer.py --also`)",
         ]
     return "\n".join(lines), numbers
 
 
+def probe_label(found: dict[str, Any]) -> str:
+    """A best probe (:func:`~layerfusion_recipes.core.probes.best_single_layer`) as text: its block, its
+    LR and, for the unit-RMS kind, ``on z/rms(z)``.
+
+    Example:
+        >>> probe_label({"layer": 5, "lr": 0.01}), probe_label({"layer": 3, "lr": 0.1, "features": "rms"})
+        ('z_5 @0.01', 'z_3 @0.1 on z/rms(z)')
+    """
+    own = f"z_{found['layer']} @{found['lr']:g}"
+    return f"{own} on z/rms(z)" if found.get("features") == UNIT_RMS else own
+
+
 def edge_trials(best: dict[int, dict[str, Any]], probes: Sequence[dict[str, Any]]) -> str:
-    """The trials whose best layer's LR is the smallest or largest of their probes' LRs (its best may lie
-    outside the grid), as text (``"1, 3"``); ``""`` for none.
+    """The trials whose best layer's LR is the smallest or largest of their probes' LRs of its feature
+    kind (its best may lie outside the grid), as text (``"1, 3"``); ``""`` for none.
 
     Example:
         >>> probes = [{"trial": t, "lr": lr} for t in (0, 1) for lr in (0.01, 0.1, 1.0)]
+        >>> probes += [{"trial": 0, "lr": lr, "features": "rms"} for lr in (1.0, 10.0)]
         >>> edge_trials({0: {"lr": 0.1}, 1: {"lr": 1.0}}, probes)
         '1'
+        >>> edge_trials({0: {"lr": 1.0, "features": "rms"}}, probes)  # the lowest of its kind's LRs
+        '0'
     """
-    grids: dict[int, list[float]] = defaultdict(list)
+    grids: dict[tuple[int, str], set[float]] = defaultdict(set)
     for record in probes:
-        grids[record["trial"]].append(record["lr"])
-    edge = [t for t, found in sorted(best.items()) if at_grid_edge(found["lr"], sorted(set(grids[t])))]
+        grids[record["trial"], features_of(record)].add(record["lr"])
+    edge = [
+        t
+        for t, found in sorted(best.items())
+        if at_grid_edge(found["lr"], sorted(grids[t, features_of(found)]))
+    ]
     return ", ".join(map(str, edge))
 
 
 def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The probe records of several sweeps of one grid (the same samples), one per (shots, max epochs,
-    trial, LR), for the (shots, max epochs, trial) of the first group only: the first group's where two
-    have it. A later sweep at more LRs (a wider grid) adds its LRs to the candidates of
+    trial, feature kind, LR), for the (shots, max epochs, trial) of the first group only: the first
+    group's where two have it. A later sweep at more LRs (a wider grid) adds its LRs to the candidates of
     :func:`~layerfusion_recipes.core.probes.best_single_layer`; its other trials are not the first's.
 
     Example:
@@ -200,7 +220,7 @@ def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, A
     for group in groups:
         for record in group:
             if trial_of(record) in first:
-                found.setdefault((*trial_of(record), record["lr"]), record)
+                found.setdefault((*trial_of(record), features_of(record), record["lr"]), record)
     return list(found.values())
 
 

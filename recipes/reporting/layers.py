@@ -20,6 +20,7 @@ block output ``z_n`` at the positions the task's head reads. Here:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -29,9 +30,9 @@ from typing import Any
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.cells import shots_size
-from ..core.probes import PROBE_REGIME, probes_path
+from ..core.probes import FEATURES, PROBE_REGIME, UNIT_RMS, features_of, probes_path
 from ..core.records import read_records
-from ..core.selection import cell_of, dev_score, record_metric, select_lr, test_score
+from ..core.selection import Selection, cell_of, dev_score, record_metric, select_lr, test_score
 from ..core.stats import mean_ci
 from ..core.tasks import is_probe_record, read_task_records, sweep_task
 from .best_layer import best_layer_section
@@ -74,12 +75,13 @@ def layer_runs(records: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (setup, shots, epochs, layer) of probe records, its LR selected on dev.
+    """One row per (setup, shots, epochs, layer) of probe records, its feature kind and LR selected on
+    dev (:func:`selected_probe`).
 
-    Row fields: ``setup``, ``shots``, ``epochs``, ``layer``, ``lr`` (selected), ``lrs``, ``edge``,
-    ``metric`` (the selecting one), ``score`` (``test``, or ``dev`` without a test split), ``mean`` /
-    ``ci`` (that score in points), ``dev_mean`` / ``dev_ci``, ``n`` (trials), ``others`` (every further
-    metric: ``{metric: (mean, ci)}`` at the same runs, ``None`` without a test split).
+    Row fields: ``setup``, ``shots``, ``epochs``, ``layer``, ``features``, ``lr`` (selected), ``lrs``,
+    ``edge``, ``metric`` (the selecting one), ``score`` (``test``, or ``dev`` without a test split),
+    ``mean`` / ``ci`` (that score in points), ``dev_mean`` / ``dev_ci``, ``n`` (trials), ``others``
+    (every further metric: ``{metric: (mean, ci)}`` at the same runs, ``None`` without a test split).
 
     Example:
         >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
@@ -91,8 +93,8 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         groups[(run.get("setup", ""), run["shots"], run["epochs"], run["layer"])].append(run)
     rows = []
     for (setup, shots, epochs, layer), runs in sorted(groups.items(), key=lambda item: _cell_order(item[0])):
-        selection = select_lr(runs)
-        chosen = [run for run in runs if run["lr"] == selection.lr]
+        selection, features = selected_probe(runs)
+        chosen = [run for run in runs if features_of(run) == features and run["lr"] == selection.lr]
         metric = record_metric(chosen[0])
         tested = all(test_score(run, metric) is not None for run in chosen)
         score = test_score if tested else dev_score
@@ -108,6 +110,7 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "shots": shots,
                 "epochs": epochs,
                 "layer": layer,
+                "features": features,
                 "lr": selection.lr,
                 "lrs": selection.lrs,
                 "edge": selection.at_edge,
@@ -122,6 +125,31 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def selected_probe(runs: Sequence[dict[str, Any]]) -> tuple[Selection, str]:
+    """One layer's probe: the LR selected on dev (:func:`~layerfusion_recipes.core.selection.select_lr`)
+    within each feature kind, then the kind whose selected LR has the better mean dev score (the raw
+    kind on ties).
+
+    Example:
+        >>> raw = {"lr": 0.1, "trial": 0, "dev_f1": 0.5}
+        >>> runs = [raw, {**raw, "dev_f1": 0.6, "features": "rms"}]
+        >>> selection, features = selected_probe(runs)
+        >>> selection.lr, features
+        (0.1, 'rms')
+    """
+    best: tuple[float, Selection, str] | None = None
+    for features in FEATURES:
+        own = [run for run in runs if features_of(run) == features]
+        if not own:
+            continue
+        selection = select_lr(own)
+        score = selection.dev_means.get(selection.lr, -math.inf)
+        if best is None or score > best[0]:
+            best = (score, selection, features)
+    assert best is not None, "selected_probe needs at least one run"
+    return best[1], best[2]
 
 
 def _cell_order(key: tuple) -> tuple:
@@ -281,8 +309,9 @@ def layers_markdown(
         heading,
         "",
         f"A linear probe on each block output z_n at the positions the head reads (frozen encoder, feature "
-        f"cache): {rows[0]['score']} {metric.long} at the LR (@) selected on dev for that layer (mean best "
-        f"dev {metric.short} over trials, ties to the smaller LR), mean ± 95% CI (t) over trials, (dev x) "
+        f"cache), on z_n itself or on z_n / rms(z_n) (z/rms): {rows[0]['score']} {metric.long} at the kind "
+        f"and LR (@) selected on dev for that layer (mean best dev {metric.short} over trials, ties to the "
+        "smaller LR, then the raw kind), mean ± 95% CI (t) over trials, (dev x) "
         "beside it; then the layer weights the trained runs learned at their cell's selected LR, mean over "
         f"trials. The best {top} layers on dev are a `layers=[...]` list any fusion config takes "
         "(e.g. `DWAttConfig(layers=[...])`)." + (f" ({note}.)" if note else ""),
@@ -331,7 +360,8 @@ def _interval(value: tuple[float, float] | None, n: int) -> str:
 
 def _probe_text(row: dict[str, Any]) -> str:
     text = f"{row['mean']:.1f}" + (f" ± {row['ci']:.1f}" if row["n"] > 1 else "")
-    text += f" @{format_lr(row['lr'])}" + (" ⚠" if row["edge"] else "")
+    text += f" @{format_lr(row['lr'])}" + (" z/rms" if row.get("features") == UNIT_RMS else "")
+    text += " ⚠" if row["edge"] else ""
     if row["score"] == "test":
         text += f" (dev {row['dev_mean']:.1f})"
     return text + f" (n={row['n']})"

@@ -130,7 +130,8 @@ def test_two_processes_start_each_fusion_on_the_probes_of_the_main_process(tmp_p
     from the probes file (it used to find none and stop), and every run equals one process's."""
     model, data = write_tiny_model(tmp_path / "model"), write_text_data(tmp_path / "data")
     argv = lambda output: [  # noqa: E731
-        "classify", *("--model", model, "--data", data, "--methods", "none", "layer_mix", "--regimes", "fe"),
+        "classify",
+        *("--model", model, "--data", data, "--methods", "none", "layer_mix", "--regimes", "fe"),
         *("--shots", "2", "--epochs", "2", "--trials", "2", "--lr", "0.03", "--probe-start"),
         *("--output", str(output), "--quiet"),
     ]

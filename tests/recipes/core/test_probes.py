@@ -1,7 +1,7 @@
 """Layer probes (core/probes.py): the probe of layer n is a linear head trained alone on
-``output_hidden_states[n]`` at the positions the task reads (classify: its pooled token; NER: the
-labelled first sub-words, scored by seqeval itself); a toy whose label lives in one layer by construction
-is found there; records resume by key."""
+``output_hidden_states[n]`` (raw, or divided by its RMS per position) at the positions the task reads
+(classify: its pooled token; NER: the labelled first sub-words, scored by seqeval itself); records
+resume by key; each kind's LR grid grows past an end its best probe sits on, as far as GROW_STEPS."""
 
 from __future__ import annotations
 
@@ -99,10 +99,10 @@ def lone_head(train: list[tuple], dev_score, test_score, lr: float, seed: int, w
         return curve, test_score(head), head
 
 
-def trained_probes(experiment, shots: int, trial: int):
+def trained_probes(experiment, shots: int, trial: int, features: str = "raw"):
     """The probes of a trial trained by ``fit`` (as :func:`probe_records` does), for their weights."""
     train = experiment.train_sample(shots, trial)
-    runner = probe_runner(experiment, train, trial, len(LRS))
+    runner = probe_runner(experiment, train, trial, len(LRS), features)
     settings = experiment.train_settings(Cell("probe", "fe", shots, EPOCHS, trial))
     lrs = [lr for lr in LRS for _ in range(LAYERS)]
     fit(runner, train, experiment.dev, settings, experiment.scorer_of, lrs=lrs, test=experiment.test)
@@ -119,19 +119,28 @@ def check_probe(record_layers, runner, k: int, layer: int, curve, test, head, me
     torch.testing.assert_close(bias.detach(), head.bias, rtol=1e-4, atol=1e-5)
 
 
+def unit(state: torch.Tensor) -> torch.Tensor:
+    """``state / sqrt(mean(state^2) + 1e-6)`` per row, written out here (not the library's)."""
+    return state / torch.sqrt((state * state).sum(-1, keepdim=True) / state.shape[-1] + 1e-6)
+
+
+@pytest.mark.parametrize("kind", ["raw", "rms"])
 @pytest.mark.parametrize("layer", range(1, LAYERS + 1))
-def test_classify_probe_of_layer_n_is_a_lone_head_on_its_pooled_hidden_state(classify, paths, layer):
+def test_classify_probe_of_layer_n_is_a_lone_head_on_its_pooled_hidden_state(classify, paths, layer, kind):
     """The probe reads output_hidden_states[n] at the first token (BERT's own head) or its mean over
-    the tokens (mean pooling)."""
+    the tokens (mean pooling); the unit-RMS kind reads that state divided by its RMS."""
     trial, seed = 1, classify.settings.seed + 1
     train = classify.train_sample(4, trial)
-    records = list(probe_records(classify, 4, EPOCHS, trial, LRS))
-    runner = trained_probes(classify, 4, trial)
+    records = list(probe_records(classify, 4, EPOCHS, trial, LRS, kind))
+    runner = trained_probes(classify, 4, trial, kind)
+    assert all(record["features"] == kind for record in records)
+    assert all(record["key"].endswith("|features=rms") == (kind == "rms") for record in records)
 
     def examples(features):
         states = hidden_states(paths["model"], features, layer)
         mean = classify.settings.pooling == "mean"
         pooled = [s.mean(0, keepdim=True) if mean else s[:1] for s in states]  # (1, d) each
+        pooled = [unit(p) for p in pooled] if kind == "rms" else pooled
         return [(p, torch.tensor([f["labels"]])) for p, f in zip(pooled, features, strict=True)]
 
     train_xy, dev_xy, test_xy = examples(train), examples(classify.dev), examples(classify.test)
@@ -186,27 +195,83 @@ def test_ner_probe_of_layer_n_is_a_lone_head_scored_by_seqeval(ner, paths, layer
 
 def test_probe_records_resume_by_key(classify, tmp_path, monkeypatch):
     grid = {"shots": [2], "epochs": [2], "trials": 2, "results": str(tmp_path / "results.jsonl")}
-    classify.settings.lr = [1e-3]
+    classify.settings.lr = [1e-3]  # one LR: nothing to grow
     try:
         first = run_probes(classify, grid, progress=False)
-        assert [r["key"].split("|")[:5] for r in first] == [["probe", "fe", "2", "2", str(t)] for t in (0, 1)]
+        expected = [["probe", "fe", "2", "2", str(t)] for t in (0, 1)] * 2
+        assert [r["key"].split("|")[:5] for r in first] == expected
+        assert [r["features"] for r in first] == ["raw", "raw", "rms", "rms"]
         assert probes_path(grid["results"]) == tmp_path / "results.probes.jsonl"
         trained = []
         original = probes.probe_records
 
-        def counted(experiment, shots, epochs, trial, lrs):
-            trained.append(lrs)
-            return original(experiment, shots, epochs, trial, lrs)
+        def counted(experiment, shots, epochs, trial, lrs, features):
+            trained.append((features, lrs))
+            return original(experiment, shots, epochs, trial, lrs, features)
 
         monkeypatch.setattr(probes, "probe_records", counted)
         assert run_probes(classify, grid, progress=False) == first and trained == []  # nothing to train
-        classify.settings.lr = [1e-3, 1e-2]
+        classify.settings.lr = [1e-3, 1e-2, 1e-1]
         both = run_probes(classify, grid, progress=False)
-        assert trained == [[1e-2], [1e-2]]  # the new LR only, on each trial
-        assert len(both) == 4 and [r for r in both if r["lr"] == 1e-3] == first
-        assert len(read_records(tmp_path / "results.probes.jsonl")) == 4
+        assert trained[:4] == [(kind, [1e-2, 1e-1]) for kind in ("raw", "rms") for _ in range(2)]  # new LRs
+        assert [r for r in both if r["lr"] == 1e-3] == first
+        assert len(read_records(tmp_path / "results.probes.jsonl")) == len(both)
     finally:
         classify.settings.lr = None
+
+
+def test_a_kind_s_grid_grows_past_the_end_its_best_probe_sits_on_until_the_best_is_inside(
+    classify, tmp_path, monkeypatch
+):
+    """Probes whose dev score peaks at LR 1e-2 (raw) and 1e-1 (unit RMS), from a grid 1e-5, 1e-4: each
+    kind's grid grows one step up (the ratio of its top two LRs) for every trial until its best LR is
+    inside it; a second run trains nothing and reads the same records."""
+    peaks = {"raw": -2, "rms": -1}
+    trained = []
+
+    def fake(experiment, shots, epochs, trial, lrs, features):
+        trained.append((features, trial, list(lrs)))
+        cell = probes.Cell(probes.PROBE, probes.PROBE_REGIME, shots, epochs, trial)
+        for lr in lrs:
+            dev = 1.0 - abs(math.log10(lr) - peaks[features]) / 10
+            layers = [{"layer": 1, "dev_f1": dev, "test_f1": dev}]
+            key = probes.probe_key(cell, lr, experiment.setup, features)
+            place = {"shots": shots, "epochs": epochs, "trial": trial}
+            yield {"key": key, **place, "lr": lr, "features": features, "metric": "f1", "layers": layers}
+
+    monkeypatch.setattr(probes, "probe_records", fake)
+    grid = {"shots": [3], "epochs": [4], "trials": 2, "results": str(tmp_path / "results.jsonl")}
+    classify.settings.lr = [1e-5, 1e-4]
+    try:
+        records = run_probes(classify, grid, progress=False)
+        for kind, top in (("raw", 1e-1), ("rms", 1.0)):  # one step past the peak: the best is inside
+            lrs = [pytest.approx(lr) for lr in (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0) if lr <= top * 1.01]
+            for trial in (0, 1):
+                assert sorted(r["lr"] for r in records if (r["features"], r["trial"]) == (kind, trial)) == lrs
+        assert trained[:4] == [(kind, t, [1e-5, 1e-4]) for kind in ("raw", "rms") for t in (0, 1)]
+        assert all(len(lrs) == 1 for _, _, lrs in trained[4:])  # then one LR a step
+        assert probes.missing_probes(classify, grid) == []
+        count = len(trained)
+        assert run_probes(classify, grid, progress=False) == records and len(trained) == count
+        assert len(read_records(probes_path(grid["results"]))) == len(records)
+    finally:
+        classify.settings.lr = None
+
+
+def test_the_grown_lrs_stop_after_grow_steps_at_each_end():
+    def record(lr: float, dev: float) -> dict:
+        return {"trial": 0, "lr": lr, "metric": "f1", "layers": [{"layer": 1, "dev_f1": dev, "test_f1": 0.0}]}
+
+    base = [1e-2, 1e-1]
+    rising = [record(lr, lr) for lr in (1e-2, 1e-1)]  # the best always on the top end
+    grown = []
+    while (step := probes.grown_lr(rising, base)) is not None:
+        grown.append(step)
+        rising.append(record(step, step))
+    assert grown == pytest.approx([1.0, 10.0, 100.0, 1000.0]) and len(grown) == probes.GROW_STEPS
+    falling = [record(lr, -lr) for lr in (1e-2, 1e-1)]
+    assert probes.grown_lr(falling, base) == pytest.approx(1e-3)  # the bottom end: one step down
+    assert probes.grown_lr([record(1e-2, 0.5)], [1e-2]) is None  # one LR: the user's choice, no edge
 
 
 def test_the_dev_inputs_of_a_trial_are_read_from_the_cache_once(classify, monkeypatch):
@@ -256,7 +321,7 @@ def test_probes_on_a_prefilled_cache_of_the_head_positions_match_an_every_positi
     read = run_probes(prefilled, {**grid, "results": str(tmp_path / "read.jsonl")}, progress=False)
     full = run_probes(every, {**grid, "results": str(tmp_path / "all.jsonl")}, progress=False)
     assert every.cache().base_model is not None and every.cache().positions.name == "all"
-    assert len(read) == 2 * len(prefilled.settings.lr_grid("fe"))
+    assert len(read) >= 2 * 2 * len(prefilled.settings.lr_grid("fe"))  # 2 trials, 2 kinds, the grid (grown)
     assert _without_timing(read) == _without_timing(full)  # bitwise: the same states where read
 
 
@@ -271,7 +336,10 @@ def test_the_best_single_layer_is_chosen_on_dev_alone():
         _probe_record(1e-3, 0, [(0.4, 0.4), (0.7, 0.3), (0.2, 0.2)]),  # layer 2 ties at a smaller LR
         _probe_record(1e-2, 1, [(0.1, 0.1), (0.2, 0.2), (0.3, 0.5)]),
     ]
-    expected = {"layer": 2, "lr": 1e-3, "dev": 0.7, "test": 0.3, "metric": "f1"}
+    expected = {"layer": 2, "lr": 1e-3, "dev": 0.7, "test": 0.3, "metric": "f1", "features": "raw"}
     assert probes.best_single_layer(records[:2]) == expected
     assert probes.probe_starts(records) == {(8, 5, 0): 2, (8, 5, 1): 3}
-
+    rms = {**_probe_record(1e-4, 0, [(0.7, 0.9), (0.71, 0.1), (0.0, 0.0)]), "features": "rms"}
+    assert probes.best_single_layer([*records[:2], rms])["features"] == "rms"  # 0.71 on dev: either kind
+    tie = {**_probe_record(1e-4, 0, [(0.7, 0.9), (0.0, 0.0), (0.0, 0.0)]), "features": "rms"}
+    assert probes.best_single_layer([*records[:2], tie]) == expected  # a tie across kinds: the raw one

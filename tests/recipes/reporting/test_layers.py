@@ -5,6 +5,7 @@ the table and the printed subset of ``classify`` and ``ner`` runs, resumed witho
 
 from __future__ import annotations
 
+import json
 import zlib
 from functools import partial
 
@@ -19,6 +20,7 @@ from layerfusion_recipes.core import sweep
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.probes import probe_records
 from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.sweep_log import read_sweep_log
 from layerfusion_recipes.reporting import layers as layers_module
 from layerfusion_recipes.reporting.layers import (
     best_layers,
@@ -167,13 +169,24 @@ def classify_argv(paths, output, *extra):
     ]
 
 
+def probe_grids(probes: list[dict], base=(1e-2, 1e-1)) -> int:
+    """How many (trial, feature kind) the probes have, after checking each has every LR of ``base``
+    (grown where its best sat on an end) and one record per LR."""
+    grids: dict[tuple, set[float]] = {}
+    for record in probes:
+        grids.setdefault((record["trial"], record["features"]), set()).add(record["lr"])
+    assert {kind for _, kind in grids} == {"raw", "rms"}
+    assert all(set(base) <= lrs for lrs in grids.values()) and len(probes) == sum(map(len, grids.values()))
+    return len(grids)
+
+
 def test_classify_probe_layers_writes_the_figure_the_table_and_the_subset_and_resumes(
     paths, tmp_path, capsys, monkeypatch
 ):
     assert main(classify_argv(paths, tmp_path)) == 0
     out = capsys.readouterr().out
     probes = read_records(tmp_path / "results.probes.jsonl")
-    assert len(probes) == 2 * 2  # trials x LRs, each with every layer
+    assert probe_grids(probes) == 2 * 2  # trials x feature kinds
     assert all([entry["layer"] for entry in record["layers"]] == [1, 2, 3] for record in probes)
     assert {record["key"].split("|")[0] for record in probes} == {"probe"}
     rows = probe_rows(probes)
@@ -222,7 +235,9 @@ def test_ner_probe_layers_reads_the_labelled_positions_and_reports_f1(paths, tmp
     ]
     assert main(argv) == 0
     probes = read_records(tmp_path / "results.probes.jsonl")
-    assert len(probes) == 2 and all(r["metric"] == "f1" and len(r["layers"]) == 3 for r in probes)
+    assert len(probes) == 2 * 2 and all(
+        r["metric"] == "f1" and len(r["layers"]) == 3 for r in probes
+    )  # trials x kinds
     table = (tmp_path / "table.md").read_text()
     assert "| layer | probe test micro-F1 | scalar_mix mix weights |" in table
     assert "layers (best 3 on dev), N=2, max 2 epochs: layers=[1, 2, 3]" in capsys.readouterr().out
@@ -358,7 +373,7 @@ def test_a_sweep_trains_the_probes_after_the_prefill_and_a_dry_run_trains_none(
     monkeypatch.setattr(sweep, "run_probes", spied)
     assert main(classify_argv(paths, tmp_path / "run")) == 0
     assert seen == [(None, "first", [])]  # encoder released, head positions only, before any run
-    assert len(read_records(tmp_path / "run" / "results.probes.jsonl")) == 2 * 2
+    assert probe_grids(read_records(tmp_path / "run" / "results.probes.jsonl")) == 2 * 2  # trials x kinds
     assert len(read_records(tmp_path / "run" / "results.jsonl")) == 3 * 2 * 2
 
 
@@ -368,7 +383,7 @@ def test_probes_alone_fill_the_cache_they_read_before_it_is_released(paths, tmp_
     assert main([*argv, "--dry-run"]) == 0
     assert "first positions x 3 blocks" in capsys.readouterr().out  # the probes' samples, dev and test
     assert main(argv) == 0
-    assert len(read_records(tmp_path / "results.probes.jsonl")) == 2 * 2
+    assert probe_grids(read_records(tmp_path / "results.probes.jsonl")) == 2 * 2  # trials x kinds
 
 
 def test_a_deep_model_gets_at_most_twelve_layer_labels_and_always_its_last():
@@ -426,3 +441,21 @@ def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):
         weights = record["mix_weights"]
         assert max(range(3), key=weights.__getitem__) + 1 == record["start_layer"]
         assert weights[record["start_layer"] - 1] != 1.0
+        assert record["key"].endswith(f"|start={record['start_layer']}")  # the start is in the key
+    assert not any("|start=" in r["key"] for r in runs if r["method"] == "none")
+
+    # other probes that move trial 0's best block: its mix runs again from there, nothing else does
+    moved = next(block for block in (1, 2, 3) if block != starts[(3, 3, 0)])
+    lines = []
+    for record in read_records(tmp_path / "results.probes.jsonl"):
+        if record["trial"] == 0:
+            record["layers"][moved - 1][f"dev_{record['metric']}"] = 2.0
+        lines.append(json.dumps(record))
+    (tmp_path / "results.probes.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(argv) == 0
+    again = read_records(tmp_path / "results.jsonl")
+    new = [r for r in again if r["key"] not in {old["key"] for old in runs}]
+    assert sorted((r["method"], r["trial"], r["start_layer"]) for r in new) == [("layer_mix", 0, moved)] * 2
+    assert len(again) == len(runs) + 2  # the old start's records stay in the file, no longer read
+    log = read_sweep_log(tmp_path / "results.jsonl")
+    assert [line["runs"] for line in log] == [len(runs), 2]  # each invocation's new runs, starts counted
