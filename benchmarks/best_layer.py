@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from layerfusion_recipes.core.probes import probes_path
 from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.tasks import read_task_records
 from layerfusion_recipes.reporting.best_layer import best_layer_markdown, union_probes
 
 
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = [
         r
         for path in (args.results, *args.also)
-        for r in read_records(path)
+        for r in read_task_records(path)  # a probe-guided run from its newest start only
         if (r["shots"], r["epochs"], r["trial"]) in trials
     ]
     if not probes:

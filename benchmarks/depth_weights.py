@@ -22,8 +22,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from layerfusion_recipes.core.records import read_records  # noqa: E402
 from layerfusion_recipes.core.selection import select_lr  # noqa: E402
+from layerfusion_recipes.core.tasks import read_task_records  # noqa: E402
 
 WEIGHT_FIELDS = ("depth_attention", "mix_weights")
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", help="PNG to draw (default: none, the printout only)")
     parser.add_argument("--methods", nargs="+")
     args = parser.parse_args(argv)
-    found = weights_by_trial(read_records(args.results), args.methods)
+    found = weights_by_trial(read_task_records(args.results), args.methods)
     if not found:
         print(f"{args.results}: no run records layer weights", file=sys.stderr)
         return 1

@@ -26,7 +26,7 @@ from peft_layerfusion.registration import METHODS, method_named
 
 from .grids import FULL_TRAIN
 from .models import PLAIN_HEAD
-from .records import fingerprint, unit_key
+from .records import START, fingerprint, unit_key
 
 # The fingerprint of each method's config defaults (:func:`config_defaults`) when keys began to carry
 # them: a method whose defaults still match keeps the keys it always had (its committed records
@@ -76,9 +76,6 @@ class GridSettings(Protocol):
     def run_key(self, cell: Cell, lr: float, setup: str) -> str: ...
 
 
-START = "|start="  # a key's part naming the block a probe-guided run started on
-
-
 def record_key(cell: Cell, lr: float, setup: str, start: int | None = None) -> str:
     """Key of the record of ``cell`` trained at max LR ``lr`` under settings ``setup``; a run started
     one-hot on block ``start`` (``--probe-start``) says it: a start chosen again (other probes) is
@@ -92,17 +89,6 @@ def record_key(cell: Cell, lr: float, setup: str, start: int | None = None) -> s
     """
     key = with_defaults(unit_key(cell.key, lr, setup), cell.method)
     return key if start is None else f"{key}{START}{start}"
-
-
-def without_start(key: str) -> str:
-    """``key`` without its start block (:func:`record_key`): the cell and LR it runs, whatever block
-    it started on.
-
-    Example:
-        >>> without_start("layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7")
-        'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
-    """
-    return key.split(START)[0]
 
 
 def with_defaults(key: str, method: str) -> str:

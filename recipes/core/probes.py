@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,7 +48,7 @@ from .batches import collate
 from .cells import Cell, record_key
 from .fitting import RunResult, fit
 from .models import PLAIN_HEAD
-from .records import append_record, read_records
+from .records import append_record, read_records, without_start
 from .runner import StackedRunner
 
 if TYPE_CHECKING:
@@ -288,15 +288,11 @@ ProbeUnit = tuple[Cell, str, list[float]]  # a probe trial, its feature kind and
 def probe_plan(
     experiment: FewShotExperiment, grid: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], list[ProbeUnit]]:
-    """The probe records of ``grid`` the bar reads and the probes still to train: per (shots, max
-    epochs) and feature kind, the plain head's FE grid for every trial, grown one LR past an end while
-    some trial's best probe of that kind (:func:`best_single_layer`) sits on that end
-    (:func:`grown_lr`, at most :data:`GROW_STEPS` each way). A kind whose LRs so far are not all in the
-    probes file waits for them before it may grow: what is missing is returned, and the plan is made
-    again once they are trained (:func:`run_probes`).
+    """The probe records of ``grid`` the bar reads and the probes still to train: each trial's
+    :func:`trial_plan` over the probes file, from the plain head's FE grid.
 
     Returns:
-        ``(records, missing)``: the records (one per key) and ``(cell, kind, LRs)`` per trial to train.
+        ``(records, missing)``: the records (one per key) and ``(cell, kind, LRs)`` to train.
 
     Example:
         >>> grid = {"shots": [2], "epochs": [2], "trials": 1, "results": "out/results.jsonl"}
@@ -304,66 +300,111 @@ def probe_plan(
         >>> records, [(cell.trial, kind, lrs) for cell, kind, lrs in missing]
         ([], [(0, 'raw', [0.01, 0.03]), (0, 'rms', [0.01, 0.03])])
     """
-    base = sorted(experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD))  # a linear probe: the plain head's
+    base = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
     found = {record["key"]: record for record in read_records(probes_path(grid["results"]))}
-    cells = probe_cells(grid)
-    groups: dict[tuple[int, int], list[Cell]] = {}
-    for cell in cells:
-        groups.setdefault((cell.shots, cell.epochs), []).append(cell)
     plan: list[dict[str, Any]] = []
     missing: list[ProbeUnit] = []
-    for trials in groups.values():
-        for kind in FEATURES:
-            lrs = list(base)
-            while True:
-                keys = {cell: [probe_key(cell, lr, experiment.setup, kind) for lr in lrs] for cell in trials}
-                absent = [
-                    (cell, kind, [lr for lr, key in zip(lrs, own, strict=True) if key not in found])
-                    for cell, own in keys.items()
-                ]
-                absent = [unit for unit in absent if unit[2]]
+    for cell in probe_cells(grid):
+        records, absent = trial_plan(found, cell, base, experiment.setup)
+        plan += records
+        missing += absent
+    return plan, missing
+
+
+def trial_plan(
+    found: Mapping[str, dict[str, Any]], cell: Cell, base: Sequence[float], setup: str
+) -> tuple[list[dict[str, Any]], list[ProbeUnit]]:
+    """One trial's probes: per feature kind, the LRs of ``base`` (sorted), grown one LR past an end
+    while the trial's best probe of that kind (:func:`best_single_layer`) sits on it (:func:`grown_lr`,
+    at most :data:`GROW_STEPS` each way). A kind waits for all its LRs so far to be in ``found`` (the
+    probes file's records by key) before it may grow; what is not there is returned to train, and the
+    plan is made again once it is (:func:`run_probes`). The plan depends on the trial's own scores only.
+
+    Returns:
+        ``(records, missing)``: the trial's records in the plan that ``found`` has, and ``(cell, kind,
+        LRs)`` for each kind with LRs still to train.
+
+    Example:
+        >>> cell = Cell(PROBE, PROBE_REGIME, 8, 25, 0)
+        >>> trial_plan({}, cell, [0.01, 0.1], "3f2a9c0d1e4b")[1]  # nothing found: each kind's grid
+        [(Cell(method='probe', ...), 'raw', [0.01, 0.1]), (Cell(method='probe', ...), 'rms', [0.01, 0.1])]
+    """
+    base = sorted(base)
+    plan: list[dict[str, Any]] = []
+    missing: list[ProbeUnit] = []
+    for kind in FEATURES:
+        lrs = list(base)
+        while True:
+            keys = [probe_key(cell, lr, setup, kind) for lr in lrs]
+            plan_of_kind = [found[key] for key in keys if key in found]
+            absent = [lr for lr, key in zip(lrs, keys, strict=True) if key not in found]
+            step = None if absent else grown_lr(plan_of_kind, base)
+            if step is None:
+                plan += plan_of_kind
                 if absent:
-                    missing += absent
-                    plan += [found[key] for own in keys.values() for key in own if key in found]
-                    break
-                records = [found[key] for own in keys.values() for key in own]
-                step = grown_lr(records, base)
-                if step is None:
-                    plan += records
-                    break
-                lrs = sorted({*lrs, step})
+                    missing.append((cell, kind, absent))
+                break
+            lrs = sorted({*lrs, step})
     return plan, missing
 
 
 def grown_lr(records: Sequence[dict[str, Any]], base: Sequence[float]) -> float | None:
-    """The LR one step past an end of ``records``' LRs (one kind's probes of a (shots, max epochs)) where
-    a trial's best probe sits on that end, the top first; ``None`` where none does, or that end has
-    grown :data:`GROW_STEPS` steps past ``base`` (the plain head's grid) already. A step is the ratio of
-    the base grid's two LRs at that end (10 for a grid of one LR).
+    """The LR one step past an end of ``records``' LRs (one trial's probes of one kind) where its best
+    probe sits on that end; ``None`` where it does not, or that end has grown :data:`GROW_STEPS` steps
+    past ``base`` (the plain head's grid, ascending) already, or ``base`` has one LR (the user's choice:
+    no edge). A step is the ratio of the base grid's two LRs at that end.
 
     Example:
-        >>> def record(trial, lr, dev):  # one layer
-        ...     layers = [{"layer": 1, "dev_f1": dev, "test_f1": dev}]
-        ...     return {"trial": trial, "lr": lr, "metric": "f1", "layers": layers}
-        >>> trials = [record(0, 0.1, 0.5), record(0, 1.0, 0.6), record(1, 0.1, 0.5), record(1, 1.0, 0.4)]
-        >>> grown_lr(trials, [0.1, 1.0])  # trial 0's best sits on the top end
+        >>> def record(lr, dev):  # one layer
+        ...     return {"lr": lr, "metric": "f1", "layers": [{"layer": 1, "dev_f1": dev, "test_f1": dev}]}
+        >>> grown_lr([record(0.1, 0.5), record(1.0, 0.6)], [0.1, 1.0])  # the best sits on the top end
         10.0
-        >>> grown_lr([record(0, 0.1, 0.5), record(0, 1.0, 0.4)], [0.1, 1.0])  # the bottom end: one step down
+        >>> grown_lr([record(0.1, 0.5), record(1.0, 0.4)], [0.1, 1.0])  # the bottom end: one step down
         0.01
-        >>> grown_lr([record(0, 0.1, 0.5), record(0, 1.0, 0.6), record(0, 10.0, 0.5)], [0.1, 1.0])  # inside
+        >>> grown_lr([record(0.1, 0.5), record(1.0, 0.6), record(10.0, 0.5)], [0.1, 1.0])  # inside
     """
+    if len(base) < 2:
+        return None
     lrs = sorted({record["lr"] for record in records})
-    trials: dict[int, list[dict[str, Any]]] = {}
-    for record in records:
-        trials.setdefault(record["trial"], []).append(record)
-    best = {best_single_layer(found)["lr"] for found in trials.values()}
-    up = base[-1] / base[-2] if len(base) > 1 else 10.0
-    down = base[1] / base[0] if len(base) > 1 else 10.0
-    if len(lrs) > 1 and lrs[-1] in best and lrs[-1] < base[-1] * up**GROW_STEPS * (1 - 1e-9):
+    best = best_single_layer(records)["lr"]
+    up, down = base[-1] / base[-2], base[1] / base[0]
+    if best == lrs[-1] and lrs[-1] < base[-1] * up**GROW_STEPS * (1 - 1e-9):
         return float(f"{lrs[-1] * up:.12g}")
-    if len(lrs) > 1 and lrs[0] in best and lrs[0] > base[0] / down**GROW_STEPS * (1 + 1e-9):
+    if best == lrs[0] and lrs[0] > base[0] / down**GROW_STEPS * (1 + 1e-9):
         return float(f"{lrs[0] / down:.12g}")
     return None
+
+
+def current_runs(runs: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs`` (a results file's records, in file order) without the probe-guided ones (a
+    ``start_layer``) that no longer start where their trial's probes say: each such run is kept only
+    where its block is its trial's best probe (:func:`trial_plan` of ``probes``, the probes file's
+    records, from the grid its record names, ``settings["probe_start"]``), and of several such runs of
+    one cell and LR, the newest. A trial with no probes in ``probes`` keeps its newest run. A sweep
+    whose new probes moved a start appends the run from the new block; a reader shows only that one.
+
+    Example:
+        >>> old = {"key": "layer_mix|fe|8|25|0|lr=0.01|s", "start_layer": 3, "shots": 8, "epochs": 25,
+        ...        "trial": 0, "setup": "s", "settings": {"probe_start": [0.01]}}
+        >>> new = {**old, "key": old["key"] + "|start=5", "start_layer": 5}
+        >>> [run["start_layer"] for run in current_runs([old, new], [])]  # no probes: the newest
+        [5]
+    """
+    found = {record["key"]: record for record in probes}
+    starts: dict[tuple, int | None] = {}
+    newest: dict[str, int] = {}
+    for index, run in enumerate(runs):
+        if "start_layer" not in run:
+            continue
+        trial = (run["setup"], run["shots"], run["epochs"], run["trial"])
+        if trial not in starts:
+            cell = Cell(PROBE, PROBE_REGIME, run["shots"], run["epochs"], run["trial"])
+            records, _ = trial_plan(found, cell, run["settings"].get("probe_start") or [], run["setup"])
+            starts[trial] = best_single_layer(records)["layer"] if records else None
+        if starts[trial] in (None, run["start_layer"]):
+            newest[without_start(run["key"])] = index
+    kept = [index for index, run in enumerate(runs) if "start_layer" not in run]
+    return [runs[index] for index in sorted([*kept, *newest.values()])]
 
 
 def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[ProbeUnit]:
@@ -371,8 +412,8 @@ def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[
 
     Example:
         >>> [(cell.trial, kind, lrs) for cell, kind, lrs in missing_probes(experiment, grid)]  # a first run
-        [(0, 'raw', [0.01, 0.03]), (1, 'raw', [0.01, 0.03]),
-         (0, 'rms', [0.01, 0.03]), (1, 'rms', [0.01, 0.03])]
+        [(0, 'raw', [0.01, 0.03]), (0, 'rms', [0.01, 0.03]),
+         (1, 'raw', [0.01, 0.03]), (1, 'rms', [0.01, 0.03])]
     """
     return probe_plan(experiment, grid)[1]
 

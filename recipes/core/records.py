@@ -174,6 +174,20 @@ def read_records(
     return records
 
 
+START = "|start="  # a key's part naming the block a probe-guided run started on (cells.record_key)
+
+
+def without_start(key: str) -> str:
+    """``key`` without its start block (:func:`~layerfusion_recipes.core.cells.record_key`): the cell
+    and LR it runs, whatever block it started on.
+
+    Example:
+        >>> without_start("layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7")
+        'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+    """
+    return key.split(START)[0]
+
+
 def finished_keys(path: str | os.PathLike) -> set[str]:
     """Keys of the cells already in the results file."""
     return {record["key"] for record in read_records(path)}

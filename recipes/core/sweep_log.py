@@ -40,9 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .cells import without_start
 from .errors import Terminated, sigterm_raises
-from .records import append_line, finished_keys, read_lines
+from .records import append_line, finished_keys, read_lines, without_start
 
 SWEEP_LOG = "sweeps.jsonl"
 # ru_maxrss is in kilobytes on Linux, in bytes on macOS

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .errors import UserError
+from .probes import current_runs, probes_path
 from .records import read_records
 
 # the tasks whose records are no grid's cells (each has a record shape and a block of RESULTS.md of its
@@ -122,14 +123,17 @@ def readable(record: dict[str, Any]) -> bool:
 
 
 def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a results file that its task can read (:func:`readable`), one per key; every other
-    line is skipped and said in one warning line (:func:`~layerfusion_recipes.core.records.read_lines`).
+    """The records of a results file that its task can read (:func:`readable`), one per key, a
+    probe-guided run only from the block its trial's probes (the probes file beside) start it on now
+    (:func:`~layerfusion_recipes.core.probes.current_runs`); every other line is skipped and said in
+    one warning line (:func:`~layerfusion_recipes.core.records.read_lines`).
 
     Example:
         >>> len(read_task_records("benchmarks/results/conll_fe_lr/results.jsonl"))  # the committed runs
         548
     """
-    return read_records(path, readable)
+    probes = read_records(probes_path(path), is_probe_record)
+    return current_runs(read_records(path, readable), probes)
 
 
 def sweep_task(records: Iterable[dict[str, Any]], path: str | os.PathLike) -> str | None:

@@ -198,9 +198,9 @@ def test_probe_records_resume_by_key(classify, tmp_path, monkeypatch):
     classify.settings.lr = [1e-3]  # one LR: nothing to grow
     try:
         first = run_probes(classify, grid, progress=False)
-        expected = [["probe", "fe", "2", "2", str(t)] for t in (0, 1)] * 2
+        expected = [["probe", "fe", "2", "2", str(t)] for t in (0, 0, 1, 1)]
         assert [r["key"].split("|")[:5] for r in first] == expected
-        assert [r["features"] for r in first] == ["raw", "raw", "rms", "rms"]
+        assert [r["features"] for r in first] == ["raw", "rms", "raw", "rms"]
         assert probes_path(grid["results"]) == tmp_path / "results.probes.jsonl"
         trained = []
         original = probes.probe_records
@@ -213,7 +213,7 @@ def test_probe_records_resume_by_key(classify, tmp_path, monkeypatch):
         assert run_probes(classify, grid, progress=False) == first and trained == []  # nothing to train
         classify.settings.lr = [1e-3, 1e-2, 1e-1]
         both = run_probes(classify, grid, progress=False)
-        assert trained[:4] == [(kind, [1e-2, 1e-1]) for kind in ("raw", "rms") for _ in range(2)]  # new LRs
+        assert trained[:4] == [(kind, [1e-2, 1e-1]) for _ in range(2) for kind in ("raw", "rms")]  # new LRs
         assert [r for r in both if r["lr"] == 1e-3] == first
         assert len(read_records(tmp_path / "results.probes.jsonl")) == len(both)
     finally:
@@ -223,17 +223,17 @@ def test_probe_records_resume_by_key(classify, tmp_path, monkeypatch):
 def test_a_kind_s_grid_grows_past_the_end_its_best_probe_sits_on_until_the_best_is_inside(
     classify, tmp_path, monkeypatch
 ):
-    """Probes whose dev score peaks at LR 1e-2 (raw) and 1e-1 (unit RMS), from a grid 1e-5, 1e-4: each
-    kind's grid grows one step up (the ratio of its top two LRs) for every trial until its best LR is
-    inside it; a second run trains nothing and reads the same records."""
-    peaks = {"raw": -2, "rms": -1}
+    """Probes whose dev score peaks at LR 1e-2 (raw) and 1e-1 (unit RMS; trial 1's raw at 1e-4), from a
+    grid 1e-5, 1e-4: each trial's grid of each kind grows one step up (the ratio of its top two LRs)
+    until its best LR is inside it; a second run trains nothing and reads the same records."""
+    peaks = {("raw", 0): -2, ("rms", 0): -1, ("raw", 1): -4, ("rms", 1): -1}
     trained = []
 
     def fake(experiment, shots, epochs, trial, lrs, features):
         trained.append((features, trial, list(lrs)))
         cell = probes.Cell(probes.PROBE, probes.PROBE_REGIME, shots, epochs, trial)
         for lr in lrs:
-            dev = 1.0 - abs(math.log10(lr) - peaks[features]) / 10
+            dev = 1.0 - abs(math.log10(lr) - peaks[features, trial]) / 10
             layers = [{"layer": 1, "dev_f1": dev, "test_f1": dev}]
             key = probes.probe_key(cell, lr, experiment.setup, features)
             place = {"shots": shots, "epochs": epochs, "trial": trial}
@@ -244,11 +244,11 @@ def test_a_kind_s_grid_grows_past_the_end_its_best_probe_sits_on_until_the_best_
     classify.settings.lr = [1e-5, 1e-4]
     try:
         records = run_probes(classify, grid, progress=False)
-        for kind, top in (("raw", 1e-1), ("rms", 1.0)):  # one step past the peak: the best is inside
+        tops = {("raw", 0): 1e-1, ("rms", 0): 1.0, ("raw", 1): 1e-3, ("rms", 1): 1.0}  # a step past the peak
+        for (kind, trial), top in tops.items():
             lrs = [pytest.approx(lr) for lr in (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0) if lr <= top * 1.01]
-            for trial in (0, 1):
-                assert sorted(r["lr"] for r in records if (r["features"], r["trial"]) == (kind, trial)) == lrs
-        assert trained[:4] == [(kind, t, [1e-5, 1e-4]) for kind in ("raw", "rms") for t in (0, 1)]
+            assert sorted(r["lr"] for r in records if (r["features"], r["trial"]) == (kind, trial)) == lrs
+        assert trained[:4] == [(kind, t, [1e-5, 1e-4]) for t in (0, 1) for kind in ("raw", "rms")]
         assert all(len(lrs) == 1 for _, _, lrs in trained[4:])  # then one LR a step
         assert probes.missing_probes(classify, grid) == []
         count = len(trained)
@@ -260,7 +260,7 @@ def test_a_kind_s_grid_grows_past_the_end_its_best_probe_sits_on_until_the_best_
 
 def test_the_grown_lrs_stop_after_grow_steps_at_each_end():
     def record(lr: float, dev: float) -> dict:
-        return {"trial": 0, "lr": lr, "metric": "f1", "layers": [{"layer": 1, "dev_f1": dev, "test_f1": 0.0}]}
+        return {"lr": lr, "metric": "f1", "layers": [{"layer": 1, "dev_f1": dev, "test_f1": 0.0}]}
 
     base = [1e-2, 1e-1]
     rising = [record(lr, lr) for lr in (1e-2, 1e-1)]  # the best always on the top end
@@ -343,3 +343,32 @@ def test_the_best_single_layer_is_chosen_on_dev_alone():
     assert probes.best_single_layer([*records[:2], rms])["features"] == "rms"  # 0.71 on dev: either kind
     tie = {**_probe_record(1e-4, 0, [(0.7, 0.9), (0.0, 0.0), (0.0, 0.0)]), "features": "rms"}
     assert probes.best_single_layer([*records[:2], tie]) == expected  # a tie across kinds: the raw one
+
+
+def test_a_reader_shows_each_probe_guided_run_from_the_block_its_trial_s_probes_pick_now():
+    """The file holds trial 0's mix from block 3 (before starts were keyed), from 2 and from 3 again
+    (new probes moved the start and moved it back): the probes now say 3, so the newest run from 3 is
+    shown. Trial 1 has no probes: its newest run. Runs that start nowhere are all kept."""
+    setup, base = "s", [0.01, 0.1]
+    probes_now = []
+    for kind in ("raw", "rms"):
+        for lr in base:
+            cell = probes.Cell(probes.PROBE, probes.PROBE_REGIME, 8, 25, 0)
+            devs = [0.2, 0.3, 0.6] if (kind, lr) == ("rms", 0.01) else [0.2, 0.3, 0.4]  # block 3 at 0.01
+            layers = [{"layer": n, "dev_f1": d, "test_f1": d} for n, d in enumerate(devs, start=1)]
+            key = probes.probe_key(cell, lr, setup, kind)
+            probes_now.append({"key": key, "lr": lr, "features": kind, "metric": "f1", "layers": layers})
+
+    def run(trial: int, start: int | None, keyed: bool = True, method: str = "layer_mix") -> dict:
+        key = f"{method}|fe|8|25|{trial}|lr=0.01|{setup}" + (f"|start={start}" if keyed and start else "")
+        fields = {"shots": 8, "epochs": 25, "trial": trial, "setup": setup, "settings": {"probe_start": base}}
+        return {"key": key, **fields} | ({"start_layer": start} if start else {})
+
+    runs = [run(0, 3, keyed=False), run(0, None, method="none"), run(0, 2), run(1, 1), run(0, 3), run(1, 2)]
+    shown = probes.current_runs(runs, probes_now)
+    assert shown == [runs[1], runs[4], runs[5]]
+    moved = [
+        {**p, "layers": [{**e, "dev_f1": 0.9 if e["layer"] == 2 else 0.0} for e in p["layers"]]}
+        for p in probes_now
+    ]
+    assert probes.current_runs(runs, moved) == [runs[1], runs[2], runs[5]]  # the probes pick block 2

@@ -21,6 +21,7 @@ from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.probes import probe_records
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.core.sweep_log import read_sweep_log
+from layerfusion_recipes.core.tasks import read_task_records
 from layerfusion_recipes.reporting import layers as layers_module
 from layerfusion_recipes.reporting.layers import (
     best_layers,
@@ -457,5 +458,9 @@ def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):
     new = [r for r in again if r["key"] not in {old["key"] for old in runs}]
     assert sorted((r["method"], r["trial"], r["start_layer"]) for r in new) == [("layer_mix", 0, moved)] * 2
     assert len(again) == len(runs) + 2  # the old start's records stay in the file, no longer read
+    shown = [r for r in read_task_records(tmp_path / "results.jsonl") if r["method"] == "layer_mix"]
+    assert sorted((r["trial"], r["start_layer"]) for r in shown) == sorted(
+        (t, moved if t == 0 else starts[(3, 3, t)]) for t in (0, 1) for _ in range(2)
+    )  # a reader of the file sees the newest start of each run, never the old one
     log = read_sweep_log(tmp_path / "results.jsonl")
     assert [line["runs"] for line in log] == [len(runs), 2]  # each invocation's new runs, starts counted
