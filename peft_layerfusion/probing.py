@@ -8,8 +8,11 @@ to fuse (``layers=[...]``). Test data never enters: the choice is made on dev.
 
 The inputs are the states a head would read, one row per example, e.g. the pooled token of every
 ``output_hidden_states`` entry: ``torch.stack(out.hidden_states, 1)[rows, position]`` ``(n, L + 1, d)``.
-Each state is read at unit RMS (``z / rms(z)``, as ``state_norm="rms"`` mixes it), so one learning rate
-fits every depth however large the stream has grown.
+Each state is read at unit RMS by default (``z / rms(z)``, as ``state_norm="rms"`` mixes it), so one
+learning rate fits every depth however large the stream has grown; ``state_norm="none"`` reads it as it
+is. Neither reading wins on every task and model: the strongest single-layer bar probes both and keeps
+whichever dev prefers (the recipes' ``--probe-layers`` do, each over an LR grid grown until its best is
+inside).
 
 The last step is a guard, on dev too: keep the trained mix only where its dev score is above the best
 probe's, else read that block alone (``AverageConfig(layers=[block])``: exactly its state). The mix
@@ -32,6 +35,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from .config import STATE_NORMS, invalid
 from .fusion import unit_rms
 
 
@@ -43,6 +47,7 @@ def layer_probe_scores(
     steps: int = 200,
     lr: float = 1e-2,
     seed: int = 0,
+    state_norm: str = "rms",
 ) -> list[float]:
     """Dev accuracy of a linear probe on each hidden state, trained on the training examples.
 
@@ -55,13 +60,24 @@ def layer_probe_scores(
         steps: Full-batch Adam steps of every probe (all ``K`` train together, each on its own state).
         lr: Adam's learning rate.
         seed: Seed of the probes' initial weights.
+        state_norm: ``"rms"``: each state read as ``z / rms(z)`` per row; ``"none"``: as it is.
 
     Returns:
         ``K`` dev accuracies in ``[0, 1]``, in the order of the states.
 
     Raises:
-        ValueError: when the shapes do not agree (naming them).
+        ValueError: when the shapes do not agree (naming them), or ``state_norm`` is not one of
+            ``"none"``, ``"rms"``.
+
+    Example:
+        >>> states = torch.randn(12, 3, 8) * torch.tensor([1.0, 40.0, 1600.0]).view(1, 3, 1)  # (n, K, d)
+        >>> labels = (states[:, 1, 0] > 0).long()
+        >>> scores = layer_probe_scores(states[:8], labels[:8], states[8:], labels[8:], state_norm="none")
+        >>> len(scores), all(0.0 <= score <= 1.0 for score in scores)
+        (3, True)
     """
+    if state_norm not in STATE_NORMS:
+        raise invalid("state_norm", state_norm, f"one of {list(STATE_NORMS)}")
     if train_states.dim() != 3 or dev_states.shape[1:] != train_states.shape[1:]:
         raise ValueError(
             f"train_states {tuple(train_states.shape)} and dev_states {tuple(dev_states.shape)}: expected "
@@ -74,8 +90,9 @@ def layer_probe_scores(
     generator = torch.Generator().manual_seed(seed)
     weight = (torch.randn(count, width, classes, generator=generator) / width**0.5).requires_grad_(True)
     bias = torch.zeros(count, 1, classes, requires_grad=True)
-    train = unit_rms(train_states.detach().float()).transpose(0, 1)  # (K, n, d)
-    dev = unit_rms(dev_states.detach().float()).transpose(0, 1)  # (K, m, d)
+    read = unit_rms if state_norm == "rms" else torch.clone
+    train = read(train_states.detach().float()).transpose(0, 1)  # (K, n, d)
+    dev = read(dev_states.detach().float()).transpose(0, 1)  # (K, m, d)
     optimizer = torch.optim.Adam([weight, bias], lr=lr)
     with torch.enable_grad():
         for _ in range(steps):

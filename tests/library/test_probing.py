@@ -42,3 +42,19 @@ def test_shapes_that_disagree_are_refused_naming_them():
     with pytest.raises(ValueError, match=r"train_states \(4, 3, 8\) and dev_states \(4, 2, 8\)"):
         labels = torch.zeros(4).long()
         layer_probe_scores(torch.zeros(4, 3, 8), labels, torch.zeros(4, 2, 8), labels)
+
+
+def test_state_norm_none_reads_the_states_as_they_are():
+    """``state_norm="none"`` on states put at unit RMS by hand scores as the default on the raw ones;
+    on the raw states themselves (scales 1 .. 27000) one LR no longer fits every depth."""
+    states, labels = toy(2)
+    by_hand = states / torch.sqrt((states * states).mean(-1, keepdim=True) + 1e-6)
+    default = layer_probe_scores(states[:40], labels[:40], states[40:], labels[40:])
+    none = layer_probe_scores(by_hand[:40], labels[:40], by_hand[40:], labels[40:], state_norm="none")
+    assert none == pytest.approx(default, abs=1e-12)
+    raw = layer_probe_scores(states[:40], labels[:40], states[40:], labels[40:], state_norm="none")
+    assert raw != default
+    with pytest.raises(
+        ValueError, match=r"`state_norm`='layer' is not allowed: expected one of \['none', 'rms'\]"
+    ):
+        layer_probe_scores(states[:40], labels[:40], states[40:], labels[40:], state_norm="layer")
