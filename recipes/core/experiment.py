@@ -263,7 +263,7 @@ class TaskSettings:
             fields["content"] = content
         if self.cache_dtype != DEFAULT_CACHE_DTYPE:  # rounded features: other results (the default: old keys)
             fields["cache_dtype"] = self.cache_dtype
-        if self.probe_start:  # the start block is chosen over the probes of this FE LR grid
+        if self.probe_start:  # the probes' base grid; each run's start block is in its own key (run_key)
             fields["probe_start"] = list(self.lr_grid("fe", PLAIN_HEAD))
         return fields
 
@@ -456,15 +456,11 @@ class FewShotExperiment:
         located = find_encoder_blocks(base)
         torch.manual_seed(self.settings.seed + cell.trial)
         options = regime_options(cell.regime, self.settings.method_options)
-        start = self.start_layer(cell)
+        start = self.settings.start_layer(cell)
         if start is not None:
             options["start_layer"] = start
         model = apply_regime(base, cell.method, cell.regime, head_modules=self.head_modules(), **options)
         return model, located
-
-    def start_layer(self, cell: Cell) -> int | None:
-        """The block ``cell``'s fusion starts one-hot on (:meth:`TaskSettings.start_layer`)."""
-        return self.settings.start_layer(cell)
 
     def run(self, cell: Cell, use_cache: bool | None = None, lr: float | None = None) -> dict[str, Any]:
         """Train one cell at one LR (default ``settings.lr_for``); returns its record (:meth:`_record`)."""
@@ -636,7 +632,7 @@ class FewShotExperiment:
             "cached": runner.cache is not None,
             **self.provenance(),
         }
-        start = self.start_layer(cell)
+        start = self.settings.start_layer(cell)
         if start is not None:  # --probe-start: the block this run's mix started on
             record["start_layer"] = start
         adapter = adapter_summary(runner.model)
