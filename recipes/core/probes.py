@@ -514,6 +514,21 @@ def guarded(run_dev: float, run_test: float | None, best: dict[str, Any]) -> tup
     return best["test"], False
 
 
+def best_per_trial(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], dict[str, Any]]:
+    """``{(shots, epochs, trial): best_single_layer(...)}`` of probe records, each trial's own.
+
+    Example:
+        >>> layers = [{"layer": n, "dev_f1": dev, "test_f1": dev} for n, dev in ((1, 0.4), (2, 0.6))]
+        >>> record = {"shots": 8, "epochs": 5, "trial": 0, "lr": 0.1, "metric": "f1", "layers": layers}
+        >>> best_per_trial([record])[8, 5, 0]["layer"]
+        2
+    """
+    trials: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    for record in records:
+        trials.setdefault((record["shots"], record["epochs"], record["trial"]), []).append(record)
+    return {trial: best_single_layer(found) for trial, found in trials.items()}
+
+
 def probe_starts(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], int]:
     """``{(shots, epochs, trial): block}``: each trial's :func:`best_single_layer` (``--probe-start``).
 
@@ -521,7 +536,4 @@ def probe_starts(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int]
         >>> probe_starts(run_probes(experiment, grid, progress=False))  # grid: 2 shots, 2 epochs, 2 trials
         {(2, 2, 0): ..., (2, 2, 1): ...}
     """
-    trials: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
-    for record in records:
-        trials.setdefault((record["shots"], record["epochs"], record["trial"]), []).append(record)
-    return {trial: best_single_layer(found)["layer"] for trial, found in trials.items()}
+    return {trial: best["layer"] for trial, best in best_per_trial(records).items()}

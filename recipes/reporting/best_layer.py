@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.probes import UNIT_RMS, best_single_layer, features_of, guarded
+from ..core.probes import UNIT_RMS, best_per_trial, features_of, guarded
 from ..core.selection import at_grid_edge, dev_score, select_lr, test_score
 from ..core.stats import mean_ci, paired_mean_ci
 
@@ -75,10 +75,7 @@ def method_scores(records: Sequence[dict[str, Any]]) -> dict[str, tuple[float, S
 
 def best_layer_scores(probes: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """``{trial: best_single_layer(...)}`` of the probe records of one (shots, max epochs)."""
-    trials: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for record in probes:
-        trials[record["trial"]].append(record)
-    return {trial: best_single_layer(found) for trial, found in trials.items()}
+    return {trial: best for (_, _, trial), best in best_per_trial(probes).items()}
 
 
 def guarded_scores(test: Scores, dev: Scores, best: dict[int, dict[str, Any]]) -> tuple[Scores, int]:
