@@ -27,7 +27,7 @@ from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
 from .methods.scaled_dwatt import ScaledDWAttConfig, ScaledDWAttModel
 from .model import LayerFusionModel
 from .optim import mixing_multipliers, parameter_groups
-from .probing import best_layer, layer_probe_scores
+from .probing import best_layer, dev_standard_error, keep_fusion, layer_probe_scores
 from .registration import METHODS, RECOMMENDED, Method, method_named, register_all
 from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
 from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
@@ -70,8 +70,10 @@ __all__ = [
     "active_fusion_module",
     "best_layer",
     "count_hooks",
+    "dev_standard_error",
     "find_encoder_blocks",
     "fused_positions",
+    "keep_fusion",
     "layer_probe_scores",
     "method_named",
     "mixing_multipliers",

@@ -14,9 +14,11 @@ is. Neither reading wins on every task and model: the strongest single-layer bar
 whichever dev prefers (the recipes' ``--probe-layers`` do, each over an LR grid grown until its best is
 inside).
 
-The last step is a guard, on dev too: keep the trained mix only where its dev score is above the best
-probe's, else read that block alone (``AverageConfig(layers=[block])``: exactly its state). The mix
-starts as that block and can only move away from it; on a few examples it sometimes moves the wrong way.
+The last step is a guard, on dev too (:func:`keep_fusion`): keep the trained mix only where its dev
+score beats the best probe's by more than one standard error of that score, else read that block alone
+(``AverageConfig(layers=[block])``: exactly its state). The mix starts as that block and can only move
+away from it; on a few examples it sometimes moves the wrong way, and a dev gain smaller than the dev
+score's own noise is more often the luck of the choice than a better model.
 
 Example:
     >>> import torch
@@ -30,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -117,3 +120,46 @@ def best_layer(scores: Sequence[float], skip_embeddings: bool = False) -> int:
     """
     candidates = range(1 if skip_embeddings else 0, len(scores))
     return max(candidates, key=lambda index: (scores[index], index))
+
+
+def dev_standard_error(score: float, dev_size: int) -> float:
+    """The binomial standard error of a dev score: ``sqrt(score * (1 - score) / dev_size)``.
+
+    Args:
+        score: A dev score in ``[0, 1]`` that averages over ``dev_size`` units: accuracy over examples;
+            for an entity F1, about the fraction of the gold entities found, so ``dev_size`` counts them.
+        dev_size: How many units the score averages over (at least 1).
+
+    Example:
+        >>> round(dev_standard_error(0.8, 1000), 4)  # 0.8 on 1000 dev examples: 1.3 points of noise
+        0.0126
+    """
+    if not 0.0 <= score <= 1.0:
+        raise invalid("score", score, "a dev score in [0, 1]")
+    if dev_size < 1:
+        raise invalid("dev_size", dev_size, "the number of dev units, at least 1")
+    return math.sqrt(score * (1.0 - score) / dev_size)
+
+
+def keep_fusion(fusion_dev: float, layer_dev: float, dev_size: int) -> bool:
+    """Whether a trained fusion earns its place over the best single layer: the one-standard-error rule.
+
+    Keep the fusion only where its dev score beats the best layer's by more than one standard error of
+    the layer's dev score (:func:`dev_standard_error`); else read the layer alone. It is the rule of
+    Breiman et al. (1984) for choosing among models on held-out data: take the simplest model whose
+    score is within one standard error of the best. Both scores are maxima over a grid of LRs and
+    epochs (and the layer's over blocks), so a gain smaller than that noise is as likely the winner's
+    luck as a better model.
+
+    Args:
+        fusion_dev: The trained fusion's dev score, in ``[0, 1]``.
+        layer_dev: The best single layer's dev score (its probe, chosen on the same dev set).
+        dev_size: How many units both scores average over (dev examples; gold entities for NER).
+
+    Example:
+        >>> keep_fusion(0.83, 0.80, 1000), keep_fusion(0.81, 0.80, 1000)  # noise: 1.3 points
+        (True, False)
+    """
+    if not 0.0 <= fusion_dev <= 1.0:
+        raise invalid("fusion_dev", fusion_dev, "a dev score in [0, 1]")
+    return fusion_dev > layer_dev + dev_standard_error(layer_dev, dev_size)

@@ -43,6 +43,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from peft_layerfusion.fusion import unit_rms
+from peft_layerfusion.probing import keep_fusion
 
 from .batches import collate
 from .cells import Cell, record_key
@@ -496,20 +497,23 @@ def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def guarded(run_dev: float, run_test: float | None, best: dict[str, Any]) -> tuple[float | None, bool]:
+def guarded(
+    run_dev: float, run_test: float | None, best: dict[str, Any], dev_size: int
+) -> tuple[float | None, bool]:
     """A fusion run guarded by its trial's best single layer (:func:`best_single_layer`): the run's test
-    score where its dev score is strictly above the layer's, else the layer's; and whether the run was
-    kept. Dev alone decides (a tie keeps the layer: the fusion must earn its parameters).
+    score where :func:`~peft_layerfusion.probing.keep_fusion` keeps it (its dev score beats the layer's
+    by more than one standard error over ``dev_size`` dev units), else the layer's; and whether the run
+    was kept. Dev alone decides: the fusion must earn its parameters. Scores are fractions.
 
     This is the last step of the probe-guided recipe: probe every block, start the mix on the best
     one (``--probe-start``), train it, and keep it only where dev says it beats that block.
 
     Example:
         >>> best = {"layer": 7, "lr": 0.1, "dev": 0.80, "test": 0.74, "metric": "accuracy"}
-        >>> guarded(0.82, 0.71, best), guarded(0.80, 0.90, best)
+        >>> guarded(0.82, 0.71, best, 1000), guarded(0.81, 0.90, best, 1000)  # one SE: 0.0126
         ((0.71, True), (0.74, False))
     """
-    if run_dev > best["dev"]:
+    if keep_fusion(run_dev, best["dev"], dev_size):
         return run_test, True
     return best["test"], False
 

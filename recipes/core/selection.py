@@ -44,6 +44,24 @@ def dev_score(record: dict[str, Any], metric: str | None = None) -> float:
     return record[name] if name in record or name != "dev_f1" else record["best_f1"]
 
 
+DEV_SIZES = ("dev_examples", "dev_entities")  # what a dev score averages over: classify, NER
+
+
+def dev_size(records: Sequence[dict[str, Any]]) -> int:
+    """How many units the dev scores of ``records`` (one sweep's dev split) average over: their
+    ``dev_examples`` (classification) or ``dev_entities`` (NER, gold entities).
+
+    Example:
+        >>> dev_size([{"dev_examples": 872}, {"dev_examples": 872}]), dev_size([{"dev_entities": 880}])
+        (872, 880)
+    """
+    sizes = {record[name] for record in records for name in DEV_SIZES if name in record}
+    if len(sizes) != 1:
+        fields = ", ".join(DEV_SIZES)
+        raise ValueError(f"one dev size expected over the records ({fields}), found {sorted(sizes)}")
+    return sizes.pop()
+
+
 def test_score(record: dict[str, Any], metric: str | None = None) -> float | None:
     """The test score of a record's best dev epoch in ``metric`` (default: :func:`record_metric`);
     ``None`` without one (no test split).

@@ -11,9 +11,11 @@ epochs), one Markdown table (:func:`best_layer_markdown`):
   both have (bold: the interval excludes 0);
 - its mean dev difference to the best layer (each trial's best dev score at the selected LR minus the
   best layer's: what a choice among methods may read);
-- **guarded**: the method kept in a trial only where its dev score beats the best layer's, else the best
-  layer (:func:`~layerfusion_recipes.core.probes.guarded`), minus the best layer, and in how many
-  trials the method was kept.
+- **guarded**: the method kept in a trial only where its dev score beats the best layer's by more than
+  one standard error of the layer's dev score (the one-standard-error rule,
+  :func:`~peft_layerfusion.probing.keep_fusion`), else the best layer
+  (:func:`~layerfusion_recipes.core.probes.guarded`), minus the best layer, and in how many trials the
+  method was kept.
 
 A run made with ``method_options`` (e.g. ``{mixing_lr_multiplier: 10}``) is its own row, labelled
 ``method (option=value)``. No choice reads test: LR, epoch, layer and the guard are chosen on dev.
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.probes import UNIT_RMS, best_per_trial, features_of, guarded
-from ..core.selection import at_grid_edge, dev_score, select_lr, test_score
+from ..core.selection import at_grid_edge, dev_score, dev_size, select_lr, test_score
 from ..core.stats import mean_ci, paired_mean_ci
 
 BEST_LAYER = "best layer (dev)"
@@ -78,19 +80,22 @@ def best_layer_scores(probes: Sequence[dict[str, Any]]) -> dict[int, dict[str, A
     return {trial: best for (_, _, trial), best in best_per_trial(probes).items()}
 
 
-def guarded_scores(test: Scores, dev: Scores, best: dict[int, dict[str, Any]]) -> tuple[Scores, int]:
-    """A method's test scores guarded per trial by the trial's best layer (points), and the trials
+def guarded_scores(
+    test: Scores, dev: Scores, best: dict[int, dict[str, Any]], size: int
+) -> tuple[Scores, int]:
+    """A method's test scores guarded per trial by the trial's best layer (points; the guard:
+    :func:`~layerfusion_recipes.core.probes.guarded` over ``size`` dev units), and the trials
     where the method was kept; over the trials both have.
 
     Example:
         >>> best = {0: {"dev": 0.8, "test": 0.7}, 1: {"dev": 0.8, "test": 0.7}}
-        >>> guarded_scores({0: 75.0, 1: 90.0}, {0: 82.0, 1: 79.0}, best)  # trial 1: dev below, the layer
+        >>> guarded_scores({0: 75.0, 1: 90.0}, {0: 82.0, 1: 81.0}, best, 1000)  # trial 1: within one SE
         ({0: 75.0, 1: 70.0}, 1)
     """
     kept, scores = 0, {}
     for trial in sorted(set(test) & set(dev) & set(best)):
-        own = {**best[trial], "dev": 100 * best[trial]["dev"], "test": 100 * best[trial]["test"]}
-        scores[trial], keep = guarded(dev[trial], test[trial], own)
+        own = {**best[trial], "test": 100 * best[trial]["test"]}  # dev a fraction, as keep_fusion reads it
+        scores[trial], keep = guarded(dev[trial] / 100, test[trial], own, size)
         kept += keep
     return scores, kept
 
@@ -117,6 +122,7 @@ def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -
     best_test = {trial: 100 * found["test"] for trial, found in best.items()}
     best_dev = {trial: 100 * found["dev"] for trial, found in best.items()}
     plain = scores.get(PLAIN, (None, {}, {}))[1]
+    size = dev_size(records)
     lines = [
         f"**N={cell[0]}, max {cell[1]} epochs**: best layer per trial on dev: "
         + ", ".join(f"trial {t}: {probe_label(found)}" for t, found in sorted(best.items())),
@@ -135,7 +141,7 @@ def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -
         mean, half = mean_ci(list(trials.values()))
         shared = sorted(set(dev) & set(best_dev))
         dev_gap = sum(dev[t] - best_dev[t] for t in shared) / len(shared) if shared else float("nan")
-        kept_scores, kept = guarded_scores(trials, dev, best)
+        kept_scores, kept = guarded_scores(trials, dev, best, size)
         lines.append(
             f"| {method} | {mean:.1f} ± {half:.1f} (n={len(trials)}) | {lr:g} | "
             f"{difference(trials, best_test)} | {'' if method == PLAIN else difference(trials, plain)} "
@@ -234,8 +240,8 @@ def best_layer_markdown(
         >>> text, numbers = best_layer_markdown(records, probes)
         >>> print(text.splitlines()[0])
         **N=8, max 25 epochs**: best layer per trial on dev: trial 0: z_... @..., trial 1: ..., trial 2: ...
-        >>> sorted(numbers), numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # trials LayerMix beat it on dev
-        (['N=32 epochs=25', 'N=8 epochs=25'], 1)
+        >>> sorted(numbers), numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # beat it on dev by one SE
+        (['N=32 epochs=25', 'N=8 epochs=25'], 0)
     """
     fe = [r for r in records if r.get("regime") == "fe"]
     texts, out = [], {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peft_layerfusion import best_layer, layer_probe_scores
+from peft_layerfusion import best_layer, dev_standard_error, keep_fusion, layer_probe_scores
 
 
 def toy(label_state: int, scales: tuple[float, ...] = (1.0, 30.0, 900.0, 27000.0), seed: int = 0):
@@ -58,3 +58,29 @@ def test_state_norm_none_reads_the_states_as_they_are():
         ValueError, match=r"`state_norm`='layer' is not allowed: expected one of \['none', 'rms'\]"
     ):
         layer_probe_scores(states[:40], labels[:40], states[40:], labels[40:], state_norm="layer")
+
+
+def test_the_dev_score_s_standard_error_is_binomial():
+    assert dev_standard_error(0.5, 100) == pytest.approx(0.05)  # sqrt(0.25 / 100)
+    assert dev_standard_error(0.9, 900) == pytest.approx(0.01)  # sqrt(0.09 / 900)
+    assert dev_standard_error(1.0, 10) == 0.0
+
+
+def test_the_fusion_is_kept_only_beyond_one_standard_error_of_the_layer_s_dev_score():
+    assert keep_fusion(0.56, 0.5, 100)  # +6 points against 5 of noise
+    assert not keep_fusion(0.54, 0.5, 100)  # +4 points: within the noise, the layer stays
+    assert keep_fusion(0.54, 0.5, 10000)  # the same gain on 100x the dev set: 0.5 points of noise
+    assert not keep_fusion(0.5, 0.5, 10**9)  # a tie keeps the layer
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: keep_fusion(1.5, 0.5, 100), r"`fusion_dev`=1.5 is not allowed: expected a dev score in \["),
+        (lambda: keep_fusion(0.6, 60.0, 100), r"`score`=60.0 is not allowed"),  # points, not a fraction
+        (lambda: dev_standard_error(0.5, 0), r"`dev_size`=0 is not allowed: expected the number of dev"),
+    ],
+)
+def test_scores_outside_0_1_and_an_empty_dev_set_are_refused_naming_the_field(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -24,7 +24,8 @@ def _probe(trial: int, lr: float, scores: list[tuple[float, float]]) -> dict:
 
 def _run(method: str, trial: int, lr: float, dev: float, test: float, **options) -> dict:
     return {"method": method, "regime": "fe", "shots": 8, "epochs": 5, "trial": trial, "lr": lr,
-            "dev_f1": dev, "test_f1": test, **({"method_options": options} if options else {})}  # fmt: skip
+            "dev_f1": dev, "test_f1": test, "dev_entities": 400,
+            **({"method_options": options} if options else {})}  # fmt: skip
 
 
 # best layer per trial: trial 0 -> layer 2 (dev 0.70, test 0.60); trial 1 -> layer 1 (dev 0.80, test 0.50);
@@ -45,11 +46,12 @@ RUNS = [
 ]
 
 
-def test_the_guard_keeps_a_run_only_where_its_dev_score_beats_the_layer_s():
-    best = {"dev": 0.7, "test": 0.6}
-    assert guarded(0.71, 0.1, best) == (0.1, True)
-    assert guarded(0.70, 0.9, best) == (0.6, False)  # a tie keeps the layer
-    assert guarded(0.69, 0.9, best) == (0.6, False)
+def test_the_guard_keeps_a_run_only_where_its_dev_score_beats_the_layer_s_by_one_standard_error():
+    best = {"dev": 0.7, "test": 0.6}  # on 2100 dev units: sqrt(0.7 * 0.3 / 2100) = 0.01
+    assert guarded(0.711, 0.1, best, 2100) == (0.1, True)
+    assert guarded(0.709, 0.9, best, 2100) == (0.6, False)  # above the layer, within its noise
+    assert guarded(0.70, 0.9, best, 2100) == (0.6, False)  # a tie keeps the layer
+    assert guarded(0.709, 0.1, best, 21000) == (0.1, True)  # ten times the dev set: a tenth of the noise
 
 
 def test_each_method_against_the_best_layer_paired_by_trial_and_guarded():
@@ -80,7 +82,7 @@ def test_a_run_with_method_options_is_its_own_row():
 
 
 def test_the_guard_pairs_only_the_trials_both_have():
-    scores, kept = guarded_scores({0: 70.0, 5: 99.0}, {0: 90.0, 5: 99.0}, {0: {"dev": 0.8, "test": 0.6}})
+    scores, kept = guarded_scores({0: 70.0, 5: 99.0}, {0: 90.0, 5: 99.0}, {0: {"dev": 0.8, "test": 0.6}}, 100)
     assert scores == {0: 70.0} and kept == 1
 
 

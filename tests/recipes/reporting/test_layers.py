@@ -449,8 +449,9 @@ def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):
     moved = next(block for block in (1, 2, 3) if block != starts[(3, 3, 0)])
     lines = []
     for record in read_records(tmp_path / "results.probes.jsonl"):
-        if record["trial"] == 0:
-            record["layers"][moved - 1][f"dev_{record['metric']}"] = 2.0
+        if record["trial"] == 0:  # dev 1.0 on the moved block, 0.0 on the others
+            for entry in record["layers"]:
+                entry[f"dev_{record['metric']}"] = float(entry["layer"] == moved)
         lines.append(json.dumps(record))
     (tmp_path / "results.probes.jsonl").write_text("\n".join(lines) + "\n")
     assert main(argv) == 0
