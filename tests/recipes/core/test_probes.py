@@ -1,6 +1,7 @@
-"""Layer probes (core/probes.py): the probe of layer n is a linear head trained alone on
-``output_hidden_states[n]`` (raw, or divided by its RMS per position) at the positions the task reads
-(classify: its pooled token; NER: the labelled first sub-words, scored by seqeval itself); records
+"""Layer probes (core/probes.py): the probe of layer n is a linear head trained alone on block n's
+output (``output_hidden_states[n]``, before the final norm on a pre-norm decoder; raw, or divided by
+its RMS per position) at the positions the task reads (classify: its pooled token, on a post-norm
+encoder and a pre-norm decoder; NER: the labelled first sub-words, scored by seqeval itself); records
 resume by key; each kind's LR grid grows past an end its best probe sits on, as far as GROW_STEPS."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import write_text_data, write_tiny_model, write_toy_data
+from conftest import write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.core import probes
 from layerfusion_recipes.core.batches import IGNORE_INDEX
@@ -24,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from transformers import AutoModel
 
-LAYERS = 3  # the tiny BERT's blocks
+LAYERS = 3  # the tiny BERT's and the tiny Llama's blocks
 LRS = (3e-2, 3e-1)
 EPOCHS = 6
 
@@ -34,18 +35,23 @@ def paths(tmp_path_factory):
     root = tmp_path_factory.mktemp("probes")
     return {
         "model": write_tiny_model(root / "bert"),
+        "decoder": write_tiny_decoder(root / "llama", layers=LAYERS),  # pre-norm: z_L is not hidden_states[L]
         "texts": write_text_data(root / "texts", sizes=(("train", 30), ("dev", 12), ("test", 12))),
         "ner": write_toy_data(root / "ner", train=30, dev=10, test=10),
     }
 
 
-@pytest.fixture(scope="module", params=["model", "mean"])
+# (model, pooling, the position the head reads): BERT's own head, mean pooling, a decoder's own head
+READINGS = [("model", "model", "first"), ("model", "mean", "all"), ("decoder", "model", "last")]
+
+
+@pytest.fixture(scope="module", params=READINGS, ids=["bert-first", "bert-mean", "llama-last"])
 def classify(paths, request) -> ClassifyExperiment:
-    """First-token pooling (BERT's own head) and mean pooling."""
-    settings = ClassifySettings(
-        model=paths["model"], data=paths["texts"], batch_size=4, seed=3, pooling=request.param
-    )
-    return ClassifyExperiment(settings)
+    model, pooling, positions = request.param
+    settings = dict(model=paths[model], data=paths["texts"], batch_size=4, seed=3, pooling=pooling)
+    experiment = ClassifyExperiment(ClassifySettings(**settings))
+    assert experiment.positions == positions
+    return experiment
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +61,28 @@ def ner(paths) -> Experiment:
 
 @torch.no_grad()
 def hidden_states(model_path: str, features: list[dict], layer: int) -> list[torch.Tensor]:
-    """``output_hidden_states[layer]`` of each example alone (no padding): ``(seq, d)`` each."""
+    """Block ``layer``'s output for each example alone (no padding): ``(seq, d)`` each, caught by a hook
+    on the block and checked against ``output_hidden_states[layer]`` wherever that is the block's own
+    output (every block of a post-norm encoder; below the last on a pre-norm decoder, whose last entry
+    has the final norm applied)."""
     model = AutoModel.from_pretrained(model_path).eval()
+    blocks = model.layers if hasattr(model, "layers") else model.encoder.layer
+    caught = []
+    handle = blocks[layer - 1].register_forward_hook(
+        lambda module, args, output: caught.append(output[0] if isinstance(output, tuple) else output)
+    )
+    pre_norm_last = hasattr(model, "norm") and layer == len(blocks)
     out = []
-    for feature in features:
-        inputs = {key: torch.tensor([feature[key]]) for key in ("input_ids", "attention_mask")}
-        out.append(model(**inputs, output_hidden_states=True).hidden_states[layer][0])
+    try:
+        for feature in features:
+            inputs = {key: torch.tensor([feature[key]]) for key in ("input_ids", "attention_mask")}
+            listed = model(**inputs, output_hidden_states=True).hidden_states[layer][0]
+            state = caught.pop()[0]  # (seq, d)
+            if not pre_norm_last:
+                torch.testing.assert_close(state, listed, rtol=0, atol=0)
+            out.append(state)
+    finally:
+        handle.remove()
     return out
 
 
@@ -127,8 +149,9 @@ def unit(state: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["raw", "rms"])
 @pytest.mark.parametrize("layer", range(1, LAYERS + 1))
 def test_classify_probe_of_layer_n_is_a_lone_head_on_its_pooled_hidden_state(classify, paths, layer, kind):
-    """The probe reads output_hidden_states[n] at the first token (BERT's own head) or its mean over
-    the tokens (mean pooling); the unit-RMS kind reads that state divided by its RMS."""
+    """The probe reads block n's output at the first token (BERT's own head), its mean over the tokens
+    (mean pooling) or the last token (a decoder's own head; z_L before the final norm); the unit-RMS
+    kind reads that state divided by its RMS."""
     trial, seed = 1, classify.settings.seed + 1
     train = classify.train_sample(4, trial)
     records = list(probe_records(classify, 4, EPOCHS, trial, LRS, kind))
@@ -137,9 +160,9 @@ def test_classify_probe_of_layer_n_is_a_lone_head_on_its_pooled_hidden_state(cla
     assert all(record["key"].endswith("|features=rms") == (kind == "rms") for record in records)
 
     def examples(features):
-        states = hidden_states(paths["model"], features, layer)
-        mean = classify.settings.pooling == "mean"
-        pooled = [s.mean(0, keepdim=True) if mean else s[:1] for s in states]  # (1, d) each
+        states = hidden_states(classify.settings.model, features, layer)
+        read = {"first": lambda s: s[:1], "last": lambda s: s[-1:], "all": lambda s: s.mean(0, keepdim=True)}
+        pooled = [read[classify.positions](s) for s in states]  # (1, d) each
         pooled = [unit(p) for p in pooled] if kind == "rms" else pooled
         return [(p, torch.tensor([f["labels"]])) for p, f in zip(pooled, features, strict=True)]
 
@@ -148,11 +171,13 @@ def test_classify_probe_of_layer_n_is_a_lone_head_on_its_pooled_hidden_state(cla
     def accuracy(split):
         return lambda head: sum(int(head(x).argmax(-1) == y) for x, y in split) / len(split)
 
+    moved = []
     for k, (lr, record) in enumerate(zip(LRS, records, strict=True)):
         assert record["lr"] == lr and record["metric"] == "accuracy"
         curve, test, head = lone_head(train_xy, accuracy(dev_xy), accuracy(test_xy), lr, seed, 32, 3)
-        assert len(set(curve)) > 1, "the toy must move the dev score"
+        moved.append(len(set(curve)) > 1)
         check_probe(record["layers"], runner, k, layer, curve, test, head, "accuracy")
+    assert any(moved), "the toy must move the dev score at one LR at least"
 
 
 @pytest.mark.parametrize("layer", [1, LAYERS])
