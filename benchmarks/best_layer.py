@@ -4,7 +4,8 @@ Reads a sweep's results file and its layer probes (``RESULTS.probes.jsonl``, wri
 ``--probe-layers`` or ``--probe-start``) and prints, per (shots, max epochs), the Markdown table of
 :func:`layerfusion_recipes.reporting.best_layer.best_layer_markdown`: each method at the LR selected
 on dev against the per-trial best layer on dev, paired by trial, and guarded by it (kept only where
-its dev score beats the layer's). The sweeps print the same tables when they have probes.
+its dev score beats the layer's by more than one standard error). The sweeps print the same tables
+when they have probes.
 
 ``--also FILE ...`` adds the methods of other results files of the same grid (same data, model, seed,
 shots and trials, hence the same samples: e.g. a later sweep of one more method into its own folder);

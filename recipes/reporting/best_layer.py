@@ -122,7 +122,7 @@ def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -
     best_test = {trial: 100 * found["test"] for trial, found in best.items()}
     best_dev = {trial: 100 * found["dev"] for trial, found in best.items()}
     plain = scores.get(PLAIN, (None, {}, {}))[1]
-    size = dev_size(records)
+    size = dev_size(records) if scores else 0  # the guard's dev units (no runs: no guard to apply)
     lines = [
         f"**N={cell[0]}, max {cell[1]} epochs**: best layer per trial on dev: "
         + ", ".join(f"trial {t}: {probe_label(found)}" for t, found in sorted(best.items())),

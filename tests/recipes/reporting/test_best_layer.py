@@ -81,6 +81,14 @@ def test_a_run_with_method_options_is_its_own_row():
     assert numbers["N=8 epochs=5"]["layer_mix (mixing_lr_multiplier=10)"]["kept"] == 3
 
 
+def test_a_cell_with_probes_and_no_runs_shows_the_best_layer_alone():
+    lone = [{**probe, "shots": 32} for probe in PROBES]  # probed at N = 32, no method ran there
+    text, numbers = best_layer_markdown(RUNS, PROBES + lone)
+    assert list(numbers["N=32 epochs=5"]) == [BEST_LAYER]
+    assert numbers["N=32 epochs=5"][BEST_LAYER]["trials"] == pytest.approx({0: 60.0, 1: 50.0, 2: 40.0})
+    assert numbers["N=8 epochs=5"]["layer_mix"]["kept"] == 2
+
+
 def test_the_guard_pairs_only_the_trials_both_have():
     scores, kept = guarded_scores({0: 70.0, 5: 99.0}, {0: 90.0, 5: 99.0}, {0: {"dev": 0.8, "test": 0.6}}, 100)
     assert scores == {0: 70.0} and kept == 1
