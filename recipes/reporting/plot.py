@@ -10,8 +10,9 @@ seqeval micro-F1 for NER (``F1`` below), accuracy (and macro-F1 beside it) for `
 * ``f1_vs_lr.png`` (when a cell has several LRs): mean dev F1 (solid) and test F1 (dashed) vs
   LR per method, the selected LR marked, one panel per (regime, epochs, shots);
 * ``dev_curves.png``: dev F1 vs training steps (mean over trials) per method at its selected LR;
-* ``dwatt_attention.png``: for DWAtt cells, the mean depth-attention weight of every fused
-  layer (which layers the task uses) at the selected LR, one row per (regime, shots, epochs);
+* ``dwatt_attention.png``: for DWAtt and Scaled DWAtt cells, the mean depth-attention weight of every
+  fused layer (which layers the task uses) at the selected LR, one row per (method, setup, regime,
+  shots, epochs);
 * ``table.md``: per cell, the selected LR and test F1 mean +- CI, best dev F1 beside it,
   a selected LR at the edge of its grid flagged ("widen the grid"); the paired differences; for
   records with several metrics (``classify``: accuracy, macro-F1) one table and paired table
@@ -598,26 +599,35 @@ def plot_dev_curves(
 def plot_depth_attention(
     records: Sequence[dict[str, Any]], path: str | os.PathLike, rows: Sequence[dict[str, Any]] | None = None
 ) -> Path | None:
-    """Heatmap of DWAtt's mean depth-attention per fused layer at each cell's LR selected on dev (the
-    rows of :func:`summarize`, computed when not given); ``None`` without DWAtt records."""
+    """Heatmap of the mean depth-attention per fused layer of every depth-attention method (DWAtt,
+    Scaled DWAtt), one row per method and cell, at the cell's LR selected on dev (the rows of
+    :func:`summarize`, computed when not given); ``None`` without depth-attention records. Each row
+    averages one method's trials of one setup only."""
     selected = {cell_of(row): row["lr"] for row in (summarize(records) if rows is None else rows)}
     groups: dict[tuple, list[list[float]]] = defaultdict(list)
     for record in records:
         if record.get("depth_attention") and record.get("lr") == selected.get(cell_of(record)):
-            groups[(record["regime"], record["shots"], record["epochs"])].append(record["depth_attention"])
+            setup = record.get("setup", "")
+            key = (method_rank(record["method"]), record["method"], setup, record["regime"], record["shots"])
+            groups[(*key, record["epochs"])].append(record["depth_attention"])
     if not groups:
         return None
     plt = _pyplot()
     keys = sorted(groups)
+    several_setups = len({key[2] for key in keys}) > 1
     matrix = [[sum(col) / len(col) for col in zip(*groups[key], strict=True)] for key in keys]
     layers = len(matrix[0])
     # wide and tall enough for the title and the colour bar's label whatever the layer and row counts
     figure, ax = plt.subplots(figsize=(max(4.5, 2.0 + 0.6 * layers), max(2.4, 1.2 + 0.4 * len(keys))))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis")
     ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
-    ax.set_yticks(range(len(keys)), [f"{regime_label(r)} N={shots_text(n)} ep={e}" for r, n, e in keys])
+    labels = [
+        f"{method_label(m)}: {regime_label(r)} N={shots_text(n)} ep={e}" + (f" ({setup})" * several_setups)
+        for _, m, setup, r, n, e in keys
+    ]
+    ax.set_yticks(range(len(keys)), labels)
     ax.set_xlabel("fused layer")
-    ax.set_title("DWAtt mean depth attention\n(dev tokens, at the selected LR)", fontsize=10)
+    ax.set_title("mean depth attention\n(dev tokens, at the selected LR)", fontsize=10)
     figure.colorbar(image, ax=ax).set_label("mean attention weight\n(each row sums to 1)")
     path = _save(figure, Path(path))
     plt.close(figure)

@@ -321,9 +321,29 @@ def test_titles_and_legends_name_methods_and_regimes_as_the_registry_labels_them
         assert all(ax.get_title().startswith("frozen encoder, ") for ax in axes), name
     heatmap = figures["dwatt_attention"].axes[0]
     assert [t.get_text() for t in heatmap.get_yticklabels()] == [
-        "frozen encoder N=2 ep=5",
-        "frozen encoder N=8 ep=5",
+        "DWAtt: frozen encoder N=2 ep=5",
+        "DWAtt: frozen encoder N=8 ep=5",
     ]
+
+
+def test_the_depth_attention_of_each_method_is_its_own_row(monkeypatch, tmp_path):
+    """DWAtt and Scaled DWAtt in one file: one row each, each the mean of its own trials only."""
+    saved = {}
+    monkeypatch.setattr(plot, "_save", lambda figure, path: saved.setdefault(path.stem, figure) and path)
+    records = []
+    for method, first in (("dwatt", 0.9), ("scaled_dwatt", 0.3)):
+        for trial, shift in enumerate((-0.1, 0.1)):
+            record = _record(method, 2, trial, 0.5, best_f1=0.5, test_f1=0.4)
+            attention = [first + shift, 0.1, 0.9 - first - shift]
+            records.append({**record, "depth_attention": attention, "fused_layers": [1, 2, 3]})
+    write_report(records, tmp_path)
+    heatmap = saved["dwatt_attention"].axes[0]
+    assert [t.get_text() for t in heatmap.get_yticklabels()] == [
+        "DWAtt: frozen encoder N=2 ep=5",
+        "Scaled DWAtt: frozen encoder N=2 ep=5",
+    ]
+    rows = heatmap.get_images()[0].get_array().tolist()
+    assert rows[0] == pytest.approx([0.9, 0.1, 0.0]) and rows[1] == pytest.approx([0.3, 0.1, 0.6])
 
 
 def test_dev_curves_of_runs_with_one_dev_evaluation_draw_their_points(monkeypatch, tmp_path):
