@@ -277,7 +277,7 @@ def best_layer_section(
         f"{heading}\n\nEach method at its LR selected on dev against, per trial, the layer probe with the "
         "best dev score (its layer, feature kind, raw or z/rms(z), and LR chosen in that trial), scored on "
         "test; paired differences over trials (bold: the 95% interval excludes 0). Guarded: the method "
-        "kept in a trial only where its dev score beats that layer's, else the layer; (kept) counts the "
-        "trials it was kept.\n\n"
+        "kept in a trial only where its dev score beats that layer's by more than one standard error of "
+        "the layer's dev score, else the layer; (kept) counts the trials it was kept.\n\n"
         f"{text}\n"
     )

@@ -607,9 +607,9 @@ def plot_depth_attention(
     groups: dict[tuple, list[list[float]]] = defaultdict(list)
     for record in records:
         if record.get("depth_attention") and record.get("lr") == selected.get(cell_of(record)):
-            setup = record.get("setup", "")
-            key = (method_rank(record["method"]), record["method"], setup, record["regime"], record["shots"])
-            groups[(*key, record["epochs"])].append(record["depth_attention"])
+            method, setup = record["method"], record.get("setup", "")
+            key = (method_rank(method), method, setup, record["regime"], record["shots"], record["epochs"])
+            groups[key].append(record["depth_attention"])
     if not groups:
         return None
     plt = _pyplot()
@@ -621,10 +621,10 @@ def plot_depth_attention(
     figure, ax = plt.subplots(figsize=(max(4.5, 2.0 + 0.6 * layers), max(2.4, 1.2 + 0.4 * len(keys))))
     image = ax.imshow(matrix, aspect="auto", cmap="viridis")
     ax.set_xticks(range(layers), [str(i) for i in records_layers(records, layers)])
-    labels = [
-        f"{method_label(m)}: {regime_label(r)} N={shots_text(n)} ep={e}" + (f" ({setup})" * several_setups)
-        for _, m, setup, r, n, e in keys
-    ]
+    labels = []
+    for _, method, setup, regime, shots, epochs in keys:
+        label = f"{method_label(method)}: {regime_label(regime)} N={shots_text(shots)} ep={epochs}"
+        labels.append(f"{label} ({setup})" if several_setups else label)
     ax.set_yticks(range(len(keys)), labels)
     ax.set_xlabel("fused layer")
     ax.set_title("mean depth attention\n(dev tokens, at the selected LR)", fontsize=10)

@@ -100,6 +100,7 @@ def test_the_section_needs_probes_and_fe_runs():
     section = best_layer_section(RUNS, PROBES)
     assert section.startswith("## Against the best single layer chosen on dev\n")
     assert "| best layer (dev) | 50.0 ± " in section
+    assert "beats that layer's by more than one standard error of the layer's dev score" in section
 
 
 def test_a_wider_probe_grid_joins_the_candidates_and_the_first_sweep_wins_a_shared_lr():
