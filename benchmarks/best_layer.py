@@ -26,8 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from layerfusion_recipes.core.probes import probes_path
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.tasks import read_task_records
+from layerfusion_recipes.core.tasks import read_task_probes, read_task_records
 from layerfusion_recipes.reporting.best_layer import best_layer_markdown, union_probes
 
 
@@ -37,14 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="Also write the numbers here.")
     parser.add_argument("--also", nargs="+", default=[], help="Results files of more methods, same trials.")
     args = parser.parse_args(argv)
-    probes = union_probes([read_records(probes_path(path)) for path in (args.results, *args.also)])
+    paths = (args.results, *args.also)
+    runs = {path: read_task_records(path) for path in paths}  # a probe-guided run from its newest start only
+    probes = union_probes([read_task_probes(path, runs[path]) for path in paths])  # no other setup's
     trials = {(p["shots"], p["epochs"], p["trial"]) for p in probes}  # the main file's
-    records = [
-        r
-        for path in (args.results, *args.also)
-        for r in read_task_records(path)  # a probe-guided run from its newest start only
-        if (r["shots"], r["epochs"], r["trial"]) in trials
-    ]
+    records = [r for path in paths for r in runs[path] if (r["shots"], r["epochs"], r["trial"]) in trials]
     if not probes:
         print(
             f"{probes_path(args.results)}: no layer probes (run the sweep with --probe-layers)",

@@ -408,6 +408,20 @@ def current_runs(runs: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]
     return [runs[index] for index in sorted([*kept, *newest.values()])]
 
 
+def current_probes(probes: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The probe records a report of ``runs`` reads (``probes``: a probes file's): those of a setup some
+    run has (with no runs, all; records written before setups count as one). A probe of another setup
+    read other data, another model or other settings: it is stale, and a bar drawn from it would be too.
+
+    Example:
+        >>> probes = [{"setup": "old"}, {"setup": "gone"}, {"setup": "new"}]
+        >>> [p["setup"] for p in current_probes(probes, [{"setup": "new"}, {"setup": "old"}])]
+        ['old', 'new']
+    """
+    setups = {run.get("setup") for run in runs} or {record.get("setup") for record in probes}
+    return [record for record in probes if record.get("setup") in setups]
+
+
 def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[ProbeUnit]:
     """The probes of ``grid`` still to train now (:func:`probe_plan`): ``(cell, kind, LRs)`` per trial.
 
@@ -519,7 +533,8 @@ def guarded(
 
 
 def best_per_trial(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], dict[str, Any]]:
-    """``{(shots, epochs, trial): best_single_layer(...)}`` of probe records, each trial's own.
+    """``{(shots, epochs, trial): best_single_layer(...)}`` of probe records, each trial's own (of its
+    :func:`newest_setup`).
 
     Example:
         >>> layers = [{"layer": n, "dev_f1": dev, "test_f1": dev} for n, dev in ((1, 0.4), (2, 0.6))]
@@ -530,7 +545,20 @@ def best_per_trial(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, in
     trials: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
     for record in records:
         trials.setdefault((record["shots"], record["epochs"], record["trial"]), []).append(record)
-    return {trial: best_single_layer(found) for trial, found in trials.items()}
+    return {trial: best_single_layer(newest_setup(found)) for trial, found in trials.items()}
+
+
+def newest_setup(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of ``records`` (one trial's probes, in file order) of the last setup among them: two
+    setups' probes of one trial read different data, models or settings, and the newer is the one a
+    sweep resumes (records without a setup count as one).
+
+    Example:
+        >>> [r["lr"] for r in newest_setup([{"setup": "a", "lr": 1}, {"setup": "b", "lr": 2}])]
+        [2]
+    """
+    last = records[-1].get("setup") if records else None
+    return [record for record in records if record.get("setup") == last]
 
 
 def probe_starts(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], int]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .errors import UserError
-from .probes import current_runs, probes_path
+from .probes import current_probes, current_runs, probes_path
 from .records import read_records
 
 # the tasks whose records are no grid's cells (each has a record shape and a block of RESULTS.md of its
@@ -134,6 +134,19 @@ def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """
     probes = read_records(probes_path(path), is_probe_record)
     return current_runs(read_records(path, readable), probes)
+
+
+def read_task_probes(path: str | os.PathLike, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The layer probes beside the results file ``path`` that a report of its ``runs`` reads
+    (:func:`~layerfusion_recipes.core.probes.current_probes`: none of a setup the runs lack).
+
+    Example:
+        >>> path = "benchmarks/results/conll_fe_probe_start_t10_m10/results.jsonl"  # committed
+        >>> probes = read_task_probes(path, read_task_records(path))
+        >>> sorted({p["shots"] for p in probes})  # its N = 32 probes are another setup's
+        [8]
+    """
+    return current_probes(read_records(probes_path(path), is_probe_record), runs)
 
 
 def sweep_task(records: Iterable[dict[str, Any]], path: str | os.PathLike) -> str | None:

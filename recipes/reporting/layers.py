@@ -30,11 +30,10 @@ from typing import Any
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.cells import shots_size
-from ..core.probes import FEATURES, PROBE_REGIME, UNIT_RMS, features_of, probes_path
-from ..core.records import read_records
+from ..core.probes import FEATURES, PROBE_REGIME, UNIT_RMS, features_of
 from ..core.selection import Selection, cell_of, dev_score, record_metric, select_lr, test_score
 from ..core.stats import mean_ci
-from ..core.tasks import is_probe_record, read_task_records, sweep_task
+from ..core.tasks import read_task_probes, read_task_records, sweep_task
 from .best_layer import best_layer_section
 from .plot import (
     _pyplot,
@@ -84,6 +83,7 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     (every further metric: ``{metric: (mean, ci)}`` at the same runs, ``None`` without a test split).
 
     Example:
+        >>> from layerfusion_recipes.core.records import read_records
         >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
         >>> probe_rows(probes)[0]["layer"]
         1
@@ -200,6 +200,7 @@ def learned_weights(
         the fused layers, the mean weight of each, the trials.
 
     Example:
+        >>> from layerfusion_recipes.core.records import read_records
         >>> weights = learned_weights(read_records("benchmarks/results/trec_fe/results.jsonl"))
         >>> [cell for cell in weights if cell[-1] == "scalar_mix"][0][1:]  # (setup, regime, N, epochs, ...)
         ('fe', 32, 30, 'scalar_mix')
@@ -293,6 +294,7 @@ def layers_markdown(
     (a page that has its own sections, as RESULTS.md, takes another).
 
     Example:
+        >>> from layerfusion_recipes.core.records import read_records
         >>> probes = read_records("out/results.probes.jsonl")
         >>> print(layers_markdown(probes, read_records("out/results.jsonl")))
     """
@@ -404,6 +406,7 @@ def plot_layers(
     probe records.
 
     Example:
+        >>> from layerfusion_recipes.core.records import read_records
         >>> probes = read_records("out/results.probes.jsonl")
         >>> plot_layers(probes, read_records("out/results.jsonl"), "out/layers.png")
     """
@@ -522,6 +525,7 @@ def write_layer_report(
     without probes.
 
     Example:
+        >>> from layerfusion_recipes.core.records import read_records
         >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
         >>> from layerfusion_recipes.reporting.plot import write_report
         >>> records = read_records("benchmarks/results/trec_fe/results.jsonl")
@@ -543,6 +547,7 @@ def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
     the model's layers, then a note saying so).
 
     Example:
+        >>> from layerfusion_recipes.core.records import read_records
         >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
         >>> best_layers_lines(probes, 3)
         ['layers (best 3 on dev), N=8, max 30 epochs: layers=[...]', ...]
@@ -569,7 +574,7 @@ def plot_main(args: argparse.Namespace) -> int:
     output = args.output or Path(args.results).parent
     paths = write_report(records, output)
     top = getattr(args, "probe_layers", None) or DEFAULT_TOP
-    probes = read_records(probes_path(args.results), is_probe_record)
+    probes = read_task_probes(args.results, records)  # none of a setup the runs lack
     paths.update(write_layer_report(records, probes, output, top))
     print(paths["table"].read_text())
     for line in best_layers_lines(probes, top):

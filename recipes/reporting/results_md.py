@@ -133,11 +133,9 @@ from peft_layerfusion.utils import atomic_write_text
 
 from ..core.errors import UserError, is_user_error, one_line
 from ..core.grids import DEFAULT_LR_GRIDS, lr_grid
-from ..core.probes import probes_path
-from ..core.records import read_records
 from ..core.settings import load_config, option, results_path
 from ..core.sweep_log import SweepTotals, read_sweep_log, sweep_totals
-from ..core.tasks import is_probe_record, read_task_records, sweep_task
+from ..core.tasks import read_task_probes, read_task_records, sweep_task
 from .benchmark_report import read_report
 from .layers import DEFAULT_TOP, LAYERS_FIGURE, layers_markdown
 from .markdown import Block, MarkerError, Params, block_error, duration, listed, memory
@@ -357,7 +355,7 @@ def unfinished_lines(rows: list[dict[str, Any]], options: GridOptions, prefix: s
     the selected LR has fewer trials than the grid's ``trials``.
 
     Example:
-        >>> from layerfusion_recipes.core.records import append_record
+        >>> from layerfusion_recipes.core.records import append_record, read_records
         >>> record = {"key": "dwatt|fe|8|25|0|lr=0.001|3f2a", "method": "dwatt", "regime": "fe", "shots": 8,
         ...           "epochs": 25, "trial": 0, "lr": 1e-3, "dev_f1": 50.0, "test_f1": 45.0, "setup": "3f2a"}
         >>> append_record("out/results.jsonl", record)
@@ -490,7 +488,7 @@ def render_grid_block(block: Block, root: Path, commands: Commands, page: Path =
     rows = summarize(records)  # once, for the tables and the unfinished cells
     unfinished = unfinished_text(unfinished_lines(rows, options))
     top = options.probe_layers or DEFAULT_TOP
-    probes = read_records(probes_path(root / results), is_probe_record)
+    probes = read_task_probes(root / results, records)
     layers = probes_text(records, probes, top, _figure_link(root, Path(results).parent, page))
     plot = f"layerfusion plot {results}" + (f" --probe-layers {top}" if probes and top != DEFAULT_TOP else "")
     lines = "\n".join([*_grid_commands(block, block.params, commands), plot])

@@ -397,3 +397,16 @@ def test_a_reader_shows_each_probe_guided_run_from_the_block_its_trial_s_probes_
         for p in probes_now
     ]
     assert probes.current_runs(runs, moved) == [runs[1], runs[2], runs[5]]  # the probes pick block 2
+
+
+def test_a_report_reads_no_probe_of_a_setup_its_runs_lack_and_each_trial_s_newest_setup():
+    """Probes of another setup read other data, model or settings: a bar drawn from them is stale."""
+    old = {**_probe_record(1e-2, 0, [(0.5, 0.5), (0.9, 0.2)]), "setup": "old"}  # block 2 on old data
+    new = {**_probe_record(1e-2, 0, [(0.6, 0.7), (0.4, 0.4)]), "setup": "new"}  # block 1 now
+    gone = {**_probe_record(1e-2, 1, [(0.1, 0.1), (0.8, 0.8)]), "setup": "gone"}  # no run has it
+    runs = [{"setup": "new"}, {"setup": "old"}]
+    assert probes.current_probes([old, gone, new], runs) == [old, new]
+    assert probes.current_probes([old, gone], []) == [old, gone]  # no runs: nothing to match
+    best = probes.best_per_trial([old, new])[8, 5, 0]
+    assert (best["layer"], best["dev"], best["test"]) == (1, 0.6, 0.7)  # the newest setup, not old's 0.9
+    assert probes.best_per_trial([new, old])[8, 5, 0]["layer"] == 2  # file order decides which is newest

@@ -227,6 +227,24 @@ def test_plot_redraws_the_layer_diagnostics_from_the_files(paths, tmp_path, caps
     assert "layers (best 3 on dev), N=3, max 3 epochs: layers=[1, 2, 3]" in capsys.readouterr().out
 
 
+def test_plot_reads_no_probe_of_a_setup_the_runs_lack(paths, tmp_path):
+    """Probes left by a sweep on other data (another setup) that would move every trial's best layer:
+    the redrawn table is the one the sweep wrote."""
+    assert main(classify_argv(paths, tmp_path)) == 0
+    table = (tmp_path / "table.md").read_text()
+    probes_file = tmp_path / "results.probes.jsonl"
+    stale = []
+    for record in read_records(probes_file):
+        metric = record["metric"]
+        layers = [{**e, f"dev_{metric}": 1.0, f"test_{metric}": 0.0} for e in record["layers"]]
+        stale.append({**record, "setup": "feedfacecafe", "key": record["key"] + "x", "layers": layers})
+    with probes_file.open("a") as handle:
+        handle.writelines(json.dumps(record) + "\n" for record in stale)
+    assert main(["plot", str(tmp_path / "results.jsonl"), "--probe-layers", "2"]) == 0
+    assert (tmp_path / "table.md").read_text() == table
+    assert "feedfacecafe" not in table and "best layer (dev)" in table
+
+
 def test_ner_probe_layers_reads_the_labelled_positions_and_reports_f1(paths, tmp_path, capsys):
     argv = [
         "ner",
