@@ -47,7 +47,7 @@ def write_states(args: argparse.Namespace) -> list[Path]:
             ids = [(index, n, *range(args.positions)) for n in range(per_shard)]  # unique token ids
             keys = [(sentence, tuple(range(args.positions))) for sentence in ids]  # (ids, kept)
             states = torch.randn(per_shard * args.positions, args.blocks, args.width, generator=generator)
-            write_shard(path, keys, states, None, KEY)
+            write_shard(path, keys, states, KEY)
         paths.append(path)
     return paths
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report("benchmarks/mapped_pages.py", argv)
     states, ranges = [], []
     for path in write_states(args):
-        shard, _ = read_shard(path, KEY, args.blocks)
+        shard = read_shard(path, KEY, args.blocks)
         states += list(shard.values())
         ranges.append(mapped_range(states[-1], path))
     if None in ranges:

@@ -208,7 +208,6 @@ def write_shard(
     path: Path,
     keys: Sequence[SentenceKey],
     states: torch.Tensor,
-    block_output_len: int | None,
     key: str,
 ) -> None:
     """Write the states of the sentences ``keys`` to ``path`` atomically and durably.
@@ -217,7 +216,6 @@ def write_shard(
         path: The shard file.
         keys: One ``(token ids, kept positions)`` per sentence.
         states: Their states, sentence after sentence: ``(sum of kept positions, L, d)``.
-        block_output_len: ``None`` (the blocks return a tensor) or the length of their tuple.
         key: The cache's :func:`feature_key`.
 
     The data goes to ``tmp-<pid>-<random>-<host>.tmp`` next to ``path``, is fsync'ed, then
@@ -227,7 +225,7 @@ def write_shard(
         >>> folder = Path("cache/features-0123456789abcdef")
         >>> folder.mkdir(parents=True)
         >>> states = torch.randn(1, 6, 32)  # one kept position, 6 blocks, width 32
-        >>> write_shard(folder / "shard-1.safetensors", [((101, 7592, 102), (1,))], states, None, "k")
+        >>> write_shard(folder / "shard-1.safetensors", [((101, 7592, 102), (1,))], states, "k")
         >>> [path.name for path in folder.iterdir()]  # no temporary file left
         ['shard-1.safetensors']
     """
@@ -245,7 +243,6 @@ def write_shard(
         "format": SHARD_FORMAT,
         "key": key,
         "count": str(len(keys)),
-        "block_output_len": json.dumps(block_output_len),
     }
     temp = path.with_name(f"tmp-{os.getpid()}-{uuid.uuid4().hex}-{socket.gethostname()}{TEMP_SUFFIX}")
     try:
@@ -265,12 +262,11 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def read_shard(path: Path, key: str, num_blocks: int) -> tuple[dict[SentenceKey, torch.Tensor], int | None]:
-    """``(states, block_output_len)`` of a shard written by :func:`write_shard` for ``key``.
-
-    ``states`` maps each sentence's ``(token ids, kept positions)`` to its ``(kept, L, d)`` states:
-    views of the file, memory-mapped (read from disk when first touched, shared through the page
-    cache by every process that reads the shard, never copied into this process's own memory).
+def read_shard(path: Path, key: str, num_blocks: int) -> dict[SentenceKey, torch.Tensor]:
+    """The states of a shard written by :func:`write_shard` for ``key``: each sentence's ``(token ids,
+    kept positions)`` to its ``(kept, L, d)`` states, views of the file, memory-mapped (read from disk
+    when first touched, shared through the page cache by every process that reads the shard, never
+    copied into this process's own memory).
 
     Raises:
         CorruptShardError: the file is empty, truncated, not a shard of this key, or holds
@@ -278,10 +274,9 @@ def read_shard(path: Path, key: str, num_blocks: int) -> tuple[dict[SentenceKey,
 
     Example:
         >>> shard = Path("shard-1.safetensors")
-        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), None, "k")  # 6 blocks
-        >>> states, block_output_len = read_shard(shard, "k", num_blocks=6)
-        >>> [tuple(state.shape) for state in states.values()], block_output_len
-        ([(1, 6, 32)], None)
+        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), "k")  # 6 blocks
+        >>> [tuple(state.shape) for state in read_shard(shard, "k", num_blocks=6).values()]
+        [(1, 6, 32)]
     """
     try:
         with safe_open(path, framework="pt") as handle:
@@ -295,7 +290,7 @@ def read_shard(path: Path, key: str, num_blocks: int) -> tuple[dict[SentenceKey,
             path, f"not a shard of key {key} (format {metadata.get('format')!r}, key {metadata.get('key')!r})"
         )
     try:
-        count, block_output_len = int(metadata["count"]), json.loads(metadata["block_output_len"])
+        count = int(metadata["count"])  # a shard of an older version also says its blocks' output length
     except (KeyError, ValueError) as error:
         raise CorruptShardError(path, f"bad metadata {metadata}") from error
     if names != set(SHARD_TENSORS):
@@ -315,7 +310,7 @@ def read_shard(path: Path, key: str, num_blocks: int) -> tuple[dict[SentenceKey,
             )
         states[sentence] = tensors["states"][row : row + n]  # (kept, L, d), a view of the file
         token, row = token + length, row + n
-    return states, block_output_len
+    return states
 
 
 def mapped_range(tensor: torch.Tensor, path: str | os.PathLike) -> tuple[int, int] | None:
@@ -327,8 +322,8 @@ def mapped_range(tensor: torch.Tensor, path: str | os.PathLike) -> tuple[int, in
 
     Example:
         >>> shard = Path("shard-1.safetensors")
-        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), None, "k")  # 6 blocks
-        >>> states, _ = read_shard(shard, "k", num_blocks=6)
+        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), "k")  # 6 blocks
+        >>> states = read_shard(shard, "k", num_blocks=6)
         >>> mapped_range(next(iter(states.values())), shard)  # doctest: +SKIP
         (140230010863616, 4096)
     """
@@ -359,8 +354,8 @@ def drop_mapped_pages(ranges: Iterable[tuple[int, int]]) -> bool:
 
     Example:
         >>> shard = Path("shard-1.safetensors")
-        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), None, "k")  # 6 blocks
-        >>> states, _ = read_shard(shard, "k", num_blocks=6)
+        >>> write_shard(shard, [((101, 7592, 102), (1,))], torch.randn(1, 6, 32), "k")  # 6 blocks
+        >>> states = read_shard(shard, "k", num_blocks=6)
         >>> drop_mapped_pages([mapped_range(next(iter(states.values())), shard)])  # on Linux
         True
     """

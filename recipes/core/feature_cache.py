@@ -571,8 +571,8 @@ class BlockOutputs:
     Example:
         >>> t5 = ((COMPUTED, NOTHING), (OutputSlot("arg", 2), NOTHING))  # (hidden, position bias, None)
         >>> outputs = BlockOutputs(t5)  # 2 T5 blocks: block 0 makes the bias, block 1 hands it on
-        >>> outputs.computes(0), outputs.computes(1), outputs.output_len
-        (True, False, 3)
+        >>> outputs.computes(0), outputs.computes(1)
+        (True, False)
         >>> learned = cache.block_outputs  # the tiny BERT's: a tensor (transformers 5) or (tensor, None)
         >>> [learned.computes(index) for index in range(3)], learned.exact_calls
         ([False, False, False], True)
@@ -585,12 +585,6 @@ class BlockOutputs:
         """Whether block ``index`` computes something a later block reads (it runs where calls matter)."""
         slots = self.slots[index]
         return slots is not None and COMPUTED in slots
-
-    @property
-    def output_len(self) -> int | None:
-        """``None`` (the blocks return a tensor) or the length of the last block's output tuple."""
-        last = self.slots[-1]
-        return None if last is None else 1 + len(last)
 
     def replayed(self, index: int, hidden: torch.Tensor, call: BlockCall, run: Callable | None) -> object:
         """What replayed block ``index`` returns: ``hidden`` (its cached state), then each other entry
@@ -911,7 +905,7 @@ class FeatureCache:
 
     def _map_shard(self, shard: Path) -> None:
         """Serve the sentences of ``shard`` from the file (memory-mapped)."""
-        states, _ = read_shard(shard, self.key, self.num_blocks)  # its block output length: learned anew
+        states = read_shard(shard, self.key, self.num_blocks)
         mapped = mapped_range(next(iter(states.values())), shard) if states else None
         if mapped is not None:  # None: read into memory, never dropped
             self._mapped.append(mapped)
@@ -927,8 +921,7 @@ class FeatureCache:
         name = f"shard-{uuid.uuid4().hex}{SHARD_SUFFIX}"
         keys = [key for chunk, _ in pending for key in chunk]
         states = torch.cat([kept for _, kept in pending]) if len(pending) > 1 else pending[0][1]
-        output_len = self.block_outputs.output_len if self.block_outputs is not None else None
-        write_shard(self.path / name, keys, states, output_len, self.key)
+        write_shard(self.path / name, keys, states, self.key)
         self._map_shard(self.path / name)
 
     def batch(self, features: Sequence[Feature]) -> CachedBatch:

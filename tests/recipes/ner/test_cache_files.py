@@ -122,7 +122,7 @@ def test_a_damaged_shard_is_named_removed_and_recomputed(tmp_path, experiment, d
     written = {key: value.clone() for key, value in cache.states.items()}
     del cache  # touching a mapping of a file truncated in place would be a bus error (SIGBUS)
     if damage == "foreign key":
-        cache_files.write_shard(shard, list(written), torch.cat(list(written.values())), None, "0" * 16)
+        cache_files.write_shard(shard, list(written), torch.cat(list(written.values())), "0" * 16)
     else:
         shard.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
     with pytest.warns(RuntimeWarning, match=shard.name):
@@ -186,8 +186,8 @@ def _one_shard(folder: Path, rows: int) -> tuple[Path, torch.Tensor, dict]:
     written, and the states read back (memory-mapped)."""
     keys = [(tuple(range(rows)), tuple(range(rows)))]
     written = torch.randn(rows, 2, 1024)  # (kept, L, d)
-    cache_files.write_shard(folder / "shard-a.safetensors", keys, written, None, "k")
-    read, _ = cache_files.read_shard(folder / "shard-a.safetensors", "k", num_blocks=2)
+    cache_files.write_shard(folder / "shard-a.safetensors", keys, written, "k")
+    read = cache_files.read_shard(folder / "shard-a.safetensors", "k", num_blocks=2)
     return folder / "shard-a.safetensors", written, read
 
 
