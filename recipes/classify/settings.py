@@ -10,7 +10,7 @@ from ..core.demo import model_path
 from ..core.grids import DEFAULT_EVAL_EVERY
 from ..core.models import METHOD_NAMES, REGIME_NAMES
 from ..core.options import default_output
-from ..core.settings import grid_options, load_config, option, task_fields
+from ..core.settings import field_defaults, grid_options, load_config, option, task_fields
 from .experiment import ClassifySettings
 
 GRID: dict[str, Any] = {
@@ -20,15 +20,11 @@ GRID: dict[str, Any] = {
     "epochs": [30],
     "trials": 3,
 }
+SETTINGS_DEFAULTS = ("max_length", "batch_size", "seed", "fixed_sample", "pooling", "metric")  # as a script's
 DEFAULTS: dict[str, Any] = {
-    "max_length": 128,
-    "batch_size": 8,
+    **field_defaults(ClassifySettings, SETTINGS_DEFAULTS),
     "eval_every": DEFAULT_EVAL_EVERY,  # as NER's grid for your data
-    "seed": 0,
     "no_cache": False,
-    "fixed_sample": False,
-    "pooling": "model",
-    "metric": "accuracy",
     "output": default_output(ClassifySettings.TASK),
     "workers": 1,
     "quiet": False,

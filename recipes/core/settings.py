@@ -9,6 +9,7 @@ Each task builds its settings dataclass from the parsed options (``ner``:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,19 @@ def load_config(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"{args.config}: unknown option(s) {sorted(unknown)}")
     check_positive_ints(loaded, args.config)
     return loaded
+
+
+def field_defaults(settings_class: type, names: tuple[str, ...]) -> dict[str, Any]:
+    """The defaults of the fields ``names`` of the dataclass ``settings_class``: what a command's
+    defaults take from the settings a script builds, so each is written once.
+
+    Example:
+        >>> from layerfusion_recipes.classify.experiment import ClassifySettings
+        >>> field_defaults(ClassifySettings, ("max_length", "batch_size", "seed"))
+        {'max_length': 128, 'batch_size': 8, 'seed': 0}
+    """
+    fields = {field.name: field for field in dataclasses.fields(settings_class)}
+    return {name: fields[name].default for name in names}
 
 
 def option(args: argparse.Namespace, loaded: dict[str, Any], name: str, default: Any = None) -> Any:

@@ -9,6 +9,18 @@ from ..core.names import METHOD_NAMES, REGIME_NAMES
 from ..core.options import check_names, default_output, learning_rate, positive_int
 from ..core.task_options import check_paths
 
+# the defaults of the options, which MlmSettings takes too (written once)
+DEFAULTS: dict[str, object] = {
+    "method": "dwatt",
+    "regime": "fe",
+    "epochs": 3,
+    "batch_size": 8,
+    "block_size": 128,
+    "mlm_probability": 0.15,
+    "holdout": 0.1,
+    "seed": 0,
+}
+
 HELP = "Masked-LM perplexity (WikiText-2) with a fusion method, LR selected on dev."
 DESCRIPTION = """\
 Masked-LM perplexity with a fusion method and a regime: the fused state replaces z_L as the
@@ -37,16 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--method",
-        default="dwatt",
-        help="Fusion method (default dwatt; `none` = plain last layer; `layerfusion methods` lists them).",
+        default=DEFAULTS["method"],
+        help=f"Fusion method (default {DEFAULTS['method']}; `none` = plain last layer; "
+        "`layerfusion methods` lists them).",
     )
     parser.add_argument(
         "--regime",
-        default="fe",
-        help="Training regime: fe, ft, lora or bitfit (default fe: frozen encoder, fusion + LM head train).",
+        default=DEFAULTS["regime"],
+        help=f"Training regime: fe, ft, lora or bitfit (default {DEFAULTS['regime']}; fe: frozen encoder, "
+        "fusion + LM head train).",
     )
     parser.add_argument(
-        "--epochs", type=positive_int, default=3, help="Epochs; LR linear from max to zero (default 3)."
+        "--epochs",
+        type=positive_int,
+        default=DEFAULTS["epochs"],
+        help=f"Epochs; LR linear from max to zero (default {DEFAULTS['epochs']}).",
     )
     parser.add_argument(
         "--lr",
@@ -63,22 +80,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_block_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion mlm``: batches, blocks, masking, splits, head, seed and output."""
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="Blocks per step (paper: 8).")
     parser.add_argument(
-        "--block-size", type=int, default=128, help="Tokens per block incl. [CLS]/[SEP] (128)."
+        "--batch-size",
+        type=positive_int,
+        default=DEFAULTS["batch_size"],
+        help=f"Blocks per step (default {DEFAULTS['batch_size']}, the paper's).",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULTS["block_size"],
+        help=f"Tokens per block incl. [CLS]/[SEP] (default {DEFAULTS['block_size']}).",
     )
     parser.add_argument(
         "--mlm-probability",
         type=float,
-        default=0.15,
-        help="Share of tokens predicted, in (0, 1] (0.15).",
+        default=DEFAULTS["mlm_probability"],
+        help=f"Share of tokens predicted, in (0, 1] (default {DEFAULTS['mlm_probability']}).",
     )
     parser.add_argument(
         "--holdout",
         type=float,
-        default=0.1,
+        default=DEFAULTS["holdout"],
         help="Without a train split: share of valid.txt held out as dev, in (0, 1), which selects the "
-        "checkpoint and the LR (0.1).",
+        f"checkpoint and the LR (default {DEFAULTS['holdout']}).",
     )
     parser.add_argument(
         "--max-train-blocks", type=positive_int, help="Use at most this many training blocks (speed)."
@@ -92,7 +117,12 @@ def _add_block_arguments(parser: argparse.ArgumentParser) -> None:
         help="LM head modules trained with the fusion (default: "
         "every top-level module outside the base model, e.g. `cls` for BERT).",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Seed of init, order and masks (default 0).")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULTS["seed"],
+        help=f"Seed of init, order and masks (default {DEFAULTS['seed']}).",
+    )
     parser.add_argument(
         "--output",
         default=default_output("mlm"),

@@ -17,6 +17,7 @@ from ..core.demo import demo_model_path
 from ..core.grids import DEFAULT_MLM_LR_GRIDS, lr_grid
 from ..core.models import METHOD_NAMES, REGIME_NAMES
 from ..core.options import check_names, default_output
+from .options import DEFAULTS
 
 # the options that change a run's result; with the model and the LR they are a run's `settings`
 RESULT_SETTINGS = (
@@ -52,18 +53,18 @@ class MlmSettings:
 
     data: str
     model: str
-    method: str = "dwatt"
-    regime: str = "fe"
+    method: str = DEFAULTS["method"]
+    regime: str = DEFAULTS["regime"]
     lrs: tuple[float, ...] = DEFAULT_MLM_LR_GRIDS["fe"]
-    epochs: int = 3
-    batch_size: int = 8
-    block_size: int = 128
-    mlm_probability: float = 0.15
-    holdout: float = 0.1
+    epochs: int = DEFAULTS["epochs"]
+    batch_size: int = DEFAULTS["batch_size"]
+    block_size: int = DEFAULTS["block_size"]
+    mlm_probability: float = DEFAULTS["mlm_probability"]
+    holdout: float = DEFAULTS["holdout"]
     max_train_blocks: int | None = None
     max_eval_blocks: int | None = None
     head_modules: tuple[str, ...] | None = None
-    seed: int = 0
+    seed: int = DEFAULTS["seed"]
     output: str = default_output("mlm")
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ from ..core.cells import FULL_TRAIN
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, model_path
 from ..core.grids import PAPER_AXES, USER_AXES
 from ..core.options import default_output
-from ..core.settings import grid_options, load_config, option, task_fields
+from ..core.settings import field_defaults, grid_options, load_config, option, task_fields
 from .experiment import ExperimentSettings
 from .models import NER_REGIME_NAMES, default_token_head
 
@@ -21,11 +21,8 @@ USER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **USER_
 # --paper-grid: shots 8 .. 128 x epochs 25 .. 100 x 5 trials (2,800 runs under FE)
 PAPER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **PAPER_AXES}
 DEFAULTS: dict[str, Any] = {
-    "max_length": 128,
-    "batch_size": 16,
-    "seed": 0,
+    **field_defaults(ExperimentSettings, ("max_length", "batch_size", "seed", "fixed_sample")),
     "no_cache": False,
-    "fixed_sample": False,
     "output": default_output(ExperimentSettings.TASK),
     "workers": 1,
     "quiet": False,
