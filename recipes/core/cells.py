@@ -98,8 +98,17 @@ def with_defaults(key: str, method: str) -> str:
         >>> with_defaults("dwatt|fe|0|lr=0.001|3f2a9c0d1e4b", "dwatt")  # its defaults never changed
         'dwatt|fe|0|lr=0.001|3f2a9c0d1e4b'
     """
-    defaults = defaults_key(method)
-    return key if defaults is None else f"{key}|defaults={defaults}"
+    return key + defaults_suffix(defaults_key(method))
+
+
+def defaults_suffix(defaults: str | None) -> str:
+    """What a key ends in for the defaults fingerprint ``defaults``: ``|defaults=...``, or nothing.
+
+    Example:
+        >>> defaults_suffix("3f2a9c0d1e4b"), defaults_suffix(None)
+        ('|defaults=3f2a9c0d1e4b', '')
+    """
+    return "" if defaults is None else f"|defaults={defaults}"
 
 
 def config_defaults(config_cls: type) -> dict[str, Any]:

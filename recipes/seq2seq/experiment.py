@@ -54,9 +54,6 @@ import torch
 from peft import get_peft_model
 from torch import nn
 
-from peft_layerfusion import EncoderFusionConfig, SurfaceFusionConfig
-from peft_layerfusion.config import LayerFusionConfig
-from peft_layerfusion.registration import SEQ2SEQ_METHODS
 from peft_layerfusion.utils import atomic_write_json
 
 from ..core.loop import TrainingLoop
@@ -68,40 +65,12 @@ from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..data.readers import read_text
 from .records import RESULTS_FILE, SUMMARY_FILE, comparison_setup, legacy_records, run_key
 from .settings import Seq2SeqSettings
+from .variants import PLAIN_MODEL, method_configs
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3
 PAD, BOS, EOS, UNK = range(4)
 METRICS = ("exact_match", "chrf", "bleu")
 DEV_SEED, TEST_SEED = 2, 1  # corruption seeds of the dev and test pairs (fixed for every run and seed)
-PLAIN_MODEL = "vanilla"  # the model alone, no fusion method
-# The compared variants of a seq2seq method of the registry, by its config class: run name -> options.
-# A registered seq2seq method not named here is compared once, under its own name, with its defaults.
-VARIANTS: dict[type[LayerFusionConfig], dict[str, dict[str, Any]]] = {
-    EncoderFusionConfig: {"encoder_fusion": {"include_embeddings": True}},
-    SurfaceFusionConfig: {
-        "surface_hard": {"fusion": "hard", "fusion_lambda": 0.8},
-        "surface_soft": {"fusion": "soft", "temperature": 1.0},
-    },
-}
-
-
-def method_configs() -> dict[str, Callable[[], LayerFusionConfig] | None]:
-    """Every compared model by run name: the plain model (``None``), then each seq2seq method of the
-    registry in its :data:`VARIANTS` (in their order, then any other), as a function building its config.
-
-    Example:
-        >>> list(method_configs())
-        ['vanilla', 'encoder_fusion', 'surface_hard', 'surface_soft']
-    """
-    declared = list(VARIANTS)
-    rank = {cls: position for position, cls in enumerate(declared)}
-    configs: dict[str, Callable[[], LayerFusionConfig] | None] = {PLAIN_MODEL: None}
-    for method in sorted(SEQ2SEQ_METHODS, key=lambda m: rank.get(m.config_cls, len(declared))):
-        variants = VARIANTS.get(method.config_cls, {method.name: {}})
-        configs |= {name: partial(method.config_cls, **options) for name, options in variants.items()}
-    return configs
-
-
 METHOD_NAMES: tuple[str, ...] = tuple(method_configs())
 
 

@@ -3,8 +3,9 @@
 
 Key (:func:`run_key`): ``METHOD|SEED|lr=LR|SETUP``, ``SETUP`` the fingerprint of the comparison's
 settings (every option but the seed and the learning rate) and its training and test files
-(:func:`comparison_setup`). A run whose key is in the file is not run again; changed settings or files
-make new records beside the old ones.
+(:func:`comparison_setup`), then ``|defaults=...`` where a variant's options changed since keys began to
+carry them (:func:`~layerfusion_recipes.seq2seq.variants.variant_key`). A run whose key is in the file
+is not run again; changed settings, files or variant options make new records beside the old ones.
 
 ``OUTPUT/results.json`` is the comparison's summary, written when it completes (its settings, the
 runs it used, the selected learning rates, the copy baseline, the summary table's numbers and what
@@ -19,8 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.cells import with_defaults
+from ..core.cells import defaults_suffix
 from ..core.records import fingerprint, unit_key
+from .variants import variant_key
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "results.json"
@@ -39,13 +41,15 @@ def comparison_setup(header: dict[str, Any]) -> str:
 
 
 def run_key(method: str, seed: int, learning_rate: float, setup: str) -> str:
-    """The key of the run of ``method`` at ``seed`` and ``learning_rate`` in the comparison ``setup``.
+    """The key of the run of ``method`` at ``seed`` and ``learning_rate`` in the comparison ``setup``,
+    with ``|defaults=...`` where the variant's options changed since keys began to carry them
+    (:func:`~layerfusion_recipes.seq2seq.variants.variant_key`).
 
     Example:
-        >>> run_key("vanilla", 0, 3e-3, "3f2a9c0d1e4b")
-        'vanilla|0|lr=0.003|3f2a9c0d1e4b'
+        >>> run_key("vanilla", 0, 3e-3, "3f2a9c0d1e4b"), run_key("surface_hard", 0, 3e-3, "3f2a9c0d1e4b")
+        ('vanilla|0|lr=0.003|3f2a9c0d1e4b', 'surface_hard|0|lr=0.003|3f2a9c0d1e4b')
     """
-    return with_defaults(unit_key(f"{method}|{seed}", learning_rate, setup), method)
+    return unit_key(f"{method}|{seed}", learning_rate, setup) + defaults_suffix(variant_key(method))
 
 
 def legacy_records(output: Path) -> list[dict[str, Any]]:

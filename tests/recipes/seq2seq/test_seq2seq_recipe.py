@@ -11,6 +11,7 @@ import torch
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.seq2seq import experiment as seq2seq
+from layerfusion_recipes.seq2seq import variants
 from layerfusion_recipes.seq2seq.experiment import (
     EOS,
     PAD,
@@ -30,6 +31,7 @@ from layerfusion_recipes.seq2seq.experiment import (
 )
 from layerfusion_recipes.seq2seq.records import comparison_setup, legacy_records, run_key
 
+from peft_layerfusion import SurfaceFusionConfig
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
 WORDS = "the a cat dog sat ran on under mat tree red big small house".split()
@@ -300,8 +302,27 @@ def test_the_compared_models_derive_from_the_registry(monkeypatch):
     assert {type(make()) for make in configs.values() if make} == {m.config_cls for m in SEQ2SEQ_METHODS}
     assert configs["surface_hard"]().fusion == "hard" and configs["surface_soft"]().fusion == "soft"
     new = SimpleNamespace(name="new_fusion", config_cls=type("NewConfig", (), {}))
-    monkeypatch.setattr(seq2seq, "SEQ2SEQ_METHODS", (*SEQ2SEQ_METHODS, new))
+    monkeypatch.setattr(variants, "SEQ2SEQ_METHODS", (*SEQ2SEQ_METHODS, new))
     assert list(seq2seq.method_configs())[-1] == "new_fusion"
+
+
+def test_a_variant_whose_options_change_gets_keys_its_old_records_lack(monkeypatch):
+    """The run name ``surface_hard`` alone does not say its λ: a record of λ = 0.8 must not be served
+    for λ = 0.5, nor for a changed config default; the variants as they are keep the keys they had."""
+    before = {name: run_key(name, 0, 3e-3, "s") for name in seq2seq.METHOD_NAMES}
+    assert before["surface_hard"] == "surface_hard|0|lr=0.003|s"  # the key it always had
+    assert before["vanilla"] == "vanilla|0|lr=0.003|s"
+    hard = {**variants.VARIANTS[SurfaceFusionConfig]["surface_hard"], "fusion_lambda": 0.5}
+    changed = {**variants.VARIANTS[SurfaceFusionConfig], "surface_hard": hard}
+    monkeypatch.setattr(variants, "VARIANTS", {**variants.VARIANTS, SurfaceFusionConfig: changed})
+    after = {name: run_key(name, 0, 3e-3, "s") for name in seq2seq.METHOD_NAMES}
+    assert after["surface_hard"].startswith("surface_hard|0|lr=0.003|s|defaults=")
+    assert {name: key for name, key in after.items() if name != "surface_hard"} == {
+        name: key for name, key in before.items() if name != "surface_hard"
+    }
+    monkeypatch.undo()
+    monkeypatch.setattr(variants, "config_defaults", lambda cls: {"attention_dropout": 0.0})  # a new default
+    assert run_key("surface_soft", 0, 3e-3, "s") != before["surface_soft"]
 
 
 def test_an_unknown_method_is_one_line_before_any_data_is_read(tmp_path, capsys):
