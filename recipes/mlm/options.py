@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from ..core.grids import DEFAULT_MLM_LR_GRIDS, describe_lr_grids
 from ..core.names import METHOD_NAMES, REGIME_NAMES
@@ -47,24 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         help="Masked-LM model name or path (default: the demo encoder; its missing MLM head starts random).",
     )
-    parser.add_argument(
-        "--method",
-        default=DEFAULTS["method"],
-        help=f"Fusion method (default {DEFAULTS['method']}; `none` = plain last layer; "
-        "`layerfusion methods` lists them).",
+    _with_default(
+        parser, "method", str, "Fusion method; `none` = plain last layer, `layerfusion methods` lists them"
     )
-    parser.add_argument(
-        "--regime",
-        default=DEFAULTS["regime"],
-        help=f"Training regime: fe, ft, lora or bitfit (default {DEFAULTS['regime']}; fe: frozen encoder, "
-        "fusion + LM head train).",
+    _with_default(
+        parser,
+        "regime",
+        str,
+        "Training regime: fe = frozen encoder, fusion and LM head train; ft, lora or bitfit",
     )
-    parser.add_argument(
-        "--epochs",
-        type=positive_int,
-        default=DEFAULTS["epochs"],
-        help=f"Epochs; LR linear from max to zero (default {DEFAULTS['epochs']}).",
-    )
+    _with_default(parser, "epochs", positive_int, "Epochs; LR linear from max to zero")
     parser.add_argument(
         "--lr",
         nargs="+",
@@ -80,30 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_block_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion mlm``: batches, blocks, masking, splits, head, seed and output."""
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=DEFAULTS["batch_size"],
-        help=f"Blocks per step (default {DEFAULTS['batch_size']}, the paper's).",
-    )
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULTS["block_size"],
-        help=f"Tokens per block incl. [CLS]/[SEP] (default {DEFAULTS['block_size']}).",
-    )
-    parser.add_argument(
-        "--mlm-probability",
-        type=float,
-        default=DEFAULTS["mlm_probability"],
-        help=f"Share of tokens predicted, in (0, 1] (default {DEFAULTS['mlm_probability']}).",
-    )
-    parser.add_argument(
-        "--holdout",
-        type=float,
-        default=DEFAULTS["holdout"],
-        help="Without a train split: share of valid.txt held out as dev, in (0, 1), which selects the "
-        f"checkpoint and the LR (default {DEFAULTS['holdout']}).",
+    _with_default(parser, "batch_size", positive_int, "Blocks per step, as in the paper")
+    _with_default(parser, "block_size", int, "Tokens per block incl. [CLS]/[SEP]")
+    _with_default(parser, "mlm_probability", float, "Share of tokens predicted, in (0, 1]")
+    _with_default(
+        parser,
+        "holdout",
+        float,
+        "Without a train split: share of valid.txt held out as dev, in (0, 1), which selects the "
+        "checkpoint and the LR",
     )
     parser.add_argument(
         "--max-train-blocks", type=positive_int, help="Use at most this many training blocks (speed)."
@@ -117,18 +95,24 @@ def _add_block_arguments(parser: argparse.ArgumentParser) -> None:
         help="LM head modules trained with the fusion (default: "
         "every top-level module outside the base model, e.g. `cls` for BERT).",
     )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=DEFAULTS["seed"],
-        help=f"Seed of init, order and masks (default {DEFAULTS['seed']}).",
-    )
+    _with_default(parser, "seed", int, "Seed of init, order and masks")
     parser.add_argument(
         "--output",
         default=default_output("mlm"),
         help=f"Folder of results.jsonl, one record per run (default: {default_output('mlm')}). Re-running "
         "skips a run finished with the same settings (also one of an older folder's "
         "mlm-METHOD-REGIME-lrLR.json files) and runs it otherwise.",
+    )
+
+
+def _with_default(
+    parser: argparse.ArgumentParser, name: str, kind: Callable[[str], object], text: str
+) -> None:
+    """The option ``--NAME`` (dashes for underscores) of type ``kind``, its default from :data:`DEFAULTS`
+    (said at the end of its help ``text``)."""
+    default = DEFAULTS[name]
+    parser.add_argument(
+        f"--{name.replace('_', '-')}", type=kind, default=default, help=f"{text} (default {default})."
     )
 
 
