@@ -141,8 +141,20 @@ def defaults_key(method: str) -> str | None:
     """
     if method not in {registered.name for registered in METHODS}:
         return None
-    found = fingerprint(config_defaults(method_named(method).config_cls))
-    return None if found == KEYED_DEFAULTS.get(method) else found
+    return changed_fingerprint(config_defaults(method_named(method).config_cls), KEYED_DEFAULTS.get(method))
+
+
+def changed_fingerprint(fields: dict[str, Any], keyed: str | None) -> str | None:
+    """The :func:`~layerfusion_recipes.core.records.fingerprint` of ``fields``, or ``None`` where it is
+    ``keyed`` (the fingerprint they had when keys began to carry them: the keys stay as they were).
+
+    Example:
+        >>> keyed = fingerprint({"lam": 0.8})
+        >>> changed_fingerprint({"lam": 0.8}, keyed), changed_fingerprint({"lam": 0.5}, keyed)
+        (None, '...')
+    """
+    found = fingerprint(fields)
+    return None if found == keyed else found
 
 
 def sample_seed(shots: int, trial: int) -> int:

@@ -14,8 +14,7 @@ from peft_layerfusion import EncoderFusionConfig, SurfaceFusionConfig
 from peft_layerfusion.config import LayerFusionConfig
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
-from ..core.cells import config_defaults
-from ..core.records import fingerprint
+from ..core.cells import changed_fingerprint, config_defaults
 
 PLAIN_MODEL = "vanilla"  # the model alone, no fusion method
 # The compared variants of a seq2seq method of the registry, by its config class: run name -> options.
@@ -78,7 +77,4 @@ def variant_key(name: str) -> str | None:
         (True, True)
     """
     options = variant_options(name)
-    if options is None:
-        return None
-    found = fingerprint(options)
-    return None if found == KEYED_VARIANTS.get(name) else found
+    return None if options is None else changed_fingerprint(options, KEYED_VARIANTS.get(name))
