@@ -125,8 +125,10 @@ class FusionModule(nn.Module):
         super().__init__()
         self.num_fused = context.num_fused
         self.hidden_size = context.hidden_size
-        # `state_norm="rms"` (DepthMixConfig): mix unit-RMS states, the result in z_L's units
-        self.normalizes_states = getattr(config, "state_norm", "none") == "rms"
+        state_norm = getattr(config, "state_norm", "none")  # DepthMixConfig's; "none" for other methods
+        # "rms" and "rms_after_norm": mix unit-RMS states; the latter after a pre-norm stack's final norm
+        self.normalizes_states = state_norm in ("rms", "rms_after_norm")
+        self.mixes_after_norm = state_norm == "rms_after_norm"
         self.mixing_lr_multiplier = float(getattr(config, "mixing_lr_multiplier", 1.0))
         self.register_load_state_dict_post_hook(realign_after_load)
 
@@ -136,22 +138,45 @@ class FusionModule(nn.Module):
         none (a method with no mixing weights)."""
         return []
 
-    def unit_states(self, states: list[torch.Tensor]) -> Iterable[torch.Tensor]:
+    def after_norm(self, capture: Capture) -> bool:
+        """Whether this forward mixes after the final norm ``F`` (``state_norm="rms_after_norm"`` on a
+        stack whose ``F`` runs inside the blocks' container): its output is then what the head reads,
+        and ``F`` does not run on it again."""
+        return self.mixes_after_norm and capture.final_norm is not None
+
+    def last_as_mixed(self, capture: Capture) -> torch.Tensor:
+        """``z_L`` as this module mixes it ``(..., d)``: ``F(z_L)`` after the final norm (as the model
+        computed it), ``z_L / rms(z_L)`` with ``state_norm="rms"``, else ``z_L``."""
+        last = capture.states[-1]
+        if self.after_norm(capture):
+            return capture.normed_last
+        return unit_rms(last) if self.normalizes_states else last
+
+    def unit_states(
+        self, states: list[torch.Tensor], capture: Capture | None = None
+    ) -> Iterable[torch.Tensor]:
         """``states`` as they are mixed: each ``z_n / rms(z_n)`` with ``state_norm="rms"`` (made one at a
         time, as it is read: no ``K`` normalised copies held at once; all at once where
-        :func:`runs_stacked`), else ``states`` themselves."""
+        :func:`runs_stacked`), else ``states`` themselves. With ``capture``, after the final norm
+        (:meth:`after_norm`), ``z_L`` enters as ``F(z_L)``."""
         if not self.normalizes_states:
             return states
-        return unit_rms(torch.stack(states)).unbind(0) if runs_stacked(states) else map(unit_rms, states)
+        units = unit_rms(torch.stack(states)).unbind(0) if runs_stacked(states) else None
+        last = capture.states[-1] if capture is not None and self.after_norm(capture) else None
+        return (
+            self.last_as_mixed(capture) if state is last else (unit_rms(state) if units is None else units[n])
+            for n, state in enumerate(states)
+        )
 
     def in_stream_units(self, mixed: torch.Tensor, capture: Capture) -> torch.Tensor:
-        """A mix of unit-RMS states put back on ``z_L``'s scale (``state_norm="rms"``), else ``mixed``.
+        """A mix of unit-RMS states put back on ``z_L``'s scale (``state_norm="rms"``), else ``mixed``
+        (also after the final norm: :meth:`after_norm`, the head reads the mix as it is).
 
         ``h = z_L + rms(z_L) (mixed - z_L / rms(z_L))``: equal to ``rms(z_L) mixed`` up to rounding,
         and to ``z_L`` bitwise where ``mixed`` is exactly ``z_L / rms(z_L)`` (a one-hot start on
         ``z_L``), so identity inits stay exact. ``mixed`` has ``z_L``'s shape.
         """
-        if not self.normalizes_states:
+        if not self.normalizes_states or self.after_norm(capture):
             return mixed
         last = capture.states[-1]  # z_L: (..., d)
         return torch.addcmul(last, rms(last), mixed - unit_rms(last))

@@ -803,13 +803,14 @@ def gather_positions(state: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def select_positions(capture: Capture, index: torch.Tensor) -> Capture:
-    """``capture`` with each state reduced to the positions ``index``: ``(1, selected, d)`` (the states
-    the capture gathered as the blocks ran, :attr:`Capture.selected`, are taken as they are)."""
+    """``capture`` with each state (and ``F(z_L)``) reduced to the positions ``index``: ``(1, selected, d)``
+    (the states the capture gathered as the blocks ran, :attr:`Capture.selected`, are taken as they are)."""
     gathered = len(capture.states) - 1 if capture.selected is not None else 0  # z_0 .. z_{L-1}
     if gathered and not torch.equal(capture.selected, index):
         raise RuntimeError("the capture gathered other positions than the fusion reads")
     states = capture.states[:gathered] + [gather_positions(s, index) for s in capture.states[gathered:]]
-    return replace(capture, states=states, selected=index)  # each state (1, selected, d)
+    normed = None if capture.normed_last is None else gather_positions(capture.normed_last, index)
+    return replace(capture, states=states, normed_last=normed, selected=index)  # each state (1, selected, d)
 
 
 def scatter_positions(fused: torch.Tensor, last: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

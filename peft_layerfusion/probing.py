@@ -38,8 +38,12 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .config import STATE_NORMS, invalid
+from .config import invalid
 from .fusion import unit_rms
+
+# What a probe reads of one state: the state as it is, or at unit RMS per position (the config's
+# "rms_after_norm" places a mix after the final norm; a single state has no such choice).
+PROBED_STATE_NORMS: tuple[str, ...] = ("none", "rms")
 
 
 def layer_probe_scores(
@@ -79,8 +83,8 @@ def layer_probe_scores(
         >>> len(scores), all(0.0 <= score <= 1.0 for score in scores)
         (3, True)
     """
-    if state_norm not in STATE_NORMS:
-        raise invalid("state_norm", state_norm, f"one of {list(STATE_NORMS)}")
+    if state_norm not in PROBED_STATE_NORMS:
+        raise invalid("state_norm", state_norm, f"one of {list(PROBED_STATE_NORMS)}")
     if train_states.dim() != 3 or dev_states.shape[1:] != train_states.shape[1:]:
         raise ValueError(
             f"train_states {tuple(train_states.shape)} and dev_states {tuple(dev_states.shape)}: expected "

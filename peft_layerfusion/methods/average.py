@@ -14,7 +14,15 @@ on ``z_L``'s scale (:class:`~peft_layerfusion.config.DepthMixConfig`):
     \qquad \hat z_n = z_n / \mathrm{rms}(z_n),
     \qquad \mathrm{rms}(x) = \sqrt{\tfrac{1}{d} \textstyle\sum_i x_i^2 + \epsilon}
 
-so every block counts the same, however large the stream has grown by its depth.
+so every block counts the same, however large the stream has grown by its depth. With
+``state_norm="rms_after_norm"`` on a stack with a final norm ``F`` the mean is taken after ``F``, what
+the head reads, ``z_L`` entering as ``F(z_L)`` (``F``'s gain is not applied to the other blocks):
+
+.. math::
+
+    h_{head} = \frac{1}{K} \Big( \textstyle\sum_{n < L} \hat z_n + F(z_L) \Big)
+
+(with ``layers=[b]``: exactly ``ẑ_b``, the state a linear probe on ``ẑ_b`` reads).
 
 No identity init: with no parameters, ``h`` is the mean from the start and can equal the base
 model's ``z_L`` only when ``layers`` fuses ``z_L`` alone. ``fusion_init="identity"`` is refused;
@@ -62,7 +70,7 @@ class Average(FusionModule):
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = states[0].new_full((len(states),), 1.0 / len(states))  # (K,)
-        mixed = weighted_sum(zip(self.unit_states(states), weights, strict=True))  # (batch, seq, d)
+        mixed = weighted_sum(zip(self.unit_states(states, capture), weights, strict=True))  # (batch, seq, d)
         return self.in_stream_units(mixed, capture)
 
 

@@ -34,6 +34,15 @@ scale (:class:`~peft_layerfusion.config.DepthMixConfig`; exact at the identity s
 
     h = z_L + \mathrm{rms}(z_L) \big(W [\hat z_1; \dots; \hat z_K] + b - \hat z_L\big),
     \qquad \hat z_n = z_n / \mathrm{rms}(z_n)
+
+With ``state_norm="rms_after_norm"`` on a stack with a final norm ``F`` the map is taken after it, on
+what the head reads: ``z_L`` enters as ``F(z_L)`` (in the map, and as a low-rank identity start's fixed term),
+and ``F`` does not run again:
+
+.. math::
+
+    h_{head} = W [\hat z_1; \dots; \hat z_{L-1}; F(z_L)] + b
+        \;\;(+\, F(z_L) \text{ at a low-rank identity start})
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ import torch
 from torch import nn
 
 from ..config import DepthMixConfig, invalid, require_number
-from ..fusion import FusionContext, FusionModule, linear_init_, unit_rms
+from ..fusion import FusionContext, FusionModule, linear_init_
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
@@ -142,11 +151,10 @@ class Concat(FusionModule):
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         d = self.hidden_size
-        tokens = [state.reshape(-1, d) for state in self.unit_states(states)]  # each (tokens, d)
+        tokens = [state.reshape(-1, d) for state in self.unit_states(states, capture)]  # each (tokens, d)
         fused = self._full(tokens) if self.map_rank is None else self._low_rank(tokens)  # (tokens, d)
         if self.adds_last:  # z_L + Σ B_n A_n z_n + b (ẑ_L with state_norm: put on z_L's scale below)
-            last = capture.states[-1].reshape(-1, d)
-            fused = fused + (unit_rms(last) if self.normalizes_states else last)
+            fused = fused + self.last_as_mixed(capture).reshape(-1, d)
         return self.in_stream_units(fused.view_as(states[0]), capture)
 
     def _full(self, tokens: list[torch.Tensor]) -> torch.Tensor:

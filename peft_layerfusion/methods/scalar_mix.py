@@ -35,7 +35,17 @@ With ``state_norm="rms"`` the weights mix unit-RMS states and the mix is put bac
     h = \gamma \Big( z_L + \mathrm{rms}(z_L) \big(\textstyle\sum_n s_n \hat z_n - \hat z_L\big) \Big),
     \qquad \hat z_n = z_n / \mathrm{rms}(z_n)
 
-(exactly ``z_L`` at the identity start; ``γ rms(z_L) ẑ_b`` at a start on block ``b``).
+(exactly ``z_L`` at the identity start; ``γ rms(z_L) ẑ_b`` at a start on block ``b``). The head of a
+pre-norm stack then reads ``F(h)``: at a start on block ``b``, ``ẑ_b`` times ``F``'s per-channel gain,
+which was fitted to ``z_L``. With ``state_norm="rms_after_norm"`` the mix is taken after ``F`` instead,
+``z_L`` entering as ``F(z_L)``, and ``F`` does not run again:
+
+.. math::
+
+    h_{head} = \gamma \Big( \textstyle\sum_{n < L} s_n \hat z_n + s_L F(z_L) \Big)
+
+(exactly ``F(z_L)`` at the identity start, ``γ ẑ_b`` at a start on block ``b``: what a linear probe on
+``ẑ_b`` reads; the same as ``"rms"`` on a stack without ``F``).
 """
 
 from __future__ import annotations
@@ -149,7 +159,7 @@ class ScalarMix(FusionModule):
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = self.mix_weights()  # (K,)
-        mixed = weighted_sum(zip(self.unit_states(states), weights, strict=True))  # (batch, seq, d)
+        mixed = weighted_sum(zip(self.unit_states(states, capture), weights, strict=True))  # (batch, seq, d)
         return self.gamma * self.in_stream_units(mixed, capture)
 
 

@@ -336,10 +336,13 @@ def test_bert_as_a_decoder_is_accepted_and_recomputed():
         torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=ATOL, rtol=1e-5)
 
 
-def test_fused_positions_on_a_pre_norm_decoder():
-    # Selected positions: the full fusion's output; the others: the base's F(z_L), bitwise.
+@pytest.mark.parametrize("state_norm", ["none", "rms_after_norm"])
+def test_fused_positions_on_a_pre_norm_decoder(state_norm):
+    # Selected positions: the full fusion's output; the others: the base's F(z_L), bitwise. After the
+    # final norm, the capture's F(z_L) is gathered at the selected positions as the states are.
     family = FAMILIES["llama"]
-    model = adapted(family.build("token"), TOKEN_WISE[0].config_cls(task_type="TOKEN_CLS"))
+    config = TOKEN_WISE[0].config_cls(task_type="TOKEN_CLS", state_norm=state_norm)
+    model = adapted(family.build("token"), config)
     inputs = inputs_for("token", "right")
     mask = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
     mask[0, 2] = mask[1, 5] = True

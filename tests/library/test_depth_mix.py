@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import attach, fusion_of, perturb_, tiny_bert
 from peft import get_peft_model
-from test_methods import REFERENCES, reference_logits
+from test_methods import REFERENCES, peft_logits, reference_logits
 from tiny_decoders import FAMILIES, adapted, head_output, residual_stream, token_ids
 
 from peft_layerfusion import (
@@ -94,12 +94,90 @@ def test_rms_states_on_a_pre_norm_decoder_equal_the_recomputation(config_cls):
 
 
 @pytest.mark.parametrize("config_cls", [ScalarMixConfig, ConcatConfig, DWAttConfig, LayerMixConfig])
-def test_rms_states_keep_the_identity_start_exact_on_a_decoder(config_cls):
+@pytest.mark.parametrize("state_norm", ["rms", "rms_after_norm"])
+def test_rms_states_keep_the_identity_start_exact_on_a_decoder(config_cls, state_norm):
     base = LLAMA.build("causal")
     inputs = llama_inputs()
     plain = causal_logits(base, inputs)
-    model = get_peft_model(base, config_cls(state_norm="rms", fusion_init="identity"))
-    assert torch.equal(causal_logits(model, inputs), plain)  # bitwise: h = z_L at initialisation
+    model = get_peft_model(base, config_cls(state_norm=state_norm, fusion_init="identity"))
+    assert torch.equal(causal_logits(model, inputs), plain)  # bitwise: h = z_L (F(z_L)) at initialisation
+
+
+class MixedAsGiven:
+    """A fusion module seen by the references as one that mixes its states as they are given (the
+    states already written out as the module reads them), every other attribute the module's."""
+
+    normalizes_states = False
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def __getattr__(self, name: str):
+        return getattr(self.module, name)
+
+
+def after_norm_reference(config_cls, states: list[torch.Tensor], normed_last: torch.Tensor, module):
+    """``h_head`` of ``state_norm="rms_after_norm"`` written out: ``z_n / rms(z_n)`` for ``n < L`` and
+    ``F(z_L)`` mixed by the method's formula, with no rescaling; DWAtt: ``F(z_L) + rms(F(z_L)) Σ a_n v_n``."""
+    layers = list(range(1, len(states)))
+    if config_cls in (DWAttConfig, ScaledDWAttConfig):
+        return REFERENCES[config_cls](states, layers, module, normed_last=normed_last)
+    as_mixed = [state / rms(state) for state in states[:-1]] + [normed_last]
+    return REFERENCES[config_cls](as_mixed, layers, MixedAsGiven(module))
+
+
+def grown_llama() -> torch.nn.Module:
+    """The tiny Llama with a stream whose RMS grows with depth (about 1, 30, 900), as in deep LLMs, and
+    a final norm whose gain spreads over three decades, as Gemma 3's (0.19 to 301)."""
+    reference = LLAMA.build("causal")
+    with torch.no_grad():
+        for n, block in enumerate(LLAMA.blocks_of(reference)):
+            block.mlp.down_proj.weight.mul_(30.0 ** (n + 1))
+        LLAMA.norm_of(reference).weight.copy_(torch.logspace(-0.7, 2.5, reference.config.hidden_size))
+    return reference
+
+
+@pytest.mark.parametrize(
+    "config_cls", [*PAPER_METHODS, ScaledDWAttConfig, LayerMixConfig], ids=lambda c: c.__name__
+)
+def test_a_mix_after_the_final_norm_equals_the_recomputation(config_cls):
+    reference = grown_llama()
+    model = adapted(copy.deepcopy(reference), config_cls(state_norm="rms_after_norm", fusion_init="paper"))
+    module = fusion_of(model)
+    perturb_(module)
+    inputs = llama_inputs()
+    states = residual_stream(LLAMA, reference, inputs)
+    normed_last = LLAMA.norm_of(reference)(states[-1]).detach()  # F(z_L)
+    h = after_norm_reference(config_cls, states, normed_last, module)
+    expected = head_output(LLAMA, reference, "causal", h, inputs, normed=False)  # F does not run again
+    torch.testing.assert_close(causal_logits(model, inputs), expected, atol=2e-5, rtol=1e-5)
+    before = adapted(copy.deepcopy(reference), config_cls(state_norm="rms", fusion_init="paper"))
+    perturb_(fusion_of(before))  # the same parameters, mixed before F
+    assert (causal_logits(before, inputs) - expected).abs().max() > 1e-3
+
+
+def test_a_mix_after_the_final_norm_started_on_a_block_reads_that_block_at_unit_rms():
+    reference = grown_llama()
+    model = adapted(copy.deepcopy(reference), LayerMixConfig(start_layer=1, state_norm="rms_after_norm"))
+    inputs = llama_inputs()
+    z_1 = residual_stream(LLAMA, reference, inputs)[1]
+    expected = head_output(LLAMA, reference, "causal", z_1 / rms(z_1), inputs, normed=False)
+    torch.testing.assert_close(causal_logits(model, inputs), expected, atol=1e-5, rtol=1e-5)
+    through_norm = head_output(LLAMA, reference, "causal", z_1, inputs)  # "rms": F's gain on z_1
+    assert (through_norm - expected).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("config_cls", [*PAPER_METHODS, LayerMixConfig], ids=lambda c: c.__name__)
+def test_a_mix_after_the_final_norm_is_the_rms_mix_on_a_post_norm_encoder(
+    config_cls, input_ids, attention_mask
+):
+    outputs = []
+    for norm in ("rms", "rms_after_norm"):
+        model, _ = attach(config_cls(state_norm=norm, modules_to_save=["classifier"]), base=scaled_bert())
+        torch.manual_seed(0)
+        perturb_(fusion_of(model))
+        outputs.append(peft_logits(model, input_ids, attention_mask))
+    assert torch.equal(outputs[0], outputs[1])  # no final norm in the blocks' container: the same bits
 
 
 def test_the_paper_defaults_are_unchanged():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import TOKEN_WISE_CONFIGS, attach, fusion_of, perturb_
@@ -97,17 +99,21 @@ def test_inside_functorch_is_true_under_vmap_only():
 
 
 @pytest.mark.parametrize("config_cls", TOKEN_WISE_CONFIGS, ids=lambda c: c.__name__)
-@pytest.mark.parametrize("state_norm", ["none", "rms"])
+@pytest.mark.parametrize("state_norm", ["none", "rms", "rms_after_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("positions", [(1, 1), (2, 7), (1, STACKED_TOKENS)], ids=str)
 def test_the_stacked_forward_gives_the_per_state_bits(config_cls, state_norm, dtype, positions, monkeypatch):
     """A decoding step's forward (no autograd, few positions) runs over a (K, tokens, d) stack; it must give
-    the very bits of the per-state forward that training and long inputs run."""
+    the very bits of the per-state forward that training and long inputs run (after a final norm too)."""
     model, _ = attach(config_cls(fusion_init="paper", state_norm=state_norm))
     module = fusion_of(model).to(dtype)
     perturb_(module, scale=1.0)
     layers = fusion_layer_of(model).fused_layers["default"]
     capture = Capture([s.to(dtype) for s in small_step(4, (*positions, 32))], (), {})  # z_0 .. z_3
+    if state_norm == "rms_after_norm":  # a pre-norm stack's F, with F(z_L) as the model computed it
+        norm = torch.nn.RMSNorm(32, dtype=dtype)
+        torch.nn.init.uniform_(norm.weight, 0.2, 300.0)
+        capture = replace(capture, final_norm=norm, normed_last=norm(capture.states[-1]).detach())
     states = [capture.states[n] for n in layers]
     with torch.no_grad():
         assert runs_stacked(states)

@@ -59,12 +59,18 @@ def on_stream_scale(mixed: torch.Tensor, z: tuple[torch.Tensor, ...], module) ->
 
 
 def dwatt_ref(
-    z: tuple[torch.Tensor, ...], layers: list[int], module, weights_hook=None, final_norm=None
+    z: tuple[torch.Tensor, ...],
+    layers: list[int],
+    module,
+    weights_hook=None,
+    final_norm=None,
+    normed_last=None,
 ) -> torch.Tensor:
     """DWAtt's ``h``; with ``final_norm`` (a pre-norm stack's ``F``, for ``prenorm_scaling``) the query
     reads ``F(z_L)`` and the correction is scaled by ``sqrt(mean(z_L²))`` per token; with
     ``state_norm="rms"`` query and values read ``z_n / rms(z_n)`` and the correction is scaled by
-    ``rms(z_L)``."""
+    ``rms(z_L)``; with ``normed_last`` (``F(z_L)``, ``state_norm="rms_after_norm"``) the correction is
+    added to it, scaled by ``rms(F(z_L))``: the head's input."""
     last = z[-1]  # (batch, seq, d)
     if module.normalizes_states:
         read, z = last / root_mean_square(last), unit(z, module)
@@ -82,8 +88,9 @@ def dwatt_ref(
     if weights_hook is not None:
         weights = weights_hook(weights)
     scale = 1.0 if final_norm is None else torch.sqrt((last * last).mean(-1, keepdim=True))  # (batch, seq, 1)
-    scale = root_mean_square(last) if module.normalizes_states else scale
-    return last + scale * sum(weights[..., n : n + 1] * v for n, v in enumerate(values))
+    start = last if normed_last is None else normed_last
+    scale = root_mean_square(start) if module.normalizes_states else scale
+    return start + scale * sum(weights[..., n : n + 1] * v for n, v in enumerate(values))
 
 
 def concat_ref(z, layers, module) -> torch.Tensor:

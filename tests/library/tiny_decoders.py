@@ -200,12 +200,12 @@ def residual_stream(family: Family, reference: nn.Module, inputs: dict) -> list[
 
 
 def head_output(
-    family: Family, reference: nn.Module, head: str, h: torch.Tensor, inputs: dict
+    family: Family, reference: nn.Module, head: str, h: torch.Tensor, inputs: dict, normed: bool = True
 ) -> torch.Tensor:
-    """What ``reference`` makes of ``h`` in place of ``z_L``: its final norm, then its head (``seq``:
-    pooled at the last real token)."""
+    """What ``reference`` makes of ``h`` in place of ``z_L``: its final norm (``normed=False``: ``h`` in
+    place of ``F(z_L)``, no norm), then its head (``seq``: pooled at the last real token)."""
     with torch.no_grad():
-        h = family.norm_of(reference)(h)
+        h = family.norm_of(reference)(h) if normed else h
         if head == "causal":
             return reference.get_output_embeddings()(h)
         if head == "token":
