@@ -258,13 +258,14 @@ class DepthMixConfig(LayerFusionConfig):
             ``rms(z_L) mix(ẑ)`` for weights summing to one and exactly ``z_L`` at an identity start.
             On a pre-norm decoder the stream's RMS grows with depth (about 1 to 1400 on Gemma 3 270M),
             so a raw mix is decided by the deepest blocks' scale, not by its weights.
-            ``"rms_after_norm"``: on a stack with a final norm ``F`` (pre-norm decoders), the mix is
-            taken after ``F``, where the head reads: ``z_L`` enters as ``F(z_L)``, every other state
-            as ``ẑ_n``, and ``F`` does not run again (``h_head = mix(ẑ_0, .., ẑ_{L-1}, F(z_L))``).
-            ``F``'s learned gain is fitted to ``z_L`` (0.19 to 301 per channel on Gemma 3 270M): a
-            mix started on block ``b`` then gives the head ``ẑ_b``, not ``F(z_b)``. Exactly
-            ``F(z_L)`` at an identity start; on a stack without ``F`` (post-norm encoders) the same
-            as ``"rms"``.
+            ``"rms_after_norm"`` mixes them where the head reads: after a pre-norm stack's final norm
+            ``F``, ``z_L`` entering as ``F(z_L)`` (as ``z_L`` on a post-norm stack), every other state
+            as ``ẑ_n``, with no rescaling, and ``F`` does not run again
+            (``h_head = mix(ẑ_0, .., ẑ_{L-1}, F(z_L))``). ``F``'s learned gain is fitted to ``z_L``
+            (0.19 to 301 per channel on Gemma 3 270M); with this option a mix started on block ``b``,
+            or a one-layer mix of ``b``, gives the head exactly ``ẑ_b``, what a linear probe of ``b``
+            on unit-RMS states reads, where ``"rms"`` gives it ``F(ẑ_b)``. Exactly ``F(z_L)`` at an
+            identity start.
         mixing_lr_multiplier: The parameters that decide the mix (weights, logits, queries, maps:
             each method's ``mixing_parameters()``) train at ``lr * mixing_lr_multiplier``; the head
             and LoRA at ``lr``. Applied by :func:`peft_layerfusion.parameter_groups` (plain optimizers
@@ -283,9 +284,9 @@ class DepthMixConfig(LayerFusionConfig):
         metadata={
             "help": "'none' (the published methods) mixes the residual stream as it is; 'rms' mixes every "
             "block's state at unit RMS per position (a parameter-free RMS norm) and rescales the mix "
-            "to z_L's RMS, so depth scale cannot decide the mix; 'rms_after_norm' mixes them after the "
-            "final norm F of a pre-norm stack, z_L as F(z_L) (F's gain is not applied to the other "
-            "blocks), and is 'rms' where there is no F. Exact identity starts are kept."
+            "to z_L's RMS, so depth scale cannot decide the mix; 'rms_after_norm' mixes them where the "
+            "head reads, z_L as F(z_L) after a pre-norm stack's final norm F (F's gain is not applied "
+            "to the other blocks), without rescaling. Exact identity starts are kept."
         },
     )
     mixing_lr_multiplier: float = field(

@@ -21,6 +21,15 @@ last block still happens, to ``h`` instead of ``z_L``. So:
 * sequence-to-sequence methods mix the stream too, and read the encoder output ``F(z_L)``, which
   they leave as it is.
 
+One option departs from the rule, for a head that is trained anew on the fused state:
+``state_norm="rms_after_norm"`` (:class:`~peft_layerfusion.config.DepthMixConfig`) mixes where the
+head reads, after ``F``. ``z_L`` enters as the head reads it (``F(z_L)``; ``z_L`` on a post-norm
+stack), every other state at unit RMS (``z_n / rms(z_n)``, no gain), and ``F`` does not run again; at
+an identity start the head reads ``F(z_L)`` exactly, and a one-layer mix of block ``b`` gives it exactly
+``z_b / rms(z_b)``, what a linear probe of that block reads. ``F``'s per-channel gain is fitted to ``z_L``
+(0.19 to 301 on Gemma 3 270M): under the rule, a one-layer mix of a middle block hands the head
+``z_b / rms(z_b)`` times that gain.
+
 ``F`` is found by data flow, not by name: the norm module inside the blocks' container whose
 input is the last block's output tensor (``hooks.BlockCapture._at_final_norm``). A final norm
 outside the container (ViT on transformers 4.x: ``vit.layernorm`` after ``vit.encoder``) runs on
@@ -138,18 +147,13 @@ class FusionModule(nn.Module):
         none (a method with no mixing weights)."""
         return []
 
-    def after_norm(self, capture: Capture) -> bool:
-        """Whether this forward mixes after the final norm ``F`` (``state_norm="rms_after_norm"`` on a
-        stack whose ``F`` runs inside the blocks' container): its output is then what the head reads,
-        and ``F`` does not run on it again."""
-        return self.mixes_after_norm and capture.final_norm is not None
-
     def last_as_mixed(self, capture: Capture) -> torch.Tensor:
-        """``z_L`` as this module mixes it ``(..., d)``: ``F(z_L)`` after the final norm (as the model
-        computed it), ``z_L / rms(z_L)`` with ``state_norm="rms"``, else ``z_L``."""
+        """``z_L`` as this module mixes it ``(..., d)``: with ``state_norm="rms_after_norm"`` as the head
+        reads it (``F(z_L)`` as the model computed it, or ``z_L`` where no final norm runs in the blocks'
+        container), ``z_L / rms(z_L)`` with ``state_norm="rms"``, else ``z_L``."""
         last = capture.states[-1]
-        if self.after_norm(capture):
-            return capture.normed_last
+        if self.mixes_after_norm:
+            return last if capture.normed_last is None else capture.normed_last
         return unit_rms(last) if self.normalizes_states else last
 
     def unit_states(
@@ -157,12 +161,12 @@ class FusionModule(nn.Module):
     ) -> Iterable[torch.Tensor]:
         """``states`` as they are mixed: each ``z_n / rms(z_n)`` with ``state_norm="rms"`` (made one at a
         time, as it is read: no ``K`` normalised copies held at once; all at once where
-        :func:`runs_stacked`), else ``states`` themselves. With ``capture``, after the final norm
-        (:meth:`after_norm`), ``z_L`` enters as ``F(z_L)``."""
+        :func:`runs_stacked`), else ``states`` themselves. With ``capture`` and
+        ``state_norm="rms_after_norm"``, ``z_L`` enters as the head reads it (:meth:`last_as_mixed`)."""
         if not self.normalizes_states:
             return states
         units = unit_rms(torch.stack(states)).unbind(0) if runs_stacked(states) else None
-        last = capture.states[-1] if capture is not None and self.after_norm(capture) else None
+        last = capture.states[-1] if capture is not None and self.mixes_after_norm else None
         return (
             self.last_as_mixed(capture) if state is last else (unit_rms(state) if units is None else units[n])
             for n, state in enumerate(states)
@@ -170,13 +174,13 @@ class FusionModule(nn.Module):
 
     def in_stream_units(self, mixed: torch.Tensor, capture: Capture) -> torch.Tensor:
         """A mix of unit-RMS states put back on ``z_L``'s scale (``state_norm="rms"``), else ``mixed``
-        (also after the final norm: :meth:`after_norm`, the head reads the mix as it is).
+        (also with ``state_norm="rms_after_norm"``: the head reads the mix as it is).
 
         ``h = z_L + rms(z_L) (mixed - z_L / rms(z_L))``: equal to ``rms(z_L) mixed`` up to rounding,
         and to ``z_L`` bitwise where ``mixed`` is exactly ``z_L / rms(z_L)`` (a one-hot start on
         ``z_L``), so identity inits stay exact. ``mixed`` has ``z_L``'s shape.
         """
-        if not self.normalizes_states or self.after_norm(capture):
+        if not self.normalizes_states or self.mixes_after_norm:
             return mixed
         last = capture.states[-1]  # z_L: (..., d)
         return torch.addcmul(last, rms(last), mixed - unit_rms(last))

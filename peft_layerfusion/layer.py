@@ -308,7 +308,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         fused = module(states, capture)  # replaces z_L
         if norm is not None:  # the placement rule (fusion.py): F runs on the fused state as it ran on z_L
             # (a mix after F, state_norm="rms_after_norm", is already what the head reads)
-            fused, last = fused if module.after_norm(capture) else capture.apply_final_norm(fused), seen
+            fused, last = fused if module.mixes_after_norm else capture.apply_final_norm(fused), seen
         if index is not None:
             fused = scatter_positions(fused, last, index)
         fused = fused.to(output_dtype)

@@ -15,14 +15,16 @@ on ``z_L``'s scale (:class:`~peft_layerfusion.config.DepthMixConfig`):
     \qquad \mathrm{rms}(x) = \sqrt{\tfrac{1}{d} \textstyle\sum_i x_i^2 + \epsilon}
 
 so every block counts the same, however large the stream has grown by its depth. With
-``state_norm="rms_after_norm"`` on a stack with a final norm ``F`` the mean is taken after ``F``, what
-the head reads, ``z_L`` entering as ``F(z_L)`` (``F``'s gain is not applied to the other blocks):
+``state_norm="rms_after_norm"`` the mean is taken where the head reads, after a pre-norm stack's final
+norm ``F``: ``z_L`` enters as ``F(z_L)`` (as ``z_L`` on a post-norm stack; ``F``'s gain is not applied
+to the other blocks), and ``F`` does not run again:
 
 .. math::
 
     h_{head} = \frac{1}{K} \Big( \textstyle\sum_{n < L} \hat z_n + F(z_L) \Big)
 
-(with ``layers=[b]``: exactly ``ẑ_b``, the state a linear probe on ``ẑ_b`` reads).
+(with ``layers=[b]``, ``b < L``: exactly ``ẑ_b``, what a linear probe of block ``b`` on unit-RMS states
+reads, on any stack).
 
 No identity init: with no parameters, ``h`` is the mean from the start and can equal the base
 model's ``z_L`` only when ``layers`` fuses ``z_L`` alone. ``fusion_init="identity"`` is refused;

@@ -35,9 +35,9 @@ scale (:class:`~peft_layerfusion.config.DepthMixConfig`; exact at the identity s
     h = z_L + \mathrm{rms}(z_L) \big(W [\hat z_1; \dots; \hat z_K] + b - \hat z_L\big),
     \qquad \hat z_n = z_n / \mathrm{rms}(z_n)
 
-With ``state_norm="rms_after_norm"`` on a stack with a final norm ``F`` the map is taken after it, on
-what the head reads: ``z_L`` enters as ``F(z_L)`` (in the map, and as a low-rank identity start's fixed term),
-and ``F`` does not run again:
+With ``state_norm="rms_after_norm"`` the map is taken where the head reads, after a pre-norm stack's
+final norm ``F``: ``z_L`` enters as ``F(z_L)`` (``z_L`` on a post-norm stack; in the map, and as a
+low-rank identity start's fixed term), and ``F`` does not run again:
 
 .. math::
 

@@ -54,9 +54,9 @@ Keeping the depth attention spread (the options :class:`~.scaled_dwatt.ScaledDWA
 
 * ``state_norm="rms"``: the query reads ``ẑ_L = z_L / rms(z_L)`` and each value MLP ``ẑ_n``
   (a parameter-free RMS norm per position), and the correction is counted in units of the stream,
-  ``h = z_L + rms(z_L) Σ_n a_n v_n``; ``"rms_after_norm"`` (on a stack with a final norm ``F``)
-  adds it after ``F``, in units of what the head reads: ``h_head = F(z_L) + rms(F(z_L)) Σ_n a_n v_n``
-  (``F`` does not run again);
+  ``h = z_L + rms(z_L) Σ_n a_n v_n``; ``"rms_after_norm"`` adds it where the head reads, after a
+  pre-norm stack's final norm ``F`` and in its units: ``h_head = F(z_L) + rms(F(z_L)) Σ_n a_n v_n``
+  (``F`` does not run again; the same as ``"rms"`` on a post-norm stack);
 * ``score_scale="sqrt_d"``: scores ``q · k_n / (τ sqrt(d))``, as dot-product attention scales them;
 * ``query_init="uniform"``: ``W_K`` and its bias start at zero, so every ``k_n = 0`` and the depth
   softmax starts uniform, ``a_n = 1/K`` (the keys get gradients once the values are not all zero).
@@ -380,8 +380,8 @@ class DWAtt(FusionModule):
         last = capture.states[-1]  # z_L: (batch, seq, d)
         tokens = last.reshape(-1, last.shape[-1])  # (tokens, d)
         weights = self.attention_dropout(self.capture_attention(capture))  # (tokens, K)
-        if self.after_norm(capture):  # h = F(z_L) + rms(F(z_L)) Σ a_n v_n: what the head reads
-            tokens = capture.normed_last.reshape(-1, last.shape[-1])  # (tokens, d)
+        if self.mixes_after_norm:  # h = F(z_L) + rms(F(z_L)) Σ a_n v_n: what the head reads
+            tokens = self.last_as_mixed(capture).reshape(-1, last.shape[-1])  # (tokens, d)
         if self.normalizes_states:  # a_n rms(z_L): the correction in units of the stream's scale
             weights = weights * rms(tokens)  # (tokens, K)
         elif self.scales_to_stream(capture):  # the same, as prenorm_scaling has it (no ε)

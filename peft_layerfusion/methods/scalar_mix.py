@@ -37,15 +37,16 @@ With ``state_norm="rms"`` the weights mix unit-RMS states and the mix is put bac
 
 (exactly ``z_L`` at the identity start; ``γ rms(z_L) ẑ_b`` at a start on block ``b``). The head of a
 pre-norm stack then reads ``F(h)``: at a start on block ``b``, ``ẑ_b`` times ``F``'s per-channel gain,
-which was fitted to ``z_L``. With ``state_norm="rms_after_norm"`` the mix is taken after ``F`` instead,
-``z_L`` entering as ``F(z_L)``, and ``F`` does not run again:
+which was fitted to ``z_L``. With ``state_norm="rms_after_norm"`` the mix is taken where the head
+reads instead, ``z_L`` entering as ``F(z_L)`` (as ``z_L`` without a final norm), and ``F`` does not
+run again:
 
 .. math::
 
     h_{head} = \gamma \Big( \textstyle\sum_{n < L} s_n \hat z_n + s_L F(z_L) \Big)
 
 (exactly ``F(z_L)`` at the identity start, ``γ ẑ_b`` at a start on block ``b``: what a linear probe on
-``ẑ_b`` reads; the same as ``"rms"`` on a stack without ``F``).
+``ẑ_b`` reads).
 """
 
 from __future__ import annotations

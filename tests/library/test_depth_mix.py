@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace as replace_options
 
 import pytest
 import torch
@@ -158,7 +159,8 @@ def test_a_mix_after_the_final_norm_equals_the_recomputation(config_cls):
 
 def test_a_mix_after_the_final_norm_started_on_a_block_reads_that_block_at_unit_rms():
     reference = grown_llama()
-    model = adapted(copy.deepcopy(reference), LayerMixConfig(start_layer=1, state_norm="rms_after_norm"))
+    config = LayerMixConfig(start_layer=1, state_norm="rms_after_norm")
+    model = get_peft_model(copy.deepcopy(reference), config).eval()  # as built: one-hot on z_1, γ = 1
     inputs = llama_inputs()
     z_1 = residual_stream(LLAMA, reference, inputs)[1]
     expected = head_output(LLAMA, reference, "causal", z_1 / rms(z_1), inputs, normed=False)
@@ -167,17 +169,39 @@ def test_a_mix_after_the_final_norm_started_on_a_block_reads_that_block_at_unit_
     assert (through_norm - expected).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("config_cls", [*PAPER_METHODS, LayerMixConfig], ids=lambda c: c.__name__)
-def test_a_mix_after_the_final_norm_is_the_rms_mix_on_a_post_norm_encoder(
+@pytest.mark.parametrize(
+    "config_cls", [*PAPER_METHODS, ScaledDWAttConfig, LayerMixConfig], ids=lambda c: c.__name__
+)
+def test_a_mix_where_the_head_reads_on_a_post_norm_encoder_equals_the_recomputation(
     config_cls, input_ids, attention_mask
 ):
-    outputs = []
-    for norm in ("rms", "rms_after_norm"):
-        model, _ = attach(config_cls(state_norm=norm, modules_to_save=["classifier"]), base=scaled_bert())
-        torch.manual_seed(0)
-        perturb_(fusion_of(model))
-        outputs.append(peft_logits(model, input_ids, attention_mask))
-    assert torch.equal(outputs[0], outputs[1])  # no final norm in the blocks' container: the same bits
+    config = config_cls(state_norm="rms_after_norm", modules_to_save=["classifier"])
+    model, reference = attach(config, base=scaled_bert())
+    module = fusion_of(model)
+    perturb_(module)
+    def fuse(z):  # z_L as the head reads it: z_L itself, no final norm
+        return after_norm_reference(config_cls, list(z), z[-1], module)
+
+    expected = reference_logits(reference, input_ids, attention_mask, fuse)
+    torch.testing.assert_close(peft_logits(model, input_ids, attention_mask), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_a_one_layer_mix_where_the_head_reads_is_that_block_at_unit_rms(family, input_ids, attention_mask):
+    """What a linear probe of block 1 on unit-RMS states reads, on a post-norm and a pre-norm stack."""
+    config = AverageConfig(layers=[1], state_norm="rms_after_norm")
+    if family == "bert":
+        model, reference = attach(replace_options(config, modules_to_save=["classifier"]), base=scaled_bert())
+        expected = reference_logits(reference, input_ids, attention_mask, lambda z: z[1] / rms(z[1]))
+        got = peft_logits(model, input_ids, attention_mask)
+    else:
+        reference = grown_llama()
+        model = adapted(copy.deepcopy(reference), config)
+        inputs = llama_inputs()
+        z_1 = residual_stream(LLAMA, reference, inputs)[1]
+        expected = head_output(LLAMA, reference, "causal", z_1 / rms(z_1), inputs, normed=False)
+        got = causal_logits(model, inputs)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_the_paper_defaults_are_unchanged():
