@@ -16,7 +16,9 @@ inside).
 
 The last step is a guard, on dev too (:func:`keep_fusion`): keep the trained mix only where its dev
 score beats the best probe's by more than one standard error of that score, else read that block alone
-(``AverageConfig(layers=[block])``: exactly its state). The mix starts as that block and can only move
+(``AverageConfig(layers=[block], state_norm="rms_after_norm")``: exactly ``z / rms(z)`` of that block
+where the head reads, what its probe read, also on a pre-norm decoder, whose final norm would otherwise
+multiply it by a gain fitted to ``z_L``). The mix starts as that block and can only move
 away from it; on a few examples it sometimes moves the wrong way, and a dev gain smaller than the dev
 score's own noise is more often the luck of the choice than a better model.
 

@@ -25,9 +25,9 @@ SST-2, TREC and CoNLL-2003 with a frozen encoder and a frozen decoder LLM: 2.5 t
 last-layer head, and up to 5 points under a head on the best single layer chosen on dev (probed on
 raw and unit-RMS states). Kept only where its dev score beats that block's probe by more than one
 standard error (:func:`~peft_layerfusion.probing.keep_fusion`; else the block is read alone, e.g.
-``AverageConfig(layers=[b])``), it is at or above the best layer in 11 of 12 such cells on trials no
-choice was made on, and 0.1 points under it in the last; the mix is kept where it wins clearly (TREC
-with an encoder read by its token mean), and the block elsewhere.
+``AverageConfig(layers=[b], state_norm="rms_after_norm")``), it is at or above the best layer in 11
+of 12 such cells on trials no choice was made on, and 0.1 points under it in the last; the mix is kept
+where it wins clearly (TREC with an encoder read by its token mean), and the block elsewhere.
 """
 
 from __future__ import annotations
