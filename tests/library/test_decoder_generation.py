@@ -83,6 +83,22 @@ def test_cached_greedy_equals_uncached_forwards(name, method):
     assert (plain_scores - scores).abs().max() > 1e-3  # the fusion steers the generation
 
 
+DEPTH_MIXES = [method for method in ENCODER_METHODS if "state_norm" in method.config_cls.__dataclass_fields__]
+
+
+@pytest.mark.parametrize("method", DEPTH_MIXES, ids=[method.name for method in DEPTH_MIXES])
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_a_mix_where_the_head_reads_generates_exactly(name, method):
+    """``state_norm="rms_after_norm"``: the mix replaces F(z_L), at every decoding step as uncached."""
+    family = FAMILIES[name]
+    model = adapted_with(family.build("causal"), method, state_norm="rms_after_norm")
+    ids = token_ids(2, 7 if family.sliding else 5)
+    tokens, scores = uncached_greedy(model, ids)
+    out = cached_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert torch.equal(out.sequences[:, -NEW_TOKENS:], tokens)
+    assert_scores_close(out.logits, scores)
+
+
 @pytest.mark.parametrize("method", ENCODER_METHODS, ids=METHOD_IDS)
 @pytest.mark.parametrize("name", NAMES)
 def test_cached_beam_search_and_left_padded_batch_equal_uncached(name, method):
