@@ -135,8 +135,8 @@ class FusionModule(nn.Module):
         self.num_fused = context.num_fused
         self.hidden_size = context.hidden_size
         state_norm = getattr(config, "state_norm", "none")  # DepthMixConfig's; "none" for other methods
-        # "rms" and "rms_after_norm": mix unit-RMS states; the latter after a pre-norm stack's final norm
-        self.normalizes_states = state_norm in ("rms", "rms_after_norm")
+        # every value but "none" mixes unit-RMS states; "rms_after_norm" after a pre-norm stack's final norm
+        self.normalizes_states = state_norm != "none"
         self.mixes_after_norm = state_norm == "rms_after_norm"
         self.mixing_lr_multiplier = float(getattr(config, "mixing_lr_multiplier", 1.0))
         self.register_load_state_dict_post_hook(realign_after_load)
