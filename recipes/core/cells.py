@@ -18,7 +18,7 @@ import hashlib
 import inspect
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,7 +26,7 @@ from peft_layerfusion.registration import METHODS, method_named
 
 from .grids import FULL_TRAIN
 from .models import PLAIN_HEAD
-from .records import START, fingerprint, unit_key
+from .records import LAYERS, START, fingerprint, unit_key
 
 # The fingerprint of each method's config defaults (:func:`config_defaults`) when keys began to carry
 # them: a method whose defaults still match keeps the keys it always had (its committed records
@@ -76,19 +76,28 @@ class GridSettings(Protocol):
     def run_key(self, cell: Cell, lr: float, setup: str) -> str: ...
 
 
-def record_key(cell: Cell, lr: float, setup: str, start: int | None = None) -> str:
+def record_key(
+    cell: Cell, lr: float, setup: str, start: int | None = None, layers: Sequence[int] | None = None
+) -> str:
     """Key of the record of ``cell`` trained at max LR ``lr`` under settings ``setup``; a run started
-    one-hot on block ``start`` (``--probe-start``) says it: a start chosen again (other probes) is
-    another run, never the old record.
+    one-hot on block ``start`` (``--probe-start``), or fusing the probed blocks ``layers``
+    (``--probe-fuse``), says it: blocks chosen again (other probes) make another run, never the old
+    record.
 
     Example:
         >>> record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
         'dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
         >>> record_key(Cell("layer_mix", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b", start=7)
         'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7'
+        >>> record_key(Cell("average", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b", layers=[3, 4])
+        'average|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|layers=3,4'
     """
     key = with_defaults(unit_key(cell.key, lr, setup), cell.method)
-    return key if start is None else f"{key}{START}{start}"
+    if start is not None:
+        key += f"{START}{start}"
+    if layers is not None:
+        key += LAYERS + ",".join(str(layer) for layer in layers)
+    return key
 
 
 def with_defaults(key: str, method: str) -> str:

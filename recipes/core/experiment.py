@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer
 
+from peft_layerfusion.config import DepthMixConfig
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from peft_layerfusion.registration import METHODS
@@ -129,6 +130,12 @@ class TaskSettings:
             with the FE LR grid the probes select over.
         probe_starts: ``{(shots, epochs, trial): block}``, set by a sweep from its probes
             (:func:`~layerfusion_recipes.core.probes.probe_starts`) before the runs; ``None`` before.
+        probe_fuse: Fuse each trial's ``K`` best probed blocks (``--probe-fuse K``: the blocks whose
+            probes scored best on dev in that trial, as ``layers``) in every method with a ``layers``
+            option; part of the setup with the FE LR grid the probes select over. ``None``: the
+            method's own layers.
+        probe_ranks: ``{(shots, epochs, trial): blocks}``, best first, set by a sweep from its probes
+            (:func:`~layerfusion_recipes.core.probes.probe_ranks`) before the runs; ``None`` before.
     """
 
     # the fields that change a result, hence part of every record key (each task names its own)
@@ -158,9 +165,14 @@ class TaskSettings:
     resident_limit: int | None = None
     probe_start: bool = False
     probe_starts: dict[tuple[int, int, int], int] | None = None
+    probe_fuse: int | None = None
+    probe_ranks: dict[tuple[int, int, int], list[int]] | None = None
 
     def __post_init__(self) -> None:
         check_cache_dtype(self.cache_dtype)  # a bad value (flag, YAML or script) stops here, in one line
+        fuse = self.probe_fuse
+        if fuse is not None and (isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1):
+            raise UserError(f"probe_fuse: {fuse!r}; allowed: an integer >= 1 (the best blocks to fuse)")
 
     def lr_for(self, regime: str, method: str | None = None) -> float:
         """The LR of a lone run: the only LR of ``method``'s grid (:meth:`lr_grid`), else 1e-3 (FE) /
@@ -213,7 +225,7 @@ class TaskSettings:
             [4, None]
         """
         starts = self.probe_starts
-        if not self.probe_start or starts is None or not takes_start_layer(cell.method):
+        if not self.probe_start or starts is None or not takes_option(cell.method, "start_layer"):
             return None
         if cell.regime != "fe":
             return None
@@ -225,9 +237,37 @@ class TaskSettings:
             )
         return found
 
+    def probe_layers(self, cell: Cell) -> list[int] | None:
+        """The blocks ``cell``'s fusion fuses (``--probe-fuse K``: its trial's ``K`` best probes on dev,
+        ascending), or ``None``: no probe fuse, a method without ``layers``, not FE, or the probes not
+        yet run.
+
+        Raises:
+            UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
+
+        Example:
+            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
+            >>> settings = ExperimentSettings("m", "d", probe_fuse=2, probe_ranks={(8, 25, 0): [4, 2, 3]})
+            >>> [settings.probe_layers(Cell(method, "fe", 8, 25, 0)) for method in ("average", "none")]
+            [[2, 4], None]
+        """
+        ranks = self.probe_ranks
+        if self.probe_fuse is None or ranks is None or not is_depth_mix(cell.method):
+            return None
+        if cell.regime != "fe":
+            return None
+        found = ranks.get((cell.shots, cell.epochs, cell.trial))
+        if found is None:
+            raise UserError(
+                f"--probe-fuse: no layer probes for shots={cell.shots} epochs={cell.epochs} "
+                f"trial={cell.trial}; the sweep trains them with --probe-layers"
+            )
+        return sorted(found[: self.probe_fuse])
+
     def run_key(self, cell: Cell, lr: float, setup: str) -> str:
         """The key of ``cell``'s run at ``lr`` under ``setup`` (:meth:`setup`), with the block it starts
-        on where it has one (:meth:`start_layer`): new probes that move the start make another run.
+        on where it has one (:meth:`start_layer`) and the blocks it fuses where the probes chose them
+        (:meth:`probe_layers`): new probes that move either make another run.
 
         Example:
             >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
@@ -235,7 +275,7 @@ class TaskSettings:
             >>> settings.run_key(Cell("layer_mix", "fe", 8, 25, 0), 0.01, "3f2a9c0d1e4b")
             'layer_mix|fe|8|25|0|lr=0.01|3f2a9c0d1e4b|...start=4'
         """
-        return record_key(cell, lr, setup, self.start_layer(cell))
+        return record_key(cell, lr, setup, self.start_layer(cell), self.probe_layers(cell))
 
     def setup(self) -> str:
         """Fingerprint (12 hex digits) of the settings that change a result (:attr:`SETUP_FIELDS`).
@@ -265,6 +305,9 @@ class TaskSettings:
             fields["cache_dtype"] = self.cache_dtype
         if self.probe_start:  # the probes' base grid; each run's start block is in its own key (run_key)
             fields["probe_start"] = list(self.lr_grid("fe", PLAIN_HEAD))
+        if self.probe_fuse is not None:  # the same for the fused blocks (probe_layers), and their count
+            fields["probe_fuse"] = list(self.lr_grid("fe", PLAIN_HEAD))
+            fields["probe_fuse_count"] = self.probe_fuse
         return fields
 
     def content_fingerprints(self) -> dict[str, str]:
@@ -459,6 +502,9 @@ class FewShotExperiment:
         start = self.settings.start_layer(cell)
         if start is not None:
             options["start_layer"] = start
+        layers = self.settings.probe_layers(cell)
+        if layers is not None:
+            options["layers"] = layers
         model = apply_regime(base, cell.method, cell.regime, head_modules=self.head_modules(), **options)
         return model, located
 
@@ -635,6 +681,9 @@ class FewShotExperiment:
         start = self.settings.start_layer(cell)
         if start is not None:  # --probe-start: the block this run's mix started on
             record["start_layer"] = start
+        layers = self.settings.probe_layers(cell)
+        if layers is not None:  # --probe-fuse: the blocks this run fuses
+            record["probe_layers"] = layers
         adapter = adapter_summary(runner.model)
         if adapter is not None:  # AdapterHub regimes: e.g. {"kind": "seqbn", "reduction_factor": 16.0, ...}
             record["adapter"] = adapter
@@ -667,15 +716,27 @@ class FewShotExperiment:
 ScorerFactory = Callable[[Sequence[dict]], Scorer]
 
 
-def takes_start_layer(method: str) -> bool:
-    """Whether ``method``'s config has a ``start_layer`` option (a probe-guided start).
+def takes_option(method: str, option: str) -> bool:
+    """Whether ``method``'s config has the field ``option`` (``start_layer``: a probe-guided start).
 
     Example:
-        >>> takes_start_layer("layer_mix"), takes_start_layer("dwatt"), takes_start_layer("none")
+        >>> takes_option("layer_mix", "start_layer"), takes_option("dwatt", "start_layer")
+        (True, False)
+    """
+    known = {m.name: m for m in METHODS}
+    return method in known and option in {f.name for f in dataclasses.fields(known[method].config_cls)}
+
+
+def is_depth_mix(method: str) -> bool:
+    """Whether ``method`` mixes the states of the blocks its ``layers`` name (a
+    :class:`~peft_layerfusion.config.DepthMixConfig`: ``--probe-fuse`` chooses them).
+
+    Example:
+        >>> is_depth_mix("average"), is_depth_mix("extra_layers"), is_depth_mix("none")
         (True, False, False)
     """
     known = {m.name: m for m in METHODS}
-    return method in known and "start_layer" in {f.name for f in dataclasses.fields(known[method].config_cls)}
+    return method in known and issubclass(known[method].config_cls, DepthMixConfig)
 
 
 def trainable_count(model: nn.Module) -> int:

@@ -28,6 +28,7 @@ POSITIVE_INT_OPTIONS = (
     "threads",
     "select_trials",
     "probe_layers",
+    "probe_fuse",
 )
 DEFAULT_CACHE_DTYPE = "float32"  # the feature cache's storage dtype by default: the encoder's own numbers
 # storage dtypes of the feature cache (``--cache-dtype``): the exact default, then the two halves

@@ -49,7 +49,7 @@ from .batches import collate
 from .cells import Cell, record_key
 from .fitting import RunResult, fit
 from .models import PLAIN_HEAD
-from .records import append_record, read_records, without_start
+from .records import append_record, read_records, without_probe_choice
 from .runner import StackedRunner
 
 if TYPE_CHECKING:
@@ -377,12 +377,13 @@ def grown_lr(records: Sequence[dict[str, Any]], base: Sequence[float]) -> float 
 
 
 def current_runs(runs: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``runs`` (a results file's records, in file order) without the probe-guided ones (a
-    ``start_layer``) that no longer start where their trial's probes say: each such run is kept only
-    where its block is its trial's best probe (:func:`trial_plan` of ``probes``, the probes file's
-    records, from the grid its record names, ``settings["probe_start"]``), and of several such runs of
-    one cell and LR, the newest. A trial with no probes in ``probes`` keeps its newest run. A sweep
-    whose new probes moved a start appends the run from the new block; a reader shows only that one.
+    """``runs`` (a results file's records, in file order) without the probe-guided ones that no longer
+    read what their trial's probes say: a run with a ``start_layer`` (``--probe-start``) is kept only
+    where that block is its trial's best probe, a run with ``probe_layers`` (``--probe-fuse``) only where
+    they are its trial's best blocks (:func:`ranked_layers` of :func:`trial_plan` of ``probes``, the
+    probes file's records, from the grid its record names: :func:`probe_grid`), and of several such runs
+    of one cell and LR, the newest. A trial with no probes in ``probes`` keeps its newest run. A sweep
+    whose new probes moved a choice appends the run from the new blocks; a reader shows only that one.
 
     Example:
         >>> old = {"key": "layer_mix|fe|8|25|0|lr=0.01|s", "start_layer": 3, "shots": 8, "epochs": 25,
@@ -392,20 +393,49 @@ def current_runs(runs: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]
         [5]
     """
     found = {record["key"]: record for record in probes}
-    starts: dict[tuple, int | None] = {}
+    ranks: dict[tuple, list[int] | None] = {}
     newest: dict[str, int] = {}
+    kept = []
     for index, run in enumerate(runs):
-        if "start_layer" not in run:
+        if "start_layer" not in run and "probe_layers" not in run:
+            kept.append(index)
             continue
         trial = (run["setup"], run["shots"], run["epochs"], run["trial"])
-        if trial not in starts:
+        if trial not in ranks:
             cell = Cell(PROBE, PROBE_REGIME, run["shots"], run["epochs"], run["trial"])
-            records, _ = trial_plan(found, cell, run["settings"].get("probe_start") or [], run["setup"])
-            starts[trial] = best_single_layer(records)["layer"] if records else None
-        if starts[trial] in (None, run["start_layer"]):
-            newest[without_start(run["key"])] = index
-    kept = [index for index, run in enumerate(runs) if "start_layer" not in run]
+            records, _ = trial_plan(found, cell, probe_grid(run["settings"]), run["setup"])
+            ranks[trial] = ranked_layers(records) if records else None
+        if reads_ranked(run, ranks[trial]):
+            newest[without_probe_choice(run["key"])] = index
     return [runs[index] for index in sorted([*kept, *newest.values()])]
+
+
+def reads_ranked(run: dict[str, Any], ranked: Sequence[int] | None) -> bool:
+    """Whether a probe-guided ``run`` reads what its trial's blocks ranked by their probes (best first;
+    ``None``: no probes, any) say: its ``start_layer`` the first, its ``probe_layers`` the first K.
+
+    Example:
+        >>> reads_ranked({"start_layer": 5}, [5, 4, 6]), reads_ranked({"probe_layers": [4, 5]}, [5, 4, 6])
+        (True, True)
+        >>> reads_ranked({"probe_layers": [5, 6]}, [5, 4, 6]), reads_ranked({"start_layer": 3}, None)
+        (False, True)
+    """
+    if ranked is None:
+        return True
+    start, layers = run.get("start_layer"), run.get("probe_layers")
+    starts_there = start is None or start == ranked[0]
+    return starts_there and (layers is None or layers == sorted(ranked[: len(layers)]))
+
+
+def probe_grid(settings: Mapping[str, Any]) -> list[float]:
+    """The FE LR grid a run's probes select over, as its record's ``settings`` name it (``probe_start``
+    or ``probe_fuse``: :meth:`~layerfusion_recipes.core.experiment.TaskSettings.setup_fields`).
+
+    Example:
+        >>> probe_grid({"probe_fuse": [0.01, 0.1]}), probe_grid({})
+        ([0.01, 0.1], [])
+    """
+    return list(settings.get("probe_start") or settings.get("probe_fuse") or [])
 
 
 def current_probes(probes: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -494,12 +524,7 @@ def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         >>> best_single_layer(records)  # dev 0.6 twice: the smaller LR
         {'layer': 2, 'lr': 0.01, 'dev': 0.6, 'test': 0.5, 'metric': 'f1', 'features': 'raw'}
     """
-    candidates = []
-    for record in records:
-        metric, raw = record["metric"], features_of(record) == RAW
-        for entry in record["layers"]:
-            candidates.append((entry[f"dev_{metric}"], raw, -record["lr"], -entry["layer"], record, entry))
-    dev, _, _, _, record, entry = max(candidates, key=lambda c: c[:4])
+    dev, _, _, _, record, entry = max(probe_candidates(records), key=lambda c: c[:4])
     metric = record["metric"]
     return {
         "layer": entry["layer"],
@@ -509,6 +534,37 @@ def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "metric": metric,
         "features": features_of(record),
     }
+
+
+def probe_candidates(records: Sequence[dict[str, Any]]) -> list[tuple]:
+    """Every probe of ``records`` (one trial's) as ``(dev, raw kind, -lr, -layer, record, entry)``: the
+    larger the first four, the better the probe (:func:`best_single_layer`, :func:`ranked_layers`)."""
+    candidates = []
+    for record in records:
+        metric, raw = record["metric"], features_of(record) == RAW
+        for entry in record["layers"]:
+            candidates.append((entry[f"dev_{metric}"], raw, -record["lr"], -entry["layer"], record, entry))
+    return candidates
+
+
+def ranked_layers(records: Sequence[dict[str, Any]]) -> list[int]:
+    """The blocks of one trial's probe records, best first: each by its best probe (over feature kinds
+    and LRs, ordered as :func:`best_single_layer` orders them), so the first is that trial's best single
+    layer. Dev only.
+
+    Example:
+        >>> def record(lr, devs):
+        ...     layers = [{"layer": n, "dev_f1": d, "test_f1": 0.0} for n, d in enumerate(devs, 1)]
+        ...     return {"lr": lr, "metric": "f1", "layers": layers}
+        >>> ranked_layers([record(1e-2, [0.2, 0.6, 0.4]), record(1e-1, [0.5, 0.1, 0.1])])
+        [2, 1, 3]
+    """
+    best: dict[int, tuple] = {}
+    for candidate in probe_candidates(records):
+        layer = candidate[5]["layer"]
+        if layer not in best or candidate[:4] > best[layer][:4]:
+            best[layer] = candidate
+    return [layer for layer, _ in sorted(best.items(), key=lambda item: item[1][:4], reverse=True)]
 
 
 def guarded(
@@ -542,10 +598,21 @@ def best_per_trial(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, in
         >>> best_per_trial([record])[8, 5, 0]["layer"]
         2
     """
+    return {trial: best_single_layer(found) for trial, found in probe_trials(records).items()}
+
+
+def probe_trials(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], list[dict[str, Any]]]:
+    """Probe records by ``(shots, epochs, trial)``, each trial's of its :func:`newest_setup`.
+
+    Example:
+        >>> records = [{"shots": 8, "epochs": 5, "trial": 0, "setup": setup} for setup in "ab"]
+        >>> [r["setup"] for r in probe_trials(records)[8, 5, 0]]
+        ['b']
+    """
     trials: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
     for record in records:
         trials.setdefault((record["shots"], record["epochs"], record["trial"]), []).append(record)
-    return {trial: best_single_layer(newest_setup(found)) for trial, found in trials.items()}
+    return {trial: newest_setup(found) for trial, found in trials.items()}
 
 
 def newest_setup(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -559,6 +626,19 @@ def newest_setup(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     last = records[-1].get("setup") if records else None
     return [record for record in records if record.get("setup") == last]
+
+
+def probe_ranks(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], list[int]]:
+    """``{(shots, epochs, trial): blocks}``: each trial's :func:`ranked_layers`, best first, of its
+    :func:`newest_setup` (``--probe-fuse`` fuses the first K).
+
+    Example:
+        >>> records = run_probes(experiment, grid, progress=False)  # grid: 2 shots, 2 epochs, 2 trials
+        >>> ranks = probe_ranks(records)
+        >>> {trial: blocks[0] for trial, blocks in ranks.items()} == probe_starts(records)  # best first
+        True
+    """
+    return {trial: ranked_layers(found) for trial, found in probe_trials(records).items()}
 
 
 def probe_starts(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int], int]:

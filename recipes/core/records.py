@@ -175,17 +175,21 @@ def read_records(
 
 
 START = "|start="  # a key's part naming the block a probe-guided run started on (cells.record_key)
+LAYERS = "|layers="  # a key's part naming the probed blocks a run fuses (cells.record_key)
 
 
-def without_start(key: str) -> str:
-    """``key`` without its start block (:func:`~layerfusion_recipes.core.cells.record_key`): the cell
-    and LR it runs, whatever block it started on.
+def without_probe_choice(key: str) -> str:
+    """``key`` without what the probes chose for it, its start block and its fused blocks
+    (:func:`~layerfusion_recipes.core.cells.record_key`): the cell and LR it runs, whatever blocks
+    its trial's probes picked.
 
     Example:
-        >>> without_start("layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7")
+        >>> without_probe_choice("layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7")
         'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+        >>> without_probe_choice("average|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|layers=3,4")
+        'average|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
     """
-    return key.split(START)[0]
+    return key.split(START)[0].split(LAYERS)[0]
 
 
 def finished_keys(path: str | os.PathLike) -> set[str]:

@@ -117,6 +117,7 @@ def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
         "test_limit": pick("test_limit"),
         "fixed_sample": bool(pick("fixed_sample")),
         "probe_start": bool(pick("probe_start")),
+        "probe_fuse": pick("probe_fuse"),
         "method_options": dict(loaded.get("method_options", {})),
     }
 
@@ -146,7 +147,7 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
         'layerfusion-results/ner/results.jsonl'
     """
     grid = {key: pick(key) for key in (*GRID_KEYS, *RUN_KEYS)}
-    if settings.probe_start and not grid["probe_layers"]:  # a probe-guided start needs the probes
+    if (settings.probe_start or settings.probe_fuse) and not grid["probe_layers"]:  # they need the probes
         grid["probe_layers"] = PROBE_TOP
     grid["results"] = results_path(grid["output"], grid["results"])
     grid["shots"] = [FULL_TRAIN if value == "all" else value for value in grid["shots"] or ()]

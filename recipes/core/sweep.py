@@ -66,7 +66,7 @@ from .cells import (
 from .errors import UserError
 from .experiment import FewShotExperiment, TaskSettings
 from .feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
-from .probes import missing_probes, probe_cells, probe_starts, run_probes, saved_probes
+from .probes import missing_probes, probe_cells, probe_ranks, probe_starts, run_probes, saved_probes
 from .processes import check_workers, process_state, share
 from .records import append_record, finished_keys, read_records
 from .selection import dev_score, select_lr
@@ -456,6 +456,8 @@ def _sweep(
         probes = probes if state.is_main_process else saved_probes(experiment, grid)
     if settings.probe_start:  # each trial's fusion starts on its best probed block (dev only)
         settings = experiment.settings = dataclasses.replace(settings, probe_starts=probe_starts(probes))
+    if settings.probe_fuse:  # each trial's fusion reads its best probed blocks (dev only)
+        settings = experiment.settings = dataclasses.replace(settings, probe_ranks=probe_ranks(probes))
     records = run_cells(
         cells,
         grid["results"],

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Terminated, sigterm_raises
-from .records import append_line, finished_keys, read_lines, without_start
+from .records import append_line, finished_keys, read_lines, without_probe_choice
 
 SWEEP_LOG = "sweeps.jsonl"
 # ru_maxrss is in kilobytes on Linux, in bytes on macOS
@@ -224,6 +224,7 @@ def read_sweep_log(results: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _grid_runs(results: str | os.PathLike, grid_keys: set[str]) -> set[str]:
-    """The keys of ``results`` that are runs of the grid: in ``grid_keys`` once their start block is
-    left out (a probe-guided run's block is chosen after the log opens: :func:`~.cells.without_start`)."""
-    return {key for key in finished_keys(results) if without_start(key) in grid_keys}
+    """The keys of ``results`` that are runs of the grid: in ``grid_keys`` once what the probes chose
+    is left out (a probe-guided run's blocks are chosen after the log opens:
+    :func:`~.records.without_probe_choice`)."""
+    return {key for key in finished_keys(results) if without_probe_choice(key) in grid_keys}

@@ -256,6 +256,15 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
         "one-hot on the block whose probe scored best on dev in that trial (the training sample and dev "
         "only, never test); implies --probe-layers. The chosen block is in each record (start_layer).",
     )
+    group.add_argument(
+        "--probe-fuse",
+        type=positive_int,
+        metavar="K",
+        help="Fuse, in each trial, the K blocks whose probes scored best on dev (the training sample and "
+        "dev only, never test) in every depth mix (average, scalar_mix, concat, dwatt and their "
+        "variants): their `layers`; implies --probe-layers. The chosen blocks are in each record "
+        "(probe_layers).",
+    )
 
 
 def check_grid_names(args: argparse.Namespace, regimes: Sequence[str]) -> None:

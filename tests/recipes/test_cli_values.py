@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import toy_dataset, write_tiny_model, write_toy_data
 from layerfusion_recipes.cli import main
+from layerfusion_recipes.core.errors import UserError
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from layerfusion_recipes.ner.training import TrainSettings
 
@@ -36,6 +37,7 @@ def _argv(tiny, output, *extra: str) -> list[str]:
         ("--test-limit", "-1"),
         ("--select-trials", "0"),
         ("--workers", "0"),
+        ("--probe-fuse", "0"),
         ("--epochs", "two"),
     ],
 )
@@ -105,6 +107,7 @@ def test_bad_data_leaves_no_output_folder(tiny, tmp_path, capsys):
         ("test_limit: 0", "test_limit must be integers >= 1, got 0"),
         ("select_trials: 0", "select_trials must be integers >= 1, got 0"),
         ("probe_layers: 0", "probe_layers must be integers >= 1, got 0"),
+        ("probe_fuse: 0", "probe_fuse must be integers >= 1, got 0"),
     ],
 )
 def test_counts_below_one_in_the_yaml_are_refused(tiny, tmp_path, capsys, line, message):
@@ -123,3 +126,10 @@ def test_train_settings_and_samples_refuse_impossible_values(tiny):
     assert len(experiment.train_sample(10, 0)) == 30
     with pytest.raises(ValueError, match="--shots 11 asks for 11 x 3 entity types = 33"):
         experiment.train_sample(11, 0)
+
+
+@pytest.mark.parametrize("bad", [0, True, 2.0, "2"])
+def test_settings_of_a_script_refuse_a_probe_fuse_that_is_no_count(bad):
+    with pytest.raises(UserError, match=f"probe_fuse: {bad!r}; allowed: an integer >= 1"):
+        ExperimentSettings(model="m", data="d", probe_fuse=bad)
+    assert ExperimentSettings(model="m", data="d", probe_fuse=2).probe_fuse == 2

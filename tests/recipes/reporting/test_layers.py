@@ -442,6 +442,47 @@ def test_probe_layers_beyond_the_model_s_depth_are_clamped_and_said():
     assert best_layers_lines(probes, 2)[-1].startswith("layers (best 2 on dev)")  # within the depth: no note
 
 
+def test_probe_fuse_fuses_each_trial_s_best_dev_probes(paths, tmp_path):
+    """``--probe-fuse 2``: each trial's depth mixes fuse the 2 blocks whose probes scored best on dev in
+    that trial (implies the probes), named in the key; the plain head is untouched; other probes that
+    change a trial's best blocks make that trial's mixes run again, from the new blocks."""
+    argv = [*classify_argv(paths, tmp_path)[:-2], "--methods", "none", "scalar_mix", "--probe-fuse", "2"]
+    assert main(argv) == 0
+    probes = read_records(tmp_path / "results.probes.jsonl")
+    ranks = core_probes.probe_ranks(probes)
+    assert sorted(ranks) == [(3, 3, 0), (3, 3, 1)] and all(sorted(r) == [1, 2, 3] for r in ranks.values())
+    assert {t: r[0] for t, r in ranks.items()} == core_probes.probe_starts(probes)
+    runs = read_records(tmp_path / "results.jsonl")
+    mixes = [r for r in runs if r["method"] == "scalar_mix"]
+    assert len(mixes) == 4
+    for record in mixes:
+        chosen = sorted(ranks[(3, 3, record["trial"])][:2])
+        assert record["probe_layers"] == chosen and record["fused_layers"] == chosen  # what the model fused
+        assert len(record["mix_weights"]) == 2
+        assert record["key"].endswith("|layers=" + ",".join(map(str, chosen)))
+    assert not any("probe_layers" in r or "|layers=" in r["key"] for r in runs if r["method"] == "none")
+    assert all(r["settings"]["probe_fuse"] == [1e-2, 1e-1] for r in runs)
+    assert all(r["settings"]["probe_fuse_count"] == 2 for r in runs)
+
+    # trial 0's probes now rank the block it left out first: its mixes run again, nothing else does
+    left_out = next(block for block in (1, 2, 3) if block not in ranks[(3, 3, 0)][:2])
+    lines = []
+    for record in probes:
+        if record["trial"] == 0:
+            for entry in record["layers"]:
+                entry[f"dev_{record['metric']}"] = float(entry["layer"] == left_out)
+        lines.append(json.dumps(record))
+    (tmp_path / "results.probes.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(argv) == 0
+    again = read_records(tmp_path / "results.jsonl")
+    new = [r for r in again if r["key"] not in {old["key"] for old in runs}]
+    assert [(r["method"], r["trial"]) for r in new] == [("scalar_mix", 0)] * 2
+    assert all(left_out in r["probe_layers"] for r in new)
+    shown = [r for r in read_task_records(tmp_path / "results.jsonl") if r["method"] == "scalar_mix"]
+    expected = [*new, *(r for r in mixes if r["trial"] == 1)]  # trial 0's old blocks are no longer read
+    assert sorted(r["key"] for r in shown) == sorted(r["key"] for r in expected)
+
+
 def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):
     """``--probe-start``: each trial's LayerMix starts one-hot on the block whose probe scored best on
     dev in that trial (implies the probes); the plain head is untouched; the setup says so."""
