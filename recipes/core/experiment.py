@@ -224,18 +224,9 @@ class TaskSettings:
             >>> [settings.start_layer(Cell(method, "fe", 8, 25, 0)) for method in ("layer_mix", "dwatt")]
             [4, None]
         """
-        starts = self.probe_starts
-        if not self.probe_start or starts is None or not takes_option(cell.method, "start_layer"):
+        if not self.probe_start or not takes_option(cell.method, "start_layer"):
             return None
-        if cell.regime != "fe":
-            return None
-        found = starts.get((cell.shots, cell.epochs, cell.trial))
-        if found is None:
-            raise UserError(
-                f"--probe-start: no layer probes for shots={cell.shots} epochs={cell.epochs} "
-                f"trial={cell.trial}; the sweep trains them with --probe-layers"
-            )
-        return found
+        return probed(self.probe_starts, cell, "--probe-start")
 
     def probe_layers(self, cell: Cell) -> list[int] | None:
         """The blocks ``cell``'s fusion fuses (``--probe-fuse K``: its trial's ``K`` best probes on dev,
@@ -251,18 +242,10 @@ class TaskSettings:
             >>> [settings.probe_layers(Cell(method, "fe", 8, 25, 0)) for method in ("average", "none")]
             [[2, 4], None]
         """
-        ranks = self.probe_ranks
-        if self.probe_fuse is None or ranks is None or not is_depth_mix(cell.method):
+        if self.probe_fuse is None or not is_depth_mix(cell.method):
             return None
-        if cell.regime != "fe":
-            return None
-        found = ranks.get((cell.shots, cell.epochs, cell.trial))
-        if found is None:
-            raise UserError(
-                f"--probe-fuse: no layer probes for shots={cell.shots} epochs={cell.epochs} "
-                f"trial={cell.trial}; the sweep trains them with --probe-layers"
-            )
-        return sorted(found[: self.probe_fuse])
+        ranked = probed(self.probe_ranks, cell, "--probe-fuse")
+        return None if ranked is None else sorted(ranked[: self.probe_fuse])
 
     def run_key(self, cell: Cell, lr: float, setup: str) -> str:
         """The key of ``cell``'s run at ``lr`` under ``setup`` (:meth:`setup`), with the block it starts
@@ -714,6 +697,31 @@ class FewShotExperiment:
 
 
 ScorerFactory = Callable[[Sequence[dict]], Scorer]
+
+
+def probed(choices: Mapping[tuple[int, int, int], Any] | None, cell: Cell, flag: str) -> Any:
+    """What the probes chose for ``cell``'s trial (``choices``: by ``(shots, epochs, trial)``, set by a
+    sweep), or ``None``: not FE, or the probes not yet run (a memory plan builds the model before them).
+
+    Raises:
+        UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
+
+    Example:
+        >>> probed({(8, 25, 0): 4}, Cell("layer_mix", "fe", 8, 25, 0), "--probe-start")
+        4
+        >>> probed({(8, 25, 0): 4}, Cell("layer_mix", "fe", 8, 25, 1), "--probe-start")  # trial 1: none
+        Traceback (most recent call last):
+        layerfusion_recipes.core.errors.UserError: --probe-start: no layer probes for shots=8 epochs=25 ...
+    """
+    if choices is None or cell.regime != "fe":
+        return None
+    found = choices.get((cell.shots, cell.epochs, cell.trial))
+    if found is None:
+        raise UserError(
+            f"{flag}: no layer probes for shots={cell.shots} epochs={cell.epochs} "
+            f"trial={cell.trial}; the sweep trains them with --probe-layers"
+        )
+    return found
 
 
 def takes_option(method: str, option: str) -> bool:

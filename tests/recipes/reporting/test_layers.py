@@ -442,6 +442,21 @@ def test_probe_layers_beyond_the_model_s_depth_are_clamped_and_said():
     assert best_layers_lines(probes, 2)[-1].startswith("layers (best 2 on dev)")  # within the depth: no note
 
 
+def _runs_after_trial_0_probes_pick(block: int, tmp_path, argv: list[str], runs: list[dict]) -> list[dict]:
+    """Rewrite trial 0's probes so that ``block`` scores 1.0 on dev and every other 0.0, run the sweep
+    ``argv`` again, and return the records it added to those of ``runs``."""
+    lines = []
+    for record in read_records(tmp_path / "results.probes.jsonl"):
+        if record["trial"] == 0:
+            for entry in record["layers"]:
+                entry[f"dev_{record['metric']}"] = float(entry["layer"] == block)
+        lines.append(json.dumps(record))
+    (tmp_path / "results.probes.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(argv) == 0
+    old = {run["key"] for run in runs}
+    return [r for r in read_records(tmp_path / "results.jsonl") if r["key"] not in old]
+
+
 def test_probe_fuse_fuses_each_trial_s_best_dev_probes(paths, tmp_path):
     """``--probe-fuse 2``: each trial's depth mixes fuse the 2 blocks whose probes scored best on dev in
     that trial (implies the probes), named in the key; the plain head is untouched; other probes that
@@ -466,16 +481,7 @@ def test_probe_fuse_fuses_each_trial_s_best_dev_probes(paths, tmp_path):
 
     # trial 0's probes now rank the block it left out first: its mixes run again, nothing else does
     left_out = next(block for block in (1, 2, 3) if block not in ranks[(3, 3, 0)][:2])
-    lines = []
-    for record in probes:
-        if record["trial"] == 0:
-            for entry in record["layers"]:
-                entry[f"dev_{record['metric']}"] = float(entry["layer"] == left_out)
-        lines.append(json.dumps(record))
-    (tmp_path / "results.probes.jsonl").write_text("\n".join(lines) + "\n")
-    assert main(argv) == 0
-    again = read_records(tmp_path / "results.jsonl")
-    new = [r for r in again if r["key"] not in {old["key"] for old in runs}]
+    new = _runs_after_trial_0_probes_pick(left_out, tmp_path, argv, runs)
     assert [(r["method"], r["trial"]) for r in new] == [("scalar_mix", 0)] * 2
     assert all(left_out in r["probe_layers"] for r in new)
     shown = [r for r in read_task_records(tmp_path / "results.jsonl") if r["method"] == "scalar_mix"]
@@ -506,16 +512,8 @@ def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):
 
     # other probes that move trial 0's best block: its mix runs again from there, nothing else does
     moved = next(block for block in (1, 2, 3) if block != starts[(3, 3, 0)])
-    lines = []
-    for record in read_records(tmp_path / "results.probes.jsonl"):
-        if record["trial"] == 0:  # dev 1.0 on the moved block, 0.0 on the others
-            for entry in record["layers"]:
-                entry[f"dev_{record['metric']}"] = float(entry["layer"] == moved)
-        lines.append(json.dumps(record))
-    (tmp_path / "results.probes.jsonl").write_text("\n".join(lines) + "\n")
-    assert main(argv) == 0
+    new = _runs_after_trial_0_probes_pick(moved, tmp_path, argv, runs)
     again = read_records(tmp_path / "results.jsonl")
-    new = [r for r in again if r["key"] not in {old["key"] for old in runs}]
     assert sorted((r["method"], r["trial"], r["start_layer"]) for r in new) == [("layer_mix", 0, moved)] * 2
     assert len(again) == len(runs) + 2  # the old start's records stay in the file, no longer read
     shown = [r for r in read_task_records(tmp_path / "results.jsonl") if r["method"] == "layer_mix"]
