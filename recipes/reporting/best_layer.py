@@ -38,16 +38,19 @@ Scores = dict[int, float]  # {trial: score in points}
 
 
 def run_label(record: dict[str, Any]) -> str:
-    """A record's row: its method, with its ``method_options`` where it has any.
+    """A record's row: its method, with its ``method_options`` where it has any, and the number of
+    probed blocks it fuses where the probes chose them (``--probe-fuse``).
 
     Example:
         >>> run_label({"method": "layer_mix", "method_options": {"mixing_lr_multiplier": 10}})
         'layer_mix (mixing_lr_multiplier=10)'
+        >>> run_label({"method": "average", "probe_layers": [10, 11, 12]})
+        'average (the 3 best probed blocks)'
     """
-    options = record.get("method_options") or {}
-    if not options:
-        return record["method"]
-    return f"{record['method']} ({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})"
+    options = [f"{k}={v}" for k, v in sorted((record.get("method_options") or {}).items())]
+    if "probe_layers" in record:
+        options.append(f"the {len(record['probe_layers'])} best probed blocks")
+    return f"{record['method']} ({', '.join(options)})" if options else record["method"]
 
 
 def method_scores(records: Sequence[dict[str, Any]]) -> dict[str, tuple[float, Scores, Scores]]:
