@@ -23,6 +23,9 @@ from peft_layerfusion.layer import fusion_layer_of  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 VOCAB = 80
+# Every quantised projection's input a multiple of 64 and its output of 32: on a CPU with AVX512-BF16,
+# bitsandbytes repacks 4-bit weights in blocks of 64 x 32 for an inference forward and refuses others
+WIDTH = 64
 QUANTISATION = {
     4: dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32),
     8: dict(load_in_8bit=True),
@@ -45,7 +48,7 @@ def quantises(bits: int) -> str | None:
 @pytest.fixture(scope="module")
 def base_folder(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("llama")
-    tiny_llm("llama", "causal", VOCAB).save_pretrained(folder)
+    tiny_llm("llama", "causal", VOCAB, width=WIDTH).save_pretrained(folder)
     return str(folder)
 
 

@@ -27,21 +27,25 @@ def tokenizer_folder(directory: str | Path) -> str:
     return write_tiny_decoder(directory)
 
 
-def tiny_config(family: str, vocab_size: int) -> tf.PretrainedConfig:
-    """A 2-block, width-32 config of ``family`` (``llama`` or ``gpt2``) over ``vocab_size`` ids."""
+def tiny_config(family: str, vocab_size: int, width: int = 32) -> tf.PretrainedConfig:
+    """A 2-block config of ``family`` (``llama`` or ``gpt2``) over ``vocab_size`` ids, of width ``width``
+    (a Llama's MLP ``2 * width`` wide)."""
     special = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3)
     if family == "gpt2":
-        sizes = dict(n_embd=32, n_layer=2, n_head=4, n_positions=128)
+        sizes = dict(n_embd=width, n_layer=2, n_head=4, n_positions=128)
         return tf.GPT2Config(vocab_size=vocab_size, **sizes, **special)
     return tf.LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **special,
     )  # fmt: skip
 
 
-def tiny_llm(family: str, head: str, vocab_size: int, seed: int = 0, num_labels: int = 1) -> nn.Module:
-    """A fresh random ``family`` model with ``head`` (``causal`` or ``seq``), weights from ``seed``."""
-    config = tiny_config(family, vocab_size)
+def tiny_llm(
+    family: str, head: str, vocab_size: int, seed: int = 0, num_labels: int = 1, width: int = 32
+) -> nn.Module:
+    """A fresh random ``family`` model with ``head`` (``causal`` or ``seq``), weights from ``seed``, of
+    width ``width`` (:func:`tiny_config`)."""
+    config = tiny_config(family, vocab_size, width)
     config.num_labels = num_labels
     torch.manual_seed(seed)
     return HEADS[head].from_config(config)
