@@ -31,6 +31,7 @@ from typing import Any
 from ..core.probes import UNIT_RMS, best_per_trial, features_of, guarded
 from ..core.selection import at_grid_edge, dev_score, dev_size, select_lr, test_score
 from ..core.stats import mean_ci, paired_mean_ci
+from .plot import variant_text
 
 BEST_LAYER = "best layer (dev)"
 PLAIN = "none"
@@ -47,10 +48,8 @@ def run_label(record: dict[str, Any]) -> str:
         >>> run_label({"method": "average", "probe_layers": [10, 11, 12]})
         'average (the 3 best probed blocks)'
     """
-    options = [f"{k}={v}" for k, v in sorted((record.get("method_options") or {}).items())]
-    if "probe_layers" in record:
-        options.append(f"the {len(record['probe_layers'])} best probed blocks")
-    return f"{record['method']} ({', '.join(options)})" if options else record["method"]
+    variant = variant_text(record)
+    return f"{record['method']} ({variant})" if variant else record["method"]
 
 
 def method_scores(records: Sequence[dict[str, Any]]) -> dict[str, tuple[float, Scores, Scores]]:

@@ -47,6 +47,7 @@ from .plot import (
     regime_label,
     shots_text,
     summarize,
+    variants_note,
     write_report,
 )
 
@@ -443,6 +444,9 @@ def plot_layers(
     axes[1][0].set_ylabel("learned layer weight (mean over trials)")
     for row_axes in axes:
         _legend_right(row_axes)
+    note = variants_note(records) if records else ""
+    if note:  # the lines above name a method only: say what its runs were given
+        figure.text(0.01, 0.0, note, fontsize=9, ha="left", va="top")
     saved = _save(figure, Path(path))
     plt.close(figure)
     return saved

@@ -738,6 +738,40 @@ def _tables(table: str, paired: str) -> str:
     return table + ("\n" + paired if paired else "")
 
 
+def variant_text(record: dict[str, Any]) -> str:
+    """What a run changed of its method's defaults: its ``method_options``, and the number of probed
+    blocks it fuses where the probes chose them (``--probe-fuse``); ``""`` for none.
+
+    Example:
+        >>> run = {"method": "average", "method_options": {"state_norm": "rms"}, "probe_layers": [2, 4]}
+        >>> variant_text(run)
+        'state_norm=rms, the 2 best probed blocks'
+        >>> variant_text({"method": "dwatt"})
+        ''
+    """
+    options = [f"{k}={v}" for k, v in sorted((record.get("method_options") or {}).items())]
+    if "probe_layers" in record:
+        options.append(f"the {len(record['probe_layers'])} best probed blocks")
+    return ", ".join(options)
+
+
+def variants_note(records: Sequence[dict[str, Any]]) -> str:
+    """A line naming the options each method's runs were given (:func:`variant_text`: the experiment's
+    ``method_options``, and the blocks ``--probe-fuse`` chose), for the tables and figures that label a
+    run by its method alone; ``""`` where no run was given any.
+
+    Example:
+        >>> variants_note([{"method": "average", "probe_layers": [2, 3]}, {"method": "none"}])
+        'Options given to these runs: Average: the 2 best probed blocks.'
+    """
+    named = {  # each method's variant once, in file order
+        f"{method_label(record['method'])}: {variant_text(record)}": None
+        for record in records
+        if variant_text(record)
+    }
+    return f"Options given to these runs: {'; '.join(named)}." if named else ""
+
+
 def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]] | None = None) -> str:
     """The text of ``table.md``: :func:`markdown_table` then, when two paired methods are in the
     records, :func:`paired_table` of their :func:`paired_differences`; the same again for each
@@ -759,7 +793,8 @@ def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         other = summarize(records, metric)
         differences = paired_differences(records, other)
         text += "\n" + _tables(markdown_table(other, edges=False), paired_table(differences))
-    return text
+    note = variants_note(records)
+    return text + (f"\n{note}\n" if note else "")
 
 
 def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field: str) -> str:

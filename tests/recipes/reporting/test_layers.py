@@ -476,7 +476,9 @@ def test_probe_fuse_fuses_each_trial_s_best_dev_probes(paths, tmp_path):
         assert len(record["mix_weights"]) == 2
         assert record["key"].endswith("|layers=" + ",".join(map(str, chosen)))
     assert not any("probe_layers" in r or "|layers=" in r["key"] for r in runs if r["method"] == "none")
-    assert "| scalar_mix (the 2 best probed blocks) |" in (tmp_path / "table.md").read_text()  # said so
+    table = (tmp_path / "table.md").read_text()
+    assert "| scalar_mix (the 2 best probed blocks) |" in table  # said so, in the tables that name a method
+    assert "Options given to these runs: ScalarMix: the 2 best probed blocks." in table
     assert all(r["settings"]["probe_fuse"] == [1e-2, 1e-1] for r in runs)
     assert all(r["settings"]["probe_fuse_count"] == 2 for r in runs)
 
