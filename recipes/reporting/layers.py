@@ -36,6 +36,7 @@ from ..core.stats import mean_ci
 from ..core.tasks import read_task_probes, read_task_records, sweep_task
 from .best_layer import best_layer_section
 from .plot import (
+    _caption,
     _pyplot,
     _save,
     format_lr,
@@ -444,9 +445,7 @@ def plot_layers(
     axes[1][0].set_ylabel("learned layer weight (mean over trials)")
     for row_axes in axes:
         _legend_right(row_axes)
-    note = variants_note(records) if records else ""
-    if note:  # the lines above name a method only: say what its runs were given
-        figure.text(0.01, 0.0, note, fontsize=9, ha="left", va="top")
+    _caption(figure, variants_note(records) if records else "")
     saved = _save(figure, Path(path))
     plt.close(figure)
     return saved

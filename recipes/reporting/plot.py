@@ -352,6 +352,14 @@ def _save(figure, path: Path) -> Path:
     return atomic_write(path, lambda temp: figure.savefig(temp, dpi=120, bbox_inches="tight", format="png"))
 
 
+def _caption(figure, note: str) -> None:
+    """Write ``note`` (:func:`variants_note`) under ``figure`` where there is one: its lines and legends
+    name each run by its method alone."""
+    if note:  # below everything drawn so far (rotated tick labels and axis titles reach under y = 0)
+        drawn = figure.get_tightbbox(figure.canvas.get_renderer())  # inches
+        figure.text(0.01, drawn.y0 / figure.get_figheight() - 0.02, note, fontsize=9, ha="left", va="top")
+
+
 def _pyplot():
     import matplotlib
 
@@ -394,10 +402,12 @@ def _legend(axes) -> None:
     )
 
 
-def _finish_panels(plt, figure, axes, path: str | os.PathLike, ylabel: str) -> Path:
-    """Label the first panel's y axis, put the legend right of the last, save the PNG and close it."""
+def _finish_panels(plt, figure, axes, path: str | os.PathLike, ylabel: str, note: str = "") -> Path:
+    """Label the first panel's y axis, put the legend right of the last, save the PNG (``note`` under
+    it) and close it."""
     axes[0][0].set_ylabel(ylabel)
     _legend(axes)
+    _caption(figure, note)
     saved = _save(figure, Path(path))
     plt.close(figure)
     return saved
@@ -485,9 +495,10 @@ def shots_axis(shots: Sequence[int]) -> dict[int, float]:
     return {n: 2 * largest if n == FULL_TRAIN else n for n in shots}
 
 
-def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
+def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike, note: str = "") -> Path:
     """The reported score vs shots with CI bands per method, one panel per (regime, max epochs); each
-    point labelled with its LR selected on dev, in the method's colour."""
+    point labelled with its LR selected on dev, in the method's colour; ``note`` under it
+    (:func:`variants_note`)."""
     plt = _pyplot()
     panels = list(dict.fromkeys((row["regime"], row["epochs"]) for row in rows))
     where = shots_axis([row["shots"] for row in rows])
@@ -523,12 +534,13 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
         _lr_labels(ax, own)
     score = "test" if all(row["score"] == "test" for row in rows) else "dev"
     axis = metric_named(rows[0]["metric"] if rows else "f1").axis
-    return _finish_panels(plt, figure, axes, path, f"{score} {axis} (%)\nmean ± 95% CI over trials")
+    return _finish_panels(plt, figure, axes, path, f"{score} {axis} (%)\nmean ± 95% CI over trials", note)
 
 
-def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
+def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike, note: str = "") -> Path | None:
     """Mean dev F1 (solid) and test F1 (dashed) vs LR per method, the selected LR circled; one
-    panel per (regime, epochs, shots). ``None`` when no cell has two LRs or more."""
+    panel per (regime, epochs, shots); ``note`` under it (:func:`variants_note`). ``None`` when no cell
+    has two LRs or more."""
     rows = [row for row in rows if len(row["lrs"]) > 1 and None not in row["lrs"]]
     if not rows:
         return None
@@ -557,7 +569,7 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pa
         ax.set_xlabel("max LR (circled: selected on dev)")
     axis = metric_named(rows[0]["metric"]).axis
     label = f"{axis} (%), mean over trials\n(solid: dev, dashed: test)"
-    return _finish_panels(plt, figure, axes, path, label)
+    return _finish_panels(plt, figure, axes, path, label, note)
 
 
 def plot_dev_curves(
@@ -593,7 +605,8 @@ def plot_dev_curves(
             ax.set_xticks(sorted(drawn))
         ax.set_xlabel("training steps")
     axis = metric_named(metric).axis
-    return _finish_panels(plt, figure, axes, path, f"dev {axis} (%)\nselected LR, mean over trials")
+    label = f"dev {axis} (%)\nselected LR, mean over trials"
+    return _finish_panels(plt, figure, axes, path, label, variants_note(records))
 
 
 def plot_depth_attention(
@@ -629,6 +642,7 @@ def plot_depth_attention(
     ax.set_xlabel("fused layer")
     ax.set_title("mean depth attention\n(dev tokens, at the selected LR)", fontsize=10)
     figure.colorbar(image, ax=ax).set_label("mean attention weight\n(each row sums to 1)")
+    _caption(figure, variants_note(records))
     path = _save(figure, Path(path))
     plt.close(figure)
     return path
@@ -836,12 +850,13 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
     rows = summarize(records)
     metric = record_metric(records[0])
     table = atomic_write_text(output / "table.md", table_markdown(records, rows))
+    note = variants_note(records)  # the figures name each run by its method alone
     paths = {
         "table": table,
-        f"{metric}_vs_shots": plot_f1_vs_shots(rows, output / f"{metric}_vs_shots.png"),
+        f"{metric}_vs_shots": plot_f1_vs_shots(rows, output / f"{metric}_vs_shots.png", note),
         "dev_curves": plot_dev_curves(records, output / "dev_curves.png", rows),
     }
-    by_lr = plot_f1_vs_lr(rows, output / f"{metric}_vs_lr.png")
+    by_lr = plot_f1_vs_lr(rows, output / f"{metric}_vs_lr.png", note)
     if by_lr is not None:
         paths[f"{metric}_vs_lr"] = by_lr
     heatmap = plot_depth_attention(records, output / "dwatt_attention.png", rows)

@@ -387,3 +387,26 @@ def test_lr_labels_at_close_shot_sizes_cover_no_other_label_and_no_point(monkeyp
     points = [ax.transData.transform(xy) for line in ax.get_lines() for xy in line.get_xydata()]
     markers = [Bbox.from_bounds(x - radius, y - radius, 2 * radius, 2 * radius) for x, y in points]
     assert not any(box.overlaps(marker) for box in boxes for marker in markers)
+
+
+def test_every_figure_says_what_options_its_runs_were_given(monkeypatch, tmp_path):
+    """Lines and legends name a method alone: where the runs were given options (``method_options``,
+    ``--probe-fuse``), each figure and ``table.md`` say which, once; without options, none does."""
+    captions = {}
+    original = plot._save
+
+    def keep(figure, path):
+        captions[path.stem] = [text.get_text() for text in figure.texts]
+        return original(figure, path)
+
+    monkeypatch.setattr(plot, "_save", keep)
+    given = [{**r, "method_options": {"lora_r": 4}} if r["method"] == "dwatt" else r for r in _lr_records()]
+    paths = write_report(given, tmp_path / "given")
+    line = "Options given to these runs: DWAtt: lora_r=4."
+    assert sorted(captions) == ["dev_curves", "dwatt_attention", "f1_vs_lr", "f1_vs_shots"]
+    assert all(texts == [line] for texts in captions.values()), captions
+    assert paths["table"].read_text().count(line) == 1
+    captions.clear()
+    paths = write_report(_lr_records(), tmp_path / "plain")
+    assert captions and all(texts == [] for texts in captions.values())
+    assert "Options given" not in paths["table"].read_text()
