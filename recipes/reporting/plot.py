@@ -779,9 +779,9 @@ def variants_note(records: Sequence[dict[str, Any]]) -> str:
         'Options given to these runs: Average: the 2 best probed blocks.'
     """
     named = {  # each method's variant once, in file order
-        f"{method_label(record['method'])}: {variant_text(record)}": None
+        f"{method_label(record['method'])}: {variant}": None
         for record in records
-        if variant_text(record)
+        if (variant := variant_text(record))
     }
     return f"Options given to these runs: {'; '.join(named)}." if named else ""
 
