@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.probes import UNIT_RMS, best_per_trial, features_of, guarded
+from ..core.probes import UNIT_RMS, best_per_trial, features_of, guarded, probe_trials
 from ..core.selection import at_grid_edge, dev_score, dev_size, select_lr, test_score
 from ..core.stats import mean_ci, paired_mean_ci
 from .plot import variant_text
@@ -117,8 +117,11 @@ def difference(own: Scores, base: Scores) -> str:
     return f"**{text}**" if paired.resolved else text
 
 
-def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -> tuple[str, dict[str, Any]]:
-    """The Markdown table of one (shots, max epochs) and its numbers (``{row: {...}}``)."""
+def cell_table(
+    cell: tuple[int, int], records: list[dict], probes: list[dict], named: str = ""
+) -> tuple[str, dict[str, Any]]:
+    """The Markdown table of one (shots, max epochs) and its numbers (``{row: {...}}``); ``named`` follows
+    its title (which setup, where the file has several)."""
     scores = method_scores(records)
     best = best_layer_scores(probes)
     best_test = {trial: 100 * found["test"] for trial, found in best.items()}
@@ -126,7 +129,7 @@ def cell_table(cell: tuple[int, int], records: list[dict], probes: list[dict]) -
     plain = scores.get(PLAIN, (None, {}, {}))[1]
     size = dev_size(records) if scores else 0  # the guard's dev units (no runs: no guard to apply)
     lines = [
-        f"**N={cell[0]}, max {cell[1]} epochs**: best layer per trial on dev: "
+        f"**N={cell[0]}, max {cell[1]} epochs**{named}: best layer per trial on dev: "
         + ", ".join(f"trial {t}: {probe_label(found)}" for t, found in sorted(best.items())),
         "",
         "| method | test (mean ± CI) | LR | minus best layer (paired) | minus plain head (paired) "
@@ -204,10 +207,16 @@ def edge_trials(best: dict[int, dict[str, Any]], probes: Sequence[dict[str, Any]
 
 
 def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The probe records of several sweeps of one grid (the same samples), one per (shots, max epochs,
-    trial, feature kind, LR), for the (shots, max epochs, trial) of the first group only: the first
-    group's where two have it. A later sweep at more LRs (a wider grid) adds its LRs to the candidates of
-    :func:`~layerfusion_recipes.core.probes.best_single_layer`; its other trials are not the first's.
+    """The probe records of several sweeps of one grid (the same samples), one per (setup, shots, max
+    epochs, trial, feature kind, LR), for the (shots, max epochs, trial) of the first group only: the
+    first group's where two have it. A later sweep at more LRs (a wider grid) adds its LRs to the
+    candidates of :func:`~layerfusion_recipes.core.probes.best_single_layer`; its other trials are not
+    the first's.
+
+    The first group's records keep their setups (a file probed again under a new setup holds both, and a
+    report reads each with its own runs). A later group's record joins each setup the first group has
+    for its trial, as that setup's (from the later group's newest setup of the trial:
+    :func:`~layerfusion_recipes.core.probes.probe_trials`).
 
     Example:
         >>> old = [{"shots": 8, "epochs": 5, "trial": 0, "lr": 1.0, "from": "old"}]
@@ -216,24 +225,38 @@ def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, A
         >>> [(p["trial"], p["lr"], p["from"]) for p in union_probes([old, new])]
         [(0, 1.0, 'old'), (0, 10.0, 'new')]
     """
-
-    def trial_of(record: dict[str, Any]) -> tuple:
-        return record["shots"], record["epochs"], record["trial"]
-
-    first = {trial_of(record) for record in groups[0]} if groups else set()
+    if not groups:
+        return []
     found: dict[tuple, dict[str, Any]] = {}
-    for group in groups:
-        for record in group:
-            if trial_of(record) in first:
-                found.setdefault((*trial_of(record), features_of(record), record["lr"]), record)
+    for record in groups[0]:
+        found.setdefault(_candidate(record), record)
+    setups: dict[tuple, dict[Any, None]] = {}  # (shots, epochs, trial): the first group's setups, in order
+    for record in groups[0]:
+        setups.setdefault(_trial_of(record), {})[record.get("setup")] = None
+    for group in groups[1:]:
+        for trial, records in probe_trials(group).items():
+            for setup in setups.get(trial, {}):
+                for record in ({**record, "setup": setup} for record in records):
+                    found.setdefault(_candidate(record), record)
     return list(found.values())
+
+
+def _trial_of(record: dict[str, Any]) -> tuple[int, int, int]:
+    return record["shots"], record["epochs"], record["trial"]
+
+
+def _candidate(record: dict[str, Any]) -> tuple:
+    """What one probe record is a candidate of the best layer for: its setup, trial, feature kind and LR."""
+    return record.get("setup"), *_trial_of(record), features_of(record), record["lr"]
 
 
 def best_layer_markdown(
     records: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]
 ) -> tuple[str, dict[str, Any]]:
     """The tables of every (shots, max epochs) the probes have, FE runs only, and their numbers
-    (``{"N=8 epochs=30": {row: {...}}}``); empty without probes.
+    (``{"N=8 epochs=30": {row: {...}}}``); empty without probes. Where a (shots, max epochs) has probes of
+    several setups (its data, model or settings changed, and it ran again), each setup gets its own table
+    of its own runs against its own probes (``{"N=8 epochs=30 setup=3f2a": ...}``).
 
     Example:
         >>> from layerfusion_recipes.core.records import read_records
@@ -247,14 +270,19 @@ def best_layer_markdown(
     """
     fe = [r for r in records if r.get("regime") == "fe"]
     texts, out = [], {}
-    for cell in sorted({(p["shots"], p["epochs"]) for p in probes}):
-        text, numbers = cell_table(
-            cell,
-            [r for r in fe if (r["shots"], r["epochs"]) == cell],
-            [p for p in probes if (p["shots"], p["epochs"]) == cell],
-        )
-        texts.append(text)
-        out[f"N={cell[0]} epochs={cell[1]}"] = numbers
+    for shots, epochs in sorted({(p["shots"], p["epochs"]) for p in probes}):
+        here = [p for p in probes if (p["shots"], p["epochs"]) == (shots, epochs)]
+        setups = list(dict.fromkeys(p.get("setup") for p in here))  # file order: the oldest first
+        for setup in setups:
+            named = f" (setup {setup})" if len(setups) > 1 else ""  # runs of two setups never pair
+            text, numbers = cell_table(
+                (shots, epochs),
+                [r for r in fe if (r["shots"], r["epochs"], r.get("setup")) == (shots, epochs, setup)],
+                [p for p in here if p.get("setup") == setup],
+                named,
+            )
+            texts.append(text)
+            out[f"N={shots} epochs={epochs}" + (f" setup={setup}" if named else "")] = numbers
     return "\n\n".join(texts), out
 
 

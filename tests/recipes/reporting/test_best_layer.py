@@ -116,6 +116,34 @@ def test_a_wider_probe_grid_joins_the_candidates_and_the_first_sweep_wins_a_shar
     assert best["trials"] == pytest.approx({0: 60.0, 1: 55.0, 2: 40.0}) and best["layers"][1] == 1
 
 
+def test_a_file_run_again_under_a_new_setup_gets_a_table_per_setup_each_with_its_own_bar():
+    # the same raw probes under an old and a new setup (e.g. the model's files installed again), the new
+    # setup's unit-RMS probe too (dev 0.65, under the raw layer 2's 0.70), and the runs of each setup
+    probes = [
+        *({**probe, "setup": setup} for setup in ("old", "new") for probe in PROBES),
+        {**_probe(0, 1e-2, [(0.65, 0.99)] * 3), "setup": "new", "features": "rms"},
+    ]
+    runs = [{**run, "setup": "old"} for run in RUNS] + [
+        {**run, "setup": "new", "test_f1": run["test_f1"] - 0.1} for run in RUNS
+    ]
+    text, numbers = best_layer_markdown(runs, union_probes([probes]))
+    assert sorted(numbers) == ["N=8 epochs=5 setup=new", "N=8 epochs=5 setup=old"]
+    assert "**N=8, max 5 epochs** (setup old): best layer" in text
+    for setup, shift in (("old", 0.0), ("new", -10.0)):  # each setup's runs against its own bar
+        cell = numbers[f"N=8 epochs=5 setup={setup}"]
+        assert cell[BEST_LAYER]["trials"] == pytest.approx({0: 60.0, 1: 50.0, 2: 40.0})  # raw, as before
+        assert cell["layer_mix"]["trials"] == pytest.approx(
+            {0: 65.0 + shift, 1: 90.0 + shift, 2: 35.0 + shift}
+        )
+
+
+def test_a_wider_grid_of_another_setup_joins_the_candidates_without_hiding_the_first_sweep_s():
+    main = [{**probe, "setup": "main"} for probe in PROBES]
+    wider = [{**_probe(1, 10.0, [(0.75, 0.55), (0.10, 0.10), (0.10, 0.10)]), "setup": "wide"}]  # under 0.80
+    _, numbers = best_layer_markdown(RUNS, union_probes([main, wider]))
+    assert numbers["N=8 epochs=5"][BEST_LAYER]["trials"] == pytest.approx({0: 60.0, 1: 50.0, 2: 40.0})
+
+
 def test_a_best_layer_at_the_edge_of_its_probe_grid_is_flagged():
     text, _ = best_layer_markdown(RUNS, PROBES)  # trial 2's best is at 1e-3, the smallest of its two LRs
     assert "at its edge in trial(s) 2 " in text
