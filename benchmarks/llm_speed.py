@@ -58,13 +58,16 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module
+from peft_layerfusion.methods.extra_layers import fresh_copy, set_layer_index
 from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}
 PARTS = ("forward", "generate", "memory")
 PROMPT = "The history of the Roman Empire begins with the founding of the city of Rome, and"
 LORA_TARGETS = ("q_proj", "v_proj")
+DEEPER = "deeper base"  # generate: R+n's bound, the base with its n extra blocks as its own layers
 RANDOM_PROMPT_TOKENS = 16  # the prompt of a random decoder: random token ids
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -114,6 +117,24 @@ def with_method(
         model = get_peft_model(model, config).eval()
     if fusion_dtype is not None:
         active_fusion_module(model).to(fusion_dtype)
+    return model
+
+
+def deeper_base(base: nn.Module, extra: int) -> nn.Module:
+    """``base`` (shared weights) with ``extra`` more blocks of its own, fresh copies of its last block
+    appended to its block list as the model's own layers (no hook): what R+n is, run as a plain model.
+    Its decoding speed is R+n's own bound: the extra blocks cost what the model's blocks cost, which the
+    FLOP bound undercounts where the step's other work (one large unembedding matmul) runs faster."""
+    model = sharing_copy(base).eval()
+    blocks = find_encoder_blocks(model).blocks
+    config = model.config.get_text_config()
+    for _ in range(extra):
+        block = fresh_copy(blocks[-1], model).requires_grad_(False)
+        set_layer_index(block, len(blocks))
+        blocks.append(block)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [*config.layer_types, *[config.layer_types[-1]] * extra]
+    config.num_hidden_layers += extra
     return model
 
 
@@ -200,6 +221,9 @@ def generate_part(
     report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
 ) -> None:
     models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", *methods)}
+    if "extra_layers" in methods:  # R+n's bound: the base with its n extra blocks as its own layers
+        extra = len(active_fusion_module(models["extra_layers"]).blocks)
+        models[DEEPER] = deeper_base(base, extra).to(base.device, base.dtype)
     inputs = prompt_inputs(base, tokenizer)
     flops = {name: decoding_step_flops(model, inputs) for name, model in models.items()}
     tokens = {name: generated(model, inputs, args.new_tokens) for name, model in models.items()}
@@ -229,6 +253,14 @@ def generate_part(
         same = "yes" if torch.equal(tokens[name], tokens["base"]) else "no (does not start at the base)"
         measured = f"{1 / best:.3f}x | {1 / paired:.3f}x"
         report.print(f"| {name} | {measured} | {bound:.3f}x | {1 / paired / bound:.3f} | {same} |")
+    if DEEPER in models:
+        deeper, own = ratios(times, DEEPER)[1], ratios(times, "extra_layers")[1]
+        report.print(
+            f"\nR+n's bound as a model: the base with its {extra} extra block(s) as its own layers (no hook) "
+            f"generates at {1 / deeper:.3f}x the base's tokens/s (FLOP bound "
+            f"{flops['base'] / flops[DEEPER]:.3f}x); R+n at {1 / own:.3f}x, {deeper / own:.3f} of it "
+            "(medians of paired rounds)"
+        )
 
 
 def training_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
