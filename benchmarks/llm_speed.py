@@ -15,7 +15,10 @@ process, so that the load on a shared machine hits both sides of every ratio:
   identity init must generate the base's tokens (checked; the script stops otherwise). Next to it the
   decoding step's FLOP bound (the base's counted FLOPs of one new token on the prompt's KV cache over
   the method's) and the measured ratio as a share of it. Target: at least 0.95x the base's tokens/s,
-  and within 3% of the FLOP bound where that bound is itself below 0.95x.
+  and within 3% of the FLOP bound where that bound is itself below 0.95x. With ``extra_layers``, also
+  R+n's bound as a model: the base with its ``n`` extra blocks appended as its own layers (no hook),
+  timed in the same rounds (its blocks run at the model's blocks' speed, which the FLOP bound can
+  undercount).
 * ``memory``: peak memory of one training step (causal-LM loss, backward, AdamW step) of a fusion
   method and LoRA in one adapter (``DWAttConfig(target_modules=..., r=...)``) against LoRA alone
   (``peft.LoraConfig``, the same targets and rank), batch 8 x 128 tokens: the peak bytes of tensors
