@@ -265,8 +265,10 @@ def best_layer_markdown(
         >>> text, numbers = best_layer_markdown(records, probes)
         >>> print(text.splitlines()[0])
         **N=8, max 25 epochs**: best layer per trial on dev: trial 0: z_... @..., trial 1: ..., trial 2: ...
-        >>> sorted(numbers), numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # beat it on dev by one SE
-        (['N=32 epochs=25', 'N=8 epochs=25'], 0)
+        >>> numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # trials where it beat the layer on dev by one SE
+        0
+        >>> sorted(numbers)  # its N = 32 trials ran again under a new setup (the model installed again)
+        ['N=32 epochs=25 setup=7f9409bf6b74', 'N=32 epochs=25 setup=ff572919f928', 'N=8 epochs=25']
     """
     fe = [r for r in records if r.get("regime") == "fe"]
     texts, out = [], {}
