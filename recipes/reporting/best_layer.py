@@ -228,10 +228,9 @@ def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, A
     if not groups:
         return []
     found: dict[tuple, dict[str, Any]] = {}
-    for record in groups[0]:
-        found.setdefault(_candidate(record), record)
     setups: dict[tuple, dict[Any, None]] = {}  # (shots, epochs, trial): the first group's setups, in order
     for record in groups[0]:
+        found.setdefault(_candidate(record), record)
         setups.setdefault(_trial_of(record), {})[record.get("setup")] = None
     for group in groups[1:]:
         for trial, records in probe_trials(group).items():
