@@ -121,18 +121,15 @@ def _visible_files(root: Path) -> Iterable[tuple[str, Path]]:
             yield "/".join(parts), file
 
 
-WHOLE_FILE_BYTES = 64 * 2**20  # files up to this size are hashed whole (data, configs, small models)
-SAMPLED_CHUNKS = 32  # a larger file: its size, its modification time and this many chunks spread over it
-CHUNK_BYTES = 2**16
+READ_BYTES = 2**24  # a file is hashed in reads of 16 MB
 _FILE_FINGERPRINTS: dict[tuple, str] = {}  # (real path, size, mtime_ns, inode) -> fingerprint
 
 
 def file_fingerprint(path: Path) -> str:
-    """SHA-256 of a file's content: all of it up to :data:`WHOLE_FILE_BYTES`; above, its size, its
-    modification time and :data:`SAMPLED_CHUNKS` chunks of :data:`CHUNK_BYTES` spread over it (a
-    multi-GB weights file costs 2 MB of reading; new weights saved over it change its modification
-    time, and a copy keeping the time changes the sampled bytes). Memoized on the file's identity
-    and time: a second call costs a ``stat``.
+    """SHA-256 of a file's size and whole content: the same bytes give the same fingerprint however they
+    got there (a copy, a reinstall, a download again, ``touch``), and any changed byte changes it. A
+    weights file is read whole once per process (about 1.5 s per GB on two cores); memoized on the
+    file's identity and time, so a second call costs a ``stat``.
 
     Example:
         >>> _ = Path("train.txt").write_text("EU rejects German call")
@@ -146,14 +143,8 @@ def file_fingerprint(path: Path) -> str:
         return _FILE_FINGERPRINTS[identity]
     digest = hashlib.sha256(f"{stat.st_size}|".encode())
     with open(path, "rb") as handle:
-        if stat.st_size <= WHOLE_FILE_BYTES:
-            digest.update(handle.read())
-        else:
-            digest.update(f"{stat.st_mtime_ns}|".encode())
-            last = stat.st_size - CHUNK_BYTES
-            for index in range(SAMPLED_CHUNKS):
-                handle.seek(last * index // (SAMPLED_CHUNKS - 1))
-                digest.update(handle.read(CHUNK_BYTES))
+        while chunk := handle.read(READ_BYTES):
+            digest.update(chunk)
     _FILE_FINGERPRINTS[identity] = digest.hexdigest()
     return _FILE_FINGERPRINTS[identity]
 

@@ -73,6 +73,23 @@ def test_new_weights_saved_at_the_same_path_are_not_served_old_features(tmp_path
     assert [p["dev_f1"] for p in cached["curve"]] == [p["dev_f1"] for p in plain["curve"]]
 
 
+def test_a_weights_file_is_fingerprinted_by_all_its_bytes_not_its_time(tmp_path):
+    """A model installed again (the same bytes, a new modification time) keeps its records' setup; one
+    byte changed anywhere in a file of GB-scale proportions (over 64 MB, once sampled in 32 chunks) is
+    seen."""
+    weights = tmp_path / "model.safetensors"
+    with open(weights, "wb") as handle:
+        handle.truncate(65 * 2**20)  # sparse zeros
+    first = cache_files.file_fingerprint(weights)
+    os.utime(weights, ns=(1, 1))
+    assert cache_files.file_fingerprint(weights) == first
+    with open(weights, "r+b") as handle:
+        handle.seek(12_345_678)  # between two of the chunks the sampling read
+        handle.write(b"\x01")
+    os.utime(weights, ns=(2, 2))
+    assert cache_files.file_fingerprint(weights) != first
+
+
 def test_key_follows_weights_tokenizer_and_length_not_the_head_or_the_name(model_path):
     tokenizer = wordpiece_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])
     other_tokenizer = wordpiece_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "zurich"])
