@@ -495,17 +495,42 @@ def shots_axis(shots: Sequence[int]) -> dict[int, float]:
     return {n: 2 * largest if n == FULL_TRAIN else n for n in shots}
 
 
+def setup_suffix(setup: str, several: bool) -> str:
+    """A panel title's end naming its setup, where the runs drawn come from several: a figure never
+    pools two setups' runs (their data, model or settings differ), it gives each its own panels.
+
+    Example:
+        >>> setup_suffix("3f2a", True), setup_suffix("", True), setup_suffix("3f2a", False)
+        (' (setup 3f2a)', ' (setup legacy)', '')
+    """
+    return f" (setup {setup or 'legacy'})" if several else ""
+
+
+def panel_title(panel: tuple[str, str, int, int], several: bool) -> str:
+    """The title of a ``(setup, regime, epochs, shots)`` panel (its setup named where there are several).
+
+    Example:
+        >>> panel_title(("3f2a", "fe", 25, 8), several=True)
+        'frozen encoder, 25 epochs, N=8 (setup 3f2a)'
+    """
+    setup, regime, epochs, shots = panel
+    return f"{regime_label(regime)}, {epochs} epochs, N={shots_text(shots)}{setup_suffix(setup, several)}"
+
+
 def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike, note: str = "") -> Path:
-    """The reported score vs shots with CI bands per method, one panel per (regime, max epochs); each
+    """The reported score vs shots with CI bands per method, one panel per (setup, regime, max epochs); each
     point labelled with its LR selected on dev, in the method's colour; ``note`` under it
     (:func:`variants_note`)."""
     plt = _pyplot()
-    panels = list(dict.fromkeys((row["regime"], row["epochs"]) for row in rows))
+    panels = list(dict.fromkeys((row["setup"], row["regime"], row["epochs"]) for row in rows))
+    several = len({setup for setup, *_ in panels}) > 1
     where = shots_axis([row["shots"] for row in rows])
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     labels: list[list[tuple[float, float, str, str]]] = [[] for _ in panels]
-    for ax, (regime, epochs), own in zip(axes[0], panels, labels, strict=True):
-        panel = [row for row in rows if (row["regime"], row["epochs"]) == (regime, epochs)]
+    for ax, (setup, regime, epochs), own in zip(axes[0], panels, labels, strict=True):
+        panel = [
+            row for row in rows if (row["setup"], row["regime"], row["epochs"]) == (setup, regime, epochs)
+        ]
         for method in sorted(dict.fromkeys(row["method"] for row in panel), key=method_rank):
             line = sorted((r for r in panel if r["method"] == method), key=lambda r: shots_size(r["shots"]))
             shots = [where[r["shots"]] for r in line]
@@ -528,7 +553,7 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike, no
         ax.set_xlim(smallest / 2**0.3, largest * 2**0.9)  # room for the LR labels right of the points
         ax.set_xticks([where[n] for n in ticks], [shots_text(n) for n in ticks])
         ax.minorticks_off()
-        ax.set_title(f"{regime_label(regime)}, max {epochs} epochs")
+        ax.set_title(f"{regime_label(regime)}, max {epochs} epochs{setup_suffix(setup, several)}")
         ax.set_xlabel("shots N (labels: LR selected on dev)")
     for ax, own in zip(axes[0], labels, strict=True):  # once every panel has its y range (shared)
         _lr_labels(ax, own)
@@ -539,17 +564,18 @@ def plot_f1_vs_shots(rows: Sequence[dict[str, Any]], path: str | os.PathLike, no
 
 def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike, note: str = "") -> Path | None:
     """Mean dev F1 (solid) and test F1 (dashed) vs LR per method, the selected LR circled; one
-    panel per (regime, epochs, shots); ``note`` under it (:func:`variants_note`). ``None`` when no cell
+    panel per (setup, regime, epochs, shots); ``note`` under it (:func:`variants_note`). ``None`` when no cell
     has two LRs or more."""
     rows = [row for row in rows if len(row["lrs"]) > 1 and None not in row["lrs"]]
     if not rows:
         return None
     plt = _pyplot()
-    panels = list(dict.fromkeys((row["regime"], row["epochs"], row["shots"]) for row in rows))
+    panels = list(dict.fromkeys((row["setup"], row["regime"], row["epochs"], row["shots"]) for row in rows))
+    several = len({panel[0] for panel in panels}) > 1
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels, strict=True):
         panel_rows = sorted(
-            (r for r in rows if (r["regime"], r["epochs"], r["shots"]) == panel),
+            (r for r in rows if (r["setup"], r["regime"], r["epochs"], r["shots"]) == panel),
             key=lambda r: method_rank(r["method"]),
         )
         for row in panel_rows:
@@ -565,7 +591,7 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike, note:
         ax.minorticks_off()  # one labelled tick per LR of the panel, none between them
         ticks = sorted({lr for row in panel_rows for lr in row["lrs"]})
         ax.set_xticks(ticks, [format_lr(lr) for lr in ticks], rotation=45, fontsize=8)
-        ax.set_title(f"{regime_label(panel[0])}, {panel[1]} epochs, N={shots_text(panel[2])}")
+        ax.set_title(panel_title(panel, several))
         ax.set_xlabel("max LR (circled: selected on dev)")
     axis = metric_named(rows[0]["metric"]).axis
     label = f"{axis} (%), mean over trials\n(solid: dev, dashed: test)"
@@ -575,8 +601,8 @@ def plot_f1_vs_lr(rows: Sequence[dict[str, Any]], path: str | os.PathLike, note:
 def plot_dev_curves(
     records: Sequence[dict[str, Any]], path: str | os.PathLike, rows: Sequence[dict[str, Any]] | None = None
 ) -> Path:
-    """Dev F1 vs training steps (mean over trials) per method, one panel per (regime, epochs, shots),
-    at each cell's LR selected on dev (the rows of :func:`summarize`, computed when not given)."""
+    """Dev F1 vs training steps (mean over trials) per method, one panel per (setup, regime, epochs,
+    shots), at each cell's LR selected on dev (the rows of :func:`summarize`, computed when not given)."""
     plt = _pyplot()
     metric = record_metric(records[0])
     selected = {cell_of(row): row["lr"] for row in (summarize(records) if rows is None else rows)}
@@ -584,10 +610,10 @@ def plot_dev_curves(
     for record in records:
         if record.get("lr") != selected.get(cell_of(record)):
             continue
-        curves[(record["regime"], record["epochs"], record["shots"])][record["method"]].append(
-            record["curve"]
-        )
+        panel = (record.get("setup", ""), record["regime"], record["epochs"], record["shots"])
+        curves[panel][record["method"]].append(record["curve"])
     panels = sorted(curves)
+    several = len({panel[0] for panel in panels}) > 1
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels, strict=True):
         drawn: set[int] = set()
@@ -600,7 +626,7 @@ def plot_dev_curves(
             color = method_color(method)
             ax.plot(steps, mean, marker="o", markersize=4, label=method_label(method), color=color)
             drawn.update(steps)
-        ax.set_title(f"{regime_label(panel[0])}, {panel[1]} epochs, N={shots_text(panel[2])}")
+        ax.set_title(panel_title(panel, several))
         if len(drawn) < 3:  # one or two evaluations: ticks at their steps, none between
             ax.set_xticks(sorted(drawn))
         ax.set_xlabel("training steps")

@@ -410,3 +410,39 @@ def test_every_figure_says_what_options_its_runs_were_given(monkeypatch, tmp_pat
     paths = write_report(_lr_records(), tmp_path / "plain")
     assert captions and all(texts == [] for texts in captions.values())
     assert "Options given" not in paths["table"].read_text()
+
+
+def test_runs_of_two_setups_get_their_own_panels_never_one_pooled_line(monkeypatch, tmp_path):
+    """A file run again under a new setup (new data, model or settings) holds both setups' runs: each
+    figure draws each setup in its own panels, titled with it, and a method's line joins one setup's
+    points only."""
+    saved = {}
+    original = plot._save
+
+    def keep(figure, path):
+        saved[path.stem] = figure
+        return original(figure, path)
+
+    monkeypatch.setattr(plot, "_save", keep)
+    again = [
+        {
+            **r,
+            "setup": "t",
+            "key": r["key"].replace("|s", "|t"),
+            "dev_f1": r["dev_f1"] + 0.5,
+            "curve": [{**point, "dev_f1": point["dev_f1"] + 0.5} for point in r["curve"]],
+        }
+        for r in _lr_records(("none",))
+        if r["shots"] == 8
+    ]
+    write_report(_lr_records(("none",)) + again, tmp_path)
+    titles = {name: [ax.get_title() for ax in figure.axes] for name, figure in saved.items()}
+    assert titles["f1_vs_shots"] == [
+        "frozen encoder, max 5 epochs (setup s)",
+        "frozen encoder, max 5 epochs (setup t)",
+    ]
+    assert titles["f1_vs_lr"][-1] == titles["dev_curves"][-1] == "frozen encoder, 5 epochs, N=8 (setup t)"
+    assert len(titles["f1_vs_lr"]) == len(titles["dev_curves"]) == 3  # s: N=2 and 8; t: N=8
+    first, again_line = (ax.get_lines()[0] for ax in saved["f1_vs_shots"].axes)
+    assert len(first.get_xdata()) == 2 and len(again_line.get_xdata()) == 1
+    assert max(saved["dev_curves"].axes[-1].get_lines()[0].get_ydata()) > 50  # t's curves alone (pooled: 33)
