@@ -496,22 +496,23 @@ def shots_axis(shots: Sequence[int]) -> dict[int, float]:
 
 
 def setup_suffix(setup: str, several: bool) -> str:
-    """A panel title's end naming its setup, where the runs drawn come from several: a figure never
-    pools two setups' runs (their data, model or settings differ), it gives each its own panels.
+    """A panel title's second line naming its setup, where the runs drawn come from several: a figure
+    never pools two setups' runs (their data, model or settings differ), it gives each its own panels.
 
     Example:
         >>> setup_suffix("3f2a", True), setup_suffix("", True), setup_suffix("3f2a", False)
-        (' (setup 3f2a)', ' (setup legacy)', '')
+        ('\\n(setup 3f2a)', '\\n(setup legacy)', '')
     """
-    return f" (setup {setup or 'legacy'})" if several else ""
+    return f"\n(setup {setup or 'legacy'})" if several else ""
 
 
 def panel_title(panel: tuple[str, str, int, int], several: bool) -> str:
     """The title of a ``(setup, regime, epochs, shots)`` panel (its setup named where there are several).
 
     Example:
-        >>> panel_title(("3f2a", "fe", 25, 8), several=True)
-        'frozen encoder, 25 epochs, N=8 (setup 3f2a)'
+        >>> print(panel_title(("3f2a", "fe", 25, 8), several=True))
+        frozen encoder, 25 epochs, N=8
+        (setup 3f2a)
     """
     setup, regime, epochs, shots = panel
     return f"{regime_label(regime)}, {epochs} epochs, N={shots_text(shots)}{setup_suffix(setup, several)}"

@@ -438,10 +438,10 @@ def test_runs_of_two_setups_get_their_own_panels_never_one_pooled_line(monkeypat
     write_report(_lr_records(("none",)) + again, tmp_path)
     titles = {name: [ax.get_title() for ax in figure.axes] for name, figure in saved.items()}
     assert titles["f1_vs_shots"] == [
-        "frozen encoder, max 5 epochs (setup s)",
-        "frozen encoder, max 5 epochs (setup t)",
+        "frozen encoder, max 5 epochs\n(setup s)",
+        "frozen encoder, max 5 epochs\n(setup t)",
     ]
-    assert titles["f1_vs_lr"][-1] == titles["dev_curves"][-1] == "frozen encoder, 5 epochs, N=8 (setup t)"
+    assert titles["f1_vs_lr"][-1] == titles["dev_curves"][-1] == "frozen encoder, 5 epochs, N=8\n(setup t)"
     assert len(titles["f1_vs_lr"]) == len(titles["dev_curves"]) == 3  # s: N=2 and 8; t: N=8
     first, again_line = (ax.get_lines()[0] for ax in saved["f1_vs_shots"].axes)
     assert len(first.get_xdata()) == 2 and len(again_line.get_xdata()) == 1
