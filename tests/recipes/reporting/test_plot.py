@@ -181,9 +181,8 @@ def _lr_records(methods=("dwatt", "extra_layers", "none", "concat")) -> list[dic
     return records
 
 
-@pytest.fixture
-def figures(monkeypatch, tmp_path):
-    """The figures :func:`write_report` draws, by file name (captured as they are saved)."""
+def _saved_figures(monkeypatch, records: list[dict], directory) -> dict:
+    """The figures :func:`write_report` draws from ``records`` into ``directory``, by file name."""
     saved = {}
     original = plot._save
 
@@ -192,7 +191,14 @@ def figures(monkeypatch, tmp_path):
         return original(figure, path)
 
     monkeypatch.setattr(plot, "_save", keep)
-    write_report(_lr_records(), tmp_path)
+    write_report(records, directory)
+    return saved
+
+
+@pytest.fixture
+def figures(monkeypatch, tmp_path):
+    """The figures :func:`write_report` draws, by file name (captured as they are saved)."""
+    saved = _saved_figures(monkeypatch, _lr_records(), tmp_path)
     for figure in saved.values():
         figure.canvas.draw()  # text and legend positions
     return saved
@@ -416,14 +422,6 @@ def test_runs_of_two_setups_get_their_own_panels_never_one_pooled_line(monkeypat
     """A file run again under a new setup (new data, model or settings) holds both setups' runs: each
     figure draws each setup in its own panels, titled with it, and a method's line joins one setup's
     points only."""
-    saved = {}
-    original = plot._save
-
-    def keep(figure, path):
-        saved[path.stem] = figure
-        return original(figure, path)
-
-    monkeypatch.setattr(plot, "_save", keep)
     again = [
         {
             **r,
@@ -435,7 +433,7 @@ def test_runs_of_two_setups_get_their_own_panels_never_one_pooled_line(monkeypat
         for r in _lr_records(("none",))
         if r["shots"] == 8
     ]
-    write_report(_lr_records(("none",)) + again, tmp_path)
+    saved = _saved_figures(monkeypatch, _lr_records(("none",)) + again, tmp_path)
     titles = {name: [ax.get_title() for ax in figure.axes] for name, figure in saved.items()}
     assert titles["f1_vs_shots"] == [
         "frozen encoder, max 5 epochs\n(setup s)",
