@@ -11,7 +11,8 @@ when they have probes.
 shots and trials, hence the same samples: e.g. a later sweep of one more method into its own folder);
 their runs pair with the main file's by trial (its trials only), and their probes join the main file's
 (a probe sweep at more LRs widens the best layer's grid: the main file's records win where both have a
-(trial, LR)).
+(trial, LR)). A file whose runs were made again under a new setup (new data, model files or settings)
+gets one table per setup, each setup's runs against its own probes.
 
 Usage:
     python benchmarks/best_layer.py benchmarks/results/trec_fe_mean_probe_start/results.jsonl [--json OUT]
