@@ -6,9 +6,12 @@ process, so that the load on a shared machine hits both sides of every ratio:
 
 * ``forward``: the causal LM's forward (batch x seq tokens, eval mode, ``torch.no_grad``, logits of
   every position) with each fusion method against the base model's, timed in interleaved rounds
-  (base, dwatt, concat, ..., base, dwatt, ...): the best round of each over the base's best, and the
-  median over rounds of the ratio to the base of the same round; next to it the FLOP bound (counted
-  floating-point operations, ``torch.utils.flop_counter``: what a perfect implementation would cost).
+  (base, dwatt, concat, ..., then the same in reverse order, ...): the best round of each over the
+  base's best, and the median over rounds of the ratio to the base of the same round; next to it the
+  FLOP bound (counted floating-point operations, ``torch.utils.flop_counter``: what a perfect
+  implementation would cost). The first row of each table, ``base again``, is a second copy of the
+  base timed like a method: how far two identical models land from 1.000x in this run, the noise
+  floor the other rows are read against.
 * ``generate``: greedy generation (KV cache, batch 1, a fixed English prompt, exactly
   ``--new-tokens`` new tokens) in tokens/s with each method against without, interleaved rounds as
   above. The methods start at the base model on a decoder (``fusion_init="auto"``): those with an
@@ -56,7 +59,17 @@ import torch
 from layerfusion_recipes.core.gemma import resolve_model
 from layerfusion_recipes.core.models import peft_alias_quiet
 from layerfusion_recipes.reporting.benchmark_report import Report
-from overhead import count_call_flops, count_flops, parse_shape, peak_allocated, synchronize, time_forward
+from overhead import (
+    CONTROL,
+    count_call_flops,
+    count_flops,
+    interleaved,
+    parse_shape,
+    peak_allocated,
+    ratios,
+    synchronize,
+    time_forward,
+)
 from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -110,10 +123,11 @@ def with_method(
     base: nn.Module, method: str, fusion_dtype: torch.dtype | None = None, **lora: object
 ) -> nn.Module:
     """``base`` (shared weights) with ``method``'s fusion, and LoRA where ``lora`` names its options;
-    ``"base"``: the model alone; ``"lora"``: LoRA alone (``peft.LoraConfig``). ``fusion_dtype``: cast
-    the fusion module to it (peft keeps adapters in float32 on a bf16 model by default)."""
+    ``"base"`` (or ``CONTROL``, its second copy): the model alone; ``"lora"``: LoRA alone
+    (``peft.LoraConfig``). ``fusion_dtype``: cast the fusion module to it (peft keeps adapters in float32
+    on a bf16 model by default)."""
     model = sharing_copy(base)
-    if method == "base":
+    if method in ("base", CONTROL):
         return model.eval()
     config = LoraConfig(**lora) if method == "lora" else METHODS[method](**lora)
     with peft_alias_quiet():
@@ -147,26 +161,8 @@ def fusion_dtype(base: nn.Module, args: argparse.Namespace) -> torch.dtype | Non
     return base.dtype if args.fusion_in_model_dtype else None
 
 
-def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each run over ``rounds`` interleaved rounds (one warm-up call each first)."""
-    for run in runs.values():
-        run()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            times[name].append(run())
-    return times
-
-
-def ratios(times: dict[str, list[float]], name: str) -> tuple[float, float]:
-    """``name``'s time over the base's: best over best, and the median of the same round's ratios."""
-    best = min(times[name]) / min(times["base"])
-    paired = statistics.median(t / b for t, b in zip(times[name], times["base"], strict=True))
-    return best, paired
-
-
 def forward_part(report: Report, base: nn.Module, methods: Sequence[str], args: argparse.Namespace) -> None:
-    models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", *methods)}
+    models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", CONTROL, *methods)}
     ids = token_ids(base, args.batch, args.seq)
     flops = {name: count_flops(model, ids) for name, model in models.items()}
     times = interleaved(
@@ -182,7 +178,7 @@ def forward_part(report: Report, base: nn.Module, methods: Sequence[str], args: 
     )
     report.print("| method | latency / base (best) | latency / base (median of paired rounds) | FLOP bound |")
     report.print("|---|---|---|---|")
-    for name in methods:
+    for name in (CONTROL, *methods):
         best, paired = ratios(times, name)
         report.print(f"| {name} | {best:.3f}x | {paired:.3f}x | {flops[name] / flops['base']:.3f}x |")
 
@@ -223,7 +219,7 @@ def decoding_step_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> in
 def generate_part(
     report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
 ) -> None:
-    models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", *methods)}
+    models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", CONTROL, *methods)}
     if "extra_layers" in methods:  # R+n's bound: the base with its n extra blocks as its own layers
         extra = len(active_fusion_module(models["extra_layers"]).blocks)
         models[DEEPER] = deeper_base(base, extra).to(base.device, base.dtype)
@@ -250,7 +246,7 @@ def generate_part(
         "| FLOP bound (decoding step) | median / bound | same tokens as base |"
     )
     report.print("|---|---|---|---|---|---|")
-    for name in methods:
+    for name in (CONTROL, *methods):
         best, paired = ratios(times, name)
         bound = flops["base"] / flops[name]
         same = "yes" if torch.equal(tokens[name], tokens["base"]) else "no (does not start at the base)"

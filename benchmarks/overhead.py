@@ -4,10 +4,12 @@ A 12-block, width-768 random BERT (BERT-base shape), batch 16 x 128 tokens, eval
 ``torch.no_grad``. For every method the script prints
 
 * ``latency``: forward time relative to the base model; the models are timed in
-  interleaved rounds (base, dwatt, concat, ..., base, dwatt, ...). Two estimators: the
-  best time of each model over the rounds (noise only ever adds time), and the median over
-  rounds of the ratio to the base timed in the same round (paired: a slow spell that lasts
-  a round hits both sides of its ratio);
+  interleaved rounds (base, dwatt, concat, ..., then the same in reverse order, ...). Two
+  estimators: the best time of each model over the rounds (noise only ever adds time), and the
+  median over rounds of the ratio to the base timed in the same round (paired: a slow spell that
+  lasts a round hits both sides of its ratio). The first row, ``base again``, is a second copy of
+  the base timed like a method: how far from 1.000x two identical models land in this run, the
+  noise floor every other row is read against;
 * ``peak mem``: peak bytes of tensors alive during one forward, relative to the base's
   (the torch profiler's allocator events: deterministic, unaffected by machine noise);
 * ``FLOP bound``: the ratio of counted floating-point operations
@@ -42,6 +44,7 @@ from transformers import BertConfig, BertModel
 from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}  # every encoder method
+CONTROL = "base again"  # a second copy of the base, timed like a method: the run's noise floor (A/A)
 
 
 def base_model() -> BertModel:
@@ -51,7 +54,7 @@ def base_model() -> BertModel:
 
 def build(method: str) -> torch.nn.Module:
     model = base_model()
-    return model if method == "base" else get_peft_model(model, METHODS[method]()).eval()
+    return model if method in ("base", CONTROL) else get_peft_model(model, METHODS[method]()).eval()
 
 
 def inputs(batch: int, seq: int) -> torch.Tensor:
@@ -94,6 +97,42 @@ def time_forward(model: torch.nn.Module, ids: torch.Tensor) -> float:
         return time.perf_counter() - start
 
 
+def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each run over ``rounds`` interleaved rounds, after one warm-up call each.
+
+    Every other round runs in reverse order, so no model always runs first, or always right after the
+    same other model.
+
+    Example:
+        >>> order = []
+        >>> runs = {name: (lambda n=name: order.append(n) or 0.0) for name in ("a", "b")}
+        >>> interleaved(runs, rounds=2)
+        {'a': [0.0, 0.0], 'b': [0.0, 0.0]}
+        >>> order  # warm-up, round 1, round 2 (reversed)
+        ['a', 'b', 'a', 'b', 'b', 'a']
+    """
+    for run in runs.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_index in range(rounds):
+        names = list(runs) if round_index % 2 == 0 else list(runs)[::-1]
+        for name in names:
+            times[name].append(runs[name]())
+    return times
+
+
+def ratios(times: dict[str, list[float]], name: str) -> tuple[float, float]:
+    """``name``'s time over the base's: best over best, and the median of the same round's ratios.
+
+    Example:
+        >>> ratios({"base": [1.0, 2.0, 1.2], "m": [1.1, 2.4, 1.2]}, "m")
+        (1.1, 1.1)
+    """
+    best = min(times[name]) / min(times["base"])
+    paired = statistics.median(t / b for t, b in zip(times[name], times["base"], strict=True))
+    return best, paired
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device`` (a GPU's kernels run asynchronously); nothing on a CPU."""
     if device.type == "cuda":
@@ -134,23 +173,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     report = Report("benchmarks/overhead.py", argv)
     torch.set_num_threads(args.threads)
-    names = ["base", *args.methods]
+    names = ["base", CONTROL, *args.methods]
     models = {name: build(name) for name in names}
     ids = inputs(args.batch, args.seq)
     flops = {name: count_flops(model, ids) for name, model in models.items()}
-    for model in models.values():  # warm-up
-        time_forward(model, ids)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(args.rounds):
-        for name in names:
-            times[name].append(time_forward(models[name], ids))
+    runs = {name: (lambda m=model: time_forward(m, ids)) for name, model in models.items()}
+    times = interleaved(runs, args.rounds)
     memory = {name: peak_forward_memory(model, ids) for name, model in models.items()}
-
     best = {name: min(values) for name, values in times.items()}  # noise only ever adds time
-    paired = {  # median over rounds of (method / base of the same round)
-        name: statistics.median(t / b for t, b in zip(values, times["base"], strict=True))
-        for name, values in times.items()
-    }
     report.print(
         f"BERT-base shape (12 x 768), batch {args.batch} x {args.seq} tokens, {args.threads} threads, "
         f"{args.rounds} interleaved rounds, torch {torch.__version__}"
@@ -166,9 +196,10 @@ def main(argv: list[str] | None = None) -> None:
         "| FLOP bound |"
     )
     report.print("|---|---|---|---|---|")
-    for name in args.methods:
+    for name in names[1:]:
+        best_ratio, paired = ratios(times, name)
         report.print(
-            f"| {name} | {best[name] / best['base']:.3f}x | {paired[name]:.3f}x | "
+            f"| {name} | {best_ratio:.3f}x | {paired:.3f}x | "
             f"{memory[name] / memory['base']:.3f}x | {flops[name] / flops['base']:.3f}x |"
         )
     report.save(args.output)
