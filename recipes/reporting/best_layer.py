@@ -31,7 +31,7 @@ from typing import Any
 from ..core.probes import UNIT_RMS, best_per_trial, features_of, guarded, probe_trials
 from ..core.selection import at_grid_edge, dev_score, dev_size, select_lr, test_score
 from ..core.stats import mean_ci, paired_mean_ci
-from .plot import variant_text
+from .plot import setup_label, variant_text
 
 BEST_LAYER = "best layer (dev)"
 PLAIN = "none"
@@ -275,7 +275,7 @@ def best_layer_markdown(
         here = [p for p in probes if (p["shots"], p["epochs"]) == (shots, epochs)]
         setups = list(dict.fromkeys(p.get("setup") for p in here))  # file order: the oldest first
         for setup in setups:
-            named = f" (setup {setup})" if len(setups) > 1 else ""  # runs of two setups never pair
+            named = f" {setup_label(setup)}" if len(setups) > 1 else ""  # runs of two setups never pair
             text, numbers = cell_table(
                 (shots, epochs),
                 [r for r in fe if (r["shots"], r["epochs"], r.get("setup")) == (shots, epochs, setup)],

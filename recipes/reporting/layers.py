@@ -46,6 +46,8 @@ from .plot import (
     method_rank,
     metric_named,
     regime_label,
+    setup_label,
+    setup_suffix,
     shots_text,
     summarize,
     variants_note,
@@ -279,9 +281,13 @@ def _weight_label(method: str, regime: str, field: str, display: bool = False) -
     return f"{name} {WEIGHT_FIELDS[field]}" + ("" if regime == PROBE_REGIME else f" ({regime_name})")
 
 
-def _cell_title(cell: tuple, several_setups: bool) -> str:
+def _cell_title(cell: tuple, several_setups: bool, in_figure: bool = False) -> str:
+    """A cell's title, its setup named where there are several (on a second line in a figure's panel)."""
     setup, shots, epochs = cell
-    return f"N={shots_text(shots)}, max {epochs} epochs" + (f" ({setup})" if several_setups else "")
+    title = f"N={shots_text(shots)}, max {epochs} epochs"
+    if in_figure:
+        return title + setup_suffix(setup, several_setups)
+    return title + (f" {setup_label(setup)}" if several_setups else "")
 
 
 def layers_markdown(
@@ -435,7 +441,7 @@ def plot_layers(
                     linestyle=":",
                     label=f"{method_label(row['method'])} ({row['score']})",
                 )
-        top_ax.set_title(_cell_title(cell, several))
+        top_ax.set_title(_cell_title(cell, several, in_figure=True))
         _draw_weights(bottom_ax, _weights_of(weights, cell))
         bottom_ax.set_xlabel("layer n (z_n: output of block n)")
         layers = sorted({row["layer"] for row in cell_rows})

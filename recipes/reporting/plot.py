@@ -495,15 +495,26 @@ def shots_axis(shots: Sequence[int]) -> dict[int, float]:
     return {n: 2 * largest if n == FULL_TRAIN else n for n in shots}
 
 
-def setup_suffix(setup: str, several: bool) -> str:
-    """A panel title's second line naming its setup, where the runs drawn come from several: a figure
-    never pools two setups' runs (their data, model or settings differ), it gives each its own panels.
+def setup_label(setup: str | None) -> str:
+    """How every table, title and label names a setup, where a file holds runs of several: a report never
+    pools two setups' runs (their data, model or settings differ), it shows each apart.
 
     Example:
-        >>> setup_suffix("3f2a", True), setup_suffix("", True), setup_suffix("3f2a", False)
-        ('\\n(setup 3f2a)', '\\n(setup legacy)', '')
+        >>> setup_label("3f2a"), setup_label(None)  # None: records older than setups
+        ('(setup 3f2a)', '(setup legacy)')
     """
-    return f"\n(setup {setup or 'legacy'})" if several else ""
+    return f"(setup {setup or 'legacy'})"
+
+
+def setup_suffix(setup: str, several: bool) -> str:
+    """A panel title's second line naming its setup (:func:`setup_label`), where the runs drawn come from
+    several setups: a figure gives each setup its own panels.
+
+    Example:
+        >>> setup_suffix("3f2a", True), setup_suffix("3f2a", False)
+        ('\\n(setup 3f2a)', '')
+    """
+    return f"\n{setup_label(setup)}" if several else ""
 
 
 def panel_title(panel: tuple[str, str, int, int], several: bool) -> str:
@@ -664,7 +675,7 @@ def plot_depth_attention(
     labels = []
     for _, method, setup, regime, shots, epochs in keys:
         label = f"{method_label(method)}: {regime_label(regime)} N={shots_text(shots)} ep={epochs}"
-        labels.append(f"{label} ({setup})" if several_setups else label)
+        labels.append(f"{label} {setup_label(setup)}" if several_setups else label)
     ax.set_yticks(range(len(keys)), labels)
     ax.set_xlabel("fused layer")
     ax.set_title("mean depth attention\n(dev tokens, at the selected LR)", fontsize=10)

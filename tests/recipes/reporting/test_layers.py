@@ -525,3 +525,43 @@ def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):
     )  # a reader of the file sees the newest start of each run, never the old one
     log = read_sweep_log(tmp_path / "results.jsonl")
     assert [line["runs"] for line in log] == [len(runs), 2]  # each invocation's new runs, starts counted
+
+
+def test_the_layer_tables_of_two_setups_are_each_titled_with_their_setup():
+    """A file probed again under a new setup: one table per setup, named as every report names it."""
+
+    def probe(setup, trial, dev):
+        layers = [{"layer": n, "dev_f1": d, "test_f1": d} for n, d in enumerate(dev, start=1)]
+        cell = {"setup": setup, "shots": 8, "epochs": 5, "trial": trial, "lr": 1e-2}
+        return {"key": f"{setup}{trial}", **cell, "layers": layers}
+
+    scores = (("s", [0.2, 0.9]), ("t", [0.8, 0.1]))
+    text = layers_markdown([probe(setup, trial, dev) for setup, dev in scores for trial in (0, 1)], [])
+    first, second = text.split("**N=8, max 5 epochs (setup ")[1:]
+    assert first.startswith("s)**") and "| 2 | 90.0 ± 0.0 @0.01 (dev 90.0) (n=2) |" in first
+    assert second.startswith("t)**") and "| 1 | 80.0 ± 0.0 @0.01 (dev 80.0) (n=2) |" in second
+
+
+def test_the_layer_figure_names_each_setup_on_its_panels_second_line(monkeypatch, tmp_path):
+    """Probes and runs of two setups: a column each, the setup on the title's second line (titles as
+    long as five columns' side by side overlap on one line)."""
+    probes, runs = _synthetic()
+    again = [
+        {**r, "setup": "941bf106e0c7", "key": r["key"] + "|again"}
+        for r in (*probes, *runs)
+        if r["shots"] == 8
+    ]
+    saved = []
+    monkeypatch.setattr(layers_module, "_save", lambda figure, path: saved.append(figure) or path)
+    plot_layers(
+        probes + [r for r in again if "method" not in r],
+        runs + [r for r in again if "method" in r],
+        tmp_path / "l.png",
+    )
+    (figure,) = saved
+    titles = sorted(ax.get_title() for ax in figure.axes if ax.get_title())
+    assert titles == [
+        "N=2, max 5 epochs\n(setup s)",
+        "N=8, max 5 epochs\n(setup 941bf106e0c7)",
+        "N=8, max 5 epochs\n(setup s)",
+    ]

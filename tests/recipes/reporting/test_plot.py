@@ -350,6 +350,14 @@ def test_the_depth_attention_of_each_method_is_its_own_row(monkeypatch, tmp_path
     ]
     rows = heatmap.get_images()[0].get_array().tolist()
     assert rows[0] == pytest.approx([0.9, 0.1, 0.0]) and rows[1] == pytest.approx([0.3, 0.1, 0.6])
+    again = [{**r, "setup": "t", "key": r["key"] + "|t"} for r in records if r["method"] == "dwatt"]
+    saved.clear()
+    write_report(records + again, tmp_path / "again")  # a second setup: its own rows, named as reports do
+    assert [t.get_text() for t in saved["dwatt_attention"].axes[0].get_yticklabels()] == [
+        "DWAtt: frozen encoder N=2 ep=5 (setup legacy)",
+        "DWAtt: frozen encoder N=2 ep=5 (setup t)",
+        "Scaled DWAtt: frozen encoder N=2 ep=5 (setup legacy)",
+    ]
 
 
 def test_dev_curves_of_runs_with_one_dev_evaluation_draw_their_points(monkeypatch, tmp_path):
