@@ -1,7 +1,7 @@
 """Layer fusion on a decoder LLM (Gemma 3 270M, float32, CPU; or ``--device cuda``): its cost, as ratios
 from one run.
 
-Three parts (``--parts``), each timing or measuring the models against each other in the same
+Four parts (``--parts``), each timing or measuring the models against each other in the same
 process, so that the load on a shared machine hits both sides of every ratio:
 
 * ``forward``: the causal LM's forward (batch x seq tokens, eval mode, ``torch.no_grad``, logits of
@@ -22,6 +22,11 @@ process, so that the load on a shared machine hits both sides of every ratio:
   R+n's bound as a model: the base with its ``n`` extra blocks appended as its own layers (no hook),
   timed in the same rounds (its blocks run at the model's blocks' speed, which the FLOP bound can
   undercount).
+* ``ops``: per decoding step (as in ``generate``), the FLOP bound and the aten ops that compute (views
+  aside) each method dispatches over the base's, counted, not timed: the same numbers on any machine
+  with one torch build. On a GPU at batch 1 each op is a kernel launch, and launches are what a
+  decoding step costs there; in bfloat16 the fusions take their per-state path (a few ops per fused
+  layer), which this part shows without a GPU.
 * ``memory``: peak memory of one training step (causal-LM loss, backward, AdamW step) of a fusion
   method and LoRA in one adapter (``DWAttConfig(target_modules=..., r=...)``) against LoRA alone
   (``peft.LoraConfig``, the same targets and rank), batch 8 x 128 tokens: the peak bytes of tensors
@@ -39,7 +44,7 @@ count, ``torch.cuda.max_memory_allocated``).
 
 Usage::
 
-    python benchmarks/llm_speed.py [--parts forward generate memory] [--methods dwatt concat ...]
+    python benchmarks/llm_speed.py [--parts forward generate ops memory] [--methods dwatt concat ...]
         [--model gemma3-270m | --random-decoder 30x576] [--device cuda --dtype bfloat16]
         [--rounds 5] [--batch 2] [--seq 128] [--new-tokens 32] [--train-batch 8] [--train-seq 128]
         [--threads N] [--output FILE.json]
@@ -62,6 +67,7 @@ from layerfusion_recipes.reporting.benchmark_report import Report
 from overhead import (
     CONTROL,
     count_call_flops,
+    count_call_ops,
     count_flops,
     interleaved,
     parse_shape,
@@ -80,7 +86,7 @@ from peft_layerfusion.methods.extra_layers import fresh_copy, set_layer_index
 from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}
-PARTS = ("forward", "generate", "memory")
+PARTS = ("forward", "generate", "ops", "memory")
 PROMPT = "The history of the Roman Empire begins with the founding of the city of Rome, and"
 LORA_TARGETS = ("q_proj", "v_proj")
 DEEPER = "deeper base"  # generate: R+n's bound, the base with its n extra blocks as its own layers
@@ -205,26 +211,59 @@ def prompt_inputs(base: nn.Module, tokenizer) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def decoding_step_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> int:
-    """FLOPs of one greedy decoding step: the forward of one new token on the prompt's KV cache."""
+def decoding_step(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Callable[[], object]:
+    """One greedy decoding step, to be called once: the forward of one new token on the prompt's KV cache
+    (the prompt's forward runs here, not in the call)."""
     with torch.no_grad():
         cache = model(**inputs, use_cache=True).past_key_values
     step = {
         "input_ids": inputs["input_ids"][:, -1:],
         "attention_mask": torch.cat([inputs["attention_mask"], inputs["attention_mask"][:, -1:]], dim=1),
     }
-    return count_call_flops(lambda: model(**step, past_key_values=cache, use_cache=True))
+    return lambda: model(**step, past_key_values=cache, use_cache=True)
+
+
+def decoding_models(
+    base: nn.Module, methods: Sequence[str], args: argparse.Namespace
+) -> dict[str, nn.Module]:
+    """The base, its second copy and each method's model; with ``extra_layers``, also R+n's bound as a
+    model (``DEEPER``: the base with R+n's extra blocks as its own layers, no hook)."""
+    models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", CONTROL, *methods)}
+    if "extra_layers" in methods:
+        models[DEEPER] = deeper_base(base, extra_blocks(models)).to(base.device, base.dtype)
+    return models
+
+
+def extra_blocks(models: dict[str, nn.Module]) -> int:
+    """How many blocks R+n's model adds."""
+    return len(active_fusion_module(models["extra_layers"]).blocks)
+
+
+def ops_part(
+    report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
+) -> None:
+    """Per decoding step, each method's FLOP bound and the aten ops it dispatches (views aside) over the
+    base's: no timing, the same numbers on every machine of one torch build."""
+    models = decoding_models(base, methods, args)
+    inputs = prompt_inputs(base, tokenizer)
+    flops = {name: count_call_flops(decoding_step(model, inputs)) for name, model in models.items()}
+    ops = {name: count_call_ops(decoding_step(model, inputs)) for name, model in models.items()}
+    prompt = inputs["input_ids"].shape[1]
+    report.print(f"\n### One decoding step: batch 1, {prompt}-token prompt, counted (no timing)\n")
+    report.print(f"base: {flops['base'] / 1e6:.0f} MFLOP, {ops['base']} ops (aten ops that compute)\n")
+    report.print("| method | FLOP bound | ops over the base's | ops / base |")
+    report.print("|---|---|---|---|")
+    for name in (*methods, *([DEEPER] if DEEPER in models else [])):
+        bound, extra = flops["base"] / flops[name], ops[name] - ops["base"]
+        report.print(f"| {name} | {bound:.3f}x | {extra:+d} | {ops[name] / ops['base']:.3f}x |")
 
 
 def generate_part(
     report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
 ) -> None:
-    models = {name: with_method(base, name, fusion_dtype(base, args)) for name in ("base", CONTROL, *methods)}
-    if "extra_layers" in methods:  # R+n's bound: the base with its n extra blocks as its own layers
-        extra = len(active_fusion_module(models["extra_layers"]).blocks)
-        models[DEEPER] = deeper_base(base, extra).to(base.device, base.dtype)
+    models = decoding_models(base, methods, args)
     inputs = prompt_inputs(base, tokenizer)
-    flops = {name: decoding_step_flops(model, inputs) for name, model in models.items()}
+    flops = {name: count_call_flops(decoding_step(model, inputs)) for name, model in models.items()}
     tokens = {name: generated(model, inputs, args.new_tokens) for name, model in models.items()}
     for name in methods:  # with an identity init, a method starts at the base model on a decoder
         if METHODS[name].IDENTITY_INIT and not torch.equal(tokens[name], tokens["base"]):
@@ -255,8 +294,8 @@ def generate_part(
     if DEEPER in models:
         deeper, own = ratios(times, DEEPER)[1], ratios(times, "extra_layers")[1]
         report.print(
-            f"\nR+n's bound as a model: the base with its {extra} extra block(s) as its own layers (no hook) "
-            f"generates at {1 / deeper:.3f}x the base's tokens/s (FLOP bound "
+            f"\nR+n's bound as a model: the base with its {extra_blocks(models)} extra block(s) as its own "
+            f"layers (no hook) generates at {1 / deeper:.3f}x the base's tokens/s (FLOP bound "
             f"{flops['base'] / flops[DEEPER]:.3f}x); R+n at {1 / own:.3f}x, {deeper / own:.3f} of it "
             "(medians of paired rounds)"
         )
@@ -386,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         forward_part(report, base, args.methods, args)
     if "generate" in args.parts:
         generate_part(report, base, tokenizer, args.methods, args)
+    if "ops" in args.parts:
+        ops_part(report, base, tokenizer, args.methods, args)
     if "memory" in args.parts:
         memory_part(report, base, args.memory_methods, args)
     report.print(f"\n1-min load at the end: {os.getloadavg()[0]:.1f}")

@@ -38,6 +38,7 @@ import torch
 from layerfusion_recipes.reporting.benchmark_report import Report
 from peft import get_peft_model
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertModel
 
@@ -87,6 +88,32 @@ def count_call_flops(call: Callable[[], object]) -> int:
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=in_place) as counter:
         call()
     return counter.get_total_flops()
+
+
+class KernelOpCounter(TorchDispatchMode):
+    """Counts the aten ops that compute (views aside) dispatched while it is active: on a GPU each is a
+    kernel launch, what a decoding step at batch 1 is bound by. Deterministic, unlike a timing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def count_call_ops(call: Callable[[], object]) -> int:
+    """Aten ops that compute (no views) dispatched while ``call()`` runs without autograd.
+
+    Example:
+        >>> x = torch.ones(3)
+        >>> count_call_ops(lambda: (x * 2 + 1).view(3, 1))  # mul, add; the view launches nothing
+        2
+    """
+    with torch.no_grad(), KernelOpCounter() as counter:
+        call()
+    return counter.count
 
 
 def time_forward(model: torch.nn.Module, ids: torch.Tensor) -> float:
