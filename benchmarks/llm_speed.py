@@ -415,11 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     base.to(args.device, DTYPES[args.dtype]).eval().requires_grad_(False)
     on_gpu = base.device.type == "cuda"
     where = torch.cuda.get_device_name(base.device) if on_gpu else f"{args.threads} threads"
+    timed = {"forward", "generate"} & set(args.parts)
     report.print(
         f"{base.config.model_type}: {base.config.num_hidden_layers} blocks, "
         f"d = {base.config.hidden_size}, {sum(p.numel() for p in base.parameters()) / 1e9:.2f} B parameters, "
-        f"{args.dtype}; torch {torch.__version__}, {where}, {args.rounds} interleaved rounds, "
-        f"1-min load {report.load_1min:.1f} at the start"
+        f"{args.dtype}; torch {torch.__version__}, {where}, "
+        + (f"{args.rounds} interleaved rounds, " if timed else "")
+        + f"1-min load {report.load_1min:.1f} at the start"
     )
     if "forward" in args.parts:
         forward_part(report, base, args.methods, args)

@@ -46,9 +46,11 @@ def test_the_ops_part_counts_each_method_and_r_n_against_its_bound_as_a_model(sc
     llm_speed, _ = scripts
     argv = ["--random-decoder", "2x64", "--parts", "ops", "--methods", "average", "layer_mix", "extra_layers"]
     assert llm_speed.main([*argv, "--threads", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 blocks, d = 64" in printed and "rounds" not in printed  # nothing timed
     rows = {
         line.split(" | ")[0].strip("| "): line.strip(" |").split(" | ")[1:]
-        for line in capsys.readouterr().out.splitlines()
+        for line in printed.splitlines()
         if line.startswith("| ") and "---" not in line and not line.startswith("| method")
     }
     assert list(rows) == ["average", "layer_mix", "extra_layers", "deeper base"]
