@@ -186,6 +186,4 @@ def test_reward_trainer_trains_sequence_classifier_with_fusion_and_reloads_bitwi
     margin_before = margin()
     trainer.train()
     assert margin() > margin_before + 0.2  # GPT-2 on transformers 4.57: +0.27 in 8 steps
-    check_trained_and_reloaded(
-        trainer, tokenizer, tmp_path, family, before, adapter_before, None, head="seq"
-    )
+    check_trained_and_reloaded(trainer, tokenizer, tmp_path, family, before, adapter_before, None, head="seq")

@@ -179,6 +179,7 @@ def test_a_mix_where_the_head_reads_on_a_post_norm_encoder_equals_the_recomputat
     model, reference = attach(config, base=scaled_bert())
     module = fusion_of(model)
     perturb_(module)
+
     def fuse(z):  # z_L as the head reads it: z_L itself, no final norm
         return after_norm_reference(config_cls, list(z), z[-1], module)
 

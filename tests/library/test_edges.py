@@ -105,6 +105,7 @@ def dropped_reference(base: nn.Module, family: str, ran: list[int], fuse, audio:
 
 def fuse_of(method, module, num_blocks: int):
     if method.name == "extra_layers":  # R+n: its blocks on z_L (no padding: no mask)
+
         def run_blocks(z):
             hidden = z[-1]
             for block in module.blocks:

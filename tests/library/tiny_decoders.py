@@ -137,12 +137,30 @@ FAMILIES: dict[str, Family] = {
         # `transformer.h` as GPT-2's: Falcon (parallel attention, multi-query), BLOOM (ALiBi, a norm on
         # the embeddings inside the container; a wider init, so that its blocks move the unit-scale
         # stream visibly), GPT-J (parallel attention, partial rotary)
-        Family("falcon", lambda: tf.FalconConfig(**COMMON), "transformer", "h", "ln_f",
-               lora_targets=("query_key_value",)),  # fmt: skip
-        Family("bloom", lambda: tf.BloomConfig(**COMMON, initializer_range=0.1), "transformer", "h", "ln_f",
-               lora_targets=("query_key_value",)),  # fmt: skip
-        Family("gptj", lambda: tf.GPTJConfig(**COMMON, rotary_dim=4), "transformer", "h", "ln_f",
-               heads=("causal", "seq")),  # fmt: skip  (no GPT-J token-classification head in transformers)
+        Family(
+            "falcon",
+            lambda: tf.FalconConfig(**COMMON),
+            "transformer",
+            "h",
+            "ln_f",
+            lora_targets=("query_key_value",),
+        ),
+        Family(
+            "bloom",
+            lambda: tf.BloomConfig(**COMMON, initializer_range=0.1),
+            "transformer",
+            "h",
+            "ln_f",
+            lora_targets=("query_key_value",),
+        ),
+        Family(
+            "gptj",
+            lambda: tf.GPTJConfig(**COMMON, rotary_dim=4),
+            "transformer",
+            "h",
+            "ln_f",
+            heads=("causal", "seq"),
+        ),  # no GPT-J token-classification head in transformers
         Family(
             "opt",
             lambda: tf.OPTConfig(**COMMON, ffn_dim=COMMON["intermediate_size"], word_embed_proj_dim=32),
