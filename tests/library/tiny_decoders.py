@@ -88,6 +88,14 @@ def _rotary(config_cls, **extra) -> Callable[[], tf.PretrainedConfig]:
     return lambda: config_cls(**COMMON, num_key_value_heads=2, **extra)
 
 
+QKV = ("query_key_value",)  # one fused attention projection (GPT-NeoX, Falcon, BLOOM)
+
+
+def _gpt2_layout(name: str, make_config: Callable[[], tf.PretrainedConfig], **options) -> Family:
+    """A family laid out as GPT-2: blocks ``transformer.h``, final norm ``transformer.ln_f``."""
+    return Family(name, make_config, "transformer", "h", "ln_f", **options)
+
+
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
@@ -132,35 +140,15 @@ FAMILIES: dict[str, Family] = {
             "gpt_neox",
             "layers",
             "final_layer_norm",
-            lora_targets=("query_key_value",),
+            lora_targets=QKV,
         ),
         # `transformer.h` as GPT-2's: Falcon (parallel attention, multi-query), BLOOM (ALiBi, a norm on
         # the embeddings inside the container; a wider init, so that its blocks move the unit-scale
-        # stream visibly), GPT-J (parallel attention, partial rotary)
-        Family(
-            "falcon",
-            lambda: tf.FalconConfig(**COMMON),
-            "transformer",
-            "h",
-            "ln_f",
-            lora_targets=("query_key_value",),
-        ),
-        Family(
-            "bloom",
-            lambda: tf.BloomConfig(**COMMON, initializer_range=0.1),
-            "transformer",
-            "h",
-            "ln_f",
-            lora_targets=("query_key_value",),
-        ),
-        Family(
-            "gptj",
-            lambda: tf.GPTJConfig(**COMMON, rotary_dim=4),
-            "transformer",
-            "h",
-            "ln_f",
-            heads=("causal", "seq"),
-        ),  # no GPT-J token-classification head in transformers
+        # stream visibly), GPT-J (parallel attention, partial rotary; no token-classification head in
+        # transformers)
+        _gpt2_layout("falcon", lambda: tf.FalconConfig(**COMMON), lora_targets=QKV),
+        _gpt2_layout("bloom", lambda: tf.BloomConfig(**COMMON, initializer_range=0.1), lora_targets=QKV),
+        _gpt2_layout("gptj", lambda: tf.GPTJConfig(**COMMON, rotary_dim=4), heads=("causal", "seq")),
         Family(
             "opt",
             lambda: tf.OPTConfig(**COMMON, ffn_dim=COMMON["intermediate_size"], word_embed_proj_dim=32),
