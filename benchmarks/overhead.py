@@ -7,9 +7,12 @@ A 12-block, width-768 random BERT (BERT-base shape), batch 16 x 128 tokens, eval
   interleaved rounds (base, dwatt, concat, ..., then the same in reverse order, ...). Two
   estimators: the best time of each model over the rounds (noise only ever adds time), and the
   median over rounds of the ratio to the base timed in the same round (paired: a slow spell that
-  lasts a round hits both sides of its ratio). The first row, ``base again``, is a second copy of
-  the base timed like a method: how far from 1.000x two identical models land in this run, the
-  noise floor every other row is read against;
+  lasts a round hits both sides of its ratio), with its 95% interval (distribution-free, from the
+  order statistics of the rounds' ratios: ``median_interval``; at least 6 rounds), and whether that
+  interval shows the method within 3% of its FLOP bound ("met"), shows it over ("missed") or
+  straddles the margin ("not resolved": the run's noise is wider than 3%; more rounds narrow it).
+  The first row, ``base again``, is a second copy of the base timed like a method: how far from
+  1.000x two identical models land in this run, the noise floor every other row is read against;
 * ``peak mem``: peak bytes of tensors alive during one forward, relative to the base's
   (the torch profiler's allocator events: deterministic, unaffected by machine noise);
 * ``FLOP bound``: the ratio of counted floating-point operations
@@ -27,12 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from layerfusion_recipes.reporting.benchmark_report import Report
@@ -46,6 +50,7 @@ from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}  # every encoder method
 CONTROL = "base again"  # a second copy of the base, timed like a method: the run's noise floor (A/A)
+FLOP_MARGIN = 1.03  # the target: a method's time at most 3% over its FLOP bound
 
 
 def base_model() -> BertModel:
@@ -160,6 +165,65 @@ def ratios(times: dict[str, list[float]], name: str) -> tuple[float, float]:
     return best, paired
 
 
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of ``values``: the ``k``-th smallest and the ``k``-th
+    largest, with ``k`` the largest count whose two tails hold at most ``1 - confidence`` of
+    Binomial(n, 1/2) (each value falls on either side of the true median with probability 1/2; no
+    assumption on the distribution). ``None`` where ``n`` is too small for one (under 6 at 95%).
+
+    Example:
+        >>> median_interval([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])  # 97.9%: k = 2
+        (2.0, 9.0)
+        >>> median_interval([1.0, 2.0, 3.0]) is None
+        True
+    """
+    n = len(values)
+    tail = 0.0  # P(Binomial(n, 1/2) < k), k = 1, 2, ...
+    k = 0
+    while k < n // 2 and 2 * (tail + math.comb(n, k) / 2**n) <= 1 - confidence:
+        tail += math.comb(n, k) / 2**n
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
+
+
+def paired_interval(times: dict[str, list[float]], name: str) -> tuple[float, float] | None:
+    """The 95% interval (:func:`median_interval`) of the median of ``name``'s per-round ratios to the base:
+    how far this run's noise lets the paired median sit from the true one."""
+    return median_interval([t / b for t, b in zip(times[name], times["base"], strict=True)])
+
+
+def interval_text(interval: tuple[float, float] | None, invert: bool = False) -> str:
+    """``"0.950-1.020x"`` (``invert``: the interval of the reciprocal, e.g. tokens/s from times), or ``"-"``
+    where the rounds are too few for one.
+
+    Example:
+        >>> interval_text((0.8, 1.25), invert=True)
+        '0.800-1.250x'
+        >>> interval_text(None)
+        '-'
+    """
+    if interval is None:
+        return "-"
+    low, high = sorted(1 / value for value in interval) if invert else interval
+    return f"{low:.3f}-{high:.3f}x"
+
+
+def verdict(interval: tuple[float, float] | None, at_most: float) -> str:
+    """Whether a ratio's 95% interval shows it at most ``at_most`` (``"met"``), shows it above
+    (``"missed"``), or straddles it (``"not resolved"``: this run's noise is wider than the margin).
+
+    Example:
+        >>> [verdict(interval, at_most=1.03) for interval in [(0.98, 1.02), (1.04, 1.1), (1.0, 1.05), None]]
+        ['met', 'missed', 'not resolved', 'not resolved']
+    """
+    if interval is None or interval[0] <= at_most < interval[1]:
+        return "not resolved"
+    return "met" if interval[1] <= at_most else "missed"
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device`` (a GPU's kernels run asynchronously); nothing on a CPU."""
     if device.type == "cuda":
@@ -219,15 +283,17 @@ def main(argv: list[str] | None = None) -> None:
         f"peak tensor memory {memory['base'] / 2**20:.0f} MiB"
     )
     report.print(
-        "| method | latency / base (best) | latency / base (median of paired rounds) | peak mem / base "
-        "| FLOP bound |"
+        "| method | latency / base (best) | latency / base (median of paired rounds) | its 95% interval "
+        "| peak mem / base | FLOP bound | within 3% of the bound |"
     )
-    report.print("|---|---|---|---|---|")
+    report.print("|---|---|---|---|---|---|---|")
     for name in names[1:]:
         best_ratio, paired = ratios(times, name)
+        interval, bound = paired_interval(times, name), flops[name] / flops["base"]
+        within = verdict(interval, FLOP_MARGIN * bound)
         report.print(
-            f"| {name} | {best_ratio:.3f}x | {paired:.3f}x | "
-            f"{memory[name] / memory['base']:.3f}x | {flops[name] / flops['base']:.3f}x |"
+            f"| {name} | {best_ratio:.3f}x | {paired:.3f}x | {interval_text(interval)} | "
+            f"{memory[name] / memory['base']:.3f}x | {bound:.3f}x | {within} |"
         )
     report.save(args.output)
 

@@ -6,6 +6,7 @@ import them the same way: with ``benchmarks/`` on the path.
 
 from __future__ import annotations
 
+import doctest
 import importlib
 from pathlib import Path
 
@@ -72,5 +73,49 @@ def test_the_timed_tables_start_with_a_second_copy_of_the_base(scripts, capsys):
     ]
     assert [row[0] for row in first_rows] == ["| base again", "| scalar_mix"] * 2  # forward, generate
     forward_again, _, generate_again, _ = first_rows
-    assert forward_again[-1] == "1.000x |" and generate_again[3] == "1.000x"  # the same FLOPs as the base
+    assert forward_again[4] == generate_again[4] == "1.000x"  # the same FLOPs as the base
     assert generate_again[-1] == "yes |"  # and the same tokens
+    # one round gives no interval of the median, so no verdict either
+    assert forward_again[3] == generate_again[3] == "-"
+    assert forward_again[-1] == "not resolved |" and generate_again[-2] == "not resolved"
+
+
+def test_the_median_interval_is_the_binomial_order_statistics(scripts):
+    _, overhead = scripts
+    values = [float(v) for v in range(1, 21)]
+    assert overhead.median_interval(values[:5]) is None  # 2 / 2**5 > 5%: no interval at 95%
+    assert overhead.median_interval(values[:6]) == (1.0, 6.0)  # 2 / 2**6 = 3.1%
+    assert overhead.median_interval(values[:10]) == (2.0, 9.0)  # P(B <= 1) = 1.1%, P(B <= 2) = 5.5%
+    assert overhead.median_interval(values) == (6.0, 15.0)  # n = 20: P(B <= 5) = 2.07%, P(B <= 6) = 5.77%
+    assert overhead.median_interval(list(reversed(values))) == (6.0, 15.0)  # order of the rounds: none
+
+
+def test_the_median_interval_covers_the_median_of_a_skewed_distribution(scripts):
+    """Timings are skewed (a slow spell only adds time): over 4000 draws of 10 rounds from an
+    exponential distribution, the interval holds the true median (ln 2) in 97.9% of them (1 - 2 P(B <= 1))."""
+    _, overhead = scripts
+    draws = torch.empty(4000, 10).exponential_(generator=torch.Generator().manual_seed(0)).tolist()
+    intervals = [overhead.median_interval(rounds) for rounds in draws]
+    covered = sum(low <= 0.6931 <= high for low, high in intervals) / len(intervals)
+    assert 0.97 < covered < 0.99
+
+
+def test_the_verdict_reads_the_interval_against_the_margin(scripts):
+    llm_speed, overhead = scripts
+    assert overhead.verdict((0.99, 1.02), at_most=1.03) == "met"
+    assert overhead.verdict((1.031, 1.2), at_most=1.03) == "missed"
+    assert overhead.verdict((1.0, 1.031), at_most=1.03) == "not resolved"
+    assert overhead.verdict(None, at_most=1.03) == "not resolved"
+    # generation: 0.95 of the base's tokens/s, or 3% under a FLOP bound that leaves less
+    assert llm_speed.decoding_target(0.99) == 0.95
+    assert llm_speed.decoding_target(0.927) == pytest.approx(0.927 / 1.03)
+    # as tokens/s: a median in 0.96-1.02x meets 0.95; in 0.90-0.96x it is not resolved
+    assert overhead.interval_text((1 / 1.02, 1 / 0.96), invert=True) == "0.960-1.020x"
+    assert overhead.verdict((1 / 1.02, 1 / 0.96), at_most=1 / 0.95) == "met"
+    assert overhead.verdict((1 / 0.96, 1 / 0.90), at_most=1 / 0.95) == "not resolved"
+
+
+def test_the_scripts_examples_run(scripts):
+    results = [doctest.testmod(module) for module in scripts]  # llm_speed, overhead
+    assert [result.failed for result in results] == [0, 0]
+    assert all(result.attempted >= 1 for result in results)  # they have examples, and they ran
