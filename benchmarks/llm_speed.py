@@ -76,7 +76,6 @@ from overhead import (
     count_flops,
     interleaved,
     interval_text,
-    paired_interval,
     parse_shape,
     peak_allocated,
     ratios,
@@ -197,8 +196,7 @@ def forward_part(report: Report, base: nn.Module, methods: Sequence[str], args: 
     )
     report.print("|---|---|---|---|---|---|")
     for name in (CONTROL, *methods):
-        (best, paired), interval = ratios(times, name), paired_interval(times, name)
-        bound = flops[name] / flops["base"]
+        (best, paired, interval), bound = ratios(times, name), flops[name] / flops["base"]
         report.print(
             f"| {name} | {best:.3f}x | {paired:.3f}x | {interval_text(interval)} | {bound:.3f}x "
             f"| {verdict(interval, FLOP_MARGIN * bound)} |"
@@ -313,14 +311,13 @@ def generate_part(
     )
     report.print("|---|---|---|---|---|---|---|---|")
     for name in (CONTROL, *methods):
-        (best, paired), interval = ratios(times, name), paired_interval(times, name)
-        bound = flops["base"] / flops[name]
+        (best, paired, interval), bound = ratios(times, name), flops["base"] / flops[name]
         same = "yes" if torch.equal(tokens[name], tokens["base"]) else "no (does not start at the base)"
         measured = f"{1 / best:.3f}x | {1 / paired:.3f}x | {interval_text(interval, invert=True)}"
         target = verdict(interval, 1 / decoding_target(bound))  # on times: at most 1 / the tokens/s target
         report.print(f"| {name} | {measured} | {bound:.3f}x | {1 / paired / bound:.3f} | {target} | {same} |")
     if DEEPER in models:
-        deeper, own = ratios(times, DEEPER)[1], ratios(times, "extra_layers")[1]
+        deeper, own = ratios(times, DEEPER).paired, ratios(times, "extra_layers").paired
         report.print(
             f"\nR+n's bound as a model: the base with its {extra_blocks(models)} extra block(s) as its own "
             f"layers (no hook) generates at {1 / deeper:.3f}x the base's tokens/s (FLOP bound "

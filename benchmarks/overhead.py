@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from layerfusion_recipes.reporting.benchmark_report import Report
@@ -153,16 +154,25 @@ def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, 
     return times
 
 
-def ratios(times: dict[str, list[float]], name: str) -> tuple[float, float]:
-    """``name``'s time over the base's: best over best, and the median of the same round's ratios.
+class Ratios(NamedTuple):
+    """A model's time over the base's in one run: best over best, the median of the same round's ratios,
+    and that median's 95% interval (:func:`median_interval`; ``None`` under 6 rounds)."""
+
+    best: float
+    paired: float
+    interval: tuple[float, float] | None
+
+
+def ratios(times: dict[str, list[float]], name: str) -> Ratios:
+    """``name``'s time over the base's (:class:`Ratios`), from the rounds of :func:`interleaved`.
 
     Example:
         >>> ratios({"base": [1.0, 2.0, 1.2], "m": [1.1, 2.4, 1.2]}, "m")
-        (1.1, 1.1)
+        Ratios(best=1.1, paired=1.1, interval=None)
     """
+    per_round = [t / b for t, b in zip(times[name], times["base"], strict=True)]
     best = min(times[name]) / min(times["base"])
-    paired = statistics.median(t / b for t, b in zip(times[name], times["base"], strict=True))
-    return best, paired
+    return Ratios(best, statistics.median(per_round), median_interval(per_round))
 
 
 def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
@@ -187,12 +197,6 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
         return None
     ordered = sorted(values)
     return ordered[k - 1], ordered[n - k]
-
-
-def paired_interval(times: dict[str, list[float]], name: str) -> tuple[float, float] | None:
-    """The 95% interval (:func:`median_interval`) of the median of ``name``'s per-round ratios to the base:
-    how far this run's noise lets the paired median sit from the true one."""
-    return median_interval([t / b for t, b in zip(times[name], times["base"], strict=True)])
 
 
 def interval_text(interval: tuple[float, float] | None, invert: bool = False) -> str:
@@ -288,8 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     report.print("|---|---|---|---|---|---|---|")
     for name in names[1:]:
-        best_ratio, paired = ratios(times, name)
-        interval, bound = paired_interval(times, name), flops[name] / flops["base"]
+        (best_ratio, paired, interval), bound = ratios(times, name), flops[name] / flops["base"]
         within = verdict(interval, FLOP_MARGIN * bound)
         report.print(
             f"| {name} | {best_ratio:.3f}x | {paired:.3f}x | {interval_text(interval)} | "
