@@ -267,20 +267,25 @@ def extra_blocks(models: dict[str, nn.Module]) -> int:
 def ops_part(
     report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
 ) -> None:
-    """Per decoding step, each method's FLOP bound and the aten ops it dispatches (views aside) over the
+    """Per decoding step, each method's FLOP bound, and the aten ops and host syncs it dispatches over the
     base's: no timing, the same numbers on every machine of one torch build."""
     models = decoding_models(base, methods, args)
     inputs = prompt_inputs(base, tokenizer)
     flops = {name: count_call_flops(decoding_step(model, inputs)) for name, model in models.items()}
-    ops = {name: count_call_ops(decoding_step(model, inputs)) for name, model in models.items()}
+    counts = {name: count_call_ops(decoding_step(model, inputs)) for name, model in models.items()}
     prompt = inputs["input_ids"].shape[1]
     report.print(f"\n### One decoding step: batch 1, {prompt}-token prompt, counted (no timing)\n")
-    report.print(f"base: {flops['base'] / 1e6:.0f} MFLOP, {ops['base']} ops (aten ops that compute)\n")
-    report.print("| method | FLOP bound | ops over the base's | ops / base |")
-    report.print("|---|---|---|---|")
+    report.print(
+        f"base: {flops['base'] / 1e6:.0f} MFLOP, {counts['base'].ops} ops (aten ops that compute), "
+        f"host syncs (reads of a tensor's value on the host): {counts['base'].syncs}\n"
+    )
+    report.print("| method | FLOP bound | ops over the base's | ops / base | host syncs over the base's |")
+    report.print("|---|---|---|---|---|")
+    base_ops, base_syncs = counts["base"]
     for name in (*methods, *([DEEPER] if DEEPER in models else [])):
-        bound, extra = flops["base"] / flops[name], ops[name] - ops["base"]
-        report.print(f"| {name} | {bound:.3f}x | {extra:+d} | {ops[name] / ops['base']:.3f}x |")
+        (ops, syncs), bound = counts[name], flops["base"] / flops[name]
+        extra = f"{ops - base_ops:+d} | {ops / base_ops:.3f}x | {syncs - base_syncs:+d}"
+        report.print(f"| {name} | {bound:.3f}x | {extra} |")
 
 
 def generate_part(

@@ -96,26 +96,38 @@ def count_call_flops(call: Callable[[], object]) -> int:
     return counter.get_total_flops()
 
 
+class OpCount(NamedTuple):
+    """What a call dispatches: ``ops``, the aten ops that compute (views aside; on a GPU each is a kernel
+    launch), and ``syncs``, the ones that read a tensor's value on the host (``.item()``, ``bool(t)``:
+    on a GPU the host waits there for every kernel queued before)."""
+
+    ops: int
+    syncs: int
+
+
 class KernelOpCounter(TorchDispatchMode):
-    """Counts the aten ops that compute (views aside) dispatched while it is active: on a GPU each is a
-    kernel launch, what a decoding step at batch 1 is bound by. Deterministic, unlike a timing."""
+    """Counts the aten ops that compute (views aside) dispatched while it is active, and the host syncs
+    among them: what a decoding step at batch 1 on a GPU is bound by. Deterministic, unlike a timing."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.count = OpCount(0, 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
-        self.count += not func.is_view
+        syncs = func is torch.ops.aten._local_scalar_dense.default
+        self.count = OpCount(self.count.ops + (not func.is_view), self.count.syncs + syncs)
         return func(*args, **(kwargs or {}))
 
 
-def count_call_ops(call: Callable[[], object]) -> int:
-    """Aten ops that compute (no views) dispatched while ``call()`` runs without autograd.
+def count_call_ops(call: Callable[[], object]) -> OpCount:
+    """Aten ops that compute (no views), and host syncs, dispatched while ``call()`` runs without autograd.
 
     Example:
         >>> x = torch.ones(3)
         >>> count_call_ops(lambda: (x * 2 + 1).view(3, 1))  # mul, add; the view launches nothing
-        2
+        OpCount(ops=2, syncs=0)
+        >>> count_call_ops(lambda: x.sum().item())  # sum, and the read of its value
+        OpCount(ops=2, syncs=1)
     """
     with torch.no_grad(), KernelOpCounter() as counter:
         call()

@@ -56,7 +56,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import DepthMixConfig, invalid, require_number
@@ -154,9 +153,11 @@ class ScalarMix(FusionModule):
         weights = torch.softmax(self.layer_logits, dim=0)  # (K,)
         if self.start_index is None:
             return weights
-        index = torch.tensor(self.start_index, device=weights.device)
-        one_hot = F.one_hot(index, weights.shape[-1]).to(weights.dtype)  # e_L (K,), never batched under vmap
-        return torch.lerp(one_hot, weights, self.blend)  # exactly e_L while β = 0
+        # e_b (K,), never batched under vmap; set by a Python index, so no host sync (F.one_hot checks its
+        # index's range on the host) and no copy of the index to the device, at every forward
+        one_hot = torch.zeros(weights.shape[-1], dtype=weights.dtype, device=weights.device)
+        one_hot[self.start_index].fill_(1.0)
+        return torch.lerp(one_hot, weights, self.blend)  # exactly e_b while β = 0
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = self.mix_weights()  # (K,)

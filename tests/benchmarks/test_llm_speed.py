@@ -39,9 +39,10 @@ def test_every_other_round_runs_in_reverse_order(scripts):
 def test_the_op_count_counts_what_computes_and_not_views(scripts):
     _, overhead = scripts
     x = torch.ones(2, 3)
-    assert overhead.count_call_ops(lambda: x.view(3, 2).t()) == 0
-    assert overhead.count_call_ops(lambda: (x * 2).sum()) == 2
-    assert overhead.count_call_ops(lambda: torch.stack([x, x]).unbind(0)) == 1  # unbind: views
+    assert overhead.count_call_ops(lambda: x.view(3, 2).t()) == (0, 0)
+    assert overhead.count_call_ops(lambda: (x * 2).sum()) == (2, 0)
+    assert overhead.count_call_ops(lambda: torch.stack([x, x]).unbind(0)) == (1, 0)  # unbind: views
+    assert overhead.count_call_ops(lambda: bool(x.sum() > 0)) == (3, 1)  # sum, gt and the host's read
 
 
 def test_the_ops_part_counts_each_method_and_r_n_against_its_bound_as_a_model(scripts, capsys):
@@ -61,6 +62,7 @@ def test_the_ops_part_counts_each_method_and_r_n_against_its_bound_as_a_model(sc
     assert 0 < ops["average"] < ops["layer_mix"]  # LayerMix also normalises every state
     assert rows["extra_layers"][0] == rows["deeper base"][0] != "1.000x"  # R+n's bound is the deeper model
     assert 0 < ops["extra_layers"] - ops["deeper base"] < ops["average"]  # its hooks: a few ops
+    assert {row[3] for row in rows.values()} == {"+0"}  # no host sync of their own (LayerMix's start had 2)
 
 
 def test_the_timed_tables_start_with_a_second_copy_of_the_base(scripts, capsys):

@@ -20,6 +20,7 @@ import pytest
 import torch
 import transformers as tf
 from tiny_decoders import EOS, FAMILIES, NAMES, WINDOW, adapted, padded, token_ids
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from peft_layerfusion import ExtraLayersConfig
 from peft_layerfusion.registration import ENCODER_METHODS
@@ -97,6 +98,47 @@ def test_a_mix_where_the_head_reads_generates_exactly(name, method):
     out = cached_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids))
     assert torch.equal(out.sequences[:, -NEW_TOKENS:], tokens)
     assert_scores_close(out.logits, scores)
+
+
+class HostDataCounter(TorchDispatchMode):
+    """Counts the ops that move data between host and device: ``_local_scalar_dense`` (``.item()``,
+    ``bool(tensor)``: on a GPU the host waits for every queued kernel) and ``lift_fresh`` (a tensor
+    made from host data: a copy to the device)."""
+
+    OPS = ("aten._local_scalar_dense.default", "aten.lift_fresh.default")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        self.count += str(func) in self.OPS
+        return func(*args, **(kwargs or {}))
+
+
+def host_data_ops(model: torch.nn.Module, ids: torch.Tensor) -> tuple[int, int]:
+    """Host-data ops of a training forward and backward over ``ids``, and of one cached decoding step."""
+    with HostDataCounter() as training:
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        if loss.requires_grad:  # Average on a frozen model trains nothing
+            loss.backward()
+    with torch.no_grad():
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+        with HostDataCounter() as step:
+            model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+    return training.count, step.count
+
+
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=METHOD_IDS)
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_a_fusion_adds_no_host_sync_to_a_forward(name, method):
+    """What the model's own forward syncs, and no more: on a GPU a decoding step at batch 1 is bound by
+    launches, and one ``.item()`` per step stalls them (ScalarMix's one-hot start did, twice)."""
+    family = FAMILIES[name]
+    base = family.build("causal")
+    ids = token_ids(2, 5)
+    model = adapted_with(copy.deepcopy(base), method).train()
+    assert host_data_ops(model, ids) == host_data_ops(base.train(), ids)
 
 
 @pytest.mark.parametrize("method", ENCODER_METHODS, ids=METHOD_IDS)
