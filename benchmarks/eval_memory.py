@@ -20,7 +20,7 @@ when the block is called and the capture keeps only the read positions of each (
 
 Usage::
 
-    python benchmarks/eval_memory.py --data ../shared/data/conll2003 [--shape 13x768] \\
+    python benchmarks/eval_memory.py --data path/to/conll2003 [--shape 13x768] \\
         [--method dwatt] [--budgets 0 134217728] [--replays blocks] [--rounds 2] \\
         [--work /tmp/lf-eval-memory] [--output benchmarks/results/perf/eval_memory.json]
 

@@ -12,7 +12,7 @@ before the call, the seconds of the call, and whether the records are those of t
 
 Usage::
 
-    python benchmarks/train_memory.py --data ../shared/data/conll2003 [--shape 13x768] [--method dwatt] \\
+    python benchmarks/train_memory.py --data path/to/conll2003 [--shape 13x768] [--method dwatt] \\
         [--passes 7 4] [--epochs 1] [--rounds 2] [--work /tmp/lf-eval-memory] \\
         [--output benchmarks/results/perf/train_memory.json]
 

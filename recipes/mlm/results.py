@@ -19,7 +19,7 @@ line (the runs, their wall time summed from the records' ``seconds``, the larges
 torch's threads and the highest load at a run's start; runs older than that timing are counted and
 said); then one ``layerfusion mlm`` command per grid, built from its stored settings (the options not
 at their default; ``--model`` unless the demo encoder, ``--lr`` unless the regime's default grid; a
-path under the repository's parent folder, as ``../shared/data``, relative to the root).
+path under the repository's parent folder, as ``../data``, relative to the root).
 
 Other seeds: the optional parameter ``seeds=`` (comma-separated folders) names ``layerfusion mlm
 --seed S --lr LR --output`` folders that re-ran methods at the LR the block's grid selected, one seed
