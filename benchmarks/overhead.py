@@ -111,11 +111,11 @@ class KernelOpCounter(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = OpCount(0, 0)
+        self.ops = self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
-        syncs = func is torch.ops.aten._local_scalar_dense.default
-        self.count = OpCount(self.count.ops + (not func.is_view), self.count.syncs + syncs)
+        self.ops += not func.is_view
+        self.syncs += func is torch.ops.aten._local_scalar_dense.default
         return func(*args, **(kwargs or {}))
 
 
@@ -131,7 +131,7 @@ def count_call_ops(call: Callable[[], object]) -> OpCount:
     """
     with torch.no_grad(), KernelOpCounter() as counter:
         call()
-    return counter.count
+    return OpCount(counter.ops, counter.syncs)
 
 
 def time_forward(model: torch.nn.Module, ids: torch.Tensor) -> float:
