@@ -51,7 +51,7 @@ Usage::
     python benchmarks/llm_speed.py [--parts forward generate ops memory] [--methods dwatt concat ...]
         [--model gemma3-270m | --random-decoder 30x576] [--device cuda --dtype bfloat16]
         [--rounds 5] [--batch 2] [--seq 128] [--new-tokens 32] [--train-batch 8] [--train-seq 128]
-        [--threads N] [--output FILE.json]
+        [--threads N] [--allocator glibc|steady] [--output FILE.json]
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ from layerfusion_recipes.core.gemma import resolve_model
 from layerfusion_recipes.core.models import peft_alias_quiet
 from layerfusion_recipes.reporting.benchmark_report import Report
 from overhead import (
+    ALLOCATOR_HELP,
+    ALLOCATORS,
     CONTROL,
     FLOP_MARGIN,
     count_call_flops,
@@ -81,6 +83,7 @@ from overhead import (
     ratios,
     synchronize,
     time_forward,
+    use_allocator,
     verdict,
 )
 from peft import LoraConfig, get_peft_model
@@ -431,11 +434,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="forward and generate: run the fusion modules in the model's dtype (bfloat16), not float32",
     )
+    parser.add_argument("--allocator", default="glibc", choices=ALLOCATORS, help=ALLOCATOR_HELP)
     parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     report = Report("benchmarks/llm_speed.py", argv)
     torch.set_num_threads(args.threads)
+    use_allocator(args.allocator)
     if args.random_decoder:
         base, tokenizer = random_decoder(*args.random_decoder, grouped_kv=args.device == "cpu"), None
     else:
@@ -444,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     base.to(args.device, DTYPES[args.dtype]).eval().requires_grad_(False)
     on_gpu = base.device.type == "cuda"
-    where = torch.cuda.get_device_name(base.device) if on_gpu else f"{args.threads} threads"
+    cpu = f"{args.threads} threads, {args.allocator} allocator"
+    where = torch.cuda.get_device_name(base.device) if on_gpu else cpu
     timed = {"forward", "generate"} & set(args.parts)
     report.print(
         f"{base.config.model_type}: {base.config.num_hidden_layers} blocks, "

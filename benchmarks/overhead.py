@@ -20,7 +20,8 @@ A 12-block, width-768 random BERT (BERT-base shape), batch 16 x 128 tokens, eval
 
 Usage::
 
-    python benchmarks/overhead.py [--rounds 7] [--batch 16] [--seq 128] [--threads N] [--output FILE.json]
+    python benchmarks/overhead.py [--rounds 7] [--batch 16] [--seq 128] [--threads N]
+        [--allocator glibc|steady] [--output FILE.json]
 
 ``--output FILE.json`` also saves what it prints, with the command, time and load
 (``layerfusion_recipes.reporting.benchmark_report``), for ``layerfusion report``.
@@ -29,6 +30,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import math
 import os
@@ -52,6 +55,10 @@ from peft_layerfusion.registration import ENCODER_METHODS
 METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}  # every encoder method
 CONTROL = "base again"  # a second copy of the base, timed like a method: the run's noise floor (A/A)
 FLOP_MARGIN = 1.03  # the target: a method's time at most 3% over its FLOP bound
+ALLOCATORS = ("glibc", "steady")  # --allocator: glibc's malloc as it comes, or held steady (steady_allocator)
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+NEVER_TRIM = 2**31 - 1  # bytes: the largest M_TRIM_THRESHOLD mallopt takes
 
 
 def base_model() -> BertModel:
@@ -132,6 +139,40 @@ def count_call_ops(call: Callable[[], object]) -> OpCount:
     with torch.no_grad(), KernelOpCounter() as counter:
         call()
     return OpCount(counter.ops, counter.syncs)
+
+
+def steady_allocator() -> None:
+    """Make glibc's malloc keep the memory it frees and reuse it: no block of its own mapping (``mmap``),
+    and no return of the heap's free top to the system.
+
+    As it comes, glibc maps every block over a threshold that moves with the program's history (128 KiB
+    to 32 MiB), unmaps it when it is freed, and trims the heap's free top; each page of a new mapping
+    then faults and is zeroed when first written. A decoder forward of ``--random-decoder 30x576`` does
+    12-63 thousand such faults (about 50 to 250 MiB of fresh pages), and how many varies from forward to
+    forward and from model to model with the order of earlier allocations, not with the work done: a
+    per-model offset that more rounds do not average away. Held steady, no forward faults and every
+    model is timed on its own work. Call it before the models are built.
+
+    Raises:
+        RuntimeError: where the C library has no ``mallopt`` (not glibc), or refuses the settings.
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None or not (mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)):
+        raise RuntimeError("--allocator steady needs glibc's mallopt; use --allocator glibc on this system")
+
+
+ALLOCATOR_HELP = (
+    "glibc (default): malloc as it comes; steady: malloc keeps and reuses what it frees, so no forward "
+    "page-faults on fresh memory (steady_allocator)"
+)
+
+
+def use_allocator(name: str) -> None:
+    """Set up the allocator ``--allocator`` names (:data:`ALLOCATORS`): ``"steady"`` calls
+    :func:`steady_allocator`, ``"glibc"`` leaves malloc as it comes."""
+    if name == "steady":
+        steady_allocator()
 
 
 def time_forward(model: torch.nn.Module, ids: torch.Tensor) -> float:
@@ -275,11 +316,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--allocator", default="glibc", choices=ALLOCATORS, help=ALLOCATOR_HELP)
     parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     report = Report("benchmarks/overhead.py", argv)
     torch.set_num_threads(args.threads)
+    use_allocator(args.allocator)
     names = ["base", CONTROL, *args.methods]
     models = {name: build(name) for name in names}
     ids = inputs(args.batch, args.seq)
@@ -290,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     best = {name: min(values) for name, values in times.items()}  # noise only ever adds time
     report.print(
         f"BERT-base shape (12 x 768), batch {args.batch} x {args.seq} tokens, {args.threads} threads, "
-        f"{args.rounds} interleaved rounds, torch {torch.__version__}"
+        f"{args.rounds} interleaved rounds, {args.allocator} allocator, torch {torch.__version__}"
     )
     base_median = statistics.median(times["base"])
     report.print(

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,6 +84,31 @@ def test_the_timed_tables_start_with_a_second_copy_of_the_base(scripts, capsys):
     # one round gives no interval of the median, so no verdict either
     assert forward_again[3] == generate_again[3] == "-"
     assert forward_again[-1] == "not resolved |" and generate_again[-2] == "not resolved"
+
+
+# Page faults of writing a fresh 64 MiB tensor after one of the same size was freed, in a new process
+# (the allocator's settings last for the whole process): glibc as it comes maps such a block and unmaps
+# it when freed, so each of its 16384 pages faults again; held steady, malloc reuses the freed block.
+FAULTS_OF_A_SECOND_BLOCK = """
+import resource, sys, torch
+import overhead
+overhead.use_allocator(sys.argv[1])
+torch.ones(2**24)  # 64 MiB, freed at once
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+block = torch.ones(2**24)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_the_steady_allocator_reuses_freed_memory_without_page_faults():
+    def faults(allocator: str) -> int:
+        command = [sys.executable, "-c", FAULTS_OF_A_SECOND_BLOCK, allocator]
+        run = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, check=True)
+        return int(run.stdout.split()[-1])
+
+    assert faults("glibc") >= 2**24 * 4 // 4096  # every page of the block, again
+    assert faults("steady") < 100
 
 
 def test_the_median_interval_is_the_binomial_order_statistics(scripts):
