@@ -111,6 +111,15 @@ def test_the_steady_allocator_reuses_freed_memory_without_page_faults():
     assert faults("steady") < 100
 
 
+@pytest.mark.parametrize("libc", [object(), type("Refusing", (), {"mallopt": staticmethod(lambda *_: 0)})()])
+def test_the_steady_allocator_says_what_it_needs_where_malloc_is_not_glibcs(scripts, monkeypatch, libc):
+    _, overhead = scripts
+    monkeypatch.setattr(overhead.ctypes, "CDLL", lambda _name: libc)  # no mallopt, or one that refuses
+    with pytest.raises(RuntimeError, match="--allocator steady needs glibc's mallopt"):
+        overhead.use_allocator("steady")
+    overhead.use_allocator("glibc")  # as it comes: nothing to set, nothing to refuse
+
+
 def test_the_median_interval_is_the_binomial_order_statistics(scripts):
     _, overhead = scripts
     values = [float(v) for v in range(1, 21)]
