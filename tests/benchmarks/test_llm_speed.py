@@ -86,29 +86,32 @@ def test_the_timed_tables_start_with_a_second_copy_of_the_base(scripts, capsys):
     assert forward_again[-1] == "not resolved |" and generate_again[-2] == "not resolved"
 
 
-# Page faults of writing a fresh 64 MiB tensor after one of the same size was freed, in a new process
-# (the allocator's settings last for the whole process): glibc as it comes maps such a block and unmaps
-# it when freed, so each of its 16384 pages faults again; held steady, malloc reuses the freed block.
-FAULTS_OF_A_SECOND_BLOCK = """
+# Page faults of writing a fresh 64 MiB tensor, six times in a row, each freed before the next, in a new
+# process (the allocator's settings last for the whole process). glibc as it comes maps such a block and
+# unmaps it when freed, so each of its 16384 pages faults every time. Held steady, malloc keeps what it
+# frees: a block is written on pages already there, except where the heap had to grow (a small
+# allocation landed in the freed space), which happens now and then, not every time.
+FAULTS_OF_FRESH_BLOCKS = """
 import resource, sys, torch
 import overhead
 overhead.use_allocator(sys.argv[1])
-torch.ones(2**24)  # 64 MiB, freed at once
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-block = torch.ones(2**24)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+for _ in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = torch.ones(2**24)  # 64 MiB
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    del block
 """
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_the_steady_allocator_reuses_freed_memory_without_page_faults():
-    def faults(allocator: str) -> int:
-        command = [sys.executable, "-c", FAULTS_OF_A_SECOND_BLOCK, allocator]
+    def fewest_faults_after_the_first(allocator: str) -> int:
+        command = [sys.executable, "-c", FAULTS_OF_FRESH_BLOCKS, allocator]
         run = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, check=True)
-        return int(run.stdout.split()[-1])
+        return min(int(line) for line in run.stdout.split()[-5:])
 
-    assert faults("glibc") >= 2**24 * 4 // 4096  # every page of the block, again
-    assert faults("steady") < 100
+    assert fewest_faults_after_the_first("glibc") >= 2**24 * 4 // 4096  # every page of a block, every time
+    assert fewest_faults_after_the_first("steady") < 100
 
 
 @pytest.mark.parametrize("libc", [object(), type("Refusing", (), {"mallopt": staticmethod(lambda *_: 0)})()])
