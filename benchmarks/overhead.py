@@ -30,8 +30,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import json
 import math
 import os
@@ -43,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
+from layerfusion_recipes.core.loop import glibc
 from layerfusion_recipes.reporting.benchmark_report import Report
 from peft import get_peft_model
 from torch.profiler import ProfilerActivity, profile
@@ -59,6 +58,10 @@ ALLOCATORS = ("glibc", "steady")  # --allocator: glibc's malloc as it comes, or 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 NEVER_TRIM = 2**31 - 1  # bytes: the largest M_TRIM_THRESHOLD mallopt takes
+ALLOCATOR_HELP = (
+    "glibc (default): malloc as it comes; steady: malloc keeps and reuses what it frees, so no forward "
+    "page-faults on fresh memory (steady_allocator)"
+)
 
 
 def base_model() -> BertModel:
@@ -154,18 +157,11 @@ def steady_allocator() -> None:
     model is timed on its own work. Call it before the models are built.
 
     Raises:
-        RuntimeError: where the C library has no ``mallopt`` (not glibc), or refuses the settings.
+        RuntimeError: where the C library is not glibc, or refuses the settings.
     """
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None or not (mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)):
+    libc = glibc()
+    if libc is None or not (libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)):
         raise RuntimeError("--allocator steady needs glibc's mallopt; use --allocator glibc on this system")
-
-
-ALLOCATOR_HELP = (
-    "glibc (default): malloc as it comes; steady: malloc keeps and reuses what it frees, so no forward "
-    "page-faults on fresh memory (steady_allocator)"
-)
 
 
 def use_allocator(name: str) -> None:

@@ -120,7 +120,7 @@ def restore(parameters: Sequence[torch.Tensor], saved: Sequence[torch.Tensor]) -
         parameter.copy_(value)
 
 
-def _glibc() -> ctypes.CDLL | None:
+def glibc() -> ctypes.CDLL | None:
     """The C library when it is glibc (it has ``malloc_trim``), else ``None`` (macOS, musl, Windows)."""
     name = ctypes.util.find_library("c")
     try:
@@ -131,7 +131,7 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-_LIBC = _glibc()
+_LIBC = glibc()
 
 
 def release_freed_memory() -> bool:
