@@ -1,7 +1,7 @@
 """Layer fusion on a decoder LLM (Gemma 3 270M, float32, CPU; or ``--device cuda``): its cost, as ratios
 from one run.
 
-Four parts (``--parts``), each timing or measuring the models against each other in the same
+Five parts (``--parts``), each timing or measuring the models against each other in the same
 process, so that the load on a shared machine hits both sides of every ratio:
 
 * ``forward``: the causal LM's forward (batch x seq tokens, eval mode, ``torch.no_grad``, logits of
@@ -26,6 +26,14 @@ process, so that the load on a shared machine hits both sides of every ratio:
   R+n's bound as a model: the base with its ``n`` extra blocks appended as its own layers (no hook),
   timed in the same rounds (its blocks run at the model's blocks' speed, which the FLOP bound can
   undercount).
+* ``steps``: the same decoding, timed step by step (``GreedyDecoder``): in each round every model
+  decodes ``--new-tokens`` greedy steps after its prompt's forward, the models taking turns at every
+  step (``stepwise``), so the paired ratios compare steps a few tens of milliseconds apart instead of
+  whole generations seconds apart, and swings of a shared machine's speed cancel far better. Only the
+  steps are timed (each model's forward of one token on its KV cache, and the argmax), not the
+  prompt's forward, nor ``generate``'s own per-token work (logits processors, stopping criteria), which
+  every model shares and which brings a ratio closer to 1.000x: the stricter reading of what a
+  method adds to each new token. Same table and target as ``generate``.
 * ``ops``: per decoding step (as in ``generate``), the FLOP bound and the aten ops that compute (views
   aside) each method dispatches over the base's, counted, not timed: the same numbers on any machine
   with one torch build. On a GPU at batch 1 each op is a kernel launch, and launches are what a
@@ -48,7 +56,7 @@ count, ``torch.cuda.max_memory_allocated``).
 
 Usage::
 
-    python benchmarks/llm_speed.py [--parts forward generate ops memory] [--methods dwatt concat ...]
+    python benchmarks/llm_speed.py [--parts forward generate steps ops memory] [--methods dwatt concat ...]
         [--model gemma3-270m | --random-decoder 30x576] [--device cuda --dtype bfloat16]
         [--rounds 5] [--batch 2] [--seq 128] [--new-tokens 32] [--train-batch 8] [--train-seq 128]
         [--threads N] [--allocator glibc|steady] [--output FILE.json]
@@ -96,7 +104,7 @@ from peft_layerfusion.methods.extra_layers import fresh_copy, set_layer_index
 from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}
-PARTS = ("forward", "generate", "ops", "memory")
+PARTS = ("forward", "generate", "steps", "ops", "memory")
 PROMPT = "The history of the Roman Empire begins with the founding of the city of Rome, and"
 LORA_TARGETS = ("q_proj", "v_proj")
 DEEPER = "deeper base"  # generate: R+n's bound, the base with its n extra blocks as its own layers
@@ -291,9 +299,12 @@ def ops_part(
         report.print(f"| {name} | {bound:.3f}x | {extra} |")
 
 
-def generate_part(
-    report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
-) -> None:
+def decoding_setup(
+    base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
+) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor], dict[str, float], dict[str, torch.Tensor]]:
+    """The models of a decoding part (:func:`decoding_models`), the prompt, each model's FLOPs of one
+    decoding step and its greedy tokens; stops where a method that starts at the base model generates
+    other tokens than the base."""
     models = decoding_models(base, methods, args)
     inputs = prompt_inputs(base, tokenizer)
     flops = {name: count_call_flops(decoding_step(model, inputs)) for name, model in models.items()}
@@ -301,18 +312,19 @@ def generate_part(
     for name in methods:  # with an identity init, a method starts at the base model on a decoder
         if METHODS[name].IDENTITY_INIT and not torch.equal(tokens[name], tokens["base"]):
             raise SystemExit(f"{name} starts at the base model but generated other tokens than the base")
-    runs = {
-        name: (lambda m=model: timed_generation(m, inputs, args.new_tokens)) for name, model in models.items()
-    }
-    times = interleaved(runs, args.rounds)
-    prompt = inputs["input_ids"].shape[1]
-    report.print(
-        f"\n### Generation: greedy, KV cache, batch 1, {prompt}-token prompt, {args.new_tokens} new tokens\n"
-    )
-    report.print(
-        f"base: {args.new_tokens / min(times['base']):.1f} tokens/s best, "
-        f"{flops['base'] / 1e6:.0f} MFLOP per decoding step\n"
-    )
+    return models, inputs, flops, tokens
+
+
+def decoding_table(
+    report: Report,
+    models: dict[str, nn.Module],
+    times: dict[str, list[float]],
+    flops: dict[str, float],
+    tokens: dict[str, torch.Tensor],
+    methods: Sequence[str],
+) -> None:
+    """Each method's tokens/s over the base's from ``times`` (seconds per round), against its decoding
+    target (:func:`decoding_target`); with R+n, its bound as a model too."""
     report.print(
         "| method | tokens/s / base (best) | tokens/s / base (median of paired rounds) | its 95% interval "
         "| FLOP bound (decoding step) | median / bound | target | same tokens as base |"
@@ -328,10 +340,112 @@ def generate_part(
         deeper, own = ratios(times, DEEPER).paired, ratios(times, "extra_layers").paired
         report.print(
             f"\nR+n's bound as a model: the base with its {extra_blocks(models)} extra block(s) as its own "
-            f"layers (no hook) generates at {1 / deeper:.3f}x the base's tokens/s (FLOP bound "
+            f"layers (no hook) decodes at {1 / deeper:.3f}x the base's tokens/s (FLOP bound "
             f"{flops['base'] / flops[DEEPER]:.3f}x); R+n at {1 / own:.3f}x, {deeper / own:.3f} of it "
             "(medians of paired rounds)"
         )
+
+
+def generate_part(
+    report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
+) -> None:
+    models, inputs, flops, tokens = decoding_setup(base, tokenizer, methods, args)
+    runs = {
+        name: (lambda m=model: timed_generation(m, inputs, args.new_tokens)) for name, model in models.items()
+    }
+    times = interleaved(runs, args.rounds)
+    prompt = inputs["input_ids"].shape[1]
+    report.print(
+        f"\n### Generation: greedy, KV cache, batch 1, {prompt}-token prompt, {args.new_tokens} new tokens\n"
+    )
+    report.print(
+        f"base: {args.new_tokens / min(times['base']):.1f} tokens/s best, "
+        f"{flops['base'] / 1e6:.0f} MFLOP per decoding step\n"
+    )
+    decoding_table(report, models, times, flops, tokens, methods)
+
+
+class GreedyDecoder:
+    """Greedy decoding of ``model`` one timed step at a time, after the prompt's forward (not timed).
+
+    Each :meth:`step` runs the forward of the last token on the model's KV cache and takes the next
+    token's argmax, and adds its seconds to :attr:`seconds`; the attention mask grows before the clock
+    starts. Only the model's step is timed: ``generate``'s own per-token work (logits processors,
+    stopping criteria), the same for every model, is left out.
+
+    Args:
+        model: A causal LM in eval mode.
+        inputs: The prompt's ``input_ids`` and ``attention_mask`` (batch 1).
+    """
+
+    def __init__(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+        self.model = model
+        with torch.no_grad():
+            output = model(**inputs, use_cache=True)
+        self.cache = output.past_key_values  # grows in place at every step
+        self.token = output.logits[:, -1:].argmax(-1)  # (1, 1): the first new token
+        self.mask = inputs["attention_mask"]
+        self.tokens = [self.token]  # the new tokens so far, each (1, 1)
+        self.seconds = 0.0
+
+    def step(self) -> None:
+        """One decoding step, timed."""
+        self.mask = torch.cat([self.mask, self.mask[:, -1:]], dim=1)
+        start = time.perf_counter()
+        with torch.no_grad():
+            logits = self.model(
+                input_ids=self.token, attention_mask=self.mask, past_key_values=self.cache, use_cache=True
+            ).logits
+        self.token = logits[:, -1:].argmax(-1)
+        synchronize(self.token.device)
+        self.seconds += time.perf_counter() - start
+        self.tokens.append(self.token)
+
+
+def stepwise(
+    models: dict[str, nn.Module], inputs: dict[str, torch.Tensor], steps: int, rounds: int
+) -> dict[str, list[float]]:
+    """Seconds of ``steps`` greedy decoding steps of each model, per round, after a warm-up round: the
+    models take turns step by step (every other step in reverse order), so each step of one model runs
+    between steps of the others, a few tens of milliseconds apart, and a swing of the machine's speed
+    hits them all.
+
+    Example:
+        >>> base = random_decoder(1, 64)
+        >>> models = {"base": base.eval(), "again": sharing_copy(base).eval()}
+        >>> times = stepwise(models, prompt_inputs(base, None), steps=2, rounds=3)
+        >>> {name: len(seconds) for name, seconds in times.items()}
+        {'base': 3, 'again': 3}
+    """
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for round_index in range(rounds + 1):
+        decoders = {name: GreedyDecoder(model, inputs) for name, model in models.items()}
+        for step_index in range(steps):
+            for name in list(models) if step_index % 2 == 0 else list(models)[::-1]:
+                decoders[name].step()
+        if round_index > 0:  # round 0 warms up
+            for name, decoder in decoders.items():
+                times[name].append(decoder.seconds)
+    return times
+
+
+def steps_part(
+    report: Report, base: nn.Module, tokenizer, methods: Sequence[str], args: argparse.Namespace
+) -> None:
+    models, inputs, flops, tokens = decoding_setup(base, tokenizer, methods, args)
+    times = stepwise(models, inputs, args.new_tokens, args.rounds)
+    prompt = inputs["input_ids"].shape[1]
+    report.print(
+        f"\n### Decoding steps, the models taking turns step by step: greedy, KV cache, batch 1, "
+        f"{prompt}-token prompt, {args.new_tokens} steps per round\n"
+    )
+    report.print(
+        f"base: {args.new_tokens / min(times['base']):.1f} steps/s best, "
+        f"{flops['base'] / 1e6:.0f} MFLOP per decoding step; the steps alone are timed, without "
+        "generate's own per-token work, which every model shares: each ratio is at least as far from "
+        "1.000x as generate's\n"
+    )
+    decoding_table(report, models, times, flops, tokens, methods)
 
 
 def training_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
@@ -451,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = base.device.type == "cuda"
     cpu = f"{args.threads} threads, {args.allocator} allocator"
     where = torch.cuda.get_device_name(base.device) if on_gpu else cpu
-    timed = {"forward", "generate"} & set(args.parts)
+    timed = {"forward", "generate", "steps"} & set(args.parts)
     report.print(
         f"{base.config.model_type}: {base.config.num_hidden_layers} blocks, "
         f"d = {base.config.hidden_size}, {sum(p.numel() for p in base.parameters()) / 1e9:.2f} B parameters, "
@@ -463,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         forward_part(report, base, args.methods, args)
     if "generate" in args.parts:
         generate_part(report, base, tokenizer, args.methods, args)
+    if "steps" in args.parts:
+        steps_part(report, base, tokenizer, args.methods, args)
     if "ops" in args.parts:
         ops_part(report, base, tokenizer, args.methods, args)
     if "memory" in args.parts:

@@ -70,20 +70,53 @@ def test_the_ops_part_counts_each_method_and_r_n_against_its_bound_as_a_model(sc
 
 def test_the_timed_tables_start_with_a_second_copy_of_the_base(scripts, capsys):
     llm_speed, _ = scripts
-    argv = ["--random-decoder", "2x64", "--parts", "forward", "generate", "--methods", "scalar_mix"]
+    argv = ["--random-decoder", "2x64", "--parts", "forward", "generate", "steps", "--methods", "scalar_mix"]
     assert llm_speed.main([*argv, "--rounds", "1", "--new-tokens", "2", "--batch", "1", "--seq", "8"]) == 0
     first_rows = [
         line.split(" | ")
         for line in capsys.readouterr().out.splitlines()
         if line.startswith("| ") and "---" not in line and not line.startswith("| method")
     ]
-    assert [row[0] for row in first_rows] == ["| base again", "| scalar_mix"] * 2  # forward, generate
-    forward_again, _, generate_again, _ = first_rows
-    assert forward_again[4] == generate_again[4] == "1.000x"  # the same FLOPs as the base
-    assert generate_again[-1] == "yes |"  # and the same tokens
+    assert [row[0] for row in first_rows] == ["| base again", "| scalar_mix"] * 3  # forward, generate, steps
+    forward_again, _, generate_again, _, steps_again, _ = first_rows
+    assert forward_again[4] == generate_again[4] == steps_again[4] == "1.000x"  # the same FLOPs as the base
+    assert generate_again[-1] == steps_again[-1] == "yes |"  # and the same tokens
     # one round gives no interval of the median, so no verdict either
-    assert forward_again[3] == generate_again[3] == "-"
-    assert forward_again[-1] == "not resolved |" and generate_again[-2] == "not resolved"
+    assert forward_again[3] == generate_again[3] == steps_again[3] == "-"
+    assert forward_again[-1] == "not resolved |" and generate_again[-2] == steps_again[-2] == "not resolved"
+
+
+def test_the_greedy_decoder_decodes_the_tokens_generate_does(scripts):
+    llm_speed, _ = scripts
+    base = llm_speed.random_decoder(2, 64).eval()
+    inputs = llm_speed.prompt_inputs(base, None)
+    decoder = llm_speed.GreedyDecoder(base, inputs)
+    assert decoder.seconds == 0.0  # the prompt's forward is not timed
+    for _ in range(4):
+        decoder.step()
+    expected = llm_speed.generated(base, inputs, new_tokens=5)[:, inputs["input_ids"].shape[1] :]  # (1, 5)
+    assert torch.equal(torch.cat(decoder.tokens, dim=1), expected)  # the prompt's token and 4 steps'
+    assert decoder.seconds > 0.0
+
+
+def test_the_models_take_turns_at_every_decoding_step(scripts, monkeypatch):
+    llm_speed, _ = scripts
+    order = []
+
+    class Decoder:  # one model's decoding: each step takes as many seconds as steps were taken before it
+        def __init__(self, model, inputs):
+            self.name, self.seconds = model, 0.0
+
+        def step(self):
+            order.append(self.name)
+            self.seconds += len(order)
+
+    monkeypatch.setattr(llm_speed, "GreedyDecoder", Decoder)
+    times = llm_speed.stepwise({"base": "base", "a": "a"}, inputs={}, steps=3, rounds=2)
+    warm_up, *rounds = (order[i : i + 6] for i in range(0, len(order), 6))
+    assert warm_up == rounds[0] == rounds[1] == ["base", "a", "a", "base", "base", "a"]
+    # each round's seconds summed over its steps (no warm-up): the base's 7 + 10 + 11, 13 + 16 + 17
+    assert times == {"base": [28.0, 46.0], "a": [29.0, 47.0]}
 
 
 # Page faults of writing a fresh 64 MiB tensor, six times in a row, each freed before the next, in a new
