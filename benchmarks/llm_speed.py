@@ -441,9 +441,9 @@ def steps_part(
     )
     report.print(
         f"base: {args.new_tokens / min(times['base']):.1f} steps/s best, "
-        f"{flops['base'] / 1e6:.0f} MFLOP per decoding step; the steps alone are timed, without "
-        "generate's own per-token work, which every model shares: each ratio is at least as far from "
-        "1.000x as generate's\n"
+        f"{flops['base'] / 1e6:.0f} MFLOP per decoding step; the steps alone are timed: not the prompt's "
+        "forward, nor generate's own per-token work, which every model shares and which brings generate's "
+        "ratios closer to 1.000x\n"
     )
     decoding_table(report, models, times, flops, tokens, methods)
 
