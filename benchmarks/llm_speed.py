@@ -29,7 +29,8 @@ process, so that the load on a shared machine hits both sides of every ratio:
 * ``steps``: the same decoding, timed step by step (``GreedyDecoder``): in each round every model
   decodes ``--new-tokens`` greedy steps after its prompt's forward, the models taking turns at every
   step (``stepwise``), so the paired ratios compare steps a few tens of milliseconds apart instead of
-  whole generations seconds apart, and swings of a shared machine's speed cancel far better. Only the
+  whole generations seconds apart (on a 2-core VM whose speed swings from one step to the next, that
+  made a round only a little steadier: ``benchmarks/RESULTS.md``, section 6). Only the
   steps are timed (each model's forward of one token on its KV cache, and the argmax), not the
   prompt's forward, nor ``generate``'s own per-token work (logits processors, stopping criteria), which
   every model shares and which brings a ratio closer to 1.000x: the stricter reading of what a
