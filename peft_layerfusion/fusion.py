@@ -129,6 +129,10 @@ class FusionModule(nn.Module):
     # (a feature cache replaying their outputs) must then hand the last block the arguments a real
     # forward would (T5's position bias, which each block hands to the next).
     reads_block_calls: ClassVar[bool] = False
+    # False when forward reads none of the fused states ``z_0 .. z_{L-1}``, only ``z_L``
+    # (``capture.states[-1]``) and the last block's call (R+n): ``states`` is then empty, and in eval mode
+    # the capture hooks only the last block (``hooks.BlockCapture.hook_blocks``).
+    reads_block_states: ClassVar[bool] = True
 
     def __init__(self, config: LayerFusionConfig, context: FusionContext) -> None:
         super().__init__()

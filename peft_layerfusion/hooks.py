@@ -5,7 +5,8 @@ One :class:`BlockCapture` per model. It registers
 * a forward pre-hook on the **container** that opens a capture for this forward,
 * a forward pre-hook on **every block** that stores the block's input hidden state
   (the input of block ``i`` is ``z_i``: the embedding output for ``i = 0``, the output of
-  block ``i`` otherwise) and, for the last block, its call arguments,
+  block ``i`` otherwise) and, for the last block, its call arguments (in eval mode, only on the blocks
+  whose inputs a fusion reads, and the last: see "Only the blocks read" below),
 * a forward hook on the **container** that reads ``z_L`` from the container's output
   (exactly what a head would have seen), calls ``fuse`` and puts the result in place of
   the last hidden state, then closes the capture;
@@ -23,6 +24,14 @@ checkpointing where a block's own forward runs under ``no_grad``. Captures are s
 index (never appended), so the re-run of a block during a checkpointed backward pass
 (which happens outside any capture) is ignored, and nothing outlives the forward.
 
+**Only the blocks read.** A hooked module leaves torch's fast call path, which costs about as much
+again as the hook itself: on a deep decoder, where a decoding step is one token, the hooks of every
+block were 1-3% of the step. In eval mode (:meth:`BlockCapture.hook_blocks`) the capture hooks only
+the blocks whose inputs the adapters read (``read``: their fused layers below ``L``) and the last block
+(its call, and ``z_L`` before any final norm); the other states stay ``None``. R+n reads none, so it
+hooks one block. A training forward hooks every block, as layer drop needs (a container that runs in
+training mode while its capture is lean hooks them all before its blocks run).
+
 Open captures live in a per-thread stack (:class:`ThreadState`): concurrent forwards of
 one model in several threads, and a forward that calls the model again from inside a
 hook, each fuse their own states. The hooks hold their capture as bound methods or
@@ -31,18 +40,18 @@ copy. A container whose output is not the blocks' hidden state raises (naming
 ``blocks_path``) instead of fusing the wrong tensors.
 
 Layer drop (wav2vec2, HuBERT, BART ``encoder_layerdrop``...): in training a block may be
-skipped, and its output is then its input. A forward hook on every block keeps its output, so
+skipped, and its output is then its input. A forward hook on every block (in training) keeps its output, so
 the state of a skipped block is exact: ``z_i`` of a block that did not run is the output of the
 last block before it that ran (or, when none before it ran, the input of the first one after it
-that did). A container in eval mode that runs without all of its blocks, or a training forward
-in which no block ran at all, raises instead.
+that did). A container in eval mode that runs without all of its hooked blocks (the last one among them: an
+early exit), or a training forward in which no block ran at all, raises instead.
 """
 
 from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,7 +71,8 @@ class Capture:
 
     Args:
         states: ``z_0 .. z_L``, each ``(batch, seq, d)``: the blocks' residual stream (for a
-            pre-norm stack, ``z_L`` is the last block's output, before the final norm).
+            pre-norm stack, ``z_L`` is the last block's output, before the final norm). In eval mode
+            ``None`` for a block whose input no adapter reads (:meth:`BlockCapture.hook_blocks`).
         last_block_args: Positional arguments of the last block's call, hidden state
             first (re-used to run extra blocks of the same kind).
         last_block_kwargs: Keyword arguments of that call.
@@ -109,7 +119,7 @@ class Capture:
         """
         return replace(
             self,
-            states=[s.to(dtype) for s in self.states],
+            states=[None if s is None else s.to(dtype) for s in self.states],
             last_block_args=_cast_floats(self.last_block_args, dtype),
             last_block_kwargs=_cast_floats(self.last_block_kwargs, dtype),
             normed_last=None if self.normed_last is None else self.normed_last.to(dtype),
@@ -472,7 +482,11 @@ class BlockCapture:
         self.blocks_path = blocks_path
         self.select = select
         self._local = ThreadState()
-        self.handles: list[RemovableHandle] = []
+        self.handles: list[RemovableHandle] = []  # on the container, its norms and projections
+        self.block_handles: list[RemovableHandle] = []  # on the blocks of :attr:`hooked`
+        self.read: frozenset[int] | None = None  # the block inputs a fusion reads (None: every one)
+        self.lean = False  # eval mode: hook only the blocks read, and the last
+        self.hooked: tuple[int, ...] = ()
         self._register()
 
     @property
@@ -484,9 +498,7 @@ class BlockCapture:
         located = self.located
         container, add = located.container, self.handles.append
         add(container.register_forward_pre_hook(BoundHook(self._open_capture)))
-        for index, block in enumerate(located.blocks):
-            add(block.register_forward_pre_hook(BoundHook(self.record_input, index), with_kwargs=True))
-            add(block.register_forward_hook(BoundHook(self.record_output, index)))
+        self._register_blocks()
         for norm in located.final_norms:
             add(norm.register_forward_hook(BoundHook(self._at_final_norm), with_kwargs=True))
         for projection in located.projections:
@@ -494,6 +506,44 @@ class BlockCapture:
             add(projection.register_forward_hook(BoundHook(self._after_projection)))
         add(container.register_forward_hook(BoundHook(self._close_capture), always_call=True))
         HookedForward.attach(container)  # `container.forward(...)` runs these hooks too
+
+    def hook_blocks(self, read: Iterable[int] | None, lean: bool) -> None:
+        """Say which block inputs are read and whether to hook only those (re-hooks the blocks on a change).
+
+        Args:
+            read: Indices ``i < L`` of the block inputs ``z_i`` a fusion reads (``None``: every one).
+            lean: ``True`` (eval mode): hook only the blocks in ``read`` and the last block; ``False``
+                (training): every block, as layer drop needs.
+
+        Example:
+            >>> from peft_layerfusion.discovery import find_encoder_blocks
+            >>> capture = BlockCapture(find_encoder_blocks(base_model), lambda c: None)
+            >>> capture.hook_blocks(read=[], lean=True)  # what R+n reads, in eval mode
+            >>> capture.hooked  # the last of 3 blocks
+            (2,)
+            >>> capture.remove()
+        """
+        self.read, self.lean = (None if read is None else frozenset(read)), lean
+        if self.handles and self.hooked != self._blocks_to_hook():  # (no handles: removed)
+            self._register_blocks()
+
+    def _blocks_to_hook(self) -> tuple[int, ...]:
+        num_blocks = self.located.num_blocks
+        if not self.lean or self.read is None:
+            return tuple(range(num_blocks))
+        return tuple(sorted({i for i in self.read if i < num_blocks} | {num_blocks - 1}))
+
+    def _register_blocks(self) -> None:
+        """(Re-)register the hooks of the blocks :meth:`_blocks_to_hook` names."""
+        for handle in self.block_handles:
+            handle.remove()
+        blocks, add = self.located.blocks, self.block_handles.append
+        self.block_handles.clear()
+        self.hooked = self._blocks_to_hook()
+        for index in self.hooked:
+            block = blocks[index]
+            add(block.register_forward_pre_hook(BoundHook(self.record_input, index), with_kwargs=True))
+            add(block.register_forward_hook(BoundHook(self.record_output, index)))
 
     # ------------------------------------------------------------- per-thread state
     def _frames(self) -> list[_Frame]:
@@ -520,6 +570,8 @@ class BlockCapture:
 
     # ------------------------------------------------------------- hooks
     def _open_capture(self, module: nn.Module, args: tuple) -> None:
+        if module.training and self.lean:  # a training forward (layer drop) needs every block hooked
+            self.hook_blocks(self.read, lean=False)
         num_blocks = self.located.num_blocks
         gather = self.select is not None and not torch.is_grad_enabled() and not module.training
         self._frames().append(
@@ -648,9 +700,9 @@ class BlockCapture:
         In training, blocks skipped by layer drop get their state filled in (:meth:`_fill_dropped`);
         in eval mode a block that did not run is an error.
         """
-        missing = [i for i, s in enumerate(frame.states[:-1]) if s is None]
+        missing = [i for i in self.hooked if frame.states[i] is None]
         if missing:
-            if not training or len(missing) == self.located.num_blocks:
+            if not training or len(missing) == len(self.hooked):
                 raise self._not_run_error(missing, training)
             self._fill_dropped(frame, missing)
         if any(runs > 1 for runs in frame.runs):
@@ -705,15 +757,16 @@ class BlockCapture:
 
     @property
     def num_hooks(self) -> int:
-        return len(self.handles)
+        return len(self.handles) + len(self.block_handles)
 
     def remove(self) -> None:
         """Remove every hook this capture registered."""
         if self.handles and self._located.container.alive:
             HookedForward.detach(self.located.container)
-        for handle in self.handles:
+        for handle in (*self.handles, *self.block_handles):
             handle.remove()
         self.handles.clear()
+        self.block_handles.clear()
 
 
 def warn_shared_blocks(
@@ -808,7 +861,8 @@ def select_positions(capture: Capture, index: torch.Tensor) -> Capture:
     gathered = len(capture.states) - 1 if capture.selected is not None else 0  # z_0 .. z_{L-1}
     if gathered and not torch.equal(capture.selected, index):
         raise RuntimeError("the capture gathered other positions than the fusion reads")
-    states = capture.states[:gathered] + [gather_positions(s, index) for s in capture.states[gathered:]]
+    rest = [None if s is None else gather_positions(s, index) for s in capture.states[gathered:]]
+    states = capture.states[:gathered] + rest
     normed = None if capture.normed_last is None else gather_positions(capture.normed_last, index)
     return replace(capture, states=states, normed_last=normed, selected=index)  # each state (1, selected, d)
 

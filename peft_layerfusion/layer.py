@@ -230,6 +230,31 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
     def update_layer(self, adapter_name: str, module: FusionModule, layers: tuple[int, ...]) -> None:
         self.fusion_modules[adapter_name] = module
         self.fused_layers[adapter_name] = layers
+        self.hook_read_blocks()
+
+    def read_blocks(self) -> set[int]:
+        """The block inputs ``z_i`` (``i < L``) the adapters read: their fused layers, none for a module
+        that reads only ``z_L`` (R+n)."""
+        modules = self.fusion_modules
+        return {
+            index
+            for name, layers in self.fused_layers.items()
+            if name not in modules or modules[name].reads_block_states
+            for index in layers
+            if index < self.located.num_blocks
+        }
+
+    def hook_read_blocks(self) -> None:
+        """Hook the blocks the adapters read; in eval mode only those, and the last
+        (:meth:`~.hooks.BlockCapture.hook_blocks`)."""
+        self.capture.hook_blocks(self.read_blocks(), lean=not self.training)
+
+    def train(self, mode: bool = True) -> LayerFusionLayer:
+        """Set train or eval mode (as ``nn.Module.train``), and hook the blocks that mode needs: in eval
+        mode only those read, in training every one (layer drop)."""
+        super().train(mode)
+        self.hook_read_blocks()
+        return self
 
     def set_model_hooks(self, adapter_name: str, handles: list[RemovableHandle]) -> None:
         """Own the hooks an adapter's module registered outside the encoder (replacing older ones)."""
@@ -257,6 +282,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         self._remove_model_hooks(adapter_name)
         self.fused_layers.pop(adapter_name, None)
         super().delete_adapter(adapter_name)
+        self.hook_read_blocks()
 
     def _active_fusion_names(self) -> list[str]:
         return [name for name in self.active_adapters if name in self.fusion_modules]
@@ -296,7 +322,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         if norm is not None and module.seq2seq:
             # A seq2seq method fuses the stream too, but leaves the encoder output as it is: it reads
             # that output as the decoder will, F(z_L), and gives it back.
-            states = [capture.states[i] for i in self.fused_layers[name]]
+            states = self.states_read(name, capture)
             reads = replace(capture, states=[*capture.states[:-1], capture.normed_last])
             return module(states, reads).to(output_dtype)
         last = capture.states[-1]  # z_L, the last block's output: (batch, seq, d)
@@ -304,7 +330,7 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         index = None if positions is None else position_index(positions, last)
         if index is not None:  # fuse only where it is read; z_L elsewhere
             capture = select_positions(capture, index)
-        states = [capture.states[i] for i in self.fused_layers[name]]
+        states = self.states_read(name, capture)
         fused = module(states, capture)  # replaces z_L
         if norm is not None:  # the placement rule (fusion.py): F runs on the fused state as it ran on z_L
             # (a mix after F, state_norm="rms_after_norm", is already what the head reads)
@@ -315,6 +341,12 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
         if self.watches_decoder and not module.seq2seq:
             self._remember_fused(name, fused)
         return fused
+
+    def states_read(self, name: str, capture: Capture) -> list[torch.Tensor]:
+        """The fused states of adapter ``name`` in ``capture`` (none for a module that reads only ``z_L``)."""
+        if not self.fusion_modules[name].reads_block_states:
+            return []
+        return [capture.states[i] for i in self.fused_layers[name]]
 
     def merge(self, safe_merge: bool = False, adapter_names: Optional[list[str]] = None) -> None:
         """Nothing to merge: the fusion module keeps running (``merge_adapter`` merges the LoRA layers)."""

@@ -211,6 +211,7 @@ class ExtraLayers(FusionModule):
     """
 
     reads_block_calls = True  # the extra blocks run with the last block's call arguments
+    reads_block_states = False  # z_L only: in eval mode the capture hooks the last block alone
 
     def __init__(self, config: ExtraLayersConfig, context: FusionContext) -> None:
         super().__init__(config, context)

@@ -151,7 +151,9 @@ def test_a_mix_after_the_final_norm_equals_the_recomputation(config_cls):
     normed_last = LLAMA.norm_of(reference)(states[-1]).detach()  # F(z_L)
     h = after_norm_reference(config_cls, states, normed_last, module)
     expected = head_output(LLAMA, reference, "causal", h, inputs, normed=False)  # F does not run again
-    torch.testing.assert_close(causal_logits(model, inputs), expected, atol=2e-5, rtol=1e-5)
+    # float32 rounding: the fusion's stacked ops sum in another order than the recomputation (2.9e-5 of
+    # logits near 1 seen on one CPU); mixing before F instead moves them by more than 1e-3
+    torch.testing.assert_close(causal_logits(model, inputs), expected, atol=5e-5, rtol=1e-5)
     before = adapted(copy.deepcopy(reference), config_cls(state_norm="rms", fusion_init="paper"))
     perturb_(fusion_of(before))  # the same parameters, mixed before F
     assert (causal_logits(before, inputs) - expected).abs().max() > 1e-3

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 
 import pytest
 import torch
-from conftest import ToyEncoder, attach, fusion_of, perturb_, tiny_bert
+from conftest import NO_DROPOUT, ToyEncoder, attach, fusion_of, perturb_, tiny_bert
 from peft import get_peft_model
+from tiny_decoders import NAMES, adapted, token_ids, with_blocks
 from transformers import T5Config, T5EncoderModel
 
 from peft_layerfusion import DWAttConfig, ExtraLayersConfig, ScalarMixConfig, count_hooks, find_encoder_blocks
@@ -181,7 +183,7 @@ def test_captured_tensors_die_after_forward(input_ids):
     original_fuse = capture.fuse
 
     def fuse(c):
-        captured.extend(weakref.ref(s) for s in c.states)
+        captured.extend(weakref.ref(s) for s in c.states if s is not None)
         return original_fuse(c)
 
     capture.fuse = fuse
@@ -189,7 +191,7 @@ def test_captured_tensors_die_after_forward(input_ids):
         for _ in range(5):
             model(input_ids=input_ids)
     out = model(input_ids=input_ids).logits  # with autograd: the graph holds them while `out` lives
-    assert len(captured) == 6 * 4
+    assert len(captured) == 6 * 3  # z_1 .. z_3: in eval mode block 0's input z_0, not fused, is not hooked
     del out
     gc.collect()
     assert all(ref() is None for ref in captured)
@@ -213,3 +215,100 @@ def test_capture_closed_after_an_exception_inside_fuse(input_ids):
         bert(input_ids=input_ids)
     assert len(calls) == 2
     capture.remove()
+
+
+# ----------------------------------------------------------------------------- only the blocks read
+def three_blocks(family: str, config):
+    """A 3-block model of ``family`` (``bert``: a token classifier; else a causal LM) with ``config``'s
+    adapter, perturbed, in eval mode, and its inputs."""
+    if family == "bert":
+        model, _ = attach(config, tiny_bert(**NO_DROPOUT))
+        perturb_(fusion_of(model))
+        return model.eval(), torch.randint(1, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    return adapted(with_blocks(family, "causal", 3), config), token_ids()
+
+
+def block_hooks(model) -> list[int]:
+    """How many of this package's hooks each block of the fused stack carries."""
+    return [count_hooks(block) for block in fusion_layer_of(model).located.blocks]
+
+
+def logits_with_every_block_hooked(model, ids) -> torch.Tensor:
+    """The logits of ``model`` with its capture hooking every block (as in training), then lean again."""
+    layer = fusion_layer_of(model)
+    layer.capture.hook_blocks(None, lean=False)
+    try:
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+    finally:
+        layer.hook_read_blocks()
+
+
+READS = {  # config -> the blocks hooked in eval mode, of 3: the inputs z_i (i < 3) fused, and the last
+    "dwatt": (lambda: DWAttConfig(), (1, 2)),  # z_1 .. z_3: z_0 (the embeddings) is not fused
+    "dwatt z_0, z_3": (lambda: DWAttConfig(layers=[0, 3]), (0, 2)),
+    "scalar_mix z_1": (lambda: ScalarMixConfig(layers=[1, 3]), (1, 2)),
+    "extra_layers": (lambda: ExtraLayersConfig(num_extra_layers=1), (2,)),  # z_L and the last block's call
+}
+
+
+@pytest.mark.parametrize("family", ["bert", *NAMES])
+@pytest.mark.parametrize("case", list(READS))
+def test_eval_mode_hooks_only_the_blocks_read(case, family):
+    # A hooked block leaves torch's fast call path: in eval mode only the blocks whose inputs are fused, and
+    # the last, are hooked; the logits are those of the capture hooking every block, bitwise. Training
+    # hooks every block again (layer drop needs their outputs).
+    make_config, hooked = READS[case]
+    model, ids = three_blocks(family, make_config())
+    capture = fusion_layer_of(model).capture
+    assert capture.hooked == hooked
+    assert block_hooks(model) == [2 if index in hooked else 0 for index in range(3)]
+    with torch.no_grad():
+        lean = model(input_ids=ids).logits
+    assert torch.equal(lean, logits_with_every_block_hooked(model, ids))
+    model.train()
+    assert capture.hooked == (0, 1, 2) and block_hooks(model) == [2, 2, 2]
+    model.eval()
+    assert capture.hooked == hooked
+
+
+def test_a_training_forward_hooks_every_block_before_they_run(input_ids):
+    # The fusion layer in eval mode, but its container set to training on its own (a block dropped by
+    # layer drop would be read from the previous block's output): the forward hooks every block first.
+    model, _ = attach(DWAttConfig(), tiny_bert(**NO_DROPOUT))
+    model.eval()
+    layer = fusion_layer_of(model)
+    assert layer.capture.hooked == (1, 2)
+    layer.located.container.train()
+    seen = []
+    layer.capture.fuse = lambda capture: seen.append(sum(state is not None for state in capture.states))
+    model(input_ids=input_ids)
+    assert layer.capture.hooked == (0, 1, 2) and seen == [4]
+
+
+def test_the_blocks_hooked_are_those_every_adapter_reads(input_ids):
+    model, _ = attach(DWAttConfig(layers=[2, 3]), tiny_bert(**NO_DROPOUT))
+    model.eval()
+    capture = fusion_layer_of(model).capture
+    assert capture.hooked == (2,)
+    model.add_adapter("wide", DWAttConfig(layers=[0, 3]))
+    assert capture.hooked == (0, 2)  # whichever adapter is active: the union of what they read
+    model.set_adapter("wide")
+    with torch.no_grad():
+        lean = model(input_ids=input_ids).logits
+    assert torch.equal(lean, logits_with_every_block_hooked(model, input_ids))
+    model.set_adapter("default")
+    model.delete_adapter("wide")
+    assert capture.hooked == (2,)
+
+
+def test_a_deep_copy_rehooks_its_own_blocks(input_ids):
+    model, _ = attach(DWAttConfig(layers=[2, 3]), tiny_bert(**NO_DROPOUT))
+    model.eval()
+    copied = copy.deepcopy(model)
+    copied.train()
+    assert block_hooks(copied) == [2, 2, 2] and block_hooks(model) == [0, 0, 2]
+    copied.eval()
+    with torch.no_grad():
+        assert torch.equal(copied(input_ids=input_ids).logits, model(input_ids=input_ids).logits)
+    assert block_hooks(copied) == [0, 0, 2]

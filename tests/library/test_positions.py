@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import NO_DROPOUT, TOKEN_WISE_CONFIGS, attach, fusion_of, perturb_, tiny_bert
-from tiny_decoders import FAMILIES, NAMES, adapted, token_ids
+from tiny_decoders import FAMILIES, NAMES, adapted, token_ids, with_blocks
 
 from peft_layerfusion import (
     DWAttConfig,
@@ -158,23 +158,20 @@ def three_block_token_model(family: str, config_class) -> tuple[torch.nn.Module,
         model, _ = attach(config_class(modules_to_save=["classifier"]), tiny_bert(**NO_DROPOUT))
         perturb_(fusion_of(model))
         return model, torch.randint(1, 50, (2, 7), generator=torch.Generator().manual_seed(1))
-    layer_types = getattr(
-        FAMILIES[family].config(), "layer_types", None
-    )  # one per block where a config has them
-    more = {"layer_types": [layer_types[0]] * 3} if layer_types else {}
-    base = FAMILIES[family].build("token", num_hidden_layers=3, **more)
-    return adapted(base, config_class(task_type="TOKEN_CLS")), token_ids()
+    return adapted(with_blocks(family, "token", 3), config_class(task_type="TOKEN_CLS")), token_ids()
 
 
 def forward_seen_by_the_fusion(model, input_ids, mask, grad: bool):
     """Logits of an eval forward under ``fused_positions(mask)``, the shapes of the states the fusion
-    module received, and whether block 0's whole output was still alive when it ran."""
+    module received (those captured: in eval mode, the fused ones and ``z_L``), whether the capture
+    gathered them as the blocks ran, and whether block 0's whole output was still alive when it ran."""
     layer = fusion_layer_of(model)
     outputs: list[weakref.ref] = []
     seen: dict = {}
 
     def at_fusion(module, args):
-        seen["shapes"] = [tuple(state.shape) for state in args[1].states]
+        seen["shapes"] = [tuple(state.shape) for state in args[1].states if state is not None]
+        seen["gathered"] = args[1].selected is not None
         seen["first_alive"] = outputs[0]() is not None
 
     handles = [
@@ -208,7 +205,8 @@ def test_a_no_grad_forward_keeps_each_state_at_the_read_positions_only(config_cl
 
 
 def test_a_no_grad_forward_of_a_mixing_method_keeps_the_whole_states(input_ids, selected):
-    # R+n attends over every position: the mask is ignored and nothing is gathered.
+    # R+n attends over every position: the mask is ignored and nothing is gathered. It reads z_L alone,
+    # so in eval mode the capture holds only that and the last block's input (hooked for its call).
     model, _ = attach(ExtraLayersConfig(num_extra_layers=1), tiny_bert(**NO_DROPOUT))
     _, seen = forward_seen_by_the_fusion(model, input_ids, selected, grad=False)
-    assert seen["first_alive"] and seen["shapes"][0] == (2, 7, 32)
+    assert not seen["gathered"] and seen["shapes"] == [(2, 7, 32)] * 2

@@ -177,11 +177,17 @@ def test_disable_adapter_gives_exact_base(input_ids):
     assert torch.equal(logits(model, input_ids), fused)
 
 
-@pytest.mark.parametrize("config_cls", [DWAttConfig, ExtraLayersConfig])
-def test_unload_restores_the_base(config_cls, input_ids):
+@pytest.mark.parametrize(("config_cls", "blocks_read"), [(DWAttConfig, 2), (ExtraLayersConfig, 1)])
+def test_unload_restores_the_base(config_cls, blocks_read, input_ids):
     model, reference = trained(config_cls(modules_to_save=["classifier"]))
-    # container pre/post, pre/post per block, model pre/post, the container's forward guard pre/post
+    # container pre/post, pre/post per hooked block, model pre/post, the container's forward guard pre/post;
+    # in eval mode only the blocks read are hooked (DWAtt: z_1, z_2 and the last; R+n: the last)
+    assert not model.base_model.model.bert.encoder.training
+    assert count_hooks(model) == 2 + 2 * blocks_read + 2 + 2
+    model.train()  # training: every block (layer drop)
     assert count_hooks(model) == 2 + 2 * 3 + 2 + 2
+    model.eval()
+    assert count_hooks(model) == 2 + 2 * blocks_read + 2 + 2
     assert "forward" in vars(model.base_model.model.bert.encoder)  # the guard (HookedForward)
     unloaded = model.unload()
     assert type(unloaded) is type(reference)

@@ -162,6 +162,14 @@ FAMILIES: dict[str, Family] = {
 NAMES = list(FAMILIES)
 
 
+def with_blocks(family: str, head: str, blocks: int) -> nn.Module:
+    """``family``'s model with ``head`` and ``blocks`` blocks (one layer type per block where its config
+    has them: the first one's)."""
+    layer_types = getattr(FAMILIES[family].config(), "layer_types", None)
+    more = {"layer_types": [layer_types[0]] * blocks} if layer_types else {}
+    return FAMILIES[family].build(head, num_hidden_layers=blocks, **more)
+
+
 def token_ids(batch: int = 2, length: int = 7, seed: int = 1) -> torch.Tensor:
     """Random ids avoiding the special tokens (pad, bos, eos)."""
     return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
