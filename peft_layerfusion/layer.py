@@ -235,11 +235,10 @@ class LayerFusionLayer(nn.Module, BaseTunerLayer):
     def read_blocks(self) -> set[int]:
         """The block inputs ``z_i`` (``i < L``) the adapters read: their fused layers, none for a module
         that reads only ``z_L`` (R+n)."""
-        modules = self.fusion_modules
         return {
             index
             for name, layers in self.fused_layers.items()
-            if name not in modules or modules[name].reads_block_states
+            if self.fusion_modules[name].reads_block_states
             for index in layers
             if index < self.located.num_blocks
         }
