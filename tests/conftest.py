@@ -89,6 +89,14 @@ def attach(
     return get_peft_model(base, config), reference
 
 
+def perturbed_bert(config: LayerFusionConfig) -> tuple[PeftModel, torch.Tensor]:
+    """A 3-block BERT without dropout carrying ``config``'s adapter, its fusion perturbed, in eval mode,
+    and input ids ``(2, 7)``."""
+    model, _ = attach(config, tiny_bert(**NO_DROPOUT))
+    perturb_(fusion_of(model))
+    return model.eval(), torch.randint(1, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+
+
 def fusion_of(model: nn.Module, adapter: str = "default") -> FusionModule:
     """The fusion module of ``adapter`` inside a PeftModel (or a model holding one)."""
     return fusion_layer_of(model).fusion_modules[adapter]

@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import NO_DROPOUT, ToyEncoder, attach, fusion_of, perturb_, tiny_bert
+from conftest import NO_DROPOUT, ToyEncoder, attach, fusion_of, perturb_, perturbed_bert, tiny_bert
 from peft import get_peft_model
 from tiny_decoders import NAMES, adapted, token_ids, with_blocks
 from transformers import T5Config, T5EncoderModel
@@ -222,9 +222,7 @@ def three_blocks(family: str, config):
     """A 3-block model of ``family`` (``bert``: a token classifier; else a causal LM) with ``config``'s
     adapter, perturbed, in eval mode, and its inputs."""
     if family == "bert":
-        model, _ = attach(config, tiny_bert(**NO_DROPOUT))
-        perturb_(fusion_of(model))
-        return model.eval(), torch.randint(1, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+        return perturbed_bert(config)
     return adapted(with_blocks(family, "causal", 3), config), token_ids()
 
 

@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import NO_DROPOUT, TOKEN_WISE_CONFIGS, attach, fusion_of, perturb_, tiny_bert
+from conftest import NO_DROPOUT, TOKEN_WISE_CONFIGS, attach, fusion_of, perturb_, perturbed_bert, tiny_bert
 from tiny_decoders import FAMILIES, NAMES, adapted, token_ids, with_blocks
 
 from peft_layerfusion import (
@@ -155,9 +155,7 @@ TOKEN_HEAD_FAMILIES = ["bert"] + [name for name in NAMES if "token" in FAMILIES[
 def three_block_token_model(family: str, config_class) -> tuple[torch.nn.Module, torch.Tensor]:
     """A 3-block token classifier of ``family`` with a perturbed ``config_class`` fusion, and its inputs."""
     if family == "bert":
-        model, _ = attach(config_class(modules_to_save=["classifier"]), tiny_bert(**NO_DROPOUT))
-        perturb_(fusion_of(model))
-        return model, torch.randint(1, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+        return perturbed_bert(config_class(modules_to_save=["classifier"]))
     return adapted(with_blocks(family, "token", 3), config_class(task_type="TOKEN_CLS")), token_ids()
 
 
