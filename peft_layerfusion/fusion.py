@@ -269,7 +269,8 @@ def unit_rms(state: torch.Tensor) -> torch.Tensor:
 
 # A forward without autograd over at most this many positions computes over a (K, tokens, d) stack of the
 # fused states, a few ops in all, instead of state by state, a few ops per layer: at a decoding step (one
-# position) the per-op overhead, not the FLOPs, is what costs. Both ways give the same bits.
+# position) the per-op overhead, not the FLOPs, is what costs. Both ways give the same bits (but see
+# matrix_vector_step: one position reads row-major weights, up to rounding).
 STACKED_TOKENS = 64
 # dtypes where the stacked ops round as the per-state ones: in half precision LayerNorm rounds its
 # normalised state once before its affine, which the stacked DWAtt applies apart.
@@ -297,6 +298,26 @@ def runs_stacked(states: list[torch.Tensor]) -> bool:
     if not small or first.dtype not in STACKED_DTYPES or torch.is_grad_enabled():
         return False
     return not torch.compiler.is_compiling() and not inside_functorch()
+
+
+def matrix_vector_step(states: list[torch.Tensor]) -> bool:
+    """Whether a fusion's matrix products are matrix-vector products read from row-major weights: a
+    forward that :func:`runs_stacked`, over one position (a batch-1 decoding step).
+
+    There one product per layer (or per ``K``-stack) reads a whole weight to make one vector, and a CPU
+    BLAS reads a weight stored ``(in, out)`` (``x @ W``) at about half the rate of one stored
+    ``(out, in)`` (``W x``: each output a contiguous dot product). Concat then reads its whole map in
+    one product, DWAtt its value MLPs from ``(out, in)`` copies. The result equals the general path's
+    up to float rounding (the sums run in another order), not bitwise; two positions or more keep the
+    general path's bits.
+
+    Example:
+        >>> with torch.no_grad():
+        ...     matrix_vector_step([torch.zeros(1, 1, 8)] * 4), matrix_vector_step([torch.zeros(2, 1, 8)] * 4)
+        (True, False)
+    """
+    first = states[0]  # (..., d)
+    return first.numel() == first.shape[-1] and runs_stacked(states)
 
 
 # torch's own probe of the functorch transforms in progress (private; absent: assume one, so the safe

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from ..config import DepthMixConfig, invalid, require_number
-from ..fusion import FusionContext, FusionModule, linear_init_
+from ..fusion import FusionContext, FusionModule, linear_init_, matrix_vector_step
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
@@ -158,6 +158,8 @@ class Concat(FusionModule):
         return self.in_stream_units(fused.view_as(states[0]), capture)
 
     def _full(self, tokens: list[torch.Tensor]) -> torch.Tensor:
+        if matrix_vector_step(tokens):  # one position: W [z_1; ...; z_K] + b, the map read once, by rows
+            return torch.addmm(self.proj.bias, torch.cat(tokens, dim=-1), self.proj.weight.T)  # (1, d)
         # h = b + sum_n W_n z_n with W_n = proj.weight[:, n*d:(n+1)*d], one product per layer:
         # the same map as proj(cat(states)), without the (batch, seq, K*d) concatenated copy.
         # The W_n come from one split: its backward concatenates their gradients once, where

@@ -18,7 +18,9 @@ accumulated one layer at a time, so no ``(K, tokens, d)`` stack is built where i
 only a forward without autograd over at most 64 positions (a decoding step reads one) runs the ``K``
 value MLPs as batched matmuls over a ``(K, tokens, d)`` stack, a few ops in all instead of about seven
 per layer (:func:`~peft_layerfusion.fusion.runs_stacked`); its values are the same bits as layer by
-layer.
+layer. At one position (a batch-1 decoding step) the value MLPs read ``(out, in)`` copies of their
+weights, a CPU's fast matrix-vector form, equal up to rounding
+(:func:`~peft_layerfusion.fusion.matrix_vector_step`).
 
 Size: one bottleneck MLP of width ``w`` has ``2 d w + 3 w + d`` parameters (``U``, the LayerNorm,
 ``W``), so DWAtt has ``(2 d w_Q + 3 w_Q + d) + K (2 d w_V + 3 w_V + d) + 2 K d + d_{pos} d + d``;
@@ -81,7 +83,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DepthMixConfig, invalid, require_number
-from ..fusion import FusionContext, FusionModule, linear_init_, rms, runs_stacked, unit_rms, weighted_sum
+from ..fusion import (
+    FusionContext,
+    FusionModule,
+    linear_init_,
+    matrix_vector_step,
+    rms,
+    runs_stacked,
+    unit_rms,
+    weighted_sum,
+)
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
@@ -253,6 +264,29 @@ class StackedBottleneckMLP(nn.Module):
         self.down_bias = nn.Parameter(torch.empty(k, d))
         linear_init_(self.up_weight, self.up_bias, fan_in=d)
         linear_init_(self.down_weight, self.down_bias, fan_in=h)
+        self._row_major: tuple[torch.Tensor, ...] = ()  # (U_k, W_k) as (K, out, in), see row_major_weights
+        self._row_major_key: tuple = ()
+
+    def row_major_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``U_k`` and ``W_k`` as ``(K, out, in)`` contiguous copies (no autograd), for the matrix-vector
+        products of one position (:func:`~peft_layerfusion.fusion.matrix_vector_step`).
+
+        Made on first use and again whenever a weight changes: its storage, dtype or device, or an
+        in-place write (an optimiser step, ``load_state_dict``), which moves the weight's version counter.
+        Writes through ``.data``, which autograd does not see either, are not seen. ``train()`` drops
+        the copies; in eval mode they hold as much memory as ``U`` and ``W``.
+        """
+        weights = (self.up_weight, self.down_weight)
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        if key != self._row_major_key:
+            self._row_major = tuple(w.detach().transpose(1, 2).contiguous() for w in weights)
+            self._row_major_key = key
+        return self._row_major
+
+    def train(self, mode: bool = True) -> StackedBottleneckMLP:  # noqa: D102 (nn.Module.train)
+        if mode:
+            self._row_major, self._row_major_key = (), ()
+        return super().train(mode)
 
     def parts(self) -> list[tuple[torch.Tensor, ...]]:
         """Each MLP's ``(U_k, b^U_k, g_k, β_k, W_k, b^W_k)``, views of the stacked parameters taken
@@ -275,13 +309,29 @@ class StackedBottleneckMLP(nn.Module):
         """``f_index(x)`` for ``x`` of shape ``(tokens, d)``."""
         return self.apply_part(x, self.parts()[index])
 
-    def forward_all(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_all(self, x: torch.Tensor, row_major: bool = False) -> torch.Tensor:
         """Every ``f_k`` at once: ``x`` ``(K, tokens, d)`` -> ``(K, tokens, d)``, ``f_k`` on ``x[k]`` (the
         same bits as :meth:`apply_part` per slice in float32 and float64: batched matmuls, and the
-        LayerNorm's affine as the ``addcmul`` it fuses)."""
-        inner = F.gelu(torch.baddbmm(self.up_bias.unsqueeze(1), x, self.up_weight))  # (K, tokens, γd)
+        LayerNorm's affine as the ``addcmul`` it fuses). With ``row_major`` (one position, no autograd)
+        the products read :meth:`row_major_weights`, equal up to rounding."""
+        # U_k, W_k: (K, d, γd), (K, γd, d) stored (in, out); their (out, in) copies with row_major
+        up_weight, down_weight = self.row_major_weights() if row_major else (self.up_weight, self.down_weight)
+        linear = rows_linear if row_major else batched_linear
+        inner = F.gelu(linear(x, up_weight, self.up_bias))  # (K, tokens, γd)
         inner = per_layer_affine(F.layer_norm(inner, inner.shape[-1:]), self.norm_weight, self.norm_bias)
-        return torch.baddbmm(self.down_bias.unsqueeze(1), inner, self.down_weight)  # (K, tokens, d)
+        return linear(inner, down_weight, self.down_bias)  # (K, tokens, d)
+
+
+def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``bias_k + x[k] @ weight[k]``: ``x`` ``(K, tokens, in)``, ``weight`` ``(K, in, out)``, ``bias``
+    ``(K, out)``."""
+    return torch.baddbmm(bias.unsqueeze(1), x, weight)  # (K, tokens, out)
+
+
+def rows_linear(x: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``bias_k + rows[k] x[k]`` per token: ``x`` ``(K, tokens, in)``, ``rows`` ``(K, out, in)``, ``bias``
+    ``(K, out)``; each output a contiguous dot product, the fast form of a matrix-vector product."""
+    return torch.baddbmm(bias.unsqueeze(2), rows, x.transpose(1, 2)).transpose(1, 2)  # (K, tokens, out)
 
 
 def per_layer_affine(normed: torch.Tensor, gain: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -350,7 +400,7 @@ class DWAtt(FusionModule):
         stacked = torch.stack([state.reshape(-1, d) for state in states])  # (K, tokens, d)
         if self.normalizes_states:
             stacked = unit_rms(stacked)
-        values = self.value_mlps.forward_all(stacked)  # (K, tokens, d)
+        values = self.value_mlps.forward_all(stacked, row_major=matrix_vector_step(states))  # (K, tokens, d)
         return per_layer_affine(F.layer_norm(values, (d,)), self.value_norm_weight, self.value_norm_bias)
 
     def value(self, index: int, state: torch.Tensor) -> torch.Tensor:

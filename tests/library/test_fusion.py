@@ -12,12 +12,15 @@ from peft_layerfusion.fusion import (
     STACKED_TOKENS,
     inside_functorch,
     linear_init_,
+    matrix_vector_step,
     runs_stacked,
     stack_layers,
     weighted_sum,
 )
 from peft_layerfusion.hooks import Capture
 from peft_layerfusion.layer import fusion_layer_of
+from peft_layerfusion.methods.concat import ConcatConfig
+from peft_layerfusion.methods.dwatt import DWAttConfig
 
 
 def test_weighted_sum_matches_the_stacked_formula_and_leaves_start_alone():
@@ -98,28 +101,97 @@ def test_inside_functorch_is_true_under_vmap_only():
     assert torch.func.vmap(lambda x: x + inside_functorch())(torch.zeros(3)).tolist() == [1.0, 1.0, 1.0]
 
 
+# the modules that look up runs_stacked / matrix_vector_step
+STACKED_PLACES = (
+    "peft_layerfusion.fusion",
+    "peft_layerfusion.methods.dwatt",
+    "peft_layerfusion.methods.concat",
+)
+
+
+def one_step(config, dtype: torch.dtype, positions: tuple[int, int]):
+    """A perturbed fusion module in ``dtype``, the states it fuses and their capture (z_0 .. z_3 of
+    ``(*positions, 32)``; with ``rms_after_norm``, a pre-norm stack's ``F`` and ``F(z_L)``)."""
+    model, _ = attach(config)
+    module = fusion_of(model).to(dtype)
+    perturb_(module, scale=1.0)
+    layers = fusion_layer_of(model).fused_layers["default"]
+    capture = Capture([s.to(dtype) for s in small_step(4, (*positions, 32))], (), {})  # z_0 .. z_3
+    if config.state_norm == "rms_after_norm":  # a pre-norm stack's F, with F(z_L) as the model computed it
+        norm = torch.nn.RMSNorm(32, dtype=dtype)
+        torch.nn.init.uniform_(norm.weight, 0.2, 300.0)
+        capture = replace(capture, final_norm=norm, normed_last=norm(capture.states[-1]).detach())
+    return module, [capture.states[n] for n in layers], capture
+
+
+def patch_everywhere(monkeypatch, name: str, value: bool) -> None:
+    for place in STACKED_PLACES:
+        monkeypatch.setattr(f"{place}.{name}", lambda states: value, raising=False)
+
+
 @pytest.mark.parametrize("config_cls", TOKEN_WISE_CONFIGS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("state_norm", ["none", "rms", "rms_after_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("positions", [(1, 1), (2, 7), (1, STACKED_TOKENS)], ids=str)
 def test_the_stacked_forward_gives_the_per_state_bits(config_cls, state_norm, dtype, positions, monkeypatch):
-    """A decoding step's forward (no autograd, few positions) runs over a (K, tokens, d) stack; it must give
-    the very bits of the per-state forward that training and long inputs run (after a final norm too)."""
-    model, _ = attach(config_cls(fusion_init="paper", state_norm=state_norm))
-    module = fusion_of(model).to(dtype)
-    perturb_(module, scale=1.0)
-    layers = fusion_layer_of(model).fused_layers["default"]
-    capture = Capture([s.to(dtype) for s in small_step(4, (*positions, 32))], (), {})  # z_0 .. z_3
-    if state_norm == "rms_after_norm":  # a pre-norm stack's F, with F(z_L) as the model computed it
-        norm = torch.nn.RMSNorm(32, dtype=dtype)
-        torch.nn.init.uniform_(norm.weight, 0.2, 300.0)
-        capture = replace(capture, final_norm=norm, normed_last=norm(capture.states[-1]).detach())
-    states = [capture.states[n] for n in layers]
+    """A short forward without autograd runs over a (K, tokens, d) stack; it must give the very bits of the
+    per-state forward that training and long inputs run (after a final norm too). One position's
+    matrix-vector products are set apart here (the next test)."""
+    module, states, capture = one_step(
+        config_cls(fusion_init="paper", state_norm=state_norm), dtype, positions
+    )
     with torch.no_grad():
         assert runs_stacked(states)
+        assert matrix_vector_step(states) == (positions == (1, 1))
+        patch_everywhere(monkeypatch, "matrix_vector_step", False)
         stacked = module(states, capture)
-        for place in ("peft_layerfusion.fusion", "peft_layerfusion.methods.dwatt"):
-            monkeypatch.setattr(f"{place}.runs_stacked", lambda states: False)
+        patch_everywhere(monkeypatch, "runs_stacked", False)
         per_state = module(states, capture)
     assert torch.equal(stacked, per_state)
     assert per_state.abs().max() > 0 and not torch.equal(per_state, capture.states[-1])  # something was mixed
+
+
+@pytest.mark.parametrize("config_cls", TOKEN_WISE_CONFIGS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("state_norm", ["none", "rms", "rms_after_norm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_one_position_equals_the_per_state_forward_up_to_rounding(config_cls, state_norm, dtype, monkeypatch):
+    """A batch-1 decoding step reads row-major weights (Concat's map in one product, DWAtt's value MLPs
+    from (out, in) copies): the per-state forward's values, summed in another order."""
+    module, states, capture = one_step(config_cls(fusion_init="paper", state_norm=state_norm), dtype, (1, 1))
+    with torch.no_grad():
+        assert matrix_vector_step(states)
+        step = module(states, capture)
+        patch_everywhere(monkeypatch, "runs_stacked", False)
+        per_state = module(states, capture)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(step, per_state, rtol=tolerance, atol=tolerance * per_state.abs().max().item())
+    assert not torch.equal(per_state, capture.states[-1])  # something was mixed
+
+
+def test_one_concat_step_is_one_linear_map_of_the_concatenated_states():
+    module, states, capture = one_step(ConcatConfig(fusion_init="paper"), torch.float32, (1, 1))
+    with torch.no_grad():
+        step = module(states, capture)
+        expected = module.proj(torch.cat(states, dim=-1))  # W [z_1; ...; z_K] + b: (1, 1, d)
+    assert torch.equal(step, expected)
+
+
+def test_dwatt_row_major_copies_follow_every_change_of_the_weights():
+    module, states, capture = one_step(DWAttConfig(fusion_init="paper"), torch.float32, (1, 1))
+    mlps = module.value_mlps
+    with torch.no_grad():
+        module(states, capture)
+        up_rows, down_rows = mlps.row_major_weights()
+        assert torch.equal(up_rows, mlps.up_weight.transpose(1, 2)) and up_rows.is_contiguous()
+        assert torch.equal(down_rows, mlps.down_weight.transpose(1, 2)) and down_rows.is_contiguous()
+        assert mlps.row_major_weights()[0] is up_rows  # reused while nothing changes
+        before = module(states, capture)
+        mlps.up_weight.mul_(2.0)  # an optimiser's in-place step
+        assert torch.equal(mlps.row_major_weights()[0], mlps.up_weight.transpose(1, 2))
+        assert not torch.equal(module(states, capture), before)
+        mlps.load_state_dict({**mlps.state_dict(), "down_weight": torch.zeros_like(mlps.down_weight)})
+        assert not mlps.row_major_weights()[1].any()
+        mlps.up_weight.data = torch.ones_like(mlps.up_weight)  # new storage
+        assert mlps.row_major_weights()[0].eq(1.0).all()
+    module.train()
+    assert mlps._row_major == ()  # training holds no copies
