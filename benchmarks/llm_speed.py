@@ -248,18 +248,6 @@ def prompt_inputs(base: nn.Module, tokenizer) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def decoding_step(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Callable[[], object]:
-    """One greedy decoding step, to be called once: the forward of one new token on the prompt's KV cache
-    (the prompt's forward runs here, not in the call)."""
-    with torch.no_grad():
-        cache = model(**inputs, use_cache=True).past_key_values
-    step = {
-        "input_ids": inputs["input_ids"][:, -1:],
-        "attention_mask": torch.cat([inputs["attention_mask"], inputs["attention_mask"][:, -1:]], dim=1),
-    }
-    return lambda: model(**step, past_key_values=cache, use_cache=True)
-
-
 def decoding_models(
     base: nn.Module, methods: Sequence[str], args: argparse.Namespace
 ) -> dict[str, nn.Module]:
@@ -283,8 +271,8 @@ def ops_part(
     base's: no timing, the same numbers on every machine of one torch build."""
     models = decoding_models(base, methods, args)
     inputs = prompt_inputs(base, tokenizer)
-    flops = {name: count_call_flops(decoding_step(model, inputs)) for name, model in models.items()}
-    counts = {name: count_call_ops(decoding_step(model, inputs)) for name, model in models.items()}
+    flops = {name: count_call_flops(GreedyDecoder(model, inputs).step) for name, model in models.items()}
+    counts = {name: count_call_ops(GreedyDecoder(model, inputs).step) for name, model in models.items()}
     prompt = inputs["input_ids"].shape[1]
     report.print(f"\n### One decoding step: batch 1, {prompt}-token prompt, counted (no timing)\n")
     report.print(
@@ -308,7 +296,7 @@ def decoding_setup(
     other tokens than the base."""
     models = decoding_models(base, methods, args)
     inputs = prompt_inputs(base, tokenizer)
-    flops = {name: count_call_flops(decoding_step(model, inputs)) for name, model in models.items()}
+    flops = {name: count_call_flops(GreedyDecoder(model, inputs).step) for name, model in models.items()}
     tokens = {name: generated(model, inputs, args.new_tokens) for name, model in models.items()}
     for name in methods:  # with an identity init, a method starts at the base model on a decoder
         if METHODS[name].IDENTITY_INIT and not torch.equal(tokens[name], tokens["base"]):

@@ -278,7 +278,7 @@ class StackedBottleneckMLP(nn.Module):
         """
         weights = (self.up_weight, self.down_weight)
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
-        if key != self._row_major_key:
+        if key != getattr(self, "_row_major_key", ()):  # absent on a module pickled before it existed
             self._row_major = tuple(w.detach().transpose(1, 2).contiguous() for w in weights)
             self._row_major_key = key
         return self._row_major
