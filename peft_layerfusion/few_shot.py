@@ -1,0 +1,566 @@
+r"""True few-shot selection: every choice made from the training sample alone, by cross-validation.
+
+A few-shot user has a frozen model and ``N`` labelled examples per class, and no dev set. Choices made on
+a large dev set overstate few-shot results (Perez, Kiela and Cho 2021, "True Few-Shot Learning with
+Language Models"); the honest protocol makes them by cross-validation on the sample itself. With so few
+labels a single-layer pick is noisy, and a fusion of every block is the robust choice: this module makes
+both, from the sample alone, and says which to deploy.
+
+Inputs are the states a head reads, one row per labelled unit (a sentence, or a token for token tasks),
+for every hidden state ``z_0 .. z_L`` as a fusion with ``state_norm="rms_after_norm"`` hands them to the
+head (:func:`head_states`): ``x_s = z_s / rms(z_s)`` for ``s < L`` and ``x_L`` as the head reads it.
+
+Per trial, from the sample's rows only (:func:`choose`):
+
+1. ``k`` folds, stratified by label; token rows fold by sentence (``groups``), never split.
+2. One L2-regularised logistic probe per block ``s = 1 .. L``, its penalty chosen by cross-validation,
+   with out-of-fold log-probabilities :math:`\log p_s(y \mid x)` for every row.
+3. What each method deploys, every one a linear read-out of the states (:class:`LinearReadout`):
+
+   * ``none``: the last block's probe (the plain last-layer head);
+   * ``best_layer``: the probe of the block with the best cross-validated score;
+   * ``probe_ensemble``: the normalised geometric mean of the blocks' probe probabilities,
+
+     .. math:: p(y \mid x) \propto \prod_{s \in B} p_s(y \mid x)^{1/|B|}
+        = \mathrm{softmax}_y \Big(\tfrac{1}{|B|} \sum_{s \in B} W_s x_s + b_s\Big)
+
+     over every block, or over the ``k`` best (``top_k``, chosen by cross-validation);
+   * ``stacked``: weights cross-fitted on the out-of-fold predictions,
+     :math:`\mathrm{softmax}_y(\sum_s \alpha_s \log p_s(y \mid x) + c_y)`, again linear in the states
+     (the log-normaliser of each probe is the same for every class);
+   * ``average``: one probe on the mean of the states, :math:`\bar x = \frac1L \sum_s x_s`.
+
+4. The guard (:func:`guard`): the fusion against the block, on per-row out-of-fold predictions, the block
+   of each fold chosen on the *other* folds (no winner's curse), compared by a paired bootstrap over
+   sentences. The block is deployed only where it beats the fusion with probability ``1 - alpha``.
+
+Each read-out deploys as one adapter (the recipes save it with ``save_pretrained``): one block as
+``AverageConfig(layers=[b], state_norm="rms_after_norm")``, several as a Concat map over them.
+
+Example:
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> states = torch.randn(48, 4, 16)  # (rows, z_0..z_3, d)
+    >>> labels = (states[:, 2, :4].sum(-1) > 0).long()  # the label lives in z_2
+    >>> trial = choose(states, labels, folds=4, seed=0)
+    >>> trial.best_block, list(trial.readouts) == list(METHODS), trial.guard.deploy
+    (2, True, 'probe_ensemble')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from peft import PeftModel, get_peft_model
+from torch import nn
+
+from .config import LayerFusionConfig, invalid
+from .fusion import unit_rms
+from .layer import active_fusion_module
+from .methods.average import AverageConfig
+from .methods.concat import ConcatConfig
+
+# (predicted labels of every row, one index tensor per scored unit group) -> score, higher is better
+Scorer = Callable[[torch.Tensor, Sequence[torch.Tensor]], float]
+PENALTIES: tuple[float, ...] = tuple(10.0**e for e in range(-4, 3))  # L2 grid, grown past an edge
+# what :func:`choose` deploys: the plain head, the chosen block, the fusions, and the guarded ensemble
+METHODS: tuple[str, ...] = ("none", "best_layer", "probe_ensemble", "stacked", "average", "guarded_ensemble")
+
+
+def head_states(hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``output_hidden_states`` as a head reads them after an ``rms_after_norm`` fusion: ``z_s / rms(z_s)``
+    for ``s < L``, the last as the model returns it (after a pre-norm stack's final norm).
+
+    Args:
+        hidden_states: ``L + 1`` tensors ``(..., d)``: the embeddings' output, then each block's.
+
+    Returns:
+        ``(..., L + 1, d)``, float64.
+
+    Example:
+        >>> states = head_states([torch.full((2, 3), 2.0), torch.full((2, 3), 5.0)])
+        >>> states.shape, states[0, 0].round(decimals=4).tolist(), states[0, 1].tolist()
+        (torch.Size([2, 2, 3]), [1.0, 1.0, 1.0], [5.0, 5.0, 5.0])
+    """
+    *inner, last = hidden_states
+    return torch.stack([*(unit_rms(z.double()) for z in inner), last.double()], dim=-2)
+
+
+@dataclass(frozen=True)
+class LinearReadout:
+    r"""What a method deploys: :math:`\mathrm{logits} = \sum_{s \in B} W_s x_s + b` over its blocks ``B``.
+
+    Args:
+        blocks: The hidden states read, indices into ``z_0 .. z_L``.
+        weight: ``(C, |B|, d)``.
+        bias: ``(C,)``.
+    """
+
+    blocks: tuple[int, ...]
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """``(n, C)`` logits of rows ``(n, L + 1, d)``."""
+        picked = states[:, list(self.blocks)].to(self.weight.dtype)  # (n, |B|, d)
+        return torch.einsum("nbd,cbd->nc", picked, self.weight) + self.bias
+
+    def predict(self, states: torch.Tensor) -> torch.Tensor:
+        return self.logits(states).argmax(-1)
+
+
+def _check_rows(states: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor | None) -> None:
+    if states.dim() != 3 or len(states) == 0:
+        raise invalid("states", tuple(states.shape), "a non-empty (rows, hidden states, d) tensor")
+    if labels.shape != (len(states),) or labels.dtype.is_floating_point:
+        raise invalid(
+            "labels", f"{labels.dtype} {tuple(labels.shape)}", f"integer class ids of shape ({len(states)},)"
+        )
+    if labels.min() < 0:
+        raise invalid("labels", int(labels.min()), "class ids >= 0 (drop rows labelled -100 first)")
+    if not torch.isfinite(states).all():
+        raise invalid("states", "NaN or infinite values", "finite hidden states")
+    if groups is not None and groups.shape != labels.shape:
+        raise invalid("groups", tuple(groups.shape), f"one group id per row, ({len(labels)},)")
+
+
+def make_folds(
+    labels: torch.Tensor, folds: int, seed: int, groups: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The fold of each row: ``k`` folds of whole groups (sentences), stratified by each group's first
+    label, dealt round-robin in a seeded order.
+
+    Args:
+        labels: ``(n,)`` class ids.
+        folds: ``k``, at least 2, at most the smallest class's group count (sentence tasks) or the group
+            count (token tasks).
+        seed: Seeds the order in which each class's groups are dealt.
+        groups: ``(n,)`` group id of each row (token tasks: the sentence); default: one row each.
+
+    Example:
+        >>> make_folds(torch.tensor([0, 0, 1, 1, 0, 1]), folds=3, seed=0).bincount().tolist()
+        [2, 2, 2]
+    """
+    groups = torch.arange(len(labels)) if groups is None else groups
+    ids, first = torch.unique(groups, return_inverse=True)
+    first_row = torch.full((len(ids),), len(labels), dtype=torch.long).scatter_reduce(
+        0, first, torch.arange(len(labels)), reduce="amin"
+    )
+    group_label = labels[first_row]  # (groups,)
+    per_class = group_label.bincount()
+    smallest = int(per_class[per_class > 0].min())
+    token_rows = len(ids) < len(labels)
+    limit = len(ids) if token_rows else smallest
+    if not 2 <= folds <= limit:
+        raise invalid(
+            "folds", folds, f"an int in [2, {limit}] ({'sentences' if token_rows else 'the smallest class'})"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    group_fold = torch.empty(len(ids), dtype=torch.long)
+    dealt = 0
+    for label in group_label.unique().tolist():
+        members = (group_label == label).nonzero().squeeze(1)
+        members = members[torch.randperm(len(members), generator=generator)]
+        group_fold[members] = (torch.arange(len(members)) + dealt) % folds  # keep fold sizes level
+        dealt += len(members)
+    return group_fold[first]
+
+
+def accuracy(labels: torch.Tensor) -> Scorer:
+    """The default scorer: accuracy over the rows of the units given (a unit drawn twice counts twice).
+
+    Example:
+        >>> score = accuracy(torch.tensor([0, 1, 1]))
+        >>> score(torch.tensor([0, 1, 0]), [torch.tensor([0]), torch.tensor([1, 2])])
+        0.6666666666666666
+    """
+
+    def score(predicted: torch.Tensor, units: Sequence[torch.Tensor]) -> float:
+        rows = torch.cat(list(units))
+        return float((predicted[rows] == labels[rows]).double().mean())
+
+    return score
+
+
+def fit_logistic(
+    features: torch.Tensor, labels: torch.Tensor, classes: int, penalty: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Placeholder: replaced by :mod:`.probing`'s trainer."""
+    x = features.double()
+    weight = torch.zeros(classes, x.shape[-1], dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(classes, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS(
+        [weight, bias],
+        lr=1,
+        max_iter=500,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(x @ weight.T + bias, labels) + 0.5 * penalty * weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return weight.detach(), bias.detach()
+
+
+@dataclass
+class BlockProbe:
+    """One block's probe: its penalty chosen by cross-validation, its out-of-fold log-probabilities, and
+    the probe refitted on every row."""
+
+    block: int
+    penalty: float
+    cv_score: float
+    cv_log_likelihood: float
+    oof: torch.Tensor  # (n, C) out-of-fold log-probabilities
+    weight: torch.Tensor  # (C, d), fitted on every row
+    bias: torch.Tensor  # (C,)
+
+
+def _oof_log_probs(
+    x: torch.Tensor, labels: torch.Tensor, fold_of: torch.Tensor, classes: int, penalty: float
+) -> torch.Tensor:
+    oof = torch.empty(len(x), classes, dtype=torch.float64)
+    for fold in range(int(fold_of.max()) + 1):
+        held = fold_of == fold
+        weight, bias = fit_logistic(x[~held], labels[~held], classes, penalty)
+        oof[held] = torch.log_softmax(x[held].double() @ weight.T + bias, -1)
+    return oof
+
+
+def _rank_key(score: float, log_likelihood: float, penalty: float) -> tuple[float, float, float]:
+    return (score, log_likelihood, penalty)  # ties to the likelier, then to the stronger penalty
+
+
+def probe_with_cv(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    fold_of: torch.Tensor,
+    units: Sequence[torch.Tensor],
+    scorer: Scorer,
+    classes: int,
+    penalties: Sequence[float] = PENALTIES,
+    block: int = -1,
+) -> BlockProbe:
+    """A probe on ``x`` ``(n, d)``, its penalty the best cross-validated one (grown past a grid edge)."""
+    grid = sorted(penalties)
+    tried: dict[float, tuple[tuple[float, float, float], torch.Tensor]] = {}
+    while True:
+        for penalty in grid:
+            if penalty not in tried:
+                oof = _oof_log_probs(x, labels, fold_of, classes, penalty)
+                log_likelihood = float(oof.gather(1, labels[:, None]).mean())
+                tried[penalty] = (_rank_key(scorer(oof.argmax(-1), units), log_likelihood, penalty), oof)
+        best = max(tried, key=lambda p: tried[p][0])
+        ordered = sorted(tried)
+        if best == ordered[0] and best > 1e-8:  # at the weak edge: one more, weaker
+            grid.append(best / 10)
+        elif best == ordered[-1] and best < 1e6:  # at the strong edge: one more, stronger
+            grid.append(best * 10)
+        else:
+            break
+    (score, log_likelihood, _), oof = tried[best]
+    weight, bias = fit_logistic(x, labels, classes, best)
+    return BlockProbe(block, best, score, log_likelihood, oof, weight, bias)
+
+
+def _ranked(probes: Sequence[BlockProbe], key: Callable[[BlockProbe], tuple]) -> list[BlockProbe]:
+    return sorted(probes, key=key, reverse=True)
+
+
+def _top_k(
+    ranked: Sequence[BlockProbe], labels: torch.Tensor, units: Sequence[torch.Tensor], scorer: Scorer
+) -> int:
+    """How many of the ranked blocks the ensemble averages: the best out-of-fold score on ``units``, ties
+    to the likelier, then to more blocks."""
+    rows = torch.cat(list(units))
+    best, best_key = 1, None
+    for k in range(1, len(ranked) + 1):
+        mean = torch.stack([p.oof for p in ranked[:k]], 1).mean(1)  # (n, C)
+        likelihood = float(mean.log_softmax(-1)[rows].gather(1, labels[rows, None]).mean())
+        key = (scorer(mean.argmax(-1), units), likelihood, k)
+        if best_key is None or key > best_key:
+            best, best_key = k, key
+    return best
+
+
+@dataclass(frozen=True)
+class GuardResult:
+    """The guard's verdict: the ensemble against the chosen block, out of fold, paired per unit.
+
+    Args:
+        deploy: ``"probe_ensemble"`` or ``"best_layer"``.
+        ensemble_score: The ensemble's out-of-fold score, each fold's choices made on the other folds.
+        block_score: The block's, likewise.
+        block_wins: The paired bootstrap's probability that the block scores above the ensemble.
+        blocks: The block each fold chose.
+    """
+
+    deploy: str
+    ensemble_score: float
+    block_score: float
+    block_wins: float
+    blocks: tuple[int, ...]
+
+
+@dataclass
+class Trial:
+    """Every choice of one trial, made on its sample alone (:func:`choose`).
+
+    Args:
+        probes: One :class:`BlockProbe` per block ``1 .. L``.
+        best_block: The block with the best cross-validated score.
+        top_k: How many of the best blocks the ensemble averages (chosen by cross-validation).
+        stack_weights: ``alpha_s`` of the stacked combiner, one per block.
+        guard: The guard's verdict (:class:`GuardResult`).
+        readouts: What each method of :data:`METHODS` deploys.
+        cv_scores: The out-of-fold score of each probe-based choice.
+    """
+
+    probes: list[BlockProbe]
+    best_block: int
+    top_k: int
+    stack_weights: list[float]
+    guard: GuardResult
+    readouts: dict[str, LinearReadout]
+    cv_scores: dict[str, float] = field(default_factory=dict)
+
+
+def _readout(
+    probes: Sequence[BlockProbe], weights: Sequence[float], offset: torch.Tensor | None = None
+) -> LinearReadout:
+    """``Σ_s a_s (W_s x_s + b_s) + offset`` as one read-out."""
+    weight = torch.stack([a * p.weight for a, p in zip(weights, probes, strict=True)], dim=1)  # (C, |B|, d)
+    bias = torch.stack([a * p.bias for a, p in zip(weights, probes, strict=True)]).sum(0)
+    return LinearReadout(tuple(p.block for p in probes), weight, bias if offset is None else bias + offset)
+
+
+def _stack(oofs: torch.Tensor, labels: torch.Tensor, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``alpha`` ``(B,)`` and ``c`` ``(C,)`` minimising the log-loss of ``softmax(Σ_s alpha_s oof_s + c)``
+    plus ``penalty/2 |alpha - 1/B|^2``: the plain geometric mean where the out-of-fold evidence is flat."""
+    count = oofs.shape[1]
+    alpha = torch.full((count,), 1.0 / count, dtype=torch.float64, requires_grad=True)
+    offset = torch.zeros(oofs.shape[-1], dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS(
+        [alpha, offset],
+        lr=1,
+        max_iter=200,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-12,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        logits = torch.einsum("nbc,b->nc", oofs, alpha) + offset  # (n, C)
+        loss = F.cross_entropy(logits, labels) + 0.5 * penalty * (alpha - 1.0 / count).pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return alpha.detach(), offset.detach()
+
+
+def guard(
+    probes: Sequence[BlockProbe],
+    labels: torch.Tensor,
+    fold_of: torch.Tensor,
+    units: Sequence[torch.Tensor],
+    scorer: Scorer,
+    alpha: float = 0.05,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> GuardResult:
+    """The probe ensemble against the best block, paired per unit, out of fold, no winner's curse.
+
+    For each fold, the block ranking and the ensemble's ``top_k`` are chosen on the *other* folds' units
+    (from the probes' out-of-fold predictions), and both choices predict the fold's rows. A paired
+    bootstrap resamples units (sentences) ``resamples`` times; the block is deployed only where it scores
+    above the ensemble in at least ``1 - alpha`` of them: with few labels the ensemble is the robust
+    default, and the block must show it is better.
+
+    Args:
+        probes: The block probes of :func:`choose` (their out-of-fold log-probabilities).
+        labels: ``(n,)`` class ids.
+        fold_of: ``(n,)`` fold of each row.
+        units: Row indices of each scored unit.
+        scorer: ``(predicted, units) -> score``.
+        alpha: The level: the block needs a bootstrap win rate of ``1 - alpha``.
+        resamples: Bootstrap resamples.
+        seed: Seeds the bootstrap.
+    """
+    if not 0.0 < alpha < 1.0:
+        raise invalid("alpha", alpha, "a level in (0, 1)")
+    ensemble = torch.empty_like(labels)
+    block = torch.empty_like(labels)
+    unit_fold = [int(fold_of[u[0]]) for u in units]
+    chosen = []
+    for fold in range(int(fold_of.max()) + 1):
+        others = [u for u, f in zip(units, unit_fold, strict=True) if f != fold]
+        ranked = _ranked(probes, lambda p, others=others: (scorer(p.oof.argmax(-1), others), p.block))
+        k = _top_k(ranked, labels, others, scorer)
+        held = fold_of == fold
+        ensemble[held] = torch.stack([p.oof[held] for p in ranked[:k]], 1).mean(1).argmax(-1)
+        block[held] = ranked[0].oof[held].argmax(-1)
+        chosen.append(ranked[0].block)
+    generator = torch.Generator().manual_seed(seed)
+    wins = 0
+    for _ in range(resamples):
+        sample = [units[i] for i in torch.randint(len(units), (len(units),), generator=generator).tolist()]
+        wins += scorer(block, sample) > scorer(ensemble, sample)
+    block_wins = wins / resamples
+    return GuardResult(
+        "best_layer" if block_wins >= 1.0 - alpha else "probe_ensemble",
+        scorer(ensemble, units),
+        scorer(block, units),
+        block_wins,
+        tuple(chosen),
+    )
+
+
+def choose(
+    states: torch.Tensor,
+    labels: torch.Tensor,
+    folds: int = 4,
+    seed: int = 0,
+    groups: torch.Tensor | None = None,
+    scorer: Scorer | None = None,
+    penalties: Sequence[float] = PENALTIES,
+    stack_penalty: float = 1.0,
+    alpha: float = 0.05,
+) -> Trial:
+    """Every method's read-out for one trial, chosen by ``folds``-fold cross-validation on its sample.
+
+    Args:
+        states: ``(n, L + 1, d)`` rows of the sample (:func:`head_states`).
+        labels: ``(n,)`` class ids (token tasks: drop the rows labelled ``-100`` first).
+        folds: ``k`` of the cross-validation.
+        seed: Seeds the folds and the guard's bootstrap.
+        groups: ``(n,)`` group of each row (token tasks: its sentence); folds never split a group, and
+            the scorer is handed rows by group.
+        scorer: ``(predicted, units) -> score``, higher is better; default: accuracy.
+        penalties: The probes' L2 grid (grown where the best is at an edge).
+        stack_penalty: Pulls the stacked weights towards the plain mean.
+        alpha: The guard's level (:func:`guard`).
+
+    Returns:
+        A :class:`Trial`.
+    """
+    _check_rows(states, labels, groups)
+    groups = torch.arange(len(labels)) if groups is None else groups
+    fold_of = make_folds(labels, folds, seed, groups)
+    units = [(groups == g).nonzero().squeeze(1) for g in torch.unique(groups)]
+    score = scorer or accuracy(labels)
+    classes = int(labels.max()) + 1
+    last = states.shape[1] - 1
+
+    def probe(x: torch.Tensor, block: int) -> BlockProbe:
+        return probe_with_cv(x, labels, fold_of, units, score, classes, penalties, block=block)
+
+    probes = [probe(states[:, s], s) for s in range(1, last + 1)]
+    ranked = _ranked(probes, lambda p: _rank_key(p.cv_score, p.cv_log_likelihood, p.block))
+    top_k = _top_k(ranked, labels, units, score)
+    alpha_s, offset = _stack(torch.stack([p.oof for p in probes], dim=1), labels, stack_penalty)
+    average = probe(states[:, 1:].mean(1), -1)
+    verdict = guard(probes, labels, fold_of, units, score, alpha=alpha, seed=seed)
+    readouts = {
+        "none": _readout([probes[-1]], [1.0]),
+        "best_layer": _readout([ranked[0]], [1.0]),
+        "probe_ensemble": _readout(ranked[:top_k], [1.0 / top_k] * top_k),
+        "stacked": _readout(probes, alpha_s.tolist(), offset),
+        # one probe on the mean of the L states: (W / L) on each
+        "average": LinearReadout(
+            tuple(range(1, last + 1)),
+            (average.weight / last)[:, None].expand(-1, last, -1).clone(),
+            average.bias,
+        ),
+    }
+    readouts["guarded_ensemble"] = readouts[verdict.deploy]
+    cv = {"none": probes[-1].cv_score, "best_layer": ranked[0].cv_score, "average": average.cv_score}
+    return Trial(probes, ranked[0].block, top_k, alpha_s.tolist(), verdict, readouts, cv)
+
+
+def readout_config(
+    readout: LinearReadout, head: str, head_bias: bool = True, **options: object
+) -> LayerFusionConfig:
+    """The adapter config that deploys ``readout`` on a model whose linear head is named ``head``.
+
+    One block ``b``: ``AverageConfig(layers=[b], state_norm="rms_after_norm")``, the head reading
+    ``x_b`` (its weights are the probe's). Several, or a head without a bias: a Concat map of rank ``C``
+    over them, ``A_s = W_s`` and ``B`` summing the ``C`` codes (plus the bias) into the first ``C``
+    channels, the head reading those.
+
+    Args:
+        readout: What to deploy.
+        head: The name of the model's linear head (``classifier``, ``score``...), saved with the adapter.
+        head_bias: Whether that head has a bias.
+        **options: Further config fields (``task_type``...).
+
+    Example:
+        >>> one = LinearReadout((2,), torch.zeros(3, 1, 8), torch.zeros(3))
+        >>> type(readout_config(one, "classifier")).__name__, readout_config(one, "classifier").layers
+        ('AverageConfig', [2])
+    """
+    common = {"layers": list(readout.blocks), "state_norm": "rms_after_norm", "modules_to_save": [head]}
+    if len(readout.blocks) == 1 and head_bias:
+        return AverageConfig(**common, **options)
+    return ConcatConfig(**common, map_rank=readout.weight.shape[0], fusion_init="paper", **options)
+
+
+def _trained_copy(model: nn.Module, head: str) -> nn.Linear:
+    module = model.base_model.model.get_submodule(head)
+    module = module.modules_to_save[model.active_adapter] if hasattr(module, "modules_to_save") else module
+    if not isinstance(module, nn.Linear):
+        raise invalid("head", head, "the name of the model's linear head (an nn.Linear)")
+    return module
+
+
+@torch.no_grad()
+def deploy(base_model: nn.Module, readout: LinearReadout, head: str, **options: object) -> PeftModel:
+    """``base_model`` with ``readout`` as one saved-and-loaded-like-any adapter (:func:`readout_config`):
+    its logits are ``readout.logits`` of the head's states, in the model's dtype.
+
+    Args:
+        base_model: The model, its head ``head`` a ``nn.Linear(d, C)``.
+        readout: What to deploy (:func:`choose`'s ``readouts``).
+        head: The head's module name.
+        **options: Further config fields.
+    """
+    classes, count, width = readout.weight.shape
+    config = readout_config(
+        readout, head, getattr(base_model.get_submodule(head), "bias", None) is not None, **options
+    )
+    model = get_peft_model(base_model, config)
+    linear = _trained_copy(model, head)
+    if linear.out_features != classes or linear.in_features != width:
+        raise invalid(
+            "head", f"{head} {linear.in_features}->{linear.out_features}", f"nn.Linear({width}, {classes})"
+        )
+    dtype = linear.weight.dtype
+    if isinstance(config, AverageConfig):  # the head reads x_b: it is the probe
+        linear.weight.copy_(readout.weight[:, 0].to(dtype))
+        linear.bias.copy_(readout.bias.to(dtype))
+        return model
+    fusion = active_fusion_module(model)  # Concat of rank C: h[:C] = sum_s W_s x_s + b; the head reads h[:C]
+    fusion.down_weight.copy_(readout.weight.permute(1, 2, 0).to(dtype))  # (K, d, C): A_s, stored transposed
+    fusion.up.weight.zero_()
+    fusion.up.bias.zero_()
+    for s in range(count):
+        fusion.up.weight[:classes, s * classes : (s + 1) * classes] = torch.eye(classes, dtype=dtype)
+    fusion.up.bias[:classes] = readout.bias.to(dtype)
+    linear.weight.zero_()
+    linear.weight[:, :classes] = torch.eye(classes, dtype=dtype)
+    if linear.bias is not None:
+        linear.bias.zero_()
+    return model

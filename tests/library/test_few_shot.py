@@ -1,0 +1,154 @@
+"""True few-shot selection (few_shot.py): folds, per-block probes chosen by cross-validation, the fusions
+as linear read-outs, the guard, and a read-out deployed as one adapter, exact against the read-out
+recomputed from ``output_hidden_states``."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import NO_DROPOUT, tiny_bert
+from peft import PeftModel
+from tiny_decoders import FAMILIES
+
+from peft_layerfusion import few_shot
+from peft_layerfusion.fusion import unit_rms
+
+
+def planted(label_states: tuple[int, ...], rows: int = 48, states: int = 5, width: int = 12, seed: int = 0):
+    """``(states (rows, states, width), labels)``: the label is the sign of a sum over the first four
+    coordinates of each state in ``label_states``, every state at its own scale."""
+    generator = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(0, 3, states).view(1, states, 1)
+    x = torch.randn(rows, states, width, generator=generator, dtype=torch.float64) * scales
+    signal = sum(unit_rms(x[:, s])[:, :4].sum(-1) for s in label_states)
+    return few_shot.head_states(list(x.unbind(1))), (signal > 0).long()
+
+
+def test_head_states_read_every_state_but_the_last_at_unit_rms():
+    z = [torch.tensor([[3.0, 4.0]]), torch.tensor([[6.0, 8.0]]), torch.tensor([[1.0, 7.0]])]
+    states = few_shot.head_states(z)
+    assert states.dtype == torch.float64 and states.shape == (1, 3, 2)
+    rms = (12.5**0.5, 50**0.5)
+    assert torch.allclose(states[0, 0], torch.tensor([3 / rms[0], 4 / rms[0]], dtype=torch.float64))
+    assert torch.allclose(states[0, 1], torch.tensor([6 / rms[1], 8 / rms[1]], dtype=torch.float64))
+    assert states[0, 2].tolist() == [1.0, 7.0]
+
+
+def test_folds_are_stratified_and_never_split_a_sentence():
+    labels = torch.tensor([0] * 8 + [1] * 8)
+    folds = few_shot.make_folds(labels, 4, seed=0)
+    assert [(folds[labels == c] == f).sum().item() for c in (0, 1) for f in range(4)] == [2] * 8
+    assert not torch.equal(folds, few_shot.make_folds(labels, 4, seed=1))  # the seed deals them
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 4, 5])
+    tokens = few_shot.make_folds(torch.tensor([1, 0, 0, 2, 0, 1, 0, 0, 2, 1]), 3, seed=0, groups=groups)
+    for group in groups.unique():
+        assert len(tokens[groups == group].unique()) == 1
+    assert sorted(
+        torch.bincount(torch.stack([tokens[groups == g][0] for g in groups.unique()])).tolist()
+    ) == [2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: few_shot.make_folds(torch.tensor([0, 0, 1, 1]), 3, 0),
+            "`folds`=3 is not allowed: expected an int in [2, 2]",
+        ),
+        (lambda: few_shot.choose(torch.randn(4, 3, 2), torch.tensor([0.0, 1, 0, 1])), "`labels`="),
+        (
+            lambda: few_shot.choose(torch.randn(4, 3, 2), torch.tensor([0, 1, -100, 1])),
+            "drop rows labelled -100 first",
+        ),
+        (
+            lambda: few_shot.choose(torch.full((4, 3, 2), float("nan")), torch.tensor([0, 1, 0, 1])),
+            "finite hidden states",
+        ),
+        (
+            lambda: few_shot.choose(torch.randn(0, 3, 2), torch.tensor([], dtype=torch.long)),
+            "a non-empty (rows",
+        ),
+    ],
+)
+def test_bad_input_gets_one_line(call, message):
+    with pytest.raises(ValueError) as error:
+        call()
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_probes_find_the_planted_block_and_the_readouts_recompute():
+    states, labels = planted((3,))
+    trial = few_shot.choose(states, labels, folds=4, seed=0)
+    assert trial.best_block == 3 and [p.block for p in trial.probes] == [1, 2, 3, 4]
+    assert trial.probes[2].cv_score >= 0.75 > 0.65 >= max(p.cv_score for p in trial.probes if p.block != 3)
+    probes = {p.block: p for p in trial.probes}
+    logits = {s: states[:, s] @ p.weight.T + p.bias for s, p in probes.items()}  # each probe alone
+    assert torch.allclose(trial.readouts["none"].logits(states), logits[4])
+    assert torch.allclose(trial.readouts["best_layer"].logits(states), logits[3])
+    blocks = trial.readouts["probe_ensemble"].blocks
+    assert len(blocks) == trial.top_k and blocks[0] == 3
+    mean = sum(logits[s] for s in blocks) / len(blocks)  # the geometric mean's logits
+    assert torch.allclose(trial.readouts["probe_ensemble"].logits(states), mean)
+    # stacked: softmax(Σ alpha_s log p_s + c) = softmax(Σ alpha_s (W_s x_s + b_s) + c)
+    log_p = sum(a * logits[s].log_softmax(-1) for a, s in zip(trial.stack_weights, probes, strict=True))
+    stacked = trial.readouts["stacked"].logits(states)
+    offset = (stacked - log_p) - (stacked - log_p)[:, :1]  # c_y - c_0: the same on every row
+    assert torch.allclose(offset, offset[:1].expand_as(offset), atol=1e-9)
+    assert trial.stack_weights[2] == max(trial.stack_weights)  # the planted block weighs most
+
+
+def test_a_probe_is_deterministic_and_its_penalty_off_the_grid_edge():
+    states, labels = planted((2,), seed=3)
+    first, second = (few_shot.choose(states, labels, folds=4, seed=0) for _ in range(2))
+    for a, b in zip(first.probes, second.probes, strict=True):
+        assert torch.equal(a.weight, b.weight) and a.penalty == b.penalty
+    penalties = sorted({p.penalty for p in first.probes})
+    assert all(1e-8 <= p <= 1e6 for p in penalties)
+
+
+def test_the_guard_keeps_the_ensemble_unless_the_block_clearly_wins():
+    spread, labels = planted((1, 2, 3, 4), rows=64, seed=1)  # every block carries part of the label
+    assert few_shot.choose(spread, labels, folds=4).guard.deploy == "probe_ensemble"
+    alone, labels = planted((2,), rows=96, states=9, seed=2)  # one block of 8: the rest is noise
+    verdict = few_shot.choose(alone, labels, folds=4).guard
+    assert verdict.blocks == (2, 2, 2, 2)  # every fold, choosing on the others, finds it
+    assert verdict.block_score >= verdict.ensemble_score
+
+
+@pytest.mark.parametrize("blocks", [(2,), (1, 3)])
+def test_a_readout_deploys_as_one_adapter_exactly(blocks, tmp_path):
+    base = tiny_bert(num_labels=3, **NO_DROPOUT)
+    ids = torch.randint(1, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        states = few_shot.head_states(base(input_ids=ids, output_hidden_states=True).hidden_states).flatten(
+            0, 1
+        )
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(3, len(blocks), 32, generator=generator, dtype=torch.float64)
+    readout = few_shot.LinearReadout(blocks, weight, torch.randn(3, generator=generator, dtype=torch.float64))
+    model = few_shot.deploy(copy.deepcopy(base), readout, "classifier").eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.flatten(0, 1)
+    assert torch.allclose(logits.double(), readout.logits(states), atol=1e-5)
+    model.save_pretrained(tmp_path)
+    reloaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits.flatten(0, 1), logits)
+
+
+def test_a_readout_deploys_on_a_decoder_head_without_bias():
+    base = FAMILIES["llama"].build("seq")
+    assert base.score.bias is None
+    ids = torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        states = few_shot.head_states(base(input_ids=ids, output_hidden_states=True).hidden_states)[0, -1:]
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(3, 1, 32, generator=generator, dtype=torch.float64)
+    readout = few_shot.LinearReadout((1,), weight, torch.randn(3, generator=generator, dtype=torch.float64))
+    model = few_shot.deploy(copy.deepcopy(base), readout, "score").eval()
+    assert type(model.peft_config["default"]).__name__ == "ConcatConfig"  # the bias goes in the map
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits  # the last token's
+    assert torch.allclose(logits.double(), readout.logits(states), atol=1e-5)
