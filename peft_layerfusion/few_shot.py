@@ -49,8 +49,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +64,6 @@ from .layer import active_fusion_module
 from .methods.average import AverageConfig
 from .methods.concat import ConcatConfig
 
-# (predicted labels of every row, one index tensor per scored unit group) -> score, higher is better
-Scorer = Callable[[torch.Tensor, Sequence[torch.Tensor]], float]
 PENALTIES: tuple[float, ...] = tuple(10.0**e for e in range(-4, 3))  # L2 grid, grown past an edge
 # what :func:`choose` deploys: the plain head, the chosen block, the fusions, and the guarded ensemble
 METHODS: tuple[str, ...] = ("none", "best_layer", "probe_ensemble", "stacked", "average", "guarded_ensemble")
@@ -169,20 +168,163 @@ def make_folds(
     return group_fold[first]
 
 
-def accuracy(labels: torch.Tensor) -> Scorer:
-    """The default scorer: accuracy over the rows of the units given (a unit drawn twice counts twice).
+class Scorer(Protocol):
+    """A task's metric, per unit (a sentence; a row of a sentence task), so that any set of units, a
+    fold or a bootstrap resample, scores from the sum of its units' statistics."""
+
+    def stats(self, predicted: torch.Tensor) -> torch.Tensor:
+        """``(units, m)`` statistics of the row predictions ``(n,)``, units in group-id order."""
+        ...
+
+    def score(self, totals: torch.Tensor) -> torch.Tensor:
+        """The score of summed statistics ``(..., m)``, ``(...)``: higher is better."""
+        ...
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Accuracy over rows, each unit's statistics ``(correct, rows)``.
+
+    Args:
+        labels: ``(n,)`` class ids.
+        unit_of_row: ``(n,)`` the unit of each row, ``0 .. units - 1`` (:func:`units_of`).
 
     Example:
-        >>> score = accuracy(torch.tensor([0, 1, 1]))
-        >>> score(torch.tensor([0, 1, 0]), [torch.tensor([0]), torch.tensor([1, 2])])
-        0.6666666666666666
+        >>> scorer = Accuracy(torch.tensor([0, 1, 1]), torch.tensor([0, 1, 1]))
+        >>> stats = scorer.stats(torch.tensor([0, 1, 0]))
+        >>> stats.tolist(), scorer.score(stats.sum(0)).item()
+        ([[1.0, 1.0], [1.0, 2.0]], 0.6666666666666666)
     """
 
-    def score(predicted: torch.Tensor, units: Sequence[torch.Tensor]) -> float:
-        rows = torch.cat(list(units))
-        return float((predicted[rows] == labels[rows]).double().mean())
+    labels: torch.Tensor
+    unit_of_row: torch.Tensor
 
-    return score
+    def stats(self, predicted: torch.Tensor) -> torch.Tensor:
+        per_row = torch.stack(
+            [(predicted == self.labels).double(), torch.ones(len(predicted), dtype=torch.float64)], 1
+        )
+        units = int(self.unit_of_row.max()) + 1
+        return torch.zeros(units, 2, dtype=torch.float64).index_add_(0, self.unit_of_row, per_row)
+
+    def score(self, totals: torch.Tensor) -> torch.Tensor:
+        return totals[..., 0] / totals[..., 1].clamp_min(1.0)
+
+
+def units_of(groups: torch.Tensor) -> torch.Tensor:
+    """The unit of each row, ``0 .. units - 1`` in group-id order.
+
+    Example:
+        >>> units_of(torch.tensor([7, 7, 3, 9])).tolist()
+        [1, 1, 0, 2]
+    """
+    return torch.unique(groups, return_inverse=True)[1]
+
+
+@dataclass
+class BlockProbe:
+    """One block's probe: its penalty chosen by cross-validation, its out-of-fold log-probabilities, and
+    the probe refitted on every row.
+
+    Args:
+        block: The hidden state read (``-1``: the mean of the blocks, :func:`choose`'s average).
+        penalty: The chosen L2 penalty.
+        cv_score: The out-of-fold score at that penalty.
+        cv_log_likelihood: The mean out-of-fold log-likelihood of the labels there.
+        oof: ``(n, C)`` out-of-fold log-probabilities.
+        weight: ``(C, d)`` refitted on every row.
+        bias: ``(C,)``.
+    """
+
+    block: int
+    penalty: float
+    cv_score: float
+    cv_log_likelihood: float
+    oof: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+    def key(self) -> tuple[float, float, int]:
+        """How blocks rank: by score, ties to the likelier, then to the deeper."""
+        return (self.cv_score, self.cv_log_likelihood, self.block)
+
+
+@dataclass(frozen=True)
+class Folds:
+    """A trial's cross-validation: the fold of every row and of every unit, and the scorer.
+
+    Args:
+        of_row: ``(n,)`` fold of each row.
+        of_unit: ``(units,)`` fold of each unit.
+        unit_of_row: ``(n,)`` unit of each row.
+        labels: ``(n,)`` class ids.
+        scorer: The task's per-unit metric.
+    """
+
+    of_row: torch.Tensor
+    of_unit: torch.Tensor
+    unit_of_row: torch.Tensor
+    labels: torch.Tensor
+    scorer: Scorer
+
+    @property
+    def count(self) -> int:
+        return int(self.of_row.max()) + 1
+
+    def score(self, predicted: torch.Tensor, units: torch.Tensor | None = None) -> float:
+        """The score of row predictions over ``units`` (a boolean mask over units; default: all)."""
+        stats = self.scorer.stats(predicted)
+        return float(self.scorer.score((stats if units is None else stats[units]).sum(0)))
+
+    def log_likelihood(self, log_probs: torch.Tensor, rows: torch.Tensor | None = None) -> float:
+        picked = log_probs.gather(1, self.labels[:, None]).squeeze(1)
+        return float((picked if rows is None else picked[rows]).mean())
+
+
+def _oof_log_probs(x: torch.Tensor, folds: Folds, classes: int, penalty: float) -> torch.Tensor:
+    """``(n, C)``: each fold's rows predicted by a probe fitted on the other folds."""
+    oof = torch.empty(len(x), classes, dtype=torch.float64)
+    for fold in range(folds.count):
+        held = folds.of_row == fold
+        weight, bias = fit_logistic(x[~held], folds.labels[~held], classes, penalty)
+        oof[held] = torch.log_softmax(x[held].double() @ weight.T + bias, -1)
+    return oof
+
+
+def probe_with_cv(
+    x: torch.Tensor, folds: Folds, classes: int, penalties: Sequence[float] = PENALTIES, block: int = -1
+) -> BlockProbe:
+    """A probe on ``x`` ``(n, d)`` at the penalty with the best out-of-fold score (ties to the likelier,
+    then to the stronger penalty), the grid grown by tenfold steps while the best is at an edge."""
+    grid = sorted(penalties)
+    tried: dict[float, tuple[tuple[float, float, float], torch.Tensor]] = {}
+    while True:
+        for penalty in grid:
+            if penalty not in tried:
+                oof = _oof_log_probs(x, folds, classes, penalty)
+                tried[penalty] = ((folds.score(oof.argmax(-1)), folds.log_likelihood(oof), penalty), oof)
+        best = max(tried, key=lambda p: tried[p][0])
+        if best == min(tried) and best > 1e-8:  # at the weak edge: one more, weaker
+            grid.append(best / 10)
+        elif best == max(tried) and best < 1e6:  # at the strong edge: one more, stronger
+            grid.append(best * 10)
+        else:
+            break
+    (score, log_likelihood, _), oof = tried[best]
+    weight, bias = fit_logistic(x, folds.labels, classes, best)
+    return BlockProbe(block, best, score, log_likelihood, oof, weight, bias)
+
+
+def _top_k(ranked: Sequence[BlockProbe], folds: Folds, units: torch.Tensor | None = None) -> int:
+    """How many of the ranked blocks the ensemble averages: the best out-of-fold score over ``units``,
+    ties to the likelier, then to more blocks."""
+    rows = None if units is None else units[folds.unit_of_row]
+    best, best_key = 1, None
+    for k in range(1, len(ranked) + 1):
+        mean = torch.stack([p.oof for p in ranked[:k]], 1).mean(1).log_softmax(-1)  # (n, C)
+        key = (folds.score(mean.argmax(-1), units), folds.log_likelihood(mean, rows), k)
+        if best_key is None or key > best_key:
+            best, best_key = k, key
+    return best
 
 
 def fit_logistic(
@@ -195,8 +337,8 @@ def fit_logistic(
     optimizer = torch.optim.LBFGS(
         [weight, bias],
         lr=1,
-        max_iter=500,
-        tolerance_grad=1e-9,
+        max_iter=100,
+        tolerance_grad=1e-7,
         tolerance_change=1e-12,
         history_size=20,
         line_search_fn="strong_wolfe",
@@ -211,87 +353,6 @@ def fit_logistic(
     with torch.enable_grad():
         optimizer.step(closure)
     return weight.detach(), bias.detach()
-
-
-@dataclass
-class BlockProbe:
-    """One block's probe: its penalty chosen by cross-validation, its out-of-fold log-probabilities, and
-    the probe refitted on every row."""
-
-    block: int
-    penalty: float
-    cv_score: float
-    cv_log_likelihood: float
-    oof: torch.Tensor  # (n, C) out-of-fold log-probabilities
-    weight: torch.Tensor  # (C, d), fitted on every row
-    bias: torch.Tensor  # (C,)
-
-
-def _oof_log_probs(
-    x: torch.Tensor, labels: torch.Tensor, fold_of: torch.Tensor, classes: int, penalty: float
-) -> torch.Tensor:
-    oof = torch.empty(len(x), classes, dtype=torch.float64)
-    for fold in range(int(fold_of.max()) + 1):
-        held = fold_of == fold
-        weight, bias = fit_logistic(x[~held], labels[~held], classes, penalty)
-        oof[held] = torch.log_softmax(x[held].double() @ weight.T + bias, -1)
-    return oof
-
-
-def _rank_key(score: float, log_likelihood: float, penalty: float) -> tuple[float, float, float]:
-    return (score, log_likelihood, penalty)  # ties to the likelier, then to the stronger penalty
-
-
-def probe_with_cv(
-    x: torch.Tensor,
-    labels: torch.Tensor,
-    fold_of: torch.Tensor,
-    units: Sequence[torch.Tensor],
-    scorer: Scorer,
-    classes: int,
-    penalties: Sequence[float] = PENALTIES,
-    block: int = -1,
-) -> BlockProbe:
-    """A probe on ``x`` ``(n, d)``, its penalty the best cross-validated one (grown past a grid edge)."""
-    grid = sorted(penalties)
-    tried: dict[float, tuple[tuple[float, float, float], torch.Tensor]] = {}
-    while True:
-        for penalty in grid:
-            if penalty not in tried:
-                oof = _oof_log_probs(x, labels, fold_of, classes, penalty)
-                log_likelihood = float(oof.gather(1, labels[:, None]).mean())
-                tried[penalty] = (_rank_key(scorer(oof.argmax(-1), units), log_likelihood, penalty), oof)
-        best = max(tried, key=lambda p: tried[p][0])
-        ordered = sorted(tried)
-        if best == ordered[0] and best > 1e-8:  # at the weak edge: one more, weaker
-            grid.append(best / 10)
-        elif best == ordered[-1] and best < 1e6:  # at the strong edge: one more, stronger
-            grid.append(best * 10)
-        else:
-            break
-    (score, log_likelihood, _), oof = tried[best]
-    weight, bias = fit_logistic(x, labels, classes, best)
-    return BlockProbe(block, best, score, log_likelihood, oof, weight, bias)
-
-
-def _ranked(probes: Sequence[BlockProbe], key: Callable[[BlockProbe], tuple]) -> list[BlockProbe]:
-    return sorted(probes, key=key, reverse=True)
-
-
-def _top_k(
-    ranked: Sequence[BlockProbe], labels: torch.Tensor, units: Sequence[torch.Tensor], scorer: Scorer
-) -> int:
-    """How many of the ranked blocks the ensemble averages: the best out-of-fold score on ``units``, ties
-    to the likelier, then to more blocks."""
-    rows = torch.cat(list(units))
-    best, best_key = 1, None
-    for k in range(1, len(ranked) + 1):
-        mean = torch.stack([p.oof for p in ranked[:k]], 1).mean(1)  # (n, C)
-        likelihood = float(mean.log_softmax(-1)[rows].gather(1, labels[rows, None]).mean())
-        key = (scorer(mean.argmax(-1), units), likelihood, k)
-        if best_key is None or key > best_key:
-            best, best_key = k, key
-    return best
 
 
 @dataclass(frozen=True)
@@ -324,7 +385,7 @@ class Trial:
         stack_weights: ``alpha_s`` of the stacked combiner, one per block.
         guard: The guard's verdict (:class:`GuardResult`).
         readouts: What each method of :data:`METHODS` deploys.
-        cv_scores: The out-of-fold score of each probe-based choice.
+        cv_scores: The out-of-fold score of the probes behind ``none``, ``best_layer`` and ``average``.
     """
 
     probes: list[BlockProbe]
@@ -335,18 +396,32 @@ class Trial:
     readouts: dict[str, LinearReadout]
     cv_scores: dict[str, float] = field(default_factory=dict)
 
+    def choices(self) -> dict[str, object]:
+        """What the trial chose, as a record's fields (JSON types)."""
+        return {
+            "best_block": self.best_block,
+            "top_k": self.top_k,
+            "ensemble_blocks": list(self.readouts["probe_ensemble"].blocks),
+            "penalties": {str(p.block): p.penalty for p in self.probes},
+            "block_cv": {str(p.block): round(p.cv_score, 6) for p in self.probes},
+            "stack_weights": [round(a, 6) for a in self.stack_weights],
+            "guard": self.guard.deploy,
+            "guard_block_wins": self.guard.block_wins,
+            "guard_blocks": list(self.guard.blocks),
+        }
+
 
 def _readout(
     probes: Sequence[BlockProbe], weights: Sequence[float], offset: torch.Tensor | None = None
 ) -> LinearReadout:
-    """``Σ_s a_s (W_s x_s + b_s) + offset`` as one read-out."""
+    """``sum_s a_s (W_s x_s + b_s) + offset`` as one read-out."""
     weight = torch.stack([a * p.weight for a, p in zip(weights, probes, strict=True)], dim=1)  # (C, |B|, d)
     bias = torch.stack([a * p.bias for a, p in zip(weights, probes, strict=True)]).sum(0)
     return LinearReadout(tuple(p.block for p in probes), weight, bias if offset is None else bias + offset)
 
 
 def _stack(oofs: torch.Tensor, labels: torch.Tensor, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``alpha`` ``(B,)`` and ``c`` ``(C,)`` minimising the log-loss of ``softmax(Σ_s alpha_s oof_s + c)``
+    """``alpha`` ``(B,)`` and ``c`` ``(C,)`` minimising the log-loss of ``softmax(sum_s alpha_s oof_s + c)``
     plus ``penalty/2 |alpha - 1/B|^2``: the plain geometric mean where the out-of-fold evidence is flat."""
     count = oofs.shape[1]
     alpha = torch.full((count,), 1.0 / count, dtype=torch.float64, requires_grad=True)
@@ -372,15 +447,17 @@ def _stack(oofs: torch.Tensor, labels: torch.Tensor, penalty: float) -> tuple[to
     return alpha.detach(), offset.detach()
 
 
+def _bootstrap_counts(units: int, resamples: int, seed: int) -> torch.Tensor:
+    """``(resamples, units)``: how often each unit is drawn in each resample (with replacement)."""
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(units, (resamples, units), generator=generator)
+    return torch.zeros(resamples, units, dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones_like(draws, dtype=torch.float64)
+    )
+
+
 def guard(
-    probes: Sequence[BlockProbe],
-    labels: torch.Tensor,
-    fold_of: torch.Tensor,
-    units: Sequence[torch.Tensor],
-    scorer: Scorer,
-    alpha: float = 0.05,
-    resamples: int = 1000,
-    seed: int = 0,
+    probes: Sequence[BlockProbe], folds: Folds, alpha: float = 0.05, resamples: int = 2000, seed: int = 0
 ) -> GuardResult:
     """The probe ensemble against the best block, paired per unit, out of fold, no winner's curse.
 
@@ -388,45 +465,55 @@ def guard(
     (from the probes' out-of-fold predictions), and both choices predict the fold's rows. A paired
     bootstrap resamples units (sentences) ``resamples`` times; the block is deployed only where it scores
     above the ensemble in at least ``1 - alpha`` of them: with few labels the ensemble is the robust
-    default, and the block must show it is better.
+    default, and the block must show that it is better.
 
     Args:
         probes: The block probes of :func:`choose` (their out-of-fold log-probabilities).
-        labels: ``(n,)`` class ids.
-        fold_of: ``(n,)`` fold of each row.
-        units: Row indices of each scored unit.
-        scorer: ``(predicted, units) -> score``.
+        folds: The trial's :class:`Folds`.
         alpha: The level: the block needs a bootstrap win rate of ``1 - alpha``.
         resamples: Bootstrap resamples.
         seed: Seeds the bootstrap.
     """
     if not 0.0 < alpha < 1.0:
         raise invalid("alpha", alpha, "a level in (0, 1)")
-    ensemble = torch.empty_like(labels)
-    block = torch.empty_like(labels)
-    unit_fold = [int(fold_of[u[0]]) for u in units]
+    ensemble = torch.empty_like(folds.labels)
+    block = torch.empty_like(folds.labels)
     chosen = []
-    for fold in range(int(fold_of.max()) + 1):
-        others = [u for u, f in zip(units, unit_fold, strict=True) if f != fold]
-        ranked = _ranked(probes, lambda p, others=others: (scorer(p.oof.argmax(-1), others), p.block))
-        k = _top_k(ranked, labels, others, scorer)
-        held = fold_of == fold
+    for fold in range(folds.count):
+        others = folds.of_unit != fold  # (units,)
+        ranked = sorted(probes, key=lambda p: (folds.score(p.oof.argmax(-1), others), p.block), reverse=True)
+        k = _top_k(ranked, folds, others)
+        held = folds.of_row == fold
         ensemble[held] = torch.stack([p.oof[held] for p in ranked[:k]], 1).mean(1).argmax(-1)
         block[held] = ranked[0].oof[held].argmax(-1)
         chosen.append(ranked[0].block)
-    generator = torch.Generator().manual_seed(seed)
-    wins = 0
-    for _ in range(resamples):
-        sample = [units[i] for i in torch.randint(len(units), (len(units),), generator=generator).tolist()]
-        wins += scorer(block, sample) > scorer(ensemble, sample)
-    block_wins = wins / resamples
+    counts = _bootstrap_counts(len(folds.of_unit), resamples, seed)  # (B, units)
+    block_stats, ensemble_stats = folds.scorer.stats(block), folds.scorer.stats(ensemble)  # (units, m)
+    wins = folds.scorer.score(counts @ block_stats) > folds.scorer.score(counts @ ensemble_stats)  # (B,)
+    block_wins = float(wins.double().mean())
     return GuardResult(
         "best_layer" if block_wins >= 1.0 - alpha else "probe_ensemble",
-        scorer(ensemble, units),
-        scorer(block, units),
+        folds.score(ensemble),
+        folds.score(block),
         block_wins,
         tuple(chosen),
     )
+
+
+def make_cv(
+    labels: torch.Tensor,
+    folds: int,
+    seed: int,
+    groups: torch.Tensor | None = None,
+    scorer: Scorer | None = None,
+) -> Folds:
+    """A trial's :class:`Folds`: :func:`make_folds`, the units of ``groups`` (one per row without), and the
+    scorer (default: :class:`Accuracy`)."""
+    groups = torch.arange(len(labels)) if groups is None else groups
+    of_row = make_folds(labels, folds, seed, groups)
+    unit_of_row = units_of(groups)
+    of_unit = torch.zeros(int(unit_of_row.max()) + 1, dtype=torch.long).scatter_(0, unit_of_row, of_row)
+    return Folds(of_row, of_unit, unit_of_row, labels, scorer or Accuracy(labels, unit_of_row))
 
 
 def choose(
@@ -447,9 +534,9 @@ def choose(
         labels: ``(n,)`` class ids (token tasks: drop the rows labelled ``-100`` first).
         folds: ``k`` of the cross-validation.
         seed: Seeds the folds and the guard's bootstrap.
-        groups: ``(n,)`` group of each row (token tasks: its sentence); folds never split a group, and
-            the scorer is handed rows by group.
-        scorer: ``(predicted, units) -> score``, higher is better; default: accuracy.
+        groups: ``(n,)`` group of each row (token tasks: its sentence): folds never split a group, and
+            the guard resamples groups.
+        scorer: The task's per-unit metric over those groups (:class:`Scorer`); default: accuracy.
         penalties: The probes' L2 grid (grown where the best is at an edge).
         stack_penalty: Pulls the stacked weights towards the plain mean.
         alpha: The guard's level (:func:`guard`).
@@ -458,37 +545,29 @@ def choose(
         A :class:`Trial`.
     """
     _check_rows(states, labels, groups)
-    groups = torch.arange(len(labels)) if groups is None else groups
-    fold_of = make_folds(labels, folds, seed, groups)
-    units = [(groups == g).nonzero().squeeze(1) for g in torch.unique(groups)]
-    score = scorer or accuracy(labels)
+    cv = make_cv(labels, folds, seed, groups, scorer)
     classes = int(labels.max()) + 1
     last = states.shape[1] - 1
-
-    def probe(x: torch.Tensor, block: int) -> BlockProbe:
-        return probe_with_cv(x, labels, fold_of, units, score, classes, penalties, block=block)
-
-    probes = [probe(states[:, s], s) for s in range(1, last + 1)]
-    ranked = _ranked(probes, lambda p: _rank_key(p.cv_score, p.cv_log_likelihood, p.block))
-    top_k = _top_k(ranked, labels, units, score)
+    probes = [probe_with_cv(states[:, s], cv, classes, penalties, block=s) for s in range(1, last + 1)]
+    ranked = sorted(probes, key=BlockProbe.key, reverse=True)
+    top_k = _top_k(ranked, cv)
     alpha_s, offset = _stack(torch.stack([p.oof for p in probes], dim=1), labels, stack_penalty)
-    average = probe(states[:, 1:].mean(1), -1)
-    verdict = guard(probes, labels, fold_of, units, score, alpha=alpha, seed=seed)
+    average = probe_with_cv(states[:, 1:].mean(1), cv, classes, penalties)
+    verdict = guard(probes, cv, alpha=alpha, seed=seed)
     readouts = {
         "none": _readout([probes[-1]], [1.0]),
         "best_layer": _readout([ranked[0]], [1.0]),
         "probe_ensemble": _readout(ranked[:top_k], [1.0 / top_k] * top_k),
         "stacked": _readout(probes, alpha_s.tolist(), offset),
-        # one probe on the mean of the L states: (W / L) on each
-        "average": LinearReadout(
+        "average": LinearReadout(  # one probe on the mean of the L states: W / L on each
             tuple(range(1, last + 1)),
             (average.weight / last)[:, None].expand(-1, last, -1).clone(),
             average.bias,
         ),
     }
     readouts["guarded_ensemble"] = readouts[verdict.deploy]
-    cv = {"none": probes[-1].cv_score, "best_layer": ranked[0].cv_score, "average": average.cv_score}
-    return Trial(probes, ranked[0].block, top_k, alpha_s.tolist(), verdict, readouts, cv)
+    scores = {"none": probes[-1].cv_score, "best_layer": ranked[0].cv_score, "average": average.cv_score}
+    return Trial(probes, ranked[0].block, top_k, alpha_s.tolist(), verdict, readouts, scores)
 
 
 def readout_config(

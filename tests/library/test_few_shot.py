@@ -138,17 +138,28 @@ def test_a_readout_deploys_as_one_adapter_exactly(blocks, tmp_path):
         assert torch.equal(reloaded(input_ids=ids).logits.flatten(0, 1), logits)
 
 
-def test_a_readout_deploys_on_a_decoder_head_without_bias():
-    base = FAMILIES["llama"].build("seq")
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt2"])
+@pytest.mark.parametrize("blocks", [(2,), (1, 2)])
+def test_a_readout_deploys_on_a_decoder_head_without_bias(family, blocks):
+    base = FAMILIES[family].build("seq")
     assert base.score.bias is None
     ids = torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
+    with torch.no_grad():  # the last token's states: z_1 / rms, and z_2 after the final norm
         states = few_shot.head_states(base(input_ids=ids, output_hidden_states=True).hidden_states)[0, -1:]
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(3, 1, 32, generator=generator, dtype=torch.float64)
-    readout = few_shot.LinearReadout((1,), weight, torch.randn(3, generator=generator, dtype=torch.float64))
+    weight = torch.randn(3, len(blocks), 32, generator=generator, dtype=torch.float64)
+    readout = few_shot.LinearReadout(blocks, weight, torch.randn(3, generator=generator, dtype=torch.float64))
     model = few_shot.deploy(copy.deepcopy(base), readout, "score").eval()
     assert type(model.peft_config["default"]).__name__ == "ConcatConfig"  # the bias goes in the map
     with torch.no_grad():
-        logits = model(input_ids=ids).logits  # the last token's
+        logits = model(input_ids=ids).logits
     assert torch.allclose(logits.double(), readout.logits(states), atol=1e-5)
+
+
+def test_token_rows_fold_and_resample_by_sentence():
+    states, labels = planted((2,), rows=60, seed=4)
+    groups = torch.arange(60) // 3  # 20 sentences of 3 tokens
+    trial = few_shot.choose(states, labels, folds=4, groups=groups)
+    cv = few_shot.make_cv(labels, 4, 0, groups)
+    assert cv.of_unit.bincount().tolist() == [5, 5, 5, 5] and torch.equal(cv.of_row, cv.of_unit[groups])
+    assert trial.best_block == 2 and len(trial.guard.blocks) == 4
