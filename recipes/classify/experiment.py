@@ -41,7 +41,7 @@ from .models import (
     position_mask,
     read_positions,
 )
-from .scoring import METRICS, ClassScorer
+from .scoring import METRICS, ClassCounts, ClassScorer
 
 # what the feature cache keeps of an example where every method reads the head's positions only
 CACHED_POSITIONS = {"first": FIRST_POSITION, "last": LAST_POSITION, "all": ALL_POSITIONS}
@@ -277,6 +277,18 @@ class ClassifyExperiment(FewShotExperiment):
 
     def scorer_of(self, features: Sequence[dict]) -> ClassScorer:
         return ClassScorer(features, len(self.labels), self.settings.metric)
+
+    @property
+    def metric_name(self) -> str:
+        return self.settings.metric
+
+    def unit_scorer(self, sample: Sequence[dict], labels: torch.Tensor, example: torch.Tensor) -> ClassCounts:
+        """The true few-shot protocol's scorer of a sample's rows (one per example)."""
+        return ClassCounts(labels, len(self.labels), self.settings.metric)
+
+    def test_score(self, predicted: torch.Tensor) -> float:
+        """The metric of predictions of every test example, in order."""
+        return self.scorer_of(self.test).scores(predicted.unsqueeze(0))[0][self.settings.metric]
 
     def head_positions(self) -> KeptPositions:
         """The pooled position the head reads (``first``, ``last``), or every one (``all``: mean pooling)."""

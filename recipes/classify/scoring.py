@@ -66,3 +66,41 @@ class ClassScorer:
 def _ordered(metrics: Sequence[str], accuracy: float, macro_f1: float) -> list[float]:
     values = {"accuracy": accuracy, "macro_f1": macro_f1}
     return [values[name] for name in metrics]
+
+
+class ClassCounts:
+    """Accuracy or macro-F1 as a per-example scorer of the true few-shot protocol
+    (:class:`peft_layerfusion.few_shot.Scorer`): each example's ``(correct, 1)``, or its one-hot
+    ``(true positive, gold, predicted)`` per class, so that any set of examples scores from their sum.
+
+    Args:
+        labels: ``(n,)`` class ids.
+        num_labels: ``C``.
+        metric: ``accuracy`` or ``macro_f1``.
+
+    Example:
+        >>> scorer = ClassCounts(torch.tensor([0, 1, 1]), 2, "macro_f1")
+        >>> round(float(scorer.score(scorer.stats(torch.tensor([0, 1, 0])).sum(0))), 4)  # as ClassScorer
+        0.6667
+    """
+
+    def __init__(self, labels: torch.Tensor, num_labels: int, metric: str = "accuracy") -> None:
+        if metric not in METRICS:
+            raise ValueError(f"--metric {metric!r}: allowed {', '.join(METRICS)}")
+        self.labels, self.num_labels, self.metric = labels, num_labels, metric
+
+    def stats(self, predicted: torch.Tensor) -> torch.Tensor:
+        correct = (predicted == self.labels).double()
+        if self.metric == "accuracy":
+            return torch.stack([correct, torch.ones_like(correct)], 1)  # (n, 2)
+        gold = torch.nn.functional.one_hot(self.labels, self.num_labels).double()  # (n, C)
+        guess = torch.nn.functional.one_hot(predicted, self.num_labels).double()
+        return torch.cat([gold * guess, gold, guess], 1)  # (n, 3 C)
+
+    def score(self, totals: torch.Tensor) -> torch.Tensor:
+        if self.metric == "accuracy":
+            return totals[..., 0] / totals[..., 1].clamp_min(1.0)
+        true_positive, gold, predicted = totals.unflatten(-1, (3, self.num_labels)).unbind(-2)
+        f1 = torch.where(true_positive > 0, 2 * true_positive / (gold + predicted).clamp_min(1.0), 0.0)
+        present = (gold + predicted) > 0
+        return (f1 * present).sum(-1) / present.sum(-1).clamp(min=1)

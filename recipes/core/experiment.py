@@ -374,6 +374,17 @@ class FewShotExperiment:
         """A runner of ``model`` (a stacked one of ``count`` candidates when given)."""
         raise NotImplementedError
 
+    # the true few-shot protocol (core.true_few_shot): the metric's name, per unit and on test
+    metric_name: str = ""
+
+    def unit_scorer(self, sample: Sequence[dict], labels: torch.Tensor, example: torch.Tensor) -> Any:
+        """The :class:`peft_layerfusion.few_shot.Scorer` of a sample's rows (``example``: each row's)."""
+        raise NotImplementedError
+
+    def test_score(self, predicted: torch.Tensor) -> float:
+        """The task's metric of predictions of every test row, in order."""
+        raise NotImplementedError
+
     def record_fields(self, result: RunResult, train: Sequence[dict]) -> dict[str, Any]:
         """The task's fields of a run's record (its scores, its sample's size...)."""
         raise NotImplementedError

@@ -38,7 +38,7 @@ from ..data.sampling import sample_shots
 from ..data.sources import NerColumns, load_ner
 from .candidates import StackedRunner
 from .models import load_token_classifier, token_classifier_skeleton
-from .scoring import SpanScorer
+from .scoring import SentenceSpanCounts, SpanScorer
 from .training import RunResult as NerRunResult
 from .training import TokenClassifierRunner
 
@@ -252,6 +252,20 @@ class Experiment(FewShotExperiment):
 
     def scorer_of(self, features: Sequence[dict]) -> SpanScorer:
         return SpanScorer(features, self.id2label)
+
+    metric_name = "f1"
+
+    def unit_scorer(
+        self, sample: Sequence[dict], labels: torch.Tensor, example: torch.Tensor
+    ) -> SentenceSpanCounts:
+        """The true few-shot protocol's scorer of a sample's rows: micro-F1 from each sentence's counts."""
+        return SentenceSpanCounts(SpanScorer(sample, self.id2label))
+
+    def test_score(self, predicted: torch.Tensor) -> float:
+        """Micro-F1 of predictions of every labelled test word, in order."""
+        if getattr(self, "_test_scorer", None) is None:
+            self._test_scorer = SpanScorer(self.test, self.id2label)
+        return self._test_scorer.f1(predicted)
 
     def probe_inputs(
         self, states: torch.Tensor, batch: dict[str, torch.Tensor]

@@ -149,6 +149,12 @@ class SpanScorer:
             gold += words + [self.table.outside]
         self.where = torch.tensor(where, dtype=torch.long)
         self.length = len(gold)
+        # the sentence of every joined word (each sentence's words and the "O" after them)
+        self.sentences = len(features)
+        self.sentence_of = torch.repeat_interleave(
+            torch.arange(len(features)),
+            torch.tensor([len(word_label_ids(f)) + 1 for f in features], dtype=torch.long),
+        )
         self.gold = self.table.spans(torch.tensor([gold], dtype=torch.long))
         self.gold_count = int(self.gold.ends.sum())
 
@@ -170,6 +176,21 @@ class SpanScorer:
             for correct, found in zip(shared.sum(1).tolist(), spans.ends.sum(1).tolist(), strict=True)
         ]
 
+    def sentence_counts(self, predicted: torch.Tensor) -> torch.Tensor:
+        """Per sentence, ``(correct, predicted, gold)`` entity counts of one prediction set ``(positions,)``:
+        ``(sentences, 3)``; summed over any sentences, :func:`f1_from_counts` of the sums is their micro-F1."""
+        ids = torch.full((1, self.length), self.table.outside, dtype=torch.long)
+        ids[0, self.where] = predicted.to("cpu", torch.long)
+        spans, gold = self.table.spans(ids), self.gold
+        shared = (
+            spans.ends & gold.ends & (spans.begins == gold.begins) & (spans.types == gold.types)
+        )  # (1, L)
+        counts = [
+            torch.bincount(self.sentence_of[mask[0]], minlength=self.sentences)
+            for mask in (shared, spans.ends, gold.ends)
+        ]
+        return torch.stack(counts, 1).to(torch.float64)
+
     def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]:
         """:meth:`f1s` as :class:`~layerfusion_recipes.core.fitting.Scorer` scores: ``[{"f1": F}, ...]``."""
         return [{"f1": f1} for f1 in self.f1s(predicted)]
@@ -177,3 +198,23 @@ class SpanScorer:
     def f1(self, predicted: torch.Tensor) -> float:
         """Micro-F1 (0..1) of one prediction set ``(positions,)``."""
         return self.f1s(predicted.unsqueeze(0))[0]
+
+
+class SentenceSpanCounts:
+    """Micro-F1 as a per-sentence scorer of the true few-shot protocol
+    (:class:`peft_layerfusion.few_shot.Scorer`): each sentence's ``(correct, predicted, gold)`` counts.
+
+    Args:
+        scorer: The :class:`SpanScorer` of the sentences, in the order of their rows.
+    """
+
+    def __init__(self, scorer: SpanScorer) -> None:
+        self.scorer = scorer
+
+    def stats(self, predicted: torch.Tensor) -> torch.Tensor:
+        return self.scorer.sentence_counts(predicted)
+
+    def score(self, totals: torch.Tensor) -> torch.Tensor:
+        """``2 c / (p + g)`` (seqeval's ``2PR / (P + R)``; 0 where nothing is predicted or gold)."""
+        correct, predicted, gold = totals.unbind(-1)
+        return torch.where(predicted + gold > 0, 2 * correct / (predicted + gold).clamp_min(1), 0.0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from layerfusion_recipes.core.runner import labelled_predictions
 from layerfusion_recipes.data.gold import spread_to_words
-from layerfusion_recipes.ner.scoring import SpanScorer, TagTable
+from layerfusion_recipes.ner.scoring import SentenceSpanCounts, SpanScorer, TagTable, f1_from_counts
 from seqeval.metrics import f1_score
 from seqeval.metrics.sequence_labeling import get_entities
 
@@ -113,3 +113,23 @@ def test_hand_made_features_are_scored_on_their_labelled_positions():
     assert SpanScorer(features, ID2LABEL).f1(predicted) == want == pytest.approx(2 / 3)
     stacked = labelled_predictions(torch.stack([logits, -logits]), torch.tensor([features[0]["labels"]]))
     assert stacked.shape == (2, 3) and stacked[0].tolist() == [1, 2, 3]
+
+
+def test_sentence_counts_sum_to_seqevals_f1_over_any_sentences():
+    rng = random.Random(2)
+    features = random_features(rng, 40, len(IOB2))
+    scorer = SpanScorer(features, ID2LABEL)
+    gold = [f["word_labels"][w] for f in features for w in f["labelled_words"]]
+    predicted = [g if rng.random() < 0.6 else rng.randrange(len(IOB2)) for g in gold]
+    counts = scorer.sentence_counts(torch.tensor(predicted))  # (40, 3)
+    assert counts.shape == (40, 3)
+    assert f1_from_counts(*counts.sum(0).tolist()) == scorer.f1(torch.tensor(predicted))  # all sentences
+    some = list(range(0, 40, 3))  # a subset of sentences, scored alone by seqeval
+    at = [0, *torch.tensor([len(f["labelled_words"]) for f in features]).cumsum(0).tolist()]
+    subset = [features[i] for i in some]
+    subset_predicted = [p for i in some for p in predicted[at[i] : at[i + 1]]]
+    want = seqeval_of_ids(subset, subset_predicted, IOB2)
+    assert f1_from_counts(*counts[some].sum(0).tolist()) == pytest.approx(want, abs=1e-12)
+    unit = SentenceSpanCounts(scorer)
+    assert float(unit.score(counts[some].sum(0))) == pytest.approx(want, abs=1e-12)
+    assert 0.2 < want < 0.9

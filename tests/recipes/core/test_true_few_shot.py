@@ -1,0 +1,120 @@
+"""The true few-shot protocol (core/true_few_shot.py) end to end on tiny random models and toy data: the
+rows every method reads equal a recomputation from ``output_hidden_states``, every choice comes from the
+sample (no dev split read), each trial's record and the summary, resume, and the recommended recipe saved
+as one adapter that reloads bitwise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import write_folders, write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
+from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
+from layerfusion_recipes.core import true_few_shot
+from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
+from peft import PeftModel
+
+from peft_layerfusion import few_shot
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    return write_folders(
+        tmp_path_factory,
+        model=write_tiny_model,
+        decoder=write_tiny_decoder,
+        texts=write_text_data,
+        ner=write_toy_data,
+    )
+
+
+def classify(paths, model: str = "model", pooling: str = "mean") -> ClassifyExperiment:
+    settings = ClassifySettings(model=paths[model], data=paths["texts"], batch_size=4, pooling=pooling)
+    return ClassifyExperiment(settings)
+
+
+def test_rows_are_the_pooled_head_states_of_output_hidden_states(paths):
+    experiment = classify(paths)
+    model = experiment.load_model(seed=0)
+    examples = experiment.test[:3]
+    rows = true_few_shot.head_rows(experiment, model, examples, batch_size=2)
+    assert rows.states.shape == (3, 4, 32) and rows.example.tolist() == [0, 1, 2]
+    for index, example in enumerate(examples):  # one example alone, no padding: the mean over its tokens
+        ids = torch.tensor([example["input_ids"]])
+        with torch.no_grad():
+            hidden = model.backbone(
+                input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True
+            )
+        want = few_shot.head_states(hidden.hidden_states)[0].mean(0)  # (L + 1, d)
+        assert torch.allclose(rows.states[index].double(), want, atol=1e-5)
+        assert rows.labels[index] == example["labels"]
+
+
+def test_token_rows_are_the_labelled_words_of_each_sentence(paths):
+    experiment = Experiment(ExperimentSettings(model=paths["model"], data=paths["ner"], batch_size=4))
+    examples = experiment.test[:3]
+    rows = true_few_shot.head_rows(experiment, experiment.load_model(seed=0), examples)
+    labelled = [sum(label != -100 for label in example["labels"]) for example in examples]
+    assert rows.example.tolist() == [i for i, count in enumerate(labelled) for _ in range(count)]
+    assert rows.labels.tolist() == [label for e in examples for label in e["labels"] if label != -100]
+
+
+@pytest.mark.parametrize("task", ["classify", "decoder", "ner"])
+def test_a_sweep_chooses_from_the_sample_writes_a_summary_and_resumes(paths, tmp_path, task):
+    if task == "classify":
+        experiment = classify(paths)
+    elif task == "decoder":  # its own head reads the last token, after the final norm; no bias
+        experiment = classify(paths, model="decoder", pooling="model")
+    else:
+        experiment = Experiment(ExperimentSettings(model=paths["model"], data=paths["ner"], batch_size=4))
+    experiment.dev = []  # the protocol reads no dev split: without one, it runs the same
+    plan = true_few_shot.Plan(shots=(4,), trials=2, folds=2)
+    summary = true_few_shot.run_true_few_shot(experiment, plan, tmp_path, command="layerfusion test")
+    [cell] = summary["cells"]
+    assert cell["shots"] == 4 and cell["selection"] == "cv"
+    assert set(cell["methods"]) == {*few_shot.METHODS, true_few_shot.CEILING}
+    for name, entry in cell["methods"].items():
+        assert entry["trials"] == [0, 1] and all(0.0 <= score <= 1.0 for score in entry["test"]), name
+    ceiling, block = cell["methods"][true_few_shot.CEILING]["test"], cell["methods"]["best_layer"]["test"]
+    assert all(c >= b for c, b in zip(ceiling, block, strict=True))  # the best block on test is the best
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    records = read_records(tmp_path / "results.jsonl")
+    assert [r["trial"] for r in records] == [0, 1]
+    assert all(r["adapter_reloaded_bitwise"] for r in records)
+    reloaded = PeftModel.from_pretrained(experiment.load_model(seed=0), tmp_path / records[0]["adapter"])
+    assert reloaded.peft_config["default"].state_norm == "rms_after_norm"
+    # resumed: nothing runs again, the same summary
+    assert true_few_shot.run_true_few_shot(experiment, plan, tmp_path, command="layerfusion test") == summary
+    assert len(read_records(tmp_path / "results.jsonl")) == 2
+
+
+def test_the_states_are_kept_under_a_name_of_the_setup_and_examples(paths, tmp_path):
+    experiment = classify(paths)
+    store = true_few_shot.StateStore(experiment, tmp_path)
+    first = store.rows(experiment.test[:4])
+    assert len(list(tmp_path.iterdir())) == 1
+    assert torch.equal(
+        true_few_shot.StateStore(experiment, tmp_path).rows(experiment.test[:4]).states, first.states
+    )
+    other = classify(paths, pooling="model")  # another setting: another name, computed anew
+    assert true_few_shot.fingerprint(other, experiment.test[:4]) != true_few_shot.fingerprint(
+        experiment, experiment.test[:4]
+    )
+    true_few_shot.StateStore(other, tmp_path).rows(experiment.test[:4])
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_the_verdict_says_what_won_and_gives_no_interval_for_one_trial():
+    methods = {
+        "guarded_ensemble": {"trials": [0, 1, 2], "test": [0.7, 0.8, 0.75]},
+        "best_layer": {"trials": [0, 1, 2], "test": [0.6, 0.7, 0.66]},
+    }
+    line = true_few_shot.verdict({"cells": [{"shots": 8, "methods": methods}]})
+    assert "N=8: +9.7 ± " in line and "over 3 trials (interval excludes 0)" in line
+    one = {name: {"trials": [0], "test": entry["test"][:1]} for name, entry in methods.items()}
+    assert "N=8: +10.0 points (1 trial: no interval)" in true_few_shot.verdict(
+        {"cells": [{"shots": 8, "methods": one}]}
+    )
+    assert "±" not in true_few_shot.table({"cells": [{"shots": 8, "methods": one}]})
