@@ -178,7 +178,8 @@ class SpanScorer:
 
     def sentence_counts(self, predicted: torch.Tensor) -> torch.Tensor:
         """Per sentence, ``(correct, predicted, gold)`` entity counts of one prediction set ``(positions,)``:
-        ``(sentences, 3)``; summed over any sentences, :func:`f1_from_counts` of the sums is their micro-F1."""
+        ``(sentences, 3)``; summed over any sentences, :func:`f1_from_counts` of the sums is their
+        micro-F1."""
         ids = torch.full((1, self.length), self.table.outside, dtype=torch.long)
         ids[0, self.where] = predicted.to("cpu", torch.long)
         spans, gold = self.table.spans(ids), self.gold
