@@ -20,6 +20,24 @@ import griffe
 EXAMPLE_HEADING = re.compile(r"^(?P<indent>[ \t]*)Example:[ \t]*$", re.MULTILINE)
 ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):`(?P<tilde>~?)(?P<target>[^`]+)`")
 DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)\.\. math::[ \t]*\n", re.MULTILINE)
+TEXT = re.compile(r"\\text\{(?P<body>[^{}]*)\}")
+LITERAL = re.compile(r"``(?P<code>[^`]+)``")
+
+
+def math_text(math: str) -> str:
+    r"""Each ``\text{...}`` of a formula as KaTeX reads it: a reST literal in it (````use_ffn````) in
+    ``\texttt``, an underscore escaped (MathJax let a bare ``_`` in text mode pass, KaTeX refuses it).
+
+    Example:
+        >>> print(math_text(r"h \qquad \text{one FFN (``use_ffn``), a_b}"))
+        h \qquad \text{one FFN (\texttt{use\_ffn}), a\_b}
+    """
+
+    def text(match: re.Match) -> str:
+        body = re.sub(r"(?<!\\)_", r"\\_", match["body"])
+        return "\\text{" + LITERAL.sub(lambda m: "\\texttt{" + m["code"] + "}", body) + "}"
+
+    return TEXT.sub(text, math)
 
 
 def rst_math_to_dollars(text: str) -> str:
@@ -51,7 +69,7 @@ def rst_math_to_dollars(text: str) -> str:
         while body and not body[-1].strip():
             body.pop()
         consumed = sum(len(line) + 1 for line in body)
-        math = textwrap.dedent("\n".join(body)).strip("\n")
+        math = math_text(textwrap.dedent("\n".join(body)).strip("\n"))
         if "&" in math:
             math = "\\begin{aligned}\n" + math + "\n\\end{aligned}"
         block = "\n".join(indent + line if line else line for line in ["$$", *math.split("\n"), "$$"])

