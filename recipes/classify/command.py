@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..core.sweep import run_sweep
+from ..core.true_few_shot import protocol_main
 from ..reporting.sweep_report import print_sweep_report
 from .settings import resolve
 
@@ -24,4 +25,6 @@ def classify_main(args: argparse.Namespace) -> int:
         2
     """
     settings, grid = resolve(args)
+    if grid["selection"] == "cv":
+        return protocol_main(settings, grid)
     return run_sweep(settings, grid, print_sweep_report, figures=True, config=getattr(args, "config", None))

@@ -10,7 +10,7 @@ from ..core.demo import model_path
 from ..core.grids import DEFAULT_EVAL_EVERY
 from ..core.models import METHOD_NAMES, REGIME_NAMES
 from ..core.options import default_output
-from ..core.settings import field_defaults, grid_options, load_config, option, task_fields
+from ..core.settings import asks_for_training, field_defaults, grid_options, load_config, option, task_fields
 from .experiment import ClassifySettings
 
 GRID: dict[str, Any] = {
@@ -68,4 +68,4 @@ def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]
         pooling=pick("pooling"),
         metric=pick("metric"),
     )
-    return settings, grid_options(pick, settings, REGIME_NAMES)
+    return settings, grid_options(pick, settings, REGIME_NAMES, asks_for_training(args, loaded))

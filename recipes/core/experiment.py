@@ -673,6 +673,7 @@ class FewShotExperiment:
             **self.record_fields(result, train),
             "lr": lr,
             "cached": runner.cache is not None,
+            "selection": "dev",  # the large-dev protocol: LR and epoch chosen on the dev split
             **self.provenance(),
         }
         start = self.settings.start_layer(cell)

@@ -22,7 +22,18 @@ from .models import METHOD_NAMES, check_adapter_grid
 from .options import DEFAULT_CACHE_DTYPE, PROBE_TOP, check_names, check_positive_ints
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
-RUN_KEYS = ("output", "results", "workers", "quiet", "threads", "select_trials", "dry_run", "probe_layers")
+RUN_KEYS = (
+    "output",
+    "results",
+    "workers",
+    "quiet",
+    "threads",
+    "select_trials",
+    "dry_run",
+    "probe_layers",
+    "selection",
+    "folds",
+)
 
 
 def load_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,7 +133,23 @@ def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any]:
+# options that ask for trained methods chosen on a dev split: given without --selection, they select dev
+TRAINED_OPTIONS = ("methods", "regimes", "lr", "epochs", "paper_grid", "select_trials")
+
+
+def asks_for_training(args: argparse.Namespace, loaded: dict[str, Any]) -> bool:
+    """Whether the flags or the YAML name trained methods or their grid (:data:`TRAINED_OPTIONS`).
+
+    Example:
+        >>> from argparse import Namespace
+        >>> given = Namespace(methods=["dwatt"])
+        >>> asks_for_training(Namespace(methods=None), {}), asks_for_training(given, {})
+        (False, True)
+    """
+    return any(option(args, loaded, name) is not None for name in TRAINED_OPTIONS)
+
+
+def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = False) -> dict[str, Any]:
     """The grid and run options of a few-shot task (:data:`GRID_KEYS`, :data:`RUN_KEYS`), checked.
 
     Args:
@@ -150,6 +177,9 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any
     if (settings.probe_start or settings.probe_fuse) and not grid["probe_layers"]:  # they need the probes
         grid["probe_layers"] = PROBE_TOP
     grid["results"] = results_path(grid["output"], grid["results"])
+    # the true few-shot protocol, unless asked otherwise: --selection dev, or trained methods named
+    grid["selection"] = grid["selection"] or ("dev" if trained else "cv")
+    grid["folds"] = grid["folds"] or 4
     grid["shots"] = [FULL_TRAIN if value == "all" else value for value in grid["shots"] or ()]
     check_names("methods", grid["methods"], METHOD_NAMES)
     check_names("regimes", grid["regimes"], regimes)

@@ -355,6 +355,7 @@ def run_sweep(
         >>> args = ["ner", "--model", model_path, "--data", ner_data, *options, "--output", "out", "--quiet"]
         >>> args = build_parser().parse_args(args)
         >>> run_sweep(*resolve(args), print_sweep_report, figures=False)
+        Large-dev protocol: ...
         | regime | epochs | shots | none |
         ...
         results: out/results.jsonl (1 runs)

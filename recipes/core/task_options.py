@@ -131,6 +131,9 @@ def _add_training_arguments(parser: argparse.ArgumentParser, words: TaskWords) -
     )
 
 
+SELECTIONS = ("cv", "dev")  # --selection: the true few-shot protocol (default), the large-dev protocol
+
+
 def _add_grid_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> None:
     grid = parser.add_argument_group("grid (flags override the YAML --config)")
     grid.add_argument(
@@ -147,6 +150,19 @@ def _add_grid_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> No
             "with the default methods under FE: hours on a CPU). Default: a small grid (demo or your "
             "--data).",
         )
+    grid.add_argument(
+        "--selection",
+        choices=SELECTIONS,
+        help="How every choice is made. `cv` (the default): from each trial's own sample alone, by k-fold "
+        "cross-validation (--folds): probes of every block, the block they pick, the probe ensemble, the "
+        "stacked combiner, the unit-RMS average and the recommended guarded ensemble; no dev split is read. "
+        "`dev`: the large-dev protocol, an easier setting than a few-shot user has: every method of "
+        "--methods trains at each LR of its grid and the LR and epoch are chosen on the dev split (the "
+        "default where --methods, --regimes, --lr, --epochs or --paper-grid is given).",
+    )
+    grid.add_argument(
+        "--folds", type=positive_int, help="k of the cross-validation of --selection cv. Default: 4."
+    )
     grid.add_argument("--methods", nargs="+", help=words.methods)
     grid.add_argument("--regimes", nargs="+", help=words.regimes)
     grid.add_argument("--shots", nargs="+", type=words.shots_type, help=words.shots)

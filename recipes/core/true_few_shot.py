@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from .batches import collate
 from .experiment import FewShotExperiment
 from .records import append_record, read_records
 from .stats import mean_ci, paired_mean_ci
+from .tasks import check_task
 
 RECOMMENDED = "guarded_ensemble"  # the recipe the project recommends, under its method name
 BASELINE = "best_layer"  # the bar: the block chosen by the same selection
@@ -227,6 +230,7 @@ def run_trial(
     methods, blocks = test_scores(choice, test, score)
     record: dict[str, Any] = {
         "key": trial_key(experiment, plan, shots, trial),
+        "task": experiment.settings.TASK,
         "selection": "cv",
         "shots": shots,
         "trial": trial,
@@ -256,7 +260,11 @@ def cells(plan: Plan) -> Iterator[tuple[int, int]]:
 
 
 def run_true_few_shot(
-    experiment: FewShotExperiment, plan: Plan, output: str | os.PathLike, command: str = ""
+    experiment: FewShotExperiment,
+    plan: Plan,
+    output: str | os.PathLike,
+    command: str = "",
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """Every trial of ``plan`` (resuming at the first one ``OUTPUT/results.jsonl`` lacks), then the
     summary; returns it."""
@@ -266,7 +274,7 @@ def run_true_few_shot(
     store = StateStore(experiment, output / STATES_FOLDER)
     todo = [cell for cell in cells(plan) if trial_key(experiment, plan, *cell) not in done]
     test = store.rows(experiment.test) if todo else None
-    for shots, trial in tqdm(todo, desc="trials", unit="trial", disable=not todo):
+    for shots, trial in tqdm(todo, desc="trials", unit="trial", disable=quiet or not todo):
         append_record(results, run_trial(experiment, store, test, plan, shots, trial, output))
     keys = {trial_key(experiment, plan, *cell) for cell in cells(plan)}
     records = [r for r in read_records(results) if r["key"] in keys]
@@ -361,3 +369,32 @@ def table(summary: dict[str, Any]) -> str:
             parts.append(f"{mean:.1f}" if len(values) < 2 else f"{mean:.1f} ± {half:.1f}")
         lines.append(f"| {cell['shots']} | " + " | ".join(parts) + " |")
     return "\n".join(lines)
+
+
+def report(summary: dict[str, Any]) -> str:
+    """What a person reads first: the verdict line, the table, and what the columns are."""
+    folds = summary["folds"]
+    note = (
+        f"Test {summary['metric']} (%), mean ± 95% t-interval over trials. Every choice was made from each "
+        f"trial's sample alone ({folds}-fold cross-validation); no dev split was read. The ceiling is the "
+        "block chosen on test: a reference no user could deploy."
+    )
+    return "\n\n".join([verdict(summary), table(summary), note])
+
+
+def protocol_main(settings: Any, grid: dict[str, Any]) -> int:
+    """``--selection cv`` of a few-shot command: the trials of ``grid``'s shots, the report printed and
+    written to ``OUTPUT/table.md``."""
+    check_task(read_records(grid["results"]), grid["results"], settings.TASK)  # one task per file
+    if grid.get("threads"):
+        torch.set_num_threads(grid["threads"])
+    experiment = settings.make_experiment()
+    experiment.check_shots(grid["shots"])
+    plan = Plan(tuple(grid["shots"]), grid["trials"], grid["folds"])
+    command = shlex.join(["layerfusion", *sys.argv[1:]])
+    quiet = bool(grid.get("quiet"))
+    summary = run_true_few_shot(experiment, plan, grid["output"], command, quiet, grid["results"])
+    text = report(summary)
+    (Path(grid["output"]) / "table.md").write_text(text + "\n")
+    print(text)
+    return 0

@@ -12,7 +12,7 @@ from ..core.cells import FULL_TRAIN
 from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, model_path
 from ..core.grids import PAPER_AXES, USER_AXES
 from ..core.options import default_output
-from ..core.settings import field_defaults, grid_options, load_config, option, task_fields
+from ..core.settings import asks_for_training, field_defaults, grid_options, load_config, option, task_fields
 from .experiment import ExperimentSettings
 from .models import NER_REGIME_NAMES, default_token_head
 
@@ -73,7 +73,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         tag_scheme=pick("tag_scheme") or "auto",
         train_sentences=pick("train_sentences"),
     )
-    grid = grid_options(pick, settings, NER_REGIME_NAMES)
+    grid = grid_options(pick, settings, NER_REGIME_NAMES, asks_for_training(args, loaded))
     if FULL_TRAIN in grid["shots"]:
         raise ValueError(
             "--shots all: NER samples N*C sentences per trial; for a fixed number of sentences use "

@@ -12,6 +12,7 @@ import argparse
 
 from ..core.cells import grid_cells, grid_keys, longest_first, planned_runs
 from ..core.sweep import _UnitRunner, run_cells, run_sweep
+from ..core.true_few_shot import protocol_main
 from ..reporting.sweep_report import print_sweep_report
 from .settings import resolve
 
@@ -51,6 +52,8 @@ def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:
         2
     """
     settings, grid = resolve(args)
+    if grid["selection"] == "cv":
+        return protocol_main(settings, grid)
     return run_sweep(settings, grid, print_sweep_report, figures, config=getattr(args, "config", None))
 
 

@@ -14,6 +14,11 @@ from .best_layer import best_layer_section
 from .layers import best_layers_lines, layers_markdown, write_layer_report
 from .plot import markdown_table, summarize, write_report
 
+LARGE_DEV = (
+    "Large-dev protocol: every LR and epoch chosen on the dev split, an easier setting than a few-shot "
+    "user has (--selection cv: every choice from each trial's sample alone)."
+)
+
 
 def print_sweep_report(
     records: list[dict[str, Any]], probes: list[dict[str, Any]], grid: dict[str, Any], figures: bool
@@ -31,10 +36,12 @@ def print_sweep_report(
         >>> record = {"key": "dwatt|fe|8|25|0|lr=0.001|3f2a", "method": "dwatt", "regime": "fe", "shots": 8,
         ...           "epochs": 25, "trial": 0, "lr": 1e-3, "dev_f1": 50.0, "test_f1": 45.0, "setup": "3f2a"}
         >>> print_sweep_report([record], [], {"output": "out", "results": "out/results.jsonl"}, False)
+        Large-dev protocol: ...
         | regime | epochs | shots | dwatt |
         ...
         results: out/results.jsonl (1 runs)
     """
+    print(LARGE_DEV)
     top = grid.get("probe_layers")
     if figures:
         paths = write_report(records, grid["output"])
