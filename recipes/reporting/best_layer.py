@@ -180,7 +180,7 @@ def probe_label(found: dict[str, Any]) -> str:
         >>> probe_label(plain), probe_label(unit)
         ('z_5 λ 0.01', 'z_3 λ 1 on z/rms(z)')
     """
-    own = f"z_{found['layer']} λ {found['penalty']:g}"
+    own = f"z_{found['layer']} λ {found['penalty']:.3g}"
     return f"{own} on z/rms(z)" if found.get("features") == UNIT_RMS else own
 
 

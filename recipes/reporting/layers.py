@@ -378,7 +378,7 @@ def penalty_text(row: dict[str, Any]) -> str:
         ('0.1', '0.01-1')
     """
     low, high = min(row["penalties"]), max(row["penalties"])
-    return f"{low:g}" if low == high else f"{low:g}-{high:g}"
+    return f"{low:.3g}" if low == high else f"{low:.3g}-{high:.3g}"
 
 
 def _weight_text(entry: dict[str, Any], layer: int) -> str:
