@@ -181,6 +181,14 @@ def test_the_probes_choose_their_penalty_on_the_training_sample_alone(classify, 
     ]
 
 
+def test_a_split_without_examples_scores_none(classify):
+    found = probes.trial_probes(classify, classify.train_sample(2, 0), 0)
+    scores = probes.split_scores(classify, found.probes, [], "test")
+    assert scores == {
+        kind: [{"test_accuracy": None, "test_macro_f1": None}] * LAYERS for kind in ("none", "rms")
+    }
+
+
 def _without_timing(records: list[dict]) -> list[dict]:
     return [{key: value for key, value in r.items() if key not in ("seconds", "pid")} for r in records]
 
