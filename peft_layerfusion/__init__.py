@@ -27,7 +27,18 @@ from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
 from .methods.scaled_dwatt import ScaledDWAttConfig, ScaledDWAttModel
 from .model import LayerFusionModel
 from .optim import mixing_multipliers, parameter_groups
-from .probing import best_layer, dev_standard_error, keep_fusion, layer_probe_scores
+from .probing import (
+    CrossValidatedProbe,
+    LayerProbes,
+    Probe,
+    best_layer,
+    cross_validated_probe,
+    dev_standard_error,
+    fit_probe,
+    keep_fusion,
+    layer_probe_scores,
+    layer_probes,
+)
 from .registration import METHODS, RECOMMENDED, Method, method_named, register_all
 from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
 from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
@@ -45,6 +56,7 @@ __all__ = [
     "BitFitModel",
     "ConcatConfig",
     "ConcatModel",
+    "CrossValidatedProbe",
     "DWAttConfig",
     "DWAttModel",
     "DepthMixConfig",
@@ -60,7 +72,9 @@ __all__ = [
     "LayerFusionModel",
     "LayerMixConfig",
     "LayerMixModel",
+    "LayerProbes",
     "Method",
+    "Probe",
     "ScalarMixConfig",
     "ScalarMixModel",
     "ScaledDWAttConfig",
@@ -70,11 +84,14 @@ __all__ = [
     "active_fusion_module",
     "best_layer",
     "count_hooks",
+    "cross_validated_probe",
     "dev_standard_error",
     "find_encoder_blocks",
+    "fit_probe",
     "fused_positions",
     "keep_fusion",
     "layer_probe_scores",
+    "layer_probes",
     "method_named",
     "mixing_multipliers",
     "parameter_groups",

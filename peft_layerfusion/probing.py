@@ -1,51 +1,321 @@
-"""Where a fusion should start: a linear probe per layer, scored on dev (a probe-guided start).
+"""Linear probes of hidden states (one convex, deterministic trainer) and where a fusion should start.
 
 A frozen model's intermediate layers often carry a task better than its last one (on decoders the
-middle of the stack, Skean et al. 2025). :func:`layer_probe_scores` trains one linear probe per hidden
-state on the training examples and scores it on dev; :func:`best_layer` picks the block to start a
-mix on (``LayerMixConfig(start_layer=...)``, ``ScalarMixConfig(start_layer=...)``) or the top blocks
-to fuse (``layers=[...]``). Test data never enters: the choice is made on dev.
+middle of the stack, Skean et al. 2025). A probe says which: a linear classifier trained on one state.
 
-The inputs are the states a head would read, one row per example, e.g. the pooled token of every
-``output_hidden_states`` entry: ``torch.stack(out.hidden_states, 1)[rows, position]`` ``(n, L + 1, d)``.
-Each state is read at unit RMS by default (``z / rms(z)``, as ``state_norm="rms"`` mixes it), so one
-learning rate fits every depth however large the stream has grown; ``state_norm="none"`` reads it as it
-is. Neither reading wins on every task and model: the strongest single-layer bar probes both and keeps
-whichever dev prefers (the recipes' ``--probe-layers`` do, each over an LR grid grown until its best is
-inside).
+**The probe** is multinomial logistic regression, ``p(y | x) = softmax(W x + b)`` (``W`` ``(C, d)``,
+``b`` ``(C,)``), fitted on cached features, one row per example (a sentence task: the pooled state;
+a token task: one row per labelled token) by minimising
 
-The last step is a guard, on dev too (:func:`keep_fusion`): keep the trained mix only where its dev
-score beats the best probe's by more than one standard error of that score, else read that block alone
+    mean_i CE(W x_i + b, y_i) + (penalty / 2) * m * ||W||_F^2,     m = mean of x^2 over the fitted rows
+
+in float64 (:func:`fit_probe`). ``m`` makes the penalty scale-free: features scaled by ``c`` give ``W / c``
+and the same probabilities, so one grid of penalties fits every depth however large its stream has grown
+(states read at unit RMS have ``m = 1``). The objective is strictly convex in ``W``; ``b`` is unpenalised
+and held to sum 0 over the classes (softmax ignores a shift), so the optimum is unique. It is found by
+Newton's method from zeros (each step solved by conjugate gradients, in the span of the centred rows,
+an exact reduction), to a gradient of at most ``tolerance``: no random start, no shuffling, the same
+numbers on every run, and on another machine up to float rounding. A class that no fitted row has gets
+probability 0 (the optimum's limit). Rows labelled ``-100`` (:data:`IGNORE_INDEX`) are ignored, in
+training and in every score.
+
+**Its penalty** is chosen by k-fold cross-validation on the training rows alone
+(:func:`cross_validated_probe`): folds stratified by label (or whole groups, e.g. a sentence's tokens)
+and dealt from a seed; the penalty of :data:`PENALTIES` (grown past an end where the best sits on it,
+:data:`GROW_STEPS` steps at most, and flagged where it still does) with the smallest out-of-fold
+log-loss. The out-of-fold probabilities of every row are kept: what a probe ensemble, a stacked combiner
+or a paired test builds on.
+
+**Per block** (:func:`layer_probes`): one cross-validated probe on each state of ``(n, K, d)``, e.g. the
+pooled token of every ``output_hidden_states`` entry: ``torch.stack(out.hidden_states, 1)[rows, position]``,
+all on the same folds. Each state is read at unit RMS by default (``z / rms(z)``, as ``state_norm="rms"``
+mixes it); ``state_norm="none"`` reads it as it is. :func:`best_layer` picks the block to start a mix on
+(``LayerMixConfig(start_layer=...)``) or the top blocks to fuse (``layers=[...]``);
+:func:`layer_probe_scores` scores each block's probe on held-out data the caller passes.
+
+The last step is a guard (:func:`keep_fusion`): keep the trained mix only where its held-out score beats
+the best probe's by more than one standard error of that score, else read that block alone
 (``AverageConfig(layers=[block], state_norm="rms_after_norm")``: exactly ``z / rms(z)`` of that block
-where the head reads, what its probe read, also on a pre-norm decoder, whose final norm would otherwise
-multiply it by a gain fitted to ``z_L``). The mix starts as that block and can only move
-away from it; on a few examples it sometimes moves the wrong way, and a dev gain smaller than the dev
-score's own noise is more often the luck of the choice than a better model.
+where the head reads, what its probe read, also on a pre-norm decoder). The mix starts as that block and
+can only move away from it; on a few examples it sometimes moves the wrong way, and a gain smaller than
+the score's own noise is more often the luck of the choice than a better model.
 
 Example:
-    >>> import torch
     >>> _ = torch.manual_seed(0)
     >>> states = torch.randn(40, 4, 16)  # (examples, hidden states z_0..z_3, d)
     >>> labels = (states[:, 2, 0] > 0).long()  # the label lives in z_2
-    >>> scores = layer_probe_scores(states[:30], labels[:30], states[30:], labels[30:])
-    >>> best_layer(scores, skip_embeddings=True)
+    >>> probes = layer_probes(states, labels, folds=4)
+    >>> best_layer(probes.cv_accuracies, skip_embeddings=True)
     2
+    >>> probes.out_of_fold.shape  # (states, examples, classes): each row predicted by the other folds
+    torch.Size([4, 40, 2])
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import torch
-import torch.nn.functional as F
 
 from .config import invalid
 from .fusion import unit_rms
 
+IGNORE_INDEX = -100  # a row with this label is ignored, in training and in scoring
 # What a probe reads of one state: the state as it is, or at unit RMS per position (the config's
 # "rms_after_norm" places a mix after the final norm; a single state has no such choice).
 PROBED_STATE_NORMS: tuple[str, ...] = ("none", "rms")
+PENALTIES: tuple[float, ...] = tuple(10.0 ** (k / 2) for k in range(-8, 5))  # 1e-4 .. 1e2, half decades
+FOLDS = 4  # cross-validation folds
+GROW_STEPS = 4  # penalties a grid may grow past each of its ends (a step: the ratio of its two end values)
+MAX_ITER = 100  # Newton steps at most
+TOLERANCE = 1e-10  # the largest gradient entry at which a fit stops (features scaled to m = 1)
+LOG_FLOOR = math.log(torch.finfo(torch.float64).eps)  # a log-probability scored no lower (p = 0 exactly)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A fitted logistic probe: ``p(y | x) = softmax(W x + b)`` (:func:`fit_probe`).
+
+    Args:
+        weight: ``W`` ``(C, d)``, float64.
+        bias: ``b`` ``(C,)``, float64; ``-inf`` for a class that no fitted row had.
+        penalty: The L2 penalty it was fitted with.
+        iterations: Newton steps taken.
+        converged: Whether the gradient reached the tolerance within the iteration budget.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    penalty: float
+    iterations: int
+    converged: bool
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """``W x + b`` of each row of ``features`` ``(m, d)``: ``(m, C)``, float64."""
+        return torch.addmm(self.bias, features.detach().to(torch.float64), self.weight.T)
+
+    def predict_proba(self, features: torch.Tensor) -> torch.Tensor:
+        """The class probabilities of each row of ``features`` ``(m, d)``: ``(m, C)``, float64."""
+        return torch.softmax(self.logits(features), -1)
+
+    def predict(self, features: torch.Tensor) -> torch.Tensor:
+        """The most probable class of each row of ``features`` ``(m, d)``: ``(m,)``."""
+        return self.logits(features).argmax(-1)
+
+
+@dataclass(frozen=True)
+class CrossValidatedProbe:
+    """A probe whose penalty was chosen by cross-validation on its training rows
+    (:func:`cross_validated_probe`).
+
+    Args:
+        probe: Fitted on every labelled row at the chosen penalty.
+        penalty: The chosen penalty: the smallest out-of-fold log-loss (ties to the larger penalty).
+        penalties: Every penalty tried, ascending (the grid, grown past an end where the best sat on it).
+        losses: The out-of-fold mean log-loss at each of ``penalties``.
+        accuracies: The out-of-fold accuracy at each of ``penalties``.
+        out_of_fold: ``(n, C)``: each row's probabilities from the probe fitted on the other folds at the
+            chosen penalty; ``NaN`` on rows labelled ``-100``.
+        on_edge: Whether the chosen penalty is still an end of ``penalties`` (grown as far as allowed):
+            the best may lie beyond it.
+    """
+
+    probe: Probe
+    penalty: float
+    penalties: tuple[float, ...]
+    losses: tuple[float, ...]
+    accuracies: tuple[float, ...]
+    out_of_fold: torch.Tensor
+    on_edge: bool
+
+    @property
+    def loss(self) -> float:
+        """The out-of-fold mean log-loss at the chosen penalty."""
+        return self.losses[self.penalties.index(self.penalty)]
+
+    @property
+    def accuracy(self) -> float:
+        """The out-of-fold accuracy at the chosen penalty."""
+        return self.accuracies[self.penalties.index(self.penalty)]
+
+
+@dataclass(frozen=True)
+class LayerProbes:
+    """One cross-validated probe per hidden state, on the same folds (:func:`layer_probes`).
+
+    Args:
+        fits: One :class:`CrossValidatedProbe` per state, in the order of the states.
+        state_norm: How each state was read: ``"rms"`` (``z / rms(z)`` per row) or ``"none"``.
+    """
+
+    fits: tuple[CrossValidatedProbe, ...]
+    state_norm: str
+
+    @property
+    def cv_accuracies(self) -> list[float]:
+        """Each state's out-of-fold accuracy at its chosen penalty."""
+        return [fit.accuracy for fit in self.fits]
+
+    @property
+    def cv_losses(self) -> list[float]:
+        """Each state's out-of-fold mean log-loss at its chosen penalty."""
+        return [fit.loss for fit in self.fits]
+
+    @property
+    def penalties(self) -> list[float]:
+        """Each state's chosen penalty."""
+        return [fit.penalty for fit in self.fits]
+
+    @property
+    def out_of_fold(self) -> torch.Tensor:
+        """``(K, n, C)``: every state's out-of-fold probabilities (``NaN`` on rows labelled ``-100``)."""
+        return torch.stack([fit.out_of_fold for fit in self.fits])
+
+    def predict_proba(self, states: torch.Tensor) -> torch.Tensor:
+        """``(K, m, C)``: each state's probe on ``states`` ``(m, K, d)``, read as the probes were fitted."""
+        sizes = len(self.fits), self.fits[0].probe.weight.shape[1]
+        read = read_states(check_states("states", states, *sizes), self.state_norm)
+        return torch.stack([fit.probe.predict_proba(read[:, k]) for k, fit in enumerate(self.fits)])
+
+    def accuracies(self, states: torch.Tensor, labels: torch.Tensor) -> list[float]:
+        """Each state's probe's accuracy on ``states`` ``(m, K, d)`` and ``labels`` ``(m,)`` (rows labelled
+        ``-100`` not counted)."""
+        classes = self.fits[0].probe.weight.shape[0]
+        labels = check_labels("labels", labels, len(states), classes)
+        return [probe_accuracy(proba, labels) for proba in self.predict_proba(states)]
+
+
+def fit_probe(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    penalty: float,
+    classes: int | None = None,
+    max_iter: int = MAX_ITER,
+    tolerance: float = TOLERANCE,
+) -> Probe:
+    """The logistic probe of ``features`` at one L2 penalty (the objective: the module docstring).
+
+    Args:
+        features: ``(n, d)``, one row per example (or per labelled token).
+        labels: ``(n,)`` class ids; ``-100`` ignores a row.
+        penalty: The L2 penalty, ``> 0``, on ``W`` scaled by the features' mean square.
+        classes: ``C``; by default the largest label + 1.
+        max_iter: Newton steps at most.
+        tolerance: Stop once no gradient entry exceeds it (on the features scaled to mean square 1).
+
+    Returns:
+        The :class:`Probe`.
+
+    Raises:
+        ValueError: one line naming the field, the value and what is allowed: no labelled row, labels out
+            of range or not integers, non-finite features, lengths that disagree, a penalty not ``> 0``.
+
+    Example:
+        >>> features = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
+        >>> probe = fit_probe(features, torch.tensor([0, 1, 0, 1]), penalty=0.1)
+        >>> probe.predict(torch.tensor([[0.0, 3.0], [3.0, 0.0]])).tolist(), probe.converged
+        ([0, 1], True)
+        >>> fit_probe(features, torch.tensor([0.0, 1.0, 0.0, 1.0]), penalty=0.1)
+        Traceback (most recent call last):
+        ValueError: `labels` has dtype torch.float32: expected integer class ids (-100: ignored).
+    """
+    check_penalty(penalty)
+    features, labels, classes = check_rows("features", features, labels, classes)
+    return solve(Reduced.of(features, labels, classes), penalty, max_iter, tolerance)
+
+
+def cross_validated_probe(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    penalties: Sequence[float] = PENALTIES,
+    folds: int = FOLDS,
+    seed: int = 0,
+    groups: torch.Tensor | None = None,
+    classes: int | None = None,
+) -> CrossValidatedProbe:
+    """A logistic probe whose penalty is chosen by ``folds``-fold cross-validation on these rows alone.
+
+    Each penalty's probes are fitted on all folds but one and predict the one left out; the penalty with
+    the smallest out-of-fold mean log-loss wins (ties to the larger). Where it is the smallest or largest
+    tried, the grid grows one step past that end (the ratio of its two end values), :data:`GROW_STEPS`
+    times at most; ``on_edge`` says where it still sits on an end.
+
+    Args:
+        features: ``(n, d)``.
+        labels: ``(n,)`` class ids; ``-100`` ignores a row (in the fits and in every score).
+        penalties: The penalties to try (each ``> 0``; two at least for the grid to grow).
+        folds: ``k``, from 2 to the number of labelled rows (or groups).
+        seed: Deals the folds (:func:`probe_folds`).
+        groups: ``(n,)`` integer ids of rows that stay in one fold (a sentence's tokens); ``None``: each row
+            its own, the folds stratified by label.
+        classes: ``C``; by default the largest label + 1.
+
+    Returns:
+        The :class:`CrossValidatedProbe`.
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> features = torch.randn(32, 8)
+        >>> labels = (features[:, 0] > 0).long()
+        >>> found = cross_validated_probe(features, labels, folds=4)
+        >>> found.penalty in found.penalties, found.on_edge, round(found.accuracy, 2)
+        (True, False, 0.84)
+        >>> cross_validated_probe(features[:3], labels[:3], folds=4)
+        Traceback (most recent call last):
+        ValueError: `folds`=4 is not allowed: expected an integer from 2 to the 3 labelled rows.
+    """
+    grid = check_penalties(penalties)
+    features, labels, classes = check_rows("features", features, labels, classes)
+    fold_of = probe_folds(labels, folds, seed, groups)
+    return cross_validate(features, labels, classes, fold_of, grid)
+
+
+def layer_probes(
+    states: torch.Tensor,
+    labels: torch.Tensor,
+    penalties: Sequence[float] = PENALTIES,
+    folds: int = FOLDS,
+    seed: int = 0,
+    groups: torch.Tensor | None = None,
+    classes: int | None = None,
+    state_norm: str = "rms",
+) -> LayerProbes:
+    """A cross-validated probe (:func:`cross_validated_probe`) on each hidden state, all on the same folds.
+
+    Args:
+        states: ``(n, K, d)``: each row's ``K`` hidden states (e.g. ``z_0 .. z_L`` at the position the head
+            reads).
+        labels: ``(n,)`` class ids; ``-100`` ignores a row.
+        penalties: The penalties each state's probe tries (grown past an end as needed).
+        folds: ``k``.
+        seed: Deals the folds.
+        groups: ``(n,)`` ids of rows that stay in one fold (a token task: each token's sentence).
+        classes: ``C``; by default the largest label + 1.
+        state_norm: ``"rms"``: each state read as ``z / rms(z)`` per row; ``"none"``: as it is.
+
+    Returns:
+        The :class:`LayerProbes`: per state, its chosen penalty, out-of-fold scores and probabilities.
+
+    Example:
+        >>> states = torch.randn(24, 3, 8) * torch.tensor([1.0, 40.0, 1600.0]).view(1, 3, 1)  # (n, K, d)
+        >>> labels = (states[:, 1, 0] > 0).long()
+        >>> probes = layer_probes(states, labels, folds=3, state_norm="none")
+        >>> len(probes.cv_accuracies), probes.cv_accuracies[1] > max(probes.cv_accuracies[0], 0.7)
+        (3, True)
+    """
+    if state_norm not in PROBED_STATE_NORMS:
+        raise invalid("state_norm", state_norm, f"one of {list(PROBED_STATE_NORMS)}")
+    grid = check_penalties(penalties)
+    states = check_states("states", states, "states", "d")
+    labels = check_labels("labels", labels, len(states), check_classes(classes))
+    classes = classes or int(labels.max()) + 1
+    fold_of = probe_folds(labels, folds, seed, groups)
+    read = read_states(states, state_norm)
+    fits = [cross_validate(read[:, k], labels, classes, fold_of, grid) for k in range(read.shape[1])]
+    return LayerProbes(tuple(fits), state_norm)
 
 
 def layer_probe_scores(
@@ -53,68 +323,106 @@ def layer_probe_scores(
     train_labels: torch.Tensor,
     dev_states: torch.Tensor,
     dev_labels: torch.Tensor,
-    steps: int = 200,
-    lr: float = 1e-2,
+    folds: int = FOLDS,
     seed: int = 0,
     state_norm: str = "rms",
 ) -> list[float]:
-    """Dev accuracy of a linear probe on each hidden state, trained on the training examples.
+    """Held-out accuracy of each hidden state's probe, fitted on the training rows (:func:`layer_probes`:
+    its penalty chosen by cross-validation on them alone).
 
     Args:
-        train_states: ``(n, K, d)``: each training example's ``K`` hidden states (e.g. ``z_0 .. z_L``
-            at the position the head reads).
-        train_labels: ``(n,)`` class ids.
-        dev_states: ``(m, K, d)``.
-        dev_labels: ``(m,)``.
-        steps: Full-batch Adam steps of every probe (all ``K`` train together, each on its own state).
-        lr: Adam's learning rate.
-        seed: Seed of the probes' initial weights.
+        train_states: ``(n, K, d)``: each training example's ``K`` hidden states.
+        train_labels: ``(n,)`` class ids (``-100``: ignored).
+        dev_states: ``(m, K, d)``: the rows to score on.
+        dev_labels: ``(m,)`` (``-100``: not scored).
+        folds: The cross-validation folds on the training rows.
+        seed: Deals the folds.
         state_norm: ``"rms"``: each state read as ``z / rms(z)`` per row; ``"none"``: as it is.
 
     Returns:
-        ``K`` dev accuracies in ``[0, 1]``, in the order of the states.
-
-    Raises:
-        ValueError: when the shapes do not agree (naming them), or ``state_norm`` is not one of
-            ``"none"``, ``"rms"``.
+        ``K`` accuracies in ``[0, 1]``, in the order of the states.
 
     Example:
-        >>> states = torch.randn(12, 3, 8) * torch.tensor([1.0, 40.0, 1600.0]).view(1, 3, 1)  # (n, K, d)
+        >>> states = torch.randn(16, 3, 8) * torch.tensor([1.0, 40.0, 1600.0]).view(1, 3, 1)  # (n, K, d)
         >>> labels = (states[:, 1, 0] > 0).long()
-        >>> scores = layer_probe_scores(states[:8], labels[:8], states[8:], labels[8:], state_norm="none")
+        >>> scores = layer_probe_scores(states[:12], labels[:12], states[12:], labels[12:], folds=3)
         >>> len(scores), all(0.0 <= score <= 1.0 for score in scores)
         (3, True)
+        >>> layer_probe_scores(states[:12], labels[:12], states[12:, :2], labels[12:], folds=3)
+        Traceback (most recent call last):
+        ValueError: `dev_states` has shape (4, 2, 8): expected (rows, 3, 8), as the training states.
     """
-    if state_norm not in PROBED_STATE_NORMS:
-        raise invalid("state_norm", state_norm, f"one of {list(PROBED_STATE_NORMS)}")
-    if train_states.dim() != 3 or dev_states.shape[1:] != train_states.shape[1:]:
-        raise ValueError(
-            f"train_states {tuple(train_states.shape)} and dev_states {tuple(dev_states.shape)}: expected "
-            "(examples, states, d) with the same states and d"
-        )
-    if len(train_labels) != len(train_states) or len(dev_labels) != len(dev_states):
-        raise ValueError("one label per example expected in train_labels and dev_labels")
+    train_states = check_states("train_states", train_states, "states", "d")
+    check_states("dev_states", dev_states, *train_states.shape[1:])
+    train_labels = check_labels("train_labels", train_labels, len(train_states), None)
+    dev_labels = check_labels("dev_labels", dev_labels, len(dev_states), None)
     classes = int(max(train_labels.max(), dev_labels.max())) + 1
-    count, width = train_states.shape[1], train_states.shape[2]
+    probes = layer_probes(
+        train_states, train_labels, folds=folds, seed=seed, classes=classes, state_norm=state_norm
+    )
+    return probes.accuracies(dev_states, dev_labels)
+
+
+def probe_folds(
+    labels: torch.Tensor, folds: int, seed: int = 0, groups: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The fold of each row, ``0 .. folds - 1`` (``-1`` where the label is ``-100``).
+
+    Without ``groups``, stratified: each class's rows, in a seeded random order, are dealt round the
+    folds, each class going on where the last one stopped (fold sizes differ by one at most). With
+    ``groups``, each group's rows stay together, the groups dealt in a seeded random order. The same
+    labels, groups and seed give the same folds on every machine.
+
+    Args:
+        labels: ``(n,)`` class ids (``-100``: no fold).
+        folds: ``k``, from 2 to the labelled rows (or their groups).
+        seed: The seed of the order.
+        groups: ``(n,)`` integer group ids, or ``None``.
+
+    Example:
+        >>> probe_folds(torch.tensor([0, 0, 0, 1, 1, 1, -100]), folds=3).tolist()
+        [1, 2, 0, 2, 1, 0, -1]
+        >>> probe_folds(torch.tensor([0, 1, 1, 0, 1]), folds=2, groups=torch.tensor([7, 7, 8, 8, 9])).tolist()
+        [1, 1, 0, 0, 0]
+    """
+    labels = check_labels("labels", labels, len(labels), None)
+    kept = labels != IGNORE_INDEX
     generator = torch.Generator().manual_seed(seed)
-    weight = (torch.randn(count, width, classes, generator=generator) / width**0.5).requires_grad_(True)
-    bias = torch.zeros(count, 1, classes, requires_grad=True)
-    read = unit_rms if state_norm == "rms" else torch.clone
-    train = read(train_states.detach().float()).transpose(0, 1)  # (K, n, d)
-    dev = read(dev_states.detach().float()).transpose(0, 1)  # (K, m, d)
-    optimizer = torch.optim.Adam([weight, bias], lr=lr)
-    with torch.enable_grad():
-        for _ in range(steps):
-            logits = torch.baddbmm(bias, train, weight)  # (K, n, C)
-            loss = F.cross_entropy(logits.flatten(0, 1), train_labels.repeat(count), reduction="sum") / len(
-                train_labels
-            )
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    with torch.no_grad():
-        predicted = torch.baddbmm(bias, dev, weight).argmax(-1)  # (K, m)
-        return (predicted == dev_labels).float().mean(-1).tolist()
+    if groups is None:
+        units = labels[kept]  # a row per unit, stratified by its label
+        strata = [torch.nonzero(units == c).flatten() for c in torch.unique(units).tolist()]
+    else:
+        if groups.shape != labels.shape or groups.is_floating_point():
+            raise ValueError(f"`groups` has shape {tuple(groups.shape)}: expected {len(labels)} integer ids.")
+        names, units = torch.unique(groups[kept], return_inverse=True)  # a group per unit
+        strata = [torch.arange(len(names))]
+    count = sum(len(members) for members in strata)
+    if isinstance(folds, bool) or not isinstance(folds, int) or not 2 <= folds <= count:
+        unit = "labelled rows" if groups is None else "groups of labelled rows"
+        raise invalid("folds", folds, f"an integer from 2 to the {count} {unit}")
+    unit_fold = torch.empty(count, dtype=torch.long)
+    dealt = 0
+    for members in strata:
+        order = members[torch.randperm(len(members), generator=generator)]
+        unit_fold[order] = (dealt + torch.arange(len(order))) % folds
+        dealt += len(order)
+    fold = torch.full_like(labels, -1)
+    fold[kept] = unit_fold if groups is None else unit_fold[units]
+    return fold
+
+
+def probe_accuracy(proba: torch.Tensor, labels: torch.Tensor) -> float:
+    """The accuracy of class probabilities ``(m, C)`` (their argmax) on ``labels`` ``(m,)``, rows labelled
+    ``-100`` not counted.
+
+    Example:
+        >>> probe_accuracy(torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), torch.tensor([0, 0, -100]))
+        0.5
+    """
+    kept = labels != IGNORE_INDEX
+    if not kept.any():
+        raise ValueError("`labels` are all -100: expected at least one labelled row to score.")
+    return (proba[kept].argmax(-1) == labels[kept]).double().mean().item()
 
 
 def best_layer(scores: Sequence[float], skip_embeddings: bool = False) -> int:
@@ -153,9 +461,9 @@ def keep_fusion(fusion_dev: float, layer_dev: float, dev_size: int) -> bool:
     Keep the fusion only where its dev score beats the best layer's by more than one standard error of
     the layer's dev score (:func:`dev_standard_error`); else read the layer alone. It is the rule of
     Breiman et al. (1984) for choosing among models on held-out data: take the simplest model whose
-    score is within one standard error of the best. Both scores are maxima over a grid of LRs and
-    epochs (and the layer's over blocks), so a gain smaller than that noise is as likely the winner's
-    luck as a better model.
+    score is within one standard error of the best. Both scores are maxima over a grid of choices (and
+    the layer's over blocks), so a gain smaller than that noise is as likely the winner's luck as a
+    better model.
 
     Args:
         fusion_dev: The trained fusion's dev score, in ``[0, 1]``.
@@ -169,3 +477,241 @@ def keep_fusion(fusion_dev: float, layer_dev: float, dev_size: int) -> bool:
     if not 0.0 <= fusion_dev <= 1.0:
         raise invalid("fusion_dev", fusion_dev, "a dev score in [0, 1]")
     return fusion_dev > layer_dev + dev_standard_error(layer_dev, dev_size)
+
+
+# ----------------------------------------------------------------------------------------- checks
+def check_penalty(penalty: float) -> float:
+    """``penalty`` where it is a finite number ``> 0``, else a one-line error."""
+    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0 < penalty < math.inf:
+        raise invalid("penalty", penalty, "a finite number > 0")
+    return float(penalty)
+
+
+def check_penalties(penalties: Sequence[float]) -> list[float]:
+    """``penalties`` sorted, where each is a finite number ``> 0`` and there is one at least."""
+    if len(penalties) == 0:
+        raise invalid("penalties", penalties, "at least one finite number > 0")
+    for penalty in penalties:
+        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0 < penalty < math.inf:
+            raise invalid("penalties", list(penalties), "finite numbers > 0")
+    return sorted({float(penalty) for penalty in penalties})
+
+
+def check_states(name: str, states: torch.Tensor, *sizes: int | str) -> torch.Tensor:
+    """``states`` as float64 where it is ``(rows, *sizes)`` (a string: any size), has a row and holds
+    finite numbers, else a one-line error naming ``name``."""
+    expected = f"(rows, {', '.join(map(str, sizes))})"
+    fits = isinstance(states, torch.Tensor) and states.dim() == 1 + len(sizes)
+    if not fits or any(
+        isinstance(size, int) and size != got for size, got in zip(sizes, states.shape[1:], strict=True)
+    ):
+        got = tuple(states.shape) if isinstance(states, torch.Tensor) else type(states).__name__
+        suffix = ", as the training states" if name.startswith("dev") else ""
+        raise ValueError(f"`{name}` has shape {got}: expected {expected}{suffix}.")
+    if len(states) == 0:
+        raise ValueError(f"`{name}` has 0 rows: expected at least one.")
+    if not states.is_floating_point():
+        raise ValueError(f"`{name}` has dtype {states.dtype}: expected floating-point numbers.")
+    states = states.detach().to(torch.float64)
+    finite = torch.isfinite(states)
+    if not finite.all():
+        where = torch.nonzero(~finite)[0].tolist()
+        raise ValueError(f"`{name}` holds {states[tuple(where)].item()} at {where}: expected finite numbers.")
+    return states
+
+
+def check_labels(name: str, labels: torch.Tensor, rows: int, classes: int | None) -> torch.Tensor:
+    """``labels`` where they are ``rows`` integer class ids in ``0 .. classes - 1`` (any where ``classes`` is
+    ``None``) or ``-100``, one at least not ``-100``, else a one-line error naming ``name``."""
+    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
+        what = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f"`{name}` has dtype {what}: expected integer class ids (-100: ignored).")
+    if labels.shape != (rows,):
+        raise ValueError(f"`{name}` has shape {tuple(labels.shape)}: expected ({rows},), one per row.")
+    labels = labels.long()
+    kept = labels[labels != IGNORE_INDEX]
+    if len(kept) == 0:
+        raise ValueError(f"`{name}` are all -100: expected at least one labelled row.")
+    allowed = ">= 0" if classes is None else f"0 .. {classes - 1}"
+    bad = kept[(kept < 0) | (kept >= (classes or 2**62))]
+    if len(bad):
+        raise ValueError(f"`{name}` holds {int(bad[0])}: expected class ids {allowed} (-100: ignored).")
+    return labels
+
+
+def check_rows(
+    name: str, features: torch.Tensor, labels: torch.Tensor, classes: int | None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(features (n, d) float64, labels, C)`` of a probe's rows, each checked (:func:`check_states`,
+    :func:`check_labels`, :func:`check_classes`)."""
+    features = check_states(name, features, "d")
+    labels = check_labels("labels", labels, len(features), check_classes(classes))
+    return features, labels, classes or int(labels.max()) + 1
+
+
+def check_classes(classes: int | None) -> int | None:
+    """``classes`` where it is ``None`` or an integer ``>= 1``, else a one-line error."""
+    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
+        raise invalid("classes", classes, "None or an integer >= 1")
+    return classes
+
+
+def read_states(states: torch.Tensor, state_norm: str) -> torch.Tensor:
+    """``states`` as a probe reads them: at unit RMS per row (``"rms"``) or as they are (``"none"``)."""
+    return unit_rms(states) if state_norm == "rms" else states
+
+
+# ----------------------------------------------------------------------------------------- solver
+@dataclass(frozen=True)
+class Reduced:
+    """One probe problem in the coordinates its optimum lives in.
+
+    The labelled rows, centred and divided by ``sqrt(m)``, are ``U S V^T`` (thin SVD, rank ``r``). The
+    optimal ``W`` lies in the span of the rows of ``V^T`` (the loss's gradient does, and so the penalty's
+    pull), so ``W sqrt(m) = B^T V^T`` and the logits are ``[Z, 1] theta``, ``Z = U S`` ``(n, r)``, ``theta``
+    ``(r + 1, C')`` = ``B`` over the bias (unpenalised): the same objective in ``r <= n`` coordinates.
+    ``C'`` counts the classes the rows have.
+    """
+
+    rows: torch.Tensor  # (n, r + 1): [Z, 1]
+    basis: torch.Tensor  # (r, d): V^T
+    mean: torch.Tensor  # (d,): the rows' mean
+    scale: float  # sqrt(m)
+    targets: torch.Tensor  # (n,): the labels as indices into present
+    present: torch.Tensor  # (C',): the classes the rows have
+    classes: int  # C
+
+    @classmethod
+    def of(cls, features: torch.Tensor, labels: torch.Tensor, classes: int) -> Reduced:
+        """The problem of the rows of ``features`` ``(n, d)`` whose label is not ``-100``."""
+        kept = labels != IGNORE_INDEX
+        features, labels = features[kept], labels[kept]  # (n, d), (n,)
+        scale = math.sqrt(features.pow(2).mean().item()) or 1.0
+        mean = features.mean(0)
+        left, singular, basis = torch.linalg.svd((features - mean) / scale, full_matrices=False)
+        rank = singular > singular[0] * max(features.shape) * torch.finfo(torch.float64).eps
+        rows = torch.cat([left[:, rank] * singular[rank], torch.ones(len(labels), 1, dtype=torch.float64)], 1)
+        present, targets = torch.unique(labels, return_inverse=True)
+        return cls(rows, basis[rank], mean, scale, targets, present, classes)
+
+    def probe(self, theta: torch.Tensor, penalty: float, steps: int, converged: bool) -> Probe:
+        """The :class:`Probe` of a solution ``theta`` ``(r + 1, C')``, in the original features."""
+        weight = torch.zeros(self.classes, self.basis.shape[1], dtype=torch.float64)
+        weight[self.present] = (theta[:-1].T @ self.basis) / self.scale  # (C', d)
+        bias = torch.full((self.classes,), -math.inf, dtype=torch.float64)
+        bias[self.present] = theta[-1] - weight[self.present] @ self.mean
+        return Probe(weight, bias, penalty, steps, converged)
+
+
+def solve(problem: Reduced, penalty: float, max_iter: int = MAX_ITER, tolerance: float = TOLERANCE) -> Probe:
+    """Newton's method on ``problem`` at ``penalty`` from ``theta = 0``: each step ``H p = -g`` solved by
+    conjugate gradients (:func:`conjugate_gradient`), then halved until the loss decreases enough (Armijo);
+    a full step whose change the loss cannot resolve (rounding) is taken where it lowers the gradient.
+    Stops where no gradient entry exceeds ``tolerance``, or after ``max_iter`` steps."""
+    rows, count = problem.rows, len(problem.targets)  # (n, r + 1)
+    onehot = torch.nn.functional.one_hot(problem.targets, len(problem.present)).to(torch.float64)  # (n, C')
+    shrink = torch.full((rows.shape[1], 1), penalty, dtype=torch.float64)
+    shrink[-1] = 0.0  # the bias is not penalised
+    theta = torch.zeros(rows.shape[1], onehot.shape[1], dtype=torch.float64)  # (r + 1, C')
+
+    def evaluate(theta: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
+        log_proba = torch.log_softmax(rows @ theta, -1)  # (n, C')
+        proba = log_proba.exp()
+        loss = -(onehot * log_proba).sum().item() / count + (shrink * theta.pow(2)).sum().item() / 2
+        return loss, rows.T @ (proba - onehot) / count + shrink * theta, proba
+
+    def hessian_times(proba: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        weighted = proba * (rows @ direction)  # (n, C'): p * the logits' change
+        return rows.T @ (weighted - proba * weighted.sum(-1, keepdim=True)) / count + shrink * direction
+
+    loss, gradient, proba = evaluate(theta)
+    steps = 0
+    while not (converged := gradient.abs().max().item() <= tolerance) and steps < max_iter:
+        step = conjugate_gradient(partial(hessian_times, proba), gradient)
+        slope = (gradient * step).sum().item()
+        for halvings in range(31):
+            size = 2.0**-halvings
+            trial_loss, trial_gradient, trial_proba = evaluate(theta + size * step)
+            if trial_loss <= loss + 1e-4 * size * slope:
+                break
+            unresolved = trial_loss - loss <= 8 * torch.finfo(torch.float64).eps * abs(loss)
+            if halvings == 0 and unresolved and trial_gradient.abs().max() < gradient.abs().max():
+                break
+        else:  # no step lowers the loss as far as the arithmetic resolves it: as close as it gets
+            break
+        theta, loss, gradient, proba = theta + size * step, trial_loss, trial_gradient, trial_proba
+        steps += 1
+    return problem.probe(theta, penalty, steps, converged)
+
+
+def conjugate_gradient(
+    hessian_times: Callable[[torch.Tensor], torch.Tensor], gradient: torch.Tensor
+) -> torch.Tensor:
+    """``p`` with ``H p ~ -g`` by conjugate gradients from 0, to a residual of ``min(0.5, sqrt(|g|)) |g|``
+    (Newton's method's forcing term: superlinear convergence), ``len(g)`` steps at most."""
+    residual = -gradient
+    direction, step = residual, torch.zeros_like(gradient)
+    norm = (residual * residual).sum()
+    target = min(0.5, norm.item() ** 0.25) ** 2 * norm  # the squared residual to reach
+    for _ in range(gradient.numel()):
+        product = hessian_times(direction)
+        alpha = norm / (direction * product).sum()
+        step = step + alpha * direction
+        residual = residual - alpha * product
+        new_norm = (residual * residual).sum()
+        if new_norm <= target:
+            break
+        direction, norm = residual + new_norm / norm * direction, new_norm
+    return step
+
+
+# ----------------------------------------------------------------------------------------- cross-validation
+def cross_validate(
+    features: torch.Tensor, labels: torch.Tensor, classes: int, fold_of: torch.Tensor, grid: list[float]
+) -> CrossValidatedProbe:
+    """:func:`cross_validated_probe` on checked rows and given folds (``fold_of``: :func:`probe_folds`)."""
+    folds = int(fold_of.max()) + 1
+    splits = [
+        (Reduced.of(features, torch.where(fold_of == k, IGNORE_INDEX, labels), classes), fold_of == k)
+        for k in range(folds)
+    ]
+    scored: dict[float, tuple[float, float, torch.Tensor]] = {}  # penalty -> (loss, accuracy, out of fold)
+
+    def score(penalty: float) -> None:
+        proba = torch.full((len(labels), classes), math.nan, dtype=torch.float64)
+        for problem, held_out in splits:
+            proba[held_out] = solve(problem, penalty).predict_proba(features[held_out])
+        kept = labels != IGNORE_INDEX
+        target = proba[kept].gather(1, labels[kept, None]).squeeze(1)
+        loss = -target.log().clamp(min=LOG_FLOOR).mean().item()
+        scored[penalty] = (loss, probe_accuracy(proba, labels), proba)
+
+    def best() -> float:
+        return min(scored, key=lambda penalty: (scored[penalty][0], -penalty))
+
+    for penalty in grid:
+        score(penalty)
+    grown = {"low": 0, "high": 0}
+    while len(scored) > 1:
+        ends = sorted(scored)
+        chosen = best()
+        if chosen == ends[0] and grown["low"] < GROW_STEPS:
+            grown["low"] += 1
+            score(float(f"{ends[0] * ends[0] / ends[1]:.12g}"))
+        elif chosen == ends[-1] and grown["high"] < GROW_STEPS:
+            grown["high"] += 1
+            score(float(f"{ends[-1] * ends[-1] / ends[-2]:.12g}"))
+        else:
+            break
+    penalties = tuple(sorted(scored))
+    chosen = best()
+    on_edge = len(penalties) > 1 and chosen in (penalties[0], penalties[-1])
+    return CrossValidatedProbe(
+        probe=solve(Reduced.of(features, labels, classes), chosen),
+        penalty=chosen,
+        penalties=penalties,
+        losses=tuple(scored[p][0] for p in penalties),
+        accuracies=tuple(scored[p][1] for p in penalties),
+        out_of_fold=scored[chosen][2],
+        on_edge=on_edge,
+    )

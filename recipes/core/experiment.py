@@ -53,7 +53,6 @@ from .grids import DEFAULT_LR_GRIDS, EVERY_EPOCH, FE_DEFAULT_LR, FT_DEFAULT_LR, 
 from .locations import check_model
 from .loop import collect_garbage, restore, snapshot
 from .models import (
-    PLAIN_HEAD,
     adapter_summary,
     apply_regime,
     check_head_modules,
@@ -62,6 +61,7 @@ from .models import (
     trainable_parameters,
 )
 from .options import DEFAULT_CACHE_DTYPE, check_cache_dtype
+from .probes import PROBE_SETTINGS
 from .records import fingerprint
 from .runner import (
     Runner,
@@ -128,13 +128,12 @@ class TaskSettings:
             epoch and evaluation. The same records either way (not part of the setup).
         probe_start: Start each trial's fusion of a method with a ``start_layer`` option one-hot on the
             block whose probe scored best on dev in that trial (``--probe-start``); part of the setup
-            with the FE LR grid the probes select over.
+            with the probes' settings (:data:`~layerfusion_recipes.core.probes.PROBE_SETTINGS`).
         probe_starts: ``{(shots, epochs, trial): block}``, set by a sweep from its probes
             (:func:`~layerfusion_recipes.core.probes.probe_starts`) before the runs; ``None`` before.
         probe_fuse: Fuse each trial's ``K`` best probed blocks (``--probe-fuse K``: the blocks whose
             probes scored best on dev in that trial, as ``layers``) in every method with a ``layers``
-            option; part of the setup with the FE LR grid the probes select over. ``None``: the
-            method's own layers.
+            option; part of the setup with the probes' settings. ``None``: the method's own layers.
         probe_ranks: ``{(shots, epochs, trial): blocks}``, best first, set by a sweep from its probes
             (:func:`~layerfusion_recipes.core.probes.probe_ranks`) before the runs; ``None`` before.
     """
@@ -287,10 +286,10 @@ class TaskSettings:
             fields["content"] = content
         if self.cache_dtype != DEFAULT_CACHE_DTYPE:  # rounded features: other results (the default: old keys)
             fields["cache_dtype"] = self.cache_dtype
-        if self.probe_start:  # the probes' base grid; each run's start block is in its own key (run_key)
-            fields["probe_start"] = list(self.lr_grid("fe", PLAIN_HEAD))
+        if self.probe_start:  # the probes' settings; each run's start block is in its own key (run_key)
+            fields["probe_start"] = PROBE_SETTINGS
         if self.probe_fuse is not None:  # the same for the fused blocks (probe_layers), and their count
-            fields["probe_fuse"] = list(self.lr_grid("fe", PLAIN_HEAD))
+            fields["probe_fuse"] = PROBE_SETTINGS
             fields["probe_fuse_count"] = self.probe_fuse
         return fields
 

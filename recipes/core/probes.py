@@ -1,68 +1,78 @@
-"""Layer probes: a linear head on each block output ``z_1 .. z_L`` at the positions a task reads,
-trained on the feature cache; the LR selected on dev per layer, the test score of its best dev epoch.
+"""Layer probes: the library's probe (:mod:`peft_layerfusion.probing`) on each block output ``z_1 .. z_L``
+at the positions a task reads, from the feature cache; its penalty chosen on the trial's sample alone.
 
-The probe of layer ``n`` is ``logits = W x_n + b`` (``W`` ``(C, d)``, ``b`` ``(C,)``) on a feature
-``x_n`` of the state ``z_n`` (the output of block ``n``, as ``output_hidden_states[n]``): ``z_n`` as it
-is (``raw``) or ``z_n / rms(z_n)`` per position (``rms``: every position at RMS 1, as a mix with
-``state_norm="rms"`` reads it, so one LR fits every depth however large the stream grew). Both kinds
-are probed and the bar takes whichever dev prefers: neither wins on every task and model. The states
-are read at the positions the task's head reads
+The probe of layer ``n`` is the L2-regularised logistic probe ``softmax(W x_n + b)`` of
+:func:`~peft_layerfusion.probing.layer_probes` on a feature ``x_n`` of the state ``z_n`` (the output of
+block ``n``, as ``output_hidden_states[n]``): ``z_n`` as it is (``none``) or ``z_n / rms(z_n)`` per
+position (``rms``, as a mix with ``state_norm="rms"`` reads it). Both kinds are probed; neither wins on
+every task and model. The states are read at the positions the task's head reads
 (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.probe_inputs`): every labelled first
-sub-word for NER, the pooled position of a sentence classifier (its first or last token, or the
-mean over the real tokens with mean pooling). It trains as a cell's run does
-(:func:`~layerfusion_recipes.core.fitting.fit`: AdamW, the LR linear to zero over the max epochs, the
-trial's sample and batches, the task's scorer on dev every k epochs, the test score of the best dev
-epoch), its head drawn from ``seed + trial`` (the same draw for every layer and LR). The ``L x K``
-probes of a trial (``K``: the LRs of the FE grid) train together in one pass over the cached states:
-:class:`ProbeRunner`, a stacked runner whose candidates are the heads, each the run it would be alone.
+sub-word for NER (one row each, a sentence's rows in one fold), the pooled position of a sentence
+classifier (its first or last token, or the mean over the real tokens with mean pooling).
 
-The LRs: the plain head's FE grid for each kind, grown one step (the ratio of its two largest, or two
-smallest, LRs) past an end wherever a trial's best probe of that kind sits on that end, up to
-:data:`GROW_STEPS` steps each way (:func:`probe_plan`): a bar whose LR sits at a grid edge may be
-under-tuned. The grown LRs follow from the scores alone, so a sweep that resumes grows the same way.
+Per trial, each kind's probes are fitted on the trial's sample (:meth:`train_sample`), their penalties
+chosen by :data:`~peft_layerfusion.probing.FOLDS`-fold cross-validation on that sample alone (fewer folds
+where the sample has fewer examples), folds dealt from ``seed + trial``; each probe then predicts dev and
+test, scored by the task's scorer (accuracy and macro-F1, seqeval's micro-F1). No choice of the probe
+reads dev: the block (and kind) chosen from them (:func:`best_single_layer`, ``--probe-start``,
+``--probe-fuse``) is chosen on dev today, by the caller.
 
-Records (:func:`run_probes`): one per (shots, max epochs, trial, feature kind, LR) in the probes file
-beside the results file (:func:`probes_path`), keyed as every run is
-(:func:`~layerfusion_recipes.core.cells.record_key` of the method ``probe`` under ``fe``, with
-``|features=rms`` for the unit-RMS kind: :func:`probe_key`), so a sweep resumes them; the scores of
-each layer are under ``layers``, the kind under ``features`` (``raw`` where a record has none: those
-written before the kinds). :mod:`layerfusion_recipes.reporting.layers` selects, draws and tabulates them.
+Records (:func:`run_probes`): one per (shots, max epochs, trial, feature kind) in the probes file beside
+the results file (:func:`probes_path`), keyed by the cell, the setup, the kind and the probe's own
+settings (:func:`probe_key`), so a sweep resumes them; each layer's penalty, its cross-validated scores
+and its dev and test scores under ``layers``. A probe does not depend on the max epochs: a trial's probes
+are fitted once and written for each max epochs of the grid. :mod:`layerfusion_recipes.reporting.layers`
+tabulates them.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
-from peft_layerfusion.fusion import unit_rms
-from peft_layerfusion.probing import keep_fusion
+from peft_layerfusion.probing import (
+    FOLDS,
+    GROW_STEPS,
+    MAX_ITER,
+    PENALTIES,
+    PROBED_STATE_NORMS,
+    TOLERANCE,
+    LayerProbes,
+    keep_fusion,
+    layer_probes,
+)
 
 from .batches import collate
-from .cells import Cell, record_key
-from .fitting import RunResult, fit
-from .models import PLAIN_HEAD
-from .records import append_record, read_records, without_probe_choice
-from .runner import StackedRunner
+from .cells import Cell
+from .records import append_record, fingerprint, read_records, without_probe_choice
 
 if TYPE_CHECKING:
+    import os
+
     from .experiment import FewShotExperiment
+    from .feature_cache import FeatureCache
 
 PROBE = "probe"  # the method name of a probe record
 PROBE_REGIME = "fe"  # probes read the frozen encoder's states
-RAW, UNIT_RMS = "raw", "rms"  # what a probe reads of z_n: z_n itself; z_n / rms(z_n) per position
-FEATURES = (RAW, UNIT_RMS)  # every probe trial reads both kinds
-GROW_STEPS = 4  # LRs a kind's grid may grow past each of its ends (the step: its end LRs' ratio)
-
-# (L, batch, seq, d) block outputs and the collated batch -> (read, L, d) probe inputs and (read,) labels
-ProbeInputs = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+FEATURES = PROBED_STATE_NORMS  # what a probe reads of z_n: "none" (z_n itself), "rms" (z_n / rms(z_n))
+UNIT_RMS = "rms"
+READ_BATCH = 64  # examples read from the cache at a time
+# What the probes' numbers depend on besides the setup: in every probe key (a change makes new records)
+# and in the setup of the runs that start from them.
+PROBE_SETTINGS: dict[str, Any] = {
+    "penalties": list(PENALTIES),
+    "folds": FOLDS,
+    "grow": GROW_STEPS,
+    "tolerance": TOLERANCE,
+    "max_iter": MAX_ITER,
+}
 
 
 def states_at(states: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
@@ -87,183 +97,151 @@ def probes_path(results: str | os.PathLike) -> Path:
     return results.with_name(f"{results.stem}.probes.jsonl")
 
 
-class ProbeRunner(StackedRunner):
-    """The linear probes of every layer at ``K`` LRs, trained together: candidate ``k * L + (n - 1)``
-    is the head of layer ``n`` at the ``k``-th LR; ``logits`` returns ``(K * L, read, C)`` and the
-    ``(read,)`` labels.
-
-    Args:
-        head: The head every probe starts from (``nn.Linear(d, C)``, drawn by the caller).
-        num_blocks: ``L``.
-        count: ``K``, the LRs.
-        cache: The feature cache of the frozen encoder.
-        inputs: The task's probe inputs (:meth:`FewShotExperiment.probe_inputs`).
-        features: What the probes read of each state: :data:`RAW` or :data:`UNIT_RMS`.
+def probe_key(cell: Cell, setup: str, features: str) -> str:
+    """The key of a probe record: the cell, the setup, the feature kind and the fingerprint of
+    :data:`PROBE_SETTINGS`.
 
     Example:
-        >>> train = experiment.train_sample(2, 0)  # 2 shots x 3 entity types; the tiny BERT: L = 3, d = 32
-        >>> cache = experiment.filled_cache(train)
-        >>> runner = ProbeRunner(nn.Linear(32, len(experiment.labels)), 3, 4, cache, experiment.probe_inputs)
-        >>> logits, labels = runner.logits(train[:4], torch.device("cpu"))
-        >>> logits.shape, labels.shape  # (4 LRs x 3 layers, read, C), (read,): the labelled words
-        (torch.Size([12, 22, 5]), torch.Size([22]))
+        >>> probe_key(Cell(PROBE, PROBE_REGIME, 8, 25, 0), "3f2a9c0d1e4b", UNIT_RMS)
+        'probe|fe|8|25|0|3f2a9c0d1e4b|features=rms|probe=...'
     """
-
-    def __init__(
-        self, head: nn.Linear, num_blocks: int, count: int, cache, inputs: ProbeInputs, features: str = RAW
-    ) -> None:
-        super().__init__(head, num_blocks * count, cache=cache)
-        self.num_blocks, self.inputs = num_blocks, inputs
-        self.features = check_features(features)
-        self._read: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # evaluation batch -> its inputs
-
-    def logits(self, features: Sequence[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The logits of every probe and the labels at the read positions of ``features``.
-
-        An evaluation batch (the model in eval mode:
-        :func:`~layerfusion_recipes.core.runner.predict_labelled`) keeps its inputs (the read
-        positions only) for the next call with the same examples (the dev set is scored every
-        ``eval_every`` epochs), for as long as this runner lives (one trial's probes); a training
-        batch (shuffled) is read each time.
-        """
-        memo = not self.model.training
-        key = tuple(tuple(feature["input_ids"]) for feature in features)
-        if memo and key in self._read:
-            inputs, labels = self._read[key]
-        else:
-            inputs, labels = self.read(features)
-            if memo:
-                self._read[key] = inputs, labels
-        self.fused_count = len(labels)
-        shape = (-1, self.num_blocks)  # (K, L)
-        stacked = self.stacked(range(len(self.candidates)))  # the head's {weight, bias}, no copy
-        weight = stacked["weight"].unflatten(0, shape)  # (K, L, C, d)
-        bias = stacked["bias"].unflatten(0, shape)  # (K, L, C)
-        logits = torch.einsum("nld,klcd->klnc", inputs.to(device), weight)  # (K, L, read, C)
-        return (logits + bias.unsqueeze(2)).flatten(0, 1), labels.to(device)
-
-    def read(self, features: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The probe inputs of ``features`` from the cache: ``(read, L, d)`` and their ``(read,)`` labels.
-
-        The cache's batch is ``z_1 .. z_L`` at each sentence's own positions (zeros where it kept
-        nothing: a cache of the head's positions only), so the task's read positions index it as they
-        index ``output_hidden_states``. The unit-RMS kind divides each read state by its RMS.
-        """
-        states = self.cache.batch_states(features)  # (L, batch, seq, d): z_1 .. z_L (z_0 is not cached)
-        inputs, labels = self.inputs(states, collate(features, self.pad_id))  # (read, L, d), (read,)
-        return (unit_rms(inputs) if self.features == UNIT_RMS else inputs), labels
+    return f"{cell.key}|{setup}|features={features}|probe={fingerprint(PROBE_SETTINGS)}"
 
 
-def check_features(features: str) -> str:
-    """``features`` where it is a probe's feature kind (:data:`FEATURES`), else a one-line error.
+def read_rows(
+    experiment: FewShotExperiment, cache: FeatureCache, features: Sequence[dict]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe inputs of ``features`` from the cache: ``(rows, L, d)`` states and ``(rows,)`` labels.
+
+    The cache's batch is ``z_1 .. z_L`` at each sentence's own positions (zeros where it kept nothing: a
+    cache of the head's positions only), so the task's read positions index it as they index
+    ``output_hidden_states``.
+    """
+    states = cache.batch_states(features)  # (L, batch, seq, d): z_1 .. z_L (z_0 is not cached)
+    return experiment.probe_inputs(states, collate(features))  # (rows, L, d), (rows,)
+
+
+def training_rows(
+    experiment: FewShotExperiment, cache: FeatureCache, train: Sequence[dict]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The probe inputs of a trial's sample, example by example: ``(rows, L, d)``, ``(rows,)`` labels and
+    the example of each row where one has several (NER's words: they share a fold), else ``None``."""
+    read = [read_rows(experiment, cache, [example]) for example in train]
+    counts = torch.tensor([len(labels) for _, labels in read])
+    groups = None if (counts == 1).all() else torch.repeat_interleave(torch.arange(len(train)), counts)
+    return torch.cat([states for states, _ in read]), torch.cat([labels for _, labels in read]), groups
+
+
+class TrialProbes(NamedTuple):
+    """A trial's probes (:func:`trial_probes`)."""
+
+    probes: dict[str, LayerProbes]  # per feature kind
+    rows: int  # the sample's labelled rows (its examples; NER: its labelled words)
+    folds: int  # the cross-validation folds
+
+
+def trial_probes(experiment: FewShotExperiment, train: Sequence[dict], trial: int) -> TrialProbes:
+    """Each feature kind's :class:`~peft_layerfusion.probing.LayerProbes` of a trial's sample ``train``:
+    their penalties chosen by :data:`~peft_layerfusion.probing.FOLDS`-fold cross-validation on it (one
+    example per fold where it has fewer), folds dealt from ``seed + trial``.
 
     Example:
-        >>> check_features("rms")
-        'rms'
-        >>> check_features("norm")
-        Traceback (most recent call last):
-        ValueError: features must be one of ['raw', 'rms'], got 'norm'
+        >>> found = trial_probes(experiment, experiment.train_sample(2, 0), 0)  # the tiny BERT: L = 3
+        >>> sorted(found.probes), len(found.probes["rms"].fits), found.folds
+        (['none', 'rms'], 3, 4)
     """
-    if features not in FEATURES:
-        raise ValueError(f"features must be one of {list(FEATURES)}, got {features!r}")
-    return features
+    cache = experiment.filled_cache(train)  # the probes read the head's positions: any kept layout
+    states, labels, groups = training_rows(experiment, cache, train)
+    kept = labels != -100
+    units = int(kept.sum()) if groups is None else len(torch.unique(groups[kept]))
+    folds = min(FOLDS, units)
+    options = {
+        "folds": folds,
+        "seed": experiment.settings.seed + trial,
+        "groups": groups,
+        "classes": len(experiment.labels),
+    }
+    probes = {kind: layer_probes(states, labels, state_norm=kind, **options) for kind in FEATURES}
+    return TrialProbes(probes, int(kept.sum()), folds)
 
 
-def features_of(record: dict[str, Any]) -> str:
-    """A probe record's feature kind (:data:`RAW` for a record written before the kinds).
-
-    Example:
-        >>> features_of({"features": "rms"}), features_of({})
-        ('rms', 'raw')
-    """
-    return record.get("features", RAW)
-
-
-def probe_key(cell: Cell, lr: float, setup: str, features: str = RAW) -> str:
-    """The key of a probe record: :func:`~layerfusion_recipes.core.cells.record_key`, with the kind
-    where it is not raw (the raw probes keep the keys they had before the kinds).
-
-    Example:
-        >>> cell = Cell(PROBE, PROBE_REGIME, 8, 25, 0)
-        >>> probe_key(cell, 0.1, "3f2a9c0d1e4b"), probe_key(cell, 0.1, "3f2a9c0d1e4b", UNIT_RMS)
-        ('probe|fe|8|25|0|lr=0.1|3f2a9c0d1e4b', 'probe|fe|8|25|0|lr=0.1|3f2a9c0d1e4b|features=rms')
-    """
-    key = record_key(cell, lr, setup)
-    return key if check_features(features) == RAW else f"{key}|features={features}"
-
-
-def layer_entry(layer: int, result: RunResult) -> dict[str, Any]:
-    """The scores of one layer's probe in a record: ``layer``, ``best_epoch``, ``dev_METRIC`` and
-    ``test_METRIC`` of every metric (test ``None`` without a test split), ``curve``."""
+def split_scores(
+    experiment: FewShotExperiment, probes: Mapping[str, LayerProbes], split: Sequence[dict], name: str
+) -> dict[str, list[dict[str, float | None]]]:
+    """``{kind: [{f"{name}_{metric}": score, ...} per layer]}``: each probe's predictions on ``split``
+    scored by the task's scorer (every metric ``None`` on an empty split)."""
+    metrics = experiment.scorer_of([]).metrics
+    layers = len(next(iter(probes.values())).fits)
+    if not split:
+        return {kind: [{f"{name}_{m}": None for m in metrics} for _ in range(layers)] for kind in probes}
+    cache = experiment.cache()
+    predicted: dict[str, list[torch.Tensor]] = {kind: [] for kind in probes}
+    for start in range(0, len(split), READ_BATCH):
+        states, _ = read_rows(experiment, cache, split[start : start + READ_BATCH])
+        for kind, found in probes.items():
+            predicted[kind].append(found.predict_proba(states).argmax(-1))  # (L, rows)
+    scorer = experiment.scorer_of(split)
     return {
-        "layer": layer,
-        "best_epoch": result.best_epoch,
-        **result.split_scores(list(result.dev)),
-        "curve": result.curve,
+        kind: [
+            {f"{name}_{m}": value for m, value in scores.items()}
+            for scores in scorer.scores(torch.cat(own, 1))
+        ]
+        for kind, own in predicted.items()
     }
 
 
 def probe_records(
-    experiment: FewShotExperiment,
-    shots: int,
-    epochs: int,
-    trial: int,
-    lrs: Sequence[float],
-    features: str = RAW,
+    experiment: FewShotExperiment, shots: int, epochs: Sequence[int], trial: int
 ) -> Iterator[dict[str, Any]]:
-    """Train the probes of every layer of one trial at each LR of ``lrs`` (in one pass) on the feature
-    kind ``features`` and yield one record per LR (see the module docstring).
+    """Fit the probes of every layer of one trial, both feature kinds (:func:`trial_probes`), score them
+    on dev and test and yield one record per max epochs of ``epochs`` and kind (see the module docstring).
 
     Example:
-        >>> records = list(probe_records(experiment, 2, 2, 0, [1e-2, 3e-2]))  # 2 shots, 2 epochs, trial 0
-        >>> [r["lr"] for r in records], [entry["layer"] for entry in records[0]["layers"]]
-        ([0.01, 0.03], [1, 2, 3])
+        >>> records = list(probe_records(experiment, 2, [2], 0))  # 2 shots, max 2 epochs, trial 0
+        >>> [r["features"] for r in records], [entry["layer"] for entry in records[0]["layers"]]
+        (['none', 'rms'], [1, 2, 3])
         >>> records[0]["key"], all(0 <= entry["test_f1"] <= 1 for entry in records[0]["layers"])
-        ('probe|fe|2|2|0|lr=0.01|...', True)
+        ('probe|fe|2|2|0|...|features=none|probe=...', True)
+        >>> sorted(records[0]["layers"][0])
+        ['cv_accuracy', 'cv_loss', 'dev_f1', 'layer', 'penalty', 'penalty_on_edge', 'test_f1']
     """
-    cell = Cell(PROBE, PROBE_REGIME, shots, epochs, trial)
+    began = time.perf_counter()
     train = experiment.train_sample(shots, trial)
-    runner = probe_runner(experiment, train, trial, len(lrs), features)
-    settings = experiment.train_settings(cell)
-    layers = runner.num_blocks
-    results = fit(
-        runner,
-        train,
-        experiment.dev,
-        settings,
-        experiment.scorer_of,
-        lrs=[lr for lr in lrs for _ in range(layers)],
-        test=experiment.test or None,
-    )
-    for k, lr in enumerate(lrs):
-        own = results[k * layers : (k + 1) * layers]
-        yield {
-            "key": probe_key(cell, lr, experiment.setup, features),
-            **asdict(cell),
-            "lr": float(lr),
-            "features": features,
-            "metric": own[0].metric,
-            "metrics": list(own[0].dev),
-            "layers": [layer_entry(n, result) for n, result in enumerate(own, start=1)],
-            "train_examples": len(train),
-            "seconds": own[0].seconds,
-            "cached": True,
-            **experiment.provenance(),
-        }
-
-
-def probe_runner(
-    experiment: FewShotExperiment, train: Sequence[dict], trial: int, count: int, features: str = RAW
-) -> ProbeRunner:
-    """The :class:`ProbeRunner` of a trial: the feature cache filled with ``train`` (nothing to compute
-    after :meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.prefill_cache`, whose encoder
-    is gone), every head drawn from ``seed + trial`` (the same draw for both feature kinds)."""
-    cache = experiment.filled_cache(train)  # the probes read the head's positions: any kept layout
-    num_blocks = cache.num_blocks
-    width = cache.batch_states(train[:1]).shape[-1]
-    torch.manual_seed(experiment.settings.seed + trial)
-    head = nn.Linear(width, len(experiment.labels))
-    return ProbeRunner(head, num_blocks, count, cache, experiment.probe_inputs, features)
+    found = trial_probes(experiment, train, trial)
+    dev = split_scores(experiment, found.probes, experiment.dev, "dev")
+    test = split_scores(experiment, found.probes, experiment.test, "test")
+    seconds = time.perf_counter() - began
+    metrics = list(experiment.scorer_of([]).metrics)
+    for max_epochs in epochs:
+        cell = Cell(PROBE, PROBE_REGIME, shots, max_epochs, trial)
+        for kind, probes in found.probes.items():
+            layers = [
+                {
+                    "layer": n,
+                    "penalty": fit.penalty,
+                    "penalty_on_edge": fit.on_edge,
+                    "cv_accuracy": fit.accuracy,
+                    "cv_loss": fit.loss,
+                    **dev[kind][n - 1],
+                    **test[kind][n - 1],
+                }
+                for n, fit in enumerate(probes.fits, start=1)
+            ]
+            yield {
+                "key": probe_key(cell, experiment.setup, kind),
+                **asdict(cell),
+                "features": kind,
+                "metric": metrics[0],
+                "metrics": metrics,
+                "probe": PROBE_SETTINGS,
+                "folds": found.folds,
+                "layers": layers,
+                "train_examples": len(train),
+                "train_rows": found.rows,
+                "seconds": seconds,
+                "cached": True,
+                **experiment.provenance(),
+            }
 
 
 def probe_cells(grid: dict[str, Any]) -> list[Cell]:
@@ -283,111 +261,84 @@ def probe_cells(grid: dict[str, Any]) -> list[Cell]:
     ]
 
 
-ProbeUnit = tuple[Cell, str, list[float]]  # a probe trial, its feature kind and the LRs it still needs
+def trial_records(found: Mapping[str, dict[str, Any]], cell: Cell, setup: str) -> list[dict[str, Any]]:
+    """The records of ``cell``'s probes under ``setup`` that ``found`` (records by key) has, one per kind."""
+    keys = [probe_key(cell, setup, kind) for kind in FEATURES]
+    return [found[key] for key in keys if key in found]
 
 
-def probe_plan(
-    experiment: FewShotExperiment, grid: dict[str, Any]
-) -> tuple[list[dict[str, Any]], list[ProbeUnit]]:
-    """The probe records of ``grid`` the bar reads and the probes still to train: each trial's
-    :func:`trial_plan` over the probes file, from the plain head's FE grid.
-
-    Returns:
-        ``(records, missing)``: the records (one per key) and ``(cell, kind, LRs)`` to train.
+def saved_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of ``grid``'s probes that the probes file (beside ``grid["results"]``) holds, none
+    fitted: what the other processes of a launched sweep read once the main process ran
+    :func:`run_probes`.
 
     Example:
-        >>> grid = {"shots": [2], "epochs": [2], "trials": 1, "results": "out/results.jsonl"}
-        >>> records, missing = probe_plan(experiment, grid)  # nothing trained yet: each kind's grid
-        >>> records, [(cell.trial, kind, lrs) for cell, kind, lrs in missing]
-        ([], [(0, 'raw', [0.01, 0.03]), (0, 'rms', [0.01, 0.03])])
+        >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
+        >>> records = run_probes(experiment, grid, progress=False)  # the main process
+        >>> saved_probes(experiment, grid) == records  # another process: the same records, none fitted
+        True
     """
-    base = experiment.settings.lr_grid(PROBE_REGIME, PLAIN_HEAD)  # a linear probe: the plain head's LRs
     found = {record["key"]: record for record in read_records(probes_path(grid["results"]))}
-    plan: list[dict[str, Any]] = []
-    missing: list[ProbeUnit] = []
-    for cell in probe_cells(grid):
-        records, absent = trial_plan(found, cell, base, experiment.setup)
-        plan += records
-        missing += absent
-    return plan, missing
+    return [record for cell in probe_cells(grid) for record in trial_records(found, cell, experiment.setup)]
 
 
-def trial_plan(
-    found: Mapping[str, dict[str, Any]], cell: Cell, base: Sequence[float], setup: str
-) -> tuple[list[dict[str, Any]], list[ProbeUnit]]:
-    """One trial's probes: per feature kind, the LRs of ``base`` (sorted), grown one LR past an end
-    while the trial's best probe of that kind (:func:`best_single_layer`) sits on it (:func:`grown_lr`,
-    at most :data:`GROW_STEPS` each way). A kind waits for all its LRs so far to be in ``found`` (the
-    probes file's records by key) before it may grow; what is not there is returned to train, and the
-    plan is made again once it is (:func:`run_probes`). The plan depends on the trial's own scores only.
+def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[Cell]:
+    """The probe cells of ``grid`` whose records (both kinds) the probes file does not hold yet.
+
+    Example:
+        >>> [(cell.shots, cell.trial) for cell in missing_probes(experiment, grid)]  # a first run
+        [(2, 0), (2, 1)]
+    """
+    found = {record["key"] for record in read_records(probes_path(grid["results"]))}
+    return [
+        cell
+        for cell in probe_cells(grid)
+        if any(probe_key(cell, experiment.setup, kind) not in found for kind in FEATURES)
+    ]
+
+
+def run_probes(
+    experiment: FewShotExperiment, grid: dict[str, Any], progress: bool = True
+) -> list[dict[str, Any]]:
+    """The probes of every (shots, max epochs, trial) of ``grid``, both feature kinds, skipping the records
+    already in the probes file (:func:`probes_path` of ``grid["results"]``); a trial's probes are fitted
+    once for all its max epochs, and their records appended.
 
     Returns:
-        ``(records, missing)``: the trial's records in the plan that ``found`` has, and ``(cell, kind,
-        LRs)`` for each kind with LRs still to train.
+        The records of ``grid``'s probes (:func:`saved_probes`).
 
     Example:
-        >>> cell = Cell(PROBE, PROBE_REGIME, 8, 25, 0)
-        >>> trial_plan({}, cell, [0.01, 0.1], "3f2a9c0d1e4b")[1]  # nothing found: each kind's grid
-        [(Cell(method='probe', ...), 'raw', [0.01, 0.1]), (Cell(method='probe', ...), 'rms', [0.01, 0.1])]
+        >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
+        >>> records = run_probes(experiment, grid, progress=False)  # 2 trials x 2 kinds
+        >>> len(records), len(records) == len(open("out/results.probes.jsonl").readlines())
+        (4, True)
+        >>> missing_probes(experiment, grid)  # a second run_probes fits none
+        []
     """
-    base = sorted(base)
-    plan: list[dict[str, Any]] = []
-    missing: list[ProbeUnit] = []
-    for kind in FEATURES:
-        lrs = list(base)
-        while True:
-            keys = [probe_key(cell, lr, setup, kind) for lr in lrs]
-            plan_of_kind = [found[key] for key in keys if key in found]
-            absent = [lr for lr, key in zip(lrs, keys, strict=True) if key not in found]
-            step = None if absent else grown_lr(plan_of_kind, base)
-            if step is None:
-                plan += plan_of_kind
-                if absent:
-                    missing.append((cell, kind, absent))
-                break
-            lrs = sorted({*lrs, step})
-    return plan, missing
-
-
-def grown_lr(records: Sequence[dict[str, Any]], base: Sequence[float]) -> float | None:
-    """The LR one step past an end of ``records``' LRs (one trial's probes of one kind) where its best
-    probe sits on that end; ``None`` where it does not, or that end has grown :data:`GROW_STEPS` steps
-    past ``base`` (the plain head's grid, ascending) already, or ``base`` has one LR (the user's choice:
-    no edge). A step is the ratio of the base grid's two LRs at that end.
-
-    Example:
-        >>> def record(lr, dev):  # one layer
-        ...     return {"lr": lr, "metric": "f1", "layers": [{"layer": 1, "dev_f1": dev, "test_f1": dev}]}
-        >>> grown_lr([record(0.1, 0.5), record(1.0, 0.6)], [0.1, 1.0])  # the best sits on the top end
-        10.0
-        >>> grown_lr([record(0.1, 0.5), record(1.0, 0.4)], [0.1, 1.0])  # the bottom end: one step down
-        0.01
-        >>> grown_lr([record(0.1, 0.5), record(1.0, 0.6), record(10.0, 0.5)], [0.1, 1.0])  # inside
-    """
-    if len(base) < 2:
-        return None
-    lrs = sorted({record["lr"] for record in records})
-    best = best_single_layer(records)["lr"]
-    up, down = base[-1] / base[-2], base[1] / base[0]
-    if best == lrs[-1] and lrs[-1] < base[-1] * up**GROW_STEPS * (1 - 1e-9):
-        return float(f"{lrs[-1] * up:.12g}")
-    if best == lrs[0] and lrs[0] > base[0] / down**GROW_STEPS * (1 + 1e-9):
-        return float(f"{lrs[0] / down:.12g}")
-    return None
+    path = probes_path(grid["results"])
+    todo: dict[tuple[int, int], list[int]] = {}  # (shots, trial) -> the max epochs to write
+    for cell in missing_probes(experiment, grid):
+        todo.setdefault((cell.shots, cell.trial), []).append(cell.epochs)
+    for (shots, trial), epochs in tqdm(
+        todo.items(), desc="layer probes", disable=not progress, file=sys.stderr
+    ):
+        for record in probe_records(experiment, shots, epochs, trial):
+            append_record(path, record)
+    return saved_probes(experiment, grid)
 
 
 def current_runs(runs: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``runs`` (a results file's records, in file order) without the probe-guided ones that no longer
     read what their trial's probes say: a run with a ``start_layer`` (``--probe-start``) is kept only
     where that block is its trial's best probe, a run with ``probe_layers`` (``--probe-fuse``) only where
-    they are its trial's best blocks (:func:`ranked_layers` of :func:`trial_plan` of ``probes``, the
-    probes file's records, from the grid its record names: :func:`probe_grid`), and of several such runs
-    of one cell and LR, the newest. A trial with no probes in ``probes`` keeps its newest run. A sweep
-    whose new probes moved a choice appends the run from the new blocks; a reader shows only that one.
+    they are its trial's best blocks (:func:`ranked_layers` of that trial's records in ``probes``, the
+    probes file's, under the run's setup), and of several such runs of one cell and LR, the newest. A
+    trial with no probes in ``probes`` keeps its newest run. A sweep whose new probes moved a choice
+    appends the run from the new blocks; a reader shows only that one.
 
     Example:
         >>> old = {"key": "layer_mix|fe|8|25|0|lr=0.01|s", "start_layer": 3, "shots": 8, "epochs": 25,
-        ...        "trial": 0, "setup": "s", "settings": {"probe_start": [0.01]}}
+        ...        "trial": 0, "setup": "s"}
         >>> new = {**old, "key": old["key"] + "|start=5", "start_layer": 5}
         >>> [run["start_layer"] for run in current_runs([old, new], [])]  # no probes: the newest
         [5]
@@ -402,8 +353,7 @@ def current_runs(runs: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]
             continue
         trial = (run["setup"], run["shots"], run["epochs"], run["trial"])
         if trial not in ranks:
-            cell = Cell(PROBE, PROBE_REGIME, run["shots"], run["epochs"], run["trial"])
-            records, _ = trial_plan(found, cell, probe_grid(run["settings"]), run["setup"])
+            records = trial_records(found, Cell(PROBE, PROBE_REGIME, *trial[1:]), run["setup"])
             ranks[trial] = ranked_layers(records) if records else None
         if reads_ranked(run, ranks[trial]):
             newest[without_probe_choice(run["key"])] = index
@@ -427,21 +377,10 @@ def reads_ranked(run: dict[str, Any], ranked: Sequence[int] | None) -> bool:
     return starts_there and (layers is None or layers == sorted(ranked[: len(layers)]))
 
 
-def probe_grid(settings: Mapping[str, Any]) -> list[float]:
-    """The FE LR grid a run's probes select over, as its record's ``settings`` name it (``probe_start``
-    or ``probe_fuse``: :meth:`~layerfusion_recipes.core.experiment.TaskSettings.setup_fields`).
-
-    Example:
-        >>> probe_grid({"probe_fuse": [0.01, 0.1]}), probe_grid({})
-        ([0.01, 0.1], [])
-    """
-    return list(settings.get("probe_start") or settings.get("probe_fuse") or [])
-
-
 def current_probes(probes: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The probe records a report of ``runs`` reads (``probes``: a probes file's): those of a setup some
-    run has (with no runs, all; records written before setups count as one). A probe of another setup
-    read other data, another model or other settings: it is stale, and a bar drawn from it would be too.
+    run has (with no runs, all). A probe of another setup read other data, another model or other
+    settings: it is stale, and a bar drawn from it would be too.
 
     Example:
         >>> probes = [{"setup": "old"}, {"setup": "gone"}, {"setup": "new"}]
@@ -452,119 +391,69 @@ def current_probes(probes: Sequence[dict[str, Any]], runs: Sequence[dict[str, An
     return [record for record in probes if record.get("setup") in setups]
 
 
-def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[ProbeUnit]:
-    """The probes of ``grid`` still to train now (:func:`probe_plan`): ``(cell, kind, LRs)`` per trial.
-
-    Example:
-        >>> [(cell.trial, kind, lrs) for cell, kind, lrs in missing_probes(experiment, grid)]  # a first run
-        [(0, 'raw', [0.01, 0.03]), (0, 'rms', [0.01, 0.03]),
-         (1, 'raw', [0.01, 0.03]), (1, 'rms', [0.01, 0.03])]
-    """
-    return probe_plan(experiment, grid)[1]
-
-
-def run_probes(
-    experiment: FewShotExperiment, grid: dict[str, Any], progress: bool = True
-) -> list[dict[str, Any]]:
-    """The probes of every (shots, max epochs, trial) of ``grid``, both feature kinds, at each LR of
-    their plan (:func:`probe_plan`: the FE grid, grown where a best probe sits on an end), skipping the
-    records already in the probes file (:func:`probes_path` of ``grid["results"]``); each record
-    appended when its trial's probes are trained.
-
-    Returns:
-        The records of these probes the bar reads (old and new), one per key.
-
-    Example:
-        >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
-        >>> records = run_probes(experiment, grid, progress=False)  # 2 trials x 2 kinds x 2+ LRs
-        >>> len(records) >= 8, len(records) == len(open("out/results.probes.jsonl").readlines())
-        (True, True)
-        >>> missing_probes(experiment, grid)  # a second run_probes trains none
-        []
-    """
-    path = probes_path(grid["results"])
-    while todo := missing_probes(experiment, grid):
-        for cell, kind, lrs in tqdm(todo, desc="layer probes", disable=not progress, file=sys.stderr):
-            for record in probe_records(experiment, cell.shots, cell.epochs, cell.trial, lrs, kind):
-                append_record(path, record)
-    return saved_probes(experiment, grid)
-
-
-def saved_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[dict[str, Any]]:
-    """The records of ``grid``'s probes that the probes file holds and the bar reads
-    (:func:`probe_plan`), none trained: what the other processes of a launched sweep read once the main
-    process ran :func:`run_probes`.
-
-    Example:
-        >>> grid = {"shots": [2], "epochs": [2], "trials": 2, "results": "out/results.jsonl"}
-        >>> records = run_probes(experiment, grid, progress=False)  # the main process
-        >>> saved_probes(experiment, grid) == records  # another process: the same records, none trained
-        True
-    """
-    return probe_plan(experiment, grid)[0]
-
-
 def best_single_layer(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The probe a user would pick for one trial: the (layer, feature kind, LR) whose best dev score is
-    highest among ``records`` (that trial's probe records, one per kind and LR; ties to the raw kind,
-    then the smaller LR, then the lower layer), with its test scores: chosen on the training sample and
-    dev only.
+    """The probe a user would pick for one trial: the (layer, feature kind) whose dev score is highest
+    among ``records`` (that trial's probe records, one per kind; ties to the ``none`` kind, then the lower
+    layer), with its test scores: its penalty chosen on the training sample, the block on dev.
 
     Returns:
-        ``{"layer", "lr", "dev", "test", "metric", "features"}`` (``test`` ``None`` without a test split).
+        ``{"layer", "penalty", "on_edge", "dev", "test", "metric", "features"}`` (``test`` ``None`` without
+        a test split; ``on_edge``: its penalty still at an end of its grown grid).
 
     Example:
-        >>> def record(lr, scores):  # a trial's record at one LR, as probe_records writes it (no curves)
-        ...     layers = [{"layer": n, "dev_f1": d, "test_f1": t} for n, (d, t) in enumerate(scores, 1)]
-        ...     return {"lr": lr, "metric": "f1", "layers": layers}
+        >>> def record(kind, scores):  # a trial's record of one kind, as probe_records writes it
+        ...     layers = [{"layer": n, "penalty": 0.1, "penalty_on_edge": False, "dev_f1": d, "test_f1": t}
+        ...               for n, (d, t) in enumerate(scores, 1)]
+        ...     return {"features": kind, "metric": "f1", "layers": layers}
         >>> records = [
-        ...     record(1e-2, [(0.2, 0.3), (0.6, 0.5), (0.4, 0.4)]),  # (dev, test) of layers 1, 2, 3
-        ...     record(3e-2, [(0.6, 0.7), (0.5, 0.5), (0.1, 0.2)]),
+        ...     record("none", [(0.2, 0.3), (0.6, 0.5), (0.4, 0.4)]),  # (dev, test) of layers 1, 2, 3
+        ...     record("rms", [(0.6, 0.7), (0.5, 0.5), (0.1, 0.2)]),
         ... ]
-        >>> best_single_layer(records)  # dev 0.6 twice: the smaller LR
-        {'layer': 2, 'lr': 0.01, 'dev': 0.6, 'test': 0.5, 'metric': 'f1', 'features': 'raw'}
+        >>> best_single_layer(records)  # dev 0.6 twice: the none kind
+        {'layer': 2, 'penalty': 0.1, 'on_edge': False, 'dev': 0.6, 'test': 0.5, 'metric': 'f1',
+         'features': 'none'}
     """
-    dev, _, _, _, record, entry = max(probe_candidates(records), key=lambda c: c[:4])
+    dev, _, _, record, entry = max(probe_candidates(records), key=lambda c: c[:3])
     metric = record["metric"]
     return {
         "layer": entry["layer"],
-        "lr": record["lr"],
+        "penalty": entry["penalty"],
+        "on_edge": entry["penalty_on_edge"],
         "dev": dev,
         "test": entry[f"test_{metric}"],
         "metric": metric,
-        "features": features_of(record),
+        "features": record["features"],
     }
 
 
 def probe_candidates(records: Sequence[dict[str, Any]]) -> list[tuple]:
-    """Every probe of ``records`` (one trial's) as ``(dev, raw kind, -lr, -layer, record, entry)``: the
-    larger the first four, the better the probe (:func:`best_single_layer`, :func:`ranked_layers`)."""
+    """Every probe of ``records`` (one trial's) as ``(dev, none kind, -layer, record, entry)``: the
+    larger the first three, the better the probe (:func:`best_single_layer`, :func:`ranked_layers`)."""
     candidates = []
     for record in records:
-        metric, raw = record["metric"], features_of(record) == RAW
+        metric, plain = record["metric"], record["features"] == FEATURES[0]
         for entry in record["layers"]:
-            candidates.append((entry[f"dev_{metric}"], raw, -record["lr"], -entry["layer"], record, entry))
+            candidates.append((entry[f"dev_{metric}"], plain, -entry["layer"], record, entry))
     return candidates
 
 
 def ranked_layers(records: Sequence[dict[str, Any]]) -> list[int]:
-    """The blocks of one trial's probe records, best first: each by its best probe (over feature kinds
-    and LRs, ordered as :func:`best_single_layer` orders them), so the first is that trial's best single
-    layer. Dev only.
+    """The blocks of one trial's probe records, best first: each by its better kind (ordered as
+    :func:`best_single_layer` orders them), so the first is that trial's best single layer. Dev only.
 
     Example:
-        >>> def record(lr, devs):
+        >>> def record(kind, devs):
         ...     layers = [{"layer": n, "dev_f1": d, "test_f1": 0.0} for n, d in enumerate(devs, 1)]
-        ...     return {"lr": lr, "metric": "f1", "layers": layers}
-        >>> ranked_layers([record(1e-2, [0.2, 0.6, 0.4]), record(1e-1, [0.5, 0.1, 0.1])])
+        ...     return {"features": kind, "metric": "f1", "layers": layers}
+        >>> ranked_layers([record("none", [0.2, 0.6, 0.4]), record("rms", [0.5, 0.1, 0.1])])
         [2, 1, 3]
     """
     best: dict[int, tuple] = {}
     for candidate in probe_candidates(records):
-        layer = candidate[5]["layer"]
-        if layer not in best or candidate[:4] > best[layer][:4]:
+        layer = candidate[4]["layer"]
+        if layer not in best or candidate[:3] > best[layer][:3]:
             best[layer] = candidate
-    return [layer for layer, _ in sorted(best.items(), key=lambda item: item[1][:4], reverse=True)]
+    return [layer for layer, _ in sorted(best.items(), key=lambda item: item[1][:3], reverse=True)]
 
 
 def guarded(
@@ -579,7 +468,7 @@ def guarded(
     one (``--probe-start``), train it, and keep it only where dev says it beats that block.
 
     Example:
-        >>> best = {"layer": 7, "lr": 0.1, "dev": 0.80, "test": 0.74, "metric": "accuracy"}
+        >>> best = {"layer": 7, "penalty": 0.1, "dev": 0.80, "test": 0.74, "metric": "accuracy"}
         >>> guarded(0.82, 0.71, best, 1000), guarded(0.81, 0.90, best, 1000)  # one SE: 0.0126
         ((0.71, True), (0.74, False))
     """
@@ -593,9 +482,10 @@ def best_per_trial(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, in
     :func:`newest_setup`).
 
     Example:
-        >>> layers = [{"layer": n, "dev_f1": dev, "test_f1": dev} for n, dev in ((1, 0.4), (2, 0.6))]
-        >>> record = {"shots": 8, "epochs": 5, "trial": 0, "lr": 0.1, "metric": "f1", "layers": layers}
-        >>> best_per_trial([record])[8, 5, 0]["layer"]
+        >>> layers = [{"layer": n, "penalty": 1.0, "penalty_on_edge": False, "dev_f1": dev, "test_f1": dev}
+        ...           for n, dev in ((1, 0.4), (2, 0.6))]
+        >>> record = {"shots": 8, "epochs": 5, "trial": 0, "features": "none", "metric": "f1"}
+        >>> best_per_trial([{**record, "layers": layers}])[8, 5, 0]["layer"]
         2
     """
     return {trial: best_single_layer(found) for trial, found in probe_trials(records).items()}
@@ -618,11 +508,12 @@ def probe_trials(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int, int]
 def newest_setup(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records of ``records`` (one trial's probes, in file order) of the last setup among them: two
     setups' probes of one trial read different data, models or settings, and the newer is the one a
-    sweep resumes (records without a setup count as one).
+    sweep resumes.
 
     Example:
-        >>> [r["lr"] for r in newest_setup([{"setup": "a", "lr": 1}, {"setup": "b", "lr": 2}])]
-        [2]
+        >>> [r["features"] for r in newest_setup([{"setup": "a", "features": "none"},
+        ...                                       {"setup": "b", "features": "rms"}])]
+        ['rms']
     """
     last = records[-1].get("setup") if records else None
     return [record for record in records if record.get("setup") == last]

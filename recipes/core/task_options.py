@@ -257,9 +257,9 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
         const=PROBE_TOP,
         type=positive_int,
         metavar="K",
-        help="Also train a linear probe on each block output z_1..z_L at the positions the head reads, "
-        "per shots, epochs and trial of the grid, on the feature cache (the FE LR grid, LR selected on "
-        "dev per layer, the test score of its best dev epoch), "
+        help="Also fit a logistic probe on each block output z_1..z_L at the positions the head reads, "
+        "per shots and trial of the grid, on the feature cache (its L2 penalty chosen by cross-validation "
+        "on the trial's sample alone; scored on dev and test), "
         "records in OUTPUT/results.probes.jsonl (resumable); layers.png and table.md draw them beside "
         "the layer weights the ScalarMix and DWAtt runs learned, and the best K layers on dev "
         f"(default {PROBE_TOP}) are printed as layers=[...] for any fusion config.",

@@ -5,8 +5,9 @@ epochs), one Markdown table (:func:`best_layer_markdown`):
 
 - each method at the LR selected on dev (the mean best dev score over trials, the sweep's rule), its
   test score mean ± 95% t-CI over trials;
-- **best layer (dev)**: per trial, the probe (layer, LR) with the best dev score in that trial
-  (:func:`~layerfusion_recipes.core.probes.best_single_layer`), scored on test;
+- **best layer (dev)**: per trial, the probe (layer, feature kind) with the best dev score in that trial
+  (:func:`~layerfusion_recipes.core.probes.best_single_layer`; its penalty chosen by cross-validation on
+  the trial's sample), scored on test;
 - the paired difference of each method minus the best layer, and minus the plain head, over the trials
   both have (bold: the interval excludes 0);
 - its mean dev difference to the best layer (each trial's best dev score at the selected LR minus the
@@ -28,8 +29,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.probes import UNIT_RMS, best_per_trial, features_of, guarded, probe_trials
-from ..core.selection import at_grid_edge, dev_score, dev_size, select_lr, test_score
+from ..core.probes import UNIT_RMS, best_per_trial, guarded, probe_trials
+from ..core.selection import dev_score, dev_size, select_lr, test_score
 from ..core.stats import mean_ci, paired_mean_ci
 from .plot import setup_label, variant_text
 
@@ -160,58 +161,45 @@ def cell_table(
             "guarded": kept_scores,
             "kept": kept,
         }
-    edge = edge_trials(best, probes)
+    edge = edge_trials(best)
     if edge:
         lines += [
             "",
-            f"⚠ widen the probes' LR grid: the best layer's LR is at its edge in trial(s) {edge} "
-            "(it grew as far as the probes grow a grid; a probe sweep at more LRs joins with "
-            "`benchmarks/best_layer.py --also`)",
+            f"⚠ the best layer's penalty is at the end of its grid in trial(s) {edge} (it grew as far as "
+            "the probes grow a grid: the best may lie beyond)",
         ]
     return "\n".join(lines), numbers
 
 
 def probe_label(found: dict[str, Any]) -> str:
     """A best probe (:func:`~layerfusion_recipes.core.probes.best_single_layer`) as text: its block, its
-    LR and, for the unit-RMS kind, ``on z/rms(z)``.
+    penalty (λ) and, for the unit-RMS kind, ``on z/rms(z)``.
 
     Example:
-        >>> probe_label({"layer": 5, "lr": 0.01}), probe_label({"layer": 3, "lr": 0.1, "features": "rms"})
-        ('z_5 @0.01', 'z_3 @0.1 on z/rms(z)')
+        >>> plain, unit = {"layer": 5, "penalty": 0.01}, {"layer": 3, "penalty": 1, "features": "rms"}
+        >>> probe_label(plain), probe_label(unit)
+        ('z_5 λ 0.01', 'z_3 λ 1 on z/rms(z)')
     """
-    own = f"z_{found['layer']} @{found['lr']:g}"
+    own = f"z_{found['layer']} λ {found['penalty']:.3g}"
     return f"{own} on z/rms(z)" if found.get("features") == UNIT_RMS else own
 
 
-def edge_trials(best: dict[int, dict[str, Any]], probes: Sequence[dict[str, Any]]) -> str:
-    """The trials whose best layer's LR is the smallest or largest of their probes' LRs of its feature
-    kind (its best may lie outside the grid), as text (``"1, 3"``); ``""`` for none.
+def edge_trials(best: dict[int, dict[str, Any]]) -> str:
+    """The trials whose best layer's penalty is still at an end of its grown grid (its best may lie
+    beyond), as text (``"1, 3"``); ``""`` for none.
 
     Example:
-        >>> probes = [{"trial": t, "lr": lr} for t in (0, 1) for lr in (0.01, 0.1, 1.0)]
-        >>> probes += [{"trial": 0, "lr": lr, "features": "rms"} for lr in (1.0, 10.0)]
-        >>> edge_trials({0: {"lr": 0.1}, 1: {"lr": 1.0}}, probes)
-        '1'
-        >>> edge_trials({0: {"lr": 1.0, "features": "rms"}}, probes)  # the lowest of its kind's LRs
-        '0'
+        >>> edge_trials({0: {"on_edge": False}, 1: {"on_edge": True}, 2: {"on_edge": True}})
+        '1, 2'
     """
-    grids: dict[tuple[int, str], set[float]] = defaultdict(set)
-    for record in probes:
-        grids[record["trial"], features_of(record)].add(record["lr"])
-    edge = [
-        t
-        for t, found in sorted(best.items())
-        if at_grid_edge(found["lr"], sorted(grids[t, features_of(found)]))
-    ]
-    return ", ".join(map(str, edge))
+    return ", ".join(str(t) for t, found in sorted(best.items()) if found["on_edge"])
 
 
 def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The probe records of several sweeps of one grid (the same samples), one per (setup, shots, max
-    epochs, trial, feature kind, LR), for the (shots, max epochs, trial) of the first group only: the
-    first group's where two have it. A later sweep at more LRs (a wider grid) adds its LRs to the
-    candidates of :func:`~layerfusion_recipes.core.probes.best_single_layer`; its other trials are not
-    the first's.
+    epochs, trial, feature kind), for the (shots, max epochs, trial) of the first group only: the first
+    group's where two have it; a later group fills in the kinds the first lacks. Its other trials are
+    not the first's.
 
     The first group's records keep their setups (a file probed again under a new setup holds both, and a
     report reads each with its own runs). A later group's record joins each setup the first group has
@@ -219,11 +207,11 @@ def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, A
     :func:`~layerfusion_recipes.core.probes.probe_trials`).
 
     Example:
-        >>> old = [{"shots": 8, "epochs": 5, "trial": 0, "lr": 1.0, "from": "old"}]
-        >>> new = [{**old[0], "from": "new"}, {**old[0], "lr": 10.0, "from": "new"},
-        ...        {**old[0], "trial": 1, "lr": 10.0, "from": "new"}]
-        >>> [(p["trial"], p["lr"], p["from"]) for p in union_probes([old, new])]
-        [(0, 1.0, 'old'), (0, 10.0, 'new')]
+        >>> old = [{"shots": 8, "epochs": 5, "trial": 0, "features": "none", "from": "old"}]
+        >>> new = [{**old[0], "from": "new"}, {**old[0], "features": "rms", "from": "new"},
+        ...        {**old[0], "trial": 1, "features": "rms", "from": "new"}]
+        >>> [(p["trial"], p["features"], p["from"]) for p in union_probes([old, new])]
+        [(0, 'none', 'old'), (0, 'rms', 'new')]
     """
     if not groups:
         return []
@@ -245,8 +233,8 @@ def _trial_of(record: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def _candidate(record: dict[str, Any]) -> tuple:
-    """What one probe record is a candidate of the best layer for: its setup, trial, feature kind and LR."""
-    return record.get("setup"), *_trial_of(record), features_of(record), record["lr"]
+    """What one probe record is a candidate of the best layer for: its setup, trial and feature kind."""
+    return record.get("setup"), *_trial_of(record), record["features"]
 
 
 def best_layer_markdown(
@@ -258,16 +246,20 @@ def best_layer_markdown(
     of its own runs against its own probes (``{"N=8 epochs=30 setup=3f2a": ...}``).
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> path = "benchmarks/results/conll_fe_probe_start/results"  # committed: CoNLL, MiniLM
-        >>> records, probes = read_records(f"{path}.jsonl"), read_records(f"{path}.probes.jsonl")
-        >>> text, numbers = best_layer_markdown(records, probes)
+        >>> cell = {"shots": 8, "epochs": 25, "setup": "s", "metric": "f1"}
+        >>> def probe(trial, scores):  # a trial's probes of one kind: (dev, test) of layers 1, 2
+        ...     layers = [{"layer": n, "penalty": 0.1, "penalty_on_edge": False, "dev_f1": d, "test_f1": t}
+        ...               for n, (d, t) in enumerate(scores, 1)]
+        ...     return {**cell, "trial": trial, "features": "none", "layers": layers}
+        >>> def run(trial, dev, test):  # a LayerMix run on 1000 dev entities
+        ...     return {**cell, "method": "layer_mix", "regime": "fe", "trial": trial, "lr": 0.01,
+        ...             "dev_f1": dev, "test_f1": test, "dev_entities": 1000}
+        >>> probes = [probe(0, [(0.5, 0.5), (0.7, 0.6)]), probe(1, [(0.8, 0.7), (0.6, 0.6)])]
+        >>> text, numbers = best_layer_markdown([run(0, 0.75, 0.65), run(1, 0.81, 0.72)], probes)
         >>> print(text.splitlines()[0])
-        **N=8, max 25 epochs**: best layer per trial on dev: trial 0: z_... @..., trial 1: ..., trial 2: ...
-        >>> numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # trials where it beat the layer on dev by one SE
-        0
-        >>> sorted(numbers)  # its N = 32 trials ran again under a new setup (the model installed again)
-        ['N=32 epochs=25 setup=7f9409bf6b74', 'N=32 epochs=25 setup=ff572919f928', 'N=8 epochs=25']
+        **N=8, max 25 epochs**: best layer per trial on dev: trial 0: z_2 λ 0.1, trial 1: z_1 λ 0.1
+        >>> numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # trial 0: +5 points on dev, beyond one SE (1.4)
+        1
     """
     fe = [r for r in records if r.get("regime") == "fe"]
     texts, out = [], {}
@@ -306,9 +298,10 @@ def best_layer_section(
         return ""
     return (
         f"{heading}\n\nEach method at its LR selected on dev against, per trial, the layer probe with the "
-        "best dev score (its layer, feature kind, raw or z/rms(z), and LR chosen in that trial), scored on "
-        "test; paired differences over trials (bold: the 95% interval excludes 0). Guarded: the method "
-        "kept in a trial only where its dev score beats that layer's by more than one standard error of "
-        "the layer's dev score, else the layer; (kept) counts the trials it was kept.\n\n"
+        "best dev score (its layer and feature kind, z or z/rms(z), chosen in that trial; its penalty λ by "
+        "cross-validation on the trial's sample), scored on test; paired differences over trials (bold: the "
+        "95% interval excludes 0). Guarded: the method kept in a trial only where its dev score beats that "
+        "layer's by more than one standard error of the layer's dev score, else the layer; (kept) counts the "
+        "trials it was kept.\n\n"
         f"{text}\n"
     )

@@ -1,12 +1,13 @@
 """Layer diagnostics: which layers carry the task, from the layer probes and the learned mixing weights.
 
-The probes (:mod:`layerfusion_recipes.core.probes`, ``--probe-layers``) train a linear head on each
-block output ``z_n`` at the positions the task's head reads. Here:
+The probes (:mod:`layerfusion_recipes.core.probes`, ``--probe-layers``) fit a logistic probe on each
+block output ``z_n`` at the positions the task's head reads, its penalty chosen by cross-validation on
+the trial's sample. Here:
 
-* :func:`probe_rows`: one row per (setup, shots, max epochs, layer): the LR selected on dev for that
-  layer (:func:`~layerfusion_recipes.core.selection.select_lr`: mean best dev score over trials, ties
-  to the smaller), the test score of each run's best dev epoch at that LR (mean ± 95% t-CI over the
-  trials), the dev score beside it, every further metric (``classify``'s macro-F1) at the same runs;
+* :func:`probe_rows`: one row per (setup, shots, max epochs, layer): the feature kind selected on dev
+  for that layer (:func:`selected_kind`: mean dev score over trials, ties to ``none``), its test score
+  (mean ± 95% t-CI over the trials), the dev score beside it, every further metric (``classify``'s
+  macro-F1) at the same probes;
 * :func:`learned_weights`: what the trained fusion runs learned per layer, at their cell's LR selected
   on dev, mean over trials: ScalarMix's weights ``s`` (``mix_weights``), DWAtt's depth attention
   averaged over the dev positions it reads (``depth_attention``);
@@ -20,7 +21,6 @@ block output ``z_n`` at the positions the task's head reads. Here:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -30,8 +30,8 @@ from typing import Any
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.cells import shots_size
-from ..core.probes import FEATURES, PROBE_REGIME, UNIT_RMS, features_of
-from ..core.selection import Selection, cell_of, dev_score, record_metric, select_lr, test_score
+from ..core.probes import FEATURES, PROBE_REGIME, UNIT_RMS
+from ..core.selection import cell_of, dev_score, record_metric, test_score
 from ..core.stats import mean_ci
 from ..core.tasks import read_task_probes, read_task_records, sweep_task
 from .best_layer import best_layer_section
@@ -39,7 +39,6 @@ from .plot import (
     _caption,
     _pyplot,
     _save,
-    format_lr,
     markdown_row,
     method_color,
     method_label,
@@ -65,10 +64,10 @@ LAYERS_FIGURE = "layers.png"  # the layer figure, in the report's output folder
 
 def layer_runs(records: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Each layer of each probe record as a run of its own: the record's fields with the layer's
-    (``layer``, ``dev_METRIC``, ``test_METRIC``, ``best_epoch``, ``curve``) in place of ``layers``.
+    (``layer``, ``penalty``, ``dev_METRIC``, ``test_METRIC``...) in place of ``layers``.
 
     Example:
-        >>> [run["layer"] for run in layer_runs([{"lr": 0.01, "layers": [{"layer": 1}, {"layer": 2}]}])]
+        >>> [run["layer"] for run in layer_runs([{"shots": 8, "layers": [{"layer": 1}, {"layer": 2}]}])]
         [1, 2]
     """
     for record in records:
@@ -78,27 +77,29 @@ def layer_runs(records: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (setup, shots, epochs, layer) of probe records, its feature kind and LR selected on
-    dev (:func:`selected_probe`).
+    """One row per (setup, shots, epochs, layer) of probe records, at its feature kind selected on dev
+    (:func:`selected_kind`).
 
-    Row fields: ``setup``, ``shots``, ``epochs``, ``layer``, ``features``, ``lr`` (selected), ``lrs``,
-    ``edge``, ``metric`` (the selecting one), ``score`` (``test``, or ``dev`` without a test split),
+    Row fields: ``setup``, ``shots``, ``epochs``, ``layer``, ``features`` (selected), ``penalties`` (each
+    trial's, chosen by cross-validation on its sample), ``edge`` (a trial's penalty at an end of its grown
+    grid), ``metric`` (the selecting one), ``score`` (``test``, or ``dev`` without a test split),
     ``mean`` / ``ci`` (that score in points), ``dev_mean`` / ``dev_ci``, ``n`` (trials), ``others``
-    (every further metric: ``{metric: (mean, ci)}`` at the same runs, ``None`` without a test split).
+    (every further metric: ``{metric: (mean, ci)}`` at the same probes, ``None`` without a test split).
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
-        >>> probe_rows(probes)[0]["layer"]
-        1
+        >>> layers = [{"layer": 1, "penalty": 0.1, "penalty_on_edge": False, "dev_f1": 0.5, "test_f1": 0.4}]
+        >>> record = {"shots": 8, "epochs": 5, "trial": 0, "features": "rms", "metric": "f1"}
+        >>> row = probe_rows([{**record, "layers": layers}])[0]
+        >>> row["layer"], row["features"], row["penalties"], row["mean"]
+        (1, 'rms', [0.1], 40.0)
     """
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for run in layer_runs(records):
         groups[(run.get("setup", ""), run["shots"], run["epochs"], run["layer"])].append(run)
     rows = []
     for (setup, shots, epochs, layer), runs in sorted(groups.items(), key=lambda item: _cell_order(item[0])):
-        selection, features = selected_probe(runs)
-        chosen = [run for run in runs if features_of(run) == features and run["lr"] == selection.lr]
+        features = selected_kind(runs)
+        chosen = sorted((run for run in runs if run["features"] == features), key=lambda run: run["trial"])
         metric = record_metric(chosen[0])
         tested = all(test_score(run, metric) is not None for run in chosen)
         score = test_score if tested else dev_score
@@ -115,9 +116,8 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "epochs": epochs,
                 "layer": layer,
                 "features": features,
-                "lr": selection.lr,
-                "lrs": selection.lrs,
-                "edge": selection.at_edge,
+                "penalties": [run["penalty"] for run in chosen],
+                "edge": any(run["penalty_on_edge"] for run in chosen),
                 "metric": metric,
                 "score": "test" if tested else "dev",
                 "mean": mean,
@@ -131,29 +131,22 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def selected_probe(runs: Sequence[dict[str, Any]]) -> tuple[Selection, str]:
-    """One layer's probe: the LR selected on dev (:func:`~layerfusion_recipes.core.selection.select_lr`)
-    within each feature kind, then the kind whose selected LR has the better mean dev score (the raw
-    kind on ties).
+def selected_kind(runs: Sequence[dict[str, Any]]) -> str:
+    """One layer's feature kind: the one whose probes have the better mean dev score over trials (the
+    ``none`` kind on ties).
 
     Example:
-        >>> raw = {"lr": 0.1, "trial": 0, "dev_f1": 0.5}
-        >>> runs = [raw, {**raw, "dev_f1": 0.6, "features": "rms"}]
-        >>> selection, features = selected_probe(runs)
-        >>> selection.lr, features
-        (0.1, 'rms')
+        >>> none = {"features": "none", "trial": 0, "dev_f1": 0.5}
+        >>> selected_kind([none, {**none, "dev_f1": 0.6, "features": "rms"}])
+        'rms'
     """
-    best: tuple[float, Selection, str] | None = None
+    means = {}
     for features in FEATURES:
-        own = [run for run in runs if features_of(run) == features]
-        if not own:
-            continue
-        selection = select_lr(own)
-        score = selection.dev_means.get(selection.lr, -math.inf)
-        if best is None or score > best[0]:
-            best = (score, selection, features)
-    assert best is not None, "selected_probe needs at least one run"
-    return best[1], best[2]
+        own = [dev_score(run) for run in runs if run["features"] == features]
+        if own:
+            means[features] = sum(own) / len(own)
+    assert means, "selected_kind needs at least one run"
+    return max(means, key=lambda features: (means[features], features == FEATURES[0]))
 
 
 def _cell_order(key: tuple) -> tuple:
@@ -297,9 +290,9 @@ def layers_markdown(
     heading: str = "## Layer probes",
 ) -> str:
     """The layer diagnostics of ``table.md``: per (shots, epochs), one row per layer with the probe's
-    score (selected LR, dev beside it), every further metric and the learned weights of each method
-    that has them; the best ``top`` layers on dev as ``layers=[...]``. ``heading`` is the first line
-    (a page that has its own sections, as RESULTS.md, takes another).
+    score (the kind selected on dev, dev beside it), every further metric and the learned weights of
+    each method that has them; the best ``top`` layers on dev as ``layers=[...]``. ``heading`` is the
+    first line (a page that has its own sections, as RESULTS.md, takes another).
 
     Example:
         >>> from layerfusion_recipes.core.records import read_records
@@ -319,11 +312,11 @@ def layers_markdown(
         heading,
         "",
         f"A linear probe on each block output z_n at the positions the head reads (frozen encoder, feature "
-        f"cache), on z_n itself or on z_n / rms(z_n) (z/rms): {rows[0]['score']} {metric.long} at the kind "
-        f"and LR (@) selected on dev for that layer (mean best dev {metric.short} over trials, ties to the "
-        "smaller LR, then the raw kind), mean ± 95% CI (t) over trials, (dev x) "
-        "beside it; then the layer weights the trained runs learned at their cell's selected LR, mean over "
-        f"trials. The best {top} layers on dev are a `layers=[...]` list any fusion config takes "
+        f"cache), on z_n itself or on z_n / rms(z_n) (z/rms), its L2 penalty (λ) chosen by cross-validation "
+        f"on each trial's sample: {rows[0]['score']} {metric.long} of the kind selected on dev for that "
+        f"layer (mean dev {metric.short} over trials, ties to z_n itself), mean ± 95% CI (t) over trials, "
+        "(dev x) beside it; then the layer weights the trained runs learned at their cell's selected LR, "
+        f"mean over trials. The best {top} layers on dev are a `layers=[...]` list any fusion config takes "
         "(e.g. `DWAttConfig(layers=[...])`)." + (f" ({note}.)" if note else ""),
     ]
     for cell, cell_rows in cells.items():
@@ -352,9 +345,9 @@ def layers_markdown(
     if flagged:
         lines += [
             "",
-            "⚠ widen the probe grid: the selected LR is at the edge of its grid for "
+            "⚠ a probe's penalty is at the end of its grown grid (the best may lie beyond) for "
             + ", ".join(
-                f"N={shots_text(r['shots'])} {r['epochs']} epochs layer {r['layer']} ({format_lr(r['lr'])})"
+                f"N={shots_text(r['shots'])} {r['epochs']} epochs layer {r['layer']} ({penalty_text(r)})"
                 for r in flagged
             ),
         ]
@@ -370,11 +363,22 @@ def _interval(value: tuple[float, float] | None, n: int) -> str:
 
 def _probe_text(row: dict[str, Any]) -> str:
     text = f"{row['mean']:.1f}" + (f" ± {row['ci']:.1f}" if row["n"] > 1 else "")
-    text += f" @{format_lr(row['lr'])}" + (" z/rms" if row.get("features") == UNIT_RMS else "")
+    text += f" λ {penalty_text(row)}" + (" z/rms" if row.get("features") == UNIT_RMS else "")
     text += " ⚠" if row["edge"] else ""
     if row["score"] == "test":
         text += f" (dev {row['dev_mean']:.1f})"
     return text + f" (n={row['n']})"
+
+
+def penalty_text(row: dict[str, Any]) -> str:
+    """A row's penalties over its trials: the one they share, or their range.
+
+    Example:
+        >>> penalty_text({"penalties": [0.1, 0.1]}), penalty_text({"penalties": [1.0, 0.01, 0.1]})
+        ('0.1', '0.01-1')
+    """
+    low, high = min(row["penalties"]), max(row["penalties"])
+    return f"{low:.3g}" if low == high else f"{low:.3g}-{high:.3g}"
 
 
 def _weight_text(entry: dict[str, Any], layer: int) -> str:
@@ -534,13 +538,14 @@ def write_layer_report(
     without probes.
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
-        >>> from layerfusion_recipes.reporting.plot import write_report
-        >>> records = read_records("benchmarks/results/trec_fe/results.jsonl")
-        >>> _ = write_report(records, "out")  # table.md and the figures, which the layer report adds to
-        >>> write_layer_report(records, probes, "out", top=3)["layers"]
-        PosixPath('out/layers.png')
+        >>> from layerfusion_recipes.core.probes import run_probes
+        >>> grid = {**grid, "results": "probed/results.jsonl"}
+        >>> probes = run_probes(experiment, grid, progress=False)  # 2 trials of N = 2, max 2 epochs
+        >>> _ = atomic_write_text(Path("probed") / "table.md", "# runs")  # as write_report leaves it
+        >>> write_layer_report([], probes, "probed", top=2)["layers"]  # no runs: the probes alone
+        PosixPath('probed/layers.png')
+        >>> "## Layer probes" in (Path("probed") / "table.md").read_text()
+        True
     """
     figure = plot_layers(probes, records, Path(output) / LAYERS_FIGURE, top)
     if figure is None:
@@ -556,10 +561,10 @@ def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
     the model's layers, then a note saying so).
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
-        >>> best_layers_lines(probes, 3)
-        ['layers (best 3 on dev), N=8, max 30 epochs: layers=[...]', ...]
+        >>> from layerfusion_recipes.core.probes import run_probes
+        >>> grid = {**grid, "results": "probed/results.jsonl"}
+        >>> best_layers_lines(run_probes(experiment, grid, progress=False), 2)  # the tiny BERT's 3 blocks
+        ['layers (best 2 on dev), N=2, max 2 epochs: layers=[...]']
     """
     rows = probe_rows(probes)
     note = clamp_note(top, rows)

@@ -1,33 +1,28 @@
-"""Layer probes (core/probes.py): the probe of layer n is a linear head trained alone on block n's
-output (``output_hidden_states[n]``, before the final norm on a pre-norm decoder; raw, or divided by
-its RMS per position) at the positions the task reads (classify: its pooled token, on a post-norm
-encoder and a pre-norm decoder; NER: the labelled first sub-words, scored by seqeval itself); records
-resume by key; each kind's LR grid grows past an end its best probe sits on, as far as GROW_STEPS."""
+"""Layer probes (core/probes.py): the probe of layer n is the library's cross-validated logistic probe on
+block n's output (``output_hidden_states[n]``, before the final norm on a pre-norm decoder; as it is, or
+divided by its RMS per position) at the positions the task reads (classify: its pooled token, on a
+post-norm encoder and a pre-norm decoder; NER: the labelled first sub-words, a sentence's words in one
+fold, scored by seqeval itself); its penalty is chosen on the trial's sample alone; records resume by
+key, a trial's probes fitted once for every max epochs."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.core import probes
 from layerfusion_recipes.core.batches import IGNORE_INDEX
-from layerfusion_recipes.core.cells import Cell
-from layerfusion_recipes.core.fitting import fit
-from layerfusion_recipes.core.probes import probe_records, probe_runner, probes_path, run_probes
+from layerfusion_recipes.core.probes import probe_records, probes_path, run_probes
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from seqeval.metrics import f1_score
-from torch import nn
-from torch.utils.data import DataLoader
 from transformers import AutoModel
 
+from peft_layerfusion import cross_validated_probe
+from peft_layerfusion.probing import FOLDS, probe_accuracy
+
 LAYERS = 3  # the tiny BERT's and the tiny Llama's blocks
-LRS = (3e-2, 3e-1)
-EPOCHS = 6
 
 
 @pytest.fixture(scope="module")
@@ -86,237 +81,149 @@ def hidden_states(model_path: str, features: list[dict], layer: int) -> list[tor
     return out
 
 
-def lone_head(train: list[tuple], dev_score, test_score, lr: float, seed: int, width: int, classes: int):
-    """A linear head trained alone on ``train`` (``(inputs (n, d), labels (n,))`` per example): AdamW,
-    the LR linear to zero, the batches of the recipes' protocol, dev scored every epoch, test at the
-    best dev epoch (the first on ties). Returns (dev curve, test score, the best head)."""
-    torch.manual_seed(seed)
-    head = nn.Linear(width, classes)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
-    loader = DataLoader(
-        list(range(len(train))),
-        batch_size=4,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(seed),
-        collate_fn=lambda indices: indices,
-    )
-    total = EPOCHS * math.ceil(len(train) / 4)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, (total - step) / total))
-    curve, best, best_state = [], -1.0, None
-    for _ in range(EPOCHS):
-        for indices in loader:
-            inputs = torch.cat([train[i][0] for i in indices])
-            labels = torch.cat([train[i][1] for i in indices])
-            F.cross_entropy(head(inputs), labels).backward()
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-        with torch.no_grad():
-            score = dev_score(head)
-        curve.append(score)
-        if score > best:
-            best, best_state = score, {k: v.clone() for k, v in head.state_dict().items()}
-    head.load_state_dict(best_state)
-    with torch.no_grad():
-        return curve, test_score(head), head
-
-
-def trained_probes(experiment, shots: int, trial: int, features: str = "raw"):
-    """The probes of a trial trained by ``fit`` (as :func:`probe_records` does), for their weights."""
-    train = experiment.train_sample(shots, trial)
-    runner = probe_runner(experiment, train, trial, len(LRS), features)
-    settings = experiment.train_settings(Cell("probe", "fe", shots, EPOCHS, trial))
-    lrs = [lr for lr in LRS for _ in range(LAYERS)]
-    fit(runner, train, experiment.dev, settings, experiment.scorer_of, lrs=lrs, test=experiment.test)
-    return runner
-
-
-def check_probe(record_layers, runner, k: int, layer: int, curve, test, head, metric: str) -> None:
-    entry = record_layers[layer - 1]
-    assert entry["layer"] == layer
-    assert [point[f"dev_{metric}"] for point in entry["curve"]] == pytest.approx(curve, abs=1e-12)
-    assert entry[f"test_{metric}"] == pytest.approx(test, abs=1e-12)
-    weight, bias = runner.candidates[k * LAYERS + layer - 1]
-    torch.testing.assert_close(weight.detach(), head.weight, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(bias.detach(), head.bias, rtol=1e-4, atol=1e-5)
-
-
 def unit(state: torch.Tensor) -> torch.Tensor:
-    """``state / sqrt(mean(state^2) + 1e-6)`` per row, written out here (not the library's)."""
+    """``state / sqrt(mean(state^2) + 1e-6)`` per row in float64, written out here (not the library's)."""
+    state = state.double()
     return state / torch.sqrt((state * state).sum(-1, keepdim=True) / state.shape[-1] + 1e-6)
 
 
-@pytest.mark.parametrize("kind", ["raw", "rms"])
+def check_layer(entry: dict, found, dev_score: float, test_score: float, metric: str, layer: int) -> None:
+    """A record's layer entry against the probe fitted here (``found``) and its scores."""
+    assert entry["layer"] == layer
+    assert entry["penalty"] == pytest.approx(found.penalty, rel=1e-12)
+    assert entry["penalty_on_edge"] == found.on_edge
+    assert entry["cv_loss"] == pytest.approx(found.loss, rel=1e-6)
+    assert entry["cv_accuracy"] == pytest.approx(found.accuracy, abs=1e-12)
+    assert entry[f"dev_{metric}"] == pytest.approx(dev_score, abs=1e-12)
+    assert entry[f"test_{metric}"] == pytest.approx(test_score, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["none", "rms"])
 @pytest.mark.parametrize("layer", range(1, LAYERS + 1))
-def test_classify_probe_of_layer_n_is_a_lone_head_on_its_pooled_hidden_state(classify, paths, layer, kind):
+def test_classify_probe_of_layer_n_is_the_library_s_probe_on_its_pooled_hidden_state(classify, layer, kind):
     """The probe reads block n's output at the first token (BERT's own head), its mean over the tokens
     (mean pooling) or the last token (a decoder's own head; z_L before the final norm); the unit-RMS
-    kind reads that state divided by its RMS."""
-    trial, seed = 1, classify.settings.seed + 1
+    kind reads that state divided by its RMS; its penalty by 4-fold cross-validation on the sample, the
+    folds dealt from seed + trial."""
+    trial = 1
     train = classify.train_sample(4, trial)
-    records = list(probe_records(classify, 4, EPOCHS, trial, LRS, kind))
-    runner = trained_probes(classify, 4, trial, kind)
-    assert all(record["features"] == kind for record in records)
-    assert all(record["key"].endswith("|features=rms") == (kind == "rms") for record in records)
+    records = {r["features"]: r for r in probe_records(classify, 4, [5], trial)}
+    record = records[kind]
+    assert record["metric"] == "accuracy" and record["folds"] == FOLDS and record["train_rows"] == len(train)
 
-    def examples(features):
+    def pooled(features):
         states = hidden_states(classify.settings.model, features, layer)
-        read = {"first": lambda s: s[:1], "last": lambda s: s[-1:], "all": lambda s: s.mean(0, keepdim=True)}
-        pooled = [read[classify.positions](s) for s in states]  # (1, d) each
-        pooled = [unit(p) for p in pooled] if kind == "rms" else pooled
-        return [(p, torch.tensor([f["labels"]])) for p, f in zip(pooled, features, strict=True)]
+        read = {"first": lambda s: s[0], "last": lambda s: s[-1], "all": lambda s: s.mean(0)}
+        rows = torch.stack([read[classify.positions](s) for s in states]).double()  # (n, d)
+        return (unit(rows) if kind == "rms" else rows), torch.tensor([f["labels"] for f in features])
 
-    train_xy, dev_xy, test_xy = examples(train), examples(classify.dev), examples(classify.test)
-
-    def accuracy(split):
-        return lambda head: sum(int(head(x).argmax(-1) == y) for x, y in split) / len(split)
-
-    moved = []
-    for k, (lr, record) in enumerate(zip(LRS, records, strict=True)):
-        assert record["lr"] == lr and record["metric"] == "accuracy"
-        curve, test, head = lone_head(train_xy, accuracy(dev_xy), accuracy(test_xy), lr, seed, 32, 3)
-        moved.append(len(set(curve)) > 1)
-        check_probe(record["layers"], runner, k, layer, curve, test, head, "accuracy")
-    assert any(moved), "the toy must move the dev score at one LR at least"
+    (train_x, train_y), (dev_x, dev_y), (test_x, test_y) = map(pooled, (train, classify.dev, classify.test))
+    found = cross_validated_probe(
+        train_x, train_y, folds=FOLDS, seed=classify.settings.seed + trial, classes=3
+    )
+    dev, test = (
+        probe_accuracy(found.probe.predict_proba(x), y) for x, y in ((dev_x, dev_y), (test_x, test_y))
+    )
+    check_layer(record["layers"][layer - 1], found, dev, test, "accuracy", layer)
 
 
 @pytest.mark.parametrize("layer", [1, LAYERS])
-def test_ner_probe_of_layer_n_is_a_lone_head_scored_by_seqeval(ner, paths, layer):
-    """Token-wise: the probe reads output_hidden_states[n] at each word's first sub-word; its score is
-    seqeval's micro-F1 of the word tags."""
-    trial, seed = 0, ner.settings.seed
+def test_ner_probe_of_layer_n_is_the_library_s_probe_on_the_labelled_words_scored_by_seqeval(
+    ner, paths, layer
+):
+    """Token-wise: one row per labelled first sub-word of output_hidden_states[n], a sentence's words in
+    one fold; the score is seqeval's micro-F1 of the word tags."""
+    trial = 0
     train = ner.train_sample(2, trial)
-    records = list(probe_records(ner, 2, EPOCHS, trial, LRS))
-    runner = trained_probes(ner, 2, trial)
+    record = next(r for r in probe_records(ner, 2, [5], trial) if r["features"] == "none")
 
-    def examples(features):
-        states = hidden_states(paths["model"], features, layer)
-        out = []
-        for state, feature in zip(states, features, strict=True):
-            labels = torch.tensor(feature["labels"])
-            read = labels != IGNORE_INDEX
-            out.append((state[read], labels[read]))
-        return out
+    def words(features):
+        rows, labels, sentences = [], [], []
+        for index, (state, feature) in enumerate(
+            zip(hidden_states(paths["model"], features, layer), features, strict=True)
+        ):
+            tags = torch.tensor(feature["labels"])
+            read = tags != IGNORE_INDEX
+            rows.append(state[read].double())
+            labels.append(tags[read])
+            sentences.append(torch.full((int(read.sum()),), index))
+        return torch.cat(rows), torch.cat(labels), torch.cat(sentences), [len(tags) for tags in labels]
 
-    train_xy, dev_xy, test_xy = examples(train), examples(ner.dev), examples(ner.test)
+    train_x, train_y, groups, _ = words(train)
+    assert record["train_rows"] == len(train_y) and record["folds"] == FOLDS
+    found = cross_validated_probe(
+        train_x, train_y, folds=FOLDS, seed=ner.settings.seed + trial, groups=groups, classes=len(ner.labels)
+    )
 
     def seqeval_f1(split):
-        def score(head):
-            gold = [[ner.id2label[int(i)] for i in y] for _, y in split]
-            predicted = [[ner.id2label[int(i)] for i in head(x).argmax(-1)] for x, _ in split]
-            return f1_score(gold, predicted)
-
-        return score
+        x, y, _, lengths = words(split)
+        predicted = found.probe.predict(x)
+        gold = [[ner.id2label[int(i)] for i in tags] for tags in y.split(lengths)]
+        return f1_score(gold, [[ner.id2label[int(i)] for i in tags] for tags in predicted.split(lengths)])
 
     assert ner.dev_reach.out_of_reach == ner.test_reach.out_of_reach == 0  # every gold word is read
-    for k, (lr, record) in enumerate(zip(LRS, records, strict=True)):
-        assert record["metric"] == "f1" and record["metrics"] == ["f1"]
-        curve, test, head = lone_head(
-            train_xy, seqeval_f1(dev_xy), seqeval_f1(test_xy), lr, seed, 32, len(ner.labels)
-        )
-        assert len(set(curve)) > 1, "the toy must move the dev score"
-        check_probe(record["layers"], runner, k, layer, curve, test, head, "f1")
+    check_layer(record["layers"][layer - 1], found, seqeval_f1(ner.dev), seqeval_f1(ner.test), "f1", layer)
 
 
-def test_probe_records_resume_by_key(classify, tmp_path, monkeypatch):
-    grid = {"shots": [2], "epochs": [2], "trials": 2, "results": str(tmp_path / "results.jsonl")}
-    classify.settings.lr = [1e-3]  # one LR: nothing to grow
-    try:
-        first = run_probes(classify, grid, progress=False)
-        expected = [["probe", "fe", "2", "2", str(t)] for t in (0, 0, 1, 1)]
-        assert [r["key"].split("|")[:5] for r in first] == expected
-        assert [r["features"] for r in first] == ["raw", "rms", "raw", "rms"]
-        assert probes_path(grid["results"]) == tmp_path / "results.probes.jsonl"
-        trained = []
-        original = probes.probe_records
-
-        def counted(experiment, shots, epochs, trial, lrs, features):
-            trained.append((features, lrs))
-            return original(experiment, shots, epochs, trial, lrs, features)
-
-        monkeypatch.setattr(probes, "probe_records", counted)
-        assert run_probes(classify, grid, progress=False) == first and trained == []  # nothing to train
-        classify.settings.lr = [1e-3, 1e-2, 1e-1]
-        both = run_probes(classify, grid, progress=False)
-        assert trained[:4] == [(kind, [1e-2, 1e-1]) for _ in range(2) for kind in ("raw", "rms")]  # new LRs
-        assert [r for r in both if r["lr"] == 1e-3] == first
-        assert len(read_records(tmp_path / "results.probes.jsonl")) == len(both)
-    finally:
-        classify.settings.lr = None
+def test_the_probes_choose_their_penalty_on_the_training_sample_alone(classify, monkeypatch):
+    """Dev labels turned round move the dev scores and nothing the probes chose."""
+    first = list(probe_records(classify, 4, [5], 0))
+    flipped = [{**feature, "labels": (feature["labels"] + 1) % 3} for feature in classify.dev]
+    monkeypatch.setattr(classify, "dev", flipped)
+    second = list(probe_records(classify, 4, [5], 0))
+    chosen = ("layer", "penalty", "penalty_on_edge", "cv_accuracy", "cv_loss", "test_accuracy")
+    for old, new in zip(first, second, strict=True):
+        assert [{k: e[k] for k in chosen} for e in old["layers"]] == [
+            {k: e[k] for k in chosen} for e in new["layers"]
+        ]
+    assert [e["dev_accuracy"] for r in first for e in r["layers"]] != [
+        e["dev_accuracy"] for r in second for e in r["layers"]
+    ]
 
 
-def test_a_kind_s_grid_grows_past_the_end_its_best_probe_sits_on_until_the_best_is_inside(
-    classify, tmp_path, monkeypatch
-):
-    """Probes whose dev score peaks at LR 1e-2 (raw) and 1e-1 (unit RMS; trial 1's raw at 1e-4), from a
-    grid 1e-5, 1e-4: each trial's grid of each kind grows one step up (the ratio of its top two LRs)
-    until its best LR is inside it; a second run trains nothing and reads the same records."""
-    peaks = {("raw", 0): -2, ("rms", 0): -1, ("raw", 1): -4, ("rms", 1): -1}
-    trained = []
-
-    def fake(experiment, shots, epochs, trial, lrs, features):
-        trained.append((features, trial, list(lrs)))
-        cell = probes.Cell(probes.PROBE, probes.PROBE_REGIME, shots, epochs, trial)
-        for lr in lrs:
-            dev = 1.0 - abs(math.log10(lr) - peaks[features, trial]) / 10
-            layers = [{"layer": 1, "dev_f1": dev, "test_f1": dev}]
-            key = probes.probe_key(cell, lr, experiment.setup, features)
-            place = {"shots": shots, "epochs": epochs, "trial": trial}
-            yield {"key": key, **place, "lr": lr, "features": features, "metric": "f1", "layers": layers}
-
-    monkeypatch.setattr(probes, "probe_records", fake)
-    grid = {"shots": [3], "epochs": [4], "trials": 2, "results": str(tmp_path / "results.jsonl")}
-    classify.settings.lr = [1e-5, 1e-4]
-    try:
-        records = run_probes(classify, grid, progress=False)
-        tops = {("raw", 0): 1e-1, ("rms", 0): 1.0, ("raw", 1): 1e-3, ("rms", 1): 1.0}  # a step past the peak
-        for (kind, trial), top in tops.items():
-            lrs = [pytest.approx(lr) for lr in (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0) if lr <= top * 1.01]
-            assert sorted(r["lr"] for r in records if (r["features"], r["trial"]) == (kind, trial)) == lrs
-        assert trained[:4] == [(kind, t, [1e-5, 1e-4]) for t in (0, 1) for kind in ("raw", "rms")]
-        assert all(len(lrs) == 1 for _, _, lrs in trained[4:])  # then one LR a step
-        assert probes.missing_probes(classify, grid) == []
-        count = len(trained)
-        assert run_probes(classify, grid, progress=False) == records and len(trained) == count
-        assert len(read_records(probes_path(grid["results"]))) == len(records)
-    finally:
-        classify.settings.lr = None
-
-
-def test_the_grown_lrs_stop_after_grow_steps_at_each_end():
-    def record(lr: float, dev: float) -> dict:
-        return {"lr": lr, "metric": "f1", "layers": [{"layer": 1, "dev_f1": dev, "test_f1": 0.0}]}
-
-    base = [1e-2, 1e-1]
-    rising = [record(lr, lr) for lr in (1e-2, 1e-1)]  # the best always on the top end
-    grown = []
-    while (step := probes.grown_lr(rising, base)) is not None:
-        grown.append(step)
-        rising.append(record(step, step))
-    assert grown == pytest.approx([1.0, 10.0, 100.0, 1000.0]) and len(grown) == probes.GROW_STEPS
-    falling = [record(lr, -lr) for lr in (1e-2, 1e-1)]
-    assert probes.grown_lr(falling, base) == pytest.approx(1e-3)  # the bottom end: one step down
-    assert probes.grown_lr([record(1e-2, 0.5)], [1e-2]) is None  # one LR: the user's choice, no edge
-
-
-def test_the_dev_inputs_of_a_trial_are_read_from_the_cache_once(classify, monkeypatch):
-    """Evaluation batches repeat every epoch: their read positions are taken from the cache once per
-    trial's probes (the training batches, shuffled, each time)."""
-    reads: list[int] = []
-    original = probes.ProbeRunner.read
-
-    def counted(self, features):
-        reads.append(len(features))
-        return original(self, features)
-
-    monkeypatch.setattr(probes.ProbeRunner, "read", counted)
-    list(probe_records(classify, 2, EPOCHS, 0, LRS))  # 6 train examples: one batch of 4, one of 2
-    evaluation = [len(classify.dev), len(classify.test)]  # one batch each (eval batches of 64)
-    assert sorted(reads) == sorted([4, 2] * EPOCHS + evaluation)
+def test_a_split_without_examples_scores_none(classify):
+    found = probes.trial_probes(classify, classify.train_sample(2, 0), 0)
+    scores = probes.split_scores(classify, found.probes, [], "test")
+    assert scores == {
+        kind: [{"test_accuracy": None, "test_macro_f1": None}] * LAYERS for kind in ("none", "rms")
+    }
 
 
 def _without_timing(records: list[dict]) -> list[dict]:
     return [{key: value for key, value in r.items() if key not in ("seconds", "pid")} for r in records]
+
+
+def test_probe_records_resume_by_key_and_a_trial_is_fitted_once_for_every_max_epochs(
+    classify, tmp_path, monkeypatch
+):
+    grid = {"shots": [2], "epochs": [2, 5], "trials": 2, "results": str(tmp_path / "results.jsonl")}
+    fitted = []
+    original = probes.trial_probes
+
+    def counted(experiment, train, trial):
+        fitted.append(trial)
+        return original(experiment, train, trial)
+
+    monkeypatch.setattr(probes, "trial_probes", counted)
+    first = run_probes(classify, grid, progress=False)
+    assert fitted == [0, 1]  # once per trial, for both max epochs
+    assert [(r["epochs"], r["trial"], r["features"]) for r in first] == [
+        (epochs, trial, kind) for epochs in (2, 5) for trial in (0, 1) for kind in ("none", "rms")
+    ]
+    assert all(r["key"].startswith(f"probe|fe|2|{r['epochs']}|{r['trial']}|{classify.setup}|") for r in first)
+    same = [{k: v for k, v in r.items() if k not in ("key", "epochs")} for r in first]
+    assert same[:4] == same[4:]  # the max epochs change nothing a probe does
+    assert probes_path(grid["results"]) == tmp_path / "results.probes.jsonl"
+    assert run_probes(classify, grid, progress=False) == first and fitted == [0, 1]  # nothing fitted again
+    assert len(read_records(tmp_path / "results.probes.jsonl")) == len(first)
+    again = run_probes(classify, {**grid, "results": str(tmp_path / "again.jsonl")}, progress=False)
+    assert _without_timing(again) == _without_timing(first)  # fitted again: the same numbers
+
+
+def test_a_sample_with_fewer_examples_than_folds_is_cross_validated_one_example_a_fold(paths):
+    experiment = ClassifyExperiment(ClassifySettings(model=paths["model"], data=paths["texts"], seed=3))
+    record = next(probe_records(experiment, 1, [5], 0))  # 1 shot x 3 classes
+    assert record["train_examples"] == 3 and record["folds"] == 3
 
 
 @pytest.mark.parametrize("task, kept", [("classify", "first"), ("ner", "labelled")])
@@ -346,47 +253,50 @@ def test_probes_on_a_prefilled_cache_of_the_head_positions_match_an_every_positi
     read = run_probes(prefilled, {**grid, "results": str(tmp_path / "read.jsonl")}, progress=False)
     full = run_probes(every, {**grid, "results": str(tmp_path / "all.jsonl")}, progress=False)
     assert every.cache().base_model is not None and every.cache().positions.name == "all"
-    assert len(read) >= 2 * 2 * len(prefilled.settings.lr_grid("fe"))  # 2 trials, 2 kinds, the grid (grown)
+    assert len(read) == 2 * 2  # 2 trials, 2 kinds
     assert _without_timing(read) == _without_timing(full)  # bitwise: the same states where read
 
 
-def _probe_record(lr: float, trial: int, scores: list[tuple[float, float]]) -> dict:
-    layers = [{"layer": n, "dev_f1": dev, "test_f1": test} for n, (dev, test) in enumerate(scores, start=1)]
-    return {"lr": lr, "trial": trial, "shots": 8, "epochs": 5, "metric": "f1", "layers": layers}
+def _probe_record(trial: int, scores: list[tuple[float, float]], kind: str = "none") -> dict:
+    layers = [
+        {"layer": n, "penalty": 0.1, "penalty_on_edge": False, "dev_f1": dev, "test_f1": test}
+        for n, (dev, test) in enumerate(scores, start=1)
+    ]
+    return {"features": kind, "trial": trial, "shots": 8, "epochs": 5, "metric": "f1", "layers": layers}
 
 
 def test_the_best_single_layer_is_chosen_on_dev_alone():
     records = [
-        _probe_record(1e-2, 0, [(0.5, 0.9), (0.7, 0.2), (0.6, 0.6)]),  # layer 1's test is best: unseen
-        _probe_record(1e-3, 0, [(0.4, 0.4), (0.7, 0.3), (0.2, 0.2)]),  # layer 2 ties at a smaller LR
-        _probe_record(1e-2, 1, [(0.1, 0.1), (0.2, 0.2), (0.3, 0.5)]),
+        _probe_record(0, [(0.5, 0.9), (0.7, 0.2), (0.6, 0.6)]),  # layer 1's test is best: unseen
+        _probe_record(0, [(0.4, 0.4), (0.7, 0.3), (0.2, 0.2)], "rms"),  # layer 2 ties on dev: the none kind
+        _probe_record(1, [(0.1, 0.1), (0.2, 0.2), (0.3, 0.5)]),
     ]
-    expected = {"layer": 2, "lr": 1e-3, "dev": 0.7, "test": 0.3, "metric": "f1", "features": "raw"}
-    assert probes.best_single_layer(records[:2]) == expected
+    expected = {"layer": 2, "penalty": 0.1, "on_edge": False, "dev": 0.7, "test": 0.2, "metric": "f1"}
+    assert probes.best_single_layer(records[:2]) == {**expected, "features": "none"}
     assert probes.probe_starts(records) == {(8, 5, 0): 2, (8, 5, 1): 3}
-    rms = {**_probe_record(1e-4, 0, [(0.7, 0.9), (0.71, 0.1), (0.0, 0.0)]), "features": "rms"}
-    assert probes.best_single_layer([*records[:2], rms])["features"] == "rms"  # 0.71 on dev: either kind
-    tie = {**_probe_record(1e-4, 0, [(0.7, 0.9), (0.0, 0.0), (0.0, 0.0)]), "features": "rms"}
-    assert probes.best_single_layer([*records[:2], tie]) == expected  # a tie across kinds: the raw one
+    rms = _probe_record(0, [(0.7, 0.9), (0.71, 0.1), (0.0, 0.0)], "rms")
+    assert probes.best_single_layer([records[0], rms])["features"] == "rms"  # 0.71 on dev: either kind
+    assert probes.ranked_layers([records[0], rms]) == [2, 1, 3]
+    tie = _probe_record(0, [(0.7, 0.9), (0.7, 0.0), (0.0, 0.0)], "rms")
+    assert probes.best_single_layer([tie])["layer"] == 1  # a tie across layers: the lower
 
 
 def test_a_reader_shows_each_probe_guided_run_from_the_block_its_trial_s_probes_pick_now():
     """The file holds trial 0's mix from block 3 (before starts were keyed), from 2 and from 3 again
     (new probes moved the start and moved it back): the probes now say 3, so the newest run from 3 is
     shown. Trial 1 has no probes: its newest run. Runs that start nowhere are all kept."""
-    setup, base = "s", [0.01, 0.1]
+    setup = "s"
+    cell = probes.Cell(probes.PROBE, probes.PROBE_REGIME, 8, 25, 0)
     probes_now = []
-    for kind in ("raw", "rms"):
-        for lr in base:
-            cell = probes.Cell(probes.PROBE, probes.PROBE_REGIME, 8, 25, 0)
-            devs = [0.2, 0.3, 0.6] if (kind, lr) == ("rms", 0.01) else [0.2, 0.3, 0.4]  # block 3 at 0.01
-            layers = [{"layer": n, "dev_f1": d, "test_f1": d} for n, d in enumerate(devs, start=1)]
-            key = probes.probe_key(cell, lr, setup, kind)
-            probes_now.append({"key": key, "lr": lr, "features": kind, "metric": "f1", "layers": layers})
+    for kind in ("none", "rms"):
+        devs = [0.2, 0.3, 0.6] if kind == "rms" else [0.2, 0.3, 0.4]  # block 3 on z/rms(z)
+        layers = [{"layer": n, "dev_f1": d, "test_f1": d} for n, d in enumerate(devs, start=1)]
+        key = probes.probe_key(cell, setup, kind)
+        probes_now.append({"key": key, "features": kind, "metric": "f1", "layers": layers})
 
     def run(trial: int, start: int | None, keyed: bool = True, method: str = "layer_mix") -> dict:
         key = f"{method}|fe|8|25|{trial}|lr=0.01|{setup}" + (f"|start={start}" if keyed and start else "")
-        fields = {"shots": 8, "epochs": 25, "trial": trial, "setup": setup, "settings": {"probe_start": base}}
+        fields = {"shots": 8, "epochs": 25, "trial": trial, "setup": setup}
         return {"key": key, **fields} | ({"start_layer": start} if start else {})
 
     runs = [run(0, 3, keyed=False), run(0, None, method="none"), run(0, 2), run(1, 1), run(0, 3), run(1, 2)]
@@ -397,13 +307,15 @@ def test_a_reader_shows_each_probe_guided_run_from_the_block_its_trial_s_probes_
         for p in probes_now
     ]
     assert probes.current_runs(runs, moved) == [runs[1], runs[2], runs[5]]  # the probes pick block 2
+    other = [{**p, "key": probes.probe_key(cell, "another", p["features"])} for p in moved]
+    assert probes.current_runs(runs, other) == [runs[1], runs[4], runs[5]]  # another setup's: no probes
 
 
 def test_a_report_reads_no_probe_of_a_setup_its_runs_lack_and_each_trial_s_newest_setup():
     """Probes of another setup read other data, model or settings: a bar drawn from them is stale."""
-    old = {**_probe_record(1e-2, 0, [(0.5, 0.5), (0.9, 0.2)]), "setup": "old"}  # block 2 on old data
-    new = {**_probe_record(1e-2, 0, [(0.6, 0.7), (0.4, 0.4)]), "setup": "new"}  # block 1 now
-    gone = {**_probe_record(1e-2, 1, [(0.1, 0.1), (0.8, 0.8)]), "setup": "gone"}  # no run has it
+    old = {**_probe_record(0, [(0.5, 0.5), (0.9, 0.2)]), "setup": "old"}  # block 2 on old data
+    new = {**_probe_record(0, [(0.6, 0.7), (0.4, 0.4)]), "setup": "new"}  # block 1 now
+    gone = {**_probe_record(1, [(0.1, 0.1), (0.8, 0.8)]), "setup": "gone"}  # no run has it
     runs = [{"setup": "new"}, {"setup": "old"}]
     assert probes.current_probes([old, gone, new], runs) == [old, new]
     assert probes.current_probes([old, gone], []) == [old, gone]  # no runs: nothing to match

@@ -16,10 +16,14 @@ from layerfusion_recipes.reporting.best_layer import (
 )
 
 
-def _probe(trial: int, lr: float, scores: list[tuple[float, float]]) -> dict:
-    """A probe record of one trial at one LR: (dev, test) of layers 1, 2, ..."""
-    layers = [{"layer": n, "dev_f1": dev, "test_f1": test} for n, (dev, test) in enumerate(scores, start=1)]
-    return {"lr": lr, "trial": trial, "shots": 8, "epochs": 5, "metric": "f1", "layers": layers}
+def _probe(trial: int, scores: list[tuple[float, float]], features: str = "none", edge: bool = False) -> dict:
+    """A probe record of one trial and feature kind: (dev, test) of layers 1, 2, ..., each at penalty 0.1
+    (``edge``: at the end of its grid)."""
+    layers = [
+        {"layer": n, "penalty": 0.1, "penalty_on_edge": edge, "dev_f1": dev, "test_f1": test}
+        for n, (dev, test) in enumerate(scores, start=1)
+    ]
+    return {"features": features, "trial": trial, "shots": 8, "epochs": 5, "metric": "f1", "layers": layers}
 
 
 def _run(method: str, trial: int, lr: float, dev: float, test: float, **options) -> dict:
@@ -29,12 +33,12 @@ def _run(method: str, trial: int, lr: float, dev: float, test: float, **options)
 
 
 # best layer per trial: trial 0 -> layer 2 (dev 0.70, test 0.60); trial 1 -> layer 1 (dev 0.80, test 0.50);
-# trial 2 -> layer 3 at the smaller LR (dev 0.60 ties, test 0.40)
+# trial 2 -> layer 3 of the none kind (dev 0.60 ties the unit-RMS one, test 0.40)
 PROBES = [
-    _probe(0, 1e-2, [(0.50, 0.90), (0.70, 0.60), (0.40, 0.40)]),
-    _probe(1, 1e-2, [(0.80, 0.50), (0.30, 0.30), (0.20, 0.20)]),
-    _probe(2, 1e-2, [(0.10, 0.10), (0.20, 0.20), (0.60, 0.45)]),
-    _probe(2, 1e-3, [(0.10, 0.10), (0.20, 0.20), (0.60, 0.40)]),
+    _probe(0, [(0.50, 0.90), (0.70, 0.60), (0.40, 0.40)]),
+    _probe(1, [(0.80, 0.50), (0.30, 0.30), (0.20, 0.20)]),
+    _probe(2, [(0.10, 0.10), (0.20, 0.20), (0.60, 0.45)], "rms"),
+    _probe(2, [(0.10, 0.10), (0.20, 0.20), (0.60, 0.40)]),
 ]
 # the mix at its selected LR 0.1 (mean dev 0.70 against 0.50 at 0.01): above the layer on dev in trials 0, 2
 RUNS = [
@@ -69,7 +73,7 @@ def test_each_method_against_the_best_layer_paired_by_trial_and_guarded():
     # test 63.3; minus the layer +13.3 (5, 40, -5); guarded +0.0 (5, 0, -5) over 3 trials, 2 kept
     assert row.startswith("| layer_mix | 63.3 ± ") and "| 0.1 | +13.3 ± " in row
     assert row.endswith("| +0.0 ± 12.4 (2/3) |")
-    assert "trial 0: z_2 @0.01, trial 1: z_1 @0.01, trial 2: z_3 @0.001" in text
+    assert "trial 0: z_2 λ 0.1, trial 1: z_1 λ 0.1, trial 2: z_3 λ 0.1" in text
 
 
 def test_a_run_with_method_options_is_its_own_row():
@@ -103,11 +107,11 @@ def test_the_section_needs_probes_and_fe_runs():
     assert "beats that layer's by more than one standard error of the layer's dev score" in section
 
 
-def test_a_wider_probe_grid_joins_the_candidates_and_the_first_sweep_wins_a_shared_lr():
+def test_a_later_sweep_s_probes_join_the_candidates_and_the_first_sweep_wins_a_shared_kind():
     wider = [
-        _probe(1, 1e-2, [(0.99, 0.99), (0.99, 0.99), (0.99, 0.99)]),  # the same (trial, LR): ignored
-        _probe(1, 10.0, [(0.85, 0.55), (0.10, 0.10), (0.10, 0.10)]),  # a new LR beats layer 1's dev
-        _probe(7, 10.0, [(0.85, 0.55), (0.10, 0.10), (0.10, 0.10)]),  # a trial the first sweep lacks
+        _probe(1, [(0.99, 0.99), (0.99, 0.99), (0.99, 0.99)]),  # the same (trial, kind): ignored
+        _probe(1, [(0.85, 0.55), (0.10, 0.10), (0.10, 0.10)], "rms"),  # a new kind beats layer 1's dev
+        _probe(7, [(0.85, 0.55), (0.10, 0.10), (0.10, 0.10)], "rms"),  # a trial the first sweep lacks
     ]
     probes = union_probes([PROBES, wider])
     assert len(probes) == len(PROBES) + 1
@@ -117,11 +121,11 @@ def test_a_wider_probe_grid_joins_the_candidates_and_the_first_sweep_wins_a_shar
 
 
 def test_a_file_run_again_under_a_new_setup_gets_a_table_per_setup_each_with_its_own_bar():
-    # the same raw probes under an old and a new setup (e.g. the model's files installed again), the new
-    # setup's unit-RMS probe too (dev 0.65, under the raw layer 2's 0.70), and the runs of each setup
+    # the same probes under an old and a new setup (e.g. the model's files installed again), the new
+    # setup's trial 0 unit-RMS probe too (dev 0.65, under layer 2's 0.70), and the runs of each setup
     probes = [
         *({**probe, "setup": setup} for setup in ("old", "new") for probe in PROBES),
-        {**_probe(0, 1e-2, [(0.65, 0.99)] * 3), "setup": "new", "features": "rms"},
+        {**_probe(0, [(0.65, 0.99)] * 3, "rms"), "setup": "new"},
     ]
     runs = [{**run, "setup": "old"} for run in RUNS] + [
         {**run, "setup": "new", "test_f1": run["test_f1"] - 0.1} for run in RUNS
@@ -131,24 +135,26 @@ def test_a_file_run_again_under_a_new_setup_gets_a_table_per_setup_each_with_its
     assert "**N=8, max 5 epochs** (setup old): best layer" in text
     for setup, shift in (("old", 0.0), ("new", -10.0)):  # each setup's runs against its own bar
         cell = numbers[f"N=8 epochs=5 setup={setup}"]
-        assert cell[BEST_LAYER]["trials"] == pytest.approx({0: 60.0, 1: 50.0, 2: 40.0})  # raw, as before
+        assert cell[BEST_LAYER]["trials"] == pytest.approx({0: 60.0, 1: 50.0, 2: 40.0})  # as before
         assert cell["layer_mix"]["trials"] == pytest.approx(
             {0: 65.0 + shift, 1: 90.0 + shift, 2: 35.0 + shift}
         )
 
 
-def test_a_wider_grid_of_another_setup_joins_the_candidates_without_hiding_the_first_sweep_s():
+def test_probes_of_another_setup_join_the_candidates_without_hiding_the_first_sweep_s():
     main = [{**probe, "setup": "main"} for probe in PROBES]
-    wider = [{**_probe(1, 10.0, [(0.75, 0.55), (0.10, 0.10), (0.10, 0.10)]), "setup": "wide"}]  # under 0.80
+    wider = [{**_probe(1, [(0.75, 0.55), (0.10, 0.10), (0.10, 0.10)], "rms"), "setup": "wide"}]  # under 0.80
     _, numbers = best_layer_markdown(RUNS, union_probes([main, wider]))
     assert numbers["N=8 epochs=5"][BEST_LAYER]["trials"] == pytest.approx({0: 60.0, 1: 50.0, 2: 40.0})
 
 
-def test_a_best_layer_at_the_edge_of_its_probe_grid_is_flagged():
-    text, _ = best_layer_markdown(RUNS, PROBES)  # trial 2's best is at 1e-3, the smallest of its two LRs
-    assert "at its edge in trial(s) 2 " in text
-    below = [
-        _probe(trial, lr, [(0.0, 0.0)] * 3) for trial, lr in ((0, 1e-3), (0, 1e-1), (1, 1e-3), (1, 1e-1))
-    ]
-    interior = [*PROBES, *below, _probe(2, 1e-4, [(0.0, 0.0)] * 3)]  # each best LR now inside its grid
-    assert "widen" not in best_layer_markdown(RUNS, interior)[0]
+def test_a_best_layer_whose_penalty_sits_at_the_end_of_its_grid_is_flagged():
+    assert "⚠" not in best_layer_markdown(RUNS, PROBES)[0]
+    edge = [*PROBES[:3], _probe(2, [(0.10, 0.10), (0.20, 0.20), (0.60, 0.40)], edge=True)]  # trial 2's best
+    assert "penalty is at the end of its grid in trial(s) 2 " in best_layer_markdown(RUNS, edge)[0]
+    elsewhere = [*PROBES[:3], _probe(2, [(0.10, 0.10), (0.20, 0.20), (0.60, 0.40)], "none")]
+    elsewhere[2] = {
+        **elsewhere[2],
+        "layers": [{**e, "penalty_on_edge": True} for e in elsewhere[2]["layers"]],
+    }
+    assert "⚠" not in best_layer_markdown(RUNS, elsewhere)[0]  # the unit-RMS probe on its edge: not the best

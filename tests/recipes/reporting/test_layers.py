@@ -1,7 +1,8 @@
 """Layer diagnostics (reporting/layers.py, ``--probe-layers``): a toy whose label lives in one layer by
-construction is found there; the per-layer selection and the learned weights at each cell's selected LR;
-the best layers as ``layers=[...]`` fed to every method's config and to a recipe's model; the figure,
-the table and the printed subset of ``classify`` and ``ner`` runs, resumed without training again."""
+construction is found there; the per-layer choice of feature kind and the learned weights at each cell's
+selected LR; the best layers as ``layers=[...]`` fed to every method's config and to a recipe's model;
+the figure, the table and the printed subset of ``classify`` and ``ner`` runs, resumed without training
+again."""
 
 from __future__ import annotations
 
@@ -81,9 +82,7 @@ def paths(tmp_path_factory):
 def test_the_probe_finds_the_layer_that_holds_the_label(paths):
     experiment = ClassifyExperiment(ClassifySettings(model=paths["model"], data=paths["texts"], batch_size=4))
     experiment._cache = PlantedCache()
-    records = [
-        record for trial in range(2) for record in probe_records(experiment, 6, 10, trial, [1e-2, 1e-1])
-    ]
+    records = [record for trial in range(2) for record in probe_records(experiment, 6, [10], trial)]
     rows = probe_rows(records)
     assert [row["layer"] for row in rows] == [1, 2, 3, 4] and {row["n"] for row in rows} == {2}
     by_layer = {row["layer"]: row for row in rows}
@@ -92,36 +91,40 @@ def test_the_probe_finds_the_layer_that_holds_the_label(paths):
     assert best_layers(rows, 1) == [PLANTED]
 
 
-def test_probe_rows_select_the_lr_of_each_layer_on_dev():
-    def record(lr, trial, dev, test):
+def test_probe_rows_select_the_kind_of_each_layer_on_dev():
+    def record(kind, trial, dev, test, penalty=0.1, edge=False):
         scores = enumerate(zip(dev, test, strict=True), start=1)
-        layers = [{"layer": n, "dev_f1": d, "test_f1": t} for n, (d, t) in scores]
-        return {
-            "key": f"{lr}{trial}",
-            "setup": "s",
-            "shots": 8,
-            "epochs": 5,
-            "trial": trial,
-            "lr": lr,
-            "layers": layers,
-        }
+        layers = [
+            {"layer": n, "penalty": penalty, "penalty_on_edge": edge, "dev_f1": d, "test_f1": t}
+            for n, (d, t) in scores
+        ]
+        cell = {"setup": "s", "shots": 8, "epochs": 5, "trial": trial}
+        return {"key": f"{kind}{trial}", **cell, "features": kind, "layers": layers}
 
     records = [
-        record(1e-3, 0, [0.5, 0.2], [0.4, 0.1]),
-        record(1e-3, 1, [0.7, 0.2], [0.6, 0.3]),
-        record(1e-2, 0, [0.1, 0.9], [0.2, 0.8]),
-        record(1e-2, 1, [0.1, 0.7], [0.2, 0.6]),
+        record("none", 0, [0.5, 0.2], [0.4, 0.1], penalty=1.0),
+        record("none", 1, [0.7, 0.2], [0.6, 0.3], penalty=0.01, edge=True),
+        record("rms", 0, [0.1, 0.9], [0.2, 0.8]),
+        record("rms", 1, [0.1, 0.7], [0.2, 0.6]),
     ]
     first, second = probe_rows(records)
-    assert (first["layer"], first["lr"], first["edge"]) == (1, 1e-3, True)
+    assert (first["layer"], first["features"], first["penalties"], first["edge"]) == (
+        1,
+        "none",
+        [1.0, 0.01],
+        True,
+    )
     assert first["mean"] == pytest.approx(50.0) and first["dev_mean"] == pytest.approx(60.0)
     assert first["ci"] == pytest.approx(12.7062 * 10.0, rel=1e-4)  # t(0.975, 1 dof) x sd (10 √2) / √2
-    assert (second["lr"], second["mean"], second["dev_mean"]) == (
-        1e-2,
+    assert (second["features"], second["edge"], second["mean"], second["dev_mean"]) == (
+        "rms",
+        False,
         pytest.approx(70.0),
         pytest.approx(80.0),
     )
     assert best_layers([first, second], 1) == [2] and best_layers([first, second], 2) == [1, 2]
+    tie = [record("rms", 0, [0.5, 0.0], [0.9, 0.0]), record("none", 0, [0.5, 0.0], [0.1, 0.0])]
+    assert probe_rows(tie)[0]["features"] == "none"  # a tie on dev: the state as it is
 
 
 def test_learned_weights_are_the_mean_at_each_cell_selected_lr():
@@ -170,15 +173,12 @@ def classify_argv(paths, output, *extra):
     ]
 
 
-def probe_grids(probes: list[dict], base=(1e-2, 1e-1)) -> int:
-    """How many (trial, feature kind) the probes have, after checking each has every LR of ``base``
-    (grown where its best sat on an end) and one record per LR."""
-    grids: dict[tuple, set[float]] = {}
-    for record in probes:
-        grids.setdefault((record["trial"], record["features"]), set()).add(record["lr"])
-    assert {kind for _, kind in grids} == {"raw", "rms"}
-    assert all(set(base) <= lrs for lrs in grids.values()) and len(probes) == sum(map(len, grids.values()))
-    return len(grids)
+def probe_kinds(probes: list[dict]) -> int:
+    """How many (trial, feature kind) the probes have, after checking both kinds are there and each has
+    one record."""
+    kinds = [(record["trial"], record["features"]) for record in probes]
+    assert {kind for _, kind in kinds} == {"none", "rms"} and len(set(kinds)) == len(kinds)
+    return len(kinds)
 
 
 def test_classify_probe_layers_writes_the_figure_the_table_and_the_subset_and_resumes(
@@ -187,7 +187,7 @@ def test_classify_probe_layers_writes_the_figure_the_table_and_the_subset_and_re
     assert main(classify_argv(paths, tmp_path)) == 0
     out = capsys.readouterr().out
     probes = read_records(tmp_path / "results.probes.jsonl")
-    assert probe_grids(probes) == 2 * 2  # trials x feature kinds
+    assert probe_kinds(probes) == 2 * 2  # trials x feature kinds
     assert all([entry["layer"] for entry in record["layers"]] == [1, 2, 3] for record in probes)
     assert {record["key"].split("|")[0] for record in probes} == {"probe"}
     rows = probe_rows(probes)
@@ -268,17 +268,27 @@ def test_plot_layers_without_probes_draws_nothing(tmp_path):
 
 
 def _synthetic(methods=("none", "scalar_mix", "dwatt")) -> tuple[list[dict], list[dict]]:
-    """Probe records (3 layers, 2 LRs, 3 trials, two shot sizes) and runs of ``methods`` with weights."""
+    """Probe records (3 layers, 2 kinds, 3 trials, two shot sizes; trial 0's penalty at its grid's end)
+    and runs of ``methods`` at LRs 0.01 and 0.1 with weights."""
     probes, runs = [], []
     for shots in (2, 8):
-        for lr in (1e-2, 1e-1):
+        for kind, lr in (("none", 1e-2), ("rms", 1e-1)):
             for trial, noise in enumerate((0.0, 0.05, 0.3)):
                 layers = [
-                    {"layer": n, "dev_f1": 0.2 * n + noise, "test_f1": 0.25 * n + noise - 0.2}
+                    {
+                        "layer": n,
+                        "penalty": 10.0**-trial,
+                        "penalty_on_edge": trial == 0,
+                        "dev_f1": 0.2 * n + noise,
+                        "test_f1": 0.25 * n + noise - 0.2,
+                    }
                     for n in (1, 2, 3)
                 ]
-                cell = {"shots": shots, "epochs": 5, "trial": trial, "lr": lr, "setup": "s"}
-                probes.append({"key": f"probe|{shots}|{trial}|{lr}", **cell, "layers": layers})
+                place = {"shots": shots, "epochs": 5, "trial": trial, "setup": "s"}
+                probes.append(
+                    {"key": f"probe|{shots}|{trial}|{kind}", **place, "features": kind, "layers": layers}
+                )
+                cell = {**place, "lr": lr}
                 for method in methods:
                     weights = {"fused_layers": [1, 2, 3]}
                     if method == "scalar_mix":
@@ -353,10 +363,11 @@ def test_the_layer_table_of_synthetic_runs():
     assert text.count("best 2 layers on dev: `layers=[2, 3]`") == 2
     header = "| layer | probe test micro-F1 | dwatt mean depth attention | scalar_mix mix weights |"
     rows = text.split(header)[1].splitlines()[2:5]
-    assert rows[0].startswith("| 1 | 16.7 ± 39.9 @0.01 ⚠ (dev 31.7) (n=3)") and rows[0].endswith(
+    assert rows[0].startswith("| 1 | 16.7 ± 39.9 λ 0.01-1 ⚠ (dev 31.7) (n=3)") and rows[0].endswith(
         " | 0.600 | 0.200 |"
     )
-    assert rows[2].endswith("| 0.300 | 0.500 |") and "@0.01 ⚠ (dev 71.7) (n=3)" in rows[2]
+    assert rows[2].endswith("| 0.300 | 0.500 |") and "λ 0.01-1 ⚠ (dev 71.7) (n=3)" in rows[2]
+    assert "⚠ a probe's penalty is at the end of its grown grid" in text
 
 
 def test_probe_layers_reads_the_flag_then_the_yaml(paths, tmp_path):
@@ -392,7 +403,7 @@ def test_a_sweep_trains_the_probes_after_the_prefill_and_a_dry_run_trains_none(
     monkeypatch.setattr(sweep, "run_probes", spied)
     assert main(classify_argv(paths, tmp_path / "run")) == 0
     assert seen == [(None, "first", [])]  # encoder released, head positions only, before any run
-    assert probe_grids(read_records(tmp_path / "run" / "results.probes.jsonl")) == 2 * 2  # trials x kinds
+    assert probe_kinds(read_records(tmp_path / "run" / "results.probes.jsonl")) == 2 * 2  # trials x kinds
     assert len(read_records(tmp_path / "run" / "results.jsonl")) == 3 * 2 * 2
 
 
@@ -402,7 +413,7 @@ def test_probes_alone_fill_the_cache_they_read_before_it_is_released(paths, tmp_
     assert main([*argv, "--dry-run"]) == 0
     assert "first positions x 3 blocks" in capsys.readouterr().out  # the probes' samples, dev and test
     assert main(argv) == 0
-    assert probe_grids(read_records(tmp_path / "results.probes.jsonl")) == 2 * 2  # trials x kinds
+    assert probe_kinds(read_records(tmp_path / "results.probes.jsonl")) == 2 * 2  # trials x kinds
 
 
 def test_a_deep_model_gets_at_most_twelve_layer_labels_and_always_its_last():
@@ -415,16 +426,23 @@ def test_a_deep_model_gets_at_most_twelve_layer_labels_and_always_its_last():
 def test_the_layer_table_claims_no_interval_for_one_trial_in_any_column():
     """Every column of a probe row drops the "±" for n = 1, the further metrics' (macro-F1) as the first."""
     probes = []
-    for lr in (1e-2, 1e-1):
+    for kind in ("none", "rms"):
         layers = [
-            {"layer": n, "dev_accuracy": 0.2 * n, "test_accuracy": 0.2 * n, "test_macro_f1": 0.1 * n}
+            {
+                "layer": n,
+                "penalty": 0.01,
+                "penalty_on_edge": True,
+                "dev_accuracy": 0.2 * n,
+                "test_accuracy": 0.2 * n,
+                "test_macro_f1": 0.1 * n,
+            }
             for n in (1, 2)
         ]
-        cell = {"shots": 2, "epochs": 5, "trial": 0, "lr": lr, "setup": "s", "metric": "accuracy"}
-        probes.append({"key": f"probe|{lr}", **cell, "metrics": ["accuracy", "macro_f1"], "layers": layers})
+        cell = {"shots": 2, "epochs": 5, "trial": 0, "features": kind, "setup": "s", "metric": "accuracy"}
+        probes.append({"key": f"probe|{kind}", **cell, "metrics": ["accuracy", "macro_f1"], "layers": layers})
     text = layers_markdown(probes, [], top=1)
     assert "| layer | probe test accuracy | probe test macro-F1 |" in text
-    assert "| 1 | 20.0 @0.01 ⚠ (dev 20.0) (n=1) | 10.0 |" in text and "±" not in text.split("| layer |")[1]
+    assert "| 1 | 20.0 λ 0.01 ⚠ (dev 20.0) (n=1) | 10.0 |" in text and "±" not in text.split("| layer |")[1]
 
 
 def test_probe_layers_beyond_the_model_s_depth_are_clamped_and_said():
@@ -479,7 +497,7 @@ def test_probe_fuse_fuses_each_trial_s_best_dev_probes(paths, tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert "| scalar_mix (the 2 best probed blocks) |" in table  # said so, in the tables that name a method
     assert "Options given to these runs: ScalarMix: the 2 best probed blocks." in table
-    assert all(r["settings"]["probe_fuse"] == [1e-2, 1e-1] for r in runs)
+    assert all(r["settings"]["probe_fuse"] == core_probes.PROBE_SETTINGS for r in runs)  # what moves them
     assert all(r["settings"]["probe_fuse_count"] == 2 for r in runs)
 
     # trial 0's probes now rank the block it left out first: its mixes run again, nothing else does
@@ -505,7 +523,7 @@ def test_probe_start_starts_each_trial_on_its_best_dev_probe(paths, tmp_path):
     mixes = [r for r in runs if r["method"] == "layer_mix"]
     assert len(mixes) == 4 and all(r["start_layer"] == starts[(3, 3, r["trial"])] for r in mixes)
     assert not any("start_layer" in r for r in runs if r["method"] == "none")
-    assert all(r["settings"]["probe_start"] == [1e-2, 1e-1] for r in runs)
+    assert all(r["settings"]["probe_start"] == core_probes.PROBE_SETTINGS for r in runs)
     for record in mixes:  # the weights began one-hot there and moved from it
         weights = record["mix_weights"]
         assert max(range(3), key=weights.__getitem__) + 1 == record["start_layer"]
@@ -531,15 +549,18 @@ def test_the_layer_tables_of_two_setups_are_each_titled_with_their_setup():
     """A file probed again under a new setup: one table per setup, named as every report names it."""
 
     def probe(setup, trial, dev):
-        layers = [{"layer": n, "dev_f1": d, "test_f1": d} for n, d in enumerate(dev, start=1)]
-        cell = {"setup": setup, "shots": 8, "epochs": 5, "trial": trial, "lr": 1e-2}
+        layers = [
+            {"layer": n, "penalty": 0.01, "penalty_on_edge": False, "dev_f1": d, "test_f1": d}
+            for n, d in enumerate(dev, start=1)
+        ]
+        cell = {"setup": setup, "shots": 8, "epochs": 5, "trial": trial, "features": "none"}
         return {"key": f"{setup}{trial}", **cell, "layers": layers}
 
     scores = (("s", [0.2, 0.9]), ("t", [0.8, 0.1]))
     text = layers_markdown([probe(setup, trial, dev) for setup, dev in scores for trial in (0, 1)], [])
     first, second = text.split("**N=8, max 5 epochs (setup ")[1:]
-    assert first.startswith("s)**") and "| 2 | 90.0 ± 0.0 @0.01 (dev 90.0) (n=2) |" in first
-    assert second.startswith("t)**") and "| 1 | 80.0 ± 0.0 @0.01 (dev 80.0) (n=2) |" in second
+    assert first.startswith("s)**") and "| 2 | 90.0 ± 0.0 λ 0.01 (dev 90.0) (n=2) |" in first
+    assert second.startswith("t)**") and "| 1 | 80.0 ± 0.0 λ 0.01 (dev 80.0) (n=2) |" in second
 
 
 def test_the_layer_figure_names_each_setup_on_its_panels_second_line(monkeypatch, tmp_path):

@@ -691,23 +691,23 @@ def _classify_record(method: str, trial: int, lr: float, dev: float, test: float
     return {**cell, "key": key, "setup": "s", "metric": "accuracy", "metrics": METRICS, **scores, **weights}
 
 
-def _probe_record(trial: int, lr: float) -> dict:
-    """A probe record of 3 layers: layer n scores 0.2 n on dev and 0.1 n on test at LR 0.01 (0.1
-    elsewhere), macro-F1 5 points below the test accuracy."""
+def _probe_record(trial: int, kind: str) -> dict:
+    """A probe record of 3 layers: layer n scores 0.2 n on dev and 0.1 n on test on z itself (0.1 on
+    z/rms(z)), macro-F1 5 points below the test accuracy; its penalty 0.01, at its grid's end."""
     layers = []
     for n in (1, 2, 3):
-        dev, test = (0.2 * n, 0.1 * n) if lr == 0.01 else (0.1, 0.1)
+        dev, test = (0.2 * n, 0.1 * n) if kind == "none" else (0.1, 0.1)
         scores = {
             "dev_accuracy": dev,
             "test_accuracy": test,
             "dev_macro_f1": dev,
             "test_macro_f1": test - 0.05,
         }
-        layers.append({"layer": n, **scores})
-    cell = {"method": "probe", "regime": "fe", "shots": 8, "epochs": 25, "trial": trial, "lr": lr}
+        layers.append({"layer": n, "penalty": 0.01, "penalty_on_edge": True, **scores})
+    cell = {"method": "probe", "regime": "fe", "shots": 8, "epochs": 25, "trial": trial, "features": kind}
     return {
         **cell,
-        "key": f"probe|{trial}|{lr}",
+        "key": f"probe|{trial}|{kind}",
         "setup": "s",
         "metric": "accuracy",
         "metrics": METRICS,
@@ -732,9 +732,9 @@ def classify_repo(repo: Path) -> Path:
             for trial in range(3):
                 dev, test = (devs[trial], tests[trial]) if lr == best else (0.2, 0.1)
                 append_record(output / "results.jsonl", _classify_record(method, trial, lr, dev, test))
-    for lr in (0.01, 0.1):
+    for kind in ("none", "rms"):
         for trial in range(2):
-            append_record(output / "results.probes.jsonl", _probe_record(trial, lr))
+            append_record(output / "results.probes.jsonl", _probe_record(trial, kind))
     (repo / "benchmarks" / "RESULTS.md").write_text(PROSE_BEFORE + _markers(CLASSIFY_SPEC))
     return repo
 
@@ -758,8 +758,8 @@ def test_a_classify_block_shows_its_command_metrics_and_layer_probes(classify_re
     assert "**N=8, max 25 epochs**: best 2 layers on dev: `layers=[2, 3]`" in text
     header = "| layer | probe test accuracy | probe test macro-F1 | scalar_mix mix weights |"
     rows = text.split(header)[1].splitlines()[2:5]
-    assert rows[0] == "| 1 | 10.0 ± 0.0 @0.01 ⚠ (dev 20.0) (n=2) | 5.0 ± 0.0 | 0.200 |"
-    assert rows[2] == "| 3 | 30.0 ± 0.0 @0.01 ⚠ (dev 60.0) (n=2) | 25.0 ± 0.0 | 0.500 |"
+    assert rows[0] == "| 1 | 10.0 ± 0.0 λ 0.01 ⚠ (dev 20.0) (n=2) | 5.0 ± 0.0 | 0.200 |"
+    assert rows[2] == "| 3 | 30.0 ± 0.0 λ 0.01 ⚠ (dev 60.0) (n=2) | 25.0 ± 0.0 | 0.500 |"
     assert "\n![Layer probes and learned layer weights](results/cls/layers.png)\n" in text
     assert "⧗" not in text  # the cells of both invocations are complete
     commands = (
