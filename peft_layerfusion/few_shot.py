@@ -49,7 +49,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -63,8 +64,9 @@ from .fusion import unit_rms
 from .layer import active_fusion_module
 from .methods.average import AverageConfig
 from .methods.concat import ConcatConfig
+from .probing import FOLDS, PENALTIES, CrossValidatedProbe, check_penalties, cross_validate, probe_folds
 
-PENALTIES: tuple[float, ...] = tuple(10.0**e for e in range(-4, 3))  # L2 grid, grown past an edge
+LOG_FLOOR = -1e4  # a log-probability or bias floor: a class a probe never saw (probability 0) stays finite
 # what :func:`choose` deploys: the plain head, the chosen block, the fusions, and the guarded ensemble
 METHODS: tuple[str, ...] = ("none", "best_layer", "probe_ensemble", "stacked", "average", "guarded_ensemble")
 
@@ -124,48 +126,6 @@ def _check_rows(states: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor
         raise invalid("states", "NaN or infinite values", "finite hidden states")
     if groups is not None and groups.shape != labels.shape:
         raise invalid("groups", tuple(groups.shape), f"one group id per row, ({len(labels)},)")
-
-
-def make_folds(
-    labels: torch.Tensor, folds: int, seed: int, groups: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The fold of each row: ``k`` folds of whole groups (sentences), stratified by each group's first
-    label, dealt round-robin in a seeded order.
-
-    Args:
-        labels: ``(n,)`` class ids.
-        folds: ``k``, at least 2, at most the smallest class's group count (sentence tasks) or the group
-            count (token tasks).
-        seed: Seeds the order in which each class's groups are dealt.
-        groups: ``(n,)`` group id of each row (token tasks: the sentence); default: one row each.
-
-    Example:
-        >>> make_folds(torch.tensor([0, 0, 1, 1, 0, 1]), folds=3, seed=0).bincount().tolist()
-        [2, 2, 2]
-    """
-    groups = torch.arange(len(labels)) if groups is None else groups
-    ids, first = torch.unique(groups, return_inverse=True)
-    first_row = torch.full((len(ids),), len(labels), dtype=torch.long).scatter_reduce(
-        0, first, torch.arange(len(labels)), reduce="amin"
-    )
-    group_label = labels[first_row]  # (groups,)
-    per_class = group_label.bincount()
-    smallest = int(per_class[per_class > 0].min())
-    token_rows = len(ids) < len(labels)
-    limit = len(ids) if token_rows else smallest
-    if not 2 <= folds <= limit:
-        raise invalid(
-            "folds", folds, f"an int in [2, {limit}] ({'sentences' if token_rows else 'the smallest class'})"
-        )
-    generator = torch.Generator().manual_seed(seed)
-    group_fold = torch.empty(len(ids), dtype=torch.long)
-    dealt = 0
-    for label in group_label.unique().tolist():
-        members = (group_label == label).nonzero().squeeze(1)
-        members = members[torch.randperm(len(members), generator=generator)]
-        group_fold[members] = (torch.arange(len(members)) + dealt) % folds  # keep fold sizes level
-        dealt += len(members)
-    return group_fold[first]
 
 
 class Scorer(Protocol):
@@ -248,6 +208,17 @@ class BlockProbe:
         return (self.cv_score, self.cv_log_likelihood, self.block)
 
 
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """torch on one thread for the duration (restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @dataclass(frozen=True)
 class Folds:
     """A trial's cross-validation: the fold of every row and of every unit, and the scorer.
@@ -280,38 +251,12 @@ class Folds:
         return float((picked if rows is None else picked[rows]).mean())
 
 
-def _oof_log_probs(x: torch.Tensor, folds: Folds, classes: int, penalty: float) -> torch.Tensor:
-    """``(n, C)``: each fold's rows predicted by a probe fitted on the other folds."""
-    oof = torch.empty(len(x), classes, dtype=torch.float64)
-    for fold in range(folds.count):
-        held = folds.of_row == fold
-        weight, bias = fit_logistic(x[~held], folds.labels[~held], classes, penalty)
-        oof[held] = torch.log_softmax(x[held].double() @ weight.T + bias, -1)
-    return oof
-
-
-def probe_with_cv(
-    x: torch.Tensor, folds: Folds, classes: int, penalties: Sequence[float] = PENALTIES, block: int = -1
-) -> BlockProbe:
-    """A probe on ``x`` ``(n, d)`` at the penalty with the best out-of-fold score (ties to the likelier,
-    then to the stronger penalty), the grid grown by tenfold steps while the best is at an edge."""
-    grid = sorted(penalties)
-    tried: dict[float, tuple[tuple[float, float, float], torch.Tensor]] = {}
-    while True:
-        for penalty in grid:
-            if penalty not in tried:
-                oof = _oof_log_probs(x, folds, classes, penalty)
-                tried[penalty] = ((folds.score(oof.argmax(-1)), folds.log_likelihood(oof), penalty), oof)
-        best = max(tried, key=lambda p: tried[p][0])
-        if best == min(tried) and best > 1e-8:  # at the weak edge: one more, weaker
-            grid.append(best / 10)
-        elif best == max(tried) and best < 1e6:  # at the strong edge: one more, stronger
-            grid.append(best * 10)
-        else:
-            break
-    (score, log_likelihood, _), oof = tried[best]
-    weight, bias = fit_logistic(x, folds.labels, classes, best)
-    return BlockProbe(block, best, score, log_likelihood, oof, weight, bias)
+def block_probe(fit: CrossValidatedProbe, folds: Folds, block: int) -> BlockProbe:
+    """A :class:`BlockProbe` of a cross-validated probe: its out-of-fold score under the task's scorer."""
+    oof = fit.out_of_fold.clamp_min(1e-300).log().clamp_min(LOG_FLOOR)  # (n, C)
+    score = folds.score(oof.argmax(-1))
+    bias = fit.probe.bias.clamp_min(LOG_FLOOR)  # an unseen class: never predicted, finite
+    return BlockProbe(block, fit.penalty, score, -fit.loss, oof, fit.probe.weight, bias)
 
 
 def _top_k(ranked: Sequence[BlockProbe], folds: Folds, units: torch.Tensor | None = None) -> int:
@@ -325,34 +270,6 @@ def _top_k(ranked: Sequence[BlockProbe], folds: Folds, units: torch.Tensor | Non
         if best_key is None or key > best_key:
             best, best_key = k, key
     return best
-
-
-def fit_logistic(
-    features: torch.Tensor, labels: torch.Tensor, classes: int, penalty: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Placeholder: replaced by :mod:`.probing`'s trainer."""
-    x = features.double()
-    weight = torch.zeros(classes, x.shape[-1], dtype=torch.float64, requires_grad=True)
-    bias = torch.zeros(classes, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS(
-        [weight, bias],
-        lr=1,
-        max_iter=100,
-        tolerance_grad=1e-7,
-        tolerance_change=1e-12,
-        history_size=20,
-        line_search_fn="strong_wolfe",
-    )
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(x @ weight.T + bias, labels) + 0.5 * penalty * weight.pow(2).sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(closure)
-    return weight.detach(), bias.detach()
 
 
 @dataclass(frozen=True)
@@ -507,11 +424,11 @@ def make_cv(
     groups: torch.Tensor | None = None,
     scorer: Scorer | None = None,
 ) -> Folds:
-    """A trial's :class:`Folds`: :func:`make_folds`, the units of ``groups`` (one per row without), and the
-    scorer (default: :class:`Accuracy`)."""
-    groups = torch.arange(len(labels)) if groups is None else groups
-    of_row = make_folds(labels, folds, seed, groups)
-    unit_of_row = units_of(groups)
+    """A trial's :class:`Folds`: :func:`~peft_layerfusion.probing.probe_folds` (stratified by label, or by
+    whole groups), the units of ``groups`` (one per row without), and the scorer (default:
+    :class:`Accuracy`)."""
+    of_row = probe_folds(labels, folds, seed, groups)
+    unit_of_row = units_of(torch.arange(len(labels)) if groups is None else groups)
     of_unit = torch.zeros(int(unit_of_row.max()) + 1, dtype=torch.long).scatter_(0, unit_of_row, of_row)
     return Folds(of_row, of_unit, unit_of_row, labels, scorer or Accuracy(labels, unit_of_row))
 
@@ -519,7 +436,7 @@ def make_cv(
 def choose(
     states: torch.Tensor,
     labels: torch.Tensor,
-    folds: int = 4,
+    folds: int = FOLDS,
     seed: int = 0,
     groups: torch.Tensor | None = None,
     scorer: Scorer | None = None,
@@ -548,11 +465,18 @@ def choose(
     cv = make_cv(labels, folds, seed, groups, scorer)
     classes = int(labels.max()) + 1
     last = states.shape[1] - 1
-    probes = [probe_with_cv(states[:, s], cv, classes, penalties, block=s) for s in range(1, last + 1)]
+    grid = check_penalties(penalties)
+    x = states.detach().double()
+
+    def probe(features: torch.Tensor, block: int) -> BlockProbe:
+        return block_probe(cross_validate(features, labels, classes, cv.of_row, grid), cv, block)
+
+    with single_thread():  # small products: a second thread costs more than it brings
+        probes = [probe(x[:, s], s) for s in range(1, last + 1)]
+        average = probe(x[:, 1:].mean(1), -1)
     ranked = sorted(probes, key=BlockProbe.key, reverse=True)
     top_k = _top_k(ranked, cv)
     alpha_s, offset = _stack(torch.stack([p.oof for p in probes], dim=1), labels, stack_penalty)
-    average = probe_with_cv(states[:, 1:].mean(1), cv, classes, penalties)
     verdict = guard(probes, cv, alpha=alpha, seed=seed)
     readouts = {
         "none": _readout([probes[-1]], [1.0]),

@@ -38,24 +38,21 @@ def test_head_states_read_every_state_but_the_last_at_unit_rms():
 
 def test_folds_are_stratified_and_never_split_a_sentence():
     labels = torch.tensor([0] * 8 + [1] * 8)
-    folds = few_shot.make_folds(labels, 4, seed=0)
+    folds = few_shot.make_cv(labels, 4, seed=0).of_row
     assert [(folds[labels == c] == f).sum().item() for c in (0, 1) for f in range(4)] == [2] * 8
-    assert not torch.equal(folds, few_shot.make_folds(labels, 4, seed=1))  # the seed deals them
+    assert not torch.equal(folds, few_shot.make_cv(labels, 4, seed=1).of_row)  # the seed deals them
     groups = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 4, 5])
-    tokens = few_shot.make_folds(torch.tensor([1, 0, 0, 2, 0, 1, 0, 0, 2, 1]), 3, seed=0, groups=groups)
-    for group in groups.unique():
-        assert len(tokens[groups == group].unique()) == 1
-    assert sorted(
-        torch.bincount(torch.stack([tokens[groups == g][0] for g in groups.unique()])).tolist()
-    ) == [2, 2, 2]
+    cv = few_shot.make_cv(torch.tensor([1, 0, 0, 2, 0, 1, 0, 0, 2, 1]), 3, seed=0, groups=groups)
+    assert torch.equal(cv.of_row, cv.of_unit[groups])  # every token in its sentence's fold
+    assert sorted(cv.of_unit.bincount().tolist()) == [2, 2, 2]
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
         (
-            lambda: few_shot.make_folds(torch.tensor([0, 0, 1, 1]), 3, 0),
-            "`folds`=3 is not allowed: expected an int in [2, 2]",
+            lambda: few_shot.make_cv(torch.tensor([0, 0, 1]), 4, 0),
+            "`folds`=4 is not allowed: expected an integer from 2 to the 3 labelled rows",
         ),
         (lambda: few_shot.choose(torch.randn(4, 3, 2), torch.tensor([0.0, 1, 0, 1])), "`labels`="),
         (
