@@ -265,11 +265,12 @@ def run_true_few_shot(
     output: str | os.PathLike,
     command: str = "",
     quiet: bool = False,
+    results: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Every trial of ``plan`` (resuming at the first one ``OUTPUT/results.jsonl`` lacks), then the
-    summary; returns it."""
+    """Every trial of ``plan`` (resuming at the first one the results file lacks: ``results``, default
+    ``OUTPUT/results.jsonl``), then the summary; returns it."""
     output = Path(output)
-    results = output / "results.jsonl"
+    results = Path(results) if results is not None else output / "results.jsonl"
     done = {record["key"] for record in read_records(results)} if results.exists() else set()
     store = StateStore(experiment, output / STATES_FOLDER)
     todo = [cell for cell in cells(plan) if trial_key(experiment, plan, *cell) not in done]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import write_folders, write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
+from layerfusion_recipes.cli import main
 from layerfusion_recipes.core import true_few_shot
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
@@ -118,3 +119,16 @@ def test_the_verdict_says_what_won_and_gives_no_interval_for_one_trial():
         {"cells": [{"shots": 8, "methods": one}]}
     )
     assert "±" not in true_few_shot.table({"cells": [{"shots": 8, "methods": one}]})
+
+
+def test_the_command_runs_the_protocol_by_default_and_prints_the_verdict_first(paths, tmp_path, capsys):
+    argv = ["classify", "--model", paths["model"], "--data", paths["texts"], "--pooling", "mean"]
+    argv += ["--shots", "4", "--trials", "2", "--folds", "2", "--output", str(tmp_path), "--quiet"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("The recommended recipe (guarded probe ensemble) against the block chosen")
+    assert "| N | last-layer head | selected block |" in printed and "no dev split was read" in printed
+    assert (tmp_path / "table.md").read_text().strip() == printed.strip()
+    assert json.loads((tmp_path / "summary.json").read_text())["cells"][0]["shots"] == 4
+    records = read_records(tmp_path / "results.jsonl")
+    assert {r["selection"] for r in records} == {"cv"} and {r["task"] for r in records} == {"classify"}
