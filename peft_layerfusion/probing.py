@@ -3,28 +3,28 @@
 A frozen model's intermediate layers often carry a task better than its last one (on decoders the
 middle of the stack, Skean et al. 2025). A probe says which: a linear classifier trained on one state.
 
-**The probe** is multinomial logistic regression, ``p(y | x) = softmax(W x + b)`` (``W`` ``(C, d)``,
-``b`` ``(C,)``), fitted on cached features, one row per example (a sentence task: the pooled state;
-a token task: one row per labelled token) by minimising
+**The probe** is a ridge classifier: class scores ``W x + b`` (``W`` ``(C, d)``, ``b`` ``(C,)``), the
+least-squares fit of the one-hot labels, on cached features, one row per example (a sentence task: the
+pooled state; a token task: one row per labelled token), minimising
 
-    mean_i CE(W x_i + b, y_i) + (penalty / 2) * m * ||W||_F^2,     m = mean of x^2 over the fitted rows
+    mean_i ||onehot(y_i) - W x_i - b||^2 + penalty * m * ||W||_F^2,     m = mean of x^2 over the fitted rows
 
 in float64 (:func:`fit_probe`). ``m`` makes the penalty scale-free: features scaled by ``c`` give ``W / c``
-and the same probabilities, so one grid of penalties fits every depth however large its stream has grown
-(states read at unit RMS have ``m = 1``). The objective is strictly convex in ``W``; ``b`` is unpenalised
-and held to sum 0 over the classes (softmax ignores a shift), so the optimum is unique. It is found by
-Newton's method from zeros (each step solved by conjugate gradients, in the span of the centred rows,
-an exact reduction), to a gradient of at most ``tolerance``: no random start, no shuffling, the same
-numbers on every run, and on another machine up to float rounding. A class that no fitted row has gets
-probability 0 (the optimum's limit). Rows labelled ``-100`` (:data:`IGNORE_INDEX`) are ignored, in
-training and in every score.
+and the same scores, so one grid of penalties fits every depth however large its stream has grown
+(states read at unit RMS have ``m = 1``). The objective is strictly convex in ``W`` (``b`` unpenalised);
+its optimum has a closed form, computed from one symmetric eigendecomposition of the centred rows for
+every penalty at once: no iterations, no random start, no shuffling, the same numbers on every run, and on
+another machine up to float rounding. The scores estimate the class probabilities; clipped at 0 and
+renormalised they are the probe's probabilities (:func:`probabilities`). Rows labelled ``-100``
+(:data:`IGNORE_INDEX`) are ignored, in training and in every score.
 
 **Its penalty** is chosen by k-fold cross-validation on the training rows alone
 (:func:`cross_validated_probe`): folds stratified by label (or whole groups, e.g. a sentence's tokens)
 and dealt from a seed; the penalty of :data:`PENALTIES` (grown past an end where the best sits on it,
 :data:`GROW_STEPS` steps at most, and flagged where it still does) with the smallest out-of-fold
-log-loss. The out-of-fold probabilities of every row are kept: what a probe ensemble, a stacked combiner
-or a paired test builds on.
+Brier score (the squared error of the scores against the one-hot labels, a proper scoring rule). The
+out-of-fold probabilities of every row are kept: what a probe ensemble, a stacked combiner or a paired
+test builds on.
 
 **Per block** (:func:`layer_probes`): one cross-validated probe on each state of ``(n, K, d)``, e.g. the
 pooled token of every ``output_hidden_states`` entry: ``torch.stack(out.hidden_states, 1)[rows, position]``,
@@ -54,9 +54,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
@@ -70,36 +69,31 @@ PROBED_STATE_NORMS: tuple[str, ...] = ("none", "rms")
 PENALTIES: tuple[float, ...] = tuple(10.0 ** (k / 2) for k in range(-8, 5))  # 1e-4 .. 1e2, half decades
 FOLDS = 4  # cross-validation folds
 GROW_STEPS = 4  # penalties a grid may grow past each of its ends (a step: the ratio of its two end values)
-MAX_ITER = 100  # Newton steps at most
-TOLERANCE = 1e-10  # the largest gradient entry at which a fit stops (features scaled to m = 1)
-LOG_FLOOR = math.log(torch.finfo(torch.float64).eps)  # a log-probability scored no lower (p = 0 exactly)
 
 
 @dataclass(frozen=True)
 class Probe:
-    """A fitted logistic probe: ``p(y | x) = softmax(W x + b)`` (:func:`fit_probe`).
+    """A fitted ridge probe: class scores ``W x + b`` (:func:`fit_probe`), the least-squares estimates of
+    the class probabilities.
 
     Args:
         weight: ``W`` ``(C, d)``, float64.
-        bias: ``b`` ``(C,)``, float64; ``-inf`` for a class that no fitted row had.
+        bias: ``b`` ``(C,)``, float64 (0 for a class that no fitted row had: never its best score).
         penalty: The L2 penalty it was fitted with.
-        iterations: Newton steps taken.
-        converged: Whether the gradient reached the tolerance within the iteration budget.
     """
 
     weight: torch.Tensor
     bias: torch.Tensor
     penalty: float
-    iterations: int
-    converged: bool
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        """``W x + b`` of each row of ``features`` ``(m, d)``: ``(m, C)``, float64."""
+        """The scores ``W x + b`` of each row of ``features`` ``(m, d)``: ``(m, C)``, float64."""
         return torch.addmm(self.bias, features.detach().to(torch.float64), self.weight.T)
 
     def predict_proba(self, features: torch.Tensor) -> torch.Tensor:
-        """The class probabilities of each row of ``features`` ``(m, d)``: ``(m, C)``, float64."""
-        return torch.softmax(self.logits(features), -1)
+        """The class probabilities of each row of ``features`` ``(m, d)`` (:func:`probabilities` of the
+        scores): ``(m, C)``, float64."""
+        return probabilities(self.logits(features))
 
     def predict(self, features: torch.Tensor) -> torch.Tensor:
         """The most probable class of each row of ``features`` ``(m, d)``: ``(m,)``."""
@@ -113,9 +107,9 @@ class CrossValidatedProbe:
 
     Args:
         probe: Fitted on every labelled row at the chosen penalty.
-        penalty: The chosen penalty: the smallest out-of-fold log-loss (ties to the larger penalty).
+        penalty: The chosen penalty: the smallest out-of-fold Brier score (ties to the larger penalty).
         penalties: Every penalty tried, ascending (the grid, grown past an end where the best sat on it).
-        losses: The out-of-fold mean log-loss at each of ``penalties``.
+        losses: The out-of-fold Brier score at each of ``penalties``.
         accuracies: The out-of-fold accuracy at each of ``penalties``.
         out_of_fold: ``(n, C)``: each row's probabilities from the probe fitted on the other folds at the
             chosen penalty; ``NaN`` on rows labelled ``-100``.
@@ -133,7 +127,7 @@ class CrossValidatedProbe:
 
     @property
     def loss(self) -> float:
-        """The out-of-fold mean log-loss at the chosen penalty."""
+        """The out-of-fold Brier score at the chosen penalty."""
         return self.losses[self.penalties.index(self.penalty)]
 
     @property
@@ -161,7 +155,7 @@ class LayerProbes:
 
     @property
     def cv_losses(self) -> list[float]:
-        """Each state's out-of-fold mean log-loss at its chosen penalty."""
+        """Each state's out-of-fold Brier score at its chosen penalty."""
         return [fit.loss for fit in self.fits]
 
     @property
@@ -193,18 +187,14 @@ def fit_probe(
     labels: torch.Tensor,
     penalty: float,
     classes: int | None = None,
-    max_iter: int = MAX_ITER,
-    tolerance: float = TOLERANCE,
 ) -> Probe:
-    """The logistic probe of ``features`` at one L2 penalty (the objective: the module docstring).
+    """The ridge probe of ``features`` at one L2 penalty (the objective: the module docstring).
 
     Args:
         features: ``(n, d)``, one row per example (or per labelled token).
         labels: ``(n,)`` class ids; ``-100`` ignores a row.
         penalty: The L2 penalty, ``> 0``, on ``W`` scaled by the features' mean square.
         classes: ``C``; by default the largest label + 1.
-        max_iter: Newton steps at most.
-        tolerance: Stop once no gradient entry exceeds it (on the features scaled to mean square 1).
 
     Returns:
         The :class:`Probe`.
@@ -216,15 +206,15 @@ def fit_probe(
     Example:
         >>> features = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
         >>> probe = fit_probe(features, torch.tensor([0, 1, 0, 1]), penalty=0.1)
-        >>> probe.predict(torch.tensor([[0.0, 3.0], [3.0, 0.0]])).tolist(), probe.converged
-        ([0, 1], True)
+        >>> probe.predict(torch.tensor([[0.0, 3.0], [3.0, 0.0]])).tolist()
+        [0, 1]
         >>> fit_probe(features, torch.tensor([0.0, 1.0, 0.0, 1.0]), penalty=0.1)
         Traceback (most recent call last):
         ValueError: `labels` has dtype torch.float32: expected integer class ids (-100: ignored).
     """
     check_penalty(penalty)
     features, labels, classes = check_rows("features", features, labels, classes)
-    return solve(Reduced.of(features, labels, classes), penalty, max_iter, tolerance)
+    return solve(Reduced.of(features, labels, classes), penalty)
 
 
 def cross_validated_probe(
@@ -236,10 +226,10 @@ def cross_validated_probe(
     groups: torch.Tensor | None = None,
     classes: int | None = None,
 ) -> CrossValidatedProbe:
-    """A logistic probe whose penalty is chosen by ``folds``-fold cross-validation on these rows alone.
+    """A ridge probe whose penalty is chosen by ``folds``-fold cross-validation on these rows alone.
 
     Each penalty's probes are fitted on all folds but one and predict the one left out; the penalty with
-    the smallest out-of-fold mean log-loss wins (ties to the larger). Where it is the smallest or largest
+    the smallest out-of-fold Brier score wins (ties to the larger). Where it is the smallest or largest
     tried, the grid grows one step past that end (the ratio of its two end values), :data:`GROW_STEPS`
     times at most; ``on_edge`` says where it still sits on an end.
 
@@ -564,105 +554,64 @@ def read_states(states: torch.Tensor, state_norm: str) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------- solver
 @dataclass(frozen=True)
 class Reduced:
-    """One probe problem in the coordinates its optimum lives in.
+    """One probe problem, solved for every penalty at once.
 
-    The labelled rows, centred and divided by ``sqrt(m)``, are ``U S V^T`` (thin SVD, rank ``r``). The
-    optimal ``W`` lies in the span of the rows of ``V^T`` (the loss's gradient does, and so the penalty's
-    pull), so ``W sqrt(m) = B^T V^T`` and the logits are ``[Z, 1] theta``, ``Z = U S`` ``(n, r)``, ``theta``
-    ``(r + 1, C')`` = ``B`` over the bias (unpenalised): the same objective in ``r <= n`` coordinates.
-    ``C'`` counts the classes the rows have.
+    The labelled rows, centred, are ``X_c = U S V^T`` (thin, rank ``r``, from the symmetric eigenproblem of
+    ``X_c X_c^T`` or ``X_c^T X_c``, whichever is smaller), the one-hot targets centred ``Y_c``. The ridge
+    solution at penalty ``a`` is ``W^T = V diag(s / (s^2 + a m n)) U^T Y_c`` and ``b = y_mean - W x_mean``:
+    one decomposition, then each penalty in ``O(d r C)``.
     """
 
-    rows: torch.Tensor  # (n, r + 1): [Z, 1]
-    basis: torch.Tensor  # (r, d): V^T
+    basis: torch.Tensor  # (d, r): V
+    singular: torch.Tensor  # (r,): s
+    projected: torch.Tensor  # (r, C): U^T Y_c
     mean: torch.Tensor  # (d,): the rows' mean
-    scale: float  # sqrt(m)
-    targets: torch.Tensor  # (n,): the labels as indices into present
-    present: torch.Tensor  # (C',): the classes the rows have
-    classes: int  # C
+    target_mean: torch.Tensor  # (C,): the one-hot targets' mean (the class frequencies)
+    scale: float  # m n: the penalty's multiplier
 
     @classmethod
     def of(cls, features: torch.Tensor, labels: torch.Tensor, classes: int) -> Reduced:
         """The problem of the rows of ``features`` ``(n, d)`` whose label is not ``-100``."""
         kept = labels != IGNORE_INDEX
-        features, labels = features[kept], labels[kept]  # (n, d), (n,)
-        scale = math.sqrt(features.pow(2).mean().item()) or 1.0
-        mean = features.mean(0)
-        left, singular, basis = torch.linalg.svd((features - mean) / scale, full_matrices=False)
-        rank = singular > singular[0] * max(features.shape) * torch.finfo(torch.float64).eps
-        rows = torch.cat([left[:, rank] * singular[rank], torch.ones(len(labels), 1, dtype=torch.float64)], 1)
-        present, targets = torch.unique(labels, return_inverse=True)
-        return cls(rows, basis[rank], mean, scale, targets, present, classes)
+        features = features[kept].to(torch.float64)
+        targets = torch.nn.functional.one_hot(labels[kept], classes).to(torch.float64)  # (n, C)
+        count, width = features.shape
+        mean, target_mean = features.mean(0), targets.mean(0)
+        centred = features - mean  # (n, d)
+        if count <= width:  # X_c X_c^T = U S^2 U^T
+            values, left = torch.linalg.eigh(centred @ centred.T)
+        else:  # X_c^T X_c = V S^2 V^T
+            values, right = torch.linalg.eigh(centred.T @ centred)
+        keep = values > values.max().clamp_min(0) * max(count, width) * torch.finfo(torch.float64).eps
+        singular = values[keep].sqrt()
+        if count <= width:
+            left = left[:, keep]
+            basis = centred.T @ left / singular  # (d, r)
+        else:
+            basis = right[:, keep]
+            left = centred @ basis / singular  # (n, r)
+        scale = features.pow(2).mean().item() * count or 1.0
+        return cls(basis, singular, left.T @ (targets - target_mean), mean, target_mean, scale)
 
-    def probe(self, theta: torch.Tensor, penalty: float, steps: int, converged: bool) -> Probe:
-        """The :class:`Probe` of a solution ``theta`` ``(r + 1, C')``, in the original features."""
-        weight = torch.zeros(self.classes, self.basis.shape[1], dtype=torch.float64)
-        weight[self.present] = (theta[:-1].T @ self.basis) / self.scale  # (C', d)
-        bias = torch.full((self.classes,), -math.inf, dtype=torch.float64)
-        bias[self.present] = theta[-1] - weight[self.present] @ self.mean
-        return Probe(weight, bias, penalty, steps, converged)
+    def shrink(self, penalty: float) -> torch.Tensor:
+        """``s / (s^2 + a m n)``: ``(r,)``."""
+        return self.singular / (self.singular.pow(2) + penalty * self.scale)
 
+    def scores(self, features: torch.Tensor, penalties: Sequence[float]) -> torch.Tensor:
+        """``(P, m, C)``: the probes at each of ``penalties`` on ``features`` ``(m, d)``."""
+        coded = (features.to(torch.float64) - self.mean) @ self.basis  # (m, r)
+        shrink = torch.stack([self.shrink(p) for p in penalties])  # (P, r)
+        return torch.einsum("mr,pr,rc->pmc", coded, shrink, self.projected) + self.target_mean
 
-def solve(problem: Reduced, penalty: float, max_iter: int = MAX_ITER, tolerance: float = TOLERANCE) -> Probe:
-    """Newton's method on ``problem`` at ``penalty`` from ``theta = 0``: each step ``H p = -g`` solved by
-    conjugate gradients (:func:`conjugate_gradient`), then halved until the loss decreases enough (Armijo);
-    a full step whose change the loss cannot resolve (rounding) is taken where it lowers the gradient.
-    Stops where no gradient entry exceeds ``tolerance``, or after ``max_iter`` steps."""
-    rows, count = problem.rows, len(problem.targets)  # (n, r + 1)
-    onehot = torch.nn.functional.one_hot(problem.targets, len(problem.present)).to(torch.float64)  # (n, C')
-    shrink = torch.full((rows.shape[1], 1), penalty, dtype=torch.float64)
-    shrink[-1] = 0.0  # the bias is not penalised
-    theta = torch.zeros(rows.shape[1], onehot.shape[1], dtype=torch.float64)  # (r + 1, C')
-
-    def evaluate(theta: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
-        log_proba = torch.log_softmax(rows @ theta, -1)  # (n, C')
-        proba = log_proba.exp()
-        loss = -(onehot * log_proba).sum().item() / count + (shrink * theta.pow(2)).sum().item() / 2
-        return loss, rows.T @ (proba - onehot) / count + shrink * theta, proba
-
-    def hessian_times(proba: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
-        weighted = proba * (rows @ direction)  # (n, C'): p * the logits' change
-        return rows.T @ (weighted - proba * weighted.sum(-1, keepdim=True)) / count + shrink * direction
-
-    loss, gradient, proba = evaluate(theta)
-    steps = 0
-    while not (converged := gradient.abs().max().item() <= tolerance) and steps < max_iter:
-        step = conjugate_gradient(partial(hessian_times, proba), gradient)
-        slope = (gradient * step).sum().item()
-        for halvings in range(31):
-            size = 2.0**-halvings
-            trial_loss, trial_gradient, trial_proba = evaluate(theta + size * step)
-            if trial_loss <= loss + 1e-4 * size * slope:
-                break
-            unresolved = trial_loss - loss <= 8 * torch.finfo(torch.float64).eps * abs(loss)
-            if halvings == 0 and unresolved and trial_gradient.abs().max() < gradient.abs().max():
-                break
-        else:  # no step lowers the loss as far as the arithmetic resolves it: as close as it gets
-            break
-        theta, loss, gradient, proba = theta + size * step, trial_loss, trial_gradient, trial_proba
-        steps += 1
-    return problem.probe(theta, penalty, steps, converged)
+    def probe(self, penalty: float) -> Probe:
+        """The :class:`Probe` at ``penalty``, in the original features."""
+        weight = (self.basis * self.shrink(penalty)) @ self.projected  # (d, C)
+        return Probe(weight.T.contiguous(), self.target_mean - self.mean @ weight, penalty)
 
 
-def conjugate_gradient(
-    hessian_times: Callable[[torch.Tensor], torch.Tensor], gradient: torch.Tensor
-) -> torch.Tensor:
-    """``p`` with ``H p ~ -g`` by conjugate gradients from 0, to a residual of ``min(0.5, sqrt(|g|)) |g|``
-    (Newton's method's forcing term: superlinear convergence), ``len(g)`` steps at most."""
-    residual = -gradient
-    direction, step = residual, torch.zeros_like(gradient)
-    norm = (residual * residual).sum()
-    target = min(0.5, norm.item() ** 0.25) ** 2 * norm  # the squared residual to reach
-    for _ in range(gradient.numel()):
-        product = hessian_times(direction)
-        alpha = norm / (direction * product).sum()
-        step = step + alpha * direction
-        residual = residual - alpha * product
-        new_norm = (residual * residual).sum()
-        if new_norm <= target:
-            break
-        direction, norm = residual + new_norm / norm * direction, new_norm
-    return step
+def solve(problem: Reduced, penalty: float) -> Probe:
+    """The ridge probe of ``problem`` at ``penalty`` (closed form: :meth:`Reduced.probe`)."""
+    return problem.probe(penalty)
 
 
 # ----------------------------------------------------------------------------------------- cross-validation
@@ -675,32 +624,34 @@ def cross_validate(
         (Reduced.of(features, torch.where(fold_of == k, IGNORE_INDEX, labels), classes), fold_of == k)
         for k in range(folds)
     ]
+    kept = labels != IGNORE_INDEX
+    targets = torch.nn.functional.one_hot(labels.clamp_min(0), classes).to(torch.float64)  # (n, C)
     scored: dict[float, tuple[float, float, torch.Tensor]] = {}  # penalty -> (loss, accuracy, out of fold)
 
-    def score(penalty: float) -> None:
-        proba = torch.full((len(labels), classes), math.nan, dtype=torch.float64)
+    def score(penalties: Sequence[float]) -> None:
+        out = torch.full((len(penalties), len(labels), classes), math.nan, dtype=torch.float64)
         for problem, held_out in splits:
-            proba[held_out] = solve(problem, penalty).predict_proba(features[held_out])
-        kept = labels != IGNORE_INDEX
-        target = proba[kept].gather(1, labels[kept, None]).squeeze(1)
-        loss = -target.log().clamp(min=LOG_FLOOR).mean().item()
-        scored[penalty] = (loss, probe_accuracy(proba, labels), proba)
+            out[:, held_out] = problem.scores(features[held_out], penalties)
+        for penalty, scores in zip(penalties, out, strict=True):
+            loss = (scores[kept] - targets[kept]).pow(2).sum(-1).mean().item()  # the Brier score
+            proba = probabilities(scores)
+            proba[~kept] = math.nan  # a row labelled -100 is predicted by no fold
+            scored[penalty] = (loss, probe_accuracy(proba, labels), proba)
 
     def best() -> float:
         return min(scored, key=lambda penalty: (scored[penalty][0], -penalty))
 
-    for penalty in grid:
-        score(penalty)
+    score(grid)
     grown = {"low": 0, "high": 0}
     while len(scored) > 1:
         ends = sorted(scored)
         chosen = best()
         if chosen == ends[0] and grown["low"] < GROW_STEPS:
             grown["low"] += 1
-            score(float(f"{ends[0] * ends[0] / ends[1]:.12g}"))
+            score([float(f"{ends[0] * ends[0] / ends[1]:.12g}")])
         elif chosen == ends[-1] and grown["high"] < GROW_STEPS:
             grown["high"] += 1
-            score(float(f"{ends[-1] * ends[-1] / ends[-2]:.12g}"))
+            score([float(f"{ends[-1] * ends[-1] / ends[-2]:.12g}")])
         else:
             break
     penalties = tuple(sorted(scored))
@@ -715,3 +666,18 @@ def cross_validate(
         out_of_fold=scored[chosen][2],
         on_edge=on_edge,
     )
+
+
+def probabilities(scores: torch.Tensor) -> torch.Tensor:
+    """Class probabilities of ridge scores ``(..., C)``: the scores (least-squares estimates of the class
+    probabilities) clipped at 0 and renormalised; uniform where every score is at most 0.
+
+    Example:
+        >>> probabilities(torch.tensor([[0.8, 0.4, -0.2], [-0.1, -0.3, 0.0]], dtype=torch.float64))
+        tensor([[0.6667, 0.3333, 0.0000],
+                [0.3333, 0.3333, 0.3333]], dtype=torch.float64)
+    """
+    clipped = scores.clamp_min(0.0)
+    total = clipped.sum(-1, keepdim=True)
+    uniform = torch.full_like(scores, 1.0 / scores.shape[-1])
+    return torch.where(total > 0, clipped / total.clamp_min(torch.finfo(scores.dtype).tiny), uniform)

@@ -40,10 +40,8 @@ from tqdm.auto import tqdm
 from peft_layerfusion.probing import (
     FOLDS,
     GROW_STEPS,
-    MAX_ITER,
     PENALTIES,
     PROBED_STATE_NORMS,
-    TOLERANCE,
     LayerProbes,
     keep_fusion,
     layer_probes,
@@ -70,8 +68,7 @@ PROBE_SETTINGS: dict[str, Any] = {
     "penalties": list(PENALTIES),
     "folds": FOLDS,
     "grow": GROW_STEPS,
-    "tolerance": TOLERANCE,
-    "max_iter": MAX_ITER,
+    "probe": "ridge",
 }
 
 

@@ -1,5 +1,6 @@
-"""The library's probe trainer (probing.py): an L2-regularised logistic probe found exactly (against scipy
-and the objective's gradient), the same on every run and up to rounding on permuted rows, rows labelled
+"""The library's probe trainer (probing.py): an L2-regularised ridge probe found exactly (against the
+normal equations solved here and the objective's gradient), the same on every run and up to rounding on
+permuted rows, rows labelled
 -100 ignored in fitting and scoring, its penalty chosen by cross-validation off the grid's edge, the state
 that carries the label found by cross-validation alone; bad input refused in one line."""
 
@@ -7,10 +8,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from scipy.optimize import minimize
 
 from peft_layerfusion import (
     best_layer,
@@ -44,40 +43,39 @@ def planted(rows: int = 48, width: int = 10, classes: int = 3, signal: float = 1
 
 
 def objective(features: torch.Tensor, labels: torch.Tensor, penalty: float, weight, bias) -> torch.Tensor:
-    """The probe's objective, written out here: mean cross-entropy + (penalty / 2) m ||W||^2."""
+    """The probe's objective, written out here: mean squared error of one-hot labels + penalty m ||W||^2."""
     mean_square = features.pow(2).mean()
-    log_proba = torch.log_softmax(features @ weight.T + bias, -1)
-    return (
-        -log_proba[torch.arange(len(labels)), labels].mean() + penalty / 2 * mean_square * weight.pow(2).sum()
+    targets = torch.nn.functional.one_hot(labels, weight.shape[0]).to(features.dtype)
+    residual = targets - features @ weight.T - bias
+    return residual.pow(2).sum(-1).mean() + penalty * mean_square * weight.pow(2).sum()
+
+
+def normal_equations(features: torch.Tensor, labels: torch.Tensor, penalty: float, classes: int):
+    """``(W, b)`` solved here from the normal equations of :func:`objective`."""
+    mean, targets = features.mean(0), torch.nn.functional.one_hot(labels, classes).to(features.dtype)
+    centred = features - mean
+    system = centred.T @ centred + penalty * features.pow(2).mean() * len(features) * torch.eye(
+        features.shape[1]
     )
+    weight = torch.linalg.solve(system.to(features.dtype), centred.T @ (targets - targets.mean(0))).T
+    return weight, targets.mean(0) - weight @ mean
 
 
 # ------------------------------------------------------------------------------------------ the optimum
-def test_the_probe_is_the_optimum_scipy_finds_and_its_gradient_vanishes():
+def test_the_probe_is_the_optimum_of_the_normal_equations_and_its_gradient_vanishes():
     features, labels = planted(rows=15, width=4, classes=3, seed=2)
-    penalty, classes, width = 0.05, 3, 4
+    penalty = 0.05
     probe = fit_probe(features, labels, penalty)
-    assert probe.converged and probe.iterations < 20
-
-    def value_and_gradient(flat: np.ndarray) -> tuple[float, np.ndarray]:
-        params = torch.tensor(flat, requires_grad=True)
-        loss = objective(features, labels, penalty, params[:-classes].view(classes, width), params[-classes:])
-        loss.backward()
-        return loss.item(), params.grad.numpy()
-
-    found = minimize(value_and_gradient, np.zeros(classes * (width + 1)), jac=True, method="BFGS", tol=1e-12)
-    scipy_weight = torch.tensor(found.x[:-classes]).view(classes, width)
-    scipy_bias = torch.tensor(found.x[-classes:])
-    torch.testing.assert_close(probe.weight, scipy_weight, rtol=0, atol=1e-6)
-    torch.testing.assert_close(probe.bias, scipy_bias - scipy_bias.mean(), rtol=0, atol=1e-6)  # b sums to 0
-
+    weight, bias = normal_equations(features, labels, penalty, 3)
+    torch.testing.assert_close(probe.weight, weight, rtol=0, atol=1e-8)
+    torch.testing.assert_close(probe.bias, bias, rtol=0, atol=1e-8)
     weight, bias = probe.weight.clone().requires_grad_(True), probe.bias.clone().requires_grad_(True)
     objective(features, labels, penalty, weight, bias).backward()
-    assert max(weight.grad.abs().max(), bias.grad.abs().max()) < 1e-9
+    assert max(weight.grad.abs().max(), bias.grad.abs().max()) < 1e-10
 
 
 def test_a_wide_probe_in_the_span_of_its_rows_has_a_vanishing_gradient_in_every_coordinate():
-    """d = 384 > n = 20: the solver works in the rows' span; the gradient in all 384 coordinates is 0."""
+    """d = 384 > n = 20: the solution from the rows' Gram matrix; the gradient in all 384 coordinates is 0."""
     generator = torch.Generator().manual_seed(1)
     features = torch.randn(20, 384, generator=generator, dtype=torch.float64) + 3.0  # an offset: not centred
     labels = torch.arange(20) % 4
@@ -85,7 +83,7 @@ def test_a_wide_probe_in_the_span_of_its_rows_has_a_vanishing_gradient_in_every_
         probe = fit_probe(features, labels, penalty)
         weight, bias = probe.weight.clone().requires_grad_(True), probe.bias.clone().requires_grad_(True)
         objective(features, labels, penalty, weight, bias).backward()
-        assert max(weight.grad.abs().max(), bias.grad.abs().max()) < 1e-8, penalty
+        assert max(weight.grad.abs().max(), bias.grad.abs().max()) < 1e-9, penalty
 
 
 def test_scaled_features_give_the_same_probabilities_the_penalty_is_scale_free():
@@ -148,12 +146,15 @@ def test_rows_labelled_minus_100_are_ignored_in_fitting_and_in_scoring():
     kept = ignored_labels != -100
 
     probe, alone = fit_probe(with_ignored, ignored_labels, 0.1), fit_probe(features, labels, 0.1)
-    assert torch.equal(probe.weight, alone.weight) and torch.equal(probe.bias, alone.bias)
+    torch.testing.assert_close(probe.weight, alone.weight, rtol=0, atol=1e-12)
+    torch.testing.assert_close(probe.bias, alone.bias, rtol=0, atol=1e-12)
 
     found = cross_validated_probe(with_ignored, ignored_labels, folds=4, seed=3)
     plain = cross_validated_probe(features, labels, folds=4, seed=3)
-    assert (found.penalty, found.losses, found.accuracies) == (plain.penalty, plain.losses, plain.accuracies)
-    assert torch.equal(found.out_of_fold[kept], plain.out_of_fold) and found.out_of_fold[~kept].isnan().all()
+    assert (found.penalty, found.accuracies) == (plain.penalty, plain.accuracies)
+    assert found.losses == pytest.approx(plain.losses, rel=0, abs=1e-12)
+    torch.testing.assert_close(found.out_of_fold[kept], plain.out_of_fold, rtol=0, atol=1e-12)
+    assert found.out_of_fold[~kept].isnan().all()
 
     proba = probe.predict_proba(with_ignored)
     assert probe_accuracy(proba, ignored_labels) == probe_accuracy(proba[kept], labels)
@@ -180,19 +181,19 @@ def test_the_penalty_chosen_by_cross_validation_is_inside_the_grid_on_a_planted_
 
 
 def test_a_penalty_on_an_end_grows_the_grid_and_is_flagged_where_it_still_sits_there():
-    """The planted problem's best penalty is 0.1 (the test above): a grid below it grows up one step (the
+    """The planted problem's best penalty is 1 (the test above): a grid below it grows up one step (the
     ratio of its end values) at a time until the best is inside; one too far below or above grows
     GROW_STEPS steps and says the penalty still sits on its edge."""
     features, labels = planted(rows=60, width=20, classes=3, signal=1.2, seed=0)
-    assert cross_validated_probe(features, labels, folds=5).penalty == pytest.approx(0.1)
-    below = cross_validated_probe(features, labels, penalties=[1e-4, 1e-3], folds=5)
-    assert below.penalties == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1, 1.0])
-    assert below.penalty == pytest.approx(0.1) and not below.on_edge
+    assert cross_validated_probe(features, labels, folds=5).penalty == pytest.approx(1.0)
+    below = cross_validated_probe(features, labels, penalties=[1e-3, 1e-2], folds=5)
+    assert below.penalties == pytest.approx([1e-3, 1e-2, 1e-1, 1.0, 10.0])
+    assert below.penalty == pytest.approx(1.0) and not below.on_edge
     far_below = cross_validated_probe(features, labels, penalties=[1e-8, 1e-7], folds=5)
     assert len(far_below.penalties) == 2 + GROW_STEPS and far_below.penalty == pytest.approx(1e-3)
     assert far_below.on_edge
-    far_above = cross_validated_probe(features, labels, penalties=[1e5, 1e6], folds=5)
-    assert far_above.penalties[0] == pytest.approx(10.0) and far_above.penalty == pytest.approx(10.0)
+    far_above = cross_validated_probe(features, labels, penalties=[1e6, 1e7], folds=5)
+    assert far_above.penalties[0] == pytest.approx(100.0) and far_above.penalty == pytest.approx(100.0)
     assert far_above.on_edge
 
 
@@ -203,7 +204,9 @@ def test_the_out_of_fold_probabilities_come_from_probes_that_did_not_see_the_row
     for fold in range(3):
         held = folds == fold
         own = fit_probe(features[~held], labels[~held], 0.1, classes=2)
-        torch.testing.assert_close(found.out_of_fold[held], own.predict_proba(features[held]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            found.out_of_fold[held], own.predict_proba(features[held]), rtol=0, atol=1e-12
+        )
     assert found.accuracy == probe_accuracy(found.out_of_fold, labels)
 
 
@@ -219,7 +222,7 @@ def test_cross_validation_alone_finds_the_state_that_carries_the_label(label_sta
     assert probes.out_of_fold.shape == (4, 60, 2)
     dev, dev_labels = toy(label_state, seed=1)
     scores = probes.accuracies(dev, dev_labels)
-    assert best_layer(scores, skip_embeddings=True) == label_state and scores[label_state] >= 0.8
+    assert best_layer(scores, skip_embeddings=True) == label_state and scores[label_state] >= 0.75
 
 
 def test_held_out_scores_find_the_state_and_a_disagreeing_dev_set_moves_the_choice():
