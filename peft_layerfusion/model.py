@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import re
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -194,13 +195,64 @@ class LayerFusionModel(LoraModel):
 
     # ---------------------------------------------------------------- state dict keys
     @classmethod
+    def _remap_adapter_state_dict_for_load(
+        cls,
+        model: nn.Module,
+        config: LayerFusionConfig,
+        adapter_name: str,
+        state_dict: dict[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """peft's remapping, after :func:`upgrade_saved_keys` (an adapter saved by an earlier version)."""
+        upgraded = upgrade_saved_keys(state_dict, cls, type(config))
+        return super()._remap_adapter_state_dict_for_load(model, config, adapter_name, upgraded)
+
+    @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
-        # `...layer_fusion.dwatt_fusion.<adapter>.query_mlp.up_weight`: the adapter name sits in
+        # `...layer_fusion.dwatt_fusion.<adapter>.query_mlp.up.weight`: the adapter name sits in
         # the middle of a fusion key, where peft's default (last or second-to-last) misses it. The
         # key starts with `layer_fusion.` when the container is the model itself (a bare decoder).
         pattern = rf"((?:^|\.){LAYER_NAME}\.[A-Za-z0-9_]*{FUSION_SUFFIX})\.{re.escape(adapter_name)}(\.|$)"
         new_key, found = re.subn(pattern, r"\1\2", key, count=1)
         return new_key if found else super()._remove_adapter_name_from_key(key, adapter_name)
+
+
+def upgraded_key(
+    key: str, tuner_cls: type[LayerFusionModel], config_cls: type[LayerFusionConfig]
+) -> tuple[str, Optional[Callable[[torch.Tensor], torch.Tensor]]]:
+    """A key of a saved adapter as this version names it, and what makes its tensor this version's
+    layout (``None``: kept as it is).
+
+    A key under a former PEFT type's fusion module (``layer_fusion.layer_mix_fusion.``: the config's
+    ``FORMER_PEFT_TYPES``) moves under this tuner's (``layer_fusion.scalar_mix_fusion.``); a fusion
+    tensor then goes through its module's :meth:`~.fusion.FusionModule.upgrade_saved` (DWAtt's MLP
+    weights, saved ``(K, in, out)`` by earlier versions, are transposed).
+
+    Example:
+        >>> from peft_layerfusion import ScalarMixConfig, ScalarMixModel
+        >>> upgraded_key("model.layer_fusion.layer_mix_fusion.gamma", ScalarMixModel, ScalarMixConfig)
+        ('model.layer_fusion.scalar_mix_fusion.gamma', None)
+    """
+    own = f"{LAYER_NAME}.{tuner_cls.prefix}{FUSION_SUFFIX}."
+    for peft_type in config_cls.FORMER_PEFT_TYPES:
+        key = key.replace(f"{LAYER_NAME}.{peft_type.lower()}_{FUSION_SUFFIX}.", own)
+    head, found, name = key.partition(own)
+    if not found or tuner_cls.fusion_module_cls is None:
+        return key, None
+    name, convert = tuner_cls.fusion_module_cls.upgrade_saved(name)
+    return head + own + name, convert
+
+
+def upgrade_saved_keys(
+    state_dict: dict[str, torch.Tensor],
+    tuner_cls: type[LayerFusionModel],
+    config_cls: type[LayerFusionConfig],
+) -> dict[str, torch.Tensor]:
+    """A saved adapter's tensors as this version names and lays them out (:func:`upgraded_key`)."""
+    upgraded = {}
+    for key, tensor in state_dict.items():
+        key, convert = upgraded_key(key, tuner_cls, config_cls)
+        upgraded[key] = tensor if convert is None else convert(tensor)
+    return upgraded
 
 
 def forget_fusion_adapter(model: nn.Module, adapter_name: str) -> None:
