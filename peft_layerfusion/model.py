@@ -21,8 +21,8 @@ from __future__ import annotations
 import copy
 import re
 import warnings
-from collections.abc import Callable
-from typing import Any, ClassVar, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Optional, Union
 
 import torch
 from peft.tuners.lora import LoraModel
@@ -30,8 +30,15 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils.constants import DUMMY_TARGET_MODULES
 from peft.utils.integrations import init_empty_weights
 from torch import nn
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+)
 
-from .config import LayerFusionConfig
+from .config import LayerFusionConfig, invalid
 from .discovery import HEAD_MODULE_NAMES, find_encoder_blocks, hidden_size_of, shares_weights
 from .fusion import FusionContext, FusionModule
 from .hooks import warn_shared_blocks
@@ -100,6 +107,7 @@ class LayerFusionModel(LoraModel):
         module_cls = self.fusion_module_cls
         if module_cls is None:
             raise TypeError(f"{type(self).__name__} names no `fusion_module_cls`: use a method's own tuner.")
+        check_task_type(model, config.task_type)
         located = find_encoder_blocks(model, config.blocks_path)
         existing = fusion_layer_of(model)
         if existing is not None and set(self.peft_config) == {adapter_name}:  # not this model's add_adapter
@@ -394,6 +402,67 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
         UserWarning,
         stacklevel=4,
     )
+
+
+# The transformers model classes of each peft task type that reads a head, by model type (a class name,
+# or a tuple of them). A model of a class in some of them fits the task types of those only.
+TASK_MODEL_CLASSES: dict[str, Mapping[str, Union[str, tuple[str, ...]]]] = {
+    "SEQ_CLS": MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    "TOKEN_CLS": MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    "QUESTION_ANS": MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    "CAUSAL_LM": MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    "SEQ_2_SEQ_LM": MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+}
+
+
+def task_types_of(model: nn.Module) -> list[str]:
+    """The peft task types whose transformers classes ``model`` is an instance of (by class name, its
+    own or a base class's), in :data:`TASK_MODEL_CLASSES`'s order; empty for any other model.
+
+    Example:
+        >>> task_types_of(base_model), task_types_of(causal_lm)
+        (['TOKEN_CLS'], ['CAUSAL_LM'])
+    """
+    names = {klass.__name__ for klass in type(model).__mro__}
+    found = []
+    for task, classes in TASK_MODEL_CLASSES.items():
+        values = [(value,) if isinstance(value, str) else value for value in classes.values()]
+        known = {name for value in values for name in value}
+        if names & known:
+            found.append(task)
+    return found
+
+
+# How the transformers classes of each task type end, named where a task type is refused.
+TASK_CLASS_ENDINGS = {"SEQ_CLS": "ForSequenceClassification", "TOKEN_CLS": "ForTokenClassification",
+                      "QUESTION_ANS": "ForQuestionAnswering", "CAUSAL_LM": "ForCausalLM",
+                      "SEQ_2_SEQ_LM": "ForConditionalGeneration"}  # fmt: skip
+
+
+def check_task_type(model: nn.Module, task_type: object) -> None:
+    """Refuse a ``task_type`` whose head ``model`` does not have, in one line (``SEQ_CLS`` on a causal LM:
+    peft would look for a classifier to train and save, and the model would still answer with its own head).
+
+    A known transformers task model (:func:`task_types_of`) takes its own task types, ``None`` and
+    ``FEATURE_EXTRACTION``; any other model takes every task type.
+
+    Raises:
+        ValueError: naming the task type, the task types the model takes and its class.
+
+    Example:
+        >>> check_task_type(causal_lm, "SEQ_CLS")
+        Traceback (most recent call last):
+        ...
+        ValueError: `task_type`='SEQ_CLS' is not allowed: expected one of ['CAUSAL_LM',
+        'FEATURE_EXTRACTION'] or None for a LlamaForCausalLM (SEQ_CLS is for a ...ForSequenceClassification).
+    """
+    task = getattr(task_type, "value", task_type)
+    fits = task_types_of(model)
+    if task is None or task == "FEATURE_EXTRACTION" or not fits or task in fits:
+        return
+    needs = f" ({task} is for a ...{TASK_CLASS_ENDINGS[task]})" if task in TASK_CLASS_ENDINGS else ""
+    allowed = f"one of {[*fits, 'FEATURE_EXTRACTION']} or None for a {type(model).__name__}{needs}"
+    raise invalid("task_type", task, allowed)
 
 
 # The head modules peft's PeftModelFor<task> adds to `modules_to_save` after the injection.

@@ -137,7 +137,8 @@ class ScalarMixConfig(DepthMixConfig):
         """Where among the fused ``layers`` the weights start one-hot (``None``: ``softmax(0)``, uniform).
 
         Raises:
-            ValueError: when ``start_layer`` is not one of the fused layers.
+            ValueError: when ``start_layer`` is beyond the model's hidden states (``-(L + 1) .. L``) or
+                not one of the fused layers.
 
         Example:
             >>> ScalarMixConfig(start_layer=-2).start_position([1, 2, 3], 3, base_model)
@@ -145,9 +146,12 @@ class ScalarMixConfig(DepthMixConfig):
         """
         if self.start_layer is None:
             return layers.index(num_blocks) if self.starts_at_base(model, layers, num_blocks) else None
-        block = self.start_layer % (num_blocks + 1) if -(num_blocks + 1) <= self.start_layer else None
+        n = num_blocks
+        in_range = -(n + 1) <= self.start_layer <= n  # beyond it, 99 % (L + 1) would name a block
+        block = self.start_layer % (n + 1) if in_range else None
         if block not in layers:
-            raise invalid("start_layer", self.start_layer, f"one of the fused layers {list(layers)}")
+            allowed = f"one of the fused layers {list(layers)} (indices -{n + 1}..{n} for {n} blocks)"
+            raise invalid("start_layer", self.start_layer, allowed)
         return list(layers).index(block)
 
 

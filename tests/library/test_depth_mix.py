@@ -233,6 +233,18 @@ def test_a_start_layer_starts_the_mix_one_hot_on_that_block(method, norm, input_
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("start_layer", [99, 4, -5])
+def test_a_start_layer_beyond_the_blocks_is_refused_in_one_line_before_the_model_changes(start_layer):
+    base = tiny_bert()  # 3 blocks: hidden states 0..3, or -4..-1
+    with pytest.raises(ValueError) as error:
+        get_peft_model(base, LAYER_MIX.make_config(start_layer=start_layer))
+    assert str(error.value) == (
+        f"`start_layer`={start_layer} is not allowed: expected one of the fused layers [1, 2, 3] "
+        "(indices -4..3 for 3 blocks)."
+    )
+    assert not any("layer_fusion" in name for name, _ in base.named_modules())
+
+
 def test_a_start_layer_outside_the_fused_layers_is_refused_before_the_model_changes():
     base = tiny_bert()
     with pytest.raises(ValueError, match=r"`start_layer`=0 is not allowed: expected one of the fused layers"):
