@@ -272,8 +272,8 @@ def unit_rms(state: torch.Tensor) -> torch.Tensor:
 
 # A forward without autograd over at most this many positions computes over a (K, tokens, d) stack of the
 # fused states, a few ops in all, instead of state by state, a few ops per layer: at a decoding step (one
-# position) the per-op overhead, not the FLOPs, is what costs. Both ways give the same bits (but see
-# matrix_vector_step: Concat's one-position step, up to rounding).
+# position) the per-op overhead, not the FLOPs, is what costs. Both ways give the same bits, but at one
+# position (matrix_vector_step), where BLAS rounds a stack's matrix-vector products otherwise: up to rounding.
 STACKED_TOKENS = 64
 # dtypes where the stacked ops round as the per-state ones: in half precision LayerNorm rounds its
 # normalised state once before its affine, which the stacked DWAtt applies apart.

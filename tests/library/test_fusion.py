@@ -20,7 +20,7 @@ from peft_layerfusion.fusion import (
 from peft_layerfusion.hooks import Capture
 from peft_layerfusion.layer import fusion_layer_of
 from peft_layerfusion.methods.concat import ConcatConfig
-from peft_layerfusion.methods.dwatt import DWAttConfig
+from peft_layerfusion.methods.dwatt import DWAttConfig, rows_linear
 
 
 def test_weighted_sum_matches_the_stacked_formula_and_leaves_start_alone():
@@ -129,23 +129,32 @@ def patch_everywhere(monkeypatch, name: str, value: bool) -> None:
         monkeypatch.setattr(f"{place}.{name}", lambda states: value, raising=False)
 
 
-@pytest.mark.parametrize("config_cls", TOKEN_WISE_CONFIGS, ids=lambda c: c.__name__)
+# Where a stacked forward's products are a batched matrix-vector product at one position while the per-state
+# forward's are plain ones, which BLAS rounds otherwise: Concat's map in one product, DWAtt's value MLPs.
+ONE_POSITION_PRODUCTS = (ConcatConfig, DWAttConfig)
+STACKED_CASES = [
+    (config_cls, positions)
+    for config_cls in TOKEN_WISE_CONFIGS
+    for positions in [(1, 1), (2, 7), (1, STACKED_TOKENS)]
+    if not (config_cls is DWAttConfig and positions == (1, 1))  # the next test
+]
+
+
+@pytest.mark.parametrize("config_cls, positions", STACKED_CASES, ids=lambda x: getattr(x, "__name__", str(x)))
 @pytest.mark.parametrize("state_norm", ["none", "rms", "rms_after_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("positions", [(1, 1), (2, 7), (1, STACKED_TOKENS)], ids=str)
 def test_the_stacked_forward_gives_the_per_state_bits(config_cls, state_norm, dtype, positions, monkeypatch):
     """A short forward without autograd runs over a (K, tokens, d) stack; it must give the very bits of the
-    per-state forward that training and long inputs run (after a final norm too), at one position (a
-    decoding step) as at many. Concat's one-position map in one product is set apart here (the next
-    test); DWAtt has no such step: its one compute path reads its weights as stored."""
+    per-state forward that training and long inputs run (after a final norm too). One position's
+    products are set apart here (the next test): Concat's map in one product, DWAtt's batched
+    matrix-vector products."""
     module, states, capture = one_step(
         config_cls(fusion_init="paper", state_norm=state_norm), dtype, positions
     )
     with torch.no_grad():
         assert runs_stacked(states)
         assert matrix_vector_step(states) == (positions == (1, 1))
-        if config_cls is ConcatConfig:
-            patch_everywhere(monkeypatch, "matrix_vector_step", False)
+        patch_everywhere(monkeypatch, "matrix_vector_step", False)
         stacked = module(states, capture)
         patch_everywhere(monkeypatch, "runs_stacked", False)
         per_state = module(states, capture)
@@ -153,13 +162,14 @@ def test_the_stacked_forward_gives_the_per_state_bits(config_cls, state_norm, dt
     assert per_state.abs().max() > 0 and not torch.equal(per_state, capture.states[-1])  # something was mixed
 
 
+@pytest.mark.parametrize("config_cls", ONE_POSITION_PRODUCTS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("state_norm", ["none", "rms", "rms_after_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_one_concat_position_equals_the_per_state_forward_up_to_rounding(state_norm, dtype, monkeypatch):
-    """A batch-1 decoding step computes Concat's map in one product: the per-state forward's values,
+def test_one_position_equals_the_per_state_forward_up_to_rounding(config_cls, state_norm, dtype, monkeypatch):
+    """A batch-1 decoding step: Concat computes its map in one product, DWAtt its value MLPs as batched
+    matrix-vector products read from the weights as stored (no copy): the per-state forward's values,
     summed in another order."""
-    config = ConcatConfig(fusion_init="paper", state_norm=state_norm)
-    module, states, capture = one_step(config, dtype, (1, 1))
+    module, states, capture = one_step(config_cls(fusion_init="paper", state_norm=state_norm), dtype, (1, 1))
     with torch.no_grad():
         assert matrix_vector_step(states)
         step = module(states, capture)
@@ -179,12 +189,17 @@ def test_one_concat_step_is_one_linear_map_of_the_concatenated_states():
 
 
 def test_dwatt_mlps_are_stored_as_linear_layers_and_read_so():
-    """``U_k``, ``W_k`` ``(K, out, in)``: each MLP is ``nn.Linear``'s ``x W^T + b`` on its own slice."""
+    """``U_k``, ``W_k`` ``(K, out, in)`` as ``nn.Linear`` stores them: each slice of the stacked product is
+    ``W_k x + b_k`` (``nn.Linear``'s map), read as stored (the per-state product's bits, no copy kept)."""
     module, states, capture = one_step(DWAttConfig(fusion_init="paper"), torch.float32, (2, 3))
     mlps = module.value_mlps
     assert tuple(mlps.up.weight.shape) == (3, 16, 32) and tuple(mlps.down.weight.shape) == (3, 32, 16)
+    assert all(p.is_contiguous() for p in mlps.parameters())
     x = torch.randn(3, 6, 32, generator=torch.Generator().manual_seed(0))  # (K, tokens, d)
     with torch.no_grad():
+        stacked = mlps.up(x)  # (K, tokens, γd)
         for k in range(3):
-            expected = torch.nn.functional.linear(x[k], mlps.up.weight[k], mlps.up.bias[k])  # (tokens, γd)
-            assert torch.equal(mlps.up(x)[k], expected)
+            linear = torch.nn.functional.linear(x[k], mlps.up.weight[k], mlps.up.bias[k])  # (tokens, γd)
+            torch.testing.assert_close(stacked[k], linear, rtol=1e-6, atol=1e-6)
+            assert torch.equal(stacked[k], rows_linear(x[k], mlps.up.weight[k], mlps.up.bias[k]))
+    assert [name for name, value in vars(mlps).items() if isinstance(value, (torch.Tensor, tuple))] == []
