@@ -210,8 +210,12 @@ class LayerFusionModel(LoraModel):
         adapter_name: str,
         state_dict: dict[str, torch.Tensor],
     ) -> dict[str, torch.Tensor]:
-        """peft's remapping, after :func:`upgrade_saved_keys` (an adapter saved by an earlier version)."""
-        upgraded = upgrade_saved_keys(state_dict, cls, type(config))
+        """peft's remapping, of the tensors as this version names and lays them out (:func:`upgraded_key`:
+        an adapter saved by an earlier version)."""
+        upgraded = {}
+        for key, tensor in state_dict.items():
+            key, convert = upgraded_key(key, cls, type(config))
+            upgraded[key] = tensor if convert is None else convert(tensor)
         return super()._remap_adapter_state_dict_for_load(model, config, adapter_name, upgraded)
 
     @classmethod
@@ -248,19 +252,6 @@ def upgraded_key(
         return key, None
     name, convert = tuner_cls.fusion_module_cls.upgrade_saved(name)
     return head + own + name, convert
-
-
-def upgrade_saved_keys(
-    state_dict: dict[str, torch.Tensor],
-    tuner_cls: type[LayerFusionModel],
-    config_cls: type[LayerFusionConfig],
-) -> dict[str, torch.Tensor]:
-    """A saved adapter's tensors as this version names and lays them out (:func:`upgraded_key`)."""
-    upgraded = {}
-    for key, tensor in state_dict.items():
-        key, convert = upgraded_key(key, tuner_cls, config_cls)
-        upgraded[key] = tensor if convert is None else convert(tensor)
-    return upgraded
 
 
 def forget_fusion_adapter(model: nn.Module, adapter_name: str) -> None:
@@ -404,8 +395,7 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
     )
 
 
-# The transformers model classes of each peft task type that reads a head, by model type (a class name,
-# or a tuple of them). A model of a class in some of them fits the task types of those only.
+# The transformers classes of each peft task type that reads a head (by model type: a class name, or several).
 TASK_MODEL_CLASSES: dict[str, Mapping[str, Union[str, tuple[str, ...]]]] = {
     "SEQ_CLS": MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
     "TOKEN_CLS": MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
@@ -415,36 +405,12 @@ TASK_MODEL_CLASSES: dict[str, Mapping[str, Union[str, tuple[str, ...]]]] = {
 }
 
 
-def task_types_of(model: nn.Module) -> list[str]:
-    """The peft task types whose transformers classes ``model`` is an instance of (by class name, its
-    own or a base class's), in :data:`TASK_MODEL_CLASSES`'s order; empty for any other model.
-
-    Example:
-        >>> task_types_of(base_model), task_types_of(causal_lm)
-        (['TOKEN_CLS'], ['CAUSAL_LM'])
-    """
-    names = {klass.__name__ for klass in type(model).__mro__}
-    found = []
-    for task, classes in TASK_MODEL_CLASSES.items():
-        values = [(value,) if isinstance(value, str) else value for value in classes.values()]
-        known = {name for value in values for name in value}
-        if names & known:
-            found.append(task)
-    return found
-
-
-# How the transformers classes of each task type end, named where a task type is refused.
-TASK_CLASS_ENDINGS = {"SEQ_CLS": "ForSequenceClassification", "TOKEN_CLS": "ForTokenClassification",
-                      "QUESTION_ANS": "ForQuestionAnswering", "CAUSAL_LM": "ForCausalLM",
-                      "SEQ_2_SEQ_LM": "ForConditionalGeneration"}  # fmt: skip
-
-
 def check_task_type(model: nn.Module, task_type: object) -> None:
     """Refuse a ``task_type`` whose head ``model`` does not have, in one line (``SEQ_CLS`` on a causal LM:
     peft would look for a classifier to train and save, and the model would still answer with its own head).
 
-    A known transformers task model (:func:`task_types_of`) takes its own task types, ``None`` and
-    ``FEATURE_EXTRACTION``; any other model takes every task type.
+    A transformers task model (its class, or a base class, in :data:`TASK_MODEL_CLASSES`) takes the task
+    types of its classes, ``FEATURE_EXTRACTION`` and ``None``; any other model takes every task type.
 
     Raises:
         ValueError: naming the task type, the task types the model takes and its class.
@@ -454,15 +420,18 @@ def check_task_type(model: nn.Module, task_type: object) -> None:
         Traceback (most recent call last):
         ...
         ValueError: `task_type`='SEQ_CLS' is not allowed: expected one of ['CAUSAL_LM',
-        'FEATURE_EXTRACTION'] or None for a LlamaForCausalLM (SEQ_CLS is for a ...ForSequenceClassification).
+        'FEATURE_EXTRACTION'] or None for a LlamaForCausalLM.
     """
     task = getattr(task_type, "value", task_type)
-    fits = task_types_of(model)
-    if task is None or task == "FEATURE_EXTRACTION" or not fits or task in fits:
-        return
-    needs = f" ({task} is for a ...{TASK_CLASS_ENDINGS[task]})" if task in TASK_CLASS_ENDINGS else ""
-    allowed = f"one of {[*fits, 'FEATURE_EXTRACTION']} or None for a {type(model).__name__}{needs}"
-    raise invalid("task_type", task, allowed)
+    names = {klass.__name__ for klass in type(model).__mro__}
+    fits = [
+        kind
+        for kind, classes in TASK_MODEL_CLASSES.items()
+        if any(names & ({value} if isinstance(value, str) else set(value)) for value in classes.values())
+    ]
+    if task is not None and task != "FEATURE_EXTRACTION" and fits and task not in fits:
+        allowed = f"one of {[*fits, 'FEATURE_EXTRACTION']} or None for a {type(model).__name__}"
+        raise invalid("task_type", task, allowed)
 
 
 # The head modules peft's PeftModelFor<task> adds to `modules_to_save` after the injection.

@@ -123,12 +123,11 @@ def test_deleting_the_active_adapter_switches_to_the_other(input_ids):
 @pytest.mark.parametrize(
     "head, task_type, allowed",
     [
-        ("causal", "SEQ_CLS", "['CAUSAL_LM', 'FEATURE_EXTRACTION'] or None for a LlamaForCausalLM "
-         "(SEQ_CLS is for a ...ForSequenceClassification)"),
+        ("causal", "SEQ_CLS", "['CAUSAL_LM', 'FEATURE_EXTRACTION'] or None for a LlamaForCausalLM"),
         ("seq", "TOKEN_CLS", "['SEQ_CLS', 'FEATURE_EXTRACTION'] or None for a "
-         "LlamaForSequenceClassification (TOKEN_CLS is for a ...ForTokenClassification)"),
+         "LlamaForSequenceClassification"),
         ("token", "CAUSAL_LM", "['TOKEN_CLS', 'FEATURE_EXTRACTION'] or None for a "
-         "LlamaForTokenClassification (CAUSAL_LM is for a ...ForCausalLM)"),
+         "LlamaForTokenClassification"),
     ],
 )  # fmt: skip
 def test_a_task_type_the_model_has_no_head_for_is_refused_in_one_line(head, task_type, allowed):
