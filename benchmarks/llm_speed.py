@@ -104,7 +104,7 @@ from peft_layerfusion.layer import active_fusion_module
 from peft_layerfusion.methods.extra_layers import fresh_copy, set_layer_index
 from peft_layerfusion.registration import ENCODER_METHODS
 
-METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}
+METHODS = {method.name: method for method in ENCODER_METHODS}
 PARTS = ("forward", "generate", "steps", "ops", "memory")
 PROMPT = "The history of the Roman Empire begins with the founding of the city of Rome, and"
 LORA_TARGETS = ("q_proj", "v_proj")
@@ -155,7 +155,7 @@ def with_method(
     model = sharing_copy(base)
     if method in ("base", CONTROL):
         return model.eval()
-    config = LoraConfig(**lora) if method == "lora" else METHODS[method](**lora)
+    config = LoraConfig(**lora) if method == "lora" else METHODS[method].make_config(**lora)
     with peft_alias_quiet():
         model = get_peft_model(model, config).eval()
     if fusion_dtype is not None:
@@ -299,7 +299,7 @@ def decoding_setup(
     flops = {name: count_call_flops(GreedyDecoder(model, inputs).step) for name, model in models.items()}
     tokens = {name: generated(model, inputs, args.new_tokens) for name, model in models.items()}
     for name in methods:  # with an identity init, a method starts at the base model on a decoder
-        if METHODS[name].IDENTITY_INIT and not torch.equal(tokens[name], tokens["base"]):
+        if METHODS[name].config_cls.IDENTITY_INIT and not torch.equal(tokens[name], tokens["base"]):
             raise SystemExit(f"{name} starts at the base model but generated other tokens than the base")
     return models, inputs, flops, tokens
 

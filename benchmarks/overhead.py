@@ -51,7 +51,7 @@ from transformers import BertConfig, BertModel
 
 from peft_layerfusion.registration import ENCODER_METHODS
 
-METHODS = {method.name: method.config_cls for method in ENCODER_METHODS}  # every encoder method
+METHODS = {method.name: method for method in ENCODER_METHODS}  # every encoder method
 CONTROL = "base again"  # a second copy of the base, timed like a method: the run's noise floor (A/A)
 FLOP_MARGIN = 1.03  # the target: a method's time at most 3% over its FLOP bound
 ALLOCATORS = ("glibc", "steady")  # --allocator: glibc's malloc as it comes, or held steady (steady_allocator)
@@ -71,7 +71,9 @@ def base_model() -> BertModel:
 
 def build(method: str) -> torch.nn.Module:
     model = base_model()
-    return model if method in ("base", CONTROL) else get_peft_model(model, METHODS[method]()).eval()
+    if method in ("base", CONTROL):
+        return model
+    return get_peft_model(model, METHODS[method].make_config()).eval()
 
 
 def inputs(batch: int, seq: int) -> torch.Tensor:

@@ -22,9 +22,7 @@ from .methods.average import AverageConfig, AverageModel
 from .methods.concat import ConcatConfig, ConcatModel
 from .methods.dwatt import DWAttConfig, DWAttModel
 from .methods.extra_layers import ExtraLayersConfig, ExtraLayersModel
-from .methods.layer_mix import LayerMixConfig, LayerMixModel
 from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
-from .methods.scaled_dwatt import ScaledDWAttConfig, ScaledDWAttModel
 from .model import LayerFusionModel
 from .optim import mixing_multipliers, parameter_groups
 from .probing import (
@@ -70,15 +68,11 @@ __all__ = [
     "LayerFusionConfig",
     "LayerFusionLayer",
     "LayerFusionModel",
-    "LayerMixConfig",
-    "LayerMixModel",
     "LayerProbes",
     "Method",
     "Probe",
     "ScalarMixConfig",
     "ScalarMixModel",
-    "ScaledDWAttConfig",
-    "ScaledDWAttModel",
     "SurfaceFusionConfig",
     "SurfaceFusionModel",
     "active_fusion_module",

@@ -12,7 +12,9 @@ peft writes its card as usual, then, when any saved adapter is ours, :func:`upda
 adds the metadata (``library_name: peft``, ``base_model``, tags ``peft_layerfusion`` and the
 method) and ONE section between :data:`SECTION_BEGIN` and :data:`SECTION_END`: the package,
 each adapter's method, the base model and the load, ``import peft_layerfusion`` first. The
-rest of the card (a user's own text and tags) is kept; saving again replaces the section.
+rest of the card (a user's own text and tags) is kept; saving again replaces the section. An adapter
+that peft saves in a sub-folder of its own (any adapter not named ``default``) gets a ``README.md``
+there too, with its own section, so the folder a user loads from says it.
 
 Example:
     >>> from peft_layerfusion import DWAttConfig
@@ -48,15 +50,22 @@ def is_layerfusion_config(config: PeftConfig) -> bool:
 
 
 def method_description(config: PeftConfig) -> str:
-    """One line on the method: the first line of its config's docstring, in Markdown.
+    """One line on the method: the first line of its config's docstring, in Markdown; for a config with
+    the values of one of its method's presets, that preset's summary and name first.
 
     Example:
-        >>> from peft_layerfusion import DWAttConfig
+        >>> from peft_layerfusion import DWAttConfig, ScalarMixConfig
         >>> method_description(DWAttConfig())
         'DWAtt (depth-wise attention). Paper defaults throughout.'
+        >>> method_description(ScalarMixConfig.from_preset("layer_mix"))[:62]
+        'LayerMix: a ScalarMix of unit-RMS states, the method we recomm'
     """
     first_line = (type(config).__doc__ or type(config).__name__).strip().splitlines()[0]
-    return first_line.removeprefix("Configuration of ").replace("``", "`")
+    described = first_line.removeprefix("Configuration of ").replace("``", "`")
+    for name, preset in getattr(config, "PRESETS", {}).items():
+        if all(getattr(config, field) == value for field, value in preset.values.items()):
+            return f"{preset.summary} (the preset `{name}`). {described}"
+    return described
 
 
 def _also_saved(config: PeftConfig, module_names: Collection[str] | None = None) -> str:
@@ -100,6 +109,7 @@ def card_section(
     base_class: type,
     num_labels: int | None = None,
     module_names: Collection[str] | None = None,
+    in_own_folder: bool = False,
 ) -> str:
     """The card's peft_layerfusion section, markers included.
 
@@ -111,6 +121,7 @@ def card_section(
             classifier (``None`` to leave it out).
         module_names: The base model's module names, to list only the ``modules_to_save``
             that exist (``None``: list them all).
+        in_own_folder: The section of one adapter's own sub-folder (no note on sub-folders).
 
     Example:
         >>> from peft_layerfusion import DWAttConfig
@@ -139,13 +150,14 @@ def card_section(
         _base_model_line(class_name, transformers_class, base_name, num_labels),
         f'model = PeftModel.from_pretrained(base_model, "{ADAPTER_PLACEHOLDER}")  # this folder or Hub id',
     ]
-    named = [name for name in configs if name != "default"]
+    named = [name for name in configs if name != "default" and not in_own_folder]
     lines = [
         SECTION_BEGIN,
         "## peft_layerfusion adapter",
         "",
         f"This adapter was made with `{LIBRARY_TAG}` (layer fusion methods as PEFT tuner types); "
-        "loading it needs that package installed.",
+        f"loading it needs that package installed, and `import {LIBRARY_TAG}` before the load (without it "
+        f"peft fails with `KeyError: '{types[0]}'`).",
         "",
         "| adapter | PEFT type | method | also saved with it |",
         "|---|---|---|---|",
@@ -215,15 +227,12 @@ def update_model_card(model: PeftModel, output_dir: str, previous_tags: Iterable
         >>> update_model_card(model, "adapter")  # the section is rewritten, the rest of the card kept
         True
     """
-    ours = {name: config for name, config in model.peft_config.items() if is_layerfusion_config(config)}
+    ours = _our_adapters(model)
     if not ours:
         return False
     path = os.path.join(output_dir, "README.md")
     card = ModelCard.load(path)
-    base = model.get_base_model()
-    base_name = getattr(base, "name_or_path", "") or next(
-        (config.base_model_name_or_path for config in ours.values() if config.base_model_name_or_path), ""
-    )
+    base_name = _base_name(model, ours)
     card.data.library_name = "peft"
     if base_name:
         card.data.base_model = base_name
@@ -232,27 +241,78 @@ def update_model_card(model: PeftModel, output_dir: str, previous_tags: Iterable
     methods = {config.peft_type.value.lower() for config in ours.values()}
     tags = set(previous_tags) | set(card.data.tags or []) | methods | {LIBRARY_TAG}
     card.data.tags = sorted(tag for tag in tags if tag != "base_model:adapter:")
-    model_config = getattr(base, "config", None)
-    classifier = type(base).__name__.endswith("Classification")
-    num_labels = getattr(model_config, "num_labels", None) if classifier else None
-    module_names = [name for name, _ in base.named_modules()]
-    section = card_section(ours, base_name, type(base), num_labels, module_names)
-    card.text = with_section(card.text, section)
+    card.text = with_section(card.text, _section(model, ours))
     atomic_write_text(path, str(card))
     return True
 
 
+def update_folder_cards(model: PeftModel, save_directory: str) -> list[str]:
+    """Write the section of each adapter of ours that peft saved in a sub-folder of ``save_directory``
+    (any adapter not named ``default``) into that folder's ``README.md``, which the folder a user
+    loads from then holds; return the folders written.
+
+    Example:
+        >>> from peft_layerfusion import DWAttConfig
+        >>> model.add_adapter("other", DWAttConfig(task_type="TOKEN_CLS"))
+        >>> model.save_pretrained("adapter")  # save_pretrained calls it
+        >>> update_folder_cards(model, "adapter")
+        ['adapter/other']
+    """
+    written = []
+    for name, config in _our_adapters(model).items():
+        folder = os.path.join(save_directory, name)
+        if name == "default" or not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+            continue
+        readme = os.path.join(folder, "README.md")
+        text = open(readme, encoding="utf-8").read() if os.path.exists(readme) else f"# {name}\n"
+        atomic_write_text(readme, with_section(text, _section(model, {name: config}, in_own_folder=True)))
+        written.append(folder)
+    return written
+
+
+def _our_adapters(model: PeftModel) -> dict[str, PeftConfig]:
+    return {name: config for name, config in model.peft_config.items() if is_layerfusion_config(config)}
+
+
+def _base_name(model: PeftModel, ours: Mapping[str, PeftConfig]) -> str:
+    """The base model's name or path, else one an adapter's config recorded, else ``""``."""
+    named = getattr(model.get_base_model(), "name_or_path", "")
+    return named or next((c.base_model_name_or_path for c in ours.values() if c.base_model_name_or_path), "")
+
+
+def _section(model: PeftModel, configs: Mapping[str, PeftConfig], in_own_folder: bool = False) -> str:
+    """:func:`card_section` of ``configs`` for the base model of ``model``."""
+    base = model.get_base_model()
+    classifier = type(base).__name__.endswith("Classification")
+    num_labels = getattr(getattr(base, "config", None), "num_labels", None) if classifier else None
+    module_names = [name for name, _ in base.named_modules()]
+    return card_section(
+        configs, _base_name(model, configs), type(base), num_labels, module_names, in_own_folder=in_own_folder
+    )
+
+
 def install_card_hook() -> None:
-    """Make ``PeftModel.create_or_update_model_card`` also call :func:`update_model_card` (idempotent)."""
+    """Make ``PeftModel.create_or_update_model_card`` also call :func:`update_model_card`, and
+    ``PeftModel.save_pretrained`` :func:`update_folder_cards` (idempotent)."""
     original: Callable[[PeftModel, str], None] = PeftModel.create_or_update_model_card
-    if getattr(original, _HOOK_MARK, False):
-        return
+    if not getattr(original, _HOOK_MARK, False):
 
-    @functools.wraps(original)
-    def create_or_update_model_card(self: PeftModel, output_dir: str) -> None:
-        previous_tags = _read_tags(output_dir)
-        original(self, output_dir)
-        update_model_card(self, output_dir, previous_tags)
+        @functools.wraps(original)
+        def create_or_update_model_card(self: PeftModel, output_dir: str) -> None:
+            previous_tags = _read_tags(output_dir)
+            original(self, output_dir)
+            update_model_card(self, output_dir, previous_tags)
 
-    setattr(create_or_update_model_card, _HOOK_MARK, True)
-    PeftModel.create_or_update_model_card = create_or_update_model_card
+        setattr(create_or_update_model_card, _HOOK_MARK, True)
+        PeftModel.create_or_update_model_card = create_or_update_model_card
+    save: Callable[..., None] = PeftModel.save_pretrained
+    if not getattr(save, _HOOK_MARK, False):
+
+        @functools.wraps(save)
+        def save_pretrained(self: PeftModel, save_directory: str, *args: object, **kwargs: object) -> None:
+            save(self, save_directory, *args, **kwargs)
+            if kwargs.get("is_main_process", True):  # peft has written the adapters' folders
+                update_folder_cards(self, save_directory)
+
+        setattr(save_pretrained, _HOOK_MARK, True)
+        PeftModel.save_pretrained = save_pretrained

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from peft import LoraConfig
 from peft.utils.peft_types import PeftType
@@ -81,6 +81,19 @@ def require_number(
         raise invalid(field_name, value, allowed)
 
 
+@dataclass(frozen=True)
+class Preset:
+    """A named variant of a method: values for some fields of its config (not a PEFT type of its own).
+
+    Args:
+        summary: One line on what the variant is, e.g. ``"LayerMix: a ScalarMix of unit-RMS states"``.
+        values: The field values it sets, e.g. ``{"state_norm": "rms"}``.
+    """
+
+    summary: str
+    values: Mapping[str, Any]
+
+
 @dataclass
 class LayerFusionConfig(LoraConfig):
     """Options every fusion method has (see the method configs for their own).
@@ -112,6 +125,14 @@ class LayerFusionConfig(LoraConfig):
     PEFT_TYPE: ClassVar[str] = ""  # set by each method, e.g. "DWATT"
     # Set by each method that has an init whose output equals the base model's (`fusion_init`).
     IDENTITY_INIT: ClassVar[bool] = False
+    # The method's named variants (`from_preset`), e.g. ScalarMixConfig's "layer_mix".
+    PRESETS: ClassVar[Mapping[str, Preset]] = {}
+    # PEFT types of earlier versions that load as this config: a preset that was a type of its own
+    # (adapter_config.json's "peft_type": "LAYER_MIX" loads as ScalarMixConfig, its fields as saved).
+    FORMER_PEFT_TYPES: ClassVar[tuple[str, ...]] = ()
+    # Fields of earlier versions, each with the value that computes what this version does: a saved
+    # adapter_config.json holding one at that value loads (the field dropped), at another is refused.
+    RETIRED_FIELDS: ClassVar[Mapping[str, object]] = {}
 
     target_modules: Optional[Union[list[str], str]] = field(
         default_factory=list,
@@ -175,6 +196,47 @@ class LayerFusionConfig(LoraConfig):
             name = type(self).__name__
             allowed = f"'auto' or 'paper' ({name} has no init whose output is the base model's)"
             raise invalid("fusion_init", "identity", allowed)
+
+    @classmethod
+    def from_preset(cls, preset: str, **kwargs: Any) -> LayerFusionConfig:
+        """The config of the variant ``preset`` (one of :attr:`PRESETS`), ``kwargs`` set over its values.
+
+        Raises:
+            ValueError: naming the presets of this method when there is none of that name.
+
+        Example:
+            >>> from peft_layerfusion import ScalarMixConfig
+            >>> config = ScalarMixConfig.from_preset("layer_mix", start_layer=2)
+            >>> type(config).__name__, config.state_norm, config.start_layer
+            ('ScalarMixConfig', 'rms', 2)
+        """
+        if preset not in cls.PRESETS:
+            raise invalid("preset", preset, f"one of {list(cls.PRESETS)} for {cls.__name__}")
+        return cls(**{**cls.PRESETS[preset].values, **kwargs})
+
+    @classmethod
+    def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
+        """The fields of a saved ``adapter_config.json`` as this version reads them (peft calls it in
+        ``from_pretrained``): a former PEFT type (:attr:`FORMER_PEFT_TYPES`) becomes this method's, and a
+        retired field (:attr:`RETIRED_FIELDS`) is dropped where its value is what this version computes.
+
+        Raises:
+            ValueError: for a retired field saved at another value (this version cannot compute it).
+
+        Example:
+            >>> from peft_layerfusion import DWAttConfig
+            >>> DWAttConfig.check_kwargs(peft_type="SCALED_DWATT", prenorm_scaling=False)
+            {'peft_type': 'DWATT'}
+        """
+        kwargs = super().check_kwargs(**kwargs)
+        if kwargs.get("peft_type") in cls.FORMER_PEFT_TYPES:
+            kwargs["peft_type"] = cls.PEFT_TYPE
+        for name, value in cls.RETIRED_FIELDS.items():
+            saved = kwargs.pop(name, value)
+            if saved != value:
+                allowed = f"{value!r} (the option was removed: this version computes only that)"
+                raise invalid(name, saved, allowed)
+        return kwargs
 
     def identity_fits(self, layers: Sequence[int], num_blocks: int) -> bool:
         """Whether the identity init can be built for these fused layers (default: ``z_L`` is fused).
@@ -256,13 +318,13 @@ class DepthMixConfig(LayerFusionConfig):
             ``ẑ_n = z_n / sqrt(mean_i z_{n,i}^2 + ε)`` (a parameter-free RMS norm, no gain), and puts
             the mix back on ``z_L``'s scale: ``h = z_L + rms(z_L) (mix(ẑ) - ẑ_L)``, which is
             ``rms(z_L) mix(ẑ)`` for weights summing to one and exactly ``z_L`` at an identity start.
-            On a pre-norm decoder the stream's RMS grows with depth (about 1 to 1400 on Gemma 3 270M),
+            On a pre-norm decoder the stream's RMS grows with depth, by orders of magnitude in deep LLMs,
             so a raw mix is decided by the deepest blocks' scale, not by its weights.
             ``"rms_after_norm"`` mixes them where the head reads: after a pre-norm stack's final norm
             ``F``, ``z_L`` entering as ``F(z_L)`` (as ``z_L`` on a post-norm stack), every other state
             as ``ẑ_n``, with no rescaling, and ``F`` does not run again
             (``h_head = mix(ẑ_0, .., ẑ_{L-1}, F(z_L))``). ``F``'s learned gain is fitted to ``z_L``
-            (0.19 to 301 per channel on Gemma 3 270M); with this option a mix started on block ``b``,
+            (it can span orders of magnitude per channel); with this option a mix started on block ``b``,
             or a one-layer mix of ``b``, gives the head exactly ``ẑ_b``, what a linear probe of ``b``
             on unit-RMS states reads, where ``"rms"`` gives it ``F(ẑ_b)``. Exactly ``F(z_L)`` at an
             identity start.
@@ -303,3 +365,13 @@ class DepthMixConfig(LayerFusionConfig):
         if self.state_norm not in STATE_NORMS:
             raise invalid("state_norm", self.state_norm, f"one of {list(STATE_NORMS)}")
         require_number("mixing_lr_multiplier", self.mixing_lr_multiplier, low=0.0, low_open=True)
+
+    @property
+    def normalizes_states(self) -> bool:
+        """Whether the states are mixed at unit RMS (every ``state_norm`` but ``"none"``)."""
+        return self.state_norm != "none"
+
+    @property
+    def mixes_after_norm(self) -> bool:
+        """Whether the mix is taken after a pre-norm stack's final norm (``"rms_after_norm"``)."""
+        return self.state_norm == "rms_after_norm"

@@ -274,15 +274,40 @@ def find_encoder_blocks(model: nn.Module, blocks_path: str | None = None) -> Enc
             located = _resolve(model, name, blocks)
             _check_runnable(located)
             return located
-    candidates = [n for n, _ in lists if not re.search(r"\.\d+(\.|$)", n)][:10]
+    candidates = [(n, m) for n, m in lists if not re.search(r"\.\d+(\.|$)", n)][:10]
     searched = f"blocks_path={blocks_path!r}" if blocks_path else f"the suffixes {list(suffixes)}"
-    passed = [n for n in candidates if not blocks_path and _beside_an_encoder(n, module_names)]
-    passed_note = f" Passed over (a decoder beside the model's encoder): {passed}." if passed else ""
+    skipped = "; ".join(f"`{n}` {_skip_reason(n, m, module_names, suffixes)}" for n, m in candidates)
+    blocks_like = [n for n, m in candidates if _looks_like_blocks(n, m, module_names)]
+    example = (blocks_like or [n for n, _ in candidates] or ["encoder.layer"])[0]
     raise ValueError(
-        f"Could not find the encoder blocks of {type(model).__name__}: searched for an nn.ModuleList "
-        f"named by {searched}. Name the block list yourself with the config field `blocks_path` "
-        f"(e.g. blocks_path='encoder.layer'). Non-empty ModuleLists in this model: {candidates}.{passed_note}"
+        f"Could not find the encoder blocks of {type(model).__name__}: no nn.ModuleList named by {searched} "
+        f"holds them. The model's non-empty ModuleLists: {skipped or 'none'}. Name the block list yourself "
+        f"with the config field `blocks_path` (e.g. blocks_path={example!r})."
     )
+
+
+def _skip_reason(name: str, blocks: nn.ModuleList, module_names: set[str], suffixes: tuple[str, ...]) -> str:
+    """Why the search passed over the list ``name``, in a few words (parenthesised).
+
+    Example:
+        >>> head = nn.Module()
+        >>> head.layers = nn.ModuleList([nn.Linear(4, 4), nn.ReLU()])
+        >>> _skip_reason("head.layers", head.layers, set(), ("layers",))
+        '(inside the task head `head`)'
+        >>> _skip_reason("layers", nn.ModuleList([nn.Linear(4, 4)]), set(), ("layers",))
+        '(its items are bare Linear layers, not blocks)'
+    """
+    if not any(_matches_suffix(name, suffix) for suffix in suffixes):
+        return "(not a name searched)"
+    head = next((part for part in name.split(".")[:-1] if part in HEAD_MODULE_NAMES), None)
+    if head is not None:
+        return f"(inside the task head `{head}`)"
+    if _beside_an_encoder(name, module_names):
+        return "(a decoder beside the model's encoder)"
+    kinds = sorted({type(block).__name__ for block in blocks})
+    if len(kinds) > 1:
+        return f"(its items are of several classes, {kinds}, not one kind of block)"
+    return f"(its items are bare {kinds[0]} layers, not blocks)"
 
 
 def hidden_size_of(model: nn.Module, located: EncoderBlocks | None = None) -> int:

@@ -27,7 +27,7 @@ head reads, after ``F``. ``z_L`` enters as the head reads it (``F(z_L)``; ``z_L`
 stack), every other state at unit RMS (``z_n / rms(z_n)``, no gain), and ``F`` does not run again; at
 an identity start the head reads ``F(z_L)`` exactly, and a one-layer mix of block ``b`` gives it exactly
 ``z_b / rms(z_b)``, what a linear probe of that block reads. ``F``'s per-channel gain is fitted to ``z_L``
-(0.19 to 301 on Gemma 3 270M): under the rule, a one-layer mix of a middle block hands the head
+(it can span orders of magnitude): under the rule, a one-layer mix of a middle block hands the head
 ``z_b / rms(z_b)`` times that gain.
 
 ``F`` is found by data flow, not by name: the norm module inside the blocks' container whose
@@ -35,31 +35,9 @@ input is the last block's output tensor (``hooks.BlockCapture._at_final_norm``).
 outside the container (ViT on transformers 4.x: ``vit.layernorm`` after ``vit.encoder``) runs on
 the container's fused output by itself.
 
-Why (measured with ``benchmarks/prenorm_placement.py`` on Gemma 3 270M, float32, 18 blocks):
-the residual stream's RMS grows from 1.0 (``z_0``) and 29 (``z_1``) to 1380 (``z_18``), single
-dimensions up to 104,000; ``F(z_18)`` has RMS 4.4. Four placements of Average and ScalarMix
-(fused layers 1..18) fed to the frozen LM head, WikiText-2 test perplexity (16 x 128 tokens; the
-plain model 561; ScalarMix trained 32 Adam steps on 16 x 128 validation tokens):
-
-==========================  =============  ===================  ==============================
-placement                   Average        ScalarMix trained    Average: effective layers /18
-==========================  =============  ===================  ==============================
-``F(mix z_n)`` (the rule)   5,367          **436**              9.8 (last two: 32 %)
-``mix F(z_n)``              1,006,190      488                  10.4 (last two: 8 %)
-``F(mix F(z_n))``           ~1e123         ~1e51                10.4
-``F(mix z_n/RMS(z_n))``     69,142,726     1.9e10               18.0
-==========================  =============  ===================  ==============================
-
-Normalising each state before mixing is what breaks: ``F``'s learned gain is fitted to the last
-state's distribution (a few massive dimensions carry its RMS), so ``F(z_0)`` has RMS 47 and
-``F(z_1)`` 28 against ``F(z_18)``'s 4.4, and an early-layer-dominated mix reaches the head ten
-times too large; any ``F`` after a mix of normalised states applies that gain to directions it
-was never fitted to. On SST-2 (a linear probe on the last token's ``h``, 1000 training
-sentences) the placements tie: 0.865 (the rule), 0.868, 0.849, 0.869 against 0.860 for
-``F(z_18)``, each ± 0.023. What the rule does on such a stack: Average leans to the deep
-layers (effective 9.8 of 18 layers, the last two 32 %), ScalarMix's scale ``γ`` has no effect
-(``F`` is scale-invariant), and DWAtt's correction ``Σ a_n v_n`` (unit-scale values) is 0.0008
-of ``z_L`` at initialisation.
+Why this placement: normalising each state before ``F`` applies ``F``'s learned gain, fitted to the
+last state's distribution, to directions it was never fitted to; the documentation's "How it works"
+page gives the measurement (Gemma 3 270M: four placements, perplexity and probe accuracy).
 """
 
 from __future__ import annotations
@@ -73,7 +51,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .config import LayerFusionConfig
+from .config import DepthMixConfig, LayerFusionConfig
 from .discovery import EncoderBlocks
 from .hooks import Capture
 
@@ -134,22 +112,76 @@ class FusionModule(nn.Module):
     # the capture hooks only the last block (``hooks.BlockCapture.hook_blocks``).
     reads_block_states: ClassVar[bool] = True
 
+    # True when forward's output is already what the head reads (a mix taken after a pre-norm stack's final
+    # norm: DepthMix with state_norm="rms_after_norm"), so the layer does not run that norm on it again.
+    mixes_after_norm: bool = False
+
     def __init__(self, config: LayerFusionConfig, context: FusionContext) -> None:
         super().__init__()
         self.num_fused = context.num_fused
         self.hidden_size = context.hidden_size
-        state_norm = getattr(config, "state_norm", "none")  # DepthMixConfig's; "none" for other methods
-        # every value but "none" mixes unit-RMS states; "rms_after_norm" after a pre-norm stack's final norm
-        self.normalizes_states = state_norm != "none"
-        self.mixes_after_norm = state_norm == "rms_after_norm"
-        self.mixing_lr_multiplier = float(getattr(config, "mixing_lr_multiplier", 1.0))
         self.register_load_state_dict_post_hook(realign_after_load)
 
     def mixing_parameters(self) -> list[nn.Parameter]:
         """The parameters that decide how the layers are mixed (weights, logits, queries, maps): they
-        train at ``lr * mixing_lr_multiplier`` (:func:`peft_layerfusion.parameter_groups`). Default:
-        none (a method with no mixing weights)."""
+        train at ``lr * mixing_lr_multiplier`` (:class:`DepthMix`; :func:`peft_layerfusion.parameter_groups`).
+        Default: none (a method with no mixing weights)."""
         return []
+
+    def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:  # noqa: D102
+        raise NotImplementedError
+
+    @classmethod
+    def upgrade_saved(cls, name: str) -> tuple[str, Callable[[torch.Tensor], torch.Tensor] | None]:
+        """A tensor of this module as an earlier version saved it (``name`` relative to the module): its
+        name now, and what makes the saved tensor this version's layout (``None``: kept as it is). Default:
+        the same name, kept. Applied when an adapter is loaded."""
+        return name, None
+
+    @classmethod
+    def check_supported(cls, config: LayerFusionConfig, context: FusionContext) -> None:
+        """Raise a ``ValueError`` if this method cannot be built for ``context`` (default: it can).
+
+        Called by the tuner before the model is touched, so a refused model is left as it was.
+
+        Args:
+            config: The method's config.
+            context: The model and its located encoder.
+        """
+
+    def register_model_hooks(
+        self, context: FusionContext, is_active: Callable[[], bool]
+    ) -> list[RemovableHandle]:
+        """Hooks this method needs outside the encoder (default: none).
+
+        Methods that act elsewhere than on the encoder output (e.g. on the decoder of a
+        seq2seq model) register them here; the tuner removes them on ``unload`` and
+        ``delete_adapter``. Each hook must do nothing unless ``is_active()``.
+
+        Args:
+            context: The model and its located encoder, as the module was built with.
+            is_active: True while this adapter is the active, enabled fusion adapter.
+        """
+        return []
+
+
+class DepthMix(FusionModule):
+    """Base class of the token-wise methods that mix states across depth (Average, ScalarMix, Concat,
+    DWAtt): the options of :class:`~peft_layerfusion.config.DepthMixConfig` (``state_norm``,
+    ``mixing_lr_multiplier``) and the states as they are mixed.
+
+    Args:
+        config: The method's config.
+        context: See :class:`FusionContext`.
+    """
+
+    token_wise = True
+
+    def __init__(self, config: DepthMixConfig, context: FusionContext) -> None:
+        super().__init__(config, context)
+        self.normalizes_states = config.normalizes_states
+        self.mixes_after_norm = config.mixes_after_norm
+        self.mixing_lr_multiplier = float(config.mixing_lr_multiplier)
 
     def last_as_mixed(self, capture: Capture) -> torch.Tensor:
         """``z_L`` as this module mixes it ``(..., d)``: with ``state_norm="rms_after_norm"`` as the head
@@ -188,35 +220,6 @@ class FusionModule(nn.Module):
             return mixed
         last = capture.states[-1]  # z_L: (..., d)
         return torch.addcmul(last, rms(last), mixed - unit_rms(last))
-
-    def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:  # noqa: D102
-        raise NotImplementedError
-
-    @classmethod
-    def check_supported(cls, config: LayerFusionConfig, context: FusionContext) -> None:
-        """Raise a ``ValueError`` if this method cannot be built for ``context`` (default: it can).
-
-        Called by the tuner before the model is touched, so a refused model is left as it was.
-
-        Args:
-            config: The method's config.
-            context: The model and its located encoder.
-        """
-
-    def register_model_hooks(
-        self, context: FusionContext, is_active: Callable[[], bool]
-    ) -> list[RemovableHandle]:
-        """Hooks this method needs outside the encoder (default: none).
-
-        Methods that act elsewhere than on the encoder output (e.g. on the decoder of a
-        seq2seq model) register them here; the tuner removes them on ``unload`` and
-        ``delete_adapter``. Each hook must do nothing unless ``is_active()``.
-
-        Args:
-            context: The model and its located encoder, as the module was built with.
-            is_active: True while this adapter is the active, enabled fusion adapter.
-        """
-        return []
 
 
 # The CPU allocator's alignment. A tensor loaded with ``assign=True`` (PEFT's
@@ -269,8 +272,8 @@ def unit_rms(state: torch.Tensor) -> torch.Tensor:
 
 # A forward without autograd over at most this many positions computes over a (K, tokens, d) stack of the
 # fused states, a few ops in all, instead of state by state, a few ops per layer: at a decoding step (one
-# position) the per-op overhead, not the FLOPs, is what costs. Both ways give the same bits (but see
-# matrix_vector_step: one position reads row-major weights, up to rounding).
+# position) the per-op overhead, not the FLOPs, is what costs. Both ways give the same bits, but at one
+# position (matrix_vector_step), where BLAS rounds a stack's matrix-vector products otherwise: up to rounding.
 STACKED_TOKENS = 64
 # dtypes where the stacked ops round as the per-state ones: in half precision LayerNorm rounds its
 # normalised state once before its affine, which the stacked DWAtt applies apart.
@@ -301,15 +304,10 @@ def runs_stacked(states: list[torch.Tensor]) -> bool:
 
 
 def matrix_vector_step(states: list[torch.Tensor]) -> bool:
-    """Whether a fusion's matrix products are matrix-vector products read from row-major weights: a
-    forward that :func:`runs_stacked`, over one position (a batch-1 decoding step).
-
-    There one product per layer (or per ``K``-stack) reads a whole weight to make one vector, and a CPU
-    BLAS reads a weight stored ``(in, out)`` (``x @ W``) at about half the rate of one stored
-    ``(out, in)`` (``W x``: each output a contiguous dot product). Concat then reads its whole map in
-    one product, DWAtt its value MLPs from ``(out, in)`` copies. The result equals the general path's
-    up to float rounding (the sums run in another order), not bitwise; two positions or more keep the
-    general path's bits.
+    """Whether a forward that :func:`runs_stacked` reads one position (a batch-1 decoding step), where
+    Concat computes its whole map as one matrix-vector product, ``W [z_1; ...; z_K] + b``, instead of one
+    product per layer: the same map, equal up to float rounding (the sums run in another order), not
+    bitwise. Two positions or more keep the per-layer products' bits.
 
     Example:
         >>> with torch.no_grad():

@@ -26,7 +26,7 @@ index (never appended), so the re-run of a block during a checkpointed backward 
 
 **Only the blocks read.** A hooked module leaves torch's fast call path, which costs about as much
 again as the hook itself: on a deep decoder, where a decoding step is one token, the hooks of every
-block were 1-3% of the step. In eval mode (:meth:`BlockCapture.hook_blocks`) the capture hooks only
+block are a visible part of the step. In eval mode (:meth:`BlockCapture.hook_blocks`) the capture hooks only
 the blocks whose inputs the adapters read (``read``: their fused layers below ``L``) and the last block
 (its call, and ``z_L`` before any final norm); the other states stay ``None``. R+n reads none, so it
 hooks one block. A training forward hooks every block, as layer drop needs (a container that runs in
@@ -849,8 +849,8 @@ def position_index(mask: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
 def gather_positions(state: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``state`` ``(batch, seq, d)`` at the flat positions ``index``: ``(1, selected, d)``.
 
-    Gathered with ``index_select`` (about 2.5x faster than boolean indexing, which searches
-    the mask again per state).
+    Gathered with ``index_select`` (faster than boolean indexing, which searches the mask again per
+    state).
     """
     return state.flatten(0, 1).index_select(0, index).unsqueeze(0)
 

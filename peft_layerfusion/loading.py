@@ -18,7 +18,10 @@ package's adapter types only:
   whose load fails (a truncated file, weights of another width) is taken out again, the model put
   back as it was (:func:`roll_back_transformers_load`);
 * a weights file that lacks the keys of a module in ``modules_to_save`` (peft raises a bare
-  ``KeyError``) becomes a ``ValueError`` naming the file, the missing keys and what to do.
+  ``KeyError``) becomes a ``ValueError`` naming the file, the missing keys and what to do;
+* transformers' ``model.load_adapter`` of an adapter saved by an earlier version of this package (a
+  former PEFT type, or tensors laid out otherwise) is refused before it starts, in one line naming
+  ``PeftModel.from_pretrained``, which converts it (:func:`refuse_earlier_format`).
 
 Example:
     >>> model.save_pretrained("corrupt_adapter")
@@ -35,21 +38,25 @@ Example:
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from peft import PeftModel
-from peft.utils import SAFETENSORS_WEIGHTS_NAME
+from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING
+from peft.utils import CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME
 from peft.utils.other import AuxiliaryTrainingWrapper
 from safetensors import safe_open
 from torch import nn
 from transformers.integrations.peft import PeftAdapterMixin
 
 from .card import is_layerfusion_config
+from .config import LayerFusionConfig
 from .layer import LayerFusionLayer
-from .model import ModelSnapshot, forget_fusion_adapter
+from .model import ModelSnapshot, forget_fusion_adapter, upgraded_key
 
 _GUARD_MARK = "_peft_layerfusion_load_guard"
 
@@ -84,6 +91,7 @@ def install_load_guards() -> None:
 
         @functools.wraps(transformers_load)
         def guarded_transformers_load(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            refuse_earlier_format(args[0] if args else kwargs.get("peft_model_id"))
             snapshot, configs = ModelSnapshot(self), dict(self.__dict__.get("peft_config") or {})
             biases = BiasValues(self)
             try:
@@ -95,6 +103,40 @@ def install_load_guards() -> None:
 
         setattr(guarded_transformers_load, _GUARD_MARK, True)
         PeftAdapterMixin.load_adapter = guarded_transformers_load
+
+
+def refuse_earlier_format(model_id: str | os.PathLike | None) -> None:
+    """Refuse, in one line, an adapter folder an earlier version of this package saved in a form it reads
+    no longer: a former PEFT type (``LAYER_MIX``, now a preset of ``SCALAR_MIX``) or tensors this version
+    names or lays out otherwise (DWAtt's MLP weights). ``PeftModel.from_pretrained`` converts such an
+    adapter as it loads it; transformers' ``model.load_adapter`` reads its tensors by name, so it would
+    leave the fusion at its random init. Anything but a local folder of ours passes.
+
+    Raises:
+        ValueError: naming the folder, what is of the earlier form, and the load that converts it.
+    """
+    folder = Path(os.fspath(model_id)) if model_id is not None else None
+    if folder is None or not (folder / CONFIG_NAME).is_file():
+        return
+    peft_type = json.loads((folder / CONFIG_NAME).read_text()).get("peft_type")
+    config_cls = PEFT_TYPE_TO_CONFIG_MAPPING.get(peft_type)
+    if config_cls is None or not issubclass(config_cls, LayerFusionConfig):
+        return
+    weights = folder / SAFETENSORS_WEIGHTS_NAME
+    keys: list[str] = []
+    if weights.is_file():
+        with safe_open(weights, framework="pt") as saved:
+            keys = list(saved.keys())
+    tuner_cls = PEFT_TYPE_TO_TUNER_MAPPING[config_cls.PEFT_TYPE]
+    renamed = [key for key in keys if upgraded_key(key, tuner_cls, config_cls) != (key, None)]
+    if peft_type == config_cls.PEFT_TYPE and not renamed:
+        return
+    what = f"PEFT type {peft_type!r}" if peft_type != config_cls.PEFT_TYPE else f"tensors {renamed[:2]}"
+    raise ValueError(
+        f"The adapter in {folder} was saved by an earlier peft_layerfusion ({what}), which transformers' "
+        f"model.load_adapter cannot convert: load it with PeftModel.from_pretrained(model, {str(folder)!r}) "
+        "(save_pretrained then stores it as this version does)."
+    )
 
 
 def load_or_roll_back(

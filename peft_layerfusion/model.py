@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import re
 import warnings
-from typing import Any, ClassVar, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Optional, Union
 
 import torch
 from peft.tuners.lora import LoraModel
@@ -29,8 +30,15 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils.constants import DUMMY_TARGET_MODULES
 from peft.utils.integrations import init_empty_weights
 from torch import nn
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+)
 
-from .config import LayerFusionConfig
+from .config import LayerFusionConfig, invalid
 from .discovery import HEAD_MODULE_NAMES, find_encoder_blocks, hidden_size_of, shares_weights
 from .fusion import FusionContext, FusionModule
 from .hooks import warn_shared_blocks
@@ -99,6 +107,7 @@ class LayerFusionModel(LoraModel):
         module_cls = self.fusion_module_cls
         if module_cls is None:
             raise TypeError(f"{type(self).__name__} names no `fusion_module_cls`: use a method's own tuner.")
+        check_task_type(model, config.task_type)
         located = find_encoder_blocks(model, config.blocks_path)
         existing = fusion_layer_of(model)
         if existing is not None and set(self.peft_config) == {adapter_name}:  # not this model's add_adapter
@@ -194,13 +203,55 @@ class LayerFusionModel(LoraModel):
 
     # ---------------------------------------------------------------- state dict keys
     @classmethod
+    def _remap_adapter_state_dict_for_load(
+        cls,
+        model: nn.Module,
+        config: LayerFusionConfig,
+        adapter_name: str,
+        state_dict: dict[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """peft's remapping, of the tensors as this version names and lays them out (:func:`upgraded_key`:
+        an adapter saved by an earlier version)."""
+        upgraded = {}
+        for key, tensor in state_dict.items():
+            key, convert = upgraded_key(key, cls, type(config))
+            upgraded[key] = tensor if convert is None else convert(tensor)
+        return super()._remap_adapter_state_dict_for_load(model, config, adapter_name, upgraded)
+
+    @classmethod
     def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
-        # `...layer_fusion.dwatt_fusion.<adapter>.query_mlp.up_weight`: the adapter name sits in
+        # `...layer_fusion.dwatt_fusion.<adapter>.query_mlp.up.weight`: the adapter name sits in
         # the middle of a fusion key, where peft's default (last or second-to-last) misses it. The
         # key starts with `layer_fusion.` when the container is the model itself (a bare decoder).
         pattern = rf"((?:^|\.){LAYER_NAME}\.[A-Za-z0-9_]*{FUSION_SUFFIX})\.{re.escape(adapter_name)}(\.|$)"
         new_key, found = re.subn(pattern, r"\1\2", key, count=1)
         return new_key if found else super()._remove_adapter_name_from_key(key, adapter_name)
+
+
+def upgraded_key(
+    key: str, tuner_cls: type[LayerFusionModel], config_cls: type[LayerFusionConfig]
+) -> tuple[str, Optional[Callable[[torch.Tensor], torch.Tensor]]]:
+    """A key of a saved adapter as this version names it, and what makes its tensor this version's
+    layout (``None``: kept as it is).
+
+    A key under a former PEFT type's fusion module (``layer_fusion.layer_mix_fusion.``: the config's
+    ``FORMER_PEFT_TYPES``) moves under this tuner's (``layer_fusion.scalar_mix_fusion.``); a fusion
+    tensor then goes through its module's :meth:`~.fusion.FusionModule.upgrade_saved` (DWAtt's MLP
+    weights, saved ``(K, in, out)`` by earlier versions, are transposed).
+
+    Example:
+        >>> from peft_layerfusion import ScalarMixConfig, ScalarMixModel
+        >>> upgraded_key("model.layer_fusion.layer_mix_fusion.gamma", ScalarMixModel, ScalarMixConfig)
+        ('model.layer_fusion.scalar_mix_fusion.gamma', None)
+    """
+    own = f"{LAYER_NAME}.{tuner_cls.prefix}{FUSION_SUFFIX}."
+    for peft_type in config_cls.FORMER_PEFT_TYPES:
+        key = key.replace(f"{LAYER_NAME}.{peft_type.lower()}_{FUSION_SUFFIX}.", own)
+    head, found, name = key.partition(own)
+    if not found or tuner_cls.fusion_module_cls is None:
+        return key, None
+    name, convert = tuner_cls.fusion_module_cls.upgrade_saved(name)
+    return head + own + name, convert
 
 
 def forget_fusion_adapter(model: nn.Module, adapter_name: str) -> None:
@@ -342,6 +393,45 @@ def warn_if_head_frozen(model: nn.Module, config: LayerFusionConfig) -> None:
         UserWarning,
         stacklevel=4,
     )
+
+
+# The transformers classes of each peft task type that reads a head (by model type: a class name, or several).
+TASK_MODEL_CLASSES: dict[str, Mapping[str, Union[str, tuple[str, ...]]]] = {
+    "SEQ_CLS": MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    "TOKEN_CLS": MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    "QUESTION_ANS": MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    "CAUSAL_LM": MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    "SEQ_2_SEQ_LM": MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+}
+
+
+def check_task_type(model: nn.Module, task_type: object) -> None:
+    """Refuse a ``task_type`` whose head ``model`` does not have, in one line (``SEQ_CLS`` on a causal LM:
+    peft would look for a classifier to train and save, and the model would still answer with its own head).
+
+    A transformers task model (its class, or a base class, in :data:`TASK_MODEL_CLASSES`) takes the task
+    types of its classes, ``FEATURE_EXTRACTION`` and ``None``; any other model takes every task type.
+
+    Raises:
+        ValueError: naming the task type, the task types the model takes and its class.
+
+    Example:
+        >>> check_task_type(causal_lm, "SEQ_CLS")
+        Traceback (most recent call last):
+        ...
+        ValueError: `task_type`='SEQ_CLS' is not allowed: expected one of ['CAUSAL_LM',
+        'FEATURE_EXTRACTION'] or None for a LlamaForCausalLM.
+    """
+    task = getattr(task_type, "value", task_type)
+    names = {klass.__name__ for klass in type(model).__mro__}
+    fits = [
+        kind
+        for kind, classes in TASK_MODEL_CLASSES.items()
+        if any(names & ({value} if isinstance(value, str) else set(value)) for value in classes.values())
+    ]
+    if task is not None and task != "FEATURE_EXTRACTION" and fits and task not in fits:
+        allowed = f"one of {[*fits, 'FEATURE_EXTRACTION']} or None for a {type(model).__name__}"
+        raise invalid("task_type", task, allowed)
 
 
 # The head modules peft's PeftModelFor<task> adds to `modules_to_save` after the injection.

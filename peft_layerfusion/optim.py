@@ -50,8 +50,9 @@ def parameter_groups(model: nn.Module, lr: float, weight_decay: float = 0.0) -> 
         ``[{"params": [...], "lr": ..., "weight_decay": ...}, ...]``, groups with no parameter left out.
 
     Example:
-        >>> from peft_layerfusion import LayerMixConfig
-        >>> config = LayerMixConfig(mixing_lr_multiplier=100.0, modules_to_save=["classifier"])
+        >>> from peft_layerfusion import ScalarMixConfig
+        >>> config = ScalarMixConfig.from_preset("layer_mix", mixing_lr_multiplier=100.0)  # LayerMix
+        >>> config.modules_to_save = ["classifier"]
         >>> model = get_peft_model(base_model, config)
         >>> optimizer = torch.optim.AdamW(parameter_groups(model, lr=1e-3))
         >>> [group["lr"] for group in optimizer.param_groups]

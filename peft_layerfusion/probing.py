@@ -30,7 +30,7 @@ test builds on.
 pooled token of every ``output_hidden_states`` entry: ``torch.stack(out.hidden_states, 1)[rows, position]``,
 all on the same folds. Each state is read at unit RMS by default (``z / rms(z)``, as ``state_norm="rms"``
 mixes it); ``state_norm="none"`` reads it as it is. :func:`best_layer` picks the block to start a mix on
-(``LayerMixConfig(start_layer=...)``) or the top blocks to fuse (``layers=[...]``);
+(``ScalarMixConfig.from_preset("layer_mix", start_layer=...)``) or the top blocks to fuse (``layers=[...]``);
 :func:`layer_probe_scores` scores each block's probe on held-out data the caller passes.
 
 The last step is a guard (:func:`keep_fusion`): keep the trained mix only where its held-out score beats

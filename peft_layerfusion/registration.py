@@ -2,7 +2,11 @@
 
 :data:`METHODS` is the one place that names the fusion methods; everything else (regimes,
 the audit, the command line, benchmarks, tests) derives its lists from it. Adding a method
-is one file in ``methods/`` (its config, its module, its ``XxxModel``) and one line here.
+is one file in ``methods/`` (its config, its module, its ``XxxModel``) and one line here. A
+variant of a method (LayerMix of ScalarMix, Scaled DWAtt of DWAtt) is a preset of its config
+(``PRESETS``), listed here under its own name but registered with peft as its method's type, as
+peft makes DoRA an option of LoRA: ``method_named("layer_mix").make_config(start_layer=4)`` is
+``ScalarMixConfig.from_preset("layer_mix", start_layer=4)``, saved as ``SCALAR_MIX``.
 
 peft keeps its method types in the closed str-Enum ``PeftType`` and refuses to register a
 name that is not a member. :func:`register_all` adds the members (``DWATT``, ``CONCAT``,
@@ -14,7 +18,9 @@ library imports this module back (only ``__init__`` and ``comparison/``, which s
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import peft
 from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
@@ -30,9 +36,7 @@ from .methods.average import AverageConfig, AverageModel
 from .methods.concat import ConcatConfig, ConcatModel
 from .methods.dwatt import DWAttConfig, DWAttModel
 from .methods.extra_layers import ExtraLayersConfig, ExtraLayersModel
-from .methods.layer_mix import LayerMixConfig, LayerMixModel
 from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
-from .methods.scaled_dwatt import ScaledDWAttConfig, ScaledDWAttModel
 from .model import LayerFusionModel
 from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
 from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
@@ -40,14 +44,16 @@ from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
 
 @dataclass(frozen=True)
 class Method:
-    """One registered fusion method.
+    """One registered fusion method, or a preset of one.
 
     Args:
-        name: Lower case, e.g. ``"dwatt"``; the PEFT type is ``name.upper()``.
+        name: Lower case, e.g. ``"dwatt"``; a method's PEFT type is ``name.upper()``.
         config_cls: Its PEFT config.
         model_cls: Its PEFT tuner (a :class:`LayerFusionModel` naming its fusion module).
         label: Its name in figures and tables, e.g. ``"R+n"`` for ``extra_layers``.
         recommended: The one method the project recommends (:data:`RECOMMENDED`).
+        preset: The name of a preset of ``config_cls`` (one of its ``PRESETS``): this entry is that
+            variant of the method, its configs of the method's PEFT type.
     """
 
     name: str
@@ -55,21 +61,53 @@ class Method:
     model_cls: type[LayerFusionModel]
     label: str
     recommended: bool = False
+    preset: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.preset is not None and self.preset not in self.config_cls.PRESETS:
+            allowed = f"one of {list(self.config_cls.PRESETS)} of {self.config_cls.__name__}"
+            raise ValueError(f"{self.name}: `preset`={self.preset!r} is not allowed: expected {allowed}.")
+
+    @property
+    def peft_type(self) -> str:
+        """The PEFT type its configs are saved as (a preset's: its method's)."""
+        return self.config_cls.PEFT_TYPE
 
     @property
     def prefix(self) -> str:
-        return f"{self.name}_"
+        return self.model_cls.prefix
 
     @property
     def module_cls(self) -> type[FusionModule]:
         return self.model_cls.fusion_module_cls
 
     @property
-    def variant_of(self) -> str | None:
-        """The registered method this one is a variant of (its config subclasses that method's, with
-        other defaults: ``scaled_dwatt`` of ``dwatt``, ``layer_mix`` of ``scalar_mix``), else ``None``."""
-        parents = [m.name for m in METHODS if m is not self and issubclass(self.config_cls, m.config_cls)]
-        return parents[0] if parents else None
+    def variant_of(self) -> Optional[str]:
+        """The method this entry is a preset of (``scaled_dwatt`` of ``dwatt``, ``layer_mix`` of
+        ``scalar_mix``), else ``None``."""
+        if self.preset is None:
+            return None
+        return next(m.name for m in METHODS if m.config_cls is self.config_cls and m.preset is None)
+
+    @property
+    def summary(self) -> str:
+        """One line on it: its preset's summary, or the first line of its method module's docstring."""
+        if self.preset is not None:
+            return self.config_cls.PRESETS[self.preset].summary
+        doc = (sys.modules[self.config_cls.__module__].__doc__ or "").strip()
+        return doc.splitlines()[0].rstrip(".").replace("``", "") if doc else ""
+
+    def make_config(self, **fields: Any) -> LayerFusionConfig:
+        """Its config, ``fields`` set (over the preset's values, for a preset).
+
+        Example:
+            >>> config = method_named("layer_mix").make_config(start_layer=2)
+            >>> type(config).__name__, config.state_norm, config.start_layer
+            ('ScalarMixConfig', 'rms', 2)
+        """
+        if self.preset is None:
+            return self.config_cls(**fields)
+        return self.config_cls.from_preset(self.preset, **fields)
 
     @property
     def token_wise(self) -> bool:
@@ -87,8 +125,8 @@ METHODS: tuple[Method, ...] = (
     Method("concat", ConcatConfig, ConcatModel, "Concat"),
     Method("average", AverageConfig, AverageModel, "Average"),
     Method("scalar_mix", ScalarMixConfig, ScalarMixModel, "ScalarMix"),
-    Method("scaled_dwatt", ScaledDWAttConfig, ScaledDWAttModel, "Scaled DWAtt"),
-    Method("layer_mix", LayerMixConfig, LayerMixModel, "LayerMix", recommended=True),
+    Method("scaled_dwatt", DWAttConfig, DWAttModel, "Scaled DWAtt", preset="scaled_dwatt"),
+    Method("layer_mix", ScalarMixConfig, ScalarMixModel, "LayerMix", recommended=True, preset="layer_mix"),
     Method("extra_layers", ExtraLayersConfig, ExtraLayersModel, "R+n"),
     Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel, "SurfaceFusion"),
     Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel, "EncoderFusion"),
@@ -153,7 +191,8 @@ def register_all() -> None:
     """Register every fusion method (and BitFit) with peft, and the model card hook (idempotent)."""
     if not hasattr(peft_types, "register_peft_method"):
         raise _peft_internals_error("peft.utils.peft_types.register_peft_method is missing")
-    entries = [(method.name, method.config_cls, method.model_cls) for method in METHODS]
+    # a preset is registered as its method's type
+    entries = [(m.name, m.config_cls, m.model_cls) for m in METHODS if m.preset is None]
     for name, config_cls, model_cls in entries + list(BASELINE_TYPES):
         peft_type = add_peft_type(name.upper())
         registered = PEFT_TYPE_TO_CONFIG_MAPPING.get(peft_type)
@@ -167,5 +206,8 @@ def register_all() -> None:
             model_cls=model_cls,
             prefix=f"{name}_",
         )
+    for _, config_cls, _ in entries:  # adapters saved under a former type load as this config (no new type)
+        for former in config_cls.FORMER_PEFT_TYPES:
+            PEFT_TYPE_TO_CONFIG_MAPPING.setdefault(former, config_cls)
     install_card_hook()  # saved adapters get a card naming peft_layerfusion (see card.py)
     install_load_guards()  # a failed load leaves no adapter behind (see loading.py)

@@ -28,8 +28,9 @@ from peft_layerfusion.layer import fusion_layer_of
 from peft_layerfusion.registration import ENCODER_METHODS
 
 # The test matrices derive from the registry, never from a list of their own.
-ENCODER_CONFIGS = [method.config_cls for method in ENCODER_METHODS]
-TOKEN_WISE_CONFIGS = [method.config_cls for method in ENCODER_METHODS if method.token_wise]
+# Each config class once: a preset (layer_mix, scaled_dwatt) is a config of its method's class.
+ENCODER_CONFIGS = list(dict.fromkeys(method.config_cls for method in ENCODER_METHODS))
+TOKEN_WISE_CONFIGS = list(dict.fromkeys(method.config_cls for method in ENCODER_METHODS if method.token_wise))
 
 # The tiny models' sizes under BERT's names (other families' configs take them as they are, through
 # their ``attribute_map``, or renamed: :func:`seq2seq_sizes`); a test module overrides what it needs.

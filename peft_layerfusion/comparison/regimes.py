@@ -156,7 +156,7 @@ def make_config(
         options.update(lora)
     elif regime == "bitfit":
         options["bias"] = "all"
-    return method_named(method).config_cls(**options)
+    return method_named(method).make_config(**options)
 
 
 def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> nn.Module:

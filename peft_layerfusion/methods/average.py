@@ -39,7 +39,7 @@ from typing import ClassVar
 import torch
 
 from ..config import DepthMixConfig
-from ..fusion import FusionModule, weighted_sum
+from ..fusion import DepthMix, weighted_sum
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
@@ -63,10 +63,9 @@ class AverageConfig(DepthMixConfig):
     PEFT_TYPE: ClassVar[str] = "AVERAGE"
 
 
-class Average(FusionModule):
+class Average(DepthMix):
     """``h = mean_n z_n``."""
 
-    token_wise = True
     sized_to_budget = False
     states_held = 2  # the running weighted sum and one weighted state
 

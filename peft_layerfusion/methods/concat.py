@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from ..config import DepthMixConfig, invalid, require_number
-from ..fusion import FusionContext, FusionModule, linear_init_, matrix_vector_step
+from ..fusion import DepthMix, FusionContext, linear_init_, matrix_vector_step
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
@@ -109,10 +109,9 @@ class ConcatConfig(DepthMixConfig):
         return self.map_rank is not None or super().identity_fits(layers, num_blocks)
 
 
-class Concat(FusionModule):
+class Concat(DepthMix):
     """``h = W [z_1; ...; z_K] + b``, or with ``map_rank`` ``h = B [A_1 z_1; ...; A_K z_K] + b``."""
 
-    token_wise = True
 
     def __init__(self, config: ConcatConfig, context: FusionContext) -> None:
         super().__init__(config, context)
@@ -164,7 +163,7 @@ class Concat(FusionModule):
         # the same map as proj(cat(states)), without the (batch, seq, K*d) concatenated copy.
         # The W_n come from one split: its backward concatenates their gradients once, where
         # slicing W per layer would give each slice a zero-padded gradient of W's whole size
-        # (K of them per step: 7x slower on one CPU at K = 18, d = 640).
+        # (K of them per step).
         blocks = self.proj.weight.split(self.hidden_size, dim=1)  # K of (d, d)
         # Out of place: in-place addmm_ has no vmap batching rule (LR candidates stacked with
         # torch.func.vmap would run it once per candidate); autograd keeps no partial sum either way.

@@ -47,19 +47,42 @@ run again:
 
 (exactly ``F(z_L)`` at the identity start, ``γ ẑ_b`` at a start on block ``b``: what a linear probe on
 ``ẑ_b`` reads).
+
+LayerMix, the method we recommend, is the preset ``"layer_mix"``: ``state_norm="rms"``, a mix of
+unit-RMS states put back on the last state's scale, started one-hot on block ``b``:
+
+.. math::
+
+    s = e_b + \beta \, (\mathrm{softmax}(w) - e_b) \qquad (\beta = 0,\ w = 0 \text{ at init}), \qquad
+    h = \gamma \Big( z_L + \mathrm{rms}(z_L) \big(\textstyle\sum_n s_n \hat z_n - \hat z_L\big) \Big)
+
+``b`` is ``start_layer`` when given (the block whose linear probe scores best on dev:
+:func:`~peft_layerfusion.probing.best_layer`, the recipes' ``--probe-start``), else ``z_L`` on a decoder
+(``h = z_L`` exactly: the base model) and the paper's uniform ``softmax(0)`` on an encoder
+(``fusion_init="auto"``). ``K + 2`` parameters (``w``, ``γ``, ``β``), which train at
+``lr * mixing_lr_multiplier``. Why: on a pre-norm stack a mix of raw states leans to the deepest blocks
+(their RMS is hundreds of times the first ones'); started on the best probed block with the scale taken
+out, the mix begins where the best single layer is and moves only where the training data pull it.
+How it compares: the documentation's methods page and Results.
+
+Example:
+    >>> layer_mix = ScalarMixConfig.from_preset("layer_mix", start_layer=2, modules_to_save=["classifier"])
+    >>> layer_mix.state_norm, layer_mix.start_layer, layer_mix.peft_type.value  # a ScalarMix, as saved
+    ('rms', 2, 'SCALAR_MIX')
+    >>> model = get_peft_model(base_model, layer_mix)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 import torch
 from torch import nn
 
-from ..config import DepthMixConfig, invalid, require_number
-from ..fusion import FusionContext, FusionModule, weighted_sum
+from ..config import DepthMixConfig, Preset, invalid, require_number
+from ..fusion import DepthMix, FusionContext, weighted_sum
 from ..hooks import Capture
 from ..model import LayerFusionModel
 
@@ -82,11 +105,17 @@ class ScalarMixConfig(DepthMixConfig):
         >>> model = get_peft_model(base_model, ScalarMixConfig(modules_to_save=["classifier"]))
         >>> model(ids).logits.shape  # (batch, seq, labels), read from the fused hidden state
         torch.Size([2, 8, 5])
-        >>> probed = ScalarMixConfig(state_norm="rms", start_layer=2)  # starts as a head on z_2
+        >>> probed = ScalarMixConfig.from_preset("layer_mix", start_layer=2)  # LayerMix, first a head on z_2
     """
 
     PEFT_TYPE: ClassVar[str] = "SCALAR_MIX"
     IDENTITY_INIT: ClassVar[bool] = True
+    PRESETS: ClassVar[Mapping[str, Preset]] = {
+        "layer_mix": Preset(
+            "LayerMix: a ScalarMix of unit-RMS states, the method we recommend", {"state_norm": "rms"}
+        ),
+    }
+    FORMER_PEFT_TYPES: ClassVar[tuple[str, ...]] = ("LAYER_MIX",)  # layer_mix was a type of its own once
 
     start_layer: Optional[int] = field(
         default=None,
@@ -108,7 +137,8 @@ class ScalarMixConfig(DepthMixConfig):
         """Where among the fused ``layers`` the weights start one-hot (``None``: ``softmax(0)``, uniform).
 
         Raises:
-            ValueError: when ``start_layer`` is not one of the fused layers.
+            ValueError: when ``start_layer`` is beyond the model's hidden states (``-(L + 1) .. L``) or
+                not one of the fused layers.
 
         Example:
             >>> ScalarMixConfig(start_layer=-2).start_position([1, 2, 3], 3, base_model)
@@ -116,16 +146,18 @@ class ScalarMixConfig(DepthMixConfig):
         """
         if self.start_layer is None:
             return layers.index(num_blocks) if self.starts_at_base(model, layers, num_blocks) else None
-        block = self.start_layer % (num_blocks + 1) if -(num_blocks + 1) <= self.start_layer else None
+        n = num_blocks
+        in_range = -(n + 1) <= self.start_layer <= n  # beyond it, 99 % (L + 1) would name a block
+        block = self.start_layer % (n + 1) if in_range else None
         if block not in layers:
-            raise invalid("start_layer", self.start_layer, f"one of the fused layers {list(layers)}")
+            allowed = f"one of the fused layers {list(layers)} (indices -{n + 1}..{n} for {n} blocks)"
+            raise invalid("start_layer", self.start_layer, allowed)
         return list(layers).index(block)
 
 
-class ScalarMix(FusionModule):
+class ScalarMix(DepthMix):
     """``h = γ Σ_n softmax(w)_n z_n`` (identity init: ``softmax(w)`` blended with ``e_L`` by ``β``)."""
 
-    token_wise = True
     sized_to_budget = False
     states_held = 2  # the running weighted sum and one weighted state
 

@@ -85,8 +85,8 @@ def record_key(
     record.
 
     Example:
-        >>> record_key(Cell("dwatt", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
-        'dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+        >>> record_key(Cell("concat", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
+        'concat|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
         >>> record_key(Cell("layer_mix", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b", start=7)
         'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7'
         >>> record_key(Cell("average", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b", layers=[3, 4])
@@ -104,8 +104,8 @@ def with_defaults(key: str, method: str) -> str:
     """``key`` (a run of ``method``) with ``|defaults=...`` where :func:`defaults_key` gives one.
 
     Example:
-        >>> with_defaults("dwatt|fe|0|lr=0.001|3f2a9c0d1e4b", "dwatt")  # its defaults never changed
-        'dwatt|fe|0|lr=0.001|3f2a9c0d1e4b'
+        >>> with_defaults("concat|fe|0|lr=0.001|3f2a9c0d1e4b", "concat")  # its defaults never changed
+        'concat|fe|0|lr=0.001|3f2a9c0d1e4b'
     """
     return key + defaults_suffix(defaults_key(method))
 
@@ -145,12 +145,15 @@ def defaults_key(method: str) -> str | None:
     whose defaults did not change.
 
     Example:
-        >>> defaults_key("dwatt") is None, defaults_key(PLAIN_HEAD) is None
+        >>> defaults_key("concat") is None, defaults_key(PLAIN_HEAD) is None
         (True, True)
     """
     if method not in {registered.name for registered in METHODS}:
         return None
-    return changed_fingerprint(config_defaults(method_named(method).config_cls), KEYED_DEFAULTS.get(method))
+    registered = method_named(method)
+    preset = registered.config_cls.PRESETS[registered.preset].values if registered.preset else {}
+    defaults = {**config_defaults(registered.config_cls), **preset}
+    return changed_fingerprint(defaults, KEYED_DEFAULTS.get(method))
 
 
 def changed_fingerprint(fields: dict[str, Any], keyed: str | None) -> str | None:

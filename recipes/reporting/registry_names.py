@@ -58,7 +58,7 @@ def method_rows() -> tuple[tuple[str, ...], ...]:
         ('dwatt', 'DWATT')
     """
     rows = [
-        (m.name, m.name.upper(), str(m.token_wise), str(m.seq2seq), recommended_mark(m) + summary_of(m.config_cls))  # noqa: E501
+        (m.name, m.peft_type, str(m.token_wise), str(m.seq2seq), recommended_mark(m) + m.summary)
         for m in METHODS
     ]  # fmt: skip
     rows += [(name, name.upper(), "-", "False", summary_of(config)) for name, config, _ in BASELINE_TYPES]

@@ -119,7 +119,7 @@ def test_uncached_hub_name_is_a_clear_error():
 def test_component_names():
     prefix = "base_model.model.encoder.layer_fusion.dwatt_fusion.default."
     assert component_of(prefix + "value_norm_weight") == "value_norm"
-    assert component_of(prefix + "value_mlps.up_weight") == "value_mlps"
+    assert component_of(prefix + "value_mlps.up.weight") == "value_mlps"
     assert (
         component_of("base_model.model.encoder.layer.0.attention.self.query.lora_A.default.weight") == "lora"
     )

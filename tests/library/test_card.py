@@ -14,7 +14,7 @@ from conftest import perturb_, tiny_bert
 from huggingface_hub import ModelCard
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from peft_layerfusion import BitFitConfig, DWAttConfig, ExtraLayersConfig, card
+from peft_layerfusion import BitFitConfig, DWAttConfig, ExtraLayersConfig, ScalarMixConfig, card
 from peft_layerfusion.card import ADAPTER_PLACEHOLDER, SECTION_BEGIN, SECTION_END, with_section
 
 
@@ -109,12 +109,13 @@ def test_adapters_of_other_peft_types_get_peft_card_only(tmp_path):
 
 
 def test_the_hook_is_installed_once():
-    hooked = PeftModel.create_or_update_model_card
+    hooked, saving = PeftModel.create_or_update_model_card, PeftModel.save_pretrained
     importlib.reload(card)
     card.install_card_hook()
     card.install_card_hook()
-    assert PeftModel.create_or_update_model_card is hooked
+    assert PeftModel.create_or_update_model_card is hooked and PeftModel.save_pretrained is saving
     assert hooked.__wrapped__.__qualname__ == "PeftModel.create_or_update_model_card"  # peft's own
+    assert saving.__wrapped__.__qualname__ == "PeftModel.save_pretrained"
 
 
 def test_section_goes_after_the_title_or_on_top():
@@ -163,3 +164,50 @@ def test_the_cards_load_works_in_a_fresh_process_and_fails_without_the_import(tm
     assert "without import: KeyError('DWATT')" in result.stdout
     assert "load_adapter without import: KeyError('DWATT')" in result.stdout
     assert "equal: True" in result.stdout
+
+
+def test_a_named_adapter_s_own_folder_says_to_import_the_package_first(tmp_path):
+    """peft saves an adapter not named ``default`` in a sub-folder: a user loads that folder, so its
+    README says what the top one does, for that adapter (here a LayerMix, saved as ``SCALAR_MIX``)."""
+    model = get_peft_model(named_bert(tmp_path / "base"), ScalarMixConfig(task_type="TOKEN_CLS"))
+    model.add_adapter("mix", ScalarMixConfig.from_preset("layer_mix", task_type="TOKEN_CLS"))
+    model.save_pretrained(tmp_path / "adapter")
+    own = ModelCard.load(tmp_path / "adapter" / "mix" / "README.md").text
+    assert own.count(SECTION_BEGIN) == 1 and own.startswith("# mix\n\n" + SECTION_BEGIN)
+    layer_mix = "LayerMix: a ScalarMix of unit-RMS states, the method we recommend (the preset `layer_mix`)."
+    assert f"| `mix` | `SCALAR_MIX` | {layer_mix} ScalarMix" in own
+    import_first = "before the load (without it peft fails with `KeyError: 'SCALAR_MIX'`)"
+    assert f"`import peft_layerfusion` {import_first}" in own
+    assert "import peft_layerfusion  # first: registers SCALAR_MIX with peft" in own
+    assert "| `default` |" not in own and "sub-folders" not in own
+    top = (tmp_path / "adapter" / "README.md").read_text()
+    assert "| `default` | `SCALAR_MIX` | ScalarMix" in top and f"| `mix` | `SCALAR_MIX` | {layer_mix}" in top
+    assert "sub-folders" in top
+
+
+def test_a_named_adapter_s_folder_card_loads_it_in_a_fresh_process_and_names_the_error_without(tmp_path):
+    base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
+    tiny_bert().save_pretrained(base_dir)
+    base = type(tiny_bert()).from_pretrained(base_dir).eval()
+    model = get_peft_model(base, ScalarMixConfig(task_type="TOKEN_CLS"))
+    model.add_adapter("mix", ScalarMixConfig.from_preset("layer_mix", start_layer=2, task_type="TOKEN_CLS"))
+    model.save_pretrained(adapter_dir)
+    text = (adapter_dir / "mix" / "README.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    snippet = snippet.replace(ADAPTER_PLACEHOLDER, str(adapter_dir / "mix"))
+    script = textwrap.dedent(f"""
+        import sys
+        try:
+            exec({snippet.split(chr(10), 1)[1]!r}, {{}})
+        except KeyError as error:
+            print("without import:", repr(error))
+        assert "peft_layerfusion" not in sys.modules
+        scope = {{}}
+        exec({snippet!r}, scope)
+        config = scope["model"].peft_config["default"]
+        print("loaded:", type(config).__name__, config.state_norm, config.start_layer)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "without import: KeyError('SCALAR_MIX')" in result.stdout
+    assert "loaded: ScalarMixConfig rms 2" in result.stdout

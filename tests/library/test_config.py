@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import ENCODER_CONFIGS, tiny_bert
+from conftest import ENCODER_CONFIGS, fusion_of, tiny_bert
 from peft import LoraConfig, PeftConfig, get_peft_model
 from peft.utils.peft_types import PeftType
 
@@ -18,6 +18,7 @@ from peft_layerfusion import (
     ExtraLayersConfig,
     LayerFusionConfig,
     ScalarMixConfig,
+    method_named,
 )
 
 LORA_FIELDS = {f.name for f in dataclasses.fields(LoraConfig)}
@@ -27,16 +28,12 @@ BAD_VALUES = [
     (DWAttConfig, "d_pos", -3),
     (DWAttConfig, "d_pos", 0),
     (DWAttConfig, "d_pos", 2.5),
-    (DWAttConfig, "query_bottleneck", 0),
-    (DWAttConfig, "value_bottleneck", 0),
-    (DWAttConfig, "value_bottleneck", -0.5),
-    (DWAttConfig, "query_bottleneck", "half"),
-    (DWAttConfig, "score_temperature", 0.0),
-    (DWAttConfig, "score_temperature", -1.0),
-    (DWAttConfig, "attention_dropout", 1.5),
-    (DWAttConfig, "attention_dropout", -0.1),
-    (DWAttConfig, "attention_dropout", 1.0),
-    (DWAttConfig, "prenorm_scaling", "yes"),
+    (DWAttConfig, "query_bottleneck_width", 0),
+    (DWAttConfig, "value_bottleneck_width", -4),
+    (DWAttConfig, "value_bottleneck_width", 2.5),
+    (DWAttConfig, "query_bottleneck_width", "half"),
+    (DWAttConfig, "score_scale", "sqrt"),
+    (DWAttConfig, "query_init", "zero"),
     (ExtraLayersConfig, "num_extra_layers", 0),
     (ExtraLayersConfig, "num_extra_layers", -1),
     (ExtraLayersConfig, "num_extra_layers", 1.5),
@@ -66,8 +63,7 @@ def test_out_of_range_layers_fail_at_injection(layers):
     model = tiny_bert()
     with pytest.raises(ValueError) as error:
         get_peft_model(model, config)
-    assert "`layers`" in str(error.value) and repr(layers) in str(error.value)
-    assert "-4..3" in str(error.value)
+    assert str(error.value) == f"`layers`={layers!r} is not allowed: expected indices in -4..3 for 3 blocks."
     assert not any("layer_fusion" in n for n, _ in model.named_modules())  # model left untouched
 
 
@@ -101,9 +97,43 @@ def test_peft_type_is_upper_case_and_registered(config_cls):
 
 
 def test_method_names():
-    types = [m.config_cls.PEFT_TYPE for m in METHODS]
+    types = [m.peft_type for m in METHODS]
     assert {"DWATT", "CONCAT", "AVERAGE", "SCALAR_MIX", "EXTRA_LAYERS"} <= set(types)
-    assert all(t == t.upper() and m.name == t.lower() for t, m in zip(types, METHODS, strict=True))
+    methods = [m for m in METHODS if m.preset is None]
+    assert all(m.peft_type == m.peft_type.upper() and m.name == m.peft_type.lower() for m in methods)
+    presets = {m.name: (m.peft_type, m.variant_of) for m in METHODS if m.preset is not None}
+    assert presets == {"scaled_dwatt": ("DWATT", "dwatt"), "layer_mix": ("SCALAR_MIX", "scalar_mix")}
+    assert not {"SCALED_DWATT", "LAYER_MIX"} & set(PeftType.__members__)  # presets are no PEFT types
+
+
+def test_a_preset_is_its_method_config_with_the_preset_values_then_the_fields_given():
+    config = ScalarMixConfig.from_preset("layer_mix", start_layer=2, mixing_lr_multiplier=10.0)
+    assert type(config) is ScalarMixConfig and config.peft_type is PeftType.SCALAR_MIX
+    assert (config.state_norm, config.start_layer, config.mixing_lr_multiplier) == ("rms", 2, 10.0)
+    assert ScalarMixConfig.from_preset("layer_mix", state_norm="none").state_norm == "none"  # given: it wins
+    scaled = method_named("scaled_dwatt").make_config(d_pos=8)
+    assert type(scaled) is DWAttConfig and scaled.peft_type is PeftType.DWATT
+    values = (scaled.state_norm, scaled.score_scale, scaled.query_init, scaled.d_pos)
+    assert values == ("rms", "sqrt_d", "uniform", 8)
+    assert method_named("dwatt").make_config(d_pos=8) == DWAttConfig(d_pos=8)
+
+
+def test_an_unknown_preset_is_refused_in_one_line():
+    with pytest.raises(ValueError) as error:
+        DWAttConfig.from_preset("layer_mix")
+    assert str(error.value) == (
+        "`preset`='layer_mix' is not allowed: expected one of ['scaled_dwatt'] for DWAttConfig."
+    )
+
+
+@pytest.mark.parametrize(
+    "state_norm, flags", [("none", (False, False)), ("rms", (True, False)), ("rms_after_norm", (True, True))]
+)
+def test_the_state_norm_flags_are_the_depth_mix_configs(state_norm, flags):
+    config = AverageConfig(state_norm=state_norm)
+    assert (config.normalizes_states, config.mixes_after_norm) == flags
+    module = fusion_of(get_peft_model(tiny_bert(), config))
+    assert (module.normalizes_states, module.mixes_after_norm) == flags
 
 
 @pytest.mark.parametrize("config_cls", ALL_CONFIGS)
@@ -118,11 +148,11 @@ def test_every_field_has_help(config_cls):
 NON_DEFAULT = {
     DWAttConfig: dict(
         d_pos=7,
-        query_bottleneck=0.25,
-        value_bottleneck=0.75,
-        score_temperature=2.0,
-        attention_dropout=0.1,
-        prenorm_scaling=True,
+        query_bottleneck_width=5,
+        value_bottleneck_width=6,
+        score_scale="sqrt_d",
+        query_init="uniform",
+        state_norm="rms",
     ),
     ExtraLayersConfig: dict(num_extra_layers=2),
 }

@@ -70,7 +70,7 @@ def config_for(method, name: str, r: int = 4, **options):
     """``method``'s config with LoRA on the family's attention projections: one adapter."""
     if method.config_cls is ExtraLayersConfig:
         options.setdefault("num_extra_layers", 1)
-    return method.config_cls(task_type="CAUSAL_LM", **FAMILIES[name].lora(r), **options)
+    return method.make_config(task_type="CAUSAL_LM", **FAMILIES[name].lora(r), **options)
 
 
 def with_trained_lora(model: torch.nn.Module, seed: int = 11, scale: float = 0.2) -> torch.nn.Module:

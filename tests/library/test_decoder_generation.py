@@ -38,7 +38,7 @@ def no_eos(model: torch.nn.Module) -> dict:
 def config_for(method, **options):
     if method.config_cls is ExtraLayersConfig:
         options["num_extra_layers"] = 1
-    return method.config_cls(task_type="CAUSAL_LM", **options)
+    return method.make_config(task_type="CAUSAL_LM", **options)
 
 
 def adapted_with(base: torch.nn.Module, method, **options) -> torch.nn.Module:
@@ -228,7 +228,7 @@ def test_decoder_stack_of_an_encoder_decoder_generates_exactly(stack, method):
     build, blocks_path = DECODER_STACKS[stack]
     base = build()
     options = {"num_extra_layers": 1} if method.config_cls is ExtraLayersConfig else {}
-    model = adapted(copy.deepcopy(base), method.config_cls(blocks_path=blocks_path, **options), scale=0.3)
+    model = adapted(copy.deepcopy(base), method.make_config(blocks_path=blocks_path, **options), scale=0.3)
     src = token_ids(2, 6)
     settings = {**no_eos(model), "output_logits": True, "return_dict_in_generate": True}
     greedy = {}

@@ -24,7 +24,7 @@ import transformers as tf
 from conftest import fusion_of, survivors
 from peft import get_peft_model
 from test_decoder_generation import NEW_TOKENS, assert_scores_close, cached_generate, uncached_greedy
-from test_methods import REFERENCES, dwatt_ref
+from test_methods import REFERENCES
 from tiny_decoders import (
     COMMON,
     FAMILIES,
@@ -72,7 +72,7 @@ def output_of(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
 def test_token_wise_fusion_equals_the_recomputation(name, head, side, method):
     family = FAMILIES[name]
     reference = family.build(head)
-    model = adapted(family.build(head), method.config_cls(task_type=TASK_TYPES[head]))
+    model = adapted(family.build(head), method.make_config(task_type=TASK_TYPES[head]))
     inputs = inputs_for(head, side)
     states = residual_stream(family, reference, inputs)
     layers = list(range(1, len(states)))
@@ -84,28 +84,10 @@ def test_token_wise_fusion_equals_the_recomputation(name, head, side, method):
     assert (got - plain).abs().max() > 1e-3  # the fusion changes what the head reads
 
 
-@pytest.mark.parametrize("name, head, side", CASES, ids=CASE_IDS)
-def test_dwatt_scaled_to_the_stream_equals_the_recomputation(name, head, side):
-    """``prenorm_scaling``: the query reads ``F(z_L)``, the correction is scaled by ``rms(z_L)``."""
-    family = FAMILIES[name]
-    reference = family.build(head)
-    config = DWAttConfig(prenorm_scaling=True, fusion_init="paper", task_type=TASK_TYPES[head])
-    model = adapted(family.build(head), config)
-    inputs = inputs_for(head, side)
-    states = residual_stream(family, reference, inputs)
-    module = fusion_of(model)
-    with torch.no_grad():
-        h = dwatt_ref(states, list(range(1, len(states))), module, final_norm=family.norm_of(reference))
-        paper = dwatt_ref(states, list(range(1, len(states))), module)  # the option off
-    got = output_of(model, inputs)
-    torch.testing.assert_close(got, head_output(family, reference, head, h, inputs), atol=ATOL, rtol=1e-5)
-    assert (got - head_output(family, reference, head, paper, inputs)).abs().max() > 1e-3
-
-
-def test_dwatt_scaled_to_the_stream_moves_what_a_massive_stream_hides():
-    """The case the option is for: a stream of RMS about 2000 (embeddings x 1e5) that the final norm
-    brings back to unit scale. The paper's unit-scale values move the logits (up to 0.45) by about 2e-4;
-    scaled to the stream, by about 0.3."""
+def test_dwatt_on_unit_rms_states_moves_what_a_massive_stream_hides():
+    """The case ``state_norm="rms"`` is for: a stream of RMS about 2000 (embeddings x 1e5) that the final
+    norm brings back to unit scale. The paper's unit-scale values move the logits (up to 0.45) by about
+    2e-4; counted in units of the stream, by about 0.3."""
     family = FAMILIES["llama"]
     base = family.build("causal")
     inputs = inputs_for("causal", "right")
@@ -114,10 +96,10 @@ def test_dwatt_scaled_to_the_stream_moves_what_a_massive_stream_hides():
         embeddings.weight.mul_(1e5)  # a stream of RMS about 2000, as deep LLMs have
     plain = output_of(base, inputs)
     moved = {}
-    for scaled in (False, True):
-        config = DWAttConfig(prenorm_scaling=scaled, fusion_init="paper", task_type=TASK_TYPES["causal"])
-        moved[scaled] = (output_of(adapted(copy.deepcopy(base), config), inputs) - plain).abs().max()
-    assert moved[False] < 1e-3 and moved[True] > 0.1
+    for state_norm in ("none", "rms"):
+        config = DWAttConfig(state_norm=state_norm, fusion_init="paper", task_type=TASK_TYPES["causal"])
+        moved[state_norm] = (output_of(adapted(copy.deepcopy(base), config), inputs) - plain).abs().max()
+    assert moved["none"] < 1e-3 and moved["rms"] > 0.1
 
 
 @pytest.mark.parametrize("name, head, side", CASES, ids=CASE_IDS)
@@ -214,7 +196,7 @@ def test_opt_with_an_output_projection_equals_the_recomputation(layout, head, si
     the final norm (pre-norm), and ``project_out`` runs on the fused state as the model runs it."""
     reference = projected_opt(head, OPT_LAYOUTS[layout])
     assert reference.config.word_embed_proj_dim != reference.config.hidden_size
-    model = adapted(copy.deepcopy(reference), method.config_cls(task_type=TASK_TYPES[head]))
+    model = adapted(copy.deepcopy(reference), method.make_config(task_type=TASK_TYPES[head]))
     assert fusion_of(model).hidden_size == 32  # the blocks' width, not the projected one
     inputs = inputs_for(head, side)
     if method.config_cls is ExtraLayersConfig:
@@ -234,7 +216,7 @@ def test_opt_with_an_output_projection_equals_the_recomputation(layout, head, si
 
 @pytest.mark.parametrize("method", ENCODER_METHODS, ids=[m.name for m in ENCODER_METHODS])
 def test_opt_350m_layout_generates_with_the_cache_as_without(method):
-    model = adapted(projected_opt("causal", False), method.config_cls(task_type="CAUSAL_LM", **(
+    model = adapted(projected_opt("causal", False), method.make_config(task_type="CAUSAL_LM", **(
         {"num_extra_layers": 1} if method.config_cls is ExtraLayersConfig else {})))  # fmt: skip
     ids = token_ids(2, 5)
     tokens, scores = uncached_greedy(model, ids)
@@ -274,7 +256,7 @@ def test_a_deleted_decoder_is_freed_at_once(name, method):
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
 
     assert survivors(family.build, run) == []  # the control
-    assert survivors(lambda: adapted(family.build(), method.config_cls(task_type="CAUSAL_LM")), run) == []
+    assert survivors(lambda: adapted(family.build(), method.make_config(task_type="CAUSAL_LM")), run) == []
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -291,7 +273,7 @@ def test_sequence_classification_reads_the_fused_state_at_the_last_real_token_on
     # last real token's can. With left padding the last real token is the last position.
     family = FAMILIES["llama"]
     for side, last in (("right", 4), ("left", 6)):
-        model = adapted(family.build("seq"), TOKEN_WISE[0].config_cls(task_type="SEQ_CLS"))
+        model = adapted(family.build("seq"), TOKEN_WISE[0].make_config(task_type="SEQ_CLS"))
         inputs = padded(side)  # row 1 has 5 real tokens of 7
         captured = {}
         norm = family.norm_of(model.base_model.model)
@@ -318,7 +300,7 @@ def test_seq2seq_methods_refuse_a_decoder_only_model():
     base = FAMILIES["llama"].build("causal")
     for method in SEQ2SEQ_METHODS:
         with pytest.raises(ValueError, match="not an encoder-decoder"):
-            get_peft_model(copy.deepcopy(base), method.config_cls())
+            get_peft_model(copy.deepcopy(base), method.make_config())
 
 
 def test_bert_as_a_decoder_is_accepted_and_recomputed():
@@ -328,7 +310,7 @@ def test_bert_as_a_decoder_is_accepted_and_recomputed():
     torch.manual_seed(0)
     reference = tf.BertLMHeadModel(config).eval()
     method = TOKEN_WISE[0]
-    model = adapted(copy.deepcopy(reference), method.config_cls())
+    model = adapted(copy.deepcopy(reference), method.make_config())
     ids = token_ids()
     with torch.no_grad():
         hidden = reference.bert(input_ids=ids, output_hidden_states=True).hidden_states
@@ -341,7 +323,7 @@ def test_fused_positions_on_a_pre_norm_decoder(state_norm):
     # Selected positions: the full fusion's output; the others: the base's F(z_L), bitwise. After the
     # final norm, the capture's F(z_L) is gathered at the selected positions as the states are.
     family = FAMILIES["llama"]
-    config = TOKEN_WISE[0].config_cls(task_type="TOKEN_CLS", state_norm=state_norm)
+    config = TOKEN_WISE[0].make_config(task_type="TOKEN_CLS", state_norm=state_norm)
     model = adapted(family.build("token"), config)
     inputs = inputs_for("token", "right")
     mask = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
@@ -392,7 +374,7 @@ def test_a_causal_lm_head_left_frozen_is_not_warned_about_a_classifier_head_is()
     # An LM head stays frozen under PEFT (as with LoRA); a fresh classification head must train.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        get_peft_model(FAMILIES["llama"].build("causal"), TOKEN_WISE[0].config_cls())
+        get_peft_model(FAMILIES["llama"].build("causal"), TOKEN_WISE[0].make_config())
     assert not [w for w in caught if "task head" in str(w.message)]
     with pytest.warns(UserWarning, match=r"no parameter of the task head \['score'\] trains"):
-        get_peft_model(FAMILIES["llama"].build("seq"), TOKEN_WISE[0].config_cls())
+        get_peft_model(FAMILIES["llama"].build("seq"), TOKEN_WISE[0].make_config())

@@ -19,18 +19,12 @@ from peft import get_peft_model
 from test_methods import REFERENCES, peft_logits, reference_logits
 from tiny_decoders import FAMILIES, adapted, head_output, residual_stream, token_ids
 
-from peft_layerfusion import (
-    AverageConfig,
-    ConcatConfig,
-    DWAttConfig,
-    LayerMixConfig,
-    ScalarMixConfig,
-    ScaledDWAttConfig,
-    parameter_groups,
-)
+from peft_layerfusion import AverageConfig, DWAttConfig, ScalarMixConfig, parameter_groups
 from peft_layerfusion.fusion import rms, unit_rms
+from peft_layerfusion.registration import method_named
 
-PAPER_METHODS = [AverageConfig, ScalarMixConfig, ConcatConfig, DWAttConfig]
+PAPER_METHODS = [method_named(name) for name in ("average", "scalar_mix", "concat", "dwatt")]
+LAYER_MIX, SCALED_DWATT = method_named("layer_mix"), method_named("scaled_dwatt")  # the presets
 LLAMA = FAMILIES["llama"]
 
 
@@ -60,16 +54,16 @@ def test_unit_rms_and_rms_are_the_written_out_norm():
     assert unit_rms(torch.full((2, 8), 1400.0)).pow(2).mean().item() == pytest.approx(1.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("config_cls", PAPER_METHODS, ids=lambda c: c.__name__)
-def test_rms_states_on_a_post_norm_encoder_equal_the_recomputation(config_cls, input_ids, attention_mask):
-    config = config_cls(state_norm="rms", modules_to_save=["classifier"])
+@pytest.mark.parametrize("method", PAPER_METHODS, ids=lambda m: m.name)
+def test_rms_states_on_a_post_norm_encoder_equal_the_recomputation(method, input_ids, attention_mask):
+    config = method.make_config(state_norm="rms", modules_to_save=["classifier"])
     model, reference = attach(config, base=scaled_bert())
     module = fusion_of(model)
     perturb_(module)
     expected = reference_logits(
-        reference, input_ids, attention_mask, lambda z: REFERENCES[config_cls](z, [1, 2, 3], module)
+        reference, input_ids, attention_mask, lambda z: REFERENCES[method.config_cls](z, [1, 2, 3], module)
     )
-    raw, _ = attach(config_cls(modules_to_save=["classifier"]), base=scaled_bert())
+    raw, _ = attach(method.make_config(modules_to_save=["classifier"]), base=scaled_bert())
     perturb_(fusion_of(raw))  # the same parameters, mixing the raw states
     with torch.no_grad():
         got = model(input_ids=input_ids, attention_mask=attention_mask).logits
@@ -78,29 +72,29 @@ def test_rms_states_on_a_post_norm_encoder_equal_the_recomputation(config_cls, i
     assert (got - unnormed).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("config_cls", PAPER_METHODS, ids=lambda c: c.__name__)
-def test_rms_states_on_a_pre_norm_decoder_equal_the_recomputation(config_cls):
+@pytest.mark.parametrize("method", PAPER_METHODS, ids=lambda m: m.name)
+def test_rms_states_on_a_pre_norm_decoder_equal_the_recomputation(method):
     reference = LLAMA.build("causal")
     with torch.no_grad():  # a stream whose RMS grows with depth (about 1, 30, 900), as in deep LLMs
         for n, block in enumerate(LLAMA.blocks_of(reference)):
             block.mlp.down_proj.weight.mul_(30.0 ** (n + 1))
-    model = adapted(copy.deepcopy(reference), config_cls(state_norm="rms", fusion_init="paper"))
+    model = adapted(copy.deepcopy(reference), method.make_config(state_norm="rms", fusion_init="paper"))
     inputs = llama_inputs()
     states = residual_stream(LLAMA, reference, inputs)
-    h = REFERENCES[config_cls](states, list(range(1, len(states))), fusion_of(model))
+    h = REFERENCES[method.config_cls](states, list(range(1, len(states))), fusion_of(model))
     expected = head_output(LLAMA, reference, "causal", h, inputs)
     torch.testing.assert_close(causal_logits(model, inputs), expected, atol=2e-5, rtol=1e-5)
-    raw = adapted(copy.deepcopy(reference), config_cls(fusion_init="paper"))
+    raw = adapted(copy.deepcopy(reference), method.make_config(fusion_init="paper"))
     assert (causal_logits(raw, inputs) - expected).abs().max() > 1e-3  # the option changes the mix
 
 
-@pytest.mark.parametrize("config_cls", [ScalarMixConfig, ConcatConfig, DWAttConfig, LayerMixConfig])
+@pytest.mark.parametrize("method", [*PAPER_METHODS[1:], LAYER_MIX], ids=lambda m: m.name)
 @pytest.mark.parametrize("state_norm", ["rms", "rms_after_norm"])
-def test_rms_states_keep_the_identity_start_exact_on_a_decoder(config_cls, state_norm):
+def test_rms_states_keep_the_identity_start_exact_on_a_decoder(method, state_norm):
     base = LLAMA.build("causal")
     inputs = llama_inputs()
     plain = causal_logits(base, inputs)
-    model = get_peft_model(base, config_cls(state_norm=state_norm, fusion_init="identity"))
+    model = get_peft_model(base, method.make_config(state_norm=state_norm, fusion_init="identity"))
     assert torch.equal(causal_logits(model, inputs), plain)  # bitwise: h = z_L (F(z_L)) at initialisation
 
 
@@ -117,14 +111,14 @@ class MixedAsGiven:
         return getattr(self.module, name)
 
 
-def after_norm_reference(config_cls, states: list[torch.Tensor], normed_last: torch.Tensor, module):
+def after_norm_reference(method, states: list[torch.Tensor], normed_last: torch.Tensor, module):
     """``h_head`` of ``state_norm="rms_after_norm"`` written out: ``z_n / rms(z_n)`` for ``n < L`` and
     ``F(z_L)`` mixed by the method's formula, with no rescaling; DWAtt: ``F(z_L) + rms(F(z_L)) Σ a_n v_n``."""
     layers = list(range(1, len(states)))
-    if config_cls in (DWAttConfig, ScaledDWAttConfig):
-        return REFERENCES[config_cls](states, layers, module, normed_last=normed_last)
+    if method.config_cls is DWAttConfig:
+        return REFERENCES[method.config_cls](states, layers, module, normed_last=normed_last)
     as_mixed = [state / rms(state) for state in states[:-1]] + [normed_last]
-    return REFERENCES[config_cls](as_mixed, layers, MixedAsGiven(module))
+    return REFERENCES[method.config_cls](as_mixed, layers, MixedAsGiven(module))
 
 
 def grown_llama() -> torch.nn.Module:
@@ -139,29 +133,30 @@ def grown_llama() -> torch.nn.Module:
 
 
 @pytest.mark.parametrize(
-    "config_cls", [*PAPER_METHODS, ScaledDWAttConfig, LayerMixConfig], ids=lambda c: c.__name__
+    "method", [*PAPER_METHODS, SCALED_DWATT, LAYER_MIX], ids=lambda m: m.name
 )
-def test_a_mix_after_the_final_norm_equals_the_recomputation(config_cls):
+def test_a_mix_after_the_final_norm_equals_the_recomputation(method):
     reference = grown_llama()
-    model = adapted(copy.deepcopy(reference), config_cls(state_norm="rms_after_norm", fusion_init="paper"))
+    config = method.make_config(state_norm="rms_after_norm", fusion_init="paper")
+    model = adapted(copy.deepcopy(reference), config)
     module = fusion_of(model)
     perturb_(module)
     inputs = llama_inputs()
     states = residual_stream(LLAMA, reference, inputs)
     normed_last = LLAMA.norm_of(reference)(states[-1]).detach()  # F(z_L)
-    h = after_norm_reference(config_cls, states, normed_last, module)
+    h = after_norm_reference(method, states, normed_last, module)
     expected = head_output(LLAMA, reference, "causal", h, inputs, normed=False)  # F does not run again
     # float32 rounding: the fusion's stacked ops sum in another order than the recomputation (2.9e-5 of
     # logits near 1 seen on one CPU); mixing before F instead moves them by more than 1e-3
     torch.testing.assert_close(causal_logits(model, inputs), expected, atol=5e-5, rtol=1e-5)
-    before = adapted(copy.deepcopy(reference), config_cls(state_norm="rms", fusion_init="paper"))
+    before = adapted(copy.deepcopy(reference), method.make_config(state_norm="rms", fusion_init="paper"))
     perturb_(fusion_of(before))  # the same parameters, mixed before F
     assert (causal_logits(before, inputs) - expected).abs().max() > 1e-3
 
 
 def test_a_mix_after_the_final_norm_started_on_a_block_reads_that_block_at_unit_rms():
     reference = grown_llama()
-    config = LayerMixConfig(start_layer=1, state_norm="rms_after_norm")
+    config = LAYER_MIX.make_config(start_layer=1, state_norm="rms_after_norm")
     model = get_peft_model(copy.deepcopy(reference), config).eval()  # as built: one-hot on z_1, γ = 1
     inputs = llama_inputs()
     z_1 = residual_stream(LLAMA, reference, inputs)[1]
@@ -172,18 +167,18 @@ def test_a_mix_after_the_final_norm_started_on_a_block_reads_that_block_at_unit_
 
 
 @pytest.mark.parametrize(
-    "config_cls", [*PAPER_METHODS, ScaledDWAttConfig, LayerMixConfig], ids=lambda c: c.__name__
+    "method", [*PAPER_METHODS, SCALED_DWATT, LAYER_MIX], ids=lambda m: m.name
 )
 def test_a_mix_where_the_head_reads_on_a_post_norm_encoder_equals_the_recomputation(
-    config_cls, input_ids, attention_mask
+    method, input_ids, attention_mask
 ):
-    config = config_cls(state_norm="rms_after_norm", modules_to_save=["classifier"])
+    config = method.make_config(state_norm="rms_after_norm", modules_to_save=["classifier"])
     model, reference = attach(config, base=scaled_bert())
     module = fusion_of(model)
     perturb_(module)
 
     def fuse(z):  # z_L as the head reads it: z_L itself, no final norm
-        return after_norm_reference(config_cls, list(z), z[-1], module)
+        return after_norm_reference(method, list(z), z[-1], module)
 
     expected = reference_logits(reference, input_ids, attention_mask, fuse)
     torch.testing.assert_close(peft_logits(model, input_ids, attention_mask), expected, atol=1e-5, rtol=0)
@@ -210,14 +205,16 @@ def test_a_one_layer_mix_where_the_head_reads_is_that_block_at_unit_rms(family, 
 def test_the_paper_defaults_are_unchanged():
     assert DWAttConfig().state_norm == "none" and DWAttConfig().score_scale == "none"
     assert DWAttConfig().query_init == "paper" and ScalarMixConfig().start_layer is None
-    for config_cls in PAPER_METHODS:
-        assert config_cls().state_norm == "none" and config_cls().mixing_lr_multiplier == 1.0
+    for method in PAPER_METHODS:
+        config = method.make_config()
+        assert config.state_norm == "none" and config.mixing_lr_multiplier == 1.0
 
 
-@pytest.mark.parametrize("config_cls", [ScalarMixConfig, LayerMixConfig])
+@pytest.mark.parametrize("method", [PAPER_METHODS[1], LAYER_MIX], ids=lambda m: m.name)
 @pytest.mark.parametrize("norm", ["none", "rms"])
-def test_a_start_layer_starts_the_mix_one_hot_on_that_block(config_cls, norm, input_ids, attention_mask):
-    model, reference = attach(config_cls(start_layer=2, state_norm=norm, modules_to_save=["classifier"]))
+def test_a_start_layer_starts_the_mix_one_hot_on_that_block(method, norm, input_ids, attention_mask):
+    config = method.make_config(start_layer=2, state_norm=norm, modules_to_save=["classifier"])
+    model, reference = attach(config)
     module = fusion_of(model)
     assert module.mix_weights().tolist() == [0.0, 1.0, 0.0]
     with torch.no_grad():
@@ -229,11 +226,23 @@ def test_a_start_layer_starts_the_mix_one_hot_on_that_block(config_cls, norm, in
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     perturb_(module)  # and once the weights move, the written-out mix
     expected = reference_logits(
-        reference, input_ids, attention_mask, lambda z: REFERENCES[config_cls](z, [1, 2, 3], module)
+        reference, input_ids, attention_mask, lambda z: REFERENCES[method.config_cls](z, [1, 2, 3], module)
     )
     with torch.no_grad():
         got = model(input_ids=input_ids, attention_mask=attention_mask).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("start_layer", [99, 4, -5])
+def test_a_start_layer_beyond_the_blocks_is_refused_in_one_line_before_the_model_changes(start_layer):
+    base = tiny_bert()  # 3 blocks: hidden states 0..3, or -4..-1
+    with pytest.raises(ValueError) as error:
+        get_peft_model(base, LAYER_MIX.make_config(start_layer=start_layer))
+    assert str(error.value) == (
+        f"`start_layer`={start_layer} is not allowed: expected one of the fused layers [1, 2, 3] "
+        "(indices -4..3 for 3 blocks)."
+    )
+    assert not any("layer_fusion" in name for name, _ in base.named_modules())
 
 
 def test_a_start_layer_outside_the_fused_layers_is_refused_before_the_model_changes():
@@ -254,16 +263,14 @@ def test_depth_mix_options_are_checked(field, value):
 
 
 def test_scaled_dwatt_starts_uniform_over_depth_with_scaled_scores(input_ids):
-    model, _ = attach(ScaledDWAttConfig(modules_to_save=["classifier"]))
+    model, _ = attach(DWAttConfig.from_preset("scaled_dwatt", modules_to_save=["classifier"]))
     module = fusion_of(model)
-    assert module.score_temperature == pytest.approx(math.sqrt(32))  # τ sqrt(d), d = 32
+    assert module.score_divisor == pytest.approx(math.sqrt(32))  # sqrt(d), d = 32
     states = torch.randn(4, 5, 32) * 1000.0
     attention = module.depth_attention(unit_rms(states))
     torch.testing.assert_close(attention, torch.full((4, 5, 3), 1 / 3))
     paper, _ = attach(DWAttConfig(modules_to_save=["classifier"]))  # the paper's: saturated by the scale
     assert fusion_of(paper).depth_attention(states).max(-1).values.min() > 0.99
-    with pytest.raises(ValueError, match="`prenorm_scaling`=True is not allowed"):
-        ScaledDWAttConfig(prenorm_scaling=True)
 
 
 def test_mixing_parameters_get_their_multiplier_in_the_groups():

@@ -123,6 +123,47 @@ def test_blocks_path_for_custom_model():
     assert hidden_size_of(model, found) == 16
 
 
+class PlainLayers(nn.Module):
+    """A plain module whose ``layers`` are bare ``Linear`` layers, and a head with a list of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.classifier = nn.Module()
+        self.classifier.layers = nn.ModuleList([nn.Linear(4, 4), nn.ReLU()])
+        self.stack = nn.ModuleList([nn.Linear(4, 4), nn.ReLU()])
+
+
+def test_the_discovery_error_says_why_each_list_was_passed_over():
+    with pytest.raises(ValueError) as error:
+        find_encoder_blocks(PlainLayers())
+    assert str(error.value) == (
+        "Could not find the encoder blocks of PlainLayers: no nn.ModuleList named by the suffixes "
+        "['encoder.layer', 'encoder.layers', 'encoder.block', 'transformer.layer', 'layers'] holds them. "
+        "The model's non-empty ModuleLists: `layers` (its items are bare Linear layers, not blocks); "
+        "`classifier.layers` (inside the task head `classifier`); `stack` (not a name searched). Name the "
+        "block list yourself with the config field `blocks_path` (e.g. blocks_path='layers')."
+    )
+    with pytest.raises(ValueError) as error:
+        find_encoder_blocks(ToyEncoder(), blocks_path="does.not.exist")
+    assert str(error.value) == (
+        "Could not find the encoder blocks of ToyEncoder: no nn.ModuleList named by "
+        "blocks_path='does.not.exist' holds them. The model's non-empty ModuleLists: `stack.blocks` (not a "
+        "name searched). Name the block list yourself with the config field `blocks_path` "
+        "(e.g. blocks_path='stack.blocks')."
+    )
+
+
+def test_a_list_of_several_kinds_of_module_is_passed_over_as_such():
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.Linear(4, 4), nn.ReLU()])
+    with pytest.raises(ValueError) as error:
+        find_encoder_blocks(model)
+    assert "`layers` (its items are of several classes, ['Linear', 'ReLU'], not one kind of block)" in str(
+        error.value
+    )
+
+
 def test_nothing_found_raises_at_injection():
     class NoBlocks(nn.Module):
         def __init__(self) -> None:

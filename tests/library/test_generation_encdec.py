@@ -35,7 +35,7 @@ def generate_options(**extra) -> dict:
 def fused_model(family: str, method):
     base = BUILDERS[family]()
     torch.manual_seed(0)
-    model = get_peft_model(copy.deepcopy(base), method.config_cls()).eval()
+    model = get_peft_model(copy.deepcopy(base), method.make_config()).eval()
     perturb_(fusion_of(model), scale=0.3, seed=5)
     return model, base
 
@@ -141,7 +141,7 @@ def test_decoding_states_the_adapter_did_not_fuse_is_refused():
 def test_encoder_outputs_of_another_adapter_are_refused():
     method = ENCODER_METHODS[0]
     model, _ = fused_model("t5", method)
-    model.add_adapter("other", method.config_cls())
+    model.add_adapter("other", method.make_config())
     inputs = source()
     outputs = encoder_outputs_of(model, inputs)  # fused by "default"
     model.set_adapter("other")

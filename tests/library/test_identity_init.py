@@ -25,8 +25,9 @@ from peft_layerfusion.discovery import is_decoder_only
 from peft_layerfusion.registration import ENCODER_METHODS, METHODS
 
 IDENTITY_METHODS = [method for method in ENCODER_METHODS if method.config_cls.IDENTITY_INIT]
-# Each identity-capable method, and the variants whose identity init is built differently.
-VARIANTS = {method.name: (method.config_cls, {}) for method in IDENTITY_METHODS} | {
+# Each identity-capable method (a preset with its values), and the variants whose identity init is built
+# differently.
+VARIANTS = {method.name: (method.make_config, {}) for method in IDENTITY_METHODS} | {
     "concat_low_rank": (ConcatConfig, {"map_rank": 3}),
 }
 # The fusion parameters with a non-zero gradient at step 1 (the methods' docstrings say why);
@@ -126,8 +127,8 @@ def test_one_step_moves_the_output_and_gradients_reach_every_parameter(variant, 
 # ----------------------------------------------------------------------------- "auto" and "paper"
 @pytest.mark.parametrize("method", ENCODER_METHODS, ids=lambda m: m.name)
 def test_auto_is_the_paper_init_on_encoders(method):
-    default, _ = attach(method.config_cls(), seed=3)
-    paper, _ = attach(method.config_cls(fusion_init="paper"), seed=3)
+    default, _ = attach(method.make_config(), seed=3)
+    paper, _ = attach(method.make_config(fusion_init="paper"), seed=3)
     assert default.peft_config["default"].fusion_init == "auto"
     first, second = fusion_of(default).state_dict(), fusion_of(paper).state_dict()
     assert list(first) == list(second)
@@ -137,12 +138,12 @@ def test_auto_is_the_paper_init_on_encoders(method):
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
 def test_identity_is_refused_by_methods_without_one(method):
     if method.config_cls.IDENTITY_INIT:
-        assert method.config_cls(fusion_init="identity").fusion_init == "identity"
+        assert method.make_config(fusion_init="identity").fusion_init == "identity"
         return
     with pytest.raises(
         ValueError, match=r"^`fusion_init`='identity' is not allowed: expected 'auto' or 'paper'"
     ):
-        method.config_cls(fusion_init="identity")
+        method.make_config(fusion_init="identity")
 
 
 @pytest.mark.parametrize("value", ["identical", "Identity", None, 1])

@@ -40,7 +40,7 @@ class Case:
 
     def config(self, **options):
         head = {} if self.method.seq2seq else {"modules_to_save": ["classifier"]}
-        return self.method.config_cls(**head, **options)
+        return self.method.make_config(**head, **options)
 
     def inputs(self, with_labels: bool = False) -> dict[str, torch.Tensor]:
         if self.method.seq2seq:

@@ -12,30 +12,30 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ENCODER_CONFIGS, NO_DROPOUT, attach, fusion_of, perturb_, tiny_bert
+from conftest import NO_DROPOUT, attach, fusion_of, perturb_, tiny_bert
 
 from peft_layerfusion import (
     AverageConfig,
     ConcatConfig,
     DWAttConfig,
     ExtraLayersConfig,
-    LayerMixConfig,
     ScalarMixConfig,
-    ScaledDWAttConfig,
 )
 from peft_layerfusion.hooks import first_tensor
+from peft_layerfusion.registration import ENCODER_METHODS
 
 ATOL = 1e-5
 
 
 # ----------------------------------------------------------------------------- references
 def bottleneck_ref(x: torch.Tensor, mlp: torch.nn.Module, n: int) -> torch.Tensor:
-    """``W_n LN_n(gelu(U_n x))`` for the ``n``-th MLP of a stacked bottleneck, written out."""
-    inner = F.gelu(x @ mlp.up_weight[n] + vector(mlp.up_bias, n))  # (batch, seq, γd)
+    """``W_n LN_n(gelu(U_n x))`` for the ``n``-th MLP of a stacked bottleneck, written out (``U_n``, ``W_n``
+    stored ``(out, in)``)."""
+    inner = F.gelu(x @ mlp.up.weight[n].T + vector(mlp.up.bias, n))  # (batch, seq, γd)
     mean = inner.mean(-1, keepdim=True)
     var = inner.var(-1, unbiased=False, keepdim=True)
     inner = (inner - mean) / torch.sqrt(var + 1e-5) * vector(mlp.norm_weight, n) + vector(mlp.norm_bias, n)
-    return inner @ mlp.down_weight[n] + vector(mlp.down_bias, n)  # (batch, seq, d)
+    return inner @ mlp.down.weight[n].T + vector(mlp.down.bias, n)  # (batch, seq, d)
 
 
 def vector(stacked: torch.Tensor, n: int) -> torch.Tensor:
@@ -58,38 +58,25 @@ def on_stream_scale(mixed: torch.Tensor, z: tuple[torch.Tensor, ...], module) ->
     return mixed * root_mean_square(z[-1]) if module.normalizes_states else mixed
 
 
-def dwatt_ref(
-    z: tuple[torch.Tensor, ...],
-    layers: list[int],
-    module,
-    weights_hook=None,
-    final_norm=None,
-    normed_last=None,
-) -> torch.Tensor:
-    """DWAtt's ``h``; with ``final_norm`` (a pre-norm stack's ``F``, for ``prenorm_scaling``) the query
-    reads ``F(z_L)`` and the correction is scaled by ``sqrt(mean(z_L²))`` per token; with
-    ``state_norm="rms"`` query and values read ``z_n / rms(z_n)`` and the correction is scaled by
-    ``rms(z_L)``; with ``normed_last`` (``F(z_L)``, ``state_norm="rms_after_norm"``) the correction is
-    added to it, scaled by ``rms(F(z_L))``: the head's input."""
+def dwatt_ref(z: tuple[torch.Tensor, ...], layers: list[int], module, normed_last=None) -> torch.Tensor:
+    """DWAtt's ``h``; with ``state_norm="rms"`` query and values read ``z_n / rms(z_n)`` and the correction
+    is scaled by ``rms(z_L)``; with ``normed_last`` (``F(z_L)``, ``state_norm="rms_after_norm"``) the
+    correction is added to it, scaled by ``rms(F(z_L))``: the head's input."""
     last = z[-1]  # (batch, seq, d)
+    read = last
     if module.normalizes_states:
         read, z = last / root_mean_square(last), unit(z, module)
-    else:
-        read = last if final_norm is None else final_norm(last)
     query = 1.0 + F.elu(read + bottleneck_ref(read, module.query_mlp, 0))
     scores, values = [], []
     for n, index in enumerate(layers):
         key = module.key_proj.weight @ module.depth_embeddings[n] + module.key_proj.bias  # (d,)
-        scores.append((query * key).sum(-1) / module.score_temperature)  # (batch, seq)
+        scores.append((query * key).sum(-1) / module.score_divisor)  # (batch, seq)
         value = bottleneck_ref(z[index], module.value_mlps, n)
         norm_weight, norm_bias = vector(module.value_norm_weight, n), vector(module.value_norm_bias, n)
         values.append(F.layer_norm(value, value.shape[-1:], norm_weight, norm_bias))
     weights = torch.softmax(torch.stack(scores, -1), dim=-1)  # (batch, seq, K)
-    if weights_hook is not None:
-        weights = weights_hook(weights)
-    scale = 1.0 if final_norm is None else torch.sqrt((last * last).mean(-1, keepdim=True))  # (batch, seq, 1)
     start = last if normed_last is None else normed_last
-    scale = root_mean_square(start) if module.normalizes_states else scale
+    scale = root_mean_square(start) if module.normalizes_states else 1.0  # (batch, seq, 1)
     return start + scale * sum(weights[..., n : n + 1] * v for n, v in enumerate(values))
 
 
@@ -118,14 +105,13 @@ def scalar_mix_ref(z, layers, module) -> torch.Tensor:
     return module.gamma * on_stream_scale(mixed, z, module)
 
 
-REFERENCES = {
+REFERENCES = {  # by config class: a preset (Scaled DWAtt, LayerMix) is its method's module
     DWAttConfig: dwatt_ref,
     ConcatConfig: concat_ref,
     AverageConfig: average_ref,
     ScalarMixConfig: scalar_mix_ref,
-    ScaledDWAttConfig: dwatt_ref,
-    LayerMixConfig: scalar_mix_ref,
 }
+REFERENCED = [method for method in ENCODER_METHODS if method.config_cls in REFERENCES]  # presets included
 
 
 def reference_logits(reference, input_ids, attention_mask, fuse) -> torch.Tensor:
@@ -141,7 +127,7 @@ def peft_logits(model, input_ids, attention_mask) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- forward values
-@pytest.mark.parametrize("config_cls", list(REFERENCES))
+@pytest.mark.parametrize("method", REFERENCED, ids=lambda m: m.name)
 @pytest.mark.parametrize(
     "options, layers",
     [
@@ -151,13 +137,13 @@ def peft_logits(model, input_ids, attention_mask) -> torch.Tensor:
     ],
     ids=["default", "include_embeddings", "explicit_layers"],
 )
-def test_forward_matches_reference(config_cls, options, layers, input_ids, attention_mask):
-    model, reference = attach(config_cls(modules_to_save=["classifier"], **options))
+def test_forward_matches_reference(method, options, layers, input_ids, attention_mask):
+    model, reference = attach(method.make_config(modules_to_save=["classifier"], **options))
     module = fusion_of(model)
     perturb_(module)
     assert module.num_fused == len(layers)
     expected = reference_logits(
-        reference, input_ids, attention_mask, lambda z: REFERENCES[config_cls](z, layers, module)
+        reference, input_ids, attention_mask, lambda z: REFERENCES[method.config_cls](z, layers, module)
     )
     got = peft_logits(model, input_ids, attention_mask)
     base = reference_logits(reference, input_ids, attention_mask, lambda z: z[-1])
@@ -165,57 +151,31 @@ def test_forward_matches_reference(config_cls, options, layers, input_ids, atten
     assert (got - base).abs().max() > 1e-3  # the fusion changes what the head sees
 
 
-def test_dwatt_score_temperature(input_ids, attention_mask):
-    model, reference = attach(DWAttConfig(score_temperature=7.5))
+@pytest.mark.parametrize("score_scale, divisor", [("none", 1.0), ("sqrt_d", 32**0.5)])
+def test_dwatt_score_scale(score_scale, divisor, input_ids, attention_mask):
+    model, reference = attach(DWAttConfig(score_scale=score_scale))
     module = fusion_of(model)
     perturb_(module)
-    assert module.score_temperature == 7.5
+    assert module.score_divisor == divisor
     fuse = lambda z: dwatt_ref(z, [1, 2, 3], module)  # noqa: E731
     expected = reference_logits(reference, input_ids, attention_mask, fuse)
     torch.testing.assert_close(peft_logits(model, input_ids, attention_mask), expected, atol=ATOL, rtol=0)
-    # the temperature changes the result: the same weights at temperature 1 give other logits
-    module.score_temperature = 1.0
+    # the scale changes the result: the same weights under the other scale give other logits
+    module.score_divisor = 32**0.5 / divisor
     assert (peft_logits(model, input_ids, attention_mask) - expected).abs().max() > 1e-4
 
 
-def test_dwatt_bottleneck_and_d_pos_shapes():
-    model, _ = attach(DWAttConfig(query_bottleneck=0.25, value_bottleneck=1.0, d_pos=5))
+def test_dwatt_widths_and_d_pos_shapes():
+    model, _ = attach(DWAttConfig(query_bottleneck_width=8, value_bottleneck_width=32, d_pos=5))
     module = fusion_of(model)
-    assert tuple(module.query_mlp.up_weight.shape) == (1, 32, 8)
-    assert tuple(module.value_mlps.up_weight.shape) == (3, 32, 32)
+    assert tuple(module.query_mlp.up.weight.shape) == (1, 8, 32)  # (K, out, in), as nn.Linear stores it
+    assert tuple(module.query_mlp.down.weight.shape) == (1, 32, 8)
+    assert tuple(module.value_mlps.up.weight.shape) == (3, 32, 32)
     assert tuple(module.depth_embeddings.shape) == (3, 5)
     assert tuple(module.key_proj.weight.shape) == (32, 5)
     # p_n ~ U(0, 1), a buffer (not trained)
     assert 0 <= module.depth_embeddings.min() and module.depth_embeddings.max() <= 1
     assert "depth_embeddings" not in dict(module.named_parameters())
-
-
-def test_dwatt_attention_dropout_only_in_train_mode(input_ids, attention_mask):
-    model, reference = attach(DWAttConfig(attention_dropout=0.5), base=tiny_bert(**NO_DROPOUT))
-    module = fusion_of(model)
-    perturb_(module)
-    fuse = lambda z: dwatt_ref(z, [1, 2, 3], module)  # noqa: E731
-    no_dropout = reference_logits(reference, input_ids, attention_mask, fuse)
-    # eval: no dropout, twice the same
-    torch.testing.assert_close(peft_logits(model, input_ids, attention_mask), no_dropout, atol=ATOL, rtol=0)
-
-    # train: the weights a_n are dropped; capture what the dropout produced and recompute
-    dropped = {}
-    handle = module.attention_dropout.register_forward_hook(
-        lambda mod, args, out: dropped.update(inp=args[0].detach(), out=out.detach())
-    )
-    model.train()
-    train_logits = peft_logits(model, input_ids, attention_mask)
-    handle.remove()
-    inp, out = dropped["inp"], dropped["out"]
-    kept = out != 0
-    assert 0.2 < kept.float().mean() < 0.8  # about half the weights dropped
-    torch.testing.assert_close(out[kept], inp[kept] / 0.5, atol=1e-6, rtol=0)  # the rest scaled by 1/(1-p)
-    reference.train()
-    fuse = lambda z: dwatt_ref(z, [1, 2, 3], module, lambda w: out.view_as(w))  # noqa: E731
-    expected = reference_logits(reference, input_ids, attention_mask, fuse)
-    torch.testing.assert_close(train_logits, expected, atol=ATOL, rtol=0)
-    assert (train_logits - no_dropout).abs().max() > 1e-3
 
 
 def call_arguments(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
@@ -284,7 +244,6 @@ def test_extra_layers_default_matches_concat_budget():
 
 
 # ----------------------------------------------------------------------------- gradients
-ALL_CONFIGS = ENCODER_CONFIGS
 
 
 def loss_of(model, input_ids, attention_mask) -> torch.Tensor:
@@ -292,9 +251,10 @@ def loss_of(model, input_ids, attention_mask) -> torch.Tensor:
     return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
 
 
-@pytest.mark.parametrize("config_cls", ALL_CONFIGS)
-def test_feature_extraction_trains_only_fusion_and_head(config_cls, input_ids, attention_mask):
-    model, _ = attach(config_cls(modules_to_save=["classifier"]), base=tiny_bert(**NO_DROPOUT))
+@pytest.mark.parametrize("method", ENCODER_METHODS, ids=lambda m: m.name)
+def test_feature_extraction_trains_only_fusion_and_head(method, input_ids, attention_mask):
+    config = method.make_config(modules_to_save=["classifier"])
+    model, _ = attach(config, base=tiny_bert(**NO_DROPOUT))
     model.train()
     loss_of(model, input_ids, attention_mask).backward()
     fusion_params = dict(fusion_of(model).named_parameters())
@@ -303,7 +263,7 @@ def test_feature_extraction_trains_only_fusion_and_head(config_cls, input_ids, a
     trainable = {id(p) for p in fusion_params.values()} | head_params
     # query_init="uniform": W_K = 0 gates the query MLP at step 1 (every k_n = 0); it learns from step 2
     gated = {id(p) for n, p in fusion_params.items() if n.startswith("query_mlp")}
-    gated = gated if getattr(config_cls(), "query_init", "paper") == "uniform" else set()
+    gated = gated if getattr(config, "query_init", "paper") == "uniform" else set()
     if gated:
         assert all(fusion_params[n].grad.abs().sum() == 0 for n in fusion_params if n.startswith("query_mlp"))
         with torch.no_grad():
@@ -319,17 +279,17 @@ def test_feature_extraction_trains_only_fusion_and_head(config_cls, input_ids, a
             assert not param.requires_grad, name
             assert param.grad is None or param.grad.abs().sum() == 0, name
     per_layer_names = [n for n in fusion_params if n.startswith("value")]  # value MLPs f^V_n and LN_n
-    assert len(per_layer_names) == (8 if issubclass(config_cls, DWAttConfig) else 0)
+    assert len(per_layer_names) == (8 if isinstance(config, DWAttConfig) else 0)
     for name in per_layer_names:  # every layer's own slice of a stacked parameter learns
         per_layer = fusion_params[name].grad.abs().flatten(1).sum(1)
         assert per_layer.shape == (3,) and (per_layer > 0).all(), (name, per_layer)
     assert len(head_params) == 2
     # one R+1 block of BERT: q, k, v, attention output + LN, intermediate, output + LN (weights and biases)
     expected_count = {
-        DWAttConfig: 16, ConcatConfig: 2, ScalarMixConfig: 2, AverageConfig: 0, ExtraLayersConfig: 16,
-        ScaledDWAttConfig: 16, LayerMixConfig: 2,
+        "dwatt": 16, "concat": 2, "scalar_mix": 2, "average": 0, "extra_layers": 16, "scaled_dwatt": 16,
+        "layer_mix": 2,
     }  # fmt: skip
-    assert len(fusion_params) == expected_count[config_cls]
+    assert len(fusion_params) == expected_count[method.name]
 
 
 def per_layer_parameter_views(loss: torch.Tensor, parameters: set[int]) -> list[str]:

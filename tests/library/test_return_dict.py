@@ -39,7 +39,7 @@ def base_of(family: str) -> torch.nn.Module:
 def test_tuple_output_equals_the_model_output(family, method):
     base = base_of(family)
     inputs = inputs_for("bert" if family in EXTRA_FAMILIES else family)
-    model = get_peft_model(copy.deepcopy(base), method.config_cls()).eval()
+    model = get_peft_model(copy.deepcopy(base), method.make_config()).eval()
     perturb_(fusion_of(model), scale=0.2)
     with torch.no_grad():
         plain = base(**inputs).logits
@@ -53,7 +53,7 @@ def test_tuple_output_equals_the_model_output(family, method):
 def test_all_hidden_states_end_with_the_fused_state_in_both_forms(family):
     base = base_of(family)
     inputs = inputs_for("bert")
-    model = get_peft_model(base, ENCODER_METHODS[0].config_cls()).eval()
+    model = get_peft_model(base, ENCODER_METHODS[0].make_config()).eval()
     with torch.no_grad():
         as_dict = model(**inputs, output_hidden_states=True)
         as_tuple = model(**inputs, output_hidden_states=True, return_dict=False)

@@ -159,11 +159,8 @@ def test_a_base_already_carrying_a_fusion_is_refused():
 @pytest.mark.parametrize(
     ("config_cls", "field", "value"),
     [
-        (DWAttConfig, "attention_dropout", "0.1"),
-        (DWAttConfig, "score_temperature", math.inf),
-        (DWAttConfig, "score_temperature", math.nan),
-        (DWAttConfig, "query_bottleneck", math.inf),
-        (DWAttConfig, "value_bottleneck", "0.5"),
+        (DWAttConfig, "query_bottleneck_width", math.inf),
+        (DWAttConfig, "value_bottleneck_width", "8"),
         (DWAttConfig, "d_pos", 2.0),
         (SurfaceFusionConfig, "fusion_lambda", "0.5"),
         (SurfaceFusionConfig, "temperature", math.inf),

@@ -63,10 +63,10 @@ def test_llm_shape_counts_from_the_issue():
 def test_dwatt_width_shapes():
     model, _ = attach(DWAttConfig(query_bottleneck_width=5, value_bottleneck_width=7))
     module = fusion_of(model)
-    assert tuple(module.query_mlp.up_weight.shape) == (1, D, 5)
-    assert tuple(module.value_mlps.up_weight.shape) == (3, D, 7)
-    assert tuple(module.value_mlps.down_weight.shape) == (3, 7, D)
-    assert DWAttConfig(query_bottleneck=0.25).widths(D) == (8, 16)  # the ratio when no width is given
+    assert tuple(module.query_mlp.up.weight.shape) == (1, 5, D)  # (K, out, in)
+    assert tuple(module.value_mlps.up.weight.shape) == (3, 7, D)
+    assert tuple(module.value_mlps.down.weight.shape) == (3, D, 7)
+    assert DWAttConfig(query_bottleneck_width=8).widths(D) == (8, 16)  # the paper's d / 2 when none is given
 
 
 def test_concat_low_rank_shapes_and_init():
@@ -171,11 +171,6 @@ def test_defaults_build_the_same_modules():
 def test_bad_sizes_name_the_field(config_cls, field, value):
     with pytest.raises(ValueError, match=rf"^`{field}`={value!r} is not allowed: expected an int >= 1"):
         config_cls(**{field: value})
-
-
-def test_width_and_ratio_together_are_refused():
-    with pytest.raises(ValueError, match=r"^`value_bottleneck_width`=8 is not allowed: expected None when"):
-        DWAttConfig(value_bottleneck=0.25, value_bottleneck_width=8)
 
 
 # ----------------------------------------------------------------------------- budget knobs

@@ -8,8 +8,9 @@ import textwrap
 
 import pytest
 import torch
-from conftest import ENCODER_CONFIGS, attach, fusion_of, perturb_, tiny_bert
-from peft import PeftModel
+from conftest import ENCODER_CONFIGS, ToyEncoder, attach, fusion_of, perturb_, tiny_bert
+from peft import PeftModel, get_peft_model
+from tiny_decoders import FAMILIES
 
 from peft_layerfusion import (
     AverageConfig,
@@ -21,6 +22,7 @@ from peft_layerfusion import (
     count_hooks,
 )
 from peft_layerfusion.layer import fusion_layer_of
+from peft_layerfusion.registration import method_named
 
 ALL_CONFIGS = ENCODER_CONFIGS
 
@@ -116,6 +118,32 @@ def test_deleting_the_active_adapter_switches_to_the_other(input_ids):
     assert model.active_adapters == ["other"]
     assert set(fusion_layer_of(model).fusion_modules) == {"other"}
     assert torch.equal(logits(model, input_ids), other)
+
+
+@pytest.mark.parametrize(
+    "head, task_type, allowed",
+    [
+        ("causal", "SEQ_CLS", "['CAUSAL_LM', 'FEATURE_EXTRACTION'] or None for a LlamaForCausalLM"),
+        ("seq", "TOKEN_CLS", "['SEQ_CLS', 'FEATURE_EXTRACTION'] or None for a "
+         "LlamaForSequenceClassification"),
+        ("token", "CAUSAL_LM", "['TOKEN_CLS', 'FEATURE_EXTRACTION'] or None for a "
+         "LlamaForTokenClassification"),
+    ],
+)  # fmt: skip
+def test_a_task_type_the_model_has_no_head_for_is_refused_in_one_line(head, task_type, allowed):
+    base = FAMILIES["llama"].build(head)
+    with pytest.raises(ValueError) as error:
+        get_peft_model(base, method_named("layer_mix").make_config(task_type=task_type))
+    assert str(error.value) == f"`task_type`={task_type!r} is not allowed: expected one of {allowed}."
+    assert not any("layer_fusion" in name for name, _ in base.named_modules())
+
+
+@pytest.mark.parametrize("task_type", [None, "FEATURE_EXTRACTION", "SEQ_CLS"])
+def test_a_task_type_is_taken_where_the_model_fits_it_or_is_no_known_task_model(task_type):
+    model = get_peft_model(FAMILIES["llama"].build("seq"), DWAttConfig(task_type=task_type))
+    assert model.peft_config["default"].task_type == task_type
+    toy = DWAttConfig(task_type="SEQ_CLS", blocks_path="stack.blocks", modules_to_save=["head"])
+    get_peft_model(ToyEncoder(), toy)  # no transformers task model: any task type
 
 
 @pytest.mark.parametrize("config_cls", [DWAttConfig, ExtraLayersConfig])

@@ -66,7 +66,8 @@ def test_methods_lists_every_registered_type_and_what_it_is(capsys):
     lines = capsys.readouterr().out.splitlines()
     names = [m.name for m in METHODS] + [name for name, *_ in BASELINE_TYPES] + ["none"]
     assert [line.split()[0] for line in lines[1:]] == names  # bitfit included
-    assert [line.split()[1] for line in lines[1:-1]] == [name.upper() for name in names[:-1]]
+    peft_types = [m.peft_type for m in METHODS] + [name.upper() for name, *_ in BASELINE_TYPES]
+    assert [line.split()[1] for line in lines[1:-1]] == peft_types  # a preset: its method's type
     bitfit = next(line for line in lines if line.startswith("bitfit"))
     assert "train the base model's bias terms only" in bitfit
     assert "depth-wise attention over every block's output" in lines[1]

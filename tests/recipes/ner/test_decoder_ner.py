@@ -143,19 +143,19 @@ def test_the_generic_head_trains_every_method_cached_equal_to_uncached(folders, 
 
 
 @pytest.mark.parametrize("family", GENERIC)
-def test_dwatt_scaled_to_the_stream_trains_stacked_and_cached_as_alone_and_uncached(folders, family):
-    """``method_options: {prenorm_scaling: true}``: the LR candidates trained together on the cache
+def test_dwatt_on_unit_rms_states_trains_stacked_and_cached_as_alone_and_uncached(folders, family):
+    """``method_options: {state_norm: rms}``: the LR candidates trained together on the cache
     give each lone uncached run's record, and the option reaches the model (another query)."""
     data = toy_dataset(train=30, dev=8, test=8)
     common = dict(model=folders[family], data="toy", batch_size=4, max_length=64, eval_every=2)
-    scaled = Experiment(ExperimentSettings(**common, method_options={"prenorm_scaling": True}), data)
+    scaled = Experiment(ExperimentSettings(**common, method_options={"state_norm": "rms"}), data)
     cell = Cell("dwatt", "fe", shots=2, epochs=2, trial=0)
     together = scaled.run_lrs(cell, [3e-3, 3e-2], use_cache=True)
     alone = [scaled.run(cell, use_cache=False, lr=lr) for lr in (3e-3, 3e-2)]
     assert [result_fields(r) for r in together] == [result_fields(r, approx=True) for r in alone]
     paper = Experiment(ExperimentSettings(**common), data).run(cell, use_cache=True, lr=3e-2)
     assert paper["key"] != together[1]["key"]  # the option is part of the key
-    assert paper["depth_attention"] != together[1]["depth_attention"]  # the query reads F(z_L)
+    assert paper["depth_attention"] != together[1]["depth_attention"]  # the query reads z_L / rms(z_L)
 
 
 @pytest.mark.parametrize(
