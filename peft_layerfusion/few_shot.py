@@ -443,6 +443,7 @@ def choose(
     penalties: Sequence[float] = PENALTIES,
     stack_penalty: float = 1.0,
     alpha: float = 0.05,
+    classes: int | None = None,
 ) -> Trial:
     """Every method's read-out for one trial, chosen by ``folds``-fold cross-validation on its sample.
 
@@ -457,13 +458,14 @@ def choose(
         penalties: The probes' L2 grid (grown where the best is at an edge).
         stack_penalty: Pulls the stacked weights towards the plain mean.
         alpha: The guard's level (:func:`guard`).
+        classes: ``C``, the head's classes (a sample may lack some); default: the largest label + 1.
 
     Returns:
         A :class:`Trial`.
     """
     _check_rows(states, labels, groups)
     cv = make_cv(labels, folds, seed, groups, scorer)
-    classes = int(labels.max()) + 1
+    classes = classes or int(labels.max()) + 1
     last = states.shape[1] - 1
     grid = check_penalties(penalties)
     x = states.detach().double()

@@ -225,6 +225,7 @@ def run_trial(
         groups=rows.example,
         scorer=scorer,
         alpha=plan.alpha,
+        classes=len(experiment.labels),  # the head's: a sample may lack a tag
     )
     score = experiment.test_score
     methods, blocks = test_scores(choice, test, score)

@@ -160,3 +160,11 @@ def test_token_rows_fold_and_resample_by_sentence():
     cv = few_shot.make_cv(labels, 4, 0, groups)
     assert cv.of_unit.bincount().tolist() == [5, 5, 5, 5] and torch.equal(cv.of_row, cv.of_unit[groups])
     assert trial.best_block == 2 and len(trial.guard.blocks) == 4
+
+
+def test_a_sample_without_some_class_gives_readouts_of_every_class_of_the_head():
+    states, labels = planted((2,), seed=5)
+    trial = few_shot.choose(states, labels, folds=4, classes=5)  # the head has 5 classes, the sample 2
+    for name, readout in trial.readouts.items():
+        assert readout.weight.shape[0] == 5 and readout.bias.shape == (5,), name
+        assert set(readout.predict(states).tolist()) <= {0, 1}, name  # never a class it has not seen
