@@ -92,14 +92,21 @@ def backbone_of(model: nn.Module) -> nn.Module:
 
 @torch.no_grad()
 def head_rows(
-    experiment: FewShotExperiment, model: nn.Module, examples: Sequence[dict], batch_size: int = 16
+    experiment: FewShotExperiment,
+    model: nn.Module,
+    examples: Sequence[dict],
+    batch_size: int = 16,
+    quiet: bool = True,
 ) -> Rows:
     """One forward per batch of ``examples`` with ``output_hidden_states``; the rows the task's head reads
     (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.probe_inputs`: a pooled token, the mean
     over the tokens, or every labelled word), every state as an ``rms_after_norm`` fusion hands it on."""
     backbone = backbone_of(model).eval()
     parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    for start in range(0, len(examples), batch_size):
+    starts = range(0, len(examples), batch_size)
+    for start in tqdm(
+        starts, desc=f"states of {len(examples)} examples", unit="batch", disable=quiet, leave=False
+    ):
         batch = collate(examples[start : start + batch_size], getattr(experiment, "pad_id", 0) or 0)
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
         hidden = backbone(**inputs, output_hidden_states=True).hidden_states
@@ -129,8 +136,8 @@ class StateStore:
         folder: Where the ``.safetensors`` files go.
     """
 
-    def __init__(self, experiment: FewShotExperiment, folder: Path) -> None:
-        self.experiment, self.folder = experiment, folder
+    def __init__(self, experiment: FewShotExperiment, folder: Path, quiet: bool = True) -> None:
+        self.experiment, self.folder, self.quiet = experiment, folder, quiet
         self._model: nn.Module | None = None
 
     def rows(self, examples: Sequence[dict]) -> Rows:
@@ -140,7 +147,9 @@ class StateStore:
             return Rows(saved["states"], saved["labels"], saved["example"])
         if self._model is None:
             self._model = self.experiment.load_model(seed=self.experiment.settings.seed)
-        rows = head_rows(self.experiment, self._model, examples, self.experiment.settings.batch_size)
+        rows = head_rows(
+            self.experiment, self._model, examples, self.experiment.settings.batch_size, self.quiet
+        )
         self.folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         save_file(
@@ -273,7 +282,7 @@ def run_true_few_shot(
     output = Path(output)
     results = Path(results) if results is not None else output / "results.jsonl"
     done = {record["key"] for record in read_records(results)} if results.exists() else set()
-    store = StateStore(experiment, output / STATES_FOLDER)
+    store = StateStore(experiment, output / STATES_FOLDER, quiet)
     todo = [cell for cell in cells(plan) if trial_key(experiment, plan, *cell) not in done]
     test = store.rows(experiment.test) if todo else None
     for shots, trial in tqdm(todo, desc="trials", unit="trial", disable=quiet or not todo):
