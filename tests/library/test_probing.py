@@ -74,6 +74,23 @@ def test_the_probe_is_the_optimum_of_the_normal_equations_and_its_gradient_vanis
     assert max(weight.grad.abs().max(), bias.grad.abs().max()) < 1e-10
 
 
+def test_every_class_weighs_the_same_the_weighted_normal_equations():
+    features, labels = planted(rows=40, width=5, classes=3, seed=8)
+    labels = torch.where(torch.arange(40) < 28, 0, labels)  # class 0 holds most rows
+    probe = fit_probe(features, labels, 0.05)
+    counts = torch.bincount(labels, minlength=3).double()
+    weights = (40 / (3 * counts[labels]))[:, None]
+    targets = torch.nn.functional.one_hot(labels, 3).double()
+    mean, target_mean = (weights * features).sum(0) / 40, (weights * targets).sum(0) / 40
+    centred, residual = features - mean, targets - target_mean
+    system = centred.T @ (weights * centred) + 0.05 * features.pow(2).mean() * 40 * torch.eye(
+        5, dtype=torch.float64
+    )
+    weight = torch.linalg.solve(system, centred.T @ (weights * residual)).T
+    torch.testing.assert_close(probe.weight, weight, rtol=0, atol=1e-9)
+    torch.testing.assert_close(probe.bias, target_mean - weight @ mean, rtol=0, atol=1e-9)
+
+
 def test_a_wide_probe_in_the_span_of_its_rows_has_a_vanishing_gradient_in_every_coordinate():
     """d = 384 > n = 20: the solution from the rows' Gram matrix; the gradient in all 384 coordinates is 0."""
     generator = torch.Generator().manual_seed(1)
