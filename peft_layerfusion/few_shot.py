@@ -64,9 +64,16 @@ from .fusion import unit_rms
 from .layer import active_fusion_module
 from .methods.average import AverageConfig
 from .methods.concat import ConcatConfig
-from .probing import FOLDS, PENALTIES, CrossValidatedProbe, check_penalties, cross_validate, probe_folds
+from .probing import (
+    FOLDS,
+    PENALTIES,
+    CrossValidatedProbe,
+    balanced_weights,
+    check_penalties,
+    cross_validate,
+    probe_folds,
+)
 
-LOG_FLOOR = -1e4  # a log-probability or bias floor: a class a probe never saw (probability 0) stays finite
 # what :func:`choose` deploys: the plain head, the chosen block, the fusions, and the guarded ensemble
 METHODS: tuple[str, ...] = ("none", "best_layer", "probe_ensemble", "stacked", "average", "guarded_ensemble")
 
@@ -189,8 +196,8 @@ class BlockProbe:
         block: The hidden state read (``-1``: the mean of the blocks, :func:`choose`'s average).
         penalty: The chosen L2 penalty.
         cv_score: The out-of-fold score at that penalty.
-        cv_log_likelihood: The mean out-of-fold log-likelihood of the labels there.
-        oof: ``(n, C)`` out-of-fold log-probabilities.
+        cv_brier: The out-of-fold Brier score there (every class weighing the same; lower is better).
+        oof: ``(n, C)`` out-of-fold scores ``W x + b``.
         weight: ``(C, d)`` refitted on every row.
         bias: ``(C,)``.
     """
@@ -198,14 +205,14 @@ class BlockProbe:
     block: int
     penalty: float
     cv_score: float
-    cv_log_likelihood: float
+    cv_brier: float
     oof: torch.Tensor
     weight: torch.Tensor
     bias: torch.Tensor
 
     def key(self) -> tuple[float, float, int]:
-        """How blocks rank: by score, ties to the likelier, then to the deeper."""
-        return (self.cv_score, self.cv_log_likelihood, self.block)
+        """How blocks rank: by score, ties to the lower Brier score, then to the deeper."""
+        return (self.cv_score, -self.cv_brier, self.block)
 
 
 @contextmanager
@@ -246,27 +253,30 @@ class Folds:
         stats = self.scorer.stats(predicted)
         return float(self.scorer.score((stats if units is None else stats[units]).sum(0)))
 
-    def log_likelihood(self, log_probs: torch.Tensor, rows: torch.Tensor | None = None) -> float:
-        picked = log_probs.gather(1, self.labels[:, None]).squeeze(1)
-        return float((picked if rows is None else picked[rows]).mean())
+    def brier(self, scores: torch.Tensor, rows: torch.Tensor | None = None) -> float:
+        """The Brier score of ``scores`` ``(n, C)`` over ``rows`` (a boolean mask; default: all), every class
+        weighing the same (:func:`~peft_layerfusion.probing.balanced_weights`)."""
+        targets = F.one_hot(self.labels, scores.shape[-1]).to(scores.dtype)
+        errors = balanced_weights(self.labels, scores.shape[-1]) * (scores - targets).pow(2).sum(-1)
+        return float(errors.mean() if rows is None else errors[rows].mean())
 
 
 def block_probe(fit: CrossValidatedProbe, folds: Folds, block: int) -> BlockProbe:
     """A :class:`BlockProbe` of a cross-validated probe: its out-of-fold score under the task's scorer."""
-    oof = fit.out_of_fold.clamp_min(1e-300).log().clamp_min(LOG_FLOOR)  # (n, C)
-    score = folds.score(oof.argmax(-1))
-    bias = fit.probe.bias.clamp_min(LOG_FLOOR)  # an unseen class: never predicted, finite
-    return BlockProbe(block, fit.penalty, score, -fit.loss, oof, fit.probe.weight, bias)
+    oof = fit.out_of_fold_scores  # (n, C)
+    return BlockProbe(
+        block, fit.penalty, folds.score(oof.argmax(-1)), fit.loss, oof, fit.probe.weight, fit.probe.bias
+    )
 
 
 def _top_k(ranked: Sequence[BlockProbe], folds: Folds, units: torch.Tensor | None = None) -> int:
     """How many of the ranked blocks the ensemble averages: the best out-of-fold score over ``units``,
-    ties to the likelier, then to more blocks."""
+    ties to the lower Brier score, then to more blocks."""
     rows = None if units is None else units[folds.unit_of_row]
     best, best_key = 1, None
     for k in range(1, len(ranked) + 1):
-        mean = torch.stack([p.oof for p in ranked[:k]], 1).mean(1).log_softmax(-1)  # (n, C)
-        key = (folds.score(mean.argmax(-1), units), folds.log_likelihood(mean, rows), k)
+        mean = torch.stack([p.oof for p in ranked[:k]], 1).mean(1)  # (n, C): the ensemble's scores
+        key = (folds.score(mean.argmax(-1), units), -folds.brier(mean, rows), k)
         if best_key is None or key > best_key:
             best, best_key = k, key
     return best
@@ -338,30 +348,25 @@ def _readout(
 
 
 def _stack(oofs: torch.Tensor, labels: torch.Tensor, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``alpha`` ``(B,)`` and ``c`` ``(C,)`` minimising the log-loss of ``softmax(sum_s alpha_s oof_s + c)``
-    plus ``penalty/2 |alpha - 1/B|^2``: the plain geometric mean where the out-of-fold evidence is flat."""
-    count = oofs.shape[1]
-    alpha = torch.full((count,), 1.0 / count, dtype=torch.float64, requires_grad=True)
-    offset = torch.zeros(oofs.shape[-1], dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS(
-        [alpha, offset],
-        lr=1,
-        max_iter=200,
-        tolerance_grad=1e-10,
-        tolerance_change=1e-12,
-        line_search_fn="strong_wolfe",
-    )
+    """``alpha`` ``(B,)`` and ``c`` ``(C,)`` of ``sum_s alpha_s oof_s + c`` closest to the one-hot labels in
+    the balanced squared error, plus ``penalty |alpha - 1/B|^2``: the plain mean where the out-of-fold
+    evidence is flat. A linear least-squares problem in ``B + C`` unknowns.
 
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        logits = torch.einsum("nbc,b->nc", oofs, alpha) + offset  # (n, C)
-        loss = F.cross_entropy(logits, labels) + 0.5 * penalty * (alpha - 1.0 / count).pow(2).sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(closure)
-    return alpha.detach(), offset.detach()
+    Args:
+        oofs: ``(n, B, C)`` the blocks' out-of-fold scores.
+        labels: ``(n,)``.
+        penalty: Pulls ``alpha`` towards ``1/B``.
+    """
+    count, blocks, classes = oofs.shape
+    weights = balanced_weights(labels, classes).sqrt()[:, None, None]  # (n, 1, 1)
+    design = torch.cat([oofs.transpose(1, 2), torch.eye(classes, dtype=oofs.dtype).expand(count, -1, -1)], 2)
+    design = (weights * design).reshape(count * classes, blocks + classes)  # rows (i, c): [S_sic, onehot(c)]
+    target = (weights[..., 0] * F.one_hot(labels, classes).to(oofs.dtype)).reshape(-1)
+    prior = torch.cat([torch.full((blocks,), 1.0 / blocks), torch.zeros(classes)]).to(oofs.dtype)
+    pull = torch.cat([torch.full((blocks,), penalty * count), torch.zeros(classes)]).to(oofs.dtype)
+    system = design.T @ design + torch.diag(pull)
+    solution = torch.linalg.solve(system, design.T @ target + pull * prior)
+    return solution[:blocks], solution[blocks:]
 
 
 def _bootstrap_counts(units: int, resamples: int, seed: int) -> torch.Tensor:

@@ -113,6 +113,8 @@ class CrossValidatedProbe:
         penalties: Every penalty tried, ascending (the grid, grown past an end where the best sat on it).
         losses: The out-of-fold Brier score at each of ``penalties``.
         accuracies: The out-of-fold accuracy at each of ``penalties``.
+        out_of_fold_scores: ``(n, C)``: each row's scores ``W x + b`` from the probe fitted on the other
+            folds at the chosen penalty (``NaN`` on rows labelled ``-100``).
         out_of_fold: ``(n, C)``: each row's probabilities from the probe fitted on the other folds at the
             chosen penalty; ``NaN`` on rows labelled ``-100``.
         on_edge: Whether the chosen penalty is still an end of ``penalties`` (grown as far as allowed):
@@ -125,6 +127,7 @@ class CrossValidatedProbe:
     losses: tuple[float, ...]
     accuracies: tuple[float, ...]
     out_of_fold: torch.Tensor
+    out_of_fold_scores: torch.Tensor
     on_edge: bool
 
     @property
@@ -632,7 +635,9 @@ def cross_validate(
     kept = labels != IGNORE_INDEX
     targets = torch.nn.functional.one_hot(labels.clamp_min(0), classes).to(torch.float64)  # (n, C)
     weights = balanced_weights(labels[kept], classes)  # every class weighs the same in the Brier score
-    scored: dict[float, tuple[float, float, torch.Tensor]] = {}  # penalty -> (loss, accuracy, out of fold)
+    scored: dict[
+        float, tuple[float, float, torch.Tensor, torch.Tensor]
+    ] = {}  # (loss, accuracy, proba, scores)
 
     def score(penalties: Sequence[float]) -> None:
         out = torch.full((len(penalties), len(labels), classes), math.nan, dtype=torch.float64)
@@ -642,7 +647,8 @@ def cross_validate(
             loss = (weights * (scores[kept] - targets[kept]).pow(2).sum(-1)).mean().item()  # the Brier score
             proba = probabilities(scores)
             proba[~kept] = math.nan  # a row labelled -100 is predicted by no fold
-            scored[penalty] = (loss, probe_accuracy(proba, labels), proba)
+            scores[~kept] = math.nan
+            scored[penalty] = (loss, probe_accuracy(proba, labels), proba, scores)
 
     def best() -> float:
         return min(scored, key=lambda penalty: (scored[penalty][0], -penalty))
@@ -670,6 +676,7 @@ def cross_validate(
         losses=tuple(scored[p][0] for p in penalties),
         accuracies=tuple(scored[p][1] for p in penalties),
         out_of_fold=scored[chosen][2],
+        out_of_fold_scores=scored[chosen][3],
         on_edge=on_edge,
     )
 

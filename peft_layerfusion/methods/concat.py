@@ -112,7 +112,6 @@ class ConcatConfig(DepthMixConfig):
 class Concat(DepthMix):
     """``h = W [z_1; ...; z_K] + b``, or with ``map_rank`` ``h = B [A_1 z_1; ...; A_K z_K] + b``."""
 
-
     def __init__(self, config: ConcatConfig, context: FusionContext) -> None:
         super().__init__(config, context)
         k, d, r = context.num_fused, context.hidden_size, config.map_rank
