@@ -71,6 +71,10 @@ METRICS: dict[str, Metric] = {
     "f1": Metric("micro-F1 (seqeval)", "F1", "micro-F1"),
     "accuracy": Metric("accuracy", "accuracy", "accuracy"),
     "macro_f1": Metric("macro-F1", "macro-F1", "macro-F1"),
+    "ppl": Metric("perplexity (lower is better)", "perplexity", "perplexity"),
+    "exact_match": Metric("exact match", "exact match", "exact match"),
+    "chrf": Metric("chrF", "chrF", "chrF"),
+    "bleu": Metric("BLEU", "BLEU", "BLEU"),
 }
 
 

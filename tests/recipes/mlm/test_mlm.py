@@ -23,6 +23,7 @@ from layerfusion_recipes.mlm.records import (
     run_key,
     summarize,
 )
+from layerfusion_recipes.mlm.results import mlm_summary
 from layerfusion_recipes.mlm.settings import MlmSettings, mlm_lr_grid
 
 TEXT = " = Heading = \n\n" + "\n".join(
@@ -483,3 +484,24 @@ def test_masked_logits_equal_the_full_logits_at_the_predicted_positions(tiny, me
     chosen = labels != -100
     assert logits.shape == (int(chosen.sum()), full.shape[-1]) and torch.equal(targets, labels[chosen])
     torch.testing.assert_close(logits, full[chosen], atol=1e-5, rtol=1e-5)
+
+
+def test_the_summary_pairs_each_seed_at_the_lr_its_grid_selected():
+    def run(method, lr, dev, test, seed=0):
+        settings = {"seed": seed, "epochs": 1, "model": "/x/site-packages/m/model", "data": "/d/wikitext-2"}
+        scores = {"lr": lr, "dev_ppl": dev, "test_ppl": test}
+        return {"method": method, "regime": "fe", **scores, "settings": settings, "model": "m", "data": "d"}
+
+    grid = [
+        run(method, lr, dev, dev + 1)
+        for method, base in (("none", 30.0), ("dwatt", 20.0))
+        for lr, dev in ((1e-3, base), (3e-3, base + 5))
+    ]
+    # seed 1: none at its grid's LR, dwatt at another (left out)
+    seeds = [[run("none", 1e-3, 28.0, 29.0, seed=1), run("dwatt", 3e-3, 1.0, 1.0, seed=1)]]
+    summary = mlm_summary(grid, seeds, name="mlm", commands=["layerfusion mlm ..."])
+    (cell,) = summary["cells"]
+    assert cell["methods"]["none"]["trials"] == [0, 1] and cell["methods"]["none"]["test"] == [31.0, 29.0]
+    assert cell["methods"]["dwatt"]["trials"] == [0] and cell["methods"]["dwatt"]["dev_by_lr"] == [20.0, 25.0]
+    assert summary["pairs"] == [["dwatt", "none"]] and summary["model"]["name"] == "m/model"
+    assert summary["lower_is_better"] and summary["metric"] == "ppl"

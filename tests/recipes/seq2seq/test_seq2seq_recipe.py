@@ -14,6 +14,8 @@ from layerfusion_recipes.seq2seq import experiment as seq2seq
 from layerfusion_recipes.seq2seq import variants
 from layerfusion_recipes.seq2seq.experiment import (
     EOS,
+    METHOD_NAMES,
+    METRICS,
     PAD,
     TEST_SEED,
     DenoisingData,
@@ -30,6 +32,7 @@ from layerfusion_recipes.seq2seq.experiment import (
     summarize,
 )
 from layerfusion_recipes.seq2seq.records import comparison_setup, legacy_records, run_key
+from layerfusion_recipes.seq2seq.results import seq2seq_summary
 
 from peft_layerfusion import SurfaceFusionConfig
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
@@ -353,3 +356,31 @@ def test_a_zero_learning_rate_or_thread_count_is_refused_at_parse_time(tmp_path,
     with pytest.raises(SystemExit) as exit_info:
         main(["seq2seq", "--data", str(tmp_path), option, value])
     assert exit_info.value.code == 2 and f"argument {option}: must be" in capsys.readouterr().err
+
+
+def test_the_summary_holds_each_seed_s_scores_and_pairs_every_method_with_vanilla():
+    def run(method, seed, em):
+        scores = {"exact_match": em, "chrf": 80.0 + seed, "bleu": 70.0}
+        return {"method": method, "seed": seed, "learning_rate": 0.003, **scores, "dev": scores}
+
+    results = {
+        "complete": True,
+        "settings": {"epochs": 16, "architecture": "marian"},
+        "train_file": "/d/wikitext-2/valid.txt",
+        "learning_rates": [0.003],
+        "selected_learning_rate": {"vanilla": 0.003, "surface_hard": 0.003},
+        "copy_input": {
+            "test": dict(zip(METRICS, (25.0, 88.0, 81.0), strict=True)),
+            "dev": dict.fromkeys(METRICS, 1.0),
+        },
+        "runs": [run(m, s, em + s) for m, em in (("vanilla", 40.0), ("surface_hard", 42.0)) for s in (1, 0)],
+    }
+    summary = seq2seq_summary(results, name="seq2seq", commands=["layerfusion seq2seq"])
+    methods = summary["cells"][0]["methods"]
+    assert list(methods) == ["copy_input", *[m for m in METHOD_NAMES if m in ("vanilla", "surface_hard")]]
+    assert methods["surface_hard"]["trials"] == [0, 1] and methods["surface_hard"]["test"] == [42.0, 43.0]
+    assert methods["vanilla"]["scores"]["chrf"]["test"] == [80.0, 81.0]
+    assert methods["copy_input"]["test"] == [25.0] and "lr" not in methods["copy_input"]
+    assert summary["pairs"] == [["surface_hard", "vanilla"]] and summary["data"]["name"] == "wikitext-2"
+    with pytest.raises(ValueError, match="has not finished"):
+        seq2seq_summary({**results, "complete": False}, name="seq2seq", commands=[])
