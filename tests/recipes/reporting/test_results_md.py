@@ -163,3 +163,10 @@ def test_a_marker_quoted_inside_prose_is_not_a_marker(repo):
     text = PROSE_BEFORE + "Blocks start with `<!-- generated: NAME -->` lines.\n"
     assert results_md.find_blocks(text) == []
 
+
+def test_the_committed_results_page_is_up_to_date_and_short(capsys):
+    assert _run(REPO, "--check") == 0, capsys.readouterr().out[-2000:]
+    page = (REPO / "benchmarks" / "RESULTS.md").read_text().splitlines()
+    assert len(page) <= 600
+    shown = {block.name for block in results_md.find_blocks("\n".join(page))}
+    assert {"conll_fe_lr", "guard", "mlm", "seq2seq", "speed_cpu", "speed_gpu"} <= shown
