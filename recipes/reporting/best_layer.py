@@ -265,16 +265,15 @@ def best_layer_markdown(
     of its own runs against its own probes (``{"N=8 epochs=30 setup=3f2a": ...}``).
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> path = "benchmarks/results/conll_fe_probe_start/results"  # committed: CoNLL, MiniLM
-        >>> records, probes = read_records(f"{path}.jsonl"), read_records(f"{path}.probes.jsonl")
-        >>> text, numbers = best_layer_markdown(records, probes)
+        >>> text, numbers = best_layer_markdown(sweep_records, probe_records)
         >>> print(text.splitlines()[0])
-        **N=8, max 25 epochs**: best layer per trial on dev: trial 0: z_... @..., trial 1: ..., trial 2: ...
-        >>> numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # trials where it beat the layer on dev by one SE
+        **N=8, max 25 epochs**: best layer per trial on dev: trial 0: z_2 @0.1, trial 1: z_2 @0.1, ...
+        >>> numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # 1 point over the block: within one SE (2.2)
         0
-        >>> sorted(numbers)  # its N = 32 trials ran again under a new setup (the model installed again)
-        ['N=32 epochs=25 setup=7f9409bf6b74', 'N=32 epochs=25 setup=ff572919f928', 'N=8 epochs=25']
+        >>> runs = [{**r, "setup": "ab12"} for r in sweep_records]  # the sweep run again, under a new setup
+        >>> probes = [{**r, "setup": "ab12"} for r in probe_records]
+        >>> sorted(best_layer_markdown(sweep_records + runs, probe_records + probes)[1])
+        ['N=8 epochs=25 setup=3f2a9c0d1e4b', 'N=8 epochs=25 setup=ab12']
     """
     texts, out = [], {}
     for (shots, epochs, setup), several, runs, own in _probe_cells(records, probes):

@@ -87,10 +87,9 @@ def probe_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     (every further metric: ``{metric: (mean, ci)}`` at the same runs, ``None`` without a test split).
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
-        >>> probe_rows(probes)[0]["layer"]
-        1
+        >>> row = probe_rows(probe_records)[1]  # block 2 of a sweep's probes
+        >>> row["layer"], row["lr"], round(row["mean"], 1)  # its LR selected on dev, test F1 over 3 trials
+        (2, 0.1, 59.0)
     """
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for run in layer_runs(records):
@@ -204,12 +203,11 @@ def learned_weights(
         the fused layers, the mean weight of each, the trials.
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> weights = learned_weights(read_records("benchmarks/results/trec_fe/results.jsonl"))
+        >>> weights = learned_weights(sweep_records)
         >>> [cell for cell in weights if cell[-1] == "scalar_mix"][0][1:]  # (setup, regime, N, epochs, ...)
-        ('fe', 32, 30, 'scalar_mix')
-        >>> list(weights.values())[0]["layers"]
-        [1, 2, 3, 4, 5, 6]
+        ('fe', 8, 25, 'scalar_mix')
+        >>> weights[sweep_records[0]["setup"], "fe", 8, 25, "scalar_mix"]["weights"]  # mean over trials
+        [0.1..., 0.6, 0.3]
     """
     selected = {cell_of(row): row["lr"] for row in (summarize(records) if rows is None else rows)}
     found: dict[tuple, dict[str, Any]] = {}
@@ -534,12 +532,9 @@ def write_layer_report(
     without probes.
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
         >>> from layerfusion_recipes.reporting.plot import write_report
-        >>> records = read_records("benchmarks/results/trec_fe/results.jsonl")
-        >>> _ = write_report(records, "out")  # table.md and the figures, which the layer report adds to
-        >>> write_layer_report(records, probes, "out", top=3)["layers"]
+        >>> _ = write_report(sweep_records, "out")  # table.md and the figures, which the layer report adds to
+        >>> write_layer_report(sweep_records, probe_records, "out", top=3)["layers"]
         PosixPath('out/layers.png')
     """
     figure = plot_layers(probes, records, Path(output) / LAYERS_FIGURE, top)
@@ -556,10 +551,8 @@ def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
     the model's layers, then a note saying so).
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> probes = read_records("benchmarks/results/trec_fe/results.probes.jsonl")  # committed
-        >>> best_layers_lines(probes, 3)
-        ['layers (best 3 on dev), N=8, max 30 epochs: layers=[...]', ...]
+        >>> best_layers_lines(probe_records, 2)
+        ['layers (best 2 on dev), N=8, max 25 epochs: layers=[2, 3]']
     """
     rows = probe_rows(probes)
     note = clamp_note(top, rows)

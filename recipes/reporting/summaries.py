@@ -34,8 +34,8 @@ in a trial only where dev says it beats the best layer by one standard error, el
 (each trial's best probe on dev, scored on test; its ``layers``, ``features`` and ``lrs`` per trial)
 and ``layers`` (each block's probe at its LR and kind selected on dev, per trial). ``fresh`` (optional)
 is the first trial no choice was made on. A fingerprint comes from the records (their settings'
-``content``); where a record predates that, the data's from its files when the summary was written
-(``null`` where they are not there), the model's ``null``.
+``content``); where they carry none (the masked LM's), the data's is taken from its files when the
+summary is written (``null`` where they are not here), the model's is ``null``.
 
 Other kinds render as they are: ``"report"`` (a benchmark's saved report:
 :mod:`~layerfusion_recipes.reporting.benchmark_report`), ``"speed"`` (:func:`speed_summary`: the newest
@@ -117,8 +117,8 @@ def _settings(record: dict[str, Any]) -> dict[str, Any]:
 
 def setup_sources(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per setup of ``records`` (in file order): the content fingerprints of its model and data (the
-    records' ``content``; a record that predates them: the data's files where they are here, and
-    ``None`` for the model, whose files may have been installed again since).
+    records' ``content``; where they carry none, the data's files where they are here, and ``None`` for
+    the model, whose files may have changed since the runs).
 
     Example:
         >>> run = {"setup": "3f2a", "settings": {"model": "m", "data": "d", "content": {"data": "ab12"}}}
