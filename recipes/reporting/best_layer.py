@@ -103,16 +103,20 @@ def guarded_scores(
 
 
 def difference(own: Scores, base: Scores) -> str:
-    """The paired difference ``own - base`` as ``+m ± h`` (bold where the interval excludes 0); ``-``
-    without two shared trials.
+    """The paired difference ``own - base`` over the trials both have, as ``+m ± h`` (bold where the
+    interval excludes 0); ``+m (n=1)`` for one shared trial (no interval), ``-`` for none.
 
     Example:
         >>> difference({0: 60.0, 1: 62.0, 2: 61.0}, {0: 50.0, 1: 51.0, 2: 50.5})
         '**+10.5 ± 1.2**'
+        >>> difference({0: 60.0}, {0: 50.0}), difference({0: 60.0}, {1: 50.0})
+        ('+10.0 (n=1)', '-')
     """
     paired = paired_mean_ci(own, base)
     if paired is None:
         return "-"
+    if paired.n == 1:
+        return f"{paired.mean:+.1f} (n=1)"
     text = f"{paired.mean:+.1f} ± {paired.half_width:.1f}"
     return f"**{text}**" if paired.resolved else text
 

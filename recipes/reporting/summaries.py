@@ -58,9 +58,9 @@ from ..core.cache_files import path_fingerprint
 from ..core.cells import shots_size
 from ..core.probes import features_of
 from ..core.selection import record_metric
-from ..core.stats import excludes_zero, mean_ci, paired_mean_ci
+from ..core.stats import mean_ci
 from ..core.sweep_log import SweepTotals
-from .best_layer import BEST_LAYER, best_layer_cells
+from .best_layer import BEST_LAYER, best_layer_cells, difference
 from .layers import layer_runs, selected_probe
 from .markdown import duration, listed, memory
 from .plot import (
@@ -525,23 +525,6 @@ def scores_table(summary: Mapping[str, Any], metric: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def difference_text(own: Mapping[Any, float], base: Mapping[Any, float]) -> str:
-    """``own - base`` paired by trial as ``+m ± h`` (bold where the interval excludes 0; ``(n=1)`` for
-    one pair); ``-`` without a shared trial.
-
-    Example:
-        >>> difference_text({0: 60.0, 1: 62.0, 2: 61.0}, {0: 50.0, 1: 51.0, 2: 50.5})
-        '**+10.5 ± 1.2**'
-    """
-    paired = paired_mean_ci(own, base)
-    if paired is None:
-        return "-"
-    if paired.n == 1:
-        return f"{paired.mean:+.1f} (n=1)"
-    text = f"{paired.mean:+.1f} ± {paired.half_width:.1f}"
-    return f"**{text}**" if excludes_zero(*paired) else text
-
-
 def _by_trial(entry: Mapping[str, Any], scores: Sequence[float | None], trials: set | None = None) -> dict:
     return {t: s for t, s in zip(entry["trials"], scores, strict=True) if trials is None or t in trials}
 
@@ -568,7 +551,7 @@ def paired_table(summary: Mapping[str, Any], metric: str | None = None) -> str:
         for first, second in pairs:
             if first in methods and second in methods:
                 own, base = (_by_trial(methods[m], _scores(methods[m], metric)[0]) for m in (first, second))
-                texts[first, second] = difference_text(own, base)
+                texts[first, second] = difference(own, base)
                 shown.add((first, second))
         lines.append(([cell.get(f) for f in lead], cell, texts))
     columns = [pair for pair in pairs if pair in shown]
@@ -742,7 +725,7 @@ def guard_row(title: str, cell: Mapping[str, Any], fresh_only: bool, average: bo
         own = dict(zip(entry["trials"], entry["guarded"]["test"], strict=True))
         kept = [t for t in entry["guarded"]["kept"] if t in trials]
         scores = {t: own[t] for t in shown}
-        return scores, f"{difference_text(scores, best_test)} ({len(kept)}/{len(shown)})"
+        return scores, f"{difference(scores, best_test)} ({len(kept)}/{len(shown)})"
 
     mix, mix_text = guarded("layer_mix")
     _, scalar_text = guarded("scalar_mix")
@@ -750,12 +733,12 @@ def guard_row(title: str, cell: Mapping[str, Any], fresh_only: bool, average: bo
     unguarded = _by_trial(layer_mix, layer_mix["test"], trials) if layer_mix else {}
     columns = [
         title, shots_text(cell["shots"]), _trial_span(sorted(trials)), _mean_text(plain),
-        _mean_text(best_test), difference_text(unguarded, best_test), mix_text,
-        difference_text(mix, plain), scalar_text,
+        _mean_text(best_test), difference(unguarded, best_test), mix_text,
+        difference(mix, plain), scalar_text,
     ]  # fmt: skip
     if average:
         entry = methods.get("average")
-        columns.append(difference_text(_by_trial(entry, entry["test"], trials), best_test) if entry else "-")
+        columns.append(difference(_by_trial(entry, entry["test"], trials), best_test) if entry else "-")
     return markdown_row(columns)
 
 
