@@ -1,10 +1,8 @@
 """The command table of ``layerfusion``: every sub-command's help, options and handler
 (:data:`COMMANDS`), standard library only.
 
-:mod:`layerfusion_recipes.cli` (the entry point) builds its parser from it; ``layerfusion report``
-is handed it too (which commands run a grid file, with which options; which task renders a block of
-RESULTS.md of its own). A handler (and a task's renderer) is a ``"module:function"`` string, imported
-only when its command runs.
+:mod:`layerfusion_recipes.cli` (the entry point) builds its parser from it. A handler is a
+``"module:function"`` string, imported only when its command runs.
 """
 
 from __future__ import annotations
@@ -33,10 +31,6 @@ class Command:
         handler: ``"module:function"`` called with the parsed arguments; returns an exit code.
         check: Checks the arguments before the handler's module is imported (light: standard library
             only), e.g. that a path exists; raises a user error.
-        results: ``"module:function"`` rendering the task's own block of ``benchmarks/RESULTS.md``,
-            named after the command (``<!-- generated: mlm output=... -->``), called with the block,
-            the repository root and :attr:`add_arguments`; ``None``: none (a grid task's blocks are
-            the generator's, :mod:`layerfusion_recipes.reporting.results_md`).
     """
 
     help: str
@@ -44,7 +38,6 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     handler: str
     check: Callable[[argparse.Namespace], None] | None = None
-    results: str | None = None
 
     def run(self, args: argparse.Namespace) -> int | None:
         if self.check is not None:
@@ -53,9 +46,9 @@ class Command:
         return getattr(importlib.import_module(module), function)(args)
 
 
-def task_command(options: ModuleType, handler: str, results: str | None = None) -> Command:
+def task_command(options: ModuleType, handler: str) -> Command:
     """A task's command from its folder's ``options`` module (standard library only): its ``HELP``,
-    ``DESCRIPTION``, ``add_arguments`` and ``check``; ``handler`` and ``results`` as :class:`Command`'s,
+    ``DESCRIPTION``, ``add_arguments`` and ``check``; ``handler`` as :class:`Command`'s,
     ``"module:function"`` relative to the task's folder.
 
     Example:
@@ -63,19 +56,13 @@ def task_command(options: ModuleType, handler: str, results: str | None = None) 
         'layerfusion_recipes.classify.command:classify_main'
     """
     folder = options.__name__.rpartition(".")[0]  # layerfusion_recipes.<task>
-    handler, results = (f"{folder}.{name}" if name else None for name in (handler, results))
-    return Command(options.HELP, options.DESCRIPTION, options.add_arguments, handler, options.check, results)
+    return Command(
+        options.HELP, options.DESCRIPTION, options.add_arguments, f"{folder}.{handler}", options.check
+    )
 
 
 def _methods_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion methods`` takes no option."""
-
-
-def _report_arguments(parser: argparse.ArgumentParser) -> None:
-    """``layerfusion report``'s options, and the command table it renders each block through (the
-    generator imports no task and not this table: it is handed it)."""
-    arguments.add_report_arguments(parser)
-    parser.set_defaults(commands=COMMANDS)
 
 
 COMMANDS: dict[str, Command] = {
@@ -101,9 +88,9 @@ COMMANDS: dict[str, Command] = {
     "report": Command(
         "Regenerate the generated blocks of benchmarks/RESULTS.md (--check: exit 1 when out of date).",
         "Rebuild every generated block of benchmarks/RESULTS.md (between `<!-- generated: NAME -->` "
-        "markers) from the grid files and their results; the prose around them is kept. --check "
-        "prints a diff and exits 1 instead of writing.",
-        _report_arguments,
+        "markers) from the summaries of the published experiments (benchmarks/summaries/NAME.json); "
+        "the prose around them is kept. --check prints a diff and exits 1 instead of writing.",
+        arguments.add_report_arguments,
         "layerfusion_recipes.reporting.results_md:report_main",
     ),
     "paired": Command(
@@ -114,8 +101,8 @@ COMMANDS: dict[str, Command] = {
         arguments.add_paired_arguments,
         "layerfusion_recipes.reporting.paired:paired_main",
     ),
-    "mlm": task_command(mlm_options, "experiment:mlm_main", "results:render_results"),
-    "seq2seq": task_command(seq2seq_options, "experiment:seq2seq_main", "results:render_results"),
+    "mlm": task_command(mlm_options, "experiment:mlm_main"),
+    "seq2seq": task_command(seq2seq_options, "experiment:seq2seq_main"),
     "audit": Command(
         "Count each method's new trainable parameters (meta device, no weights).",
         "Each method's new trainable parameters by component, on the meta device (no weights): "

@@ -1,10 +1,12 @@
 """The tests' one shared helper module: tiny random models (built from configs, no download), a tiny
-BERT + WordPiece tokenizer saved to disk and a toy NER corpus (for the recipes' tests), fixtures."""
+BERT + WordPiece tokenizer saved to disk, a toy NER corpus and a small sweep's records (for the
+recipes' tests), fixtures."""
 
 from __future__ import annotations
 
 import copy
 import gc
+import json
 import os
 import random
 import weakref
@@ -306,6 +308,73 @@ def write_toy_data(directory: str | os.PathLike, **sizes: int) -> str:
         )
         (directory / f"{name}.txt").write_text(text + "\n")
     return str(directory)
+
+
+# A small NER sweep as its records say it (FE, N = 8, 25 epochs, 3 trials, LRs 0.01 and 0.1): per method
+# the LR that wins on dev and its dev F1 on trial 0 (+0.04 a trial; 0.1 lower at the other LR; test = dev
+# - 0.03). DWAtt records its depth attention, ScalarMix its mix weights, over blocks 1-3.
+SWEEP_SETUP = "3f2a9c0d1e4b"
+SWEEP_METHODS = {
+    "none": (0.01, 0.40),
+    "dwatt": (0.1, 0.55),
+    "scalar_mix": (0.1, 0.50),
+    "layer_mix": (0.1, 0.61),
+}
+
+
+def sweep_records(setup: str = SWEEP_SETUP) -> list[dict]:
+    """The run records of the small sweep above (:data:`SWEEP_METHODS`), as a sweep writes them."""
+    records = []
+    for method, (best, first) in SWEEP_METHODS.items():
+        for lr in (0.01, 0.1):
+            for trial in range(3):
+                dev = first + 0.04 * trial - (0.0 if lr == best else 0.1)
+                record = {
+                    "key": f"{method}|fe|8|25|{trial}|lr={lr!r}|{setup}",
+                    **{"task": "ner", "setup": setup, "method": method, "regime": "fe", "shots": 8},
+                    **{"epochs": 25, "trial": trial, "lr": lr, "dev_f1": dev, "test_f1": dev - 0.03},
+                    "best_epoch": 25,
+                    "curve": [{"epoch": e, "step": 2 * e, "dev_f1": dev * e / 25} for e in (5, 25)],
+                    "dev_entities": 500,
+                    "settings": {"model": "tiny-bert", "data": "toy-ner", "seed": 0},
+                }
+                if method == "dwatt":
+                    record |= {"depth_attention": [0.2, 0.5, 0.3], "fused_layers": [1, 2, 3]}
+                if method == "scalar_mix":
+                    record |= {"mix_weights": [0.1, 0.6, 0.3]}
+                records.append(record)
+    return records
+
+
+def probe_records(setup: str = SWEEP_SETUP) -> list[dict]:
+    """The layer probes of :func:`sweep_records`' trials: blocks 1-3 at LRs 0.01 and 0.1, block 2 the
+    best on dev (0.60 on trial 0, +0.04 a trial, at 0.1), test = dev - 0.05."""
+    records = []
+    for trial in range(3):
+        for lr in (0.01, 0.1):
+            shift = 0.04 * trial - (0.0 if lr == 0.1 else 0.05)
+            layers = [
+                {"layer": n, "dev_f1": dev + shift, "test_f1": dev + shift - 0.05}
+                for n, dev in ((1, 0.45), (2, 0.60), (3, 0.55))
+            ]
+            records.append(
+                {
+                    "key": f"probe|fe|8|25|{trial}|lr={lr!r}|{setup}",
+                    **{"task": "ner", "setup": setup, "method": "probe", "regime": "fe", "shots": 8},
+                    **{"epochs": 25, "trial": trial, "lr": lr, "metric": "f1", "layers": layers},
+                }
+            )
+    return records
+
+
+def write_sweep(directory: str | os.PathLike) -> str:
+    """:func:`sweep_records` and :func:`probe_records` as a sweep leaves them in ``directory``
+    (``results.jsonl``, ``results.probes.jsonl``); returns the results file's path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, records in (("results.jsonl", sweep_records()), ("results.probes.jsonl", probe_records())):
+        (directory / name).write_text("".join(json.dumps(record) + "\n" for record in records))
+    return str(directory / "results.jsonl")
 
 
 def write_tiny_decoder(

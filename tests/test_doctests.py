@@ -15,11 +15,14 @@ example's working folder: ``model_path`` (a tiny BERT and its WordPiece ``tokeni
 ``save_pretrained`` writes them), ``ner_data`` (toy NER splits, ``token<TAB>tag``) and ``text_data``
 (toy 3-class CSV splits), ``decoder_path`` and ``gemma_path`` (a tiny Llama and a tiny Gemma 3 text
 decoder, 2 blocks of width 32, with a tokenizer) and ``text_path`` (WikiText-2's three files in
-small). For the recipes' few-shot machinery: ``experiment`` (a NER experiment, as a sweep builds it,
-of the tiny BERT on the toy NER splits, LRs 1e-2 and 3e-2), ``cache`` (its feature cache, the dev
-and test sets filled) and ``grid`` (a sweep's grid: methods ``none`` and ``dwatt`` under ``fe``,
-2 shots, 2 epochs, 2 trials, results in ``out/results.jsonl``). Each docstring gets fresh ones, built
-only where its examples name them.
+small). For the recipes' few-shot machinery: ``sweep_records`` and ``probe_records`` (a small NER
+sweep's run records and its layer probes: FE, N = 8, 25 epochs, 3 trials, the plain head, DWAtt,
+ScalarMix and LayerMix at LRs 0.01 and 0.1; conftest.py's), ``sweep_results`` (both written as a sweep
+leaves them, ``sweep/results.jsonl`` and its probes file: its path), ``experiment`` (a NER experiment,
+as a sweep builds it, of the tiny BERT on the toy NER splits, LRs 1e-2 and 3e-2), ``cache`` (its
+feature cache, the dev and test sets filled) and ``grid`` (a sweep's grid: methods ``none`` and
+``dwatt`` under ``fe``, 2 shots, 2 epochs, 2 trials, results in ``out/results.jsonl``). Each docstring
+gets fresh ones, built only where its examples name them.
 """
 
 from __future__ import annotations
@@ -37,7 +40,16 @@ from types import ModuleType
 import layerfusion_recipes
 import pytest
 import torch
-from conftest import WORDS, write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
+from conftest import (
+    WORDS,
+    probe_records,
+    sweep_records,
+    write_sweep,
+    write_text_data,
+    write_tiny_decoder,
+    write_tiny_model,
+    write_toy_data,
+)
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from peft import PeftModel, get_peft_model
 from torch import nn
@@ -186,6 +198,12 @@ def stand_ins(source: str) -> dict:
     for name, write in folders.items():
         if name in words:
             names[name] = write()
+    if "sweep_records" in words:
+        names["sweep_records"] = sweep_records()
+    if "probe_records" in words:
+        names["probe_records"] = probe_records()
+    if "sweep_results" in words:
+        names["sweep_results"] = write_sweep(Path.cwd() / "sweep")
     if "tokenizer" in words:
         names["tokenizer"] = AutoTokenizer.from_pretrained(write_tiny_model(Path.cwd() / "tiny-bert"))
     if words & {"experiment", "cache"}:
@@ -234,7 +252,7 @@ def test_module_examples(name, scratch):
         pytest.importorskip(NEEDS[name])
     module = importlib.import_module(name)
     if "benchmarks/" in open(module.__file__, encoding="utf-8").read():
-        # an example may read the committed results (and write beside them): it gets a copy of its own
+        # an example may read the committed summaries and results page: it gets a copy of its own
         shutil.copytree(REPO / "benchmarks", Path.cwd() / "benchmarks")
     tests = doctests_of(module)
     found = sum(len(test.examples) for test in tests)

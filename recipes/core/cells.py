@@ -2,8 +2,8 @@
 
 A *cell* is one point of a grid, method x regime x shots x max epochs x trial; a *run* is a cell
 trained at one max LR, stored under :func:`record_key` (the cell, its LR and the fingerprint of the
-settings that change a result, never the grid it ran in; a method whose config defaults changed
-since keys were first made adds those defaults' fingerprint: :func:`defaults_key`). Every task over
+settings that change a result, never the grid it ran in, and of a fusion method's config defaults:
+:func:`defaults_key`). Every task over
 the shared core (``ner``, ``classify``) has the same grid, so everything here serves them all.
 
 Seeds: trial ``t`` draws its training sample from :func:`sample_seed` ``(shots, t)`` (every method
@@ -27,22 +27,6 @@ from peft_layerfusion.registration import METHODS, method_named
 from .grids import FULL_TRAIN
 from .models import PLAIN_HEAD
 from .records import LAYERS, START, fingerprint, unit_key
-
-# The fingerprint of each method's config defaults (:func:`config_defaults`) when keys began to carry
-# them: a method whose defaults still match keeps the keys it always had (its committed records
-# resume); one whose defaults changed gets keys its old records do not have, so none of them is
-# served for the new defaults. A method registered later always carries them. Never edit an entry.
-KEYED_DEFAULTS = {
-    "dwatt": "2f532b2105fd",
-    "concat": "45ee2d507082",
-    "average": "9ec961ee75c2",
-    "scalar_mix": "4e5bf6d7281f",
-    "scaled_dwatt": "554da4edb2b7",
-    "layer_mix": "d7fe4e051d76",
-    "extra_layers": "01801bfb0c9b",
-    "surface_fusion": "05eeeb02555a",
-    "encoder_fusion": "1e8896c6985e",
-}
 
 
 @dataclass(frozen=True)
@@ -85,12 +69,12 @@ def record_key(
     record.
 
     Example:
-        >>> record_key(Cell("concat", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
-        'concat|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
+        >>> record_key(Cell("none", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")  # the plain head: no defaults
+        'none|fe|8|25|0|lr=0.001|3f2a9c0d1e4b'
         >>> record_key(Cell("layer_mix", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b", start=7)
-        'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|start=7'
+        'layer_mix|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|defaults=...|start=7'
         >>> record_key(Cell("average", "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b", layers=[3, 4])
-        'average|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|layers=3,4'
+        'average|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|defaults=...|layers=3,4'
     """
     key = with_defaults(unit_key(cell.key, lr, setup), cell.method)
     if start is not None:
@@ -104,8 +88,9 @@ def with_defaults(key: str, method: str) -> str:
     """``key`` (a run of ``method``) with ``|defaults=...`` where :func:`defaults_key` gives one.
 
     Example:
-        >>> with_defaults("concat|fe|0|lr=0.001|3f2a9c0d1e4b", "concat")  # its defaults never changed
-        'concat|fe|0|lr=0.001|3f2a9c0d1e4b'
+        >>> with_defaults("dwatt|fe|0|lr=0.001|3f2a9c0d1e4b", "dwatt") == (
+        ...     f"dwatt|fe|0|lr=0.001|3f2a9c0d1e4b|defaults={defaults_key('dwatt')}")
+        True
     """
     return key + defaults_suffix(defaults_key(method))
 
@@ -140,33 +125,19 @@ def config_defaults(config_cls: type) -> dict[str, Any]:
 
 
 def defaults_key(method: str) -> str | None:
-    """The fingerprint of a fusion ``method``'s config defaults (its keys then end in
-    ``|defaults=...``), or ``None``: the plain head, a probe, or a method of :data:`KEYED_DEFAULTS`
-    whose defaults did not change.
+    """The :func:`~layerfusion_recipes.core.records.fingerprint` of a fusion ``method``'s config
+    defaults (its keys end in ``|defaults=...``: a record is never served for other defaults), or
+    ``None`` for the plain head or a probe, which have no config.
 
     Example:
-        >>> defaults_key("concat") is None, defaults_key(PLAIN_HEAD) is None
-        (True, True)
+        >>> len(defaults_key("dwatt")), defaults_key(PLAIN_HEAD) is None
+        (12, True)
     """
     if method not in {registered.name for registered in METHODS}:
         return None
     registered = method_named(method)
     preset = registered.config_cls.PRESETS[registered.preset].values if registered.preset else {}
-    defaults = {**config_defaults(registered.config_cls), **preset}
-    return changed_fingerprint(defaults, KEYED_DEFAULTS.get(method))
-
-
-def changed_fingerprint(fields: dict[str, Any], keyed: str | None) -> str | None:
-    """The :func:`~layerfusion_recipes.core.records.fingerprint` of ``fields``, or ``None`` where it is
-    ``keyed`` (the fingerprint they had when keys began to carry them: the keys stay as they were).
-
-    Example:
-        >>> keyed = fingerprint({"lam": 0.8})
-        >>> changed_fingerprint({"lam": 0.8}, keyed), changed_fingerprint({"lam": 0.5}, keyed)
-        (None, '...')
-    """
-    found = fingerprint(fields)
-    return None if found == keyed else found
+    return fingerprint({**config_defaults(registered.config_cls), **preset})
 
 
 def sample_seed(shots: int, trial: int) -> int:

@@ -284,8 +284,7 @@ class TaskSettings:
         content = self.content_fingerprints()
         if content:  # local files: new weights or data at the same path give other records
             fields["content"] = content
-        if self.cache_dtype != DEFAULT_CACHE_DTYPE:  # rounded features: other results (the default: old keys)
-            fields["cache_dtype"] = self.cache_dtype
+        fields["cache_dtype"] = self.cache_dtype  # rounded features give other results
         if self.probe_start:  # the probes' settings; each run's start block is in its own key (run_key)
             fields["probe_start"] = PROBE_SETTINGS
         if self.probe_fuse is not None:  # the same for the fused blocks (probe_layers), and their count

@@ -8,7 +8,7 @@ numbers (:func:`read_lines`), so that cell simply runs again.
 
 Exactly one record per key: appends hold an exclusive lock on the file and skip a key that is
 already there (two sweeps on one output never write a cell twice), and reading keeps the first
-record of a key (files written before the lock count each cell once too).
+record of a key (a file joined from two, or edited by hand, counts each cell once too).
 
 :func:`append_line` appends a line without a key the same way (the sweeps' log, ``sweeps.jsonl``).
 
@@ -16,8 +16,7 @@ Keys: every task keys a run the same way, :func:`unit_key`: its cell, its LR and
 of the settings that change its result (never the grid it ran in), e.g.
 ``dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b`` (NER, classify), ``dwatt|fe|0|lr=0.001|...`` (the masked
 LM), ``vanilla|0|lr=0.003|...`` (seq2seq). Resuming (:func:`finished_records`, :func:`run_or_resume`)
-reads the results file and, for a folder written before a task kept one, its older files read as
-records with the same keys; a unit whose key is there is not run again.
+reads the results file; a unit whose key is there is not run again.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -40,7 +39,7 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> bool:
     exactly one record per key. Returns whether the record was written.
 
     Example:
-        >>> append_record("results.jsonl", {"key": "dwatt|fe|8|25|0|lr=0.001|3f2a", "best_f1": 0.61})
+        >>> append_record("results.jsonl", {"key": "dwatt|fe|8|25|0|lr=0.001|3f2a", "dev_f1": 0.61})
         True
     """
     with _locked_for_append(path) as fd:
@@ -163,8 +162,8 @@ def read_records(
     lines are skipped and said on stderr (:func:`read_lines`): a sweep runs what they held again.
 
     Example:
-        >>> read_records("benchmarks/results/conll_fe_lr/results.jsonl")[0]["key"]  # the committed runs
-        'none|fe|8|25|0|lr=0.001|9c55cda5f4f5'
+        >>> read_records(sweep_results)[0]["key"]  # a sweep's results file
+        'none|fe|8|25|0|lr=0.01|3f2a9c0d1e4b'
     """
     records, seen = [], set()
     for record in read_lines(path, lambda entry: is_record(entry, accept), "complete records"):
@@ -220,23 +219,16 @@ def unit_key(cell: str, lr: float, setup: str) -> str:
     return f"{cell}|lr={float(lr)!r}|{setup}"
 
 
-def finished_records(
-    path: str | os.PathLike, legacy: Iterable[dict[str, Any]] = ()
-) -> dict[str, dict[str, Any]]:
-    """The finished runs by key: the results file's (:func:`read_records`), then the ``legacy`` records
-    (a task's older files read as records, each with its ``key``) whose key it does not hold.
+def finished_records(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The finished runs of the results file by key (:func:`read_records`: the first record of a key).
 
     Example:
         >>> append_record("done/results.jsonl", {"key": "dwatt|fe|0|lr=0.001|3f2a9c0d1e4b", "dev_ppl": 21.0})
         True
-        >>> legacy = [{"key": "concat|fe|0|lr=0.001|3f2a9c0d1e4b", "dev_ppl": 23.0}]  # an older file's
-        >>> sorted(finished_records("done/results.jsonl", legacy))
-        ['concat|fe|0|lr=0.001|3f2a9c0d1e4b', 'dwatt|fe|0|lr=0.001|3f2a9c0d1e4b']
+        >>> sorted(finished_records("done/results.jsonl"))
+        ['dwatt|fe|0|lr=0.001|3f2a9c0d1e4b']
     """
-    finished = {record["key"]: record for record in read_records(path)}
-    for record in legacy:
-        finished.setdefault(record["key"], record)
-    return finished
+    return {record["key"]: record for record in read_records(path)}
 
 
 def run_or_resume(

@@ -33,15 +33,13 @@ def record_metric(record: dict[str, Any]) -> str:
 
 
 def dev_score(record: dict[str, Any], metric: str | None = None) -> float:
-    """Best dev score of a record in ``metric`` (default: :func:`record_metric`): its ``dev_METRIC``
-    field (``best_f1`` in NER files written before ``dev_f1`` existed).
+    """Best dev score of a record in ``metric`` (default: :func:`record_metric`): its ``dev_METRIC`` field.
 
     Example:
         >>> dev_score({"dev_f1": 0.5}), dev_score({"metric": "accuracy", "dev_accuracy": 0.8, "dev_f1": 0.1})
         (0.5, 0.8)
     """
-    name = f"dev_{metric or record_metric(record)}"
-    return record[name] if name in record or name != "dev_f1" else record["best_f1"]
+    return record[f"dev_{metric or record_metric(record)}"]
 
 
 DEV_SIZES = ("dev_examples", "dev_entities")  # what a dev score averages over: classify, NER
@@ -74,8 +72,8 @@ def test_score(record: dict[str, Any], metric: str | None = None) -> float | Non
 
 
 def cell_of(record: dict[str, Any]) -> tuple:
-    """The cell a record belongs to: its :data:`CELL_FIELDS` (``setup`` "" in older files)."""
-    return (record.get("setup", ""), record["regime"], record["epochs"], record["shots"], record["method"])
+    """The cell a record belongs to: its :data:`CELL_FIELDS`."""
+    return tuple(record[field] for field in CELL_FIELDS)
 
 
 @dataclass

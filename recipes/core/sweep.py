@@ -359,6 +359,7 @@ def run_sweep(
         | regime | epochs | shots | none |
         ...
         results: out/results.jsonl (1 runs)
+        summary: out/summary.json
         0
     """
     check_task(read_records(grid["results"]), grid["results"], settings.TASK)  # one task per file

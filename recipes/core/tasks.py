@@ -4,8 +4,8 @@
 records; each has its own default output folder
 (:func:`~layerfusion_recipes.core.options.default_output`), and a results file holds one task's records:
 a command refuses a file that holds another task's (:func:`check_task`), in one line naming the file,
-the task found there and its own. A record says its task (``task``); one written before that field
-is told by its fields (:func:`record_task`).
+the task found there and its own. A sweep's record says its task (``task``); the masked LM's and
+seq2seq's, single runs of a shape of their own, are told by it (:func:`record_task`).
 """
 
 from __future__ import annotations
@@ -39,13 +39,14 @@ def is_mlm_record(record: dict[str, Any]) -> bool:
 
 
 def record_task(record: dict[str, Any]) -> str | None:
-    """The task that wrote ``record``: its ``task`` field, else told by its fields (records written
-    before that field): ``mlm`` (perplexities), ``seq2seq`` (chrF and a learning rate), ``classify``
-    (accuracy or macro-F1), ``ner`` (micro-F1); ``None`` for none of these.
+    """The task that wrote ``record``: its ``task`` field (a sweep's), else ``mlm`` (its perplexities) or
+    ``seq2seq`` (chrF and a learning rate); ``None`` for none of these.
 
     Example:
-        >>> record_task({"task": "classify"}), record_task({"best_f1": 0.5}), record_task({"x": 1})
-        ('classify', 'ner', None)
+        >>> record_task({"task": "classify"}), record_task({"dev_ppl": 2.0, "test_ppl": 2.1, "settings": {}})
+        ('classify', 'mlm')
+        >>> record_task({"dev_f1": 0.5}) is None  # a sweep's record without its task
+        True
     """
     if isinstance(record.get("task"), str):
         return record["task"]
@@ -53,10 +54,6 @@ def record_task(record: dict[str, Any]) -> str | None:
         return "mlm"
     if "chrf" in record and "learning_rate" in record:
         return "seq2seq"
-    if "metrics" in record or record.get("metric") in ("accuracy", "macro_f1"):
-        return "classify"
-    if "dev_f1" in record or "best_f1" in record:
-        return "ner"
     return None
 
 
@@ -64,7 +61,7 @@ def task_counts(records: Iterable[dict[str, Any]]) -> Counter:
     """How many of ``records`` each task wrote (records of no known task not counted).
 
     Example:
-        >>> task_counts([{"best_f1": 0.5}, {"task": "classify"}, {"best_f1": 0.1}])
+        >>> task_counts([{"task": "ner"}, {"task": "classify"}, {"task": "ner"}])
         Counter({'ner': 2, 'classify': 1})
     """
     return Counter(task for task in map(record_task, records) if task is not None)
@@ -83,7 +80,7 @@ def check_task(records: Iterable[dict[str, Any]], path: str | os.PathLike, task:
             task's records; give classify its own --output (or --results)``.
 
     Example:
-        >>> check_task([{"best_f1": 0.5}], "out/results.jsonl", "classify")
+        >>> check_task([{"task": "ner"}], "out/results.jsonl", "classify")
         Traceback (most recent call last):
         layerfusion_recipes.core.errors.UserError: out/results.jsonl holds records of ner (1 record), ...
     """
@@ -129,8 +126,8 @@ def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     one warning line (:func:`~layerfusion_recipes.core.records.read_lines`).
 
     Example:
-        >>> len(read_task_records("benchmarks/results/conll_fe_lr/results.jsonl"))  # the committed runs
-        548
+        >>> len(read_task_records(sweep_results))  # 4 methods x 2 LRs x 3 trials
+        24
     """
     probes = read_records(probes_path(path), is_probe_record)
     return current_runs(read_records(path, readable), probes)
@@ -141,10 +138,12 @@ def read_task_probes(path: str | os.PathLike, runs: Sequence[dict[str, Any]]) ->
     (:func:`~layerfusion_recipes.core.probes.current_probes`: none of a setup the runs lack).
 
     Example:
-        >>> path = "benchmarks/results/conll_fe_probe_start_t10_m10/results.jsonl"  # committed
-        >>> probes = read_task_probes(path, read_task_records(path))
-        >>> sorted({p["shots"] for p in probes})  # its N = 32 probes are another setup's
-        [8]
+        >>> from layerfusion_recipes.core.records import append_record
+        >>> stale = {**probe_records[0], "key": "probe|stale", "setup": "0dd5e7b0a1c2"}  # of an older setup
+        >>> append_record("sweep/results.probes.jsonl", stale)
+        True
+        >>> len(read_task_probes(sweep_results, read_task_records(sweep_results)))  # the runs' setup's only
+        6
     """
     return current_probes(read_records(probes_path(path), is_probe_record), runs)
 

@@ -11,12 +11,13 @@ Learning rates: each LR of the grid (``--lr``, else the regime's
 :data:`~layerfusion_recipes.core.grids.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
 and masks, appended as one record to ``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.mlm.records`:
 keyed by its method, regime, seed, LR and the settings that change its result,
-``MlmSettings.run_settings``). Re-running skips a run whose key is there (also a run file of a folder
-written before the results file) and runs it otherwise. The LR with the lowest dev perplexity is
-selected (:func:`~layerfusion_recipes.core.selection.select_then_repeat`; ties to the smaller; test
-perplexity never chooses) and :func:`~layerfusion_recipes.mlm.records.summarize` gives the selected
+``MlmSettings.run_settings``). Re-running skips a run whose key is there and runs it otherwise. The
+LR with the lowest dev perplexity is selected
+(:func:`~layerfusion_recipes.core.selection.select_then_repeat`; ties to the smaller; test perplexity
+never chooses) and :func:`~layerfusion_recipes.mlm.records.summarize` gives the selected
 LR, its dev and test perplexity, every LR's, and ``at_edge`` when the selected LR is the smallest or
-largest of a grid of two or more (printed; ``layerfusion report`` tabulates a folder's records).
+largest of a grid of two or more (printed; :func:`~layerfusion_recipes.mlm.results.mlm_summary` makes
+the summary of a folder's records).
 
 Data: ``--data`` is a folder with ``train.txt``/``valid.txt``/``test.txt`` (one paragraph a
 line, WikiText style) or a Hub name (``wikitext-2-raw-v1``, online only). A folder without
@@ -62,7 +63,7 @@ from ..core.selection import select_then_repeat
 from ..core.sweep_log import peak_rss_mb
 from ..core.tasks import check_task
 from ..data.readers import read_text
-from .records import legacy_records, lr_label, results_file, run_key, summarize
+from .records import lr_label, results_file, run_key, summarize
 from .settings import MlmSettings
 
 
@@ -381,8 +382,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
 
     Each run is appended to ``output``/``results.jsonl`` under its key
     (:func:`~layerfusion_recipes.mlm.records.run_key` of its ``settings.run_settings``); a key already
-    there, or in a run file of an older folder (:func:`~layerfusion_recipes.mlm.records.legacy_records`),
-    is not run again. The data are prepared only if some LR has to run.
+    there is not run again. The data are prepared only if some LR has to run.
 
     Args:
         settings: The grid (:meth:`~layerfusion_recipes.mlm.settings.MlmSettings.from_args`).
@@ -397,7 +397,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
     check_model(settings)
     path = results_file(settings.output)
     check_task(read_records(path), path, "mlm")  # a results file holds one task's records
-    finished = finished_records(path, legacy_records(Path(settings.output)))
+    finished = finished_records(path)
     data: list[MlmData] = []  # prepared once, only if some LR has to run
 
     def run(lr: float, seed: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ settings, as the sweeps key theirs); re-running skips a run finished with the sa
 and runs it otherwise. The LR with the lowest dev (held-out) perplexity is selected, ties to
 the smaller; test perplexity never chooses. The command prints the selected LR, the test
 perplexity of its best dev checkpoint and every LR's, with a warning when the selected LR is
-the smallest or largest of the grid; `layerfusion report` tabulates a folder's records.
+the smallest or largest of the grid.
 """
 
 
@@ -100,8 +100,7 @@ def _add_block_arguments(parser: argparse.ArgumentParser) -> None:
         "--output",
         default=default_output("mlm"),
         help=f"Folder of results.jsonl, one record per run (default: {default_output('mlm')}). Re-running "
-        "skips a run finished with the same settings (also one of an older folder's "
-        "mlm-METHOD-REGIME-lrLR.json files) and runs it otherwise.",
+        "skips a run finished with the same settings and runs it otherwise.",
     )
 
 

@@ -3,21 +3,12 @@
 
 Key (:func:`run_key`): ``METHOD|REGIME|SEED|lr=LR|SETUP``, ``SETUP`` the fingerprint of the run's
 ``settings`` but the LR (``MlmSettings.run_settings``: the options that change a result, the model
-and data by real path). A run whose key is in the file is not run again; changed settings make new
-records beside the old ones.
-
-Older folders: before the shared results file, each run was its own ``mlm-METHOD-REGIME-lrLR.json``
-(with its ``settings``) beside a summary ``mlm-METHOD-REGIME.json``. :func:`legacy_records` reads such
-run files as records under the key their stored settings give, so a folder written then is resumed
-(its finished runs are not run again) and reported; a run file without ``settings`` (the single-LR
-recipe before the grid) has no key and is not resumed, as before. The summaries are not read: the
-selection is made again from the runs (:func:`summarize`).
+and data by real path, and the method's config defaults). A run whose key is in the file is not run
+again; changed settings make new records beside the old ones.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +20,6 @@ from ..core.tasks import is_mlm_record
 
 RESULTS_FILE = "results.jsonl"
 SELECTION_RULE = "lowest dev perplexity (held-out split), ties to the smaller LR; test perplexity not used"
-# a run's file before the shared results file: mlm-METHOD-REGIME-lrLR.json
-LEGACY_RUN_FILE = re.compile(r"mlm-(?P<method>.+)-(?P<regime>[a-z]+)-lr(?P<lr>[0-9.e+-]+)\.json")
 
 
 def lr_label(lr: float) -> str:
@@ -69,38 +58,15 @@ def run_key(settings: dict[str, Any]) -> str:
     return with_defaults(unit_key(cell, settings["lr"], setup_of(settings)), settings["method"])
 
 
-def legacy_records(folder: Path) -> list[dict[str, Any]]:
-    """The run files of an older ``layerfusion mlm`` folder as records (module docstring), in name order;
-    files that are not JSON objects or hold no ``settings`` are skipped.
-
-    Example:
-        >>> [record["key"] for record in legacy_records(Path("benchmarks/results/mlm_seed1"))][0]
-        'concat|fe|1|lr=0.0003|...'
-    """
-    records = []
-    for path in sorted(folder.glob("mlm-*-lr*.json")) if folder.is_dir() else []:
-        if not LEGACY_RUN_FILE.fullmatch(path.name):
-            continue
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # unreadable: the old recipe ran it again too
-        if isinstance(record, dict) and is_mlm_record(record):
-            records.append({**record, "key": run_key(record["settings"])})
-    return records
-
-
 def read_mlm_records(folder: Path) -> list[dict[str, Any]]:
-    """Every finished run of a ``layerfusion mlm --output`` folder, one per key, oldest first: the older
-    run files' (:func:`legacy_records`) that ``results.jsonl`` does not hold, then its records.
+    """Every finished run of a ``layerfusion mlm --output`` folder (its ``results.jsonl``), one per key,
+    oldest first.
 
     Example:
-        >>> len(read_mlm_records(Path("benchmarks/results/mlm_lr")))
-        28
+        >>> read_mlm_records(Path("no-such-folder"))
+        []
     """
-    records = [record for record in read_records(results_file(folder)) if is_mlm_record(record)]
-    keys = {record["key"] for record in records}
-    return [record for record in legacy_records(folder) if record["key"] not in keys] + records
+    return [record for record in read_records(results_file(folder)) if is_mlm_record(record)]
 
 
 # one grid of `layerfusion mlm`: its runs by LR (one seed), selected on dev perplexity, lower is better
@@ -173,9 +139,11 @@ def folder_grids(
         under other settings were left out (only where some were).
 
     Example:
-        >>> grids, left_out = folder_grids(read_mlm_records(Path("benchmarks/results/mlm_lr")))
-        >>> len(grids["dwatt", "fe"]), left_out
-        (4, {})
+        >>> def run(lr, epochs):
+        ...     return {"method": "dwatt", "regime": "fe", "lr": lr, "settings": {"lr": lr, "epochs": epochs}}
+        >>> grids, left_out = folder_grids([run(1e-3, 1), run(1e-3, 2), run(3e-3, 2)])  # the last: 2 epochs
+        >>> [r["lr"] for r in grids["dwatt", "fe"]], left_out
+        ([0.001, 0.003], {('dwatt', 'fe'): 1})
     """
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:

@@ -26,7 +26,7 @@ Scores in points (0-100).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..core.probes import UNIT_RMS, best_per_trial, guarded, probe_trials
@@ -85,7 +85,7 @@ def best_layer_scores(probes: Sequence[dict[str, Any]]) -> dict[int, dict[str, A
 
 def guarded_scores(
     test: Scores, dev: Scores, best: dict[int, dict[str, Any]], size: int
-) -> tuple[Scores, int]:
+) -> tuple[Scores, list[int]]:
     """A method's test scores guarded per trial by the trial's best layer (points; the guard:
     :func:`~layerfusion_recipes.core.probes.guarded` over ``size`` dev units), and the trials
     where the method was kept; over the trials both have.
@@ -93,27 +93,31 @@ def guarded_scores(
     Example:
         >>> best = {0: {"dev": 0.8, "test": 0.7}, 1: {"dev": 0.8, "test": 0.7}}
         >>> guarded_scores({0: 75.0, 1: 90.0}, {0: 82.0, 1: 81.0}, best, 1000)  # trial 1: within one SE
-        ({0: 75.0, 1: 70.0}, 1)
+        ({0: 75.0, 1: 70.0}, [0])
     """
-    kept, scores = 0, {}
+    kept, scores = [], {}
     for trial in sorted(set(test) & set(dev) & set(best)):
         own = {**best[trial], "test": 100 * best[trial]["test"]}  # dev a fraction, as keep_fusion reads it
         scores[trial], keep = guarded(dev[trial] / 100, test[trial], own, size)
-        kept += keep
+        kept += [trial] if keep else []
     return scores, kept
 
 
 def difference(own: Scores, base: Scores) -> str:
-    """The paired difference ``own - base`` as ``+m ± h`` (bold where the interval excludes 0); ``-``
-    without two shared trials.
+    """The paired difference ``own - base`` over the trials both have, as ``+m ± h`` (bold where the
+    interval excludes 0); ``+m (n=1)`` for one shared trial (no interval), ``-`` for none.
 
     Example:
         >>> difference({0: 60.0, 1: 62.0, 2: 61.0}, {0: 50.0, 1: 51.0, 2: 50.5})
         '**+10.5 ± 1.2**'
+        >>> difference({0: 60.0}, {0: 50.0}), difference({0: 60.0}, {1: 50.0})
+        ('+10.0 (n=1)', '-')
     """
     paired = paired_mean_ci(own, base)
     if paired is None:
         return "-"
+    if paired.n == 1:
+        return f"{paired.mean:+.1f} (n=1)"
     text = f"{paired.mean:+.1f} ± {paired.half_width:.1f}"
     return f"**{text}**" if paired.resolved else text
 
@@ -141,7 +145,13 @@ def cell_table(
     lines.append(f"| {BEST_LAYER} | {mean:.1f} ± {half:.1f} (n={len(best_test)}) | per trial | | "
                  f"{difference(best_test, plain)} | | |")  # fmt: skip
     numbers: dict[str, Any] = {
-        BEST_LAYER: {"trials": best_test, "dev": best_dev, "layers": {t: b["layer"] for t, b in best.items()}}
+        BEST_LAYER: {
+            "trials": best_test,
+            "dev": best_dev,
+            "layers": {t: b["layer"] for t, b in best.items()},
+            "features": {t: b.get("features") for t, b in best.items()},
+            "penalties": {t: b.get("penalty") for t, b in best.items()},
+        }
     }
     for method, (lr, trials, dev) in scores.items():
         mean, half = mean_ci(list(trials.values()))
@@ -151,7 +161,7 @@ def cell_table(
         lines.append(
             f"| {method} | {mean:.1f} ± {half:.1f} (n={len(trials)}) | {lr:g} | "
             f"{difference(trials, best_test)} | {'' if method == PLAIN else difference(trials, plain)} "
-            f"| {dev_gap:+.1f} | {difference(kept_scores, best_test)} ({kept}/{len(kept_scores)}) |"
+            f"| {dev_gap:+.1f} | {difference(kept_scores, best_test)} ({len(kept)}/{len(kept_scores)}) |"
         )
         numbers[method] = {
             "lr": lr,
@@ -159,7 +169,8 @@ def cell_table(
             "dev": dev,
             "dev_minus_best_layer": dev_gap,
             "guarded": kept_scores,
-            "kept": kept,
+            "kept": len(kept),
+            "kept_trials": kept,
         }
     edge = edge_trials(best)
     if edge:
@@ -261,22 +272,43 @@ def best_layer_markdown(
         >>> numbers["N=8 epochs=25"]["layer_mix"]["kept"]  # trial 0: +5 points on dev, beyond one SE (1.4)
         1
     """
-    fe = [r for r in records if r.get("regime") == "fe"]
     texts, out = [], {}
+    for (shots, epochs, setup), several, runs, own in _probe_cells(records, probes):
+        named = f" {setup_label(setup)}" if several else ""  # runs of two setups never pair
+        text, numbers = cell_table((shots, epochs), runs, own, named)
+        texts.append(text)
+        out[f"N={shots} epochs={epochs}" + (f" setup={setup}" if named else "")] = numbers
+    return "\n\n".join(texts), out
+
+
+def _probe_cells(
+    records: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]
+) -> Iterator[tuple[tuple[int, int, Any], bool, list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Per (shots, max epochs, setup) the probes have, in order: whether that (shots, max epochs) has
+    several setups, its FE runs and its probes."""
+    fe = [r for r in records if r.get("regime") == "fe"]
     for shots, epochs in sorted({(p["shots"], p["epochs"]) for p in probes}):
         here = [p for p in probes if (p["shots"], p["epochs"]) == (shots, epochs)]
         setups = list(dict.fromkeys(p.get("setup") for p in here))  # file order: the oldest first
         for setup in setups:
-            named = f" {setup_label(setup)}" if len(setups) > 1 else ""  # runs of two setups never pair
-            text, numbers = cell_table(
-                (shots, epochs),
-                [r for r in fe if (r["shots"], r["epochs"], r.get("setup")) == (shots, epochs, setup)],
-                [p for p in here if p.get("setup") == setup],
-                named,
-            )
-            texts.append(text)
-            out[f"N={shots} epochs={epochs}" + (f" setup={setup}" if named else "")] = numbers
-    return "\n\n".join(texts), out
+            runs = [r for r in fe if (r["shots"], r["epochs"], r.get("setup")) == (shots, epochs, setup)]
+            yield (shots, epochs, setup), len(setups) > 1, runs, [p for p in here if p.get("setup") == setup]
+
+
+def best_layer_cells(
+    records: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]
+) -> dict[tuple[int, int, Any], dict[str, Any]]:
+    """The numbers of :func:`best_layer_markdown` by ``(shots, max epochs, setup)``: per row its LR,
+    per-trial test and dev scores, its guarded scores and the trials it was kept in; the best layer's
+    block, feature kind and LR per trial.
+
+    Example:
+        >>> probe = {"shots": 8, "epochs": 5, "trial": 0, "lr": 0.1, "metric": "f1", "setup": "a",
+        ...          "layers": [{"layer": 2, "dev_f1": 0.6, "test_f1": 0.5}]}
+        >>> best_layer_cells([], [probe])[8, 5, "a"][BEST_LAYER]["layers"]
+        {0: 2}
+    """
+    return {cell: cell_table(cell[:2], runs, own)[1] for cell, _, runs, own in _probe_cells(records, probes)}
 
 
 def best_layer_section(

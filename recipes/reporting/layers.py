@@ -197,12 +197,11 @@ def learned_weights(
         the fused layers, the mean weight of each, the trials.
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
-        >>> weights = learned_weights(read_records("benchmarks/results/trec_fe/results.jsonl"))
+        >>> weights = learned_weights(sweep_records)
         >>> [cell for cell in weights if cell[-1] == "scalar_mix"][0][1:]  # (setup, regime, N, epochs, ...)
-        ('fe', 32, 30, 'scalar_mix')
-        >>> list(weights.values())[0]["layers"]
-        [1, 2, 3, 4, 5, 6]
+        ('fe', 8, 25, 'scalar_mix')
+        >>> weights[sweep_records[0]["setup"], "fe", 8, 25, "scalar_mix"]["weights"]  # mean over trials
+        [0.1..., 0.6, 0.3]
     """
     selected = {cell_of(row): row["lr"] for row in (summarize(records) if rows is None else rows)}
     found: dict[tuple, dict[str, Any]] = {}

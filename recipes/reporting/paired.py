@@ -62,8 +62,9 @@ def read_cell(spec: str, shots: int, epochs: int) -> Cell:
         ValueError: A spec not of that form, no runs of that cell in the file, or runs of several setups.
 
     Example:
-        >>> read_cell("benchmarks/results/conll_plain_128_lr/results.jsonl:none:lora", 128, 25).lr
-        0.003
+        >>> cell = read_cell(f"{sweep_results}:dwatt:fe", 8, 25)  # a sweep's DWAtt at N = 8, 25 epochs
+        >>> cell.lr, [round(score, 1) for score in cell.scores.values()]
+        (0.1, [52.0, 56.0, 60.0])
     """
     path, _, rest = spec.partition(":")
     method, _, regime = rest.partition(":")

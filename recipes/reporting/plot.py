@@ -71,6 +71,10 @@ METRICS: dict[str, Metric] = {
     "f1": Metric("micro-F1 (seqeval)", "F1", "micro-F1"),
     "accuracy": Metric("accuracy", "accuracy", "accuracy"),
     "macro_f1": Metric("macro-F1", "macro-F1", "macro-F1"),
+    "ppl": Metric("perplexity (lower is better)", "perplexity", "perplexity"),
+    "exact_match": Metric("exact match", "exact match", "exact match"),
+    "chrf": Metric("chrF", "chrF", "chrF"),
+    "bleu": Metric("BLEU", "BLEU", "BLEU"),
 }
 
 
@@ -143,12 +147,11 @@ def score_groups(
     points, in ``metric(record)`` (default: the record's own).
 
     Example:
-        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
-        >>> groups = score_groups(records)
+        >>> groups = score_groups(sweep_records)
         >>> list(groups)[0]  # ((setup, regime, epochs, N), method)
-        (('9c55cda5f4f5', 'fe', 25, 8), 'none')
-        >>> groups[list(groups)[0]].stats["test"].n  # 3 trials at the selected LR
-        3
+        (('3f2a9c0d1e4b', 'fe', 25, 8), 'none')
+        >>> groups[list(groups)[0]].lr, groups[list(groups)[0]].stats["test"]  # 3 trials at the selected LR
+        (0.01, MeanCI(mean=41.0, half_width=9.93..., n=3))
     """
     layout = Layout(
         setting=lambda record: cell_of(record)[:-1],
@@ -176,7 +179,8 @@ def summarize(records: Sequence[dict[str, Any]], metric: str | None = None) -> l
     number), and per LR ``dev_by_lr`` / ``test_by_lr`` (means in points; test ``None`` where missing).
 
     Example:
-        >>> record = {"key": "k", "regime": "fe", "epochs": 25, "shots": 8, "method": "dwatt", "best_f1": 0.5}
+        >>> record = {"key": "k", "setup": "3f2a", "regime": "fe", "epochs": 25, "shots": 8,
+        ...           "method": "dwatt", "dev_f1": 0.5}
         >>> summarize([record])[0]["mean"]
         50.0
     """
@@ -278,9 +282,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = (), edg
             second table of the same cells, another metric, leaves them to the first).
 
     Example:
-        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
-        >>> print(markdown_table(summarize(records)).splitlines()[2])  # the first row
-        | fe | 25 | 8 | 26.0 ± 5.0 @0.03 (dev 26.6) (n=3) | 42.1 ± 16.5 @0.01 (dev 47.9) (n=3) | ...
+        >>> print(markdown_table(summarize(sweep_records)).splitlines()[2])  # the first row (2 LRs: edges)
+        | fe | 25 | 8 | 41.0 ± 9.9 @0.01 ⚠ (dev 44.0) (n=3) | 56.0 ± 9.9 @0.1 ⚠ (dev 59.0) (n=3) | ...
     """
     methods = sorted(dict.fromkeys(row["method"] for row in rows), key=method_rank)
     # a setup column only where one group (e.g. one language) mixes setups
@@ -295,7 +298,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], lead: Sequence[str] = (), edg
         cell = (*(row[field] for field in lead), row["setup"], row["regime"], row["epochs"], row["shots"])
         by_cell[cell][row["method"]] = cell_text(row)
     for (*leading, setup_name, regime, epochs, shots), texts in by_cell.items():
-        first = [setup_name or "(legacy)"] if setup else []
+        first = [setup_name] if setup else []
         lines.append(
             markdown_row(
                 [*leading, *first, regime, epochs, shots_text(shots), *(texts.get(m, "-") for m in methods)]
@@ -326,8 +329,7 @@ def table_legend(rows: Sequence[dict[str, Any]]) -> str:
     if not tested:
         return (
             f"\nDev {metric.long}, best over epochs, mean ± 95% CI (t) over trials, at the LR (@) "
-            "selected on dev (the records have no test score: no test split, or written before test scoring; "
-            "this number is optimistic).\n"
+            "selected on dev (the records have no test score: no test split; this number is optimistic).\n"
         )
     if own == by:
         return (
@@ -495,15 +497,15 @@ def shots_axis(shots: Sequence[int]) -> dict[int, float]:
     return {n: 2 * largest if n == FULL_TRAIN else n for n in shots}
 
 
-def setup_label(setup: str | None) -> str:
+def setup_label(setup: str) -> str:
     """How every table, title and label names a setup, where a file holds runs of several: a report never
     pools two setups' runs (their data, model or settings differ), it shows each apart.
 
     Example:
-        >>> setup_label("3f2a"), setup_label(None)  # None: records older than setups
-        ('(setup 3f2a)', '(setup legacy)')
+        >>> setup_label("3f2a")
+        '(setup 3f2a)'
     """
-    return f"(setup {setup or 'legacy'})"
+    return f"(setup {setup})"
 
 
 def setup_suffix(setup: str, several: bool) -> str:
@@ -622,7 +624,7 @@ def plot_dev_curves(
     for record in records:
         if record.get("lr") != selected.get(cell_of(record)):
             continue
-        panel = (record.get("setup", ""), record["regime"], record["epochs"], record["shots"])
+        panel = (record["setup"], record["regime"], record["epochs"], record["shots"])
         curves[panel][record["method"]].append(record["curve"])
     panels = sorted(curves)
     several = len({panel[0] for panel in panels}) > 1
@@ -658,7 +660,7 @@ def plot_depth_attention(
     groups: dict[tuple, list[list[float]]] = defaultdict(list)
     for record in records:
         if record.get("depth_attention") and record.get("lr") == selected.get(cell_of(record)):
-            method, setup = record["method"], record.get("setup", "")
+            method, setup = record["method"], record["setup"]
             key = (method_rank(method), method, setup, record["regime"], record["shots"], record["epochs"])
             groups[key].append(record["depth_attention"])
     if not groups:
@@ -730,9 +732,9 @@ def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[st
     Returns rows ``{setup, regime, epochs, shots, pair, mean, ci, n}`` (points; mean ± 95% t-CI).
 
     Example:
-        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
-        >>> paired_differences(records, summarize(records))[0]["pair"]
-        ('dwatt', 'extra_layers')
+        >>> differences = paired_differences(sweep_records, summarize(sweep_records))
+        >>> differences[0]["pair"], round(differences[0]["mean"], 1)  # every trial 15 points apart
+        (('dwatt', 'none'), 15.0)
     """
     chosen = {(cell[:-1], cell[-1]): row for row in rows for cell in [cell_of(row)]}
 
@@ -760,9 +762,8 @@ def paired_table(differences: Sequence[dict[str, Any]], lead: Sequence[str] = ()
             :func:`markdown_table`), e.g. ``("language",)``.
 
     Example:
-        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
-        >>> print(paired_table(paired_differences(records, summarize(records))).splitlines()[0])
-        | regime | epochs | shots | dwatt - extra_layers | concat - extra_layers | dwatt - concat | ...
+        >>> print(paired_table(paired_differences(sweep_records, summarize(sweep_records))).splitlines()[0])
+        | regime | epochs | shots | dwatt - none | layer_mix - none |
     """
     if not differences:
         return ""
@@ -835,9 +836,8 @@ def table_markdown(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         rows: Their :func:`summarize` (computed when not given).
 
     Example:
-        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
-        >>> print(table_markdown(records).splitlines()[0])
-        | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
+        >>> print(table_markdown(sweep_records).splitlines()[0])
+        | regime | epochs | shots | none | dwatt | scalar_mix | layer_mix |
     """
     rows = summarize(records) if rows is None else rows
     text = _tables(markdown_table(rows), paired_table(paired_differences(records, rows)))
@@ -858,10 +858,9 @@ def grouped_table_markdown(groups: Mapping[str, Sequence[dict[str, Any]]], field
         field: The name of the leading column, e.g. ``"language"``.
 
     Example:
-        >>> folder = "benchmarks/results/wikiann_lr"
-        >>> files = {lang: read_task_records(f"{folder}/{lang}/results.jsonl") for lang in ("en", "de")}
-        >>> print(grouped_table_markdown(files, "language").splitlines()[0])
-        | language | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
+        >>> files = {lang: [{**r, "setup": lang} for r in sweep_records] for lang in ("en", "de")}
+        >>> print(grouped_table_markdown(files, "language").splitlines()[2])  # the first row
+        | en | fe | 25 | 8 | 41.0 ± 9.9 @0.01 ⚠ (dev 44.0) (n=3) | 56.0 ± 9.9 @0.1 ⚠ (dev 59.0) (n=3) | ...
     """
     rows: list[dict[str, Any]] = []
     differences: list[dict[str, Any]] = []
@@ -879,8 +878,7 @@ def write_report(records: Sequence[dict[str, Any]], output: str | os.PathLike) -
     ``accuracy_vs_shots.png`` for ``classify``.
 
     Example:
-        >>> records = read_task_records("benchmarks/results/conll_fe_lr/results.jsonl")  # the committed runs
-        >>> write_report(records, "out")["f1_vs_shots"]
+        >>> write_report(sweep_records, "out")["f1_vs_shots"]
         PosixPath('out/f1_vs_shots.png')
     """
     output = Path(output)

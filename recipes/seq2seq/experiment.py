@@ -33,7 +33,7 @@ WikiText-2 has no train split) and ``test.txt``, or any two text files via ``--t
 and ``--test-file``. Results: one record per run appended to OUTPUT/results.jsonl, keyed by its
 method, seed, learning rate and the comparison's settings and files
 (:mod:`layerfusion_recipes.seq2seq.records`); an invocation reuses the runs finished under the same
-settings and files (resume; also the runs of an older folder's ``results.json``). OUTPUT/results.json,
+settings and files (resume). OUTPUT/results.json,
 written atomically when the comparison completes, summarises it.
 """
 
@@ -59,11 +59,11 @@ from peft_layerfusion.utils import atomic_write_json
 from ..core.loop import TrainingLoop
 from ..core.models import peft_alias_quiet
 from ..core.options import check_names
-from ..core.records import append_record, finished_records, run_or_resume
+from ..core.records import finished_records, run_or_resume
 from ..core.selection import best_on_dev, select_then_repeat
 from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..data.readers import read_text
-from .records import RESULTS_FILE, SUMMARY_FILE, comparison_setup, legacy_records, run_key
+from .records import RESULTS_FILE, SUMMARY_FILE, comparison_setup, run_key
 from .settings import Seq2SeqSettings
 from .variants import PLAIN_MODEL, method_configs
 
@@ -575,9 +575,10 @@ def run_row(record: dict[str, Any]) -> str:
     """One run as a row of the :data:`RUN_TABLE_HEADER` table: dev EM and chrF, then test EM, chrF, BLEU.
 
     Example:
-        >>> import json
-        >>> results = json.loads(Path("benchmarks/results/seq2seq/results.json").read_text())  # committed
-        >>> print(run_row(results["runs"][0]))
+        >>> scores = {"exact_match": 47.2, "chrf": 88.82, "bleu": 88.26}
+        >>> run = {"method": "vanilla", "seed": 0, "learning_rate": 3e-3, **scores, "seconds": 260.4,
+        ...        "dev": {"exact_match": 41.0, "chrf": 87.47}}
+        >>> print(run_row(run))
         | vanilla | 0 | 0.003 | 41.0 | 87.5 | 47.2 | 88.8 | 88.3 | 260 |
     """
     dev = record["dev"] or {"exact_match": float("nan"), "chrf": float("nan")}
@@ -595,10 +596,15 @@ def summary_table(results: dict[str, Any]) -> str:
     """Markdown: the copy baseline, then each method's test mean ± 95% CI and paired difference to vanilla.
 
     Example:
-        >>> import json
-        >>> results = json.loads(Path("benchmarks/results/seq2seq/results.json").read_text())  # committed
-        >>> print(summary_table(results).splitlines()[0])  # results of run_comparison
+        >>> copy = {"exact_match": 25.4, "chrf": 88.8, "bleu": 81.0}
+        >>> row = {"method": "vanilla", "exact_match": [48.0, 1.8], "chrf": [88.9, 0.6], "bleu": [88.5, 1.2]}
+        >>> results = {"copy_input": {"test": copy}, "summary": [row]}
+        >>> results["selected_learning_rate"] = {"vanilla": 3e-3}
+        >>> print(summary_table(results))  # results of run_comparison
         | method | LR | exact match | chrF | BLEU | Δ EM vs vanilla | Δ chrF | Δ BLEU |
+        |---|---|---|---|---|---|---|---|
+        | copy the corrupted input | - | 25.4 | 88.8 | 81.0 | | | |
+        | vanilla | 0.003 | 48.0 ± 1.8 | 88.9 ± 0.6 | 88.5 ± 1.2 | - | - | - |
     """
 
     def cell(value: list[float] | None, signed: bool = False) -> str:
@@ -662,7 +668,7 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     output = Path(args.output)
     setup = comparison_setup(header)
     results_path = output / RESULTS_FILE
-    finished = resumable_records(output)
+    finished = finished_records(output / RESULTS_FILE)
     previous = sum(key.endswith(f"|{setup}") for key in finished)
     if previous:
         print(f"resuming: {previous} runs found in {results_path}")
@@ -683,20 +689,3 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     print(f"results: {output / SUMMARY_FILE} (runs: {results_path})")
     return 0
 
-
-def resumable_records(output: Path) -> dict[str, dict[str, Any]]:
-    """The finished runs of an ``--output`` folder by key: ``results.jsonl``'s, after the runs of an older
-    folder's ``results.json`` (:func:`~layerfusion_recipes.seq2seq.records.legacy_records`) that it
-    lacked are appended to it (so they outlive ``results.json``, rewritten when a comparison completes).
-
-    Example:
-        >>> sorted(resumable_records(Path("benchmarks/results/seq2seq")))[0]
-        'encoder_fusion|0|lr=0.003|...'
-    """
-    path = output / RESULTS_FILE
-    finished = finished_records(path)
-    for record in legacy_records(output):
-        if record["key"] not in finished:
-            append_record(path, record)
-            finished[record["key"]] = record
-    return finished

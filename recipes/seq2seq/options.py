@@ -31,8 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output",
         default="runs/seq2seq",
         help="Folder for results.jsonl (one record per run; re-running skips the runs finished with the "
-        "same settings and files, also those of an older results.json) and results.json (the completed "
-        "comparison)",
+        "same settings and files) and results.json (the completed comparison)",
     )
     parser.add_argument(
         "--methods",

@@ -14,7 +14,8 @@ from peft_layerfusion import EncoderFusionConfig, SurfaceFusionConfig
 from peft_layerfusion.config import LayerFusionConfig
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
-from ..core.cells import changed_fingerprint, config_defaults
+from ..core.cells import config_defaults
+from ..core.records import fingerprint
 
 PLAIN_MODEL = "vanilla"  # the model alone, no fusion method
 # The compared variants of a seq2seq method of the registry, by its config class: run name -> options.
@@ -25,14 +26,6 @@ VARIANTS: dict[type[LayerFusionConfig], dict[str, dict[str, Any]]] = {
         "surface_hard": {"fusion": "hard", "fusion_lambda": 0.8},
         "surface_soft": {"fusion": "soft", "temperature": 1.0},
     },
-}
-# The fingerprint of each variant's options (:func:`variant_options`) when keys began to carry them: a
-# variant whose options still match keeps the keys it always had (its committed records resume); one
-# whose options or config defaults changed gets keys its old records do not have. Never edit an entry.
-KEYED_VARIANTS = {
-    "encoder_fusion": "88e98cf634b1",
-    "surface_hard": "05eeeb02555a",
-    "surface_soft": "81007731be48",
 }
 
 
@@ -69,12 +62,12 @@ def variant_options(name: str) -> dict[str, Any] | None:
 
 
 def variant_key(name: str) -> str | None:
-    """The fingerprint of :func:`variant_options` where it differs from :data:`KEYED_VARIANTS` (a run's
-    key then ends in ``|defaults=...``), else ``None`` (the plain model, an unchanged variant).
+    """The fingerprint of :func:`variant_options` (a run's key ends in ``|defaults=...``), ``None`` for
+    the plain model.
 
     Example:
-        >>> variant_key("surface_hard") is None, variant_key("vanilla") is None
-        (True, True)
+        >>> len(variant_key("surface_hard")), variant_key("vanilla") is None
+        (12, True)
     """
     options = variant_options(name)
-    return None if options is None else changed_fingerprint(options, KEYED_VARIANTS.get(name))
+    return None if options is None else fingerprint(options)

@@ -134,7 +134,7 @@ def test_each_task_has_its_own_output_and_a_results_file_holds_one_task(tiny, tm
     assert build_parser().parse_args(["mlm", "--data", data]).output == "layerfusion-results/mlm"
     results = tmp_path / "results.jsonl"
     record = {"key": "none|fe|2|1|0|lr=0.03|s", "method": "none", "regime": "fe", "shots": 2, "epochs": 1}
-    results.write_text(json.dumps({**record, "trial": 0, "dev_f1": 0.5}) + "\n")  # a NER record of old
+    results.write_text(json.dumps({**record, "trial": 0, "dev_f1": 0.5, "task": "ner"}) + "\n")  # ner's
     assert main(["classify", *base, "--results", str(results), "--quiet"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"layerfusion classify: error: {results} holds records of ner (1 record), not classify: a results "

@@ -1,5 +1,5 @@
 """The command table: a task's entry is built from its folder's options module, and a new task needs
-nothing else of the table, the RESULTS generator or the plots (docs/contributing/adding-a-task.md)."""
+nothing else of the table or the plots (docs/contributing/adding-a-task.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from layerfusion_recipes.commands import COMMANDS, task_command
 from layerfusion_recipes.core.task_options import add_few_shot_arguments
 from layerfusion_recipes.core.tasks import is_sweep_task
 from layerfusion_recipes.ner import options as ner_options
-from layerfusion_recipes.reporting.results_md import grid_commands
 
 TASKS = ("ner", "classify", "mlm", "seq2seq")
 
@@ -21,8 +20,6 @@ def test_each_task_s_command_comes_from_its_own_folder():
         command, folder = COMMANDS[task], f"layerfusion_recipes.{task}"
         assert command.add_arguments.__module__ == command.check.__module__ == f"{folder}.options"
         assert command.handler.startswith(f"{folder}.")
-        assert command.results is None or command.results.startswith(f"{folder}.results:")
-    assert [task for task in TASKS if COMMANDS[task].results] == ["mlm", "seq2seq"]
 
 
 def _tagging_options() -> types.ModuleType:
@@ -42,12 +39,11 @@ def _tagging_options() -> types.ModuleType:
 
 def test_a_new_task_is_its_folder_and_one_entry_of_the_table(monkeypatch):
     command = task_command(_tagging_options(), "command:tagging_main")
-    assert command.handler == "layerfusion_recipes.tagging.command:tagging_main" and command.results is None
-    assert "tagging" not in grid_commands(COMMANDS) and is_sweep_task("tagging")
+    assert command.handler == "layerfusion_recipes.tagging.command:tagging_main"
+    assert "tagging" not in COMMANDS and is_sweep_task("tagging")
     monkeypatch.setitem(COMMANDS, "tagging", command)  # its one entry
     args = build_parser().parse_args(["tagging", "--data", "d/", "--shots", "4", "--methods", "dwatt"])
     assert (args.command, args.data, args.shots, args.methods) == ("tagging", "d/", [4], ["dwatt"])
     parser = build_parser()._subparsers._group_actions[0].choices["tagging"]
     help_text = " ".join(parser.format_help().split())
     assert "Default: ./layerfusion-results/tagging" in help_text  # its own output folder
-    assert grid_commands(COMMANDS)[-1] == "tagging"  # RESULTS.md blocks take task=tagging

@@ -1,5 +1,5 @@
-"""The shared resume of every task (core.records): keys, finished runs with older files read as records,
-and run-or-resume appending each new run once."""
+"""The shared resume of every task (core.records): keys, the finished runs of a results file, and
+run-or-resume appending each new run once."""
 
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ def test_keys_name_the_cell_the_lr_and_the_settings():
     assert unit_key("dwatt|fe|0", 1, setup) == f"dwatt|fe|0|lr=1.0|{setup}"  # one spelling per LR
 
 
-def test_the_results_file_comes_before_older_records_of_the_same_key(tmp_path):
+def test_the_finished_records_are_the_first_of_each_key_in_the_results_file(tmp_path):
     path = tmp_path / "results.jsonl"
-    path.write_text(json.dumps({"key": "a", "dev": 1.0}) + "\n" + '{"key": "b", "dev"')  # a torn last line
-    finished = finished_records(path, [{"key": "a", "dev": 9.0}, {"key": "c", "dev": 3.0}])
-    assert finished == {"a": {"key": "a", "dev": 1.0}, "c": {"key": "c", "dev": 3.0}}
+    lines = [{"key": "a", "dev": 1.0}, {"key": "a", "dev": 9.0}, {"key": "c", "dev": 3.0}]
+    torn = '{"key": "b", "dev"'  # a torn last line
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + torn)
+    assert finished_records(path) == {"a": {"key": "a", "dev": 1.0}, "c": {"key": "c", "dev": 3.0}}
     assert finished_records(tmp_path / "missing.jsonl") == {}
 
 
@@ -37,7 +38,7 @@ def test_run_or_resume_runs_a_missing_key_once_and_appends_it(tmp_path):
         calls.append(1)
         return {"dev_ppl": 20.0 + len(calls)}
 
-    finished = finished_records(path, [{"key": "old", "dev_ppl": 5.0}])
+    finished = {"old": {"key": "old", "dev_ppl": 5.0}}  # finished already (another process's)
     assert run_or_resume(path, finished, "old", run) == ({"key": "old", "dev_ppl": 5.0}, False)
     assert run_or_resume(path, finished, "new", run) == ({"dev_ppl": 21.0, "key": "new"}, True)
     assert run_or_resume(path, finished, "new", run) == ({"dev_ppl": 21.0, "key": "new"}, False)

@@ -1,6 +1,6 @@
 """Masked LM recipe: splits without a train file, masking, smoke runs that lower perplexity, the LR
-grid (one record per LR in results.jsonl, resumed only under the same settings, also from the run
-files of a folder written before it) and its selection on dev."""
+grid (one record per LR in results.jsonl, resumed only under the same settings) and its selection on
+dev, and the summary of a grid and its seeds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 from conftest import write_tiny_model
-from layerfusion_recipes.cli import build_parser, main
+from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.grids import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.mlm import experiment as mlm
@@ -23,7 +23,8 @@ from layerfusion_recipes.mlm.records import (
     run_key,
     summarize,
 )
-from layerfusion_recipes.mlm.settings import MlmSettings, mlm_lr_grid
+from layerfusion_recipes.mlm.results import mlm_summary
+from layerfusion_recipes.mlm.settings import mlm_lr_grid
 
 TEXT = " = Heading = \n\n" + "\n".join(
     "alice went to paris and bob met alice in london today ." for _ in range(60)
@@ -335,55 +336,6 @@ def test_other_model_or_data_reruns(tiny, tmp_path, fake_runs, capsys):
     assert len(fake_runs) == 3 and len(read_records(tmp_path / "results.jsonl")) == 3
 
 
-# ------------------------------------------------------------- folders of the recipe before results.jsonl
-def _legacy_folder(tiny, folder, ppl: dict[float, tuple[float, float]], *extra: str) -> None:
-    """A folder as ``layerfusion mlm`` wrote it before results.jsonl: one ``mlm-dwatt-fe-lrLR.json`` per
-    run (its record with its ``settings``, written with indent 1) and the summary ``mlm-dwatt-fe.json``."""
-    args = build_parser().parse_args(_argv(tiny, folder, "--lr", *map(str, ppl), *extra))
-    settings = MlmSettings.from_args(args)
-    folder.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for lr, (dev, test) in ppl.items():
-        record = mlm.run_record(settings, lr, dev, test, "no train split in the fixture")
-        record |= {"settings": settings.run_settings(lr), "seconds": 60.0, "peak_rss_mb": 900.0}
-        (folder / f"mlm-dwatt-fe-lr{lr!r}.json").write_text(json.dumps(record, indent=1))
-        runs.append({"lr": lr, "dev_ppl": dev, "test_ppl": test, "file": f"mlm-dwatt-fe-lr{lr!r}.json"})
-    summary = {"method": "dwatt", "regime": "fe", "selected_lr": 1e-3, "runs": runs}
-    (folder / "mlm-dwatt-fe.json").write_text(json.dumps(summary, indent=1))
-
-
-LEGACY = {1e-4: (15.0, 16.0), 1e-3: (18.0, 12.0)}  # not the fake runs' numbers: read from the files
-
-
-def test_a_folder_of_the_older_recipe_is_resumed(tiny, tmp_path, fake_runs, summaries, capsys):
-    _legacy_folder(tiny, tmp_path, LEGACY)
-    assert main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "1e-2")) == 0
-    assert fake_runs == [(1e-2, 3)]  # the two LRs of the old files are not run again
-    assert capsys.readouterr().out.count("finished earlier with these settings, skipped") == 2
-    assert list(_runs(tmp_path)) == [1e-2]  # only the new run is appended
-    summary = summaries[0]
-    assert (summary["selected_lr"], summary["dev_ppl"], summary["test_ppl"]) == (1e-4, 15.0, 16.0)
-    assert [run["dev_ppl"] for run in summary["runs"]] == [15.0, 18.0, 25.0]
-    records = read_mlm_records(tmp_path)
-    assert [(r["lr"], r["dev_ppl"]) for r in records] == [(1e-4, 15.0), (1e-3, 18.0), (1e-2, 25.0)]
-    main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "1e-2"))
-    assert len(fake_runs) == 1  # everything finished now
-
-
-def test_an_old_run_file_under_other_settings_or_without_them_reruns(tiny, tmp_path, fake_runs, capsys):
-    _legacy_folder(tiny, tmp_path, LEGACY, "--epochs", "2")
-    path = tmp_path / "mlm-dwatt-fe-lr0.0001.json"
-    old = _read(path)
-    del old["settings"]  # a file of the single-LR recipe: no settings stored, no key
-    path.write_text(json.dumps(old))
-    (tmp_path / "mlm-dwatt-fe-lr0.01.json").write_text("{not json")  # unreadable
-    assert [record["lr"] for record in read_mlm_records(tmp_path)] == [1e-3]
-    main(_argv(tiny, tmp_path, "--lr", "1e-4", "1e-3", "1e-2", "--epochs", "2"))
-    assert fake_runs == [(1e-4, 2), (1e-2, 2)]  # the file at 1e-3 holds these settings
-    main(_argv(tiny, tmp_path, "--lr", "1e-3"))  # epochs 3: the old file's settings are not these
-    assert fake_runs[2:] == [(1e-3, 3)]
-
-
 @pytest.mark.parametrize("value", ["0", "-0.001", "nan", "inf", "abc"])
 def test_bad_lr_values_are_refused_naming_the_option(tiny, tmp_path, capsys, value):
     with pytest.raises(SystemExit) as exit_info:
@@ -483,3 +435,24 @@ def test_masked_logits_equal_the_full_logits_at_the_predicted_positions(tiny, me
     chosen = labels != -100
     assert logits.shape == (int(chosen.sum()), full.shape[-1]) and torch.equal(targets, labels[chosen])
     torch.testing.assert_close(logits, full[chosen], atol=1e-5, rtol=1e-5)
+
+
+def test_the_summary_pairs_each_seed_at_the_lr_its_grid_selected():
+    def run(method, lr, dev, test, seed=0):
+        settings = {"seed": seed, "epochs": 1, "model": "/x/site-packages/m/model", "data": "/d/wikitext-2"}
+        scores = {"lr": lr, "dev_ppl": dev, "test_ppl": test}
+        return {"method": method, "regime": "fe", **scores, "settings": settings, "model": "m", "data": "d"}
+
+    grid = [
+        run(method, lr, dev, dev + 1)
+        for method, base in (("none", 30.0), ("dwatt", 20.0))
+        for lr, dev in ((1e-3, base), (3e-3, base + 5))
+    ]
+    # seed 1: none at its grid's LR, dwatt at another (left out)
+    seeds = [[run("none", 1e-3, 28.0, 29.0, seed=1), run("dwatt", 3e-3, 1.0, 1.0, seed=1)]]
+    summary = mlm_summary(grid, seeds, name="mlm", commands=["layerfusion mlm ..."])
+    (cell,) = summary["cells"]
+    assert cell["methods"]["none"]["trials"] == [0, 1] and cell["methods"]["none"]["test"] == [31.0, 29.0]
+    assert cell["methods"]["dwatt"]["trials"] == [0] and cell["methods"]["dwatt"]["dev_by_lr"] == [20.0, 25.0]
+    assert summary["pairs"] == [["dwatt", "none"]] and summary["model"]["name"] == "m/model"
+    assert summary["lower_is_better"] and summary["metric"] == "ppl"

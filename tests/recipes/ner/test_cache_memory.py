@@ -165,19 +165,18 @@ def test_half_precision_is_stored_in_two_bytes_cast_back_and_keyed(model_path, d
     )
     assert half.cache().key != exact.cache().key  # never served from a file of the other precision
     assert half.settings.setup() != exact.settings.setup()
-    assert (
-        half.settings.setup_fields()["cache_dtype"] == dtype
-        and "cache_dtype" not in exact.settings.setup_fields()
-    )
+    assert half.settings.setup_fields()["cache_dtype"] == dtype
+    assert exact.settings.setup_fields()["cache_dtype"] == "float32"  # the default is in the setup too
     record = half.run(Cell("concat", "fe", shots=2, epochs=2, trial=0), lr=1e-2)
     assert record["settings"]["cache_dtype"] == dtype and record["setup"] == half.setup
 
 
-def test_float32_and_the_kept_positions_leave_the_record_keys_as_they_were():
+def test_the_kept_positions_leave_the_setup_as_it_is_and_the_cache_dtype_is_part_of_it():
     base = ExperimentSettings(model="m", data="d")
-    for changed in ({"cache_positions": "labelled"}, {"cache_dtype": "float32"}):
-        assert dataclasses.replace(base, **changed).setup() == base.setup()
-    assert base.setup() == "df56b97c7d01"  # the setup of these settings before the cache options
+    assert base.setup_fields()["cache_dtype"] == "float32"
+    assert dataclasses.replace(base, cache_positions="labelled").setup() == base.setup()  # the same numbers
+    assert dataclasses.replace(base, cache_dtype="float32").setup() == base.setup()
+    assert dataclasses.replace(base, cache_dtype="bfloat16").setup() != base.setup()
 
 
 def test_a_bad_cache_dtype_is_one_line_naming_the_allowed_ones(model_path):

@@ -77,7 +77,8 @@ def test_summary_reports_test_f1_at_the_selected_lr_with_dev_beside_and_flags_th
 
 
 def test_f1_vs_lr_figure(tmp_path):
-    cell = {"regime": "fe", "shots": 8, "epochs": 5, "curve": [{"epoch": 5, "step": 5, "dev_f1": 0.1}]}
+    cell = {"setup": "s", "regime": "fe", "shots": 8, "epochs": 5}
+    cell["curve"] = [{"epoch": 5, "step": 5, "dev_f1": 0.1}]
     runs = [
         _run(lr, t, dev, dev / 2, method=m, **cell)
         for m in ("none", "dwatt")

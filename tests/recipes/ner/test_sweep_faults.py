@@ -142,12 +142,12 @@ def test_two_sweeps_on_one_output_write_each_record_once(tmp_path, settings):
 
 def test_a_file_with_duplicate_keys_counts_each_once(tmp_path):
     path = tmp_path / "r.jsonl"
-    record = {"key": "a", "method": "none", "regime": "fe", "shots": 2, "epochs": 1, "trial": 0}
-    with open(path, "w") as handle:  # written by an older version, without the lock
+    record = {"key": "a", "setup": "s", "method": "none", "regime": "fe", "shots": 2, "epochs": 1, "trial": 0}
+    with open(path, "w") as handle:  # written without the lock (by hand, or two copies joined)
         for f1 in (0.2, 0.9, 0.9):
-            handle.write(json.dumps({**record, "best_f1": f1}) + "\n")
-        handle.write(json.dumps({**record, "key": "b", "trial": 1, "best_f1": 0.4}) + "\n")
+            handle.write(json.dumps({**record, "dev_f1": f1}) + "\n")
+        handle.write(json.dumps({**record, "key": "b", "trial": 1, "dev_f1": 0.4}) + "\n")
     records = read_records(path)
-    assert [r["best_f1"] for r in records] == [0.2, 0.4]  # the first record of each key
+    assert [r["dev_f1"] for r in records] == [0.2, 0.4]  # the first record of each key
     (row,) = summarize(records)
     assert row["n"] == 2 and row["mean"] == pytest.approx(30.0)

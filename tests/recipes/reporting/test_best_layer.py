@@ -95,7 +95,7 @@ def test_a_cell_with_probes_and_no_runs_shows_the_best_layer_alone():
 
 def test_the_guard_pairs_only_the_trials_both_have():
     scores, kept = guarded_scores({0: 70.0, 5: 99.0}, {0: 90.0, 5: 99.0}, {0: {"dev": 0.8, "test": 0.6}}, 100)
-    assert scores == {0: 70.0} and kept == 1
+    assert scores == {0: 70.0} and kept == [0]  # trial 0 kept: 90 beats 80 by more than one SE
 
 
 def test_the_section_needs_probes_and_fe_runs():

@@ -21,6 +21,7 @@ def _write(
             record = {
                 **cell,
                 "key": f"{method}|{trial}|{lr}|{setup}",
+                "task": "ner",
                 "setup": setup,
                 "dev_f1": score,
                 "test_f1": score,

@@ -65,6 +65,7 @@ def _record(method: str, shots: int, trial: int, top: float, key_suffix: str = "
     record = {
         "key": f"{method}|fe|{shots}|5|{trial}{key_suffix}",
         **{"method": method, "regime": "fe", "shots": shots, "epochs": 5, "trial": trial},
+        **{"task": "ner", "setup": "s"},
         **fields,
         "curve": [{"epoch": e, "step": 3 * e, "dev_f1": top * e / 5} for e in range(1, 6)],
     }
@@ -75,7 +76,7 @@ def _record(method: str, shots: int, trial: int, top: float, key_suffix: str = "
 
 def _records():
     return [
-        _record(method, shots, trial, base, best_f1=base + noise + shots / 100)
+        _record(method, shots, trial, base, dev_f1=base + noise + shots / 100)
         for method, base in (("none", 0.4), ("dwatt", 0.6))
         for shots in (2, 4)
         for trial, noise in enumerate((-0.1, 0.0, 0.1))
@@ -139,15 +140,13 @@ def test_paired_differences_use_each_method_at_its_selected_lr():
 
 
 def test_a_cell_reports_test_f1_only_where_every_run_at_its_lr_has_one():
-    cell = {"regime": "fe", "epochs": 5, "shots": 8, "method": "dwatt", "lr": 1e-3, "dev_f1": 0.6}
+    cell = {"setup": "s", "regime": "fe", "epochs": 5, "shots": 8, "method": "dwatt", "lr": 1e-3}
+    cell["dev_f1"] = 0.6
     runs = [{**cell, "key": "a", "trial": 0}, {**cell, "key": "b", "trial": 1, "test_f1": 0.5}]
     (group,) = score_groups(runs).values()
     assert group.stats["test"] is None and group.values["dev"] == {0: 60.0, 1: 60.0}
     assert (summarize(runs)[0]["score"], summarize(runs)[0]["mean"]) == ("dev", 60.0)
     assert (summarize(runs[1:])[0]["score"], summarize(runs[1:])[0]["mean"]) == ("test", 50.0)
-    old = {**cell, "key": "c", "trial": 0, "best_f1": 0.4}  # files from before dev_f1
-    del old["dev_f1"]
-    assert score_groups([old])[("", "fe", 5, 8), "dwatt"].values["dev"] == {0: 40.0}
 
 
 def test_a_cell_of_one_trial_claims_no_interval():
@@ -176,7 +175,7 @@ def _lr_records(methods=("dwatt", "extra_layers", "none", "concat")) -> list[dic
             for lr in (1e-3, 1e-2, 1e-1):
                 for trial, f1 in enumerate((0.0, 0.02, 0.12)):
                     score = f1 + shots / 400 + (lr == 1e-2) * 0.01
-                    fields = {"lr": lr, "setup": "s", "dev_f1": score, "test_f1": score, "best_f1": score}
+                    fields = {"lr": lr, "setup": "s", "dev_f1": score, "test_f1": score}
                     records.append(_record(method, shots, trial, score, f"|lr={lr!r}|s", **fields))
     return records
 
@@ -339,7 +338,7 @@ def test_the_depth_attention_of_each_method_is_its_own_row(monkeypatch, tmp_path
     records = []
     for method, first in (("dwatt", 0.9), ("scaled_dwatt", 0.3)):
         for trial, shift in enumerate((-0.1, 0.1)):
-            record = _record(method, 2, trial, 0.5, best_f1=0.5, test_f1=0.4)
+            record = _record(method, 2, trial, 0.5, dev_f1=0.5, test_f1=0.4)
             attention = [first + shift, 0.1, 0.9 - first - shift]
             records.append({**record, "depth_attention": attention, "fused_layers": [1, 2, 3]})
     write_report(records, tmp_path)
@@ -354,9 +353,9 @@ def test_the_depth_attention_of_each_method_is_its_own_row(monkeypatch, tmp_path
     saved.clear()
     write_report(records + again, tmp_path / "again")  # a second setup: its own rows, named as reports do
     assert [t.get_text() for t in saved["dwatt_attention"].axes[0].get_yticklabels()] == [
-        "DWAtt: frozen encoder N=2 ep=5 (setup legacy)",
+        "DWAtt: frozen encoder N=2 ep=5 (setup s)",
         "DWAtt: frozen encoder N=2 ep=5 (setup t)",
-        "Scaled DWAtt: frozen encoder N=2 ep=5 (setup legacy)",
+        "Scaled DWAtt: frozen encoder N=2 ep=5 (setup s)",
     ]
 
 

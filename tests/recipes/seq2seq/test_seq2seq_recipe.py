@@ -9,11 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.records import fingerprint, read_records
 from layerfusion_recipes.seq2seq import experiment as seq2seq
 from layerfusion_recipes.seq2seq import variants
 from layerfusion_recipes.seq2seq.experiment import (
     EOS,
+    METHOD_NAMES,
+    METRICS,
     PAD,
     TEST_SEED,
     DenoisingData,
@@ -29,7 +31,8 @@ from layerfusion_recipes.seq2seq.experiment import (
     sentences_of,
     summarize,
 )
-from layerfusion_recipes.seq2seq.records import comparison_setup, legacy_records, run_key
+from layerfusion_recipes.seq2seq.records import comparison_setup, run_key
+from layerfusion_recipes.seq2seq.results import seq2seq_summary
 
 from peft_layerfusion import SurfaceFusionConfig
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
@@ -228,35 +231,6 @@ def end_to_end(tmp_path, monkeypatch):
     return output, [*paths, "--methods", *methods, *small.split(), *grid[:3], "2", *grid[3:]]
 
 
-def test_a_results_json_of_the_older_recipe_is_resumed(tmp_path, monkeypatch, capsys):
-    """Before results.jsonl, results.json held the runs (rewritten after each, ``complete`` false until
-    the end, runs without keys): a folder killed then resumes from it, training only what is missing."""
-    output, argv = end_to_end(tmp_path, monkeypatch)
-    final = json.loads((output / "results.json").read_text())
-    names = ("settings", "train_file", "test_file", "methods", "seeds", "learning_rates")
-    header = {name: final[name] for name in names}
-    first_seed = [{k: v for k, v in run.items() if k != "key"} for run in final["runs"] if run["seed"] == 0]
-    (output / "results.jsonl").unlink()
-    (output / "results.json").write_text(json.dumps({**header, "complete": False, "runs": first_seed}))
-    assert [r["key"] for r in legacy_records(output)] == [r["key"] for r in final["runs"] if r["seed"] == 0]
-    other = {**header, "settings": {**header["settings"], "epochs": 3}, "runs": first_seed}
-    assert comparison_setup(other) != comparison_setup(header)  # other settings: other keys
-    trained = []
-    real_run_one = seq2seq.run_one
-    monkeypatch.setattr(seq2seq, "run_one", lambda *a: trained.append(a[1:]) or real_run_one(*a))
-    capsys.readouterr()
-    assert main(["seq2seq", *argv]) == 0
-    assert "resuming: 6 runs found in" in capsys.readouterr().out
-    selected = final["selected_learning_rate"]
-    assert sorted(trained) == sorted((m, s, selected[m]) for m in selected for s in (1, 2))  # not seed 0
-    resumed = json.loads((output / "results.json").read_text())
-    assert resumed["complete"] and resumed["selected_learning_rate"] == selected
-    assert [r for r in resumed["runs"] if r["seed"] == 0] == [r for r in final["runs"] if r["seed"] == 0]
-    records = read_records(output / "results.jsonl")  # the old runs moved into it, then the new ones
-    assert [(r["method"], r["seed"]) for r in records[:6]] == [(r["method"], 0) for r in first_seed]
-    assert len(records) == 12 and all(r["seed"] > 0 for r in records[6:])
-
-
 def test_a_killed_comparison_resumes_only_the_missing_runs(tmp_path, monkeypatch, capsys):
     (tmp_path / "valid.txt").write_text(synthetic_text(60, 0))
     (tmp_path / "test.txt").write_text(synthetic_text(8, 1))
@@ -306,11 +280,12 @@ def test_the_compared_models_derive_from_the_registry(monkeypatch):
     assert list(seq2seq.method_configs())[-1] == "new_fusion"
 
 
-def test_a_variant_whose_options_change_gets_keys_its_old_records_lack(monkeypatch):
+def test_a_variant_whose_options_change_gets_another_key(monkeypatch):
     """The run name ``surface_hard`` alone does not say its λ: a record of λ = 0.8 must not be served
-    for λ = 0.5, nor for a changed config default; the variants as they are keep the keys they had."""
+    for λ = 0.5, nor for a changed config default; each variant's key carries its options."""
     before = {name: run_key(name, 0, 3e-3, "s") for name in seq2seq.METHOD_NAMES}
-    assert before["surface_hard"] == "surface_hard|0|lr=0.003|s"  # the key it always had
+    hard = fingerprint(variants.variant_options("surface_hard"))
+    assert before["surface_hard"] == f"surface_hard|0|lr=0.003|s|defaults={hard}"
     assert before["vanilla"] == "vanilla|0|lr=0.003|s"
     hard = {**variants.VARIANTS[SurfaceFusionConfig]["surface_hard"], "fusion_lambda": 0.5}
     changed = {**variants.VARIANTS[SurfaceFusionConfig], "surface_hard": hard}
@@ -353,3 +328,31 @@ def test_a_zero_learning_rate_or_thread_count_is_refused_at_parse_time(tmp_path,
     with pytest.raises(SystemExit) as exit_info:
         main(["seq2seq", "--data", str(tmp_path), option, value])
     assert exit_info.value.code == 2 and f"argument {option}: must be" in capsys.readouterr().err
+
+
+def test_the_summary_holds_each_seed_s_scores_and_pairs_every_method_with_vanilla():
+    def run(method, seed, em):
+        scores = {"exact_match": em, "chrf": 80.0 + seed, "bleu": 70.0}
+        return {"method": method, "seed": seed, "learning_rate": 0.003, **scores, "dev": scores}
+
+    results = {
+        "complete": True,
+        "settings": {"epochs": 16, "architecture": "marian"},
+        "train_file": "/d/wikitext-2/valid.txt",
+        "learning_rates": [0.003],
+        "selected_learning_rate": {"vanilla": 0.003, "surface_hard": 0.003},
+        "copy_input": {
+            "test": dict(zip(METRICS, (25.0, 88.0, 81.0), strict=True)),
+            "dev": dict.fromkeys(METRICS, 1.0),
+        },
+        "runs": [run(m, s, em + s) for m, em in (("vanilla", 40.0), ("surface_hard", 42.0)) for s in (1, 0)],
+    }
+    summary = seq2seq_summary(results, name="seq2seq", commands=["layerfusion seq2seq"])
+    methods = summary["cells"][0]["methods"]
+    assert list(methods) == ["copy_input", *[m for m in METHOD_NAMES if m in ("vanilla", "surface_hard")]]
+    assert methods["surface_hard"]["trials"] == [0, 1] and methods["surface_hard"]["test"] == [42.0, 43.0]
+    assert methods["vanilla"]["scores"]["chrf"]["test"] == [80.0, 81.0]
+    assert methods["copy_input"]["test"] == [25.0] and "lr" not in methods["copy_input"]
+    assert summary["pairs"] == [["surface_hard", "vanilla"]] and summary["data"]["name"] == "wikitext-2"
+    with pytest.raises(ValueError, match="has not finished"):
+        seq2seq_summary({**results, "complete": False}, name="seq2seq", commands=[])
