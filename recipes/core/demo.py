@@ -24,6 +24,9 @@ DEMO_GRID = {
     "regimes": ["fe"],
     **DEMO_AXES,  # shots 2 8, 15 epochs, 3 trials, dev F1 at epochs 3, 6, ..., 15, each method's LRs
 }
+# the demo under the true few-shot protocol (the default): the recommendation against the block the
+# same selection picks and the last-layer head, two shot sizes, five trials (about 2 minutes on 2 cores)
+DEMO_TRUE_FEW_SHOT: dict = {"shots": [8, 32], "trials": 5}
 DEMO_DEV_LIMIT = 300  # dev sentences evaluated per epoch in the demo (time budget)
 
 

@@ -9,7 +9,14 @@ import argparse
 from typing import Any
 
 from ..core.cells import FULL_TRAIN
-from ..core.demo import DEMO_DEV_LIMIT, DEMO_GRID, GRID_METHODS, demo_data_path, model_path
+from ..core.demo import (
+    DEMO_DEV_LIMIT,
+    DEMO_GRID,
+    DEMO_TRUE_FEW_SHOT,
+    GRID_METHODS,
+    demo_data_path,
+    model_path,
+)
 from ..core.grids import PAPER_AXES, USER_AXES
 from ..core.options import default_output
 from ..core.settings import asks_for_training, field_defaults, grid_options, load_config, option, task_fields
@@ -74,6 +81,9 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         train_sentences=pick("train_sentences"),
     )
     grid = grid_options(pick, settings, NER_REGIME_NAMES, asks_for_training(args, loaded))
+    if demo and grid["selection"] == "cv":  # the demo of the recommendation: its own shots and trials
+        grid["shots"] = [int(n) for n in option(args, loaded, "shots", DEMO_TRUE_FEW_SHOT["shots"])]
+        grid["trials"] = option(args, loaded, "trials", DEMO_TRUE_FEW_SHOT["trials"])
     if FULL_TRAIN in grid["shots"]:
         raise ValueError(
             "--shots all: NER samples N*C sentences per trial; for a fixed number of sentences use "

@@ -56,12 +56,11 @@ from peft_layerfusion.utils import atomic_write_text
 
 from ..core.cache_files import path_fingerprint
 from ..core.cells import shots_size
-from ..core.probes import features_of
 from ..core.selection import record_metric
 from ..core.stats import mean_ci
 from ..core.sweep_log import SweepTotals
 from .best_layer import BEST_LAYER, best_layer_cells, difference
-from .layers import layer_runs, selected_probe
+from .layers import layer_runs, selected_kind
 from .markdown import duration, listed, memory
 from .plot import (
     PAIRS,
@@ -234,33 +233,31 @@ def _method_entry(group: Any, others: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def layer_scores(probes: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
-    """Each block's probe per (setup, shots, max epochs): its feature kind and LR selected on dev over
-    the trials (:func:`~layerfusion_recipes.reporting.layers.selected_probe`), and at them each
-    trial's test and dev score (points).
+    """Each block's probe per (setup, shots, max epochs): its feature kind selected on dev over the
+    trials (:func:`~layerfusion_recipes.reporting.layers.selected_kind`), and at it each trial's penalty
+    (chosen by cross-validation on its sample), test and dev score (points).
 
     Example:
-        >>> probe = {"setup": "a", "shots": 8, "epochs": 5, "trial": 0, "lr": 0.1, "metric": "accuracy",
-        ...          "layers": [{"layer": 1, "dev_accuracy": 0.5, "test_accuracy": 0.4}]}
+        >>> probe = {"setup": "a", "shots": 8, "epochs": 5, "trial": 0, "features": "rms",
+        ...          "metric": "accuracy",
+        ...          "layers": [{"layer": 1, "penalty": 0.1, "dev_accuracy": 0.5, "test_accuracy": 0.4}]}
         >>> layer_scores([probe])["a", 8, 5]
-        [{'layer': 1, 'features': 'raw', 'lr': 0.1, 'trials': [0], 'test': [40.0], 'dev': [50.0]}]
+        [{'layer': 1, 'features': 'rms', 'penalties': [0.1], 'trials': [0], 'test': [40.0], 'dev': [50.0]}]
     """
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for run in layer_runs(probes):
         groups[run.get("setup", ""), run["shots"], run["epochs"], run["layer"]].append(run)
     found: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for (setup, shots, epochs, layer), runs in sorted(groups.items(), key=lambda item: item[0][1:]):
-        selection, features = selected_probe(runs)
-        chosen = sorted(
-            (run for run in runs if features_of(run) == features and run["lr"] == selection.lr),
-            key=lambda run: run["trial"],
-        )
+        features = selected_kind(runs)
+        chosen = sorted((run for run in runs if run["features"] == features), key=lambda run: run["trial"])
         metric = record_metric(chosen[0])
         test = [run.get(f"test_{metric}") for run in chosen]
         found[setup, shots, epochs].append(
             {
                 "layer": layer,
                 "features": features,
-                "lr": selection.lr,
+                "penalties": [run.get("penalty") for run in chosen],
                 "trials": [run["trial"] for run in chosen],
                 "test": _rounded(None if score is None else 100.0 * score for score in test),
                 "dev": _rounded(100.0 * run[f"dev_{metric}"] for run in chosen),
