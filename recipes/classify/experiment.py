@@ -31,7 +31,7 @@ from ..core.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, K
 from ..core.fitting import RunResult
 from ..core.probes import states_at
 from ..core.runner import Runner, StackedRunner
-from ..data.sampling import sample_per_class
+from ..data.sampling import check_per_class, describe_short_classes, sample_per_class
 from ..data.texts import TextColumns, TextDataset, TextExample, label_counts, load_texts
 from .models import (
     POOLINGS,
@@ -198,6 +198,7 @@ class ClassifyExperiment(FewShotExperiment):
         self._finish_setup()
         self._head: tuple[str, ...] | None = None
         self._train_features: dict[int, list[dict]] = {}  # the whole train split, encoded once
+        self._said_short: set[int] = set()  # the shot sizes whose classes taken whole were said
         self._cache = None
 
     def _encoded(self, examples: list[TextExample], split: str) -> list[dict]:
@@ -247,19 +248,20 @@ class ClassifyExperiment(FewShotExperiment):
         return label_counts(self.data.train, self.labels)
 
     def check_shots(self, shots: Iterable[int]) -> None:
-        """Refuse an N larger than the smallest class of train (one line), before any run."""
+        """Before any run: refuse an N larger than the largest class of train (one line); say once on
+        stderr which classes an N takes whole, having fewer examples
+        (:func:`~layerfusion_recipes.data.sampling.check_per_class`)."""
         counts = self.class_counts()
-        smallest = min(counts, key=counts.__getitem__)
         for n in sorted(set(shots) - {FULL_TRAIN}):
-            if n > counts[smallest]:
-                raise ValueError(
-                    f"--shots {n} asks for {n} examples of each class; class {smallest!r} has "
-                    f"{counts[smallest]} in train: use --shots <= {counts[smallest]} (or --shots all)"
-                )
+            short = check_per_class(counts, n)
+            if short and n not in self._said_short:
+                self._said_short.add(n)
+                print(f"layerfusion: {describe_short_classes(short, n, len(counts))}", file=sys.stderr)
 
     def train_sample(self, shots: int, trial: int) -> list[dict]:
-        """The encoded training examples of a trial: N of each class (the same for every method of the
-        trial), or the whole train split for :data:`~layerfusion_recipes.core.cells.FULL_TRAIN`."""
+        """The encoded training examples of a trial: N of each class (all of a class that has fewer; the
+        same for every method of the trial), or the whole train split for
+        :data:`~layerfusion_recipes.core.cells.FULL_TRAIN`."""
         if shots == FULL_TRAIN:
             if FULL_TRAIN not in self._train_features:
                 self._train_features[FULL_TRAIN] = self._encode_train(self.data.train)

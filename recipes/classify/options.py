@@ -50,7 +50,8 @@ CLASSIFY_WORDS = TaskWords(
     "Default: all of them.",
     regimes=f"{REGIMES_HELP}. Default: fe.",
     shots="N examples of each class sampled from train per trial (stratified; every method of a trial "
-    "trains on the same sample), or `all`: the whole train split. Default: 8 32.",
+    "trains on the same sample; a class with fewer than N is taken whole, said on stderr once), or `all`: "
+    "the whole train split. Default: 8 32.",
     shots_type=shots_value,
     epochs="Max epochs. Default: 30.",
     trials="Trials per cell, each with a new seed and sample. Default: 3.",

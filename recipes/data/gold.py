@@ -4,7 +4,8 @@ The model sees a sentence through its sub-words, truncated to ``max_length``: wo
 cut, and words with no sub-word at all (e.g. a lone zero-width space), have no position.
 Scoring must still use every word's gold tag; the unseen words count as predicted ``O``
 (:func:`spread_to_words`). A gold entity with an unseen word can never be predicted right
-(:func:`gold_reach` counts them).
+(:func:`gold_reach` counts them); nor can an unseen word of a plain tag set (part of speech, scored by
+token accuracy: :func:`gold_reach` with ``spans=False`` counts words).
 
 Features come from :func:`~layerfusion_recipes.data.readers.encode_ner` (keys ``word_labels`` and
 ``labelled_words``); features without them (built by hand) are scored on their labelled
@@ -45,33 +46,43 @@ def spread_to_words(tags: Sequence[str], feature: dict, outside: str = "O") -> l
 
 @dataclass(frozen=True)
 class GoldReach:
-    """Gold entities of a split and how many of them the model cannot see entirely.
+    """Gold entities of a split (or words, ``unit="words"``, for a plain tag set) and how many of them
+    the model cannot see entirely.
 
-    ``best_f1`` is the highest micro-F1 reachable (every visible entity found, nothing spurious).
+    ``best`` is the highest score reachable: micro-F1 (every visible entity found, nothing spurious),
+    or token accuracy (every visible word right).
     """
 
     entities: int
     out_of_reach: int
+    unit: str = "entities"
 
     @property
-    def best_f1(self) -> float:
+    def best(self) -> float:
         if not self.entities:
             return 0.0
         recall = (self.entities - self.out_of_reach) / self.entities
-        return 2 * recall / (1 + recall)
+        return recall if self.unit == "words" else 2 * recall / (1 + recall)
+
+    @property
+    def best_f1(self) -> float:
+        """:attr:`best` of entities."""
+        return self.best
 
     def message(self, split: str, max_length: int) -> str:
         """One line for the log, e.g. ``dev: 3 of 120 gold entities (2.5%) are out of reach ...``."""
+        metric = "accuracy" if self.unit == "words" else "F1"
         return (
-            f"{split}: {self.out_of_reach} of {self.entities} gold entities "
+            f"{split}: {self.out_of_reach} of {self.entities} gold {self.unit} "
             f"({100 * self.out_of_reach / max(self.entities, 1):.1f}%) are out of the model's reach (a word "
             f"past --max-length {max_length} sub-words, or with no sub-word); they count as missed "
-            f"(best reachable F1 {100 * self.best_f1:.1f})"
+            f"(best reachable {metric} {100 * self.best:.1f})"
         )
 
 
-def gold_reach(features: Sequence[dict], id2label: dict[int, str]) -> GoldReach:
-    """Count the gold entities of ``features`` and those with a word the model does not see.
+def gold_reach(features: Sequence[dict], id2label: dict[int, str], spans: bool = True) -> GoldReach:
+    """Count the gold entities of ``features`` and those with a word the model does not see (the words
+    and the unseen ones where ``spans`` is false: a plain tag set).
 
     Example:
         >>> from layerfusion_recipes.data.readers import NerSentence, encode_ner
@@ -82,6 +93,10 @@ def gold_reach(features: Sequence[dict], id2label: dict[int, str]) -> GoldReach:
         >>> reach.entities, reach.out_of_reach  # 3 tokens: [CLS] walks [SEP], "paris" is cut off
         (1, 1)
     """
+    if not spans:
+        words = sum(len(word_label_ids(feature)) for feature in features)
+        seen = sum(len(feature.get("labelled_words", word_label_ids(feature))) for feature in features)
+        return GoldReach(words, words - seen, "words")
     entities = out_of_reach = 0
     for feature in features:
         found = get_entities([id2label[label] for label in word_label_ids(feature)])  # [(type, start, end)]

@@ -1,6 +1,7 @@
 """Data for the recipes: NER readers, label alignment to sub-words, plain text for MLM.
 
-NER text formats (one token a line, a blank line between sentences, the tag last):
+NER text formats (one token a line, a blank line between sentences, the tag last, or in the column
+``tag_column`` names: CoNLL-2003's part of speech is column 1, its chunks column 2):
 
 * CoNLL-2003 columns: ``token POS chunk TAG`` separated by spaces, ``-DOCSTART-`` lines skipped;
 * WikiANN: ``lang:token<TAB>TAG`` (the prefix is stripped when every token of the file has it);
@@ -24,7 +25,7 @@ from typing import TypeVar
 
 from ..core.batches import IGNORE_INDEX
 from ..core.errors import UserError
-from .tags import TAG_RULE, is_valid_tag
+from .tags import PLAIN, foreign_tags, mixed_tag_problem, tag_set_kind
 
 T = TypeVar("T")
 _LANG_PREFIX = re.compile(r"^[a-z]{2,3}:(?=.)")
@@ -61,23 +62,37 @@ class NerDataset:
 
     @property
     def labels(self) -> list[str]:
-        tags = {tag for split in (self.train, self.dev, self.test) for s in split for tag in s.tags}
+        """The sorted tags of every split, ``O`` first (always there for spans: what no span is)."""
+        tags = self._tags()
+        if self.tag_kind == PLAIN:
+            return sorted(tags, key=lambda tag: (tag != "O", tag))
         return ["O", *sorted(tags - {"O"})]
 
     @property
+    def tag_kind(self) -> str:
+        """``spans`` (IOB tags: span F1) or ``plain`` (e.g. part of speech: token accuracy), from the tags
+        of every split (:func:`~layerfusion_recipes.data.tags.tag_set_kind`)."""
+        return tag_set_kind(self._tags())
+
+    def _tags(self) -> set[str]:
+        return {tag for split in (self.train, self.dev, self.test) for s in split for tag in s.tags}
+
+    @property
     def entity_types(self) -> list[str]:
-        """Entity types of every split (``PER`` for ``B-PER``/``I-PER``)."""
-        return _types_of(self.labels)
+        """Entity types of every split (``PER`` for ``B-PER``/``I-PER``; every tag of a plain tag set)."""
+        return self._types_of(self.labels)
 
     @property
     def train_entity_types(self) -> list[str]:
         """Entity types of the train split: the ``C`` of the N-shot protocol (``N * C`` sentences), so
-        that the training sample never depends on the dev or test labels."""
-        return _types_of({tag for sentence in self.train for tag in sentence.tags})
+        that the training sample never depends on the dev or test labels. Each tag of a plain tag set
+        (a part of speech) is a type of its own."""
+        return self._types_of({tag for sentence in self.train for tag in sentence.tags})
 
-
-def _types_of(tags) -> list[str]:
-    return sorted({tag.split("-", 1)[1] for tag in tags if "-" in tag})
+    def _types_of(self, tags) -> list[str]:
+        if self.tag_kind == PLAIN:
+            return sorted(set(tags))
+        return sorted({tag.split("-", 1)[1] for tag in tags if "-" in tag})
 
 
 # suffixes of files read as text whatever their content: undecodable bytes there are their encoding's
@@ -183,8 +198,6 @@ def _line_problem(fields: list[str], tab: bool, width: int) -> str:
     """What is wrong with the fields of a line that does not fit the file's layout."""
     if width < 2:
         return "expected `token tag` columns (TAB- or space-separated)"
-    if len(fields) == width:
-        return f"tag {fields[-1]!r} is not {TAG_RULE}"
     if tab and len(fields) == 1:
         return "expected `token<TAB>tag` like the file's other lines, found no TAB"
     hint = "a stray TAB?" if tab else "a token with a space? TAB-separate the columns"
@@ -192,17 +205,45 @@ def _line_problem(fields: list[str], tab: bool, width: int) -> str:
     return f"{len(fields)} {kind}-separated fields where the file's lines have {width} ({hint})"
 
 
-def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
-    """Read one NER text file: one token a line, a blank line between sentences, the tag last.
+def tag_column_of(path: str | os.PathLike, tag_column: int | None, width: int, token_column: int) -> int:
+    """The column that holds the tags: ``tag_column``, or the last one (``None``); a column that is no
+    tag column of the file (past its last, or the token or the word index before it) stops in one line.
+
+    Example:
+        >>> tag_column_of("train.txt", None, 4, 0), tag_column_of("train.txt", 1, 4, 0)
+        (3, 1)
+        >>> tag_column_of("train.txt", 4, 4, 0)
+        Traceback (most recent call last):
+        layerfusion_recipes.data.readers.DataFormatError: train.txt: --tag-column 4: its lines have 4 ...
+    """
+    if tag_column is None:
+        return width - 1
+    if token_column < tag_column < width:
+        return tag_column
+    lead = "0: the token" if token_column == 0 else "0: the word index, 1: the token"
+    first = token_column + 1
+    tags = f"{first}: the tag" if first == width - 1 else f"{first} to {width - 1}: tags"
+    choice = f"give {first}" if first == width - 1 else f"give {first} to {width - 1}"
+    columns = f"its lines have {width} columns ({lead}, {tags})"
+    raise DataFormatError(path, 0, f"--tag-column {tag_column}: {columns}; {choice} (default: the last)")
+
+
+def read_ner_file(path: str | os.PathLike, tag_column: int | None = None) -> list[NerSentence]:
+    """Read one NER text file: one token a line, a blank line between sentences, the tag last (or in
+    column ``tag_column``).
 
     Columns: ``token<TAB>tag``; CoNLL-2003 ``token POS chunk tag`` (space-separated,
     ``-DOCSTART-`` lines skipped); ``index<TAB>token<TAB>tag`` (CoNLL-U style, ``#`` comments
     skipped); WikiANN ``lang:token<TAB>tag`` (the prefix is stripped when every token has it).
+    Tags are IOB/BIOES spans (``O``, ``B-PER``) or plain tags (``NN``: token accuracy), never both.
     Nothing is edited silently: an undecodable byte, a line with another separator or column
-    count, or a bad tag stops with :class:`DataFormatError` (file, line, cause).
+    count, a tag column the file lacks, or a tag of the other kind than the file's others stops with
+    :class:`DataFormatError` (file, line, cause).
 
     Args:
         path: The file (UTF-8, a BOM is allowed).
+        tag_column: The 0-based column of the tags (CoNLL-2003: 1 part of speech, 2 chunks, 3 named
+            entities); ``None``: the last.
 
     Returns:
         The sentences, in file order.
@@ -217,17 +258,28 @@ def read_ner_file(path: str | os.PathLike) -> list[NerSentence]:
         raise DataFormatError(path, 0, "no sentence found (empty file?)")
     tab, width, blocks, token_column = _column_layout(blocks)
     separator = "\t" if tab else None
+    column = tag_column_of(path, tag_column, width, token_column) if width >= 2 else width - 1
     sentences = []
     for block in blocks:
         tokens, tags = [], []
         for offset, line in enumerate(block.lines):
             fields = line.split(separator)
-            if len(fields) != width or width < 2 or not is_valid_tag(fields[-1]):
+            if len(fields) != width or width < 2:
                 raise DataFormatError(path, block.start + offset, _line_problem(fields, tab, width))
             tokens.append(fields[token_column])
-            tags.append(fields[-1])
+            tags.append(fields[column])
         sentences.append(NerSentence(tuple(tokens), tuple(tags)))
+    _check_one_tag_kind(path, blocks, sentences)
     return _strip_wikiann_prefix(sentences)
+
+
+def _check_one_tag_kind(path: str | os.PathLike, blocks: list[_Block], sentences: list[NerSentence]) -> None:
+    """Stop at the first line whose tag is of the rarer kind where the file mixes spans and plain tags."""
+    foreign, other = foreign_tags(tag for sentence in sentences for tag in sentence.tags)
+    for block, sentence in zip(blocks, sentences, strict=True):
+        for offset, tag in enumerate(sentence.tags):
+            if tag in foreign:
+                raise DataFormatError(path, block.start + offset, mixed_tag_problem(tag, other))
 
 
 def split_sentences(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -34,29 +34,77 @@ def sample_shots(sentences: Sequence[T], shots: int, num_types: int, seed: int) 
     return [sentences[i] for i in random.Random(seed).sample(range(len(sentences)), size)]
 
 
+def check_per_class(counts: Mapping[str, int], shots: int) -> dict[str, int]:
+    """The classes with fewer than ``shots`` examples (``{class: count}``, smallest first): a sample of
+    ``shots`` per class takes each of them whole (:func:`sample_per_class`).
+
+    Raises:
+        ValueError: ``shots`` exceeds even the largest class (the sample would be the whole train split:
+            that is ``--shots all``), naming it, its count and the largest N.
+
+    Example:
+        >>> check_per_class({"DESC": 9, "ENTY:religion": 3, "NUM:ord": 5}, 4)
+        {'ENTY:religion': 3}
+        >>> check_per_class({"neg": 3, "pos": 5}, 6)
+        Traceback (most recent call last):
+        ValueError: --shots 6 asks for 6 examples of each class; the largest class, 'pos', has 5 in train: ...
+    """
+    largest = max(counts, key=counts.__getitem__)
+    if shots > counts[largest]:
+        raise ValueError(
+            f"--shots {shots} asks for {shots} examples of each class; the largest class, {largest!r}, has "
+            f"{counts[largest]} in train: use --shots <= {counts[largest]}, or --shots all for the whole "
+            "train split"
+        )
+    short = {label: count for label, count in counts.items() if count < shots}
+    return dict(sorted(short.items(), key=lambda item: item[1]))
+
+
+def describe_short_classes(short: Mapping[str, int], shots: int, classes: int, shown: int = 6) -> str:
+    """One line saying which classes a sample of ``shots`` per class takes whole, and its size.
+
+    Example:
+        >>> print(describe_short_classes({"ENTY:religion": 3, "NUM:ord": 5}, 8, 50))
+        --shots 8: 2 classes have fewer train examples and are taken whole: 'ENTY:religion' (3),
+        'NUM:ord' (5); a sample has 392 examples, not 8 x 50 = 400
+    """
+    named = ", ".join(f"{label!r} ({count})" for label, count in list(short.items())[:shown])
+    more = f" and {len(short) - shown} more" if len(short) > shown else ""
+    size = shots * classes - sum(shots - count for count in short.values())
+    noun = (
+        "class has fewer train examples and is"
+        if len(short) == 1
+        else "classes have fewer train examples and are"
+    )
+    return (
+        f"--shots {shots}: {len(short)} {noun} taken whole: {named}{more}; "
+        f"a sample has {size} examples, not {shots} x {classes} = {shots * classes}"
+    )
+
+
 def sample_per_class(
     examples: Sequence[T], shots: int, labels: Sequence[str], label_of: Callable[[T], str], seed: int
 ) -> list[T]:
     """``shots`` examples of every class of ``labels``, drawn without replacement (stratified: the
-    few-shot protocol of sentence classification), class after class in ``labels`` order.
+    few-shot protocol of sentence classification), class after class in ``labels`` order; a class with
+    fewer than ``shots`` examples (a rare class of a long-tailed label set) is taken whole
+    (:func:`check_per_class`).
 
     Raises:
-        ValueError: A class has fewer than ``shots`` examples (naming it, its count and the largest N).
+        ValueError: ``shots`` exceeds even the largest class (naming it, its count and the largest N).
 
     Example:
         >>> examples = [{"text": f"t{i}", "label": "pos" if i % 3 else "neg"} for i in range(12)]
         >>> sample = sample_per_class(examples, 2, ["neg", "pos"], lambda e: e["label"], seed=0)  # 2 x C
         >>> sorted(e["label"] for e in sample)
         ['neg', 'neg', 'pos', 'pos']
+        >>> len(sample_per_class(examples, 5, ["neg", "pos"], lambda e: e["label"], seed=0))  # 4 neg: all
+        9
     """
     by_class: dict[str, list[int]] = {label: [] for label in labels}
     for index, example in enumerate(examples):
         by_class[label_of(example)].append(index)
-    smallest = min(by_class, key=lambda label: len(by_class[label]))
-    if len(by_class[smallest]) < shots:
-        raise ValueError(
-            f"--shots {shots} asks for {shots} examples of each class; class {smallest!r} has "
-            f"{len(by_class[smallest])} in train: use --shots <= {len(by_class[smallest])} (or --shots all)"
-        )
+    check_per_class({label: len(indices) for label, indices in by_class.items()}, shots)
     rng = random.Random(seed)
-    return [examples[i] for label in labels for i in rng.sample(by_class[label], shots)]
+    picks = [i for label in labels for i in rng.sample(by_class[label], min(shots, len(by_class[label])))]
+    return [examples[i] for i in picks]

@@ -12,11 +12,13 @@
 * a Hub name (``conll2003``, ``wikiann`` with ``--language``; online only).
 
 Columns are found by convention: tokens in ``tokens`` (or ``words``), tags in ``ner_tags``,
-``tags`` or ``labels``; ``--tokens-column``/``--tags-column`` name others. Tags may be
+``tags`` or ``labels``; ``--tokens-column``/``--tags-column`` name others (``--tag-column K``: the
+0-based column of a text file's lines, e.g. CoNLL-2003's part of speech, 1, or chunks, 2). Tags may be
 ``ClassLabel`` ids (their names are used), strings, or integers with ``--label-names``.
 Without a dev split, dev (and test, if missing) are cut from train with a fixed seed, and a
-note says so; tags are converted to IOB2 (:mod:`layerfusion_recipes.data.tags`), also with a note. Notes go
-to stderr once and to ``NerDataset.notes``.
+note says so; span tags are converted to IOB2 (:mod:`layerfusion_recipes.data.tags`), also with a note;
+a plain tag set (part of speech) is kept as it is, and a note says it is scored by token accuracy.
+Notes go to stderr once and to ``NerDataset.notes``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import io
 import os
 import sys
 import tokenize
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,7 +38,15 @@ from typing import Any, TypeVar
 from ..core.errors import DataSourceError, UserError, first_line
 from ..core.locations import TABULAR_BUILDERS, TEXT_SUFFIXES, looks_like_hub_name
 from .readers import NerDataset, NerSentence, read_ner_file, split_sentences
-from .tags import TAG_RULE, TAG_SCHEMES, is_valid_tag, to_iob2
+from .tags import (
+    PLAIN,
+    SPANS,
+    TAG_SCHEMES,
+    foreign_tags,
+    mixed_tag_problem,
+    tag_set_kind,
+    to_iob2,
+)
 
 SPLIT_ALIASES = {"train": ("train",), "dev": ("dev", "val", "valid", "validation"), "test": ("test",)}
 TOKEN_COLUMNS = ("tokens", "words")
@@ -57,23 +68,30 @@ class NerColumns:
         label_names: Names of integer tags (``label_names[i]`` is tag ``i``); default: the
             column's ``ClassLabel`` names.
         tag_scheme: One of :data:`~layerfusion_recipes.data.tags.TAG_SCHEMES` (``auto`` detects).
+        tag_column: The 0-based column of the tags in text files (``None``: the last).
 
     Example:
         >>> NerColumns(tags="ner", label_names=("O", "B-PER", "I-PER"))
-        NerColumns(tokens=None, tags='ner', label_names=('O', 'B-PER', 'I-PER'), tag_scheme='auto')
+        NerColumns(tokens=None, tags='ner', label_names=('O', 'B-PER', 'I-PER'), tag_scheme='auto', ...)
     """
 
     tokens: str | None = None
     tags: str | None = None
     label_names: tuple[str, ...] | None = None
     tag_scheme: str = "auto"
+    tag_column: int | None = None
 
     def __post_init__(self) -> None:
         if self.tag_scheme not in TAG_SCHEMES:
             raise ValueError(f"--tag-scheme {self.tag_scheme!r}: expected one of {', '.join(TAG_SCHEMES)}")
-        bad = [name for name in self.label_names or () if not is_valid_tag(name)]
-        if bad:
-            raise ValueError(f"--label-names: {bad[:5]} are not {TAG_RULE}")
+        blank = [name for name in self.label_names or () if not name or name.split() != [name]]
+        if blank:
+            raise ValueError(f"--label-names: {blank[:5]} are empty or hold a space; a tag is one word")
+        foreign, other = foreign_tags(self.label_names or ())
+        if foreign:
+            raise ValueError(f"--label-names: {mixed_tag_problem(sorted(foreign)[0], other)}")
+        if self.tag_column is not None and self.tag_column < 0:
+            raise ValueError(f"--tag-column {self.tag_column}: a column number counts from 0")
 
 
 # ----------------------------------------------------------------------------- datasets -> sentences
@@ -157,8 +175,9 @@ def dataset_sentences(dataset: Any, columns: NerColumns, where: str) -> list[Ner
         where: Names the data in error messages, e.g. ``data/ [validation]``.
 
     Raises:
-        NerColumnError: A column is missing, a cell is no list, tags cannot be named, or a row
-            has more tokens than tags or fewer; the message names ``where``, the row and the problem.
+        NerColumnError: A column is missing, a cell is no list, tags cannot be named, a row has more
+            tokens than tags or fewer, or a tag is of the other kind than the data's others (a span tag
+            among plain tags or the reverse); the message names ``where``, the row and the problem.
 
     Example:
         >>> from datasets import Dataset
@@ -170,7 +189,7 @@ def dataset_sentences(dataset: Any, columns: NerColumns, where: str) -> list[Ner
     token_column = _pick_column(names, columns.tokens, TOKEN_COLUMNS, "--tokens-column", where)
     tag_column = _pick_column(names, columns.tags, TAG_COLUMNS, "--tags-column", where)
     name_tags = _tag_namer(dataset.features[tag_column], tag_column, columns.label_names, where)
-    sentences = []
+    sentences, rows = [], []  # the sentences and the row of each
     for row, (token_cell, tag_cell) in enumerate(
         zip(dataset[token_column], dataset[tag_column], strict=True)
     ):
@@ -182,11 +201,17 @@ def dataset_sentences(dataset: Any, columns: NerColumns, where: str) -> list[Ner
             raise NerColumnError(f"{where}, row {row}: {error}") from error
         if len(tokens) != len(tags):
             raise NerColumnError(f"{where}, row {row}: {len(tokens)} tokens but {len(tags)} tags")
-        bad = [tag for tag in tags if not is_valid_tag(tag)]
-        if bad:
-            raise NerColumnError(f"{where}, row {row}: tag {bad[0]!r} is not {TAG_RULE}")
+        blank = [tag for tag in tags if not tag or tag.split() != [tag]]
+        if blank:
+            raise NerColumnError(f"{where}, row {row}: tag {blank[0]!r} is empty or holds a space")
         if tokens:
             sentences.append(NerSentence(tuple(tokens), tuple(tags)))
+            rows.append(row)
+    foreign, other = foreign_tags(tag for sentence in sentences for tag in sentence.tags)
+    for row, sentence in zip(rows, sentences, strict=True):
+        odd = [tag for tag in sentence.tags if tag in foreign]
+        if odd:
+            raise NerColumnError(f"{where}, row {row}: {mixed_tag_problem(odd[0], other)}")
     return sentences
 
 
@@ -256,10 +281,32 @@ def read_tabular(path: Path, columns: NerColumns, split: str = "train") -> list[
 
 
 def read_split_file(path: Path, columns: NerColumns) -> list[NerSentence]:
-    """One split file: tabular by suffix (:data:`TABULAR_BUILDERS`), otherwise NER text."""
+    """One split file: tabular by suffix (:data:`TABULAR_BUILDERS`), otherwise NER text (its tags in
+    ``columns.tag_column``). A table's column given by number, or a text file's by name, is one line.
+
+    Example:
+        >>> _ = Path("train.txt").write_text("EU NNP B-NP B-ORG\\nrejects VBZ B-VP O\\n")
+        >>> read_split_file(Path("train.txt"), NerColumns(tag_column=1))[0].tags
+        ('NNP', 'VBZ')
+    """
     if path.suffix.lower() in TABULAR_BUILDERS:
+        _check_no_tag_column(columns, str(path))
         return read_tabular(path, columns)
-    return read_ner_file(path)
+    if columns.tags is not None:
+        raise NerColumnError(
+            f"{path}: --tags-column {columns.tags!r} names a table's column and this is a text file: give "
+            "its tag column by number, --tag-column K (0-based; CoNLL-2003: 1 part of speech, 2 chunks)"
+        )
+    return read_ner_file(path, columns.tag_column)
+
+
+def _check_no_tag_column(columns: NerColumns, where: str) -> None:
+    """``--tag-column`` numbers a text file's columns: a table's is named (``--tags-column``)."""
+    if columns.tag_column is not None:
+        raise NerColumnError(
+            f"{where}: --tag-column {columns.tag_column} numbers the columns of a text file's lines and "
+            "this is a table: name its tag column with --tags-column"
+        )
 
 
 def split_files(directory: Path) -> dict[str, Path]:
@@ -281,6 +328,7 @@ def _dataset_splits(
     raw: Any, columns: NerColumns, where: str
 ) -> tuple[dict[str, list[NerSentence]], list[str]]:
     """Splits of a ``Dataset`` (one split, ``all``) or ``DatasetDict`` (named splits) and notes."""
+    _check_no_tag_column(columns, where)
     if not hasattr(raw, "keys"):  # a single Dataset
         return {"all": dataset_sentences(raw, columns, where)}, []
     splits, ignored = {}, []
@@ -421,6 +469,19 @@ def assemble(
     train, dev, test, notes = cut_missing_splits(splits, name, split_seed)
     if not train:
         raise DataSourceError(f"{name}: no training sentence found")
+    if _tag_kind_of_splits({"train": train, "dev": dev, "test": test}, name) == PLAIN:
+        if tag_scheme != "auto":
+            raise NerColumnError(
+                f"--tag-scheme {tag_scheme}: the tags of {name} are plain tags (no B-/I- spans), which "
+                "have no scheme; leave --tag-scheme out"
+            )
+        common = Counter(tag for sentence in train for tag in sentence.tags).most_common(3)
+        example = ", ".join(repr(tag) for tag, _ in common)
+        notes.append(
+            f"{name}: plain tags (e.g. {example}; no B-/I- spans): scored by token accuracy, "
+            "each tag a type of the N-shot sample"
+        )
+        return NerDataset(train, dev, test, name=name, notes=notes)
     tags, note = to_iob2([s.tags for part in (train, dev, test) for s in part], tag_scheme)
     if note:
         notes.append(f"{name}: {note}")
@@ -429,6 +490,25 @@ def assemble(
             [NerSentence(s.tokens, next(retagged)) for s in part] for part in (train, dev, test)
         )
     return NerDataset(train, dev, test, name=name, notes=notes)
+
+
+def _tag_kind_of_splits(splits: Mapping[str, list[NerSentence]], name: str) -> str:
+    """``spans`` or ``plain``: the one kind of tag set of every split (a split of ``O`` alone fits both);
+    splits of two kinds stop in one line, naming one tag of each."""
+    found: dict[str, tuple[str, str]] = {}  # kind -> (split, one of its tags)
+    for split, sentences in splits.items():
+        tags = {tag for sentence in sentences for tag in sentence.tags}
+        kind = tag_set_kind(tags)
+        shown = sorted(tags - {"O"})
+        if shown:
+            found.setdefault(kind, (split, shown[0]))
+    if len(found) > 1:
+        (span_split, span_tag), (plain_split, plain_tag) = found[SPANS], found[PLAIN]
+        raise DataSourceError(
+            f"{name}: the {span_split} split's tags are spans (e.g. {span_tag!r}) and the {plain_split} "
+            f"split's are plain tags (e.g. {plain_tag!r}); every split needs one tag set"
+        )
+    return next(iter(found), SPANS)
 
 
 def load_ner(

@@ -1,4 +1,4 @@
-"""Tag schemes: every NER corpus becomes IOB2 (``B-`` opens each entity, ``I-`` continues it).
+"""Tag schemes: every span-tagged corpus becomes IOB2 (``B-`` opens each entity, ``I-`` continues it).
 
 * IOB1 (``I-`` opens an entity, ``B-`` only between two adjacent entities of one type): an
   ``I-X`` that does not continue an ``X`` entity becomes ``B-X``.
@@ -6,16 +6,22 @@
   ``S-``/``U-`` become ``B-``, ``E-``/``L-`` become ``I-``.
 
 Entities are unchanged by the conversion (the same spans and types); only the label set is.
+
+A tag set is spans (every tag ``O`` or a scheme's prefix and a type: NER, chunks, scored by span F1) or
+plain (any other tag is its own class: part-of-speech tags ``NN``, ``VBZ``, scored by token accuracy,
+never converted): :func:`tag_set_kind`. One set never mixes both (:func:`foreign_tags`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 TAG_SCHEMES = ("auto", "iob1", "iob2", "bioes", "bilou")
 TAG_PATTERN = re.compile(r"O|[BIESLU]-\S+")
 TAG_RULE = "O or B-/I-<type> (E-/S- of BIOES and L-/U- of BILOU are converted)"
+SPANS, PLAIN = "spans", "plain"  # the two kinds of tag set (tag_set_kind)
 _TO_IOB2 = {"S": "B", "U": "B", "E": "I", "L": "I"}
 _FOREIGN = {"iob1": "ESLU", "iob2": "ESLU", "bioes": "LU", "bilou": "ES"}
 
@@ -28,6 +34,59 @@ def is_valid_tag(tag: str) -> bool:
         (True, False)
     """
     return TAG_PATTERN.fullmatch(tag) is not None
+
+
+def is_span_tag(tag: str) -> bool:
+    """A tag that marks a span: a scheme's prefix and a type (``B-PER``), not ``O``.
+
+    Example:
+        >>> is_span_tag("B-PER"), is_span_tag("O"), is_span_tag("NN")
+        (True, False, False)
+    """
+    return tag != "O" and is_valid_tag(tag)
+
+
+def tag_set_kind(tags: Iterable[str]) -> str:
+    """:data:`SPANS` where every tag is ``O`` or prefixed (``B-``/``I-``/``E-``/``S-``/``L-``/``U-`` and a
+    type: scored by span F1), else :data:`PLAIN` (part-of-speech tags: scored by token accuracy).
+
+    Example:
+        >>> tag_set_kind(["O", "B-NP", "I-NP"]), tag_set_kind(["NN", "VBZ", "."])
+        ('spans', 'plain')
+    """
+    return SPANS if all(is_valid_tag(tag) for tag in tags) else PLAIN
+
+
+def foreign_tags(tags: Iterable[str]) -> tuple[set[str], str]:
+    """Where ``tags`` (every occurrence) mix span tags (``B-PER``) and plain tags (``NN``): the tags of the
+    rarer kind and one tag of the other, for the message; ``(set(), "")`` where they do not mix.
+
+    Example:
+        >>> foreign_tags(["B-PER", "I-PER", "O", "PERSON"])
+        ({'PERSON'}, 'B-PER')
+    """
+    counts = Counter(tag for tag in tags if tag != "O")
+    spans = {tag: n for tag, n in counts.items() if is_valid_tag(tag)}
+    plain = {tag: n for tag, n in counts.items() if tag not in spans}
+    if not spans or not plain:
+        return set(), ""
+    rare, common = (spans, plain) if sum(spans.values()) < sum(plain.values()) else (plain, spans)
+    return set(rare), max(common, key=common.__getitem__)
+
+
+def mixed_tag_problem(tag: str, other: str) -> str:
+    """Why ``tag`` cannot join a tag set whose other tags are of ``other``'s kind.
+
+    Example:
+        >>> mixed_tag_problem("PERSON", "B-PER")
+        "tag 'PERSON' is not O or B-/I-<type> (...) like the other tags (e.g. 'B-PER')"
+    """
+    if is_valid_tag(tag):
+        return (
+            f"tag {tag!r} is a span tag among plain tags (e.g. {other!r}): a tag set is either spans "
+            "(O, B-/I-<type>: span F1) or plain tags (e.g. part of speech: token accuracy)"
+        )
+    return f"tag {tag!r} is not {TAG_RULE} like the other tags (e.g. {other!r})"
 
 
 def detect_scheme(tag_sequences: Sequence[Sequence[str]]) -> str:

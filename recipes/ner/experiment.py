@@ -8,6 +8,9 @@ the token classifier, the N-shot sample (``N * C`` sentences uniformly, C = enti
 :func:`sample_size`), the loss at the labelled positions
 (:class:`~layerfusion_recipes.ner.training.TokenClassifierRunner`), seqeval's micro-F1
 (:class:`~layerfusion_recipes.ner.scoring.SpanScorer`) and the gold entities the model cannot reach.
+A plain tag set (part of speech: ``--tag-column 1`` of CoNLL-2003) is a tagging task of the same
+shape: C counts its tags, and token accuracy scores it
+(:class:`~layerfusion_recipes.ner.scoring.TokenAccuracyScorer`; records name the metric, ``accuracy``).
 
 Seeds (:mod:`layerfusion_recipes.core.cells`): trial ``t`` draws its N-shot sample from seed
 ``(shots, t)`` (so every method sees the same sample in a trial: paired comparison) and initialises
@@ -36,9 +39,17 @@ from ..data.gold import GoldReach, gold_reach
 from ..data.readers import NerDataset, encode_ner
 from ..data.sampling import sample_shots
 from ..data.sources import NerColumns, load_ner
+from ..data.tags import SPANS
 from .candidates import StackedRunner
 from .models import load_token_classifier, token_classifier_skeleton
-from .scoring import SentenceSpanCounts, SpanScorer
+from .scoring import (
+    SentenceSpanCounts,
+    SentenceTokenCounts,
+    SpanScorer,
+    TokenAccuracyScorer,
+    scorer_for,
+    unit_counts,
+)
 from .training import RunResult as NerRunResult
 from .training import TokenClassifierRunner
 
@@ -73,6 +84,8 @@ SETUP_FIELDS = (
     "train_sentences",
     "fixed_sample",
 )
+# how the data is read: part of the key where not the default (keys made before they existed stay valid)
+READING_FIELDS = ("tokens_column", "tags_column", "tag_column", "label_names", "tag_scheme")
 
 
 @dataclass
@@ -88,6 +101,8 @@ class ExperimentSettings(TaskSettings):
         tags_column: Tag column of tabular data (``None``: by convention).
         label_names: Names of integer tags (``None``: the ``ClassLabel`` names).
         tag_scheme: Tag scheme of the data (``auto`` detects; converted to IOB2).
+        tag_column: The 0-based column of the tags in text files (``None``: the last; CoNLL-2003: 1
+            part of speech, 2 chunks).
         train_sentences: Sample exactly this many training sentences per trial instead of
             ``N * C`` (e.g. a fixed 100-sentence budget); ``None``: the N-shot protocol.
 
@@ -103,7 +118,25 @@ class ExperimentSettings(TaskSettings):
     tags_column: str | None = None
     label_names: tuple[str, ...] | None = None
     tag_scheme: str = "auto"
+    tag_column: int | None = None
     train_sentences: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        column = self.tag_column
+        if column is not None and (isinstance(column, bool) or not isinstance(column, int) or column < 0):
+            raise ValueError(f"--tag-column {column!r}: a column number, 0 or more (0-based)")
+
+    def setup_fields(self) -> dict[str, Any]:
+        """The shared fields, and how the data is read (:data:`READING_FIELDS`) where not the default:
+        another tag column is another task."""
+        fields = super().setup_fields()
+        defaults = {name: ExperimentSettings.__dataclass_fields__[name].default for name in READING_FIELDS}
+        for name in READING_FIELDS:
+            value = getattr(self, name)
+            if value != defaults[name]:
+                fields[name] = list(value) if isinstance(value, tuple) else value
+        return fields
 
     def make_experiment(self) -> Experiment:
         """The :class:`Experiment` of these settings (what a sweep's workers build)."""
@@ -139,9 +172,14 @@ def sample_size(settings: ExperimentSettings, shots: int, num_types: int) -> int
 
 
 def check_sample_sizes(
-    settings: ExperimentSettings, shots: Iterable[int], train_size: int, num_types: int
+    settings: ExperimentSettings,
+    shots: Iterable[int],
+    train_size: int,
+    num_types: int,
+    types: str = "entity types",
 ) -> None:
-    """Refuse shot sizes the train split cannot give (instead of silently training on less).
+    """Refuse shot sizes the train split cannot give (instead of silently training on less); ``types``
+    names what C counts (``tags`` for a plain tag set).
 
     Raises:
         ValueError: naming the option, the value, what it asks for and the largest allowed.
@@ -167,7 +205,7 @@ def check_sample_sizes(
                 f"has ({train_size}); use --train-sentences <= {train_size}"
             )
         raise ValueError(
-            f"--shots {n} asks for {n} x {num_types} entity types = {wanted} training sentences, the "
+            f"--shots {n} asks for {n} x {num_types} {types} = {wanted} training sentences, the "
             f"train split has {train_size}; use --shots <= {train_size // num_types}"
         )
 
@@ -186,9 +224,14 @@ class Experiment(FewShotExperiment):
 
     def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
         columns = NerColumns(
-            settings.tokens_column, settings.tags_column, settings.label_names, settings.tag_scheme
+            settings.tokens_column,
+            settings.tags_column,
+            settings.label_names,
+            settings.tag_scheme,
+            settings.tag_column,
         )
         data = dataset if dataset is not None else load_ner(settings.data, settings.language, 0, columns)
+        self.spans = data.tag_kind == SPANS  # else a plain tag set (part of speech): token accuracy
         self._prepare(settings, data, data.labels)
         self.id2label = dict(enumerate(self.labels))
         special = self.tokenizer.num_special_tokens_to_add()
@@ -205,13 +248,13 @@ class Experiment(FewShotExperiment):
             encode_ner(self.tokenizer, dev, self.label2id, settings.max_length),
             key=lambda f: len(f["input_ids"]),
         )
-        self.dev_reach = self._check_reach(gold_reach(self.dev, self.id2label), "dev")
+        self.dev_reach = self._check_reach(gold_reach(self.dev, self.id2label, self.spans), "dev")
         test = self.data.test[: settings.test_limit] if settings.test_limit else self.data.test
         self.test = sorted(
             encode_ner(self.tokenizer, test, self.label2id, settings.max_length),
             key=lambda f: len(f["input_ids"]),
         )  # empty without a test split: records then carry test_f1 = None
-        self.test_reach = self._check_reach(gold_reach(self.test, self.id2label), "test")
+        self.test_reach = self._check_reach(gold_reach(self.test, self.id2label, self.spans), "test")
         self._finish_setup()
 
     def _check_reach(self, reach: GoldReach, split: str) -> GoldReach:
@@ -221,24 +264,31 @@ class Experiment(FewShotExperiment):
         if reach.entities and reach.out_of_reach == reach.entities:
             raise ValueError(
                 f"--max-length {self.settings.max_length}: none of the {reach.entities} {split} gold "
-                "entities is within the model's reach, every F1 would be 0; raise --max-length"
+                f"{reach.unit} is within the model's reach, every {self.metric_name} would be 0; "
+                "raise --max-length"
             )
         return reach
 
     @property
     def num_types(self) -> int:
-        """``C`` of the N-shot protocol: the entity types of the train split (never dev's or test's)."""
+        """``C`` of the N-shot protocol: the entity types of the train split (never dev's or test's);
+        the tags of a plain tag set."""
         return len(self.data.train_entity_types)
+
+    @property
+    def type_word(self) -> str:
+        """What ``C`` counts, in messages: ``entity types``, or ``tags`` of a plain tag set."""
+        return "entity types" if self.spans else "tags"
 
     def load_model(self, seed: int) -> torch.nn.Module:
         return load_token_classifier(self.settings.model, len(self.labels), seed=seed)
 
     def check_shots(self, shots: Iterable[int]) -> None:
-        check_sample_sizes(self.settings, shots, len(self.data.train), self.num_types)
+        check_sample_sizes(self.settings, shots, len(self.data.train), self.num_types, self.type_word)
 
     def train_sample(self, shots: int, trial: int) -> list[dict]:
         """The encoded training sentences of a trial (raises if the train split is too small)."""
-        check_sample_sizes(self.settings, [shots], len(self.data.train), self.num_types)
+        self.check_shots([shots])
         if self.settings.train_sentences:  # a fixed sentence budget: K sentences = "K shots" of 1 type
             size, types = self.settings.train_sentences, 1
         else:
@@ -250,22 +300,27 @@ class Experiment(FewShotExperiment):
     def head_positions(self) -> KeptPositions:
         return LABELLED_POSITIONS
 
-    def scorer_of(self, features: Sequence[dict]) -> SpanScorer:
-        return SpanScorer(features, self.id2label)
+    def scorer_of(self, features: Sequence[dict]) -> SpanScorer | TokenAccuracyScorer:
+        """seqeval's span micro-F1, or token accuracy for a plain tag set (:func:`scorer_for`)."""
+        return scorer_for(features, self.id2label)
 
-    metric_name = "f1"
+    @property
+    def metric_name(self) -> str:
+        """``f1`` (span micro-F1), or ``accuracy`` (token accuracy) for a plain tag set."""
+        return "f1" if self.spans else "accuracy"
 
     def unit_scorer(
         self, sample: Sequence[dict], labels: torch.Tensor, example: torch.Tensor
-    ) -> SentenceSpanCounts:
-        """The true few-shot protocol's scorer of a sample's rows: micro-F1 from each sentence's counts."""
-        return SentenceSpanCounts(SpanScorer(sample, self.id2label))
+    ) -> SentenceSpanCounts | SentenceTokenCounts:
+        """The true few-shot protocol's scorer of a sample's rows: micro-F1 (or token accuracy) from
+        each sentence's counts."""
+        return unit_counts(self.scorer_of(sample))
 
     def test_score(self, predicted: torch.Tensor) -> float:
-        """Micro-F1 of predictions of every labelled test word, in order."""
+        """Micro-F1 (or token accuracy) of predictions of every labelled test word, in order."""
         if getattr(self, "_test_scorer", None) is None:
-            self._test_scorer = SpanScorer(self.test, self.id2label)
-        return self._test_scorer.f1(predicted)
+            self._test_scorer = self.scorer_of(self.test)
+        return self._test_scorer.scores(predicted.unsqueeze(0))[0][self.metric_name]
 
     def probe_inputs(
         self, states: torch.Tensor, batch: dict[str, torch.Tensor]
@@ -284,7 +339,23 @@ class Experiment(FewShotExperiment):
         """NER's fields: ``best_f1``/``dev_f1`` (best dev micro-F1), ``best_epoch``, ``curve``,
         ``seconds``, ``test_f1`` (test micro-F1 of the best dev epoch; ``None`` without a test
         split), the sample's size and the gold entities of dev and test (and how many are out of
-        reach)."""
+        reach). A plain tag set's name their metric: ``metric`` ``accuracy``, ``dev_accuracy``,
+        ``test_accuracy``, ``dev_examples`` (the dev sentences: the units of the guard's standard error)
+        and the gold words (and how many are out of reach) instead of entities."""
+        if not self.spans:
+            return {
+                "metric": result.metric,
+                "best_epoch": result.best_epoch,
+                "curve": result.curve,
+                "seconds": result.seconds,
+                **result.split_scores([result.metric]),
+                "train_sentences": len(train),
+                "dev_examples": len(self.dev),
+                "dev_words": self.dev_reach.entities,
+                "dev_words_out_of_reach": self.dev_reach.out_of_reach,
+                "test_words": self.test_reach.entities,
+                "test_words_out_of_reach": self.test_reach.out_of_reach,
+            }
         ner = NerRunResult.of(result)
         return {
             **ner.to_dict(),

@@ -57,7 +57,8 @@ NER_WORDS = TaskWords(
     "Houlsby), method none only, sized by `method_options: {adapter_reduction_factor: F}` in the "
     "YAML (default 16), needs transformers 4.57 + adapters 1.3.0 (the `adapters` extra). Default: fe.",
     shots="N of the N-shot protocol: N*C sentences sampled, "
-    f"C = number of entity types in the train split. {describe_default('shots')}",
+    "C = number of entity types in the train split (of tags, for a plain tag set such as part of "
+    f"speech). {describe_default('shots')}",
     shots_type=positive_int,
     epochs=f"Max epochs. {describe_default('epochs')}",
     trials=f"Trials per cell, each with a new seed and sample. {describe_default('trials')}",
@@ -94,7 +95,18 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens-column", help="Token column of tabular/saved data (default: tokens or words)."
     )
     data.add_argument(
-        "--tags-column", help="Tag column of tabular/saved data (default: ner_tags, tags or labels)."
+        "--tags-column",
+        help="Tag column of tabular/saved data, by name (default: ner_tags, tags or labels); a text "
+        "file's, by number: --tag-column.",
+    )
+    data.add_argument(
+        "--tag-column",
+        type=column_number,
+        metavar="K",
+        help="The 0-based column of a text file's lines that holds the tag (default: the last). "
+        "CoNLL-2003's `token POS chunk NER`: 1 part of speech, 2 chunks (IOB2), 3 named entities. "
+        "A tag set of spans (O, B-/I-<type>) is scored by span F1 (seqeval), any other (part of "
+        "speech) by token accuracy, each tag a type of the N*C sample.",
     )
     data.add_argument(
         "--label-names",
@@ -120,6 +132,18 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "shots value then only seeds the sample), e.g. 100 for a fixed budget.",
     )
     add_fixed_sample(parser, protocol=" (the paper's WikiANN protocol)")
+
+
+def column_number(text: str) -> int:
+    """argparse ``type`` of ``--tag-column``: an integer >= 0 (else a one-line usage error, exit code 2).
+
+    Example:
+        >>> column_number("1")
+        1
+    """
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"must be a column number, 0 or more, got {text!r}")
+    return int(text)
 
 
 def check(args: argparse.Namespace) -> None:

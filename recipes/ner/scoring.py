@@ -1,4 +1,5 @@
-"""seqeval's entity-level micro-F1 of label-id predictions, vectorised with torch.
+"""seqeval's entity-level micro-F1 of label-id predictions, vectorised with torch; token accuracy for a
+plain tag set (part of speech, :class:`TokenAccuracyScorer`).
 
 ``seqeval.metrics.f1_score`` parses tag strings one at a time in Python (``get_entities``);
 scoring ``K`` LR candidates on a dev set parses ``K`` copies of it. Here the predictions stay
@@ -17,7 +18,11 @@ The numbers equal ``f1_score(gold, predicted)`` (default mode, micro, ``zero_div
 bitwise, whatever the labels (IOB2, IOBES, seqeval's lenient reading of an ``I-X`` after ``O``
 or after another type): ``tests/recipes/ner/test_scoring.py`` compares them on random prediction sets.
 Gold is every word of every sentence; words the model cannot see count as predicted ``O``
-(:mod:`layerfusion_recipes.data.gold`).
+(:mod:`layerfusion_recipes.data.gold`), and as wrong in token accuracy.
+
+A tag set that is not IOB/BIOES spans (``NN``, ``VBZ``: every tag is a class of its own; seqeval would
+read ``NN`` as a tag ``N`` of type ``N``) is scored by token accuracy: :func:`scorer_for` picks the
+scorer from the label names (:func:`~layerfusion_recipes.data.tags.tag_set_kind`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from seqeval.metrics.sequence_labeling import end_of_chunk, start_of_chunk
 
 from ..data.gold import word_label_ids
+from ..data.tags import SPANS, tag_set_kind
 
 
 def parse_label(label: str) -> tuple[str, str]:
@@ -109,6 +115,56 @@ def before_now(before: tuple[str, str], now: tuple[str, str]) -> tuple[str, str,
     return before[0], now[0], before[1], now[1]
 
 
+class JoinedWords:
+    """Every word of encoded sentences in one sequence, each sentence followed by one ``outside`` id
+    (seqeval's joined ``O``), and where each labelled position goes in it.
+
+    Args:
+        features: Encoded sentences (see :class:`SpanScorer`).
+        outside: The id after each sentence, also the prediction of a word the model cannot see.
+
+    Example:
+        >>> words = JoinedWords([{"word_labels": [1, 0, 2], "labelled_words": [0, 2]}], outside=9)
+        >>> words.gold.tolist(), words.place(torch.tensor([[5, 6]])).tolist()
+        ([1, 0, 2, 9], [[5, 9, 6, 9]])
+    """
+
+    def __init__(self, features: Sequence[dict], outside: int) -> None:
+        gold: list[int] = []  # every word of every sentence, each sentence followed by `outside`
+        where: list[int] = []  # the joined index of every labelled position, in order
+        for feature in features:
+            words = word_label_ids(feature)
+            where += [len(gold) + word for word in feature.get("labelled_words", range(len(words)))]
+            gold += words + [outside]
+        self.outside = outside
+        self.gold = torch.tensor(gold, dtype=torch.long)  # (length,)
+        self.where = torch.tensor(where, dtype=torch.long)  # (positions,)
+        self.length = len(gold)
+        self.sentences = len(features)
+        # the sentence of every joined word (each sentence's words and the separator after them)
+        self.sentence_of = torch.repeat_interleave(
+            torch.arange(len(features)),
+            torch.tensor([len(word_label_ids(f)) + 1 for f in features], dtype=torch.long),
+        )
+        self.is_word = self.gold != outside  # (length,): the separators are no words
+
+    def place(self, predicted: torch.Tensor) -> torch.Tensor:
+        """``predicted`` ``(K, positions)`` placed on their words, ``(K, length)``; every other word and
+        every separator is :attr:`outside`."""
+        if predicted.dim() != 2 or predicted.shape[1] != len(self.where):
+            raise ValueError(
+                f"predicted must be (candidates, {len(self.where)}) label ids (one per labelled "
+                f"position of the scored sentences), got shape {tuple(predicted.shape)}"
+            )
+        ids = torch.full((predicted.shape[0], self.length), self.outside, dtype=torch.long)
+        ids[:, self.where] = predicted.to("cpu", torch.long)  # unseen words stay `outside`
+        return ids
+
+    def per_sentence(self, mask: torch.Tensor) -> torch.Tensor:
+        """How many joined words of each sentence ``mask`` ``(length,)`` marks: ``(sentences,)``."""
+        return torch.bincount(self.sentence_of[mask], minlength=self.sentences)
+
+
 class SpanScorer:
     """seqeval's micro-F1 of label-id predictions of encoded sentences against their full gold.
 
@@ -141,35 +197,15 @@ class SpanScorer:
         if sorted(id2label) != list(range(len(id2label))):
             raise ValueError(f"id2label must have the ids 0..{len(id2label) - 1}, got {sorted(id2label)}")
         self.table = TagTable([id2label[i] for i in range(len(id2label))])
-        gold: list[int] = []  # every word of every sentence, each sentence followed by "O"
-        where: list[int] = []  # the joined index of every labelled position, in order
-        for feature in features:
-            words = word_label_ids(feature)
-            where += [len(gold) + word for word in feature.get("labelled_words", range(len(words)))]
-            gold += words + [self.table.outside]
-        self.where = torch.tensor(where, dtype=torch.long)
-        self.length = len(gold)
-        # the sentence of every joined word (each sentence's words and the "O" after them)
-        self.sentences = len(features)
-        self.sentence_of = torch.repeat_interleave(
-            torch.arange(len(features)),
-            torch.tensor([len(word_label_ids(f)) + 1 for f in features], dtype=torch.long),
-        )
-        self.gold = self.table.spans(torch.tensor([gold], dtype=torch.long))
+        self.words = JoinedWords(features, self.table.outside)
+        self.gold = self.table.spans(self.words.gold.unsqueeze(0))
         self.gold_count = int(self.gold.ends.sum())
 
     def f1s(self, predicted: torch.Tensor) -> list[float]:
         """Micro-F1 (0..1) of each row of ``predicted`` ``(K, positions)``: label ids of the
         labelled positions, sentence after sentence
         (see :func:`~layerfusion_recipes.core.runner.labelled_predictions`)."""
-        if predicted.dim() != 2 or predicted.shape[1] != len(self.where):
-            raise ValueError(
-                f"predicted must be (candidates, {len(self.where)}) label ids (one per labelled "
-                f"position of the scored sentences), got shape {tuple(predicted.shape)}"
-            )
-        ids = torch.full((predicted.shape[0], self.length), self.table.outside, dtype=torch.long)
-        ids[:, self.where] = predicted.to("cpu", torch.long)  # unseen words stay "O"
-        spans, gold = self.table.spans(ids), self.gold
+        spans, gold = self.table.spans(self.words.place(predicted)), self.gold
         shared = spans.ends & gold.ends & (spans.begins == gold.begins) & (spans.types == gold.types)
         return [
             f1_from_counts(correct, found, self.gold_count)
@@ -180,16 +216,11 @@ class SpanScorer:
         """Per sentence, ``(correct, predicted, gold)`` entity counts of one prediction set ``(positions,)``:
         ``(sentences, 3)``; summed over any sentences, :func:`f1_from_counts` of the sums is their
         micro-F1."""
-        ids = torch.full((1, self.length), self.table.outside, dtype=torch.long)
-        ids[0, self.where] = predicted.to("cpu", torch.long)
-        spans, gold = self.table.spans(ids), self.gold
+        spans, gold = self.table.spans(self.words.place(predicted.unsqueeze(0))), self.gold
         shared = (
             spans.ends & gold.ends & (spans.begins == gold.begins) & (spans.types == gold.types)
         )  # (1, L)
-        counts = [
-            torch.bincount(self.sentence_of[mask[0]], minlength=self.sentences)
-            for mask in (shared, spans.ends, gold.ends)
-        ]
+        counts = [self.words.per_sentence(mask[0]) for mask in (shared, spans.ends, gold.ends)]
         return torch.stack(counts, 1).to(torch.float64)
 
     def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]:
@@ -219,3 +250,87 @@ class SentenceSpanCounts:
         """``2 c / (p + g)`` (seqeval's ``2PR / (P + R)``; 0 where nothing is predicted or gold)."""
         correct, predicted, gold = totals.unbind(-1)
         return torch.where(predicted + gold > 0, 2 * correct / (predicted + gold).clamp_min(1), 0.0)
+
+
+class TokenAccuracyScorer:
+    """Token accuracy of label-id predictions of encoded sentences against their full gold: the share of
+    every word of every sentence whose tag is predicted right (a word the model cannot see is wrong);
+    the score of a plain tag set (part of speech), where a tag is a class, not a span. The same
+    interface as :class:`SpanScorer`.
+
+    Args:
+        features: Encoded sentences (as :class:`SpanScorer`'s).
+        id2label: Label names, ids ``0..C-1``.
+
+    Example:
+        >>> sentences = [{"word_labels": [0, 1, 2], "labelled_words": [0, 1]}, {"word_labels": [2]}]
+        >>> scorer = TokenAccuracyScorer(sentences, {0: "NN", 1: "VBZ", 2: "."})
+        >>> scorer.scores(torch.tensor([[0, 1, 2], [0, 0, 0]]))  # the third word of sentence 1 is unseen
+        [{'accuracy': 0.75}, {'accuracy': 0.25}]
+    """
+
+    metrics = ("accuracy",)  # a core.fitting.Scorer: the one metric
+
+    def __init__(self, features: Sequence[dict], id2label: dict[int, str]) -> None:
+        if sorted(id2label) != list(range(len(id2label))):
+            raise ValueError(f"id2label must have the ids 0..{len(id2label) - 1}, got {sorted(id2label)}")
+        self.words = JoinedWords(features, outside=len(id2label))
+        self.word_count = int(self.words.is_word.sum())
+
+    def correct(self, predicted: torch.Tensor) -> torch.Tensor:
+        """``(K, length)``: where each row of ``predicted`` ``(K, positions)`` tags a word right."""
+        return (self.words.place(predicted) == self.words.gold) & self.words.is_word
+
+    def accuracies(self, predicted: torch.Tensor) -> list[float]:
+        """Token accuracy (0..1; 0 without a word) of each row of ``predicted`` ``(K, positions)``."""
+        return (self.correct(predicted).sum(1).double() / max(self.word_count, 1)).tolist()
+
+    def sentence_counts(self, predicted: torch.Tensor) -> torch.Tensor:
+        """Per sentence, ``(correct, words)`` of one prediction set ``(positions,)``: ``(sentences, 2)``."""
+        right = self.correct(predicted.unsqueeze(0))[0]
+        counts = [self.words.per_sentence(mask) for mask in (right, self.words.is_word)]
+        return torch.stack(counts, 1).to(torch.float64)
+
+    def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]:
+        """:meth:`accuracies` as :class:`~layerfusion_recipes.core.fitting.Scorer` scores."""
+        return [{"accuracy": accuracy} for accuracy in self.accuracies(predicted)]
+
+
+class SentenceTokenCounts:
+    """Token accuracy as a per-sentence scorer of the true few-shot protocol
+    (:class:`peft_layerfusion.few_shot.Scorer`): each sentence's ``(correct, words)``.
+
+    Args:
+        scorer: The :class:`TokenAccuracyScorer` of the sentences, in the order of their rows.
+    """
+
+    def __init__(self, scorer: TokenAccuracyScorer) -> None:
+        self.scorer = scorer
+
+    def stats(self, predicted: torch.Tensor) -> torch.Tensor:
+        return self.scorer.sentence_counts(predicted)
+
+    def score(self, totals: torch.Tensor) -> torch.Tensor:
+        """``correct / words`` (0 without a word)."""
+        correct, words = totals.unbind(-1)
+        return correct / words.clamp_min(1)
+
+
+def scorer_for(features: Sequence[dict], id2label: dict[int, str]) -> SpanScorer | TokenAccuracyScorer:
+    """The scorer of a tag set: seqeval's span micro-F1 for spans (``O``, ``B-``/``I-``...), token
+    accuracy for any other tags (:func:`~layerfusion_recipes.data.tags.tag_set_kind`).
+
+    Example:
+        >>> type(scorer_for([], {0: "O", 1: "B-NP"})).__name__, type(scorer_for([], {0: "NN"})).__name__
+        ('SpanScorer', 'TokenAccuracyScorer')
+    """
+    if tag_set_kind(id2label.values()) == SPANS:
+        return SpanScorer(features, id2label)
+    return TokenAccuracyScorer(features, id2label)
+
+
+def unit_counts(scorer: SpanScorer | TokenAccuracyScorer) -> SentenceSpanCounts | SentenceTokenCounts:
+    """The per-sentence scorer of the true few-shot protocol over ``scorer``'s sentences."""
+    if isinstance(scorer, SpanScorer):
+        return SentenceSpanCounts(scorer)
+    return SentenceTokenCounts(scorer)

@@ -76,6 +76,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
         language=pick("language"),
         tokens_column=pick("tokens_column"),
         tags_column=pick("tags_column"),
+        tag_column=pick("tag_column"),
         label_names=tuple(pick("label_names")) if pick("label_names") else None,
         tag_scheme=pick("tag_scheme") or "auto",
         train_sentences=pick("train_sentences"),

@@ -86,10 +86,23 @@ def test_trials_share_their_sample_across_methods_and_draw_a_new_one(experiment)
     assert first == experiment.train_sample(3, 0) != experiment.train_sample(3, 1)
     assert Counter(f["labels"] for f in first) == {0: 3, 1: 3, 2: 3}
     assert len(experiment.train_sample(FULL_TRAIN, 1)) == len(experiment.data.train)
-    with pytest.raises(
-        ValueError, match=r"--shots 5 asks for 5 examples of each class; class 'org' has 4 in"
-    ):
-        experiment.check_shots([2, FULL_TRAIN, 5])
+
+
+def test_a_class_smaller_than_n_is_taken_whole_and_said_once(experiment, capsys):
+    assert experiment.class_counts() == {"loc": 10, "org": 4, "per": 10}
+    experiment.check_shots([2, FULL_TRAIN, 5])
+    sample = [experiment.train_sample(5, trial) for trial in range(2)]  # each checks its N again
+    assert capsys.readouterr().err == (
+        "layerfusion: --shots 5: 1 class has fewer train examples and is taken whole: 'org' (4); a sample "
+        "has 14 examples, not 5 x 3 = 15\n"
+    )
+    assert [Counter(f["labels"] for f in s) for s in sample] == [{0: 5, 1: 4, 2: 5}] * 2
+    with pytest.raises(ValueError) as error:
+        experiment.check_shots([2, 11])
+    assert str(error.value) == (
+        "--shots 11 asks for 11 examples of each class; the largest class, 'loc', has 10 in train: use "
+        "--shots <= 10, or --shots all for the whole train split"
+    )
 
 
 def test_lrs_together_on_the_cache_equal_lone_uncached_runs(experiment):

@@ -9,7 +9,7 @@ import re
 import pytest
 from layerfusion_recipes.core.errors import DataSourceError
 from layerfusion_recipes.data.readers import DataFormatError
-from layerfusion_recipes.data.sampling import sample_per_class
+from layerfusion_recipes.data.sampling import check_per_class, describe_short_classes, sample_per_class
 from layerfusion_recipes.data.texts import TextColumns, TextExample, load_texts
 
 ROWS = [("good film", "pos"), ("bad film", "neg"), ("great plot", "pos"), ("dull plot", "neg")]
@@ -210,11 +210,31 @@ def test_hub_name_online_and_offline(monkeypatch):
     assert calls == [("someone/set",), ("someone/no-set",)]
 
 
-def test_sample_per_class_is_stratified_seeded_and_refuses_too_many():
+def test_sample_per_class_is_stratified_seeded_takes_a_small_class_whole_and_refuses_too_many():
     examples = [TextExample(f"t{i}", None, "ab"[i % 3 == 0]) for i in range(30)]  # 10 'b', 20 'a'
     sample = sample_per_class(examples, 4, ["a", "b"], lambda e: e.label, seed=7)
     assert [e.label for e in sample] == ["a"] * 4 + ["b"] * 4 and len(set(sample)) == 8
     assert sample == sample_per_class(examples, 4, ["a", "b"], lambda e: e.label, seed=7)
     assert sample != sample_per_class(examples, 4, ["a", "b"], lambda e: e.label, seed=8)
-    with pytest.raises(ValueError, match=r"--shots 11 .* class 'b' has 10 in train: use --shots <= 10"):
-        sample_per_class(examples, 11, ["a", "b"], lambda e: e.label, seed=0)
+    larger = sample_per_class(examples, 11, ["a", "b"], lambda e: e.label, seed=0)  # 'b' has 10: all of it
+    assert [e.label for e in larger] == ["a"] * 11 + ["b"] * 10 and len(set(larger)) == 21
+    assert {e for e in larger if e.label == "b"} == {e for e in examples if e.label == "b"}
+    with pytest.raises(ValueError) as error:
+        sample_per_class(examples, 21, ["a", "b"], lambda e: e.label, seed=0)
+    assert str(error.value) == (
+        "--shots 21 asks for 21 examples of each class; the largest class, 'a', has 20 in train: use "
+        "--shots <= 20, or --shots all for the whole train split"
+    )
+
+
+def test_the_classes_taken_whole_are_said_in_one_line():
+    short = check_per_class({"x": 9, "r": 3, "o": 5, "t": 8}, 8)
+    assert short == {"r": 3, "o": 5}  # smallest first; 't' has 8: enough
+    assert describe_short_classes(short, 8, 4) == (
+        "--shots 8: 2 classes have fewer train examples and are taken whole: 'r' (3), 'o' (5); a sample "
+        "has 24 examples, not 8 x 4 = 32"
+    )
+    many = {f"c{i}": 1 for i in range(8)}
+    assert describe_short_classes(many, 2, 9).endswith(
+        "'c5' (1) and 2 more; a sample has 10 examples, not 2 x 9 = 18"
+    )

@@ -119,7 +119,7 @@ def test_numbers_as_tokens_are_not_an_index_column(tmp_path):
         ("a\tO\nb\tO\tX\n", 2, "3 TAB-separated fields"),
         ("a\tO\n\nlonely\n", 3, "expected `token<TAB>tag`"),
         ("a\nb\n", 1, "expected `token tag` columns"),
-        ("a\tO\nb\tPERSON\n", 2, "tag 'PERSON'"),
+        ("a\tB-PER\nb\tI-PER\n\nc\tPERSON\n", 4, "tag 'PERSON' is not O or B-/I-<type>"),
         ("\n\n", 0, "no sentence"),
     ],
 )

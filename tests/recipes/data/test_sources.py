@@ -265,7 +265,9 @@ def test_directory_without_train_lists_what_it_found(tmp_path):
     ("kwargs", "problem"),
     [
         ({"tag_scheme": "bio"}, "--tag-scheme 'bio': expected one of"),
-        ({"label_names": ("O", "PER")}, r"--label-names: \['PER'\] are not O or B-/I-<type>"),
+        ({"label_names": ("O", "B-PER", "PER")}, r"--label-names: tag 'PER' is not O or B-/I-<type>"),
+        ({"label_names": ("O", "B PER")}, r"--label-names: \['B PER'\] are empty or hold a space"),
+        ({"tag_column": -1}, "--tag-column -1: a column number counts from 0"),
     ],
 )
 def test_bad_column_options(kwargs, problem):
