@@ -347,21 +347,22 @@ def sweep_records(setup: str = SWEEP_SETUP) -> list[dict]:
 
 
 def probe_records(setup: str = SWEEP_SETUP) -> list[dict]:
-    """The layer probes of :func:`sweep_records`' trials: blocks 1-3 at LRs 0.01 and 0.1, block 2 the
-    best on dev (0.60 on trial 0, +0.04 a trial, at 0.1), test = dev - 0.05."""
+    """The layer probes of :func:`sweep_records`' trials: blocks 1-3 read as they are and at unit RMS,
+    block 2 the best on dev (0.60 on trial 0, +0.04 a trial, as it is), test = dev - 0.05."""
     records = []
     for trial in range(3):
-        for lr in (0.01, 0.1):
-            shift = 0.04 * trial - (0.0 if lr == 0.1 else 0.05)
+        for features in ("none", "rms"):
+            shift = 0.04 * trial - (0.0 if features == "none" else 0.05)
             layers = [
-                {"layer": n, "dev_f1": dev + shift, "test_f1": dev + shift - 0.05}
+                {"layer": n, "penalty": 0.1, "penalty_on_edge": False, "dev_f1": dev + shift,
+                 "test_f1": dev + shift - 0.05}
                 for n, dev in ((1, 0.45), (2, 0.60), (3, 0.55))
-            ]
+            ]  # fmt: skip
             records.append(
                 {
-                    "key": f"probe|fe|8|25|{trial}|lr={lr!r}|{setup}",
+                    "key": f"probe|fe|8|25|{trial}|{setup}|features={features}",
                     **{"task": "ner", "setup": setup, "method": "probe", "regime": "fe", "shots": 8},
-                    **{"epochs": 25, "trial": trial, "lr": lr, "metric": "f1", "layers": layers},
+                    **{"epochs": 25, "trial": trial, "features": features, "metric": "f1", "layers": layers},
                 }
             )
     return records

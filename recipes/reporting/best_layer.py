@@ -300,11 +300,12 @@ def best_layer_cells(
 ) -> dict[tuple[int, int, Any], dict[str, Any]]:
     """The numbers of :func:`best_layer_markdown` by ``(shots, max epochs, setup)``: per row its LR,
     per-trial test and dev scores, its guarded scores and the trials it was kept in; the best layer's
-    block, feature kind and LR per trial.
+    block, feature kind and penalty per trial.
 
     Example:
-        >>> probe = {"shots": 8, "epochs": 5, "trial": 0, "lr": 0.1, "metric": "f1", "setup": "a",
-        ...          "layers": [{"layer": 2, "dev_f1": 0.6, "test_f1": 0.5}]}
+        >>> probe = {"shots": 8, "epochs": 5, "trial": 0, "features": "none", "metric": "f1", "setup": "a",
+        ...          "layers": [{"layer": 2, "penalty": 0.1, "penalty_on_edge": False, "dev_f1": 0.6,
+        ...                      "test_f1": 0.5}]}
         >>> best_layer_cells([], [probe])[8, 5, "a"][BEST_LAYER]["layers"]
         {0: 2}
     """

@@ -42,8 +42,12 @@ def test_a_ner_setup_holds_every_setting_that_changes_a_result_the_cache_dtype_t
 
 @pytest.mark.parametrize("method", [method.name for method in METHODS])
 def test_a_fusion_method_s_key_carries_its_config_defaults(method):
-    expected = fingerprint(config_defaults(method_named(method).config_cls))
+    registered = method_named(method)  # a preset's values over its method's defaults
+    preset = registered.config_cls.PRESETS[registered.preset].values if registered.preset else {}
+    expected = fingerprint({**config_defaults(registered.config_cls), **preset})
     assert defaults_key(method) == expected and len(expected) == 12
+    if registered.preset:  # a preset is another setting of its method: another key
+        assert expected != defaults_key(registered.variant_of)
     key = record_key(Cell(method, "fe", 8, 25, 0), 1e-3, "3f2a9c0d1e4b")
     assert key == f"{method}|fe|8|25|0|lr=0.001|3f2a9c0d1e4b|defaults={expected}"
 

@@ -102,24 +102,25 @@ def test_a_summary_is_written_atomically_and_a_file_that_is_not_one_is_refused_i
         read_summary(path)
     assert "\n" not in str(error.value)
     path.write_text('{"kind": "grid"}')
-    kinds = r"kind must be one of \['sweep', 'report', 'speed', 'table'\], got 'grid'"
+    kinds = r"kind must be one of \['sweep', 'report', 'speed', 'table', 'true_few_shot'\], got 'grid'"
     with pytest.raises(ValueError, match=kinds):
         read_summary(path)
 
 
 def _probes(setup: str = "s1") -> list[dict]:
-    """Per trial, probes of blocks 1 and 2 at one LR: block 2 best on dev (0.75), test 0.65."""
+    """Per trial, probes of blocks 1 and 2 on the states as they are: block 2 best on dev (0.75), test 0.65
+    """
     return [
         {
             "shots": 8,
             "epochs": 25,
             "trial": trial,
-            "lr": 0.1,
+            "features": "none",
             "metric": "f1",
             "setup": setup,
             "layers": [
-                {"layer": 1, "dev_f1": 0.3, "test_f1": 0.3},
-                {"layer": 2, "dev_f1": 0.75, "test_f1": 0.65},
+                {"layer": 1, "penalty": 0.1, "penalty_on_edge": False, "dev_f1": 0.3, "test_f1": 0.3},
+                {"layer": 2, "penalty": 0.1, "penalty_on_edge": False, "dev_f1": 0.75, "test_f1": 0.65},
             ],
         }
         for trial in range(3)
@@ -131,7 +132,7 @@ def test_with_probes_a_cell_has_the_best_layer_and_each_method_guarded_by_it():
     summary = sweep_summary(_records(runs), _probes(), name="p", commands=[], fresh={8: 1})
     (cell,) = summary["cells"]
     best = cell["methods"]["best_layer"]
-    assert best["layers"] == [2, 2, 2] and best["test"] == [65.0] * 3 and best["features"] == ["raw"] * 3
+    assert best["layers"] == [2, 2, 2] and best["test"] == [65.0] * 3 and best["features"] == ["none"] * 3
     # trial 0: 90 dev beats 75 by more than one standard error (1.4 over 1000 entities): kept;
     # trial 1: 76 does not; trial 2: 50 does not
     assert cell["methods"]["layer_mix"]["guarded"] == {"test": [90.0, 65.0, 65.0], "kept": [0]}
