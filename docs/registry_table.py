@@ -25,11 +25,15 @@ class MethodRow:
     """One registered PEFT type, as the table shows it.
 
     Args:
-        name: The registry's name (``"dwatt"``); the PEFT type is ``name.upper()``.
+        name: The registry's name (``"dwatt"``).
         label: Its name in tables and figures (``"DWAtt"``).
         config: Its config class's name (``"DWAttConfig"``).
-        summary: The first line of the config's module docstring, without the period.
+        summary: The first line of the config's module docstring, without the period; a preset's: its
+            ``Preset`` summary (as ``Method.summary`` reads them).
         recommended: Marked ``recommended`` in the registry.
+        peft_type: The PEFT type its adapters are saved as: its config class's ``PEFT_TYPE`` (a preset's
+            is its method's); by default ``name.upper()``.
+        preset: The preset of ``config`` it is (``ScalarMixConfig.from_preset("layer_mix")``), if any.
     """
 
     name: str
@@ -37,10 +41,12 @@ class MethodRow:
     config: str
     summary: str
     recommended: bool = False
+    peft_type: str = ""
+    preset: str | None = None
 
-    @property
-    def peft_type(self) -> str:
-        return self.name.upper()
+    def __post_init__(self) -> None:
+        if not self.peft_type:
+            object.__setattr__(self, "peft_type", self.name.upper())
 
 
 def _assigned(tree: ast.Module, name: str) -> ast.expr:
@@ -81,6 +87,28 @@ def _literal(node: ast.expr) -> object:
     return node.id if isinstance(node, ast.Name) else ast.literal_eval(node)
 
 
+def _class_attribute(module: str, class_name: str, attribute: str) -> ast.expr:
+    """The value assigned to ``attribute`` in the body of ``class_name`` of ``module`` (a module of this
+    repository)."""
+    path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                target = item.target if isinstance(item, ast.AnnAssign) else None
+                if isinstance(target, ast.Name) and target.id == attribute and item.value is not None:
+                    return item.value
+    raise ValueError(f"{path}: no {class_name}.{attribute}")
+
+
+def _preset_summary(module: str, config: str, preset: str) -> str:
+    """The summary of ``config``'s preset ``preset``: the first argument of its ``Preset(...)``."""
+    presets = _class_attribute(module, config, "PRESETS")
+    for key, value in zip(presets.keys, presets.values, strict=True):
+        if _literal(key) == preset:
+            return str(_literal(value.args[0]))
+    raise ValueError(f"{module}: {config} has no preset {preset!r}")
+
+
 def registry_rows() -> list[MethodRow]:
     """The fusion methods (``METHODS``), then the baseline types (``BASELINE_TYPES``), in registry order."""
     tree = ast.parse(REGISTRATION.read_text(encoding="utf-8"))
@@ -89,8 +117,9 @@ def registry_rows() -> list[MethodRow]:
     for call in _assigned(tree, "METHODS").elts:
         values = dict(zip(fields, map(_literal, call.args), strict=False))
         values.update({keyword.arg: _literal(keyword.value) for keyword in call.keywords})
-        config = values["config_cls"]
-        summary = _summary(imports[config])
+        config, preset = values["config_cls"], values.get("preset")
+        module = imports[config]
+        summary = _preset_summary(module, config, preset) if preset else _summary(module)
         label_first = f"{values['label']}: "
         rows.append(MethodRow(
             values["name"],
@@ -98,10 +127,15 @@ def registry_rows() -> list[MethodRow]:
             config,
             summary.removeprefix(label_first),
             bool(values.get("recommended", False)),
+            str(_literal(_class_attribute(module, config, "PEFT_TYPE"))),
+            preset,
         ))  # fmt: skip
     for entry in _assigned(tree, "BASELINE_TYPES").elts:
         name, config = _literal(entry.elts[0]), _literal(entry.elts[1])
-        rows.append(MethodRow(name, config.removesuffix("Config"), config, _summary(imports[config])))
+        module = imports[config]
+        peft_type = str(_literal(_class_attribute(module, config, "PEFT_TYPE")))
+        label = config.removesuffix("Config")
+        rows.append(MethodRow(name, label, config, _summary(module), False, peft_type))
     return rows
 
 
@@ -117,5 +151,6 @@ def methods_table(rows: list[MethodRow] | None = None) -> str:
     lines = ["| method | config | PEFT type | what it is |", "|---|---|---|---|"]
     for row in registry_rows() if rows is None else rows:
         label = f"**{row.label}** (recommended)" if row.recommended else row.label
-        lines.append(f"| {label} | `{row.config}` | `{row.peft_type}` | {row.summary} |")
+        config = f"`{row.config}`" + (f", preset `{row.preset}`" if row.preset else "")
+        lines.append(f"| {label} | {config} | `{row.peft_type}` | {row.summary} |")
     return "\n".join(lines)

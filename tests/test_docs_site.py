@@ -30,7 +30,7 @@ def test_the_table_read_from_the_source_is_the_imported_registry():
     """``docs/registry_table.py`` reads ``registration.py`` without importing it (the docs build has no
     torch): every registered type, in order, with the name, label, config and summary the registry has."""
     expected = [
-        (m.name, m.label, m.config_cls.__name__, summary_of(m.config_cls).removeprefix(f"{m.label}: "), m.recommended)  # noqa: E501
+        (m.name, m.label, m.config_cls.__name__, m.summary.removeprefix(f"{m.label}: "), m.recommended)
         for m in METHODS
     ]  # fmt: skip
     expected += [
@@ -39,8 +39,10 @@ def test_the_table_read_from_the_source_is_the_imported_registry():
     ]
     rows = registry_table.registry_rows()
     assert [(r.name, r.label, r.config, r.summary.replace("`", ""), r.recommended) for r in rows] == expected
-    types = [m.name.upper() for m in METHODS] + [name.upper() for name, _, _ in BASELINE_TYPES]
+    # the type an adapter is saved as: a preset's is its method's (LayerMix saves as SCALAR_MIX)
+    types = [m.peft_type for m in METHODS] + [config.PEFT_TYPE for _, config, _ in BASELINE_TYPES]
     assert [r.peft_type for r in rows] == types
+    assert {r.name: r.peft_type for r in rows}["layer_mix"] == "SCALAR_MIX"
 
 
 def test_the_home_page_shows_every_registered_method():
@@ -49,7 +51,7 @@ def test_the_home_page_shows_every_registered_method():
     assert lines[0] == "| method | config | PEFT type | what it is |"
     assert len(lines) == 2 + len(METHODS) + len(BASELINE_TYPES)
     for method in METHODS:
-        assert f"`{method.config_cls.__name__}` | `{method.name.upper()}` |" in table
+        assert f"`{method.config_cls.__name__}` | `{method.peft_type}` |" in table
     assert sum("(recommended)" in line for line in lines) == sum(m.recommended for m in METHODS) == 1
     index = (DOCS / "index.md").read_text(encoding="utf-8")
     hooks = (DOCS / "hooks.py").read_text(encoding="utf-8")
