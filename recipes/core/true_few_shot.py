@@ -433,6 +433,19 @@ def paired_table(summary: dict[str, Any], title: str = "") -> str:
     return "\n".join(lines)
 
 
+def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+    """Several published true few-shot summaries as one paired table (a row per task, model and N),
+    then each one's command."""
+    tables = [paired_table(s, f"{s['data']['name']}, {s['model']['name']}").splitlines() for s in summaries]
+    lines = tables[0][:2] + [row for table in tables for row in table[2:]]
+    lines += [
+        "",
+        "Commands (`$DATA`: the folder of the data sets; model and data fingerprints in each summary):",
+    ]
+    lines += [f"`{command}`  " for s in summaries for command in s["commands"] if command]
+    return "\n".join(lines)
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     """A published true few-shot summary on the results page: its paired table, what it ran on, how to
     make it again."""

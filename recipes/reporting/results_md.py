@@ -22,7 +22,9 @@ a summary, ``benchmarks/summaries/<name>.json``, rendered by its ``kind``:
 - ``true_few_shot``: the true few-shot protocol's paired table (the recommended recipe against the block
   the same selection picks and the last-layer head), its model and data, its command.
 
-The reserved name ``guard`` shows the recommended recipe against the best layer chosen on dev over
+The reserved name ``true_few_shot`` shows several ``true_few_shot`` summaries (``of=`` comma-separated
+names) in one paired table. The reserved name ``guard`` shows the recommended recipe against the best
+layer chosen on dev over
 several sweep summaries (``of=`` comma-separated names, ``trials=fresh`` for the trials no choice was
 made on, or ``trials=all``), one line per cell with layer probes::
 
@@ -50,6 +52,7 @@ from typing import Any
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.errors import UserError
+from ..core.true_few_shot import summaries_markdown as true_few_shot_tables
 from ..core.true_few_shot import summary_markdown as true_few_shot_markdown
 from .markdown import Block, MarkerError, Params, block_error
 from .summaries import (
@@ -69,6 +72,7 @@ MARKER = re.compile(
 )
 NAME = re.compile(r"[\w.-]+")
 GUARD = "guard"  # reserved name: the recipe against the best layer, over several summaries
+TRUE_FEW_SHOT = "true_few_shot"  # reserved name: several true few-shot summaries in one paired table
 TRIALS = ("fresh", "all")
 
 
@@ -178,6 +182,12 @@ def render_block(block: Block, root: Path) -> str:
     """
     if block.name == GUARD:
         return render_guard_block(block, root)
+    if block.name == TRUE_FEW_SHOT:
+        params = _params(block, ("of",))
+        if "of" not in params:
+            raise block_error(block, f"the {TRUE_FEW_SHOT} block takes of=NAME,NAME")
+        summaries = [load_summary(block, root, name) for name in params["of"].split(",")]
+        return true_few_shot_tables(summaries)
     summary = load_summary(block, root, block.name)
     kind = summary["kind"]
     params = _params(block, ("metrics",) if kind == "sweep" else ())
