@@ -20,6 +20,7 @@ import json, sys
 source, target, data, out = sys.argv[1:]
 summary = json.load(open(source))
 summary["commands"] = [c.replace(data, "$DATA").replace(out, "$OUT") for c in summary["commands"]]
+summary["name"] = target.rsplit("/", 1)[-1].removesuffix(".json")
 json.dump(summary, open(target, "w"), indent=1)
 PY
 }
