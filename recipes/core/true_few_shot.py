@@ -366,10 +366,10 @@ def verdict(summary: dict[str, Any]) -> str:
         if diff is None:
             continue
         if diff.n < 2:
-            lines.append(f"N={cell['shots']}: {diff.mean:+.1f} points (1 trial: no interval)")
+            lines.append(f"N={cell['shots']}: {_points(diff.mean):+.1f} points (1 trial: no interval)")
         else:
             sure = "interval excludes 0" if diff.resolved else "interval includes 0"
-            interval = f"{diff.mean:+.1f} ± {diff.half_width:.1f} points over {diff.n} trials"
+            interval = f"{_points(diff.mean):+.1f} ± {diff.half_width:.1f} points over {diff.n} trials"
             lines.append(f"N={cell['shots']}: {interval} ({sure})")
     return (
         "The recommended recipe (guarded probe ensemble) against the block chosen the same way: "
@@ -461,12 +461,17 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _points(value: float) -> float:
+    """``value`` to one decimal, never ``-0.0``."""
+    return round(value, 1) + 0.0
+
+
 def _difference(found: Any) -> str:
     if found is None:
         return ""
     if found.n < 2:
-        return f"{found.mean:+.1f} (1 trial)"
-    text = f"{found.mean:+.1f} ± {found.half_width:.1f}"
+        return f"{_points(found.mean):+.1f} (1 trial)"
+    text = f"{_points(found.mean):+.1f} ± {found.half_width:.1f}"
     return f"**{text}**" if found.resolved else text
 
 
