@@ -264,8 +264,8 @@ class Experiment(FewShotExperiment):
         if reach.entities and reach.out_of_reach == reach.entities:
             raise ValueError(
                 f"--max-length {self.settings.max_length}: none of the {reach.entities} {split} gold "
-                f"{reach.unit} is within the model's reach, every {self.metric_name} would be 0; "
-                "raise --max-length"
+                f"{reach.unit} is within the model's reach, every {'F1' if self.spans else 'accuracy'} "
+                "would be 0; raise --max-length"
             )
         return reach
 
