@@ -13,26 +13,28 @@ head (:func:`head_states`): ``x_s = z_s / rms(z_s)`` for ``s < L`` and ``x_L`` a
 Per trial, from the sample's rows only (:func:`choose`):
 
 1. ``k`` folds, stratified by label; token rows fold by sentence (``groups``), never split.
-2. One L2-regularised logistic probe per block ``s = 1 .. L``, its penalty chosen by cross-validation,
-   with out-of-fold log-probabilities :math:`\log p_s(y \mid x)` for every row.
+2. One probe per block ``s = 1 .. L`` (:mod:`.probing`'s ridge probe: class scores
+   :math:`f_s(x) = W_s x_s + b_s`, every class weighing the same), its penalty chosen by cross-validation,
+   with out-of-fold scores for every row.
 3. What each method deploys, every one a linear read-out of the states (:class:`LinearReadout`):
 
    * ``none``: the last block's probe (the plain last-layer head);
-   * ``best_layer``: the probe of the block with the best cross-validated score;
-   * ``probe_ensemble``: the normalised geometric mean of the blocks' probe probabilities,
+   * ``best_layer``: the probe of the block with the best cross-validated score (the task's metric of the
+     out-of-fold predictions; ties to the lower Brier score, then the deeper block);
+   * ``probe_ensemble``: the mean of the best ``k`` blocks' scores, ``k`` chosen by cross-validation,
 
-     .. math:: p(y \mid x) \propto \prod_{s \in B} p_s(y \mid x)^{1/|B|}
-        = \mathrm{softmax}_y \Big(\tfrac{1}{|B|} \sum_{s \in B} W_s x_s + b_s\Big)
+     .. math:: f(x) = \tfrac{1}{k} \sum_{s \in B_k} (W_s x_s + b_s);
 
-     over every block, or over the ``k`` best (``top_k``, chosen by cross-validation);
-   * ``stacked``: weights cross-fitted on the out-of-fold predictions,
-     :math:`\mathrm{softmax}_y(\sum_s \alpha_s \log p_s(y \mid x) + c_y)`, again linear in the states
-     (the log-normaliser of each probe is the same for every class);
-   * ``average``: one probe on the mean of the states, :math:`\bar x = \frac1L \sum_s x_s`.
+   * ``stacked``: :math:`f(x) = \sum_s \alpha_s (W_s x_s + b_s) + c`, ``alpha`` and ``c`` a balanced
+     least-squares fit to the labels on the out-of-fold scores (cross-fitted), pulled towards
+     :math:`\alpha_s = 1/L`;
+   * ``average``: one probe on the mean of the states, :math:`\bar x = \frac1L \sum_s x_s`;
+   * ``guarded_ensemble``, the recommended recipe: the ensemble, unless the guard deploys the block.
 
-4. The guard (:func:`guard`): the fusion against the block, on per-row out-of-fold predictions, the block
-   of each fold chosen on the *other* folds (no winner's curse), compared by a paired bootstrap over
-   sentences. The block is deployed only where it beats the fusion with probability ``1 - alpha``.
+4. The guard (:func:`guard`): the ensemble against the block, on per-row out-of-fold predictions, each
+   fold's block ranking and ``k`` chosen on the *other* folds (no winner's curse), compared by a paired
+   bootstrap over units (sentences). The block is deployed only where it scores above the ensemble in
+   at least ``1 - alpha`` of the resamples.
 
 Each read-out deploys as one adapter (the recipes save it with ``save_pretrained``): one block as
 ``AverageConfig(layers=[b], state_norm="rms_after_norm")``, several as a Concat map over them.
