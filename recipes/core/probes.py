@@ -1,7 +1,7 @@
 """Layer probes: the library's probe (:mod:`peft_layerfusion.probing`) on each block output ``z_1 .. z_L``
 at the positions a task reads, from the feature cache; its penalty chosen on the trial's sample alone.
 
-The probe of layer ``n`` is the L2-regularised logistic probe ``softmax(W x_n + b)`` of
+The probe of layer ``n`` is the L2-regularised ridge probe (class scores ``W x_n + b``) of
 :func:`~peft_layerfusion.probing.layer_probes` on a feature ``x_n`` of the state ``z_n`` (the output of
 block ``n``, as ``output_hidden_states[n]``): ``z_n`` as it is (``none``) or ``z_n / rms(z_n)`` per
 position (``rms``, as a mix with ``state_norm="rms"`` reads it). Both kinds are probed; neither wins on

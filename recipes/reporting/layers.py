@@ -1,6 +1,6 @@
 """Layer diagnostics: which layers carry the task, from the layer probes and the learned mixing weights.
 
-The probes (:mod:`layerfusion_recipes.core.probes`, ``--probe-layers``) fit a logistic probe on each
+The probes (:mod:`layerfusion_recipes.core.probes`, ``--probe-layers``) fit a ridge probe on each
 block output ``z_n`` at the positions the task's head reads, its penalty chosen by cross-validation on
 the trial's sample. Here:
 
