@@ -176,7 +176,7 @@ def render_block(block: Block, root: Path) -> str:
         MarkerError: What the block cannot be regenerated from, naming its marker.
 
     Example:
-        >>> block = find_blocks(Path("benchmarks/RESULTS.md").read_text())[0]  # conll_fe_lr
+        >>> block = find_blocks(Path("benchmarks/RESULTS.md").read_text())[1]  # conll_fe_lr
         >>> print(render_block(block, Path(".")).splitlines()[0])  # the table's header
         | regime | epochs | shots | none | dwatt | concat | average | scalar_mix | extra_layers |
     """

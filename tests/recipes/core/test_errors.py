@@ -40,7 +40,7 @@ def test_malformed_file_names_file_and_line(tmp_path, capsys):
     (line,) = _error_lines(capsys)
     assert line == (
         f"layerfusion ner: error: {tmp_path / 'data' / 'train.txt'}, line 2: tag 'PERSON' is not O or "
-        "B-/I-<type> (E-/S- of BIOES and L-/U- of BILOU are converted)"
+        "B-/I-<type> (E-/S- of BIOES and L-/U- of BILOU are converted) like the other tags (e.g. 'B-ORG')"
     )
 
 
