@@ -490,6 +490,11 @@ def protocol_main(settings: Any, grid: dict[str, Any]) -> int:
     """``--selection cv`` of a few-shot command: the trials of ``grid``'s shots, the report printed and
     written to ``OUTPUT/table.md``."""
     check_task(read_records(grid["results"]), grid["results"], settings.TASK)  # one task per file
+    if not grid.get("quiet"):  # a word before the data and the model load, the bars after
+        print(
+            f"layerfusion: reading {display_name(settings.data)}, loading {display_name(settings.model)}",
+            file=sys.stderr,
+        )
     if grid.get("threads"):
         torch.set_num_threads(grid["threads"])
     experiment = settings.make_experiment()
