@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from peft_layerfusion.few_shot import Accuracy
+
 METRICS = ("accuracy", "macro_f1")
 
 
@@ -88,18 +90,18 @@ class ClassCounts:
         if metric not in METRICS:
             raise ValueError(f"--metric {metric!r}: allowed {', '.join(METRICS)}")
         self.labels, self.num_labels, self.metric = labels, num_labels, metric
+        self.accuracy = Accuracy(labels, torch.arange(len(labels)))  # an example per unit
 
     def stats(self, predicted: torch.Tensor) -> torch.Tensor:
-        correct = (predicted == self.labels).double()
         if self.metric == "accuracy":
-            return torch.stack([correct, torch.ones_like(correct)], 1)  # (n, 2)
+            return self.accuracy.stats(predicted)  # (n, 2): correct, 1
         gold = torch.nn.functional.one_hot(self.labels, self.num_labels).double()  # (n, C)
         guess = torch.nn.functional.one_hot(predicted, self.num_labels).double()
         return torch.cat([gold * guess, gold, guess], 1)  # (n, 3 C)
 
     def score(self, totals: torch.Tensor) -> torch.Tensor:
         if self.metric == "accuracy":
-            return totals[..., 0] / totals[..., 1].clamp_min(1.0)
+            return self.accuracy.score(totals)
         true_positive, gold, predicted = totals.unflatten(-1, (3, self.num_labels)).unbind(-2)
         f1 = torch.where(true_positive > 0, 2 * true_positive / (gold + predicted).clamp_min(1.0), 0.0)
         present = (gold + predicted) > 0

@@ -36,6 +36,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from peft_layerfusion import few_shot
+from peft_layerfusion.utils import atomic_write, atomic_write_json, atomic_write_text
 
 from .batches import collate
 from .experiment import FewShotExperiment
@@ -150,12 +151,8 @@ class StateStore:
         rows = head_rows(
             self.experiment, self._model, examples, self.experiment.settings.batch_size, self.quiet
         )
-        self.folder.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        save_file(
-            {"states": rows.states.contiguous(), "labels": rows.labels, "example": rows.example}, partial
-        )
-        os.replace(partial, path)  # a reader sees the whole file or none
+        tensors = {"states": rows.states.contiguous(), "labels": rows.labels, "example": rows.example}
+        atomic_write(path, lambda temporary: save_file(tensors, temporary))  # the whole file or none
         return rows
 
     def model(self) -> nn.Module:
@@ -290,7 +287,7 @@ def run_true_few_shot(
     keys = {trial_key(experiment, plan, *cell) for cell in cells(plan)}
     records = [r for r in read_records(results) if r["key"] in keys]
     summary = summarize(records, experiment, plan, command)
-    write_json(output / SUMMARY_FILE, summary)
+    atomic_write_json(output / SUMMARY_FILE, summary)
     return summary
 
 
@@ -344,13 +341,6 @@ def display_name(location: str) -> str:
     if not os.path.isabs(location) and not os.path.exists(location):
         return location  # a Hub name, or a name as given
     return Path(location).resolve().name
-
-
-def write_json(path: Path, value: Any) -> None:
-    """``value`` as JSON at ``path``, atomically."""
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(partial, path)
 
 
 def verdict(summary: dict[str, Any]) -> str:
@@ -504,6 +494,6 @@ def protocol_main(settings: Any, grid: dict[str, Any]) -> int:
     quiet = bool(grid.get("quiet"))
     summary = run_true_few_shot(experiment, plan, grid["output"], command, quiet, grid["results"])
     text = report(summary)
-    (Path(grid["output"]) / "table.md").write_text(text + "\n")
+    atomic_write_text(Path(grid["output"]) / "table.md", text + "\n")
     print(text)
     return 0
