@@ -146,16 +146,15 @@ class StateStore:
         if path.exists():
             saved = load_file(path)
             return Rows(saved["states"], saved["labels"], saved["example"])
-        if self._model is None:
-            self._model = self.experiment.load_model(seed=self.experiment.settings.seed)
         rows = head_rows(
-            self.experiment, self._model, examples, self.experiment.settings.batch_size, self.quiet
+            self.experiment, self.model(), examples, self.experiment.settings.batch_size, self.quiet
         )
         tensors = {"states": rows.states.contiguous(), "labels": rows.labels, "example": rows.example}
         atomic_write(path, lambda temporary: save_file(tensors, temporary))  # the whole file or none
         return rows
 
     def model(self) -> nn.Module:
+        """The frozen model, loaded on the first miss (a rerun that finds every state loads none)."""
         if self._model is None:
             self._model = self.experiment.load_model(seed=self.experiment.settings.seed)
         return self._model
