@@ -5,8 +5,9 @@ default FE LR grid, 1000 dev sentences and the full test split) with three encod
 (7 states x 384, real weights) and random encoders of MiniLM's architecture and tokenizer with 13 x 768
 (BERT-base) and 25 x 1024 (RoBERTa-large; ``--full-splits`` gives it the full dev split too) states,
 whose F1 means nothing (timing and memory only). Each sweep is one ``layerfusion sweep`` process, one
-after another, run by ``--today-code`` (a checkout of the commit before the change: its ``recipes/``
-and ``peft_layerfusion/`` are put first on ``PYTHONPATH``) and by this checkout.
+after another, run by ``--today-code`` (a checkout of the commit before the change: its recipes
+(``layerfusion_recipes/``, ``recipes/`` before the rename) and ``peft_layerfusion/`` are put first on
+``PYTHONPATH``) and by this checkout.
 
 Per shape and code it prints the peak RSS (``sweeps.jsonl``), the predicted bytes (the states the
 code keeps + the model), peak / predicted, the same without the process's own bytes (the peak less the
@@ -41,6 +42,7 @@ import tempfile
 from pathlib import Path
 
 from cache_speed import random_encoder_like
+
 from layerfusion_recipes.core.demo import demo_model_path
 from layerfusion_recipes.core.feature_cache import PROCESS_BYTES, available_memory, gigabytes
 from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
@@ -96,7 +98,8 @@ def sweep_folder(args: argparse.Namespace, shape: str, code: str) -> Path:
 def today_path(checkout: Path, folder: Path) -> str:
     """A folder that puts ``checkout``'s packages first on ``PYTHONPATH``."""
     folder.mkdir(parents=True, exist_ok=True)
-    for package, source in (("layerfusion_recipes", "recipes"), ("peft_layerfusion", "peft_layerfusion")):
+    recipes = "layerfusion_recipes" if (checkout / "layerfusion_recipes").is_dir() else "recipes"  # older
+    for package, source in (("layerfusion_recipes", recipes), ("peft_layerfusion", "peft_layerfusion")):
         # absolute: a relative link would resolve from its own folder
         link, target = folder / package, (checkout / source).resolve()
         if link.is_symlink() and link.resolve() != target:  # another checkout's, or broken

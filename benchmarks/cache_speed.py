@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 import torch
+from overhead import parse_shape
+
 from layerfusion_recipes.classify.experiment import ClassifySettings
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, model_path
@@ -41,7 +43,6 @@ from layerfusion_recipes.core.models import BUDGET_METHOD_NAMES, PLAIN_HEAD
 from layerfusion_recipes.core.selection import dev_score
 from layerfusion_recipes.ner.experiment import ExperimentSettings
 from layerfusion_recipes.reporting.benchmark_report import Report
-from overhead import parse_shape
 
 
 def random_encoder_like(model: str, blocks: int, width: int, directory: str | Path) -> str:

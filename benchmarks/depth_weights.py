@@ -22,6 +22,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
 from layerfusion_recipes.core.selection import select_lr  # noqa: E402
 from layerfusion_recipes.core.tasks import read_task_records  # noqa: E402
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 from cache_speed import parse_shape, random_encoder_like
+
 from layerfusion_recipes.core import runner as runner_module
 from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.demo import demo_model_path
@@ -52,7 +53,6 @@ from layerfusion_recipes.core.feature_cache import FeatureCache
 from layerfusion_recipes.core.runner import predict_labelled
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from layerfusion_recipes.reporting.benchmark_report import Report
-
 from peft_layerfusion.layer import fusion_layer_of
 
 SHOTS, EVAL_BATCH = 32, 64

@@ -21,6 +21,7 @@ import statistics
 import time
 
 import torch
+
 from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
 from layerfusion_recipes.core.models import METHOD_NAMES
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings

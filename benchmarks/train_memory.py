@@ -37,6 +37,7 @@ from eval_memory import (
     ratio_rows,
     rss_bytes,
 )
+
 from layerfusion_recipes.core.experiment import trainable_count
 from layerfusion_recipes.core.feature_cache import TRAINING_BYTES_PER_PARAMETER
 from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS

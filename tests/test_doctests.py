@@ -37,7 +37,6 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-import layerfusion_recipes
 import pytest
 import torch
 from conftest import (
@@ -50,7 +49,6 @@ from conftest import (
     write_tiny_model,
     write_toy_data,
 )
-from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from peft import PeftModel, get_peft_model
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
@@ -64,7 +62,9 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+import layerfusion_recipes
 import peft_layerfusion
+from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from peft_layerfusion import DWAttConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import write_tiny_model, write_toy_data
+
 from layerfusion_recipes.cli import COMMANDS, build_parser, main
 from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
 from layerfusion_recipes.core.records import read_records

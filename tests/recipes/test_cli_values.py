@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import toy_dataset, write_tiny_model, write_toy_data
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.errors import UserError
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings

@@ -1,10 +1,11 @@
 """The recipes' import direction: cli/arguments -> tasks -> core, the reporting reads records. The core
 never imports the reporting, and nothing imports the entry point (``cli``).
 
-The folder-level picture: a folder of ``recipes/`` (the top-level modules ``arguments.py``, ``cli.py``,
-``commands.py`` together as the folder ``top``) imports only the folders below it in :data:`LAYERS`
-(no import runs back up) and no two folders import each other, through any path (no loop). Print the
-picture, an edge per line with its count of imports, then the counts of upward imports and loops::
+The folder-level picture: a folder of ``layerfusion_recipes/`` (the top-level modules ``arguments.py``,
+``cli.py``, ``commands.py`` together as the folder ``top``) imports only the folders below it in
+:data:`LAYERS` (no import runs back up) and no two folders import each other, through any path (no
+loop). Print the picture, an edge per line with its count of imports, then the counts of upward
+imports and loops::
 
     python tests/recipes/test_import_direction.py
 """
@@ -19,12 +20,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = ROOT / "recipes"
-PACKAGE = "layerfusion_recipes"  # the installed name of recipes/
+PACKAGE = "layerfusion_recipes"
+RECIPES = ROOT / PACKAGE
 
 
 def module_name(path: Path) -> str:
-    """``recipes/core/sweep.py`` -> ``layerfusion_recipes.core.sweep``."""
+    """``layerfusion_recipes/core/sweep.py`` -> ``layerfusion_recipes.core.sweep``."""
     parts = path.relative_to(RECIPES).with_suffix("").parts
     return ".".join((PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
@@ -97,7 +98,8 @@ def test_the_check_sees_an_upward_import(tmp_path, source, importer, imported):
     assert offenders(imports, name, f"{PACKAGE}.{imported}") != []
 
 
-# The folders of recipes/, top first: a folder imports only its own layer's and the ones below it.
+# The folders of layerfusion_recipes/, top first: a folder imports only its own layer's and the ones
+# below it.
 # The entry point and the command table; the tasks (over core, drawing their figures with the
 # reporting); the reporting (reads records); the data readers; core (what every task shares).
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -195,8 +197,8 @@ def test_the_picture_sees_an_upward_import_and_its_loop(tmp_path, importer, sour
 
 
 def print_picture() -> int:
-    """Print the folder-level import picture of ``recipes/``: each edge and its count of imports, then
-    the upward imports and the loops (each listed); 1 when there is any."""
+    """Print the folder-level import picture of ``layerfusion_recipes/``: each edge and its count of
+    imports, then the upward imports and the loops (each listed); 1 when there is any."""
     edges = folder_edges(recipe_imports())
     order = sorted(edges, key=lambda edge: (RANK[edge[0]], RANK[edge[1]], edge))
     for (a, b), lines in ((edge, edges[edge]) for edge in order):

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 from conftest import write_text_data, write_tiny_model, write_toy_data
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.processes import check_workers, launched_processes, share
 from layerfusion_recipes.core.records import read_records

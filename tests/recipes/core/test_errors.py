@@ -6,6 +6,7 @@ import argparse
 import sys
 
 import pytest
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.errors import DataSourceError, Terminated, UserError, run_command
 

@@ -7,8 +7,8 @@ import weakref
 
 import pytest
 from conftest import collector_off, toy_dataset, write_tiny_model
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 
+from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = ["none", *(method.name for method in ENCODER_METHODS)]

@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 from conftest import write_toy_data
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core import locations
 from layerfusion_recipes.core.errors import DataSourceError

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from layerfusion_recipes.classify.experiment import ClassifySettings
 from layerfusion_recipes.cli import build_parser
 from layerfusion_recipes.core.experiment import TaskSettings

@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
+from seqeval.metrics import f1_score
+from transformers import AutoModel
+
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.core import probes
 from layerfusion_recipes.core.batches import IGNORE_INDEX
 from layerfusion_recipes.core.probes import probe_records, probes_path, run_probes
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
-from seqeval.metrics import f1_score
-from transformers import AutoModel
-
 from peft_layerfusion import cross_validated_probe
 from peft_layerfusion.probing import FOLDS, probe_accuracy
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+
 from layerfusion_recipes.core.cells import config_defaults, defaults_key
 from layerfusion_recipes.core.records import fingerprint
 from layerfusion_recipes.mlm.options import add_arguments as add_mlm_arguments
@@ -17,7 +18,6 @@ from layerfusion_recipes.ner.options import add_arguments as add_experiment_argu
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.seq2seq import variants
 from layerfusion_recipes.seq2seq.records import run_key
-
 from peft_layerfusion.registration import METHODS, method_named
 
 NER_ARGV = ["--model", "hub-model/x", "--data", "hub/data", "--lr", "1e-3", "3e-2", "--shots", "8"]

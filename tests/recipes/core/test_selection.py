@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from layerfusion_recipes.core.selection import best_on_dev, select_lr, select_then_repeat
 
 

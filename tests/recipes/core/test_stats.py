@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from layerfusion_recipes.core.stats import mean_ci, paired_mean_ci
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from layerfusion_recipes.core.summary import Layout, MeanCI, fields, paired_by_trial, summarize_groups
 
 T_975_1, T_975_2 = 12.706205, 4.302653  # Student t quantiles (0.975) at 1 and 2 degrees of freedom

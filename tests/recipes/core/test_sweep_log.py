@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+
 from layerfusion_recipes.core.errors import Terminated
 from layerfusion_recipes.core.records import append_record, read_lines
 from layerfusion_recipes.core.sweep_log import (

@@ -10,13 +10,13 @@ import json
 import pytest
 import torch
 from conftest import write_folders, write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
+from peft import PeftModel
+
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core import true_few_shot
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
-from peft import PeftModel
-
 from peft_layerfusion import few_shot
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from seqeval.metrics import f1_score
+from torch import nn
+from transformers import AutoTokenizer
+
 from layerfusion_recipes.core.batches import collate
 from layerfusion_recipes.core.runner import labelled_predictions
 from layerfusion_recipes.data.gold import gold_reach, spread_to_words, word_label_ids
@@ -12,9 +16,6 @@ from layerfusion_recipes.data.readers import NerDataset, NerSentence, encode_ner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.scoring import SpanScorer
 from layerfusion_recipes.ner.training import TokenClassifierRunner, evaluate_f1
-from seqeval.metrics import f1_score
-from torch import nn
-from transformers import AutoTokenizer
 
 LABELS = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
 LABEL2ID = {label: i for i, label in enumerate(LABELS)}

@@ -7,6 +7,7 @@ import re
 
 import datasets
 import pytest
+
 from layerfusion_recipes.core.errors import DataSourceError
 from layerfusion_recipes.core.locations import looks_like_hub_name
 from layerfusion_recipes.data.readers import NerSentence
@@ -287,6 +288,7 @@ def test_unreadable_list_cell_names_file_and_row(tmp_path):
 
 def test_cli_reads_a_saved_dataset_with_named_columns(tmp_path, capsys):
     from conftest import toy_dataset, write_tiny_model
+
     from layerfusion_recipes.cli import main
     from layerfusion_recipes.core.records import read_records
 

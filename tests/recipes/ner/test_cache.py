@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from torch import nn
+
 from layerfusion_recipes.core.batches import collate
 from layerfusion_recipes.core.feature_cache import (
     COMPUTED,
@@ -16,8 +18,6 @@ from layerfusion_recipes.core.feature_cache import (
 )
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.training import TokenClassifierRunner, TrainSettings, train_token_classifier
-from torch import nn
-
 from peft_layerfusion.discovery import EncoderBlocks, find_encoder_blocks
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from torch.nn.utils.rnn import pad_sequence
+
 from layerfusion_recipes.core import experiment as experiment_module
 from layerfusion_recipes.core import fitting
 from layerfusion_recipes.core import runner as runner_module
@@ -46,8 +48,6 @@ from layerfusion_recipes.ner.experiment import (
     reads_labelled_only,
 )
 from layerfusion_recipes.ner.models import load_token_classifier
-from torch.nn.utils.rnn import pad_sequence
-
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.hooks import BlockCapture
 from peft_layerfusion.layer import active_fusion_module

@@ -12,6 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_folders, write_tiny_decoder, write_tiny_model, write_toy_data
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    BartConfig,
+    BartForConditionalGeneration,
+    PreTrainedTokenizerFast,
+)
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core import gemma
 from layerfusion_recipes.core.batches import collate
@@ -26,15 +35,6 @@ from layerfusion_recipes.ner.models import (
     load_token_classifier,
     token_classifier_skeleton,
 )
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    BartConfig,
-    BartForConditionalGeneration,
-    PreTrainedTokenizerFast,
-)
-
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import fusion_layer_of
 

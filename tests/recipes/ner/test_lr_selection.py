@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+
 from layerfusion_recipes.core import experiment as experiment_module
 from layerfusion_recipes.core.records import read_records
 from layerfusion_recipes.core.selection import select_lr

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+
 from layerfusion_recipes.core.cells import defaults_key
 from layerfusion_recipes.core.demo import demo_data_path
 from layerfusion_recipes.data.readers import NerSentence
@@ -20,7 +21,6 @@ from layerfusion_recipes.ner.training import (
     TrainSettings,
     train_token_classifier,
 )
-
 from peft_layerfusion.registration import ENCODER_METHODS
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from conftest import toy_dataset, write_tiny_model, write_toy_data
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
 from layerfusion_recipes.core.models import regime_options
@@ -23,7 +24,6 @@ from layerfusion_recipes.ner.models import NER_REGIME_NAMES
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.training import TokenClassifierRunner, train_token_classifier
-
 from peft_layerfusion.comparison.budget import bottleneck_params
 from peft_layerfusion.comparison.regimes import trainable_parameter_names
 

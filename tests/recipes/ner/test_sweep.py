@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+
 from layerfusion_recipes.core.records import append_record, finished_keys, read_records
 from layerfusion_recipes.core.sweep import runs_left
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
@@ -227,8 +228,9 @@ def test_a_resumed_sweep_runs_again_what_new_data_or_weights_at_the_same_path_ch
     test labels are flipped in place, or new weights are saved into the model folder, the same command
     trains again (another key) instead of serving the earlier record; an unchanged re-run trains nothing."""
     from conftest import write_toy_data
-    from layerfusion_recipes.cli import main
     from transformers import AutoModel
+
+    from layerfusion_recipes.cli import main
 
     model, data = (
         write_tiny_model(tmp_path / "model"),

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from conftest import write_tiny_model, write_toy_data
+
 from layerfusion_recipes.core.records import append_record, read_records
 from layerfusion_recipes.core.sweep_log import read_sweep_log
 from layerfusion_recipes.ner.experiment import ExperimentSettings

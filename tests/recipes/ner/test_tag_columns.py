@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_folders, write_tiny_model
+from seqeval.metrics import f1_score
+
 from layerfusion_recipes.cli import build_parser
 from layerfusion_recipes.core import true_few_shot
 from layerfusion_recipes.core.cells import Cell
@@ -20,7 +22,6 @@ from layerfusion_recipes.data.sources import NerColumnError, NerColumns, load_ne
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from layerfusion_recipes.ner.scoring import SentenceTokenCounts, TokenAccuracyScorer
 from layerfusion_recipes.ner.settings import resolve
-from seqeval.metrics import f1_score
 
 # the part of speech of each toy word (conftest.WORDS); every other word is a noun
 POS = {"went": "VBD", "met": "VBD", "visited": "VBD", "works": "VBZ", "walks": "VBZ", "to": "TO", "the": "DT"}

@@ -13,6 +13,10 @@ from functools import partial
 import pytest
 import torch
 from conftest import tiny_bert, write_folders, write_text_data, write_tiny_model, write_toy_data
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_hex
+from peft import get_peft_model
+
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.settings import resolve
 from layerfusion_recipes.cli import build_parser, main
@@ -35,10 +39,6 @@ from layerfusion_recipes.reporting.layers import (
     plot_layers,
     probe_rows,
 )
-from matplotlib.collections import PolyCollection
-from matplotlib.colors import to_hex
-from peft import get_peft_model
-
 from peft_layerfusion.layer import fusion_layer_of
 from peft_layerfusion.registration import ENCODER_METHODS
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.records import fingerprint, read_records
 from layerfusion_recipes.seq2seq import experiment as seq2seq
@@ -33,7 +34,6 @@ from layerfusion_recipes.seq2seq.experiment import (
 )
 from layerfusion_recipes.seq2seq.records import comparison_setup, run_key
 from layerfusion_recipes.seq2seq.results import seq2seq_summary
-
 from peft_layerfusion import SurfaceFusionConfig
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
