@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertModel
 
-from layerfusion_recipes.core.loop import glibc
+from layerfusion_recipes.core.memory import glibc
 from layerfusion_recipes.reporting.benchmark_report import Report
 from peft_layerfusion.registration import ENCODER_METHODS
 

@@ -51,7 +51,8 @@ from .feature_cache import (
 from .fitting import RunResult, TrainSettings, fit
 from .grids import DEFAULT_LR_GRIDS, EVERY_EPOCH, FE_DEFAULT_LR, FT_DEFAULT_LR, lr_grid
 from .locations import check_model
-from .loop import collect_garbage, restore, snapshot
+from .loop import restore, snapshot
+from .memory import collect_garbage
 from .models import (
     adapter_summary,
     apply_regime,
@@ -487,7 +488,7 @@ class FewShotExperiment:
 
     def build(self, cell: Cell) -> tuple[nn.Module, Any]:
         """The model of a cell (init seeded by the trial) and its encoder blocks. The models of the runs
-        before are collected first (:func:`~layerfusion_recipes.core.loop.collect_garbage`: any reference
+        before are collected first (:func:`~layerfusion_recipes.core.memory.collect_garbage`: any reference
         cycle would keep a whole model in memory until Python's collector ran)."""
         collect_garbage()
         base = self.load_model(seed=self.settings.seed + cell.trial)

@@ -81,7 +81,7 @@ from .cache_files import (
     remove_stale_temp_files,
     write_shard,
 )
-from .loop import release_freed_memory
+from .memory import release_freed_memory
 from .options import CACHE_DTYPES, DEFAULT_CACHE_DTYPE, check_cache_dtype
 
 # storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round

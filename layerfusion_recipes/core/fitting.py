@@ -25,7 +25,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from .grids import EVERY_EPOCH
-from .loop import TrainingLoop, release_freed_memory, resident_above, restore, snapshot
+from .loop import TrainingLoop, restore, snapshot
+from .memory import release_freed_memory, resident_above
 from .runner import Runner, Scorer, predict_labelled
 
 
@@ -43,8 +44,8 @@ class TrainSettings:
         eval_batch_size: Examples per evaluation batch.
         release_above: Resident bytes above which the heap's freed pages are given back after a
             training step or evaluation batch too, not only after every epoch's steps and evaluation
-            (:func:`~layerfusion_recipes.core.loop.resident_above`,
-            :func:`~layerfusion_recipes.core.loop.release_freed_memory`): ``0``, after every one (set
+            (:func:`~layerfusion_recipes.core.memory.resident_above`,
+            :func:`~layerfusion_recipes.core.memory.release_freed_memory`): ``0``, after every one (set
             by ``--train-memory``); ``None``, never. A lower peak for more time (the next step faults
             the pages in again). Numbers do not change.
 

@@ -40,7 +40,8 @@ from peft_layerfusion.optim import mixing_multipliers
 from peft_layerfusion.utils import eval_mode
 
 from .batches import IGNORE_INDEX, collate
-from .loop import release_freed_memory, resident_above, restore
+from .loop import restore
+from .memory import release_freed_memory, resident_above
 from .models import trainable_parameters
 from .processes import process_state
 
@@ -390,8 +391,9 @@ def predict_labelled(
     The batches run largest first (:func:`largest_first`: the process's memory then holds one
     batch's working set, not the sum of them, each smaller batch reusing what the one before freed),
     the heap's freed pages are given back at the end
-    (:func:`~layerfusion_recipes.core.loop.release_freed_memory`), and after each batch that leaves
-    the process above ``release_above`` resident bytes (:func:`~layerfusion_recipes.core.loop.resident_above`:
+    (:func:`~layerfusion_recipes.core.memory.release_freed_memory`), and after each batch that leaves
+    the process above ``release_above`` resident bytes
+    (:func:`~layerfusion_recipes.core.memory.resident_above`:
     ``0`` after every batch; the 13 x 768 FE sweep in passes of one candidate: RSS rose by 0.45 GB
     over each test evaluation without it), and their predictions are put back in order.
 

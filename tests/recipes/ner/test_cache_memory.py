@@ -31,7 +31,7 @@ from layerfusion_recipes.core.feature_cache import (
     padded_inputs,
     resident_limit,
 )
-from layerfusion_recipes.core.loop import release_freed_memory, resident_above, resident_bytes
+from layerfusion_recipes.core.memory import release_freed_memory, resident_above, resident_bytes
 from layerfusion_recipes.core.models import PLAIN_HEAD
 from layerfusion_recipes.core.runner import (
     labelled_predictions,
