@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -54,7 +54,6 @@ from .records import append_record, fingerprint, read_records, without_probe_cho
 if TYPE_CHECKING:
     import os
 
-    from .experiment import FewShotExperiment
     from .feature_cache import FeatureCache
 
 PROBE = "probe"  # the method name of a probe record
@@ -70,6 +69,32 @@ PROBE_SETTINGS: dict[str, Any] = {
     "grow": GROW_STEPS,
     "probe": "ridge",
 }
+
+
+class ProbedExperiment(Protocol):
+    """What the probes read of a task's experiment (a
+    :class:`~layerfusion_recipes.core.experiment.FewShotExperiment`): its data and sample, its feature
+    cache, its scorer, the positions its head reads and what its records say besides scores."""
+
+    settings: Any  # the task's settings: the probes read ``seed``
+    setup: str  # the setup fingerprint
+    labels: list[str]
+    dev: list[dict]
+    test: list[dict]
+
+    def train_sample(self, shots: int, trial: int) -> list[dict]: ...
+
+    def cache(self) -> FeatureCache: ...
+
+    def filled_cache(self, train: Sequence[dict]) -> FeatureCache: ...
+
+    def scorer_of(self, features: Sequence[dict]) -> Any: ...  # a core.runner.Scorer
+
+    def probe_inputs(
+        self, states: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def provenance(self) -> dict[str, Any]: ...
 
 
 def states_at(states: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
@@ -106,7 +131,7 @@ def probe_key(cell: Cell, setup: str, features: str) -> str:
 
 
 def read_rows(
-    experiment: FewShotExperiment, cache: FeatureCache, features: Sequence[dict]
+    experiment: ProbedExperiment, cache: FeatureCache, features: Sequence[dict]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The probe inputs of ``features`` from the cache: ``(rows, L, d)`` states and ``(rows,)`` labels.
 
@@ -119,7 +144,7 @@ def read_rows(
 
 
 def training_rows(
-    experiment: FewShotExperiment, cache: FeatureCache, train: Sequence[dict]
+    experiment: ProbedExperiment, cache: FeatureCache, train: Sequence[dict]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The probe inputs of a trial's sample, example by example: ``(rows, L, d)``, ``(rows,)`` labels and
     the example of each row where one has several (NER's words: they share a fold), else ``None``."""
@@ -137,7 +162,7 @@ class TrialProbes(NamedTuple):
     folds: int  # the cross-validation folds
 
 
-def trial_probes(experiment: FewShotExperiment, train: Sequence[dict], trial: int) -> TrialProbes:
+def trial_probes(experiment: ProbedExperiment, train: Sequence[dict], trial: int) -> TrialProbes:
     """Each feature kind's :class:`~peft_layerfusion.probing.LayerProbes` of a trial's sample ``train``:
     their penalties chosen by :data:`~peft_layerfusion.probing.FOLDS`-fold cross-validation on it (one
     example per fold where it has fewer), folds dealt from ``seed + trial``.
@@ -163,7 +188,7 @@ def trial_probes(experiment: FewShotExperiment, train: Sequence[dict], trial: in
 
 
 def split_scores(
-    experiment: FewShotExperiment, probes: Mapping[str, LayerProbes], split: Sequence[dict], name: str
+    experiment: ProbedExperiment, probes: Mapping[str, LayerProbes], split: Sequence[dict], name: str
 ) -> dict[str, list[dict[str, float | None]]]:
     """``{kind: [{f"{name}_{metric}": score, ...} per layer]}``: each probe's predictions on ``split``
     scored by the task's scorer (every metric ``None`` on an empty split)."""
@@ -188,7 +213,7 @@ def split_scores(
 
 
 def probe_records(
-    experiment: FewShotExperiment, shots: int, epochs: Sequence[int], trial: int
+    experiment: ProbedExperiment, shots: int, epochs: Sequence[int], trial: int
 ) -> Iterator[dict[str, Any]]:
     """Fit the probes of every layer of one trial, both feature kinds (:func:`trial_probes`), score them
     on dev and test and yield one record per max epochs of ``epochs`` and kind (see the module docstring).
@@ -264,7 +289,7 @@ def trial_records(found: Mapping[str, dict[str, Any]], cell: Cell, setup: str) -
     return [found[key] for key in keys if key in found]
 
 
-def saved_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[dict[str, Any]]:
+def saved_probes(experiment: ProbedExperiment, grid: dict[str, Any]) -> list[dict[str, Any]]:
     """The records of ``grid``'s probes that the probes file (beside ``grid["results"]``) holds, none
     fitted: what the other processes of a launched sweep read once the main process ran
     :func:`run_probes`.
@@ -279,7 +304,7 @@ def saved_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[di
     return [record for cell in probe_cells(grid) for record in trial_records(found, cell, experiment.setup)]
 
 
-def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[Cell]:
+def missing_probes(experiment: ProbedExperiment, grid: dict[str, Any]) -> list[Cell]:
     """The probe cells of ``grid`` whose records (both kinds) the probes file does not hold yet.
 
     Example:
@@ -295,7 +320,7 @@ def missing_probes(experiment: FewShotExperiment, grid: dict[str, Any]) -> list[
 
 
 def run_probes(
-    experiment: FewShotExperiment, grid: dict[str, Any], progress: bool = True
+    experiment: ProbedExperiment, grid: dict[str, Any], progress: bool = True
 ) -> list[dict[str, Any]]:
     """The probes of every (shots, max epochs, trial) of ``grid``, both feature kinds, skipping the records
     already in the probes file (:func:`probes_path` of ``grid["results"]``); a trial's probes are fitted
