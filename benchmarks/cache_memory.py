@@ -43,11 +43,11 @@ from pathlib import Path
 
 from cache_speed import random_encoder_like
 
-from layerfusion_recipes.core.demo import demo_model_path
-from layerfusion_recipes.core.feature_cache import PROCESS_BYTES, available_memory, gigabytes
-from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log
+from layerfusion_recipes.core.cache.feature_cache import PROCESS_BYTES, available_memory, gigabytes
+from layerfusion_recipes.core.models.demo import demo_model_path
+from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
 from layerfusion_recipes.ner.experiment import Experiment
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.sweep import grid_cells

@@ -46,11 +46,11 @@ from pathlib import Path
 import torch
 from cache_speed import parse_shape, random_encoder_like
 
-from layerfusion_recipes.core import runner as runner_module
-from layerfusion_recipes.core.cells import Cell
-from layerfusion_recipes.core.demo import demo_model_path
-from layerfusion_recipes.core.feature_cache import FeatureCache
-from layerfusion_recipes.core.runner import predict_labelled
+from layerfusion_recipes.core.cache.feature_cache import FeatureCache
+from layerfusion_recipes.core.engine import runner as runner_module
+from layerfusion_recipes.core.engine.runner import predict_labelled
+from layerfusion_recipes.core.models.demo import demo_model_path
+from layerfusion_recipes.core.results.cells import Cell
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from layerfusion_recipes.reporting.benchmark_report import Report
 from peft_layerfusion.layer import fusion_layer_of

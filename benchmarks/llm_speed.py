@@ -96,8 +96,8 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from layerfusion_recipes.core.gemma import resolve_model
-from layerfusion_recipes.core.models import peft_alias_quiet
+from layerfusion_recipes.core.models.gemma import resolve_model
+from layerfusion_recipes.core.models.models import peft_alias_quiet
 from layerfusion_recipes.reporting.benchmark_report import Report
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module

@@ -36,7 +36,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from transformers import AutoModel, AutoTokenizer
 
-from layerfusion_recipes.core.gemma import resolve_model
+from layerfusion_recipes.core.models.gemma import resolve_model
 from layerfusion_recipes.data.texts import TextColumns, TextExample, load_texts
 
 POOL_PER_CLASS, MAX_DEV, MAX_TEST = 64, 500, 1000

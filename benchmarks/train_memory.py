@@ -38,9 +38,9 @@ from eval_memory import (
     rss_bytes,
 )
 
-from layerfusion_recipes.core.experiment import trainable_count
-from layerfusion_recipes.core.feature_cache import TRAINING_BYTES_PER_PARAMETER
-from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.cache.feature_cache import TRAINING_BYTES_PER_PARAMETER
+from layerfusion_recipes.core.engine.experiment import trainable_count
+from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
 from layerfusion_recipes.reporting.benchmark_report import Report
 
 

@@ -1,7 +1,7 @@
 """The options of the commands that are no task's (``audit``, ``plot``, ``report``, ``paired``), their
 defaults and help; each task's are in its folder (``ner/options.py``, ``classify/options.py``,
 ``mlm/options.py``, ``seq2seq/options.py``), the few-shot ones they share in
-:mod:`layerfusion_recipes.core.task_options`.
+:mod:`layerfusion_recipes.core.options.task_options`.
 
 Only the standard library is imported here (and by :mod:`layerfusion_recipes.cli`), so
 ``layerfusion --help`` and every ``layerfusion COMMAND --help`` answer at once; the heavy
@@ -15,8 +15,8 @@ import argparse
 import pathlib
 
 from .core.errors import DataSourceError
-from .core.locations import check_source
-from .core.options import PROBE_TOP, positive_int
+from .core.options.locations import check_source
+from .core.options.options import PROBE_TOP, positive_int
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:

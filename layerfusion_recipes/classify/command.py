@@ -1,12 +1,12 @@
 """``layerfusion classify``: the grid of its options run by the shared sweep
-(:func:`~layerfusion_recipes.core.sweep.run_sweep`), then ``table.md`` and the figures."""
+(:func:`~layerfusion_recipes.core.sweeps.sweep.run_sweep`), then ``table.md`` and the figures."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..core.sweep import run_sweep
-from ..core.true_few_shot import protocol_main
+from ..core.sweeps.sweep import run_sweep
+from ..core.sweeps.true_few_shot import protocol_main
 from ..reporting.sweep_report import print_sweep_report
 from .settings import resolve
 

@@ -6,7 +6,7 @@ What is the task's own: its data (:func:`~layerfusion_recipes.data.texts.load_te
 (:mod:`layerfusion_recipes.classify.models`), accuracy and macro-F1
 (:class:`~layerfusion_recipes.classify.scoring.ClassScorer`). Everything else (the model of a cell,
 the feature cache of FE, every LR of a cell, together where the method allows it, the record) is
-:class:`~layerfusion_recipes.core.experiment.FewShotExperiment`'s, so a sweep, its resume,
+:class:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment`'s, so a sweep, its resume,
 ``accelerate`` splitting, LR selection and tables work as for NER.
 
 Seeds: trial ``t`` draws its N-per-class sample from seed ``(shots, t)`` (every method sees the same
@@ -25,12 +25,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..core.cells import FULL_TRAIN, sample_seed
-from ..core.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
-from ..core.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, KeptPositions
-from ..core.fitting import RunResult
-from ..core.probes import states_at
-from ..core.runner import Runner, StackedRunner
+from ..core.cache.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, KeptPositions
+from ..core.engine.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
+from ..core.engine.fitting import RunResult
+from ..core.engine.runner import Runner, StackedRunner
+from ..core.probes.probes import states_at
+from ..core.results.cells import FULL_TRAIN, sample_seed
 from ..data.sampling import check_per_class, describe_short_classes, sample_per_class
 from ..data.texts import TextColumns, TextDataset, TextExample, label_counts, load_texts
 from .models import (
@@ -62,7 +62,7 @@ SETUP_FIELDS = (
 @dataclass
 class ClassifySettings(TaskSettings):
     """Everything about a classification experiment except the grid (see
-    :class:`~layerfusion_recipes.core.experiment.TaskSettings` for the shared fields).
+    :class:`~layerfusion_recipes.core.engine.experiment.TaskSettings` for the shared fields).
 
     Args:
         text_column: Text column (``None``: by convention).
@@ -169,12 +169,12 @@ def limited(examples: list[TextExample], limit: int | None) -> list[TextExample]
 
 
 class ClassifyExperiment(FewShotExperiment):
-    """Sentence classification as a :class:`~layerfusion_recipes.core.experiment.FewShotExperiment`
+    """Sentence classification as a :class:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment`
     of :class:`ClassifySettings` (and, optionally, a :class:`TextDataset` already loaded).
 
     Example:
         >>> from layerfusion_recipes.classify.settings import ClassifySettings
-        >>> from layerfusion_recipes.core.cells import Cell
+        >>> from layerfusion_recipes.core.results.cells import Cell
         >>> experiment = ClassifyExperiment(ClassifySettings(model=model_path, data=text_data, lr=[1e-2]))
         >>> record = experiment.run(Cell("dwatt", "fe", shots=2, epochs=2, trial=0))
         >>> 0.0 <= record["test_accuracy"] <= 1.0, record["lr"]
@@ -261,7 +261,7 @@ class ClassifyExperiment(FewShotExperiment):
     def train_sample(self, shots: int, trial: int) -> list[dict]:
         """The encoded training examples of a trial: N of each class (all of a class that has fewer; the
         same for every method of the trial), or the whole train split for
-        :data:`~layerfusion_recipes.core.cells.FULL_TRAIN`."""
+        :data:`~layerfusion_recipes.core.results.cells.FULL_TRAIN`."""
         if shots == FULL_TRAIN:
             if FULL_TRAIN not in self._train_features:
                 self._train_features[FULL_TRAIN] = self._encode_train(self.data.train)

@@ -27,7 +27,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 
 from peft_layerfusion.discovery import is_decoder_only
 
-from ..core.models import load_pretrained, model_skeleton
+from ..core.models.models import load_pretrained, model_skeleton
 
 POOLINGS = ("model", "mean")
 # encoder types whose *ForSequenceClassification reads the first token only (its state, or its pooler's)

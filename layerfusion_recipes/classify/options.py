@@ -1,16 +1,16 @@
 """The options of ``layerfusion classify`` (standard library only, so that ``--help`` answers at once):
 the model, data, columns, pooling and metric, then the few-shot options every task shares
-(:mod:`layerfusion_recipes.core.task_options`) in classification's words."""
+(:mod:`layerfusion_recipes.core.options.task_options`) in classification's words."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..core.errors import UserError
-from ..core.grids import DEFAULT_EVAL_EVERY
-from ..core.names import REGIME_NAMES
-from ..core.options import shots_value
-from ..core.task_options import (
+from ..core.options.grids import DEFAULT_EVAL_EVERY
+from ..core.options.names import REGIME_NAMES
+from ..core.options.options import shots_value
+from ..core.options.task_options import (
     REGIMES_HELP,
     TaskWords,
     add_few_shot_arguments,

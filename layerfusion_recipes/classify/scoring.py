@@ -18,7 +18,7 @@ METRICS = ("accuracy", "macro_f1")
 
 class ClassScorer:
     """The scores of predictions on one split's examples
-    (a :class:`~layerfusion_recipes.core.fitting.Scorer`).
+    (a :class:`~layerfusion_recipes.core.engine.fitting.Scorer`).
 
     Args:
         features: Encoded examples, each with one label id (``labels``), in the order predicted.

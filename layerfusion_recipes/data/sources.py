@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.errors import DataSourceError, UserError, first_line
-from ..core.locations import TABULAR_BUILDERS, TEXT_SUFFIXES, looks_like_hub_name
+from ..core.options.locations import TABULAR_BUILDERS, TEXT_SUFFIXES, looks_like_hub_name
 from .readers import NerDataset, NerSentence, read_ner_file, split_sentences
 from .tags import (
     PLAIN,

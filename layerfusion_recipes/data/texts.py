@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import DataSourceError, first_line
-from ..core.locations import TABULAR_BUILDERS
+from ..core.options.locations import TABULAR_BUILDERS
 from .readers import DataFormatError, _decoded_lines
 from .sources import canonical_split, cut_missing_splits, load_source, quiet_datasets
 

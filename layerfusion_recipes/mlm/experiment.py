@@ -8,12 +8,12 @@ seed. A run reports the test perplexity ``exp(mean masked-token cross-entropy)``
 checkpoint with the best dev loss.
 
 Learning rates: each LR of the grid (``--lr``, else the regime's
-:data:`~layerfusion_recipes.core.grids.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
+:data:`~layerfusion_recipes.core.options.grids.DEFAULT_MLM_LR_GRIDS`) is one run with the same seed, data
 and masks, appended as one record to ``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.mlm.records`:
 keyed by its method, regime, seed, LR and the settings that change its result,
 ``MlmSettings.run_settings``). Re-running skips a run whose key is there and runs it otherwise. The
 LR with the lowest dev perplexity is selected
-(:func:`~layerfusion_recipes.core.selection.select_then_repeat`; ties to the smaller; test perplexity
+(:func:`~layerfusion_recipes.core.results.selection.select_then_repeat`; ties to the smaller; test perplexity
 never chooses) and :func:`~layerfusion_recipes.mlm.records.summarize` gives the selected
 LR, its dev and test perplexity, every LR's, and ``at_edge`` when the selected LR is the smallest or
 largest of a grid of two or more (printed; :func:`~layerfusion_recipes.mlm.results.mlm_summary` makes
@@ -47,10 +47,9 @@ from peft_layerfusion.layer import fused_positions
 from peft_layerfusion.utils import eval_mode
 
 from ..core.batches import IGNORE_INDEX
+from ..core.engine.loop import TrainingLoop, restore, snapshot
 from ..core.errors import DataSourceError, first_line
-from ..core.locations import looks_like_hub_name
-from ..core.loop import TrainingLoop, restore, snapshot
-from ..core.models import (
+from ..core.models.models import (
     apply_regime,
     check_head_modules,
     check_length,
@@ -58,10 +57,11 @@ from ..core.models import (
     model_skeleton,
     trainable_parameters,
 )
-from ..core.records import finished_records, read_records, run_or_resume
-from ..core.selection import select_then_repeat
-from ..core.sweep_log import peak_rss_mb
-from ..core.tasks import check_task
+from ..core.options.locations import looks_like_hub_name
+from ..core.results.records import finished_records, read_records, run_or_resume
+from ..core.results.selection import select_then_repeat
+from ..core.sweeps.sweep_log import peak_rss_mb
+from ..core.sweeps.tasks import check_task
 from ..data.readers import read_text
 from .records import lr_label, results_file, run_key, summarize
 from .settings import MlmSettings

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from ..core.grids import DEFAULT_MLM_LR_GRIDS, describe_lr_grids
-from ..core.names import METHOD_NAMES, REGIME_NAMES
-from ..core.options import check_names, default_output, learning_rate, positive_int
-from ..core.task_options import check_paths
+from ..core.options.grids import DEFAULT_MLM_LR_GRIDS, describe_lr_grids
+from ..core.options.names import METHOD_NAMES, REGIME_NAMES
+from ..core.options.options import check_names, default_output, learning_rate, positive_int
+from ..core.options.task_options import check_paths
 
 # the defaults of the options, which MlmSettings takes too (written once)
 DEFAULTS: dict[str, object] = {

@@ -1,5 +1,5 @@
 """The records of ``layerfusion mlm``: one per finished (method, regime, seed, LR) run, in
-``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.core.records`), and the LR selection over them.
+``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.core.results.records`), and the LR selection over them.
 
 Key (:func:`run_key`): ``METHOD|REGIME|SEED|lr=LR|SETUP``, ``SETUP`` the fingerprint of the run's
 ``settings`` but the LR (``MlmSettings.run_settings``: the options that change a result, the model
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.cells import with_defaults
-from ..core.records import fingerprint, read_records, unit_key
-from ..core.summary import Layout, fields, summarize_groups
-from ..core.tasks import is_mlm_record
+from ..core.results.cells import with_defaults
+from ..core.results.records import fingerprint, read_records, unit_key
+from ..core.results.summary import Layout, fields, summarize_groups
+from ..core.sweeps.tasks import is_mlm_record
 
 RESULTS_FILE = "results.jsonl"
 SELECTION_RULE = "lowest dev perplexity (held-out split), ties to the smaller LR; test perplexity not used"
@@ -80,7 +80,8 @@ MLM_LAYOUT = Layout(
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The summary of one (method, regime) grid: the LR selected on dev and the test perplexity there
-    (the one summariser, :func:`~layerfusion_recipes.core.summary.summarize_groups`, with :data:`MLM_LAYOUT`).
+    (the one summariser, :func:`~layerfusion_recipes.core.results.summary.summarize_groups`, with
+    :data:`MLM_LAYOUT`).
 
     Args:
         records: One run record per LR (same settings but the LR), each with ``lr``, ``dev_ppl``,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.grids import FULL_TRAIN
-from ..core.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
+from ..core.models.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
+from ..core.options.grids import FULL_TRAIN
 from ..reporting.markdown import duration, listed, memory
 from ..reporting.summaries import record_sources
 from .records import folder_grids, summarize

@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.demo import demo_model_path
-from ..core.grids import DEFAULT_MLM_LR_GRIDS, lr_grid
-from ..core.models import METHOD_NAMES, REGIME_NAMES
-from ..core.options import check_names, default_output
+from ..core.models.demo import demo_model_path
+from ..core.models.models import METHOD_NAMES, REGIME_NAMES
+from ..core.options.grids import DEFAULT_MLM_LR_GRIDS, lr_grid
+from ..core.options.options import check_names, default_output
 from .options import DEFAULTS
 
 # the options that change a run's result; with the model and the LR they are a run's `settings`

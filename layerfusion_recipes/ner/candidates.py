@@ -1,5 +1,5 @@
 """Several learning rates of a NER cell trained together: one pass over the cached features for all
-candidates (:class:`~layerfusion_recipes.core.runner.StackedRunner` in the one loop,
+candidates (:class:`~layerfusion_recipes.core.engine.runner.StackedRunner` in the one loop,
 :func:`~layerfusion_recipes.ner.training.fit`). One dev pass predicts for all candidates, and one
 batched parse (:class:`~layerfusion_recipes.ner.scoring.SpanScorer`) scores them.
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.runner import StackedRunner as CoreStackedRunner
-from ..core.runner import labelled_positions
+from ..core.engine.runner import StackedRunner as CoreStackedRunner
+from ..core.engine.runner import labelled_positions
 
 
 class StackedRunner(CoreStackedRunner):
@@ -29,7 +29,7 @@ class StackedRunner(CoreStackedRunner):
             forward, which does not depend on the trainable parameters only in FE).
 
     Example:
-        >>> from layerfusion_recipes.core.cells import Cell
+        >>> from layerfusion_recipes.core.results.cells import Cell
         >>> model, located = experiment.build(Cell("dwatt", "fe", 2, 2, 0))  # DWAtt + head, tiny BERT
         >>> runner = StackedRunner(model, 4, located, cache)  # cache: the dev and test sets filled
         >>> logits, labels = runner.logits(experiment.dev[:4], torch.device("cpu"))

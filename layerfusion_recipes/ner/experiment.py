@@ -3,7 +3,7 @@
 The :class:`Experiment` loads the tokenizer, encodes the dev and test splits once and, for the FE
 regime, owns the feature cache shared by every cell (keeping the labelled positions only where every
 method of the sweep reads no other: :data:`LABELLED_POSITIONS`, :func:`cache_positions_for`;
-:class:`~layerfusion_recipes.core.experiment.FewShotExperiment` does the rest). What is NER's own:
+:class:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment` does the rest). What is NER's own:
 the token classifier, the N-shot sample (``N * C`` sentences uniformly, C = entity types;
 :func:`sample_size`), the loss at the labelled positions
 (:class:`~layerfusion_recipes.ner.training.TokenClassifierRunner`), seqeval's micro-F1
@@ -12,7 +12,7 @@ A plain tag set (part of speech: ``--tag-column 1`` of CoNLL-2003) is a tagging 
 shape: C counts its tags, and token accuracy scores it
 (:class:`~layerfusion_recipes.ner.scoring.TokenAccuracyScorer`; records name the metric, ``accuracy``).
 
-Seeds (:mod:`layerfusion_recipes.core.cells`): trial ``t`` draws its N-shot sample from seed
+Seeds (:mod:`layerfusion_recipes.core.results.cells`): trial ``t`` draws its N-shot sample from seed
 ``(shots, t)`` (so every method sees the same sample in a trial: paired comparison) and initialises
 the head and fusion module from seed ``seed + t``. A record's ``key`` names the cell, its own LR and
 the settings that change a result (:data:`SETUP_FIELDS`), never the grid it ran in.
@@ -27,14 +27,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..core import experiment as core_experiment
 from ..core.batches import IGNORE_INDEX
-from ..core.cells import Cell, lrs_train_together, reads_head_positions_only, record_key, sample_seed
-from ..core.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
-from ..core.feature_cache import KeptPositions
-from ..core.fitting import RunResult
-from ..core.probes import states_at
-from ..core.runner import Runner, labelled_positions
+from ..core.cache.feature_cache import KeptPositions
+from ..core.engine import experiment as core_experiment
+from ..core.engine.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
+from ..core.engine.fitting import RunResult
+from ..core.engine.runner import Runner, labelled_positions
+from ..core.probes.probes import states_at
+from ..core.results.cells import Cell, lrs_train_together, reads_head_positions_only, record_key, sample_seed
 from ..data.gold import GoldReach, gold_reach
 from ..data.readers import NerDataset, encode_ner
 from ..data.sampling import sample_shots
@@ -91,7 +91,7 @@ READING_FIELDS = ("tokens_column", "tags_column", "tag_column", "label_names", "
 @dataclass
 class ExperimentSettings(TaskSettings):
     """Everything about a NER experiment except the grid (the shared fields:
-    :class:`~layerfusion_recipes.core.experiment.TaskSettings`; ``model`` is an encoder's or a
+    :class:`~layerfusion_recipes.core.engine.experiment.TaskSettings`; ``model`` is an encoder's or a
     decoder's name or path, :func:`~layerfusion_recipes.ner.models.load_token_classifier`, ``data``
     see ``data.sources.load_ner``).
 
@@ -146,7 +146,7 @@ class ExperimentSettings(TaskSettings):
 def reads_labelled_only(method: str) -> bool:
     """Whether a run of ``method`` reads the encoder's states at the labelled positions only: the
     plain head and the token-wise fusion methods; R+n attends over every position
-    (:func:`~layerfusion_recipes.core.cells.reads_head_positions_only`).
+    (:func:`~layerfusion_recipes.core.results.cells.reads_head_positions_only`).
 
     Example:
         >>> reads_labelled_only("dwatt"), reads_labelled_only("extra_layers")
@@ -211,11 +211,11 @@ def check_sample_sizes(
 
 
 class Experiment(FewShotExperiment):
-    """NER as a :class:`~layerfusion_recipes.core.experiment.FewShotExperiment` of
+    """NER as a :class:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment` of
     :class:`ExperimentSettings` (and, optionally, a :class:`NerDataset` already loaded).
 
     Example:
-        >>> from layerfusion_recipes.core.cells import Cell
+        >>> from layerfusion_recipes.core.results.cells import Cell
         >>> experiment = Experiment(ExperimentSettings(model=model_path, data=ner_data, lr=[1e-2]))
         >>> record = experiment.run(Cell("dwatt", "fe", shots=2, epochs=2, trial=0))
         >>> record["key"], 0.0 <= record["test_f1"] <= 100.0

@@ -4,7 +4,7 @@
 such as Llama, Qwen, Mistral, GPT-2), else a :class:`DecoderTokenClassifier` (a linear head on a
 decoder-only model's final states: Gemma 3, OPT). The regimes NER trains are the PEFT ones and the
 AdapterHub bottleneck adapters (:data:`NER_REGIME_NAMES`); applying a method and regime, the head
-modules and the checks before a run are shared (:mod:`layerfusion_recipes.core.models`).
+modules and the checks before a run are shared (:mod:`layerfusion_recipes.core.models.models`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATIO
 from peft_layerfusion.comparison.regimes import ADAPTER_REGIME_NAMES, REGIME_NAMES
 from peft_layerfusion.discovery import is_decoder_only
 
-from ..core.models import head_module_names, load_pretrained, model_skeleton
+from ..core.models.models import head_module_names, load_pretrained, model_skeleton
 
 # Every regime the NER recipe trains: the PEFT ones, then AdapterHub's (method "none" only).
 NER_REGIME_NAMES: tuple[str, ...] = REGIME_NAMES + ADAPTER_REGIME_NAMES

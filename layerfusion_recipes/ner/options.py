@@ -1,15 +1,15 @@
 """The options of ``layerfusion ner`` and ``layerfusion sweep`` (standard library only, so that ``--help``
 answers at once): the model and data, then the few-shot options every task shares
-(:mod:`layerfusion_recipes.core.task_options`) in NER's words."""
+(:mod:`layerfusion_recipes.core.options.task_options`) in NER's words."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..core.grids import describe_default
-from ..core.names import ADAPTER_REGIME_NAMES, REGIME_NAMES
-from ..core.options import positive_int
-from ..core.task_options import (
+from ..core.options.grids import describe_default
+from ..core.options.names import ADAPTER_REGIME_NAMES, REGIME_NAMES
+from ..core.options.options import positive_int
+from ..core.options.task_options import (
     TaskWords,
     add_few_shot_arguments,
     add_fixed_sample,

@@ -191,7 +191,7 @@ class SpanScorer:
         [1.0, 0.0]
     """
 
-    metrics = ("f1",)  # a core.fitting.Scorer: the one metric, micro-F1
+    metrics = ("f1",)  # a core.engine.fitting.Scorer: the one metric, micro-F1
 
     def __init__(self, features: Sequence[dict], id2label: dict[int, str]) -> None:
         if sorted(id2label) != list(range(len(id2label))):
@@ -204,7 +204,7 @@ class SpanScorer:
     def f1s(self, predicted: torch.Tensor) -> list[float]:
         """Micro-F1 (0..1) of each row of ``predicted`` ``(K, positions)``: label ids of the
         labelled positions, sentence after sentence
-        (see :func:`~layerfusion_recipes.core.runner.labelled_predictions`)."""
+        (see :func:`~layerfusion_recipes.core.engine.runner.labelled_predictions`)."""
         spans, gold = self.table.spans(self.words.place(predicted)), self.gold
         shared = spans.ends & gold.ends & (spans.begins == gold.begins) & (spans.types == gold.types)
         return [
@@ -224,7 +224,8 @@ class SpanScorer:
         return torch.stack(counts, 1).to(torch.float64)
 
     def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]:
-        """:meth:`f1s` as :class:`~layerfusion_recipes.core.fitting.Scorer` scores: ``[{"f1": F}, ...]``."""
+        """:meth:`f1s` as :class:`~layerfusion_recipes.core.engine.fitting.Scorer` scores: ``[{"f1": F},
+        ...]``."""
         return [{"f1": f1} for f1 in self.f1s(predicted)]
 
     def f1(self, predicted: torch.Tensor) -> float:
@@ -269,7 +270,7 @@ class TokenAccuracyScorer:
         [{'accuracy': 0.75}, {'accuracy': 0.25}]
     """
 
-    metrics = ("accuracy",)  # a core.fitting.Scorer: the one metric
+    metrics = ("accuracy",)  # a core.engine.fitting.Scorer: the one metric
 
     def __init__(self, features: Sequence[dict], id2label: dict[int, str]) -> None:
         if sorted(id2label) != list(range(len(id2label))):
@@ -292,7 +293,7 @@ class TokenAccuracyScorer:
         return torch.stack(counts, 1).to(torch.float64)
 
     def scores(self, predicted: torch.Tensor) -> list[dict[str, float]]:
-        """:meth:`accuracies` as :class:`~layerfusion_recipes.core.fitting.Scorer` scores."""
+        """:meth:`accuracies` as :class:`~layerfusion_recipes.core.engine.fitting.Scorer` scores."""
         return [{"accuracy": accuracy} for accuracy in self.accuracies(predicted)]
 
 

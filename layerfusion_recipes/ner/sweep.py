@@ -1,5 +1,5 @@
 """``layerfusion sweep`` and ``layerfusion ner``: NER's grid run by the shared sweep
-(:mod:`layerfusion_recipes.core.sweep`: resumable, ``--workers``, ``--select-trials``, ``accelerate``
+(:mod:`layerfusion_recipes.core.sweeps.sweep`: resumable, ``--workers``, ``--select-trials``, ``accelerate``
 splitting, one line per invocation in ``sweeps.jsonl``).
 
 Grid: methods x regimes x shots x max-epochs x trials, from a YAML file (``--config``) or flags, each
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.cells import grid_cells, grid_keys, longest_first, planned_runs
-from ..core.sweep import _UnitRunner, run_cells, run_sweep
-from ..core.true_few_shot import protocol_main
+from ..core.results.cells import grid_cells, grid_keys, longest_first, planned_runs
+from ..core.sweeps.sweep import _UnitRunner, run_cells, run_sweep
+from ..core.sweeps.true_few_shot import protocol_main
 from ..reporting.sweep_report import print_sweep_report
 from .settings import resolve
 

@@ -1,4 +1,4 @@
-"""NER training: the shared loop (:func:`~layerfusion_recipes.core.fitting.fit`) scored with seqeval's
+"""NER training: the shared loop (:func:`~layerfusion_recipes.core.engine.fitting.fit`) scored with seqeval's
 micro-F1 (:class:`~layerfusion_recipes.ner.scoring.SpanScorer`), the loss read at the labelled
 positions (the first sub-word of each word).
 
@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core import fitting
-from ..core.feature_cache import FeatureCache
-from ..core.fitting import TrainSettings
-from ..core.runner import Runner, labelled_positions
+from ..core.cache.feature_cache import FeatureCache
+from ..core.engine import fitting
+from ..core.engine.fitting import TrainSettings
+from ..core.engine.runner import Runner, labelled_positions
 from .scoring import SpanScorer
 
 __all__ = ["RunResult", "TokenClassifierRunner", "TrainSettings", "evaluate", "evaluate_f1", "fit"]
@@ -27,7 +27,7 @@ __all__ = ["RunResult", "TokenClassifierRunner", "TrainSettings", "evaluate", "e
 
 @dataclass
 class RunResult(fitting.RunResult):
-    """A run's :class:`~layerfusion_recipes.core.fitting.RunResult` under NER's names: ``best_f1``
+    """A run's :class:`~layerfusion_recipes.core.engine.fitting.RunResult` under NER's names: ``best_f1``
     (best dev micro-F1), ``test_f1`` (test micro-F1 of the best dev epoch; ``None`` without a test
     split)."""
 
@@ -55,7 +55,7 @@ class RunResult(fitting.RunResult):
 
 
 class TokenClassifierRunner(Runner):
-    """A :class:`~layerfusion_recipes.core.runner.Runner` of a token classifier: token-wise fusion runs
+    """A :class:`~layerfusion_recipes.core.engine.runner.Runner` of a token classifier: token-wise fusion runs
     on the labelled positions only (the loss and seqeval read nothing else; same numbers there, about
     a quarter of the fusion work on CoNLL-2003).
 
@@ -70,7 +70,7 @@ class TokenClassifierRunner(Runner):
 
 
 def span_scorer(id2label: dict[int, str]) -> Callable[[Sequence[dict]], SpanScorer]:
-    """The scorer factory of :func:`~layerfusion_recipes.core.fitting.fit` for NER splits."""
+    """The scorer factory of :func:`~layerfusion_recipes.core.engine.fitting.fit` for NER splits."""
     return lambda features: SpanScorer(features, id2label)
 
 
@@ -154,7 +154,7 @@ def train_token_classifier(
         >>> id2label = dict(enumerate(labels))
         >>> label2id = {tag: i for i, tag in id2label.items()}
         >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
-        >>> from layerfusion_recipes.core.fitting import TrainSettings
+        >>> from layerfusion_recipes.core.engine.fitting import TrainSettings
         >>> train = encode_ner(tokenizer, read_ner_file(f"{ner_data}/train.txt"), label2id)
         >>> runner = TokenClassifierRunner(model)
         >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings(epochs=2), 1e-2)
@@ -174,7 +174,7 @@ def fit(
     test: Sequence[dict] | None = None,
     on_epoch: Callable[[int], None] | None = None,
 ) -> list[RunResult]:
-    """The shared loop (:func:`~layerfusion_recipes.core.fitting.fit`) scored with micro-F1: each
+    """The shared loop (:func:`~layerfusion_recipes.core.engine.fitting.fit`) scored with micro-F1: each
     candidate of ``runner`` at its max LR ``lrs[k]`` (one for a :class:`TokenClassifierRunner`, K for
     a stacked one).
 
@@ -187,7 +187,7 @@ def fit(
         >>> id2label = dict(enumerate(labels))
         >>> label2id = {tag: i for i, tag in id2label.items()}
         >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
-        >>> from layerfusion_recipes.core.fitting import TrainSettings
+        >>> from layerfusion_recipes.core.engine.fitting import TrainSettings
         >>> train = encode_ner(tokenizer, read_ner_file(f"{ner_data}/train.txt"), label2id)
         >>> results = fit(TokenClassifierRunner(model), train, dev, id2label, TrainSettings(epochs=2), [1e-2])
         >>> len(results), len(results[0].curve)  # one result per LR (a StackedRunner trains several)

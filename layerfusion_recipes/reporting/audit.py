@@ -27,9 +27,9 @@ from peft_layerfusion.comparison.audit import (
 from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
 from peft_layerfusion.comparison.regimes import REGIME_NAMES
 
-from ..core.gemma import resolve_config
-from ..core.models import peft_alias_quiet
-from ..core.options import check_names
+from ..core.models.gemma import resolve_config
+from ..core.models.models import peft_alias_quiet
+from ..core.options.options import check_names
 
 # A sized baseline's knob -> (the baseline, its smallest size), for the flag of a budget it cannot reach.
 SMALLEST_SIZE = {"num_extra_layers": ("R+n", "one extra block"), "lora_r": ("LoRA", "rank 1")}

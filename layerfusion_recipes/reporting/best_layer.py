@@ -6,7 +6,8 @@ epochs), one Markdown table (:func:`best_layer_markdown`):
 - each method at the LR selected on dev (the mean best dev score over trials, the sweep's rule), its
   test score mean ± 95% t-CI over trials;
 - **best layer (dev)**: per trial, the probe (layer, feature kind) with the best dev score in that trial
-  (:func:`~layerfusion_recipes.core.probes.best_single_layer`; its penalty chosen by cross-validation on
+  (:func:`~layerfusion_recipes.core.probes.probes.best_single_layer`; its penalty chosen by cross-validation
+  on
   the trial's sample), scored on test;
 - the paired difference of each method minus the best layer, and minus the plain head, over the trials
   both have (bold: the interval excludes 0);
@@ -15,7 +16,7 @@ epochs), one Markdown table (:func:`best_layer_markdown`):
 - **guarded**: the method kept in a trial only where its dev score beats the best layer's by more than
   one standard error of the layer's dev score (the one-standard-error rule,
   :func:`~peft_layerfusion.probing.keep_fusion`), else the best layer
-  (:func:`~layerfusion_recipes.core.probes.guarded`), minus the best layer, and in how many trials the
+  (:func:`~layerfusion_recipes.core.probes.probes.guarded`), minus the best layer, and in how many trials the
   method was kept.
 
 A run made with ``method_options`` (e.g. ``{mixing_lr_multiplier: 10}``) is its own row, labelled
@@ -29,9 +30,9 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..core.probes import UNIT_RMS, best_per_trial, guarded, probe_trials
-from ..core.selection import dev_score, dev_size, select_lr, test_score
-from ..core.stats import mean_ci, paired_mean_ci
+from ..core.probes.probes import UNIT_RMS, best_per_trial, guarded, probe_trials
+from ..core.results.selection import dev_score, dev_size, select_lr, test_score
+from ..core.results.stats import mean_ci, paired_mean_ci
 from .plot import setup_label, variant_text
 
 BEST_LAYER = "best layer (dev)"
@@ -87,7 +88,7 @@ def guarded_scores(
     test: Scores, dev: Scores, best: dict[int, dict[str, Any]], size: int
 ) -> tuple[Scores, list[int]]:
     """A method's test scores guarded per trial by the trial's best layer (points; the guard:
-    :func:`~layerfusion_recipes.core.probes.guarded` over ``size`` dev units), and the trials
+    :func:`~layerfusion_recipes.core.probes.probes.guarded` over ``size`` dev units), and the trials
     where the method was kept; over the trials both have.
 
     Example:
@@ -183,7 +184,8 @@ def cell_table(
 
 
 def probe_label(found: dict[str, Any]) -> str:
-    """A best probe (:func:`~layerfusion_recipes.core.probes.best_single_layer`) as text: its block, its
+    """A best probe (:func:`~layerfusion_recipes.core.probes.probes.best_single_layer`) as text: its block,
+    its
     penalty (λ) and, for the unit-RMS kind, ``on z/rms(z)``.
 
     Example:
@@ -215,7 +217,7 @@ def union_probes(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, A
     The first group's records keep their setups (a file probed again under a new setup holds both, and a
     report reads each with its own runs). A later group's record joins each setup the first group has
     for its trial, as that setup's (from the later group's newest setup of the trial:
-    :func:`~layerfusion_recipes.core.probes.probe_trials`).
+    :func:`~layerfusion_recipes.core.probes.probes.probe_trials`).
 
     Example:
         >>> old = [{"shots": 8, "epochs": 5, "trial": 0, "features": "none", "from": "old"}]

@@ -1,6 +1,6 @@
 """Layer diagnostics: which layers carry the task, from the layer probes and the learned mixing weights.
 
-The probes (:mod:`layerfusion_recipes.core.probes`, ``--probe-layers``) fit a ridge probe on each
+The probes (:mod:`layerfusion_recipes.core.probes.probes`, ``--probe-layers``) fit a ridge probe on each
 block output ``z_n`` at the positions the task's head reads, its penalty chosen by cross-validation on
 the trial's sample. Here:
 
@@ -29,11 +29,11 @@ from typing import Any
 
 from peft_layerfusion.utils import atomic_write_text
 
-from ..core.cells import shots_size
-from ..core.probes import FEATURES, PROBE_REGIME, UNIT_RMS
-from ..core.selection import cell_of, dev_score, record_metric, test_score
-from ..core.stats import mean_ci
-from ..core.tasks import read_task_probes, read_task_records, sweep_task
+from ..core.probes.probes import FEATURES, PROBE_REGIME, UNIT_RMS
+from ..core.results.cells import shots_size
+from ..core.results.selection import cell_of, dev_score, record_metric, test_score
+from ..core.results.stats import mean_ci
+from ..core.sweeps.tasks import read_task_probes, read_task_records, sweep_task
 from .best_layer import best_layer_section
 from .plot import (
     _caption,
@@ -294,7 +294,7 @@ def layers_markdown(
     first line (a page that has its own sections, as RESULTS.md, takes another).
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
+        >>> from layerfusion_recipes.core.results.records import read_records
         >>> probes = read_records("out/results.probes.jsonl")
         >>> print(layers_markdown(probes, read_records("out/results.jsonl")))
     """
@@ -417,7 +417,7 @@ def plot_layers(
     probe records.
 
     Example:
-        >>> from layerfusion_recipes.core.records import read_records
+        >>> from layerfusion_recipes.core.results.records import read_records
         >>> probes = read_records("out/results.probes.jsonl")
         >>> plot_layers(probes, read_records("out/results.jsonl"), "out/layers.png")
     """
@@ -537,7 +537,7 @@ def write_layer_report(
     without probes.
 
     Example:
-        >>> from layerfusion_recipes.core.probes import run_probes
+        >>> from layerfusion_recipes.core.probes.probes import run_probes
         >>> grid = {**grid, "results": "probed/results.jsonl"}
         >>> probes = run_probes(experiment, grid, progress=False)  # 2 trials of N = 2, max 2 epochs
         >>> _ = atomic_write_text(Path("probed") / "table.md", "# runs")  # as write_report leaves it
@@ -560,7 +560,7 @@ def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
     the model's layers, then a note saying so).
 
     Example:
-        >>> from layerfusion_recipes.core.probes import run_probes
+        >>> from layerfusion_recipes.core.probes.probes import run_probes
         >>> grid = {**grid, "results": "probed/results.jsonl"}
         >>> best_layers_lines(run_probes(experiment, grid, progress=False), 2)  # the tiny BERT's 3 blocks
         ['layers (best 2 on dev), N=2, max 2 epochs: layers=[...]']
@@ -579,7 +579,7 @@ def best_layers_lines(probes: Sequence[dict[str, Any]], top: int) -> list[str]:
 
 def plot_main(args: argparse.Namespace) -> int:
     """``layerfusion plot``: table.md and the figures of a results file, and the layer diagnostics when
-    its probes file (:func:`~layerfusion_recipes.core.probes.probes_path`) is beside it."""
+    its probes file (:func:`~layerfusion_recipes.core.probes.probes.probes_path`) is beside it."""
     records = read_task_records(args.results)  # lines that are no record: skipped, said on stderr
     sweep_task(records, args.results)  # one task's, that of a sweep
     if not records:

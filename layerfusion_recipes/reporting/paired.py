@@ -5,7 +5,8 @@ a budget-matched baseline trained under other ``method_options`` against a fusio
 baseline with its own method options (LoRA at a matched rank) has a setup of its own, though its trials
 train on the same samples (the sample depends on the data, the seed and the trial, never on the
 method or its options). This command pairs such cells by trial: each cell at its own LR selected on
-dev (the one summariser, :func:`~layerfusion_recipes.core.summary.summarize_groups`, through ``layerfusion
+dev (the one summariser, :func:`~layerfusion_recipes.core.results.summary.summarize_groups`, through
+``layerfusion
 plot``'s ``score_groups``), the difference of the score the tables report (test F1; best dev F1 where
 the cell's runs have no test score) per shared trial, mean ± 95% t-CI.
 
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import UserError
-from ..core.stats import paired_mean_ci
-from ..core.tasks import read_task_records
+from ..core.results.stats import paired_mean_ci
+from ..core.sweeps.tasks import read_task_records
 from .plot import format_lr, score_groups
 
 # settings that may differ between paired cells: they change the model, not the sample or the data

@@ -1,6 +1,6 @@
 """``layerfusion plot``: paper-style figures and a markdown table from a results file.
 
-The score is the records' metric (:func:`~layerfusion_recipes.core.selection.record_metric`):
+The score is the records' metric (:func:`~layerfusion_recipes.core.results.selection.record_metric`):
 seqeval micro-F1 for NER (``F1`` below), accuracy (and macro-F1 beside it) for ``classify``.
 
 * ``f1_vs_shots.png`` (``accuracy_vs_shots.png``...): per method, the reported score (test score
@@ -23,7 +23,7 @@ and regimes as the registry labels them (:func:`method_label`: "last layer (plai
 "DWAtt"; :func:`regime_label`: "frozen encoder"), puts one legend beside its panels, clips CI bands to
 [0, 100] and labels its y axis with the score it shows.
 
-LR selection: :mod:`layerfusion_recipes.core.selection`.
+LR selection: :mod:`layerfusion_recipes.core.results.selection`.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ from typing import Any
 from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
-from ..core.cells import FULL_TRAIN, shots_size
-from ..core.models import METHOD_NAMES, PLAIN_HEAD
-from ..core.names import METHOD_LABELS, REGIME_LABELS
-from ..core.selection import cell_of, dev_score, record_metric, test_score
-from ..core.stats import excludes_zero
-from ..core.summary import GroupSummary, Layout, paired_by_trial, summarize_groups
-from ..core.tasks import read_task_records, sweep_task
+from ..core.models.models import METHOD_NAMES, PLAIN_HEAD
+from ..core.options.names import METHOD_LABELS, REGIME_LABELS
+from ..core.results.cells import FULL_TRAIN, shots_size
+from ..core.results.selection import cell_of, dev_score, record_metric, test_score
+from ..core.results.stats import excludes_zero
+from ..core.results.summary import GroupSummary, Layout, paired_by_trial, summarize_groups
+from ..core.sweeps.tasks import read_task_records, sweep_task
 
 GROUP = ("regime", "epochs", "shots", "method")
 
@@ -85,7 +85,7 @@ def metric_named(metric: str) -> Metric:
 
 def record_metrics(records: Sequence[dict[str, Any]]) -> list[str]:
     """The metrics the records hold, the selecting one first: their ``metrics`` field (``classify``),
-    else their :func:`~layerfusion_recipes.core.selection.record_metric` (NER: ``["f1"]``).
+    else their :func:`~layerfusion_recipes.core.results.selection.record_metric` (NER: ``["f1"]``).
 
     Example:
         >>> record_metrics([{"metric": "accuracy", "metrics": ["accuracy", "macro_f1"]}])
@@ -117,7 +117,8 @@ def method_rank(method: str) -> tuple[int, str]:
 
 
 def method_label(method: str) -> str:
-    """The name of a method in figures (:data:`~layerfusion_recipes.core.names.METHOD_LABELS`, from the
+    """The name of a method in figures (:data:`~layerfusion_recipes.core.options.names.METHOD_LABELS`, from
+    the
     registry); an unknown one as it is.
 
     Example:
@@ -128,7 +129,7 @@ def method_label(method: str) -> str:
 
 
 def regime_label(regime: str) -> str:
-    """The name of a regime in figures (:data:`~layerfusion_recipes.core.names.REGIME_LABELS`).
+    """The name of a regime in figures (:data:`~layerfusion_recipes.core.options.names.REGIME_LABELS`).
 
     Example:
         >>> regime_label("fe")
@@ -141,7 +142,7 @@ def score_groups(
     records: Sequence[dict[str, Any]], metric: Callable[[dict[str, Any]], str] = record_metric
 ) -> dict[tuple, GroupSummary]:
     """The records' cells through the one summariser
-    (:func:`~layerfusion_recipes.core.summary.summarize_groups`): setting (setup, regime, epochs,
+    (:func:`~layerfusion_recipes.core.results.summary.summarize_groups`): setting (setup, regime, epochs,
     shots) and method, each cell's LR selected on its records' own dev metric; at it the metrics
     ``"dev"`` (best dev score) and ``"test"`` (test score at that epoch, ``None`` without one) in
     points, in ``metric(record)`` (default: the record's own).
@@ -194,7 +195,8 @@ def summarize(records: Sequence[dict[str, Any]], metric: str | None = None) -> l
 
 
 def _row(group: GroupSummary, metric: str | None) -> dict[str, Any]:
-    """The :func:`summarize` row of a cell's :class:`~layerfusion_recipes.core.summary.GroupSummary`."""
+    """The :func:`summarize` row of a cell's
+    :class:`~layerfusion_recipes.core.results.summary.GroupSummary`."""
     selecting = record_metric(next(iter(group.runs.values())))
     own = metric or selecting
     score = "test" if group.stats["test"] is not None else "dev"
@@ -727,7 +729,7 @@ PAIRS = method_pairs()
 def paired_differences(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict]:
     """Per cell and pair of methods: the per-trial differences of the reported score, each method at
     its own dev-selected LR (trials share their sample across methods, so the pair is matched;
-    :func:`~layerfusion_recipes.core.summary.paired_by_trial`).
+    :func:`~layerfusion_recipes.core.results.summary.paired_by_trial`).
 
     Returns rows ``{setup, regime, epochs, shots, pair, mean, ci, n}`` (points; mean ± 95% t-CI).
 

@@ -1,9 +1,11 @@
-"""Writes :mod:`layerfusion_recipes.core.names`, the registry's names and labels as plain data, so that the
+"""Writes :mod:`layerfusion_recipes.core.options.names`, the registry's names and labels as plain data, so
+that the
 command line checks method and regime names and prints ``layerfusion methods`` without importing
 torch, transformers or peft.
 
 The registry (:data:`~peft_layerfusion.registration.METHODS`, the regimes of
-:mod:`peft_layerfusion.comparison.regimes`) stays the one source of truth: ``core/names.py`` is generated
+:mod:`peft_layerfusion.comparison.regimes`) stays the one source of truth: ``core/options/names.py`` is
+generated
 from it by ``python -m layerfusion_recipes.reporting.registry_names`` and never edited by hand;
 tests/recipes/reporting/test_methods_command.py fails while it differs from :func:`names_source`.
 """
@@ -24,7 +26,7 @@ from peft_layerfusion.comparison.regimes import (
 )
 from peft_layerfusion.registration import BASELINE_TYPES, METHODS, Method
 
-from ..core import names
+from ..core.options import names
 
 PLAIN_HEAD = METHOD_NAMES[0]
 HEADER = '''"""The registry's names and labels as plain data (standard library only), for the command line.
@@ -67,7 +69,7 @@ def method_rows() -> tuple[tuple[str, ...], ...]:
 
 
 def registry_names() -> dict[str, Any]:
-    """What :mod:`layerfusion_recipes.core.names` holds, read from the registry."""
+    """What :mod:`layerfusion_recipes.core.options.names` holds, read from the registry."""
     return {
         "PLAIN_HEAD": PLAIN_HEAD,
         "METHOD_NAMES": tuple(METHOD_NAMES),
@@ -93,13 +95,13 @@ def _literal(value: Any, indent: str = "") -> str:
 
 
 def names_source() -> str:
-    """The text ``core/names.py`` must have: :func:`registry_names` as Python source."""
+    """The text ``core/options/names.py`` must have: :func:`registry_names` as Python source."""
     body = "".join(f"{name} = {_literal(value)}\n" for name, value in registry_names().items())
     return f"{HEADER}\n{body}"
 
 
 def main() -> int:
-    """Write ``core/names.py`` (``--check``: exit 1 when it is out of date instead)."""
+    """Write ``core/options/names.py`` (``--check``: exit 1 when it is out of date instead)."""
     path = Path(names.__file__)
     current = path.read_text(encoding="utf-8") == names_source()
     if "--check" in sys.argv[1:]:

@@ -52,8 +52,8 @@ from typing import Any
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.errors import UserError
-from ..core.true_few_shot import summaries_markdown as true_few_shot_tables
-from ..core.true_few_shot import summary_markdown as true_few_shot_markdown
+from ..core.sweeps.true_few_shot import summaries_markdown as true_few_shot_tables
+from ..core.sweeps.true_few_shot import summary_markdown as true_few_shot_markdown
 from .markdown import Block, MarkerError, Params, block_error
 from .summaries import (
     SUMMARIES,

@@ -54,11 +54,11 @@ from typing import Any
 
 from peft_layerfusion.utils import atomic_write_text
 
-from ..core.cache_files import path_fingerprint
-from ..core.cells import shots_size
-from ..core.selection import record_metric
-from ..core.stats import mean_ci
-from ..core.sweep_log import SweepTotals
+from ..core.cache.cache_files import path_fingerprint
+from ..core.results.cells import shots_size
+from ..core.results.selection import record_metric
+from ..core.results.stats import mean_ci
+from ..core.sweeps.sweep_log import SweepTotals
 from .best_layer import BEST_LAYER, best_layer_cells, difference
 from .layers import layer_runs, selected_kind
 from .markdown import duration, listed, memory
@@ -185,7 +185,7 @@ def common_settings(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], 
 
 def cost_text(runs: int, totals: SweepTotals | None) -> str:
     """What ``runs`` runs cost, from their logged sweeps
-    (:func:`~layerfusion_recipes.core.sweep_log.sweep_totals`).
+    (:func:`~layerfusion_recipes.core.sweeps.sweep_log.sweep_totals`).
 
     Example:
         >>> cost_text(12, None)
@@ -208,7 +208,8 @@ def cost_text(runs: int, totals: SweepTotals | None) -> str:
 
 
 def _method_entry(group: Any, others: Mapping[str, Any]) -> dict[str, Any]:
-    """A method's entry of a cell from its :class:`~layerfusion_recipes.core.summary.GroupSummary` (and
+    """A method's entry of a cell from its :class:`~layerfusion_recipes.core.results.summary.GroupSummary`
+    (and
     the same group in each further metric)."""
     trials, lrs = list(group.values["test"]), group.lrs
     entry: dict[str, Any] = {

@@ -3,7 +3,7 @@ summary table (with ``figures``: ``table.md`` and the figures written to the out
 probes' tables, each method against the best single layer chosen on dev, the results file and the best
 layers; and its ``summary.json`` (:func:`~layerfusion_recipes.reporting.summaries.sweep_summary`) in the
 output folder. The tasks pass :func:`print_sweep_report` to
-:func:`~layerfusion_recipes.core.sweep.run_sweep` (the core does not import the reporting)."""
+:func:`~layerfusion_recipes.core.sweeps.sweep.run_sweep` (the core does not import the reporting)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..core.options import PROBE_TOP
-from ..core.probes import probes_path
-from ..core.sweep_log import read_sweep_log, sweep_totals
+from ..core.options.options import PROBE_TOP
+from ..core.probes.probes import probes_path
+from ..core.sweeps.sweep_log import read_sweep_log, sweep_totals
 from .best_layer import best_layer_section
 from .layers import best_layers_lines, layers_markdown, write_layer_report
 from .plot import markdown_table, summarize, write_report
@@ -24,8 +24,8 @@ def sweep_commands(results: str | Path) -> list[str]:
     """The command lines of the sweeps logged beside ``results`` (``sweeps.jsonl``), each once, in order.
 
     Example:
-        >>> from layerfusion_recipes.core.records import append_line
-        >>> from layerfusion_recipes.core.sweep_log import sweep_log_path
+        >>> from layerfusion_recipes.core.results.records import append_line
+        >>> from layerfusion_recipes.core.sweeps.sweep_log import sweep_log_path
         >>> for first in ("/x/bin/layerfusion", "layerfusion"):  # the same command twice
         ...     append_line(sweep_log_path("out/results.jsonl"), {"argv": [first, "ner", "--shots", "8"]})
         >>> sweep_commands("out/results.jsonl")

@@ -56,12 +56,12 @@ from torch import nn
 
 from peft_layerfusion.utils import atomic_write_json
 
-from ..core.loop import TrainingLoop
-from ..core.models import peft_alias_quiet
-from ..core.options import check_names
-from ..core.records import finished_records, run_or_resume
-from ..core.selection import best_on_dev, select_then_repeat
-from ..core.summary import Layout, fields, paired_by_trial, summarize_groups
+from ..core.engine.loop import TrainingLoop
+from ..core.models.models import peft_alias_quiet
+from ..core.options.options import check_names
+from ..core.results.records import finished_records, run_or_resume
+from ..core.results.selection import best_on_dev, select_then_repeat
+from ..core.results.summary import Layout, fields, paired_by_trial, summarize_groups
 from ..data.readers import read_text
 from .records import RESULTS_FILE, SUMMARY_FILE, comparison_setup, run_key
 from .settings import Seq2SeqSettings
@@ -259,7 +259,7 @@ def with_method(model: nn.Module, method: str) -> nn.Module:
 # ----------------------------------------------------------------------------- train / evaluate
 def train(model: nn.Module, epoch_pairs: Callable[[int], list], settings: Seq2SeqSettings) -> float:
     """AdamW (weight decay 0.01) with linear warm-up then linear decay to zero, gradients clipped to
-    norm 1 (:class:`~layerfusion_recipes.core.loop.TrainingLoop`); ``epoch_pairs(epoch)`` gives each
+    norm 1 (:class:`~layerfusion_recipes.core.engine.loop.TrainingLoop`); ``epoch_pairs(epoch)`` gives each
     epoch's (freshly corrupted) pairs. Returns the last epoch's mean loss."""
     steps = settings.epochs * -(-len(epoch_pairs(0)) // settings.batch_size)
     groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": settings.learning_rate}]
@@ -458,7 +458,7 @@ def run_comparison(
     With more than one learning rate, each method is trained at each on the first seed and
     the one with the best dev exact match is used for all seeds (its first-seed run is one
     of the trials: selection never looks at test;
-    :func:`~layerfusion_recipes.core.selection.select_then_repeat`).
+    :func:`~layerfusion_recipes.core.results.selection.select_then_repeat`).
     A run whose key (:func:`~layerfusion_recipes.seq2seq.records.run_key` with ``setup``) is in
     ``finished`` is reused, so an interrupted comparison resumes; a new one is appended to ``results``.
 
@@ -470,7 +470,7 @@ def run_comparison(
         results: The results file each new run is appended to (``None``: kept in memory only).
         setup: The comparison's fingerprint (:func:`~layerfusion_recipes.seq2seq.records.comparison_setup`).
         finished: The runs finished earlier by key
-            (:func:`~layerfusion_recipes.core.records.finished_records`); the new ones are added.
+            (:func:`~layerfusion_recipes.core.results.records.finished_records`); the new ones are added.
 
     Returns:
         ``runs`` (the record of every run the comparison used, in the order it asked for them),
@@ -536,7 +536,8 @@ SEQ2SEQ_LAYOUT = Layout(trial="seed", lr="learning_rate", metrics=fields(*METRIC
 def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[str], reference: str = PLAIN_MODEL) -> list:
     """Per method: mean and 95% t half-width over seeds of each test metric, and of the paired
     per-seed differences to ``reference`` (seeds both have), as ``[mean, half_width]`` (the one
-    summariser, :func:`~layerfusion_recipes.core.summary.summarize_groups`, with :data:`SEQ2SEQ_LAYOUT`).
+    summariser, :func:`~layerfusion_recipes.core.results.summary.summarize_groups`, with
+    :data:`SEQ2SEQ_LAYOUT`).
 
     Args:
         runs: The runs at each method's selected learning rate (one per method and seed).

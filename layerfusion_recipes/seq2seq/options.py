@@ -8,7 +8,7 @@ import pathlib
 from dataclasses import asdict
 
 from ..core.errors import DataSourceError, UserError
-from ..core.options import learning_rate, positive_int
+from ..core.options.options import learning_rate, positive_int
 from .settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
 HELP = "Sentence denoising: vanilla vs EncoderFusion vs SurfaceFusion (hard, soft)."

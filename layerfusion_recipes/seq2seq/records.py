@@ -1,5 +1,5 @@
 """The records of ``layerfusion seq2seq``: one per finished (method, seed, learning rate) run, in
-``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.core.records`).
+``OUTPUT/results.jsonl`` (:mod:`layerfusion_recipes.core.results.records`).
 
 Key (:func:`run_key`): ``METHOD|SEED|lr=LR|SETUP``, ``SETUP`` the fingerprint of the comparison's
 settings (every option but the seed and the learning rate) and its training and test files
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.cells import defaults_suffix
-from ..core.records import fingerprint, unit_key
+from ..core.results.cells import defaults_suffix
+from ..core.results.records import fingerprint, unit_key
 from .variants import variant_key
 
 RESULTS_FILE = "results.jsonl"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.cache_files import path_fingerprint
-from ..core.grids import FULL_TRAIN
+from ..core.cache.cache_files import path_fingerprint
+from ..core.options.grids import FULL_TRAIN
 from ..reporting.markdown import duration, memory
 from ..reporting.summaries import source_name
 from .experiment import METHOD_NAMES, METRICS

@@ -14,8 +14,8 @@ from peft_layerfusion import EncoderFusionConfig, SurfaceFusionConfig
 from peft_layerfusion.config import LayerFusionConfig
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
-from ..core.cells import config_defaults
-from ..core.records import fingerprint
+from ..core.results.cells import config_defaults
+from ..core.results.records import fingerprint
 
 PLAIN_MODEL = "vanilla"  # the model alone, no fusion method
 # The compared variants of a seq2seq method of the registry, by its config class: run name -> options.
@@ -48,7 +48,7 @@ def method_configs() -> dict[str, Callable[[], LayerFusionConfig] | None]:
 
 def variant_options(name: str) -> dict[str, Any] | None:
     """The options the config of the compared model ``name`` is built with: its class's defaults
-    (:func:`~layerfusion_recipes.core.cells.config_defaults`), the variant's own over them; ``None``
+    (:func:`~layerfusion_recipes.core.results.cells.config_defaults`), the variant's own over them; ``None``
     for the plain model or a name not compared.
 
     Example:

@@ -11,9 +11,9 @@ import pytest
 from conftest import write_tiny_model, write_toy_data
 
 from layerfusion_recipes.cli import COMMANDS, build_parser, main
-from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log
+from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
 from layerfusion_recipes.ner.experiment import Experiment
 
 RECIPES = tuple(COMMANDS)

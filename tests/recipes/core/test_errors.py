@@ -96,7 +96,7 @@ def test_user_error_message_is_one_line(capsys):
 
 
 def test_sweep_worker_with_bad_data_fails_its_cell_instead_of_respawning(tmp_path, monkeypatch):
-    from layerfusion_recipes.core import sweep
+    from layerfusion_recipes.core.sweeps import sweep
     from layerfusion_recipes.ner.experiment import Cell, ExperimentSettings
 
     monkeypatch.setattr(sweep, "_WORKER", None)

@@ -1,4 +1,4 @@
-"""``core.experiment``: what every task's experiment shares (here: each run's model is freed before
+"""``core.engine.experiment``: what every task's experiment shares (here: each run's model is freed before
 the next one is built)."""
 
 from __future__ import annotations

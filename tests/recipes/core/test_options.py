@@ -8,9 +8,9 @@ import pytest
 
 from layerfusion_recipes.classify.experiment import ClassifySettings
 from layerfusion_recipes.cli import build_parser
-from layerfusion_recipes.core.experiment import TaskSettings
-from layerfusion_recipes.core.feature_cache import storage_dtype
-from layerfusion_recipes.core.options import CACHE_DTYPES, DEFAULT_CACHE_DTYPE, check_cache_dtype
+from layerfusion_recipes.core.cache.feature_cache import storage_dtype
+from layerfusion_recipes.core.engine.experiment import TaskSettings
+from layerfusion_recipes.core.options.options import CACHE_DTYPES, DEFAULT_CACHE_DTYPE, check_cache_dtype
 from layerfusion_recipes.ner.experiment import ExperimentSettings
 from layerfusion_recipes.ner.settings import resolve
 

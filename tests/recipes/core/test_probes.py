@@ -1,4 +1,5 @@
-"""Layer probes (core/probes.py): the probe of layer n is the library's cross-validated logistic probe on
+"""Layer probes (core/probes/probes.py): the probe of layer n is the library's cross-validated logistic probe
+on
 block n's output (``output_hidden_states[n]``, before the final norm on a pre-norm decoder; as it is, or
 divided by its RMS per position) at the positions the task reads (classify: its pooled token, on a
 post-norm encoder and a pre-norm decoder; NER: the labelled first sub-words, a sentence's words in one
@@ -14,10 +15,10 @@ from seqeval.metrics import f1_score
 from transformers import AutoModel
 
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
-from layerfusion_recipes.core import probes
 from layerfusion_recipes.core.batches import IGNORE_INDEX
-from layerfusion_recipes.core.probes import probe_records, probes_path, run_probes
-from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.probes import probes
+from layerfusion_recipes.core.probes.probes import probe_records, probes_path, run_probes
+from layerfusion_recipes.core.results.records import read_records
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from peft_layerfusion import cross_validated_probe
 from peft_layerfusion.probing import FOLDS, probe_accuracy

@@ -8,8 +8,8 @@ import argparse
 
 import pytest
 
-from layerfusion_recipes.core.cells import config_defaults, defaults_key
-from layerfusion_recipes.core.records import fingerprint
+from layerfusion_recipes.core.results.cells import config_defaults, defaults_key
+from layerfusion_recipes.core.results.records import fingerprint
 from layerfusion_recipes.mlm.options import add_arguments as add_mlm_arguments
 from layerfusion_recipes.mlm.records import run_key as mlm_run_key
 from layerfusion_recipes.mlm.settings import MlmSettings

@@ -1,4 +1,5 @@
-"""The true few-shot protocol (core/true_few_shot.py) end to end on tiny random models and toy data: the
+"""The true few-shot protocol (core/sweeps/true_few_shot.py) end to end on tiny random models and toy data:
+the
 rows every method reads equal a recomputation from ``output_hidden_states``, every choice comes from the
 sample (no dev split read), each trial's record and the summary, resume, and the recommended recipe saved
 as one adapter that reloads bitwise."""
@@ -14,8 +15,8 @@ from peft import PeftModel
 
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core import true_few_shot
-from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps import true_few_shot
 from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from peft_layerfusion import few_shot
 

@@ -10,7 +10,7 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from layerfusion_recipes.core.batches import collate
-from layerfusion_recipes.core.runner import labelled_predictions
+from layerfusion_recipes.core.engine.runner import labelled_predictions
 from layerfusion_recipes.data.gold import gold_reach, spread_to_words, word_label_ids
 from layerfusion_recipes.data.readers import NerDataset, NerSentence, encode_ner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings

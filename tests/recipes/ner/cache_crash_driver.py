@@ -29,8 +29,8 @@ import safetensors.torch
 import torch
 from conftest import toy_dataset
 
-import layerfusion_recipes.core.cache_files as files_module
-import layerfusion_recipes.core.feature_cache as cache_module
+import layerfusion_recipes.core.cache.cache_files as files_module
+import layerfusion_recipes.core.cache.feature_cache as cache_module
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 
 CELL = Cell("dwatt", "fe", shots=2, epochs=2, trial=0)

@@ -8,7 +8,7 @@ from conftest import toy_dataset, write_tiny_model
 from torch import nn
 
 from layerfusion_recipes.core.batches import collate
-from layerfusion_recipes.core.feature_cache import (
+from layerfusion_recipes.core.cache.feature_cache import (
     COMPUTED,
     NOTHING,
     FeatureCache,

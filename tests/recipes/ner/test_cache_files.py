@@ -16,9 +16,9 @@ import torch
 from cache_crash_driver import CELL, crash_data, crash_settings
 from conftest import WORDS, toy_dataset, wordpiece_tokenizer, write_tiny_model
 
-from layerfusion_recipes.core import cache_files
-from layerfusion_recipes.core.cache_files import feature_key, remove_stale_temp_files
-from layerfusion_recipes.core.feature_cache import FeatureCache
+from layerfusion_recipes.core.cache import cache_files
+from layerfusion_recipes.core.cache.cache_files import feature_key, remove_stale_temp_files
+from layerfusion_recipes.core.cache.feature_cache import FeatureCache
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.models import load_token_classifier
 from peft_layerfusion.discovery import find_encoder_blocks

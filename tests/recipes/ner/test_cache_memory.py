@@ -15,10 +15,7 @@ import torch
 from conftest import toy_dataset, write_tiny_model
 from torch.nn.utils.rnn import pad_sequence
 
-from layerfusion_recipes.core import experiment as experiment_module
-from layerfusion_recipes.core import fitting
-from layerfusion_recipes.core import runner as runner_module
-from layerfusion_recipes.core.feature_cache import (
+from layerfusion_recipes.core.cache.feature_cache import (
     ALL_POSITIONS,
     FIRST_POSITION,
     LAST_POSITION,
@@ -31,14 +28,17 @@ from layerfusion_recipes.core.feature_cache import (
     padded_inputs,
     resident_limit,
 )
-from layerfusion_recipes.core.memory import release_freed_memory, resident_above, resident_bytes
-from layerfusion_recipes.core.models import PLAIN_HEAD
-from layerfusion_recipes.core.runner import (
+from layerfusion_recipes.core.engine import experiment as experiment_module
+from layerfusion_recipes.core.engine import fitting
+from layerfusion_recipes.core.engine import runner as runner_module
+from layerfusion_recipes.core.engine.runner import (
     labelled_predictions,
     largest_first,
     padded_tokens,
     predict_labelled,
 )
+from layerfusion_recipes.core.memory import release_freed_memory, resident_above, resident_bytes
+from layerfusion_recipes.core.models.models import PLAIN_HEAD
 from layerfusion_recipes.ner.experiment import (
     LABELLED_POSITIONS,
     Cell,
@@ -262,7 +262,7 @@ def test_with_a_directory_the_states_are_served_memory_mapped_from_the_shards(tm
 def test_with_a_directory_the_shards_pages_leave_the_process_every_mapped_bytes_held(
     tmp_path, model_path, monkeypatch
 ):
-    from layerfusion_recipes.core import feature_cache
+    from layerfusion_recipes.core.cache import feature_cache
 
     experiment = _experiment(model_path, "all")
     base = load_token_classifier(model_path, len(experiment.labels), seed=0)
@@ -285,7 +285,7 @@ def test_with_a_directory_the_shards_pages_leave_the_process_every_mapped_bytes_
 
 
 def test_a_fill_writes_a_shard_every_flush_bytes(tmp_path, model_path, monkeypatch):
-    from layerfusion_recipes.core import feature_cache
+    from layerfusion_recipes.core.cache import feature_cache
 
     experiment = _experiment(model_path, "all")
     base = load_token_classifier(model_path, len(experiment.labels), seed=0)
@@ -301,7 +301,7 @@ def test_a_fill_gives_the_heaps_freed_pages_back_after_every_batch(model_path, m
     """Each batch's activations are freed between the states the cache keeps, which pin the heap's
     pages: glibc returns them only when trimmed (13 x 768: the fill's peak RSS, 3.62-3.73 GB in three
     sweeps, 3.56-3.58 GB with the trims; the states 2.32 GB)."""
-    from layerfusion_recipes.core import feature_cache
+    from layerfusion_recipes.core.cache import feature_cache
 
     calls: list[int] = []
     monkeypatch.setattr(feature_cache, "release_freed_memory", lambda: calls.append(1) or True)
@@ -439,8 +439,8 @@ def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
     tmp_path, cli_run, monkeypatch, capsys
 ):
     from layerfusion_recipes.cli import main
-    from layerfusion_recipes.core import sweep
-    from layerfusion_recipes.core.sweep_log import read_sweep_log
+    from layerfusion_recipes.core.sweeps import sweep
+    from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
 
     monkeypatch.setattr(sweep, "available_memory", lambda: 1000)
     assert main(cli_run) == 2

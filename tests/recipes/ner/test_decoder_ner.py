@@ -22,11 +22,11 @@ from transformers import (
 )
 
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core import gemma
 from layerfusion_recipes.core.batches import collate
-from layerfusion_recipes.core.gemma import NamedGGUF
-from layerfusion_recipes.core.models import eval_frozen_subtrees, head_module_names
-from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.models import gemma
+from layerfusion_recipes.core.models.gemma import NamedGGUF
+from layerfusion_recipes.core.models.models import eval_frozen_subtrees, head_module_names
+from layerfusion_recipes.core.results.records import read_records
 from layerfusion_recipes.data.readers import NerSentence, encode_ner, word_separator
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
 from layerfusion_recipes.ner.models import (

@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 
-from layerfusion_recipes.core import experiment as experiment_module
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.selection import select_lr
+from layerfusion_recipes.core.engine import experiment as experiment_module
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.results.selection import select_lr
 from layerfusion_recipes.ner.candidates import StackedRunner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments

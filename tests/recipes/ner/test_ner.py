@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 
-from layerfusion_recipes.core.cells import defaults_key
-from layerfusion_recipes.core.demo import demo_data_path
+from layerfusion_recipes.core.models.demo import demo_data_path
+from layerfusion_recipes.core.results.cells import defaults_key
 from layerfusion_recipes.data.readers import NerSentence
 from layerfusion_recipes.data.sources import load_ner
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, sample_seed

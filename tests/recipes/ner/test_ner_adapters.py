@@ -16,9 +16,9 @@ import yaml
 from conftest import toy_dataset, write_tiny_model, write_toy_data
 
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
-from layerfusion_recipes.core.models import regime_options
-from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.models.models import regime_options
+from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.results.records import read_records
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.ner.models import NER_REGIME_NAMES
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments

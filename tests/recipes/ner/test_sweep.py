@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 
-from layerfusion_recipes.core.records import append_record, finished_keys, read_records
-from layerfusion_recipes.core.sweep import runs_left
+from layerfusion_recipes.core.results.records import append_record, finished_keys, read_records
+from layerfusion_recipes.core.sweeps.sweep import runs_left
 from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
@@ -150,8 +150,8 @@ def test_the_demo_gives_each_method_lrs_on_both_sides_of_its_best():
     """The demo (no --model/--data) trains each method at its own LRs, each grid around that method's
     known best LR, so the LR it selects is not at an edge of its grid; ``--lr`` gives every method the
     same LRs."""
-    from layerfusion_recipes.core.demo import GRID_METHODS
-    from layerfusion_recipes.core.grids import DEMO_AXES
+    from layerfusion_recipes.core.models.demo import GRID_METHODS
+    from layerfusion_recipes.core.options.grids import DEMO_AXES
     from layerfusion_recipes.ner.sweep import planned_runs
 
     parser = argparse.ArgumentParser()

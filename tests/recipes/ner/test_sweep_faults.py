@@ -15,8 +15,8 @@ import time
 import pytest
 from conftest import write_tiny_model, write_toy_data
 
-from layerfusion_recipes.core.records import append_record, read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log
+from layerfusion_recipes.core.results.records import append_record, read_records
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
 from layerfusion_recipes.ner.experiment import ExperimentSettings
 from layerfusion_recipes.ner.sweep import grid_cells, run_cells
 from layerfusion_recipes.reporting.plot import summarize

@@ -13,9 +13,9 @@ from conftest import toy_dataset, write_folders, write_tiny_model
 from seqeval.metrics import f1_score
 
 from layerfusion_recipes.cli import build_parser
-from layerfusion_recipes.core import true_few_shot
-from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.errors import DataSourceError
+from layerfusion_recipes.core.results.cells import Cell
+from layerfusion_recipes.core.sweeps import true_few_shot
 from layerfusion_recipes.data.gold import spread_to_words
 from layerfusion_recipes.data.readers import DataFormatError, read_ner_file
 from layerfusion_recipes.data.sources import NerColumnError, NerColumns, load_ner

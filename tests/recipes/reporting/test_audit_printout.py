@@ -78,7 +78,7 @@ def test_audit_of_a_gguf_file_reads_its_header_and_no_weight(tmp_path, capsys, m
     de-quantised, no float32 copy written; the counts are those of the converted copy."""
     from conftest import write_tiny_llama_gguf
 
-    from layerfusion_recipes.core import gemma
+    from layerfusion_recipes.core.models import gemma
 
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
     monkeypatch.setenv("LAYERFUSION_CACHE", str(tmp_path / "cache"))

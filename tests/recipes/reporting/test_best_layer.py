@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from layerfusion_recipes.core.probes import guarded
+from layerfusion_recipes.core.probes.probes import guarded
 from layerfusion_recipes.reporting.best_layer import (
     BEST_LAYER,
     best_layer_markdown,

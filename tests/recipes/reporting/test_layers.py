@@ -20,13 +20,13 @@ from peft import get_peft_model
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.settings import resolve
 from layerfusion_recipes.cli import build_parser, main
-from layerfusion_recipes.core import probes as core_probes
-from layerfusion_recipes.core import sweep
-from layerfusion_recipes.core.cells import Cell
-from layerfusion_recipes.core.probes import probe_records
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log
-from layerfusion_recipes.core.tasks import read_task_records
+from layerfusion_recipes.core.probes import probes as core_probes
+from layerfusion_recipes.core.probes.probes import probe_records
+from layerfusion_recipes.core.results.cells import Cell
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps import sweep
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
+from layerfusion_recipes.core.sweeps.tasks import read_task_records
 from layerfusion_recipes.reporting import layers as layers_module
 from layerfusion_recipes.reporting.layers import (
     best_layers,

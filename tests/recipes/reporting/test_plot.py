@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from layerfusion_recipes.core.stats import excludes_zero, mean_ci
+from layerfusion_recipes.core.results.stats import excludes_zero, mean_ci
 from layerfusion_recipes.reporting import plot
 from layerfusion_recipes.reporting.plot import (
     cell_text,

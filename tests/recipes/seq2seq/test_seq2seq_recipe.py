@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.records import fingerprint, read_records
+from layerfusion_recipes.core.results.records import fingerprint, read_records
 from layerfusion_recipes.seq2seq import experiment as seq2seq
 from layerfusion_recipes.seq2seq import variants
 from layerfusion_recipes.seq2seq.experiment import (

@@ -38,10 +38,10 @@ from tqdm.auto import tqdm
 from peft_layerfusion import few_shot
 from peft_layerfusion.utils import atomic_write, atomic_write_json, atomic_write_text
 
-from .batches import collate
-from .experiment import FewShotExperiment
-from .records import append_record, read_records
-from .stats import mean_ci, paired_mean_ci
+from ..batches import collate
+from ..engine.experiment import FewShotExperiment
+from ..results.records import append_record, read_records
+from ..results.stats import mean_ci, paired_mean_ci
 from .tasks import check_task
 
 RECOMMENDED = "guarded_ensemble"  # the recipe the project recommends, under its method name
@@ -100,7 +100,8 @@ def head_rows(
     quiet: bool = True,
 ) -> Rows:
     """One forward per batch of ``examples`` with ``output_hidden_states``; the rows the task's head reads
-    (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.probe_inputs`: a pooled token, the mean
+    (:meth:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment.probe_inputs`: a pooled token, the
+    mean
     over the tokens, or every labelled word), every state as an ``rms_after_norm`` fusion hands it on."""
     backbone = backbone_of(model).eval()
     parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []

@@ -3,11 +3,12 @@ test metrics over trials at that LR, and the paired per-trial differences betwee
 
 A *group* is (setting, method): the setting is the cell without its method (NER and ``classify``:
 setup, regime, max epochs, shots; the masked LM: the regime; seq2seq: none). Its runs are one per
-(LR, trial), the first of each (:func:`~layerfusion_recipes.core.selection.runs_by_lr`). Its LR is
+(LR, trial), the first of each (:func:`~layerfusion_recipes.core.results.selection.runs_by_lr`). Its LR is
 the one with the best mean dev score over the trials every LR has, ties to the smaller, NaN last
-(:func:`~layerfusion_recipes.core.selection.select_lr`); runs already at one LR need no dev score.
-At that LR each metric is the mean ± 95% t-CI over trials (:func:`~layerfusion_recipes.core.stats.mean_ci`)
-and two methods of one setting are compared by :func:`~layerfusion_recipes.core.stats.paired_mean_ci`
+(:func:`~layerfusion_recipes.core.results.selection.select_lr`); runs already at one LR need no dev score.
+At that LR each metric is the mean ± 95% t-CI over trials
+(:func:`~layerfusion_recipes.core.results.stats.mean_ci`)
+and two methods of one setting are compared by :func:`~layerfusion_recipes.core.results.stats.paired_mean_ci`
 over the trials both have. The tasks' summaries are thin adapters: ``layerfusion plot``'s
 ``summarize`` and ``paired_differences``, ``layerfusion mlm``'s ``summarize`` (one grid) and
 ``layerfusion seq2seq``'s (methods over seeds, paired to the plain model).
@@ -87,7 +88,7 @@ class GroupSummary:
         setting: The group's setting (:attr:`Layout.setting`).
         method: Its method.
         selection: The LR selected, the grid (ascending), the mean dev score per LR and the trials
-            it averaged over (:class:`~layerfusion_recipes.core.selection.Selection`).
+            it averaged over (:class:`~layerfusion_recipes.core.results.selection.Selection`).
         runs: The runs at the selected LR by trial, in record order.
         values: Per metric, each trial's value at the selected LR (what :func:`paired_by_trial` pairs).
         stats: Per metric, mean ± CI over those trials (``None`` where one has no value).
@@ -129,7 +130,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 
 def _mean_ci(values: Sequence[float | None]) -> MeanCI | None:
-    """:func:`~layerfusion_recipes.core.stats.mean_ci` of ``values`` with their count; ``None`` when
+    """:func:`~layerfusion_recipes.core.results.stats.mean_ci` of ``values`` with their count; ``None`` when
     one is missing or there are none."""
     if not values or any(v is None for v in values):
         return None
@@ -184,7 +185,8 @@ def summarize_groups(records: Sequence[Record], layout: Layout) -> dict[tuple, G
 
 
 class Paired(NamedTuple):
-    """``first - second`` in one setting: their :class:`~layerfusion_recipes.core.stats.PairedDifference`."""
+    """``first - second`` in one setting: their
+    :class:`~layerfusion_recipes.core.results.stats.PairedDifference`."""
 
     setting: Hashable
     first: str
@@ -199,7 +201,7 @@ def paired_by_trial(
 ) -> list[Paired]:
     """Per setting (in the groups' order) and pair ``(first, second)`` of methods that both have it:
     the per-trial differences of ``metric`` at each method's own selected LR, mean ± 95% t-CI over the
-    trials both have (:func:`~layerfusion_recipes.core.stats.paired_mean_ci`).
+    trials both have (:func:`~layerfusion_recipes.core.results.stats.paired_mean_ci`).
 
     Args:
         groups: :func:`summarize_groups`'s.

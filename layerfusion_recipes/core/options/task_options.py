@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import DataSourceError
+from ..errors import DataSourceError
 from .grids import DEFAULT_LR_GRIDS, describe_demo_lrs, describe_lr_grids
 from .locations import check_model, check_source
 from .names import METHOD_NAMES

@@ -2,7 +2,8 @@
 
 ``ner`` (``layerfusion ner`` and ``sweep``), ``classify``, ``mlm`` and ``seq2seq`` each write their own
 records; each has its own default output folder
-(:func:`~layerfusion_recipes.core.options.default_output`), and a results file holds one task's records:
+(:func:`~layerfusion_recipes.core.options.options.default_output`), and a results file holds one task's
+records:
 a command refuses a file that holds another task's (:func:`check_task`), in one line naming the file,
 the task found there and its own. A sweep's record says its task (``task``); the masked LM's and
 seq2seq's, single runs of a shape of their own, are told by it (:func:`record_task`).
@@ -15,9 +16,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .errors import UserError
-from .probes import current_probes, current_runs, probes_path
-from .records import read_records
+from ..errors import UserError
+from ..probes.probes import current_probes, current_runs, probes_path
+from ..results.records import read_records
 
 # the tasks whose records are no grid's cells (each has a record shape and a block of RESULTS.md of its
 # own); every other task is a sweep over core's grid (ner, classify, a new one): `layerfusion plot`
@@ -122,8 +123,8 @@ def readable(record: dict[str, Any]) -> bool:
 def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a results file that its task can read (:func:`readable`), one per key, a
     probe-guided run only from the block its trial's probes (the probes file beside) start it on now
-    (:func:`~layerfusion_recipes.core.probes.current_runs`); every other line is skipped and said in
-    one warning line (:func:`~layerfusion_recipes.core.records.read_lines`).
+    (:func:`~layerfusion_recipes.core.probes.probes.current_runs`); every other line is skipped and said in
+    one warning line (:func:`~layerfusion_recipes.core.results.records.read_lines`).
 
     Example:
         >>> len(read_task_records(sweep_results))  # 4 methods x 2 LRs x 3 trials
@@ -135,10 +136,10 @@ def read_task_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def read_task_probes(path: str | os.PathLike, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The layer probes beside the results file ``path`` that a report of its ``runs`` reads
-    (:func:`~layerfusion_recipes.core.probes.current_probes`: none of a setup the runs lack).
+    (:func:`~layerfusion_recipes.core.probes.probes.current_probes`: none of a setup the runs lack).
 
     Example:
-        >>> from layerfusion_recipes.core.records import append_record
+        >>> from layerfusion_recipes.core.results.records import append_record
         >>> stale = {**probe_records[0], "key": "probe|stale", "setup": "0dd5e7b0a1c2"}  # of an older setup
         >>> append_record("sweep/results.probes.jsonl", stale)
         True

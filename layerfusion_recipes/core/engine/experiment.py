@@ -14,7 +14,8 @@ of a run. Its settings derive from :class:`TaskSettings` (the fields that change
 of every record key).
 
 Learning rates: a cell trains every LR of its regime's grid (``lr`` values, else
-:data:`~layerfusion_recipes.core.grids.DEFAULT_LR_GRIDS`); :mod:`layerfusion_recipes.core.selection`
+:data:`~layerfusion_recipes.core.options.grids.DEFAULT_LR_GRIDS`);
+:mod:`layerfusion_recipes.core.results.selection`
 picks the LR per cell on dev.
 """
 
@@ -36,10 +37,8 @@ from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
 from peft_layerfusion.registration import METHODS
 
-from .cache_files import path_fingerprint
-from .cells import Cell, lrs_train_together, reads_head_positions_only, record_key
-from .errors import UserError
-from .feature_cache import (
+from ..cache.cache_files import path_fingerprint
+from ..cache.feature_cache import (
     ALL_POSITIONS,
     CachePlan,
     FeatureCache,
@@ -48,12 +47,9 @@ from .feature_cache import (
     candidates_per_pass,
     plan_cache,
 )
-from .fitting import RunResult, TrainSettings, fit
-from .grids import DEFAULT_LR_GRIDS, EVERY_EPOCH, FE_DEFAULT_LR, FT_DEFAULT_LR, lr_grid
-from .locations import check_model
-from .loop import restore, snapshot
-from .memory import collect_garbage
-from .models import (
+from ..errors import UserError
+from ..memory import collect_garbage
+from ..models.models import (
     adapter_summary,
     apply_regime,
     check_head_modules,
@@ -61,9 +57,14 @@ from .models import (
     regime_options,
     trainable_parameters,
 )
-from .options import DEFAULT_CACHE_DTYPE, check_cache_dtype
-from .probes import PROBE_SETTINGS
-from .records import fingerprint
+from ..options.grids import DEFAULT_LR_GRIDS, EVERY_EPOCH, FE_DEFAULT_LR, FT_DEFAULT_LR, lr_grid
+from ..options.locations import check_model
+from ..options.options import DEFAULT_CACHE_DTYPE, check_cache_dtype
+from ..probes.probes import PROBE_SETTINGS
+from ..results.cells import Cell, lrs_train_together, reads_head_positions_only, record_key
+from ..results.records import fingerprint
+from .fitting import RunResult, TrainSettings, fit
+from .loop import restore, snapshot
 from .runner import (
     Runner,
     Scorer,
@@ -96,7 +97,7 @@ class TaskSettings:
         data: Dataset directory, file, or Hub name.
         max_length: Tokenizer max length.
         lr: Max LR, or several (LR selection on dev), or a mapping ``{method: LRs}`` giving each method
-            its own (the demo's, :data:`~layerfusion_recipes.core.grids.DEMO_AXES`; a method it leaves
+            its own (the demo's, :data:`~layerfusion_recipes.core.options.grids.DEMO_AXES`; a method it leaves
             out: the regime's default grid); ``None``: the regime's :data:`DEFAULT_LR_GRIDS` in a
             sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
         batch_size: Training batch size.
@@ -107,7 +108,7 @@ class TaskSettings:
         head_modules: Modules of the head that train with the fusion (``modules_to_save``).
         method_options: Extra options of the regimes and fusion configs (e.g. ``lora_r``, ``d_pos``);
             ``adapter_reduction_factor`` sizes the AdapterHub regimes and reaches only them
-            (:func:`~layerfusion_recipes.core.models.regime_options`).
+            (:func:`~layerfusion_recipes.core.models.models.regime_options`).
         dev_limit: Evaluate on at most this many dev examples (``None``: all).
         test_limit: Score at most this many test examples (``None``: all).
         fixed_sample: Every trial trains on trial 0's sample (only init and order change).
@@ -118,32 +119,33 @@ class TaskSettings:
             those the task's head reads, :meth:`FewShotExperiment.head_positions`; every cached method
             must read no other: :func:`cache_positions_for`). The same records either way.
         train_memory: GB the training state of a cell's stacked LR candidates may hold (20 B per
-            trainable parameter of each: :func:`~layerfusion_recipes.core.feature_cache.candidates_per_pass`);
+            trainable parameter of each:
+            :func:`~layerfusion_recipes.core.cache.feature_cache.candidates_per_pass`);
             the LRs train in several passes of fewer candidates when all of them would hold more.
             ``None``: one pass of all. The same records either way (not part of the setup). With
             it, the heap's freed pages are given back after every training step and evaluation batch.
         resident_limit: Resident bytes above which a run gives the heap's freed pages back after a
-            training step or evaluation batch (:class:`~layerfusion_recipes.core.fitting.TrainSettings`
+            training step or evaluation batch (:class:`~layerfusion_recipes.core.engine.fitting.TrainSettings`
             ``release_above``): set by a sweep to what its memory line says one process holds
-            (:func:`~layerfusion_recipes.core.feature_cache.resident_limit`); ``None``: only after every
+            (:func:`~layerfusion_recipes.core.cache.feature_cache.resident_limit`); ``None``: only after every
             epoch and evaluation. The same records either way (not part of the setup).
         probe_start: Start each trial's fusion of a method with a ``start_layer`` option one-hot on the
             block whose probe scored best on dev in that trial (``--probe-start``); part of the setup
-            with the probes' settings (:data:`~layerfusion_recipes.core.probes.PROBE_SETTINGS`).
+            with the probes' settings (:data:`~layerfusion_recipes.core.probes.probes.PROBE_SETTINGS`).
         probe_starts: ``{(shots, epochs, trial): block}``, set by a sweep from its probes
-            (:func:`~layerfusion_recipes.core.probes.probe_starts`) before the runs; ``None`` before.
+            (:func:`~layerfusion_recipes.core.probes.probes.probe_starts`) before the runs; ``None`` before.
         probe_fuse: Fuse each trial's ``K`` best probed blocks (``--probe-fuse K``: the blocks whose
             probes scored best on dev in that trial, as ``layers``) in every method with a ``layers``
             option; part of the setup with the probes' settings. ``None``: the method's own layers.
         probe_ranks: ``{(shots, epochs, trial): blocks}``, best first, set by a sweep from its probes
-            (:func:`~layerfusion_recipes.core.probes.probe_ranks`) before the runs; ``None`` before.
+            (:func:`~layerfusion_recipes.core.probes.probes.probe_ranks`) before the runs; ``None`` before.
     """
 
     # the fields that change a result, hence part of every record key (each task names its own)
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = ()
     # the name of ``cache_positions`` that keeps only the positions the task's head reads
     READ_POSITIONS: ClassVar[str] = "read"
-    # the task's name: its records say it (a results file holds one task's: core.tasks.check_task)
+    # the task's name: its records say it (a results file holds one task's: core.sweeps.tasks.check_task)
     TASK: ClassVar[str] = ""
 
     model: str
@@ -295,7 +297,7 @@ class TaskSettings:
 
     def content_fingerprints(self) -> dict[str, str]:
         """``{"model": ..., "data": ...}``: the content fingerprints of the paths of ``model`` and
-        ``data`` that exist here (:func:`~layerfusion_recipes.core.cache_files.path_fingerprint`, read
+        ``data`` that exist here (:func:`~layerfusion_recipes.core.cache.cache_files.path_fingerprint`, read
         again on every call: a file is hashed again only once its size or time changed); a Hub name
         has none.
 
@@ -337,7 +339,8 @@ class FewShotExperiment:
     def _prepare(self, settings: TaskSettings, data: Any, labels: Sequence[str]) -> None:
         """What a task's ``__init__`` sets first: the settings, the data (with its ``name``), the
         label names and their ids ``0..C-1``, the tokenizer (a model that cannot load, e.g. a grid
-        file's, is said in one line first: :func:`~layerfusion_recipes.core.locations.check_model`)."""
+        file's, is said in one line first:
+        :func:`~layerfusion_recipes.core.options.locations.check_model`)."""
         self.settings, self.data, self.data_name = settings, data, data.name
         self.labels = list(labels)
         self.label2id = {label: i for i, label in enumerate(self.labels)}
@@ -369,14 +372,14 @@ class FewShotExperiment:
         raise NotImplementedError
 
     def scorer_of(self, features: Sequence[dict]) -> Scorer:
-        """The :class:`~layerfusion_recipes.core.fitting.Scorer` of a split's examples."""
+        """The :class:`~layerfusion_recipes.core.engine.fitting.Scorer` of a split's examples."""
         raise NotImplementedError
 
     def runner(self, model: nn.Module, located, cache, count: int | None = None) -> Runner:
         """A runner of ``model`` (a stacked one of ``count`` candidates when given)."""
         raise NotImplementedError
 
-    # the true few-shot protocol (core.true_few_shot): the metric's name, per unit and on test
+    # the true few-shot protocol (core.sweeps.true_few_shot): the metric's name, per unit and on test
     metric_name: str = ""
 
     def unit_scorer(self, sample: Sequence[dict], labels: torch.Tensor, example: torch.Tensor) -> Any:
@@ -399,7 +402,7 @@ class FewShotExperiment:
     def probe_inputs(
         self, states: torch.Tensor, batch: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the layer probes (:mod:`~layerfusion_recipes.core.probes`) read of a batch: the block
+        """What the layer probes (:mod:`~layerfusion_recipes.core.probes.probes`) read of a batch: the block
         outputs ``(L, batch, seq, d)`` at the positions the task's head reads, ``(read, L, d)``, and
         their labels ``(read,)``, in the order the task's scorer takes its predictions."""
         raise NotImplementedError
@@ -447,7 +450,7 @@ class FewShotExperiment:
         its weights leave memory, and the runs replay the cache alone.
 
         Example:
-            >>> from layerfusion_recipes.core.cells import grid_cells
+            >>> from layerfusion_recipes.core.results.cells import grid_cells
             >>> experiment.prefill_cache(grid_cells(grid))  # then experiment.run(...) for each cell
             >>> len(experiment.cache()), experiment.cache().base_model is None  # sentences; encoder gone
             (36, True)
@@ -465,7 +468,7 @@ class FewShotExperiment:
         test sets and every training sample of the cells that replay it (``None``: none does).
 
         Example:
-            >>> from layerfusion_recipes.core.cells import grid_cells
+            >>> from layerfusion_recipes.core.results.cells import grid_cells
             >>> plan = experiment.cache_plan(grid_cells(grid))  # dev, test, 2 trials' samples of 2 x 3
             >>> print(plan.describe())
             feature cache: 36 sentences, 329 all positions x 3 blocks x 32 x 4 B (float32) = 0.00 GB,
@@ -523,10 +526,10 @@ class FewShotExperiment:
 
         On the feature cache (FE) the candidates of a token-wise method (the plain head, Average,
         ScalarMix, Concat, DWAtt) train together in one pass
-        (:class:`~layerfusion_recipes.core.runner.StackedRunner`), or in several passes of fewer
+        (:class:`~layerfusion_recipes.core.engine.runner.StackedRunner`), or in several passes of fewer
         candidates when their training state exceeds ``settings.train_memory``
         (:meth:`pass_size`); otherwise one after another
-        (:func:`~layerfusion_recipes.core.cells.lrs_train_together`). See :meth:`iter_lrs`.
+        (:func:`~layerfusion_recipes.core.results.cells.lrs_train_together`). See :meth:`iter_lrs`.
 
         Example:
             >>> records = experiment.run_lrs(Cell("dwatt", "fe", 2, 2, 0), [1e-2, 3e-2])  # in one pass
@@ -549,7 +552,7 @@ class FewShotExperiment:
         candidate dimension of the stacked ones changes).
 
         Example:
-            >>> from layerfusion_recipes.core.records import append_record
+            >>> from layerfusion_recipes.core.results.records import append_record
             >>> for record in experiment.iter_lrs(Cell("none", "lora", 2, 2, 0), [1e-3, 1e-2]):
             ...     append_record("results.jsonl", record)  # each as soon as its run ends
             True
@@ -588,7 +591,7 @@ class FewShotExperiment:
         once, not kept); ``None``: none replays it.
 
         Example:
-            >>> from layerfusion_recipes.core.cells import grid_cells
+            >>> from layerfusion_recipes.core.results.cells import grid_cells
             >>> experiment.training_plan(grid_cells(grid)).describe()  # DWAtt's, larger than the plain head's
             'training 2 of 2 LRs per pass x 0.01M dwatt parameters x 20 B = 0.00 GB'
         """
@@ -604,7 +607,7 @@ class FewShotExperiment:
 
     def train_settings(self, cell: Cell) -> TrainSettings:
         """The optimisation settings of ``cell``; its max LRs go to
-        :func:`~layerfusion_recipes.core.fitting.fit` beside them."""
+        :func:`~layerfusion_recipes.core.engine.fitting.fit` beside them."""
         return TrainSettings(
             epochs=cell.epochs,
             batch_size=self.settings.batch_size,
@@ -621,7 +624,7 @@ class FewShotExperiment:
             train: The examples to fill (those already cached are not computed again).
             cell: The run that reads it: its method must read no position the cache leaves out
                 (``settings.cache_positions``). ``None``: a reader of the head's positions only
-                (the layer probes, :mod:`~layerfusion_recipes.core.probes`).
+                (the layer probes, :mod:`~layerfusion_recipes.core.probes.probes`).
 
         Raises:
             ValueError: ``cell``'s method reads every position but the cache keeps the head's only.
@@ -663,7 +666,7 @@ class FewShotExperiment:
         self, cell: Cell, lr: float, result: RunResult, runner: Runner, train: Sequence[dict]
     ) -> dict[str, Any]:
         """The JSON-ready record of one run (``runner.model`` in the state the run left it): its key
-        (:func:`~layerfusion_recipes.core.cells.record_key`), the cell, the LR, the task's fields
+        (:func:`~layerfusion_recipes.core.results.cells.record_key`), the cell, the LR, the task's fields
         (:meth:`record_fields`), what ran it and the settings its key hashes; DWAtt's mean depth
         attention on dev where the method shows it."""
         record = {

@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from .errors import UserError
+from ..errors import UserError
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 In FE every pretrained weight is frozen and (with the encoder in eval mode) the block outputs
 ``z_1 .. z_L`` of a sentence never change, so they are computed once per sentence and kept,
 keyed by the encoder's content (weights, config, tokenizer: see
-:func:`~layerfusion_recipes.core.cache_files.feature_key`) + max length + the sentence's token ids
+:func:`~layerfusion_recipes.core.cache.cache_files.feature_key`) + max length + the sentence's token ids
 (shared by every method, trial and shot size of a sweep). ``z_0`` is not kept: the embeddings run
 in every replay.
 
@@ -20,7 +20,7 @@ safetensors shards (every :data:`FLUSH_BYTES`, atomically) and then serves them 
 those files, so several workers share one copy through the page cache and the process's memory
 holds what it touches; every fill first reads the shards other workers wrote since, so nothing is
 computed or written twice; a damaged shard is reported, removed and recomputed, and temporary files
-of crashed writers are removed (see :mod:`layerfusion_recipes.core.cache_files`).
+of crashed writers are removed (see :mod:`layerfusion_recipes.core.cache.cache_files`).
 
 **Half precision when asked.** ``dtype="bfloat16"`` or ``"float16"`` stores the states in 2 bytes
 instead of 4 (half the memory); they are cast back to float32 when a batch is built, so training
@@ -70,6 +70,8 @@ from peft_layerfusion.discovery import EncoderBlocks, hidden_size_of
 from peft_layerfusion.hooks import first_tensor
 from peft_layerfusion.utils import eval_mode
 
+from ..memory import release_freed_memory
+from ..options.options import CACHE_DTYPES, DEFAULT_CACHE_DTYPE, check_cache_dtype
 from .cache_files import (
     SHARD_SUFFIX,
     CorruptShardError,
@@ -81,8 +83,6 @@ from .cache_files import (
     remove_stale_temp_files,
     write_shard,
 )
-from .memory import release_freed_memory
-from .options import CACHE_DTYPES, DEFAULT_CACHE_DTYPE, check_cache_dtype
 
 # storage dtypes of the cached states (``--cache-dtype``); float32 is exact, the others round
 STORAGE_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in CACHE_DTYPES}
@@ -143,7 +143,7 @@ def storage_dtype(name: str) -> torch.dtype:
 
     Raises:
         ValueError: naming the value and the allowed names
-            (:func:`~layerfusion_recipes.core.options.check_cache_dtype`).
+            (:func:`~layerfusion_recipes.core.options.options.check_cache_dtype`).
 
     Example:
         >>> storage_dtype("bfloat16")
@@ -758,7 +758,7 @@ class FeatureCache:
         directory: Optional folder where the cache is persisted (shards under ``features-<key>/``)
             and from which it is served memory-mapped. After every :data:`MAPPED_BYTES_HELD` of
             states served from the shards, their pages leave the process
-            (:func:`~layerfusion_recipes.core.cache_files.drop_mapped_pages`): its RSS holds its
+            (:func:`~layerfusion_recipes.core.cache.cache_files.drop_mapped_pages`): its RSS holds its
             working set and at most that much of the shards, not every state it has read, and the
             page cache keeps one copy for every process (read again from there: minor page faults).
         tokenizer: The tokenizer that made the token ids (part of the cache key).

@@ -179,7 +179,7 @@ LAYERS = "|layers="  # a key's part naming the probed blocks a run fuses (cells.
 
 def without_probe_choice(key: str) -> str:
     """``key`` without what the probes chose for it, its start block and its fused blocks
-    (:func:`~layerfusion_recipes.core.cells.record_key`): the cell and LR it runs, whatever blocks
+    (:func:`~layerfusion_recipes.core.results.cells.record_key`): the cell and LR it runs, whatever blocks
     its trial's probes picked.
 
     Example:

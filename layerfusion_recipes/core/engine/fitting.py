@@ -1,15 +1,15 @@
 """One run of a few-shot task: AdamW, LR linear from max to zero, dev scores every k epochs, and the
 test scores of the best dev epoch's checkpoint; one LR, or ``K`` LR candidates in one pass.
 
-The optimisation core is :class:`~layerfusion_recipes.core.loop.TrainingLoop` (device and mixed
+The optimisation core is :class:`~layerfusion_recipes.core.engine.loop.TrainingLoop` (device and mixed
 precision from accelerate, but one run is trained by one process: no data parallelism, the full
 batch): under ``accelerate launch`` the processes share out a sweep's runs
-(:mod:`layerfusion_recipes.core.processes`), and a run's numbers do not depend on how many there are.
+(:mod:`layerfusion_recipes.core.engine.processes`), and a run's numbers do not depend on how many there are.
 
 :func:`fit` is the one loop of every task. What a task brings: its runner (which positions its loss
 reads, its padding), and its :class:`Scorer` (seqeval micro-F1 for NER; accuracy and macro-F1 for a
 classifier): the first metric a scorer names is the one that picks the best dev epoch. With a
-:class:`~layerfusion_recipes.core.runner.StackedRunner` every candidate is the run it would be alone
+:class:`~layerfusion_recipes.core.engine.runner.StackedRunner` every candidate is the run it would be alone
 (same initial parameters, batches, dropout masks, loss per candidate, one AdamW param group per
 candidate under the same linear schedule); ``tests/recipes/ner/test_lr_selection.py`` checks that.
 """
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
-from .grids import EVERY_EPOCH
+from ..memory import release_freed_memory, resident_above
+from ..options.grids import EVERY_EPOCH
 from .loop import TrainingLoop, restore, snapshot
-from .memory import release_freed_memory, resident_above
 from .runner import Runner, Scorer, predict_labelled
 
 
@@ -170,8 +170,8 @@ def fit(
     on_epoch: Callable[[int], None] | None = None,
 ) -> list[RunResult]:
     """The one training loop of every few-shot task: each candidate of ``runner`` at its max LR
-    ``lrs[k]`` (one for a :class:`~layerfusion_recipes.core.runner.Runner`, K for a
-    :class:`~layerfusion_recipes.core.runner.StackedRunner`), dev scores every ``eval_every``
+    ``lrs[k]`` (one for a :class:`~layerfusion_recipes.core.engine.runner.Runner`, K for a
+    :class:`~layerfusion_recipes.core.engine.runner.StackedRunner`), dev scores every ``eval_every``
     epochs, the best dev epoch's parameters kept and scored on ``test``.
 
     Frozen sub-trees of the model (e.g. the encoder in FE) stay in eval mode (no dropout). With
@@ -183,7 +183,7 @@ def fit(
         train: Encoded training examples.
         dev: Encoded dev examples.
         settings: See :class:`TrainSettings`.
-        scorer_of: Builds the :class:`~layerfusion_recipes.core.runner.Scorer` of a split's examples.
+        scorer_of: Builds the :class:`~layerfusion_recipes.core.engine.runner.Scorer` of a split's examples.
         lrs: One max LR per candidate (``[lr]`` for a lone run).
         test: Encoded test examples, scored at each run's best dev epoch (``None``: no test score).
         on_epoch: Called with the epoch number after each epoch (tests, progress).

@@ -27,7 +27,7 @@ from accelerate import Accelerator
 from torch import nn
 from transformers import get_linear_schedule_with_warmup
 
-from .models import eval_frozen_subtrees
+from ..models.models import eval_frozen_subtrees
 
 
 def prepare_local(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer):

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from peft_layerfusion.registration import METHODS, method_named
 
-from .grids import FULL_TRAIN
-from .models import PLAIN_HEAD
+from ..models.models import PLAIN_HEAD
+from ..options.grids import FULL_TRAIN
 from .records import LAYERS, START, fingerprint, unit_key
 
 
@@ -125,7 +125,7 @@ def config_defaults(config_cls: type) -> dict[str, Any]:
 
 
 def defaults_key(method: str) -> str | None:
-    """The :func:`~layerfusion_recipes.core.records.fingerprint` of a fusion ``method``'s config
+    """The :func:`~layerfusion_recipes.core.results.records.fingerprint` of a fusion ``method``'s config
     defaults (its keys end in ``|defaults=...``: a record is never served for other defaults), or
     ``None`` for the plain head or a probe, which have no config.
 

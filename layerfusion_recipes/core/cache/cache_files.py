@@ -45,7 +45,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .options import DEFAULT_CACHE_DTYPE
+from ..options.options import DEFAULT_CACHE_DTYPE
 
 # a sentence in the cache: its token ids and the positions whose states are kept (ascending)
 SentenceKey = tuple[tuple[int, ...], tuple[int, ...]]
@@ -175,7 +175,7 @@ def feature_key(
     dtype: str = DEFAULT_CACHE_DTYPE,
 ) -> str:
     """Key of the cached block outputs of ``model``: weights, config, tokenizer, max length, blocks,
-    which positions are kept (a :class:`~layerfusion_recipes.core.feature_cache.KeptPositions` name)
+    which positions are kept (a :class:`~layerfusion_recipes.core.cache.feature_cache.KeptPositions` name)
     and the storage dtype: a cache of other positions or another precision is another folder.
 
     Example:

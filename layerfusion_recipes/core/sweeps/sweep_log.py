@@ -2,7 +2,7 @@
 
 Every ``layerfusion sweep`` (and ``layerfusion ner``) appends one JSON line when it ends, normally,
 on an error or on Ctrl-C, with the append of the results file
-(:func:`~layerfusion_recipes.core.records.append_line`: locked, one write, fsync). Keys of a line:
+(:func:`~layerfusion_recipes.core.results.records.append_line`: locked, one write, fsync). Keys of a line:
 
 * ``start``, ``end``: ISO 8601 times in UTC (seconds); ``wall_s``: seconds between them (monotonic
   clock), from the grid's resolution to the end (the interpreter's start-up is not counted);
@@ -40,8 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import Terminated, sigterm_raises
-from .records import append_line, finished_keys, read_lines, without_probe_choice
+from ..errors import Terminated, sigterm_raises
+from ..results.records import append_line, finished_keys, read_lines, without_probe_choice
 
 SWEEP_LOG = "sweeps.jsonl"
 # ru_maxrss is in kilobytes on Linux, in bytes on macOS
@@ -214,7 +214,7 @@ def read_sweep_log(results: str | os.PathLike) -> list[dict[str, Any]]:
     """The logged invocations of the sweeps of ``results`` (empty when none was logged).
 
     Example:
-        >>> from layerfusion_recipes.core.records import append_line
+        >>> from layerfusion_recipes.core.results.records import append_line
         >>> for completed in (False, True):
         ...     append_line(sweep_log_path("sweeps/results.jsonl"), {"completed": completed})
         >>> [entry["completed"] for entry in read_sweep_log("sweeps/results.jsonl")]

@@ -39,10 +39,10 @@ from peft_layerfusion.layer import active_fusion_module, fused_positions
 from peft_layerfusion.optim import mixing_multipliers
 from peft_layerfusion.utils import eval_mode
 
-from .batches import IGNORE_INDEX, collate
+from ..batches import IGNORE_INDEX, collate
+from ..memory import release_freed_memory, resident_above
+from ..models.models import trainable_parameters
 from .loop import restore
-from .memory import release_freed_memory, resident_above
-from .models import trainable_parameters
 from .processes import process_state
 
 # bytes a no-grad forward of stacked candidates is budgeted at (StackedRunner.evaluation_group_size)
@@ -105,7 +105,7 @@ class Runner:
             real token by it).
 
     Example:
-        >>> from layerfusion_recipes.core.cells import Cell
+        >>> from layerfusion_recipes.core.results.cells import Cell
         >>> model, located = experiment.build(Cell("dwatt", "fe", 2, 2, 0))  # DWAtt + head, tiny BERT
         >>> runner = Runner(model, located, cache, positions=labelled_positions)  # cache: dev, test filled
         >>> logits, labels = runner.logits(experiment.dev[:4], torch.device("cpu"))
@@ -155,7 +155,7 @@ class Runner:
         """The model's logits of a collated batch (replay already set up)."""
         return self.model(**model_inputs(batch)).logits
 
-    # What the one training loop (core.fitting.fit) asks of a runner: its candidates' parameters,
+    # What the one training loop (core.engine.fitting.fit) asks of a runner: its candidates' parameters,
     # their loss and their scores. One candidate here; a StackedRunner trains K together.
     def candidate_parameters(self) -> list[list[nn.Parameter]]:
         """The trainable parameters of each candidate (one: the model's), before the optimizer exists."""
@@ -192,7 +192,7 @@ class StackedRunner(Runner):
     working set at a time instead of ``K``'s.
 
     Example:
-        >>> from layerfusion_recipes.core.cells import Cell
+        >>> from layerfusion_recipes.core.results.cells import Cell
         >>> model, located = experiment.build(Cell("dwatt", "fe", 2, 2, 0))  # DWAtt + head, tiny BERT
         >>> runner = StackedRunner(model, 4, located, cache, positions=labelled_positions)
         >>> logits, labels = runner.logits(experiment.dev[:4], torch.device("cpu"))
@@ -398,7 +398,7 @@ def predict_labelled(
     over each test evaluation without it), and their predictions are put back in order.
 
     Example:
-        >>> from layerfusion_recipes.core.cells import Cell
+        >>> from layerfusion_recipes.core.results.cells import Cell
         >>> model, located = experiment.build(Cell("none", "fe", 2, 2, 0))  # the plain head, tiny BERT
         >>> runner = Runner(model, located, cache, positions=labelled_positions)
         >>> predicted = predict_labelled(runner, experiment.dev, 64, torch.device("cpu"))
@@ -423,7 +423,7 @@ def depth_attention_profile(runner: Runner, features: list[dict], batch_size: in
     Returns one weight per fused layer (they sum to 1).
 
     Example:
-        >>> from layerfusion_recipes.core.cells import Cell
+        >>> from layerfusion_recipes.core.results.cells import Cell
         >>> model, located = experiment.build(Cell("dwatt", "fe", 2, 2, 0))  # DWAtt + head, tiny BERT
         >>> runner = Runner(model, located, cache, positions=labelled_positions)
         >>> profile = depth_attention_profile(runner, experiment.dev)  # e.g. [0.35, 0.31, 0.34]

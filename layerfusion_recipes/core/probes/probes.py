@@ -6,7 +6,7 @@ The probe of layer ``n`` is the L2-regularised ridge probe (class scores ``W x_n
 block ``n``, as ``output_hidden_states[n]``): ``z_n`` as it is (``none``) or ``z_n / rms(z_n)`` per
 position (``rms``, as a mix with ``state_norm="rms"`` reads it). Both kinds are probed; neither wins on
 every task and model. The states are read at the positions the task's head reads
-(:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.probe_inputs`): every labelled first
+(:meth:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment.probe_inputs`): every labelled first
 sub-word for NER (one row each, a sentence's rows in one fold), the pooled position of a sentence
 classifier (its first or last token, or the mean over the real tokens with mean pooling).
 
@@ -47,14 +47,14 @@ from peft_layerfusion.probing import (
     layer_probes,
 )
 
-from .batches import collate
-from .cells import Cell
-from .records import append_record, fingerprint, read_records, without_probe_choice
+from ..batches import collate
+from ..results.cells import Cell
+from ..results.records import append_record, fingerprint, read_records, without_probe_choice
 
 if TYPE_CHECKING:
     import os
 
-    from .feature_cache import FeatureCache
+    from ..cache.feature_cache import FeatureCache
 
 PROBE = "probe"  # the method name of a probe record
 PROBE_REGIME = "fe"  # probes read the frozen encoder's states
@@ -73,7 +73,7 @@ PROBE_SETTINGS: dict[str, Any] = {
 
 class ProbedExperiment(Protocol):
     """What the probes read of a task's experiment (a
-    :class:`~layerfusion_recipes.core.experiment.FewShotExperiment`): its data and sample, its feature
+    :class:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment`): its data and sample, its feature
     cache, its scorer, the positions its head reads and what its records say besides scores."""
 
     settings: Any  # the task's settings: the probes read ``seed``
@@ -88,7 +88,7 @@ class ProbedExperiment(Protocol):
 
     def filled_cache(self, train: Sequence[dict]) -> FeatureCache: ...
 
-    def scorer_of(self, features: Sequence[dict]) -> Any: ...  # a core.runner.Scorer
+    def scorer_of(self, features: Sequence[dict]) -> Any: ...  # a core.engine.runner.Scorer
 
     def probe_inputs(
         self, states: torch.Tensor, batch: dict[str, torch.Tensor]
@@ -267,7 +267,7 @@ def probe_records(
 
 
 def probe_cells(grid: dict[str, Any]) -> list[Cell]:
-    """The probes' trials of ``grid``, one :class:`~layerfusion_recipes.core.cells.Cell` of the method
+    """The probes' trials of ``grid``, one :class:`~layerfusion_recipes.core.results.cells.Cell` of the method
     ``probe`` under ``fe`` per (max epochs, shots, trial): what they read of the feature cache (the
     dev and test sets, each trial's sample) is what an FE cell of the same shots and trial reads.
 

@@ -32,8 +32,8 @@ from peft_layerfusion.comparison.regimes import ADAPTER_REGIME_NAMES, METHOD_NAM
 from peft_layerfusion.layer import LayerFusionLayer
 from peft_layerfusion.registration import ENCODER_METHODS
 
-from .errors import UserError
-from .locations import check_model_path
+from ..errors import UserError
+from ..options.locations import check_model_path
 
 # The plain last-layer head ("none"): no fusion method, the baseline every table pairs with.
 PLAIN_HEAD: str = METHOD_NAMES[0]

@@ -3,7 +3,8 @@
 Light enough for the command line to refuse a ``--data`` or ``--model`` that is neither an
 existing path nor a possible Hub name in one line, before torch, transformers or peft load.
 
-A ``--model`` that is no path and no named model (:func:`~layerfusion_recipes.core.model_names.model_aliases`)
+A ``--model`` that is no path and no named model
+(:func:`~layerfusion_recipes.core.options.model_names.model_aliases`)
 is a Hub name: it is refused at once, as "no such model", when it is not in the local Hub cache and
 the Hub is off (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``) or does not answer within
 :data:`HUB_TIMEOUT_S` (transformers would retry for about a minute, then speak of a connection).
@@ -19,7 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import DataSourceError
+from ..errors import DataSourceError
 from .model_names import model_aliases
 
 TABULAR_BUILDERS = {
@@ -189,7 +190,7 @@ def hub_unavailable(environ: Mapping[str, str] = os.environ) -> str | None:
 def check_model(source: str | None, option: str = "--model", environ: Mapping[str, str] = os.environ) -> None:
     """Refuse, in one line and within seconds, a model that cannot load (``None``: not given): a local
     path that is not there (:func:`check_model_path`), or a name that is no named model
-    (:func:`~layerfusion_recipes.core.model_names.model_aliases`), is not in the local Hub cache, and
+    (:func:`~layerfusion_recipes.core.options.model_names.model_aliases`), is not in the local Hub cache, and
     cannot come from the Hub now (:func:`hub_unavailable`).
 
     Raises:

@@ -46,7 +46,7 @@ from typing import TextIO
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from .model_names import NAMED_MODELS, NamedGGUF
+from ..options.model_names import NAMED_MODELS, NamedGGUF
 
 CACHE_VARIABLE = "LAYERFUSION_CACHE"
 DEFAULT_CACHE = Path("~/.cache/peft_layerfusion")
@@ -308,5 +308,6 @@ def gguf_source(model: str, root: Path, stream: TextIO = sys.stderr) -> tuple[Pa
     return None
 
 
-if __name__ == "__main__":  # python -m layerfusion_recipes.core.gemma NAME_OR_GGUF: build, print the folder
+# python -m layerfusion_recipes.core.models.gemma NAME_OR_GGUF: build, print the folder
+if __name__ == "__main__":
     print(resolve_model(sys.argv[1] if len(sys.argv) > 1 else "gemma3-270m"))

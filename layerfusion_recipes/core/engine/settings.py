@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
+from ..models.models import METHOD_NAMES, check_adapter_grid
+from ..options.grids import FULL_TRAIN
+from ..options.options import DEFAULT_CACHE_DTYPE, PROBE_TOP, check_names, check_positive_ints
 from .experiment import cache_positions_for
-from .grids import FULL_TRAIN
-from .models import METHOD_NAMES, check_adapter_grid
-from .options import DEFAULT_CACHE_DTYPE, PROBE_TOP, check_names, check_positive_ints
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 RUN_KEYS = (
@@ -102,7 +102,7 @@ def results_path(output: str | os.PathLike, results: str | os.PathLike | None = 
 
 def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
     """The options of the fields every few-shot task's settings share
-    (:class:`~layerfusion_recipes.core.experiment.TaskSettings`, model and data aside).
+    (:class:`~layerfusion_recipes.core.engine.experiment.TaskSettings`, model and data aside).
 
     Args:
         pick: ``name -> value``: the flag, else the YAML's, else the task's default (:func:`option`).
@@ -160,7 +160,8 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
     Returns:
         ``{methods, regimes, shots, epochs, trials, output, results, workers, quiet, threads,
         select_trials, dry_run, probe_layers}``; ``results`` is the results file (:func:`results_path`), a
-        YAML ``shots`` value ``all`` is :data:`~layerfusion_recipes.core.grids.FULL_TRAIN`; ``probe_layers``
+        YAML ``shots`` value ``all`` is :data:`~layerfusion_recipes.core.options.grids.FULL_TRAIN`;
+        ``probe_layers``
         is ``None`` (no probes) or the K of ``--probe-layers``.
 
     Raises:

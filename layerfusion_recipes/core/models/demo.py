@@ -13,9 +13,9 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from ..options.grids import DEMO_AXES
+from ..options.model_names import DEMO_MODEL_NAME
 from .gemma import resolve_model
-from .grids import DEMO_AXES
-from .model_names import DEMO_MODEL_NAME
 from .models import BUDGET_METHOD_NAMES, PLAIN_HEAD
 
 # the last-layer head and every method sized to the same budget (R+n, Concat, DWAtt): every grid's default
@@ -49,7 +49,8 @@ def demo_model_path() -> str:
 
 def model_path(model: str | None) -> str:
     """The folder (or Hub name) ``from_pretrained`` loads for a ``--model`` value: the demo encoder for
-    none or its name (:data:`DEMO_MODEL_NAME`), else :func:`~layerfusion_recipes.core.gemma.resolve_model`
+    none or its name (:data:`DEMO_MODEL_NAME`), else
+    :func:`~layerfusion_recipes.core.models.gemma.resolve_model`
     (an offline named decoder, a ``.gguf`` file, or the value unchanged).
 
     Example:

@@ -1,9 +1,9 @@
 """Sweeps of a few-shot task's grid: resumable, with a progress bar, worker processes and ``accelerate``.
 
-Grid: methods x regimes x shots x max-epochs x trials (:mod:`layerfusion_recipes.core.cells`), each
+Grid: methods x regimes x shots x max-epochs x trials (:mod:`layerfusion_recipes.core.results.cells`), each
 cell at every LR of its regime's grid (on the feature cache the LRs of a cell train together).
 Every finished run is appended atomically to the results file (one JSON line, see
-:mod:`layerfusion_recipes.core.records`) under a key naming its cell, LR and settings; re-running the
+:mod:`layerfusion_recipes.core.results.records`) under a key naming its cell, LR and settings; re-running the
 same command skips the runs already there, so a killed sweep loses nothing and redoes nothing (a run
 interrupted mid-way runs again), and changed settings make new records. Two sweeps on one results
 file skip what the other finished and never write a key twice.
@@ -15,27 +15,28 @@ processes on this machine (spawned; each rebuilds the experiment from its settin
 the feature cache through its directory).
 
 Under ``accelerate launch --num_processes P`` the P processes divide the runs among them (each run
-trained by one process, on its device; see :mod:`layerfusion_recipes.core.processes`): every record
+trained by one process, on its device; see :mod:`layerfusion_recipes.core.engine.processes`): every record
 is written once, with the same key and scores as one process gives, and says which of how many
 processes ran it (``process_index``, ``num_processes``); only the main process prints and writes the
 table and figures.
 
 Every invocation appends one line to ``sweeps.jsonl`` beside the results file when it ends (also on
 an error or Ctrl-C): its wall time, peak memory, workers, threads, command line, runs and the
-machine's load (see :mod:`layerfusion_recipes.core.sweep_log`; only the main process writes it),
+machine's load (see :mod:`layerfusion_recipes.core.sweeps.sweep_log`; only the main process writes it),
 and ``cache_bytes`` / ``cache_model_bytes``, the feature cache's predicted size.
 
 Before any run, a sweep with FE cells on the feature cache prints the bytes the cache will hold
-(:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.cache_plan`: examples x kept positions
+(:meth:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment.cache_plan`: examples x kept positions
 x blocks x width x bytes, the model's), the training state of its largest pass of stacked LR candidates
-(:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.training_plan`, within ``train_memory``),
+(:meth:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment.training_plan`, within
+``train_memory``),
 the process's own, and the memory available, and refuses, in one line naming the
 options that would make it fit, a cache that its processes cannot hold in memory
-(:func:`~layerfusion_recipes.core.feature_cache.memory_check`); ``dry_run`` prints that alone. A
+(:func:`~layerfusion_recipes.core.cache.feature_cache.memory_check`); ``dry_run`` prints that alone. A
 one-process sweep fills the cache with everything its runs (and its layer probes) read first, then
-lets the encoder go (:meth:`~layerfusion_recipes.core.experiment.FewShotExperiment.prefill_cache`).
+lets the encoder go (:meth:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment.prefill_cache`).
 With ``probe_layers`` the main process trains the layer probes
-(:func:`~layerfusion_recipes.core.probes.run_probes`) on that cache before the runs; ``dry_run``
+(:func:`~layerfusion_recipes.core.probes.probes.run_probes`) on that cache before the runs; ``dry_run``
 trains none.
 
 A task's settings build its experiment (``settings.make_experiment()``, also in each worker) and the
@@ -54,7 +55,12 @@ from typing import Any
 
 import torch
 
-from .cells import (
+from ..cache.feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
+from ..engine.experiment import FewShotExperiment, TaskSettings
+from ..engine.processes import check_workers, process_state, share
+from ..errors import UserError
+from ..probes.probes import missing_probes, probe_cells, probe_ranks, probe_starts, run_probes, saved_probes
+from ..results.cells import (
     Cell,
     Unit,
     grid_cells,
@@ -63,13 +69,8 @@ from .cells import (
     lrs_train_together,
     planned_runs,
 )
-from .errors import UserError
-from .experiment import FewShotExperiment, TaskSettings
-from .feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
-from .probes import missing_probes, probe_cells, probe_ranks, probe_starts, run_probes, saved_probes
-from .processes import check_workers, process_state, share
-from .records import append_record, finished_keys, read_records
-from .selection import dev_score, select_lr
+from ..results.records import append_record, finished_keys, read_records
+from ..results.selection import dev_score, select_lr
 from .sweep_log import SweepStart, logged_sweep
 from .tasks import check_task
 
@@ -123,15 +124,15 @@ def run_cells(
         select_trials: Select the LR on trials ``< select_trials`` (all LRs run there), then run
             the other trials at the selected LR only. ``None``: every trial runs every LR.
 
-    Under ``accelerate launch`` each process runs its :func:`~layerfusion_recipes.core.processes.share`
+    Under ``accelerate launch`` each process runs its :func:`~layerfusion_recipes.core.engine.processes.share`
     of the units (longest first) and all wait for each other before the LR selection and the end.
 
     Returns:
         The records of these cells at their LRs in ``results`` (old and new), one per key.
 
     Example:
-        >>> from layerfusion_recipes.core.cells import grid_cells
-        >>> from layerfusion_recipes.core.records import read_records
+        >>> from layerfusion_recipes.core.results.cells import grid_cells
+        >>> from layerfusion_recipes.core.results.records import read_records
         >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
         >>> settings = ExperimentSettings(model=model_path, data=ner_data, lr=[1e-2], eval_every=1)
         >>> grid = {"methods": ["none", "dwatt"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
@@ -205,7 +206,7 @@ def runs_left(
     its grid, or one of the later trials at the LR selected on them (``select_trials``).
 
     Example:
-        >>> from layerfusion_recipes.core.cells import grid_cells
+        >>> from layerfusion_recipes.core.results.cells import grid_cells
         >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
         >>> settings = ExperimentSettings(model="m", data="d", lr=[1e-2])
         >>> grid = {"methods": ["none"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
@@ -230,7 +231,7 @@ def split_trials(cells: list[Cell], select_trials: int | None) -> tuple[list[Cel
     ``select_trials``) and those that run the selected one, each in grid order (the order they run).
 
     Example:
-        >>> from layerfusion_recipes.core.cells import grid_cells
+        >>> from layerfusion_recipes.core.results.cells import grid_cells
         >>> grid = {"methods": ["none", "dwatt"], "regimes": ["lora"], "shots": [8], "epochs": [25]}
         >>> grid["trials"] = 3
         >>> [len(part) for part in split_trials(grid_cells(grid), select_trials=1)]  # 3 trials
@@ -253,7 +254,8 @@ def _group(cell: Cell) -> tuple:
 
 
 def selected_lrs(records: Iterable[dict[str, Any]]) -> dict[tuple, float]:
-    """The LR selected on dev (:func:`~layerfusion_recipes.core.selection.select_lr`) for each (method,
+    """The LR selected on dev (:func:`~layerfusion_recipes.core.results.selection.select_lr`) for each
+    (method,
     regime, shots, epochs) of ``records`` (the selection runs of one setup)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for record in records:
@@ -385,7 +387,7 @@ def cache_memory(
 ) -> tuple[CachePlan | None, TrainingPlan | None, str, str | None]:
     """The sweep's feature cache (what ``cells`` and the layer probes read) and the training state of
     its largest pass of LR candidates against the memory: ``(plan, training, line, refusal)`` (see
-    :func:`~layerfusion_recipes.core.feature_cache.memory_check`);
+    :func:`~layerfusion_recipes.core.cache.feature_cache.memory_check`);
     ``(None, None, "", None)`` without one."""
     plan = experiment.cache_plan(cells + probed_cells(grid))
     if plan is None:
@@ -398,7 +400,7 @@ def cache_memory(
 
 
 def probed_cells(grid: dict[str, Any]) -> list[Cell]:
-    """The layer probes' trials of ``grid`` (:func:`~layerfusion_recipes.core.probes.probe_cells`;
+    """The layer probes' trials of ``grid`` (:func:`~layerfusion_recipes.core.probes.probes.probe_cells`;
     none without ``probe_layers``): they read the feature cache too."""
     return probe_cells(grid) if grid.get("probe_layers") else []
 

@@ -2,8 +2,9 @@
 and the offline decoders shipped as GGUF files over pip packages.
 
 Light, so the command line can tell a known name from a misspelt one before torch loads
-(:func:`~layerfusion_recipes.core.locations.check_model`); :mod:`~layerfusion_recipes.core.gemma`
-builds the named decoders, :mod:`~layerfusion_recipes.core.demo` finds the demo encoder.
+(:func:`~layerfusion_recipes.core.options.locations.check_model`);
+:mod:`~layerfusion_recipes.core.models.gemma`
+builds the named decoders, :mod:`~layerfusion_recipes.core.models.demo` finds the demo encoder.
 """
 
 from __future__ import annotations
