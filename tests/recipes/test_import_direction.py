@@ -59,7 +59,7 @@ def test_the_scan_resolves_relative_imports():
     assert f"{PACKAGE}.core.results.records" in imports[sweep]  # `from ..results.records import ...`
     assert f"{PACKAGE}.core.sweeps.sweep_log" in imports[sweep]  # `from .sweep_log import ...`
     assert f"{PACKAGE}.core.errors" in imports[sweep]  # `from ..errors import ...`
-    assert sweep in imports[f"{PACKAGE}.ner.sweep"]  # `from ..core.sweeps.sweep import ...`
+    assert sweep in imports[f"{PACKAGE}.ner.command"]  # `from ..core.sweeps.sweep import ...`
     assert f"{PACKAGE}.reporting.markdown" in imports[f"{PACKAGE}.reporting.results_md"]  # `from .markdown`
 
 

@@ -192,10 +192,10 @@ class TaskSettings:
         regime's default grid.
 
         Example:
-            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-            >>> ExperimentSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
+            >>> from layerfusion_recipes.ner.experiment import NerSettings
+            >>> NerSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
             (0.001, 0.003)
-            >>> ExperimentSettings(model="m", data="d", lr={"none": [3e-2, 1e-2]}).lr_grid("fe", "none")
+            >>> NerSettings(model="m", data="d", lr={"none": [3e-2, 1e-2]}).lr_grid("fe", "none")
             (0.01, 0.03)
         """
         values = self.lr_values(method)
@@ -222,8 +222,8 @@ class TaskSettings:
             UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
 
         Example:
-            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-            >>> settings = ExperimentSettings("m", "d", probe_start=True, probe_starts={(8, 25, 0): 4})
+            >>> from layerfusion_recipes.ner.experiment import NerSettings
+            >>> settings = NerSettings("m", "d", probe_start=True, probe_starts={(8, 25, 0): 4})
             >>> [settings.start_layer(Cell(method, "fe", 8, 25, 0)) for method in ("layer_mix", "dwatt")]
             [4, None]
         """
@@ -240,8 +240,8 @@ class TaskSettings:
             UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
 
         Example:
-            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-            >>> settings = ExperimentSettings("m", "d", probe_fuse=2, probe_ranks={(8, 25, 0): [4, 2, 3]})
+            >>> from layerfusion_recipes.ner.experiment import NerSettings
+            >>> settings = NerSettings("m", "d", probe_fuse=2, probe_ranks={(8, 25, 0): [4, 2, 3]})
             >>> [settings.probe_layers(Cell(method, "fe", 8, 25, 0)) for method in ("average", "none")]
             [[2, 4], None]
         """
@@ -256,8 +256,8 @@ class TaskSettings:
         (:meth:`probe_layers`): new probes that move either make another run.
 
         Example:
-            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-            >>> settings = ExperimentSettings("m", "d", probe_start=True, probe_starts={(8, 25, 0): 4})
+            >>> from layerfusion_recipes.ner.experiment import NerSettings
+            >>> settings = NerSettings("m", "d", probe_start=True, probe_starts={(8, 25, 0): 4})
             >>> settings.run_key(Cell("layer_mix", "fe", 8, 25, 0), 0.01, "3f2a9c0d1e4b")
             'layer_mix|fe|8|25|0|lr=0.01|3f2a9c0d1e4b|...start=4'
         """
@@ -270,8 +270,8 @@ class TaskSettings:
         (:meth:`content_fingerprints`).
 
         Example:
-            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-            >>> ExperimentSettings("m", "d").setup() == ExperimentSettings("m", "e").setup()
+            >>> from layerfusion_recipes.ner.experiment import NerSettings
+            >>> NerSettings("m", "d").setup() == NerSettings("m", "e").setup()
             False
         """
         return fingerprint(self.setup_fields())
@@ -302,8 +302,8 @@ class TaskSettings:
         has none.
 
         Example:
-            >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-            >>> ExperimentSettings(model="hub/model", data=ner_data).content_fingerprints()  # a folder here
+            >>> from layerfusion_recipes.ner.experiment import NerSettings
+            >>> NerSettings(model="hub/model", data=ner_data).content_fingerprints()  # a folder here
             {'data': '876cbf8e32de0987'}
         """
         paths = {name: getattr(self, name) for name in ("model", "data")}

@@ -168,8 +168,8 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
         ValueError: An unknown method or regime, an AdapterHub regime with a fusion method, a bad LR.
 
     Example:
-        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-        >>> settings = ExperimentSettings(model="m", data="d")
+        >>> from layerfusion_recipes.ner.experiment import NerSettings
+        >>> settings = NerSettings(model="m", data="d")
         >>> defaults = {"output": "layerfusion-results/ner", "methods": ["dwatt"], "regimes": ["fe"]}
         >>> grid_options(lambda name: defaults.get(name), settings, ("fe", "ft", "lora", "bitfit"))["results"]
         'layerfusion-results/ner/results.jsonl'

@@ -192,8 +192,8 @@ def grid_keys(cells: Iterable[Cell], settings: GridSettings) -> set[str]:
     under its regime).
 
     Example:
-        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-        >>> settings = ExperimentSettings(model="m", data="d", lr=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1])
+        >>> from layerfusion_recipes.ner.experiment import NerSettings
+        >>> settings = NerSettings(model="m", data="d", lr=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1])
         >>> grid = {"methods": ["dwatt"], "regimes": ["fe"], "shots": [8, 16], "epochs": [25], "trials": 5}
         >>> len(grid_keys(grid_cells(grid), settings))  # 10 cells x 5 LRs
         50
@@ -212,8 +212,8 @@ def planned_runs(cells: Iterable[Cell], settings: GridSettings, select_trials: i
 
     Example:
         >>> lora = {"methods": ["none"], "regimes": ["lora"], "shots": [8], "epochs": [25], "trials": 3}
-        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-        >>> settings = ExperimentSettings(model="m", data="d", lr=[1e-3, 3e-3, 1e-2, 3e-2])
+        >>> from layerfusion_recipes.ner.experiment import NerSettings
+        >>> settings = NerSettings(model="m", data="d", lr=[1e-3, 3e-3, 1e-2, 3e-2])
         >>> planned_runs(grid_cells(lora), settings, select_trials=1)  # 4 LRs on trial 0, then 1 + 1
         6
     """

@@ -133,8 +133,8 @@ def run_cells(
     Example:
         >>> from layerfusion_recipes.core.results.cells import grid_cells
         >>> from layerfusion_recipes.core.results.records import read_records
-        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-        >>> settings = ExperimentSettings(model=model_path, data=ner_data, lr=[1e-2], eval_every=1)
+        >>> from layerfusion_recipes.ner.experiment import NerSettings
+        >>> settings = NerSettings(model=model_path, data=ner_data, lr=[1e-2], eval_every=1)
         >>> grid = {"methods": ["none", "dwatt"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
         >>> records = run_cells(grid_cells(grid), "out/results.jsonl", settings, progress=False)
         >>> sorted(record["method"] for record in read_records("out/results.jsonl"))
@@ -207,8 +207,8 @@ def runs_left(
 
     Example:
         >>> from layerfusion_recipes.core.results.cells import grid_cells
-        >>> from layerfusion_recipes.ner.experiment import ExperimentSettings
-        >>> settings = ExperimentSettings(model="m", data="d", lr=[1e-2])
+        >>> from layerfusion_recipes.ner.experiment import NerSettings
+        >>> settings = NerSettings(model="m", data="d", lr=[1e-2])
         >>> grid = {"methods": ["none"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
         >>> runs_left(grid_cells(grid), "out/results.jsonl", settings, None)  # nothing run yet
         True

@@ -111,7 +111,7 @@ def logged_sweep(
 
     Example:
         >>> with logged_sweep("logged/results.jsonl", set(), {"workers": 2}, checks_first=True) as start:
-        ...     pass  # the checks (e.g. Experiment(settings)): a bad --data stops here, no line, no folder
+        ...     pass  # the checks (e.g. NerExperiment(settings)): a bad --data stops here, no line, no folder
         ...     start.begin()  # from here on the sweep is logged, however it ends
         ...     pass  # run_cells(cells, "logged/results.jsonl", settings, experiment=experiment)
         >>> [(entry["workers"], entry["completed"]) for entry in read_sweep_log("logged/results.jsonl")]

@@ -42,8 +42,8 @@ from layerfusion_recipes.core.models.models import PLAIN_HEAD
 from layerfusion_recipes.ner.experiment import (
     LABELLED_POSITIONS,
     Cell,
-    Experiment,
-    ExperimentSettings,
+    NerExperiment,
+    NerSettings,
     cache_positions_for,
     reads_labelled_only,
 )
@@ -79,8 +79,8 @@ def model_path(tmp_path_factory) -> str:
 
 def _experiment(
     model_path: str, positions: str, dtype: str = "float32", reference: bool = False
-) -> Experiment:
-    settings = ExperimentSettings(
+) -> NerExperiment:
+    settings = NerSettings(
         model=model_path,
         data="toy",
         lr=[3e-3, 3e-2],
@@ -88,7 +88,7 @@ def _experiment(
         cache_positions=positions,
         cache_dtype=dtype,
     )
-    experiment = Experiment(settings, toy_dataset(train=40, dev=10, test=8))
+    experiment = NerExperiment(settings, toy_dataset(train=40, dev=10, test=8))
     if reference:
         base = load_token_classifier(model_path, len(experiment.labels), seed=0)
         experiment._cache = PaddedAsBefore(
@@ -97,7 +97,7 @@ def _experiment(
     return experiment
 
 
-def _records(experiment: Experiment, method: str) -> list[dict]:
+def _records(experiment: NerExperiment, method: str) -> list[dict]:
     """Two LRs of one cell (trained together where they can be), then one lone run."""
     records = experiment.run_lrs(Cell(method, "fe", shots=3, epochs=3, trial=1), [3e-3, 3e-2])
     records.append(experiment.run(Cell(method, "fe", shots=2, epochs=2, trial=0), lr=1e-2))
@@ -105,7 +105,7 @@ def _records(experiment: Experiment, method: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(model_path) -> Experiment:
+def reference(model_path) -> NerExperiment:
     return _experiment(model_path, "all", reference=True)
 
 
@@ -172,7 +172,7 @@ def test_half_precision_is_stored_in_two_bytes_cast_back_and_keyed(model_path, d
 
 
 def test_the_kept_positions_leave_the_setup_as_it_is_and_the_cache_dtype_is_part_of_it():
-    base = ExperimentSettings(model="m", data="d")
+    base = NerSettings(model="m", data="d")
     assert base.setup_fields()["cache_dtype"] == "float32"
     assert dataclasses.replace(base, cache_positions="labelled").setup() == base.setup()  # the same numbers
     assert dataclasses.replace(base, cache_dtype="float32").setup() == base.setup()
@@ -382,10 +382,10 @@ def test_the_memory_line_holds_what_an_r_n_run_on_a_decoder_holds(tmp_path, monk
     model = AutoModelForCausalLM.from_pretrained(path)
     model.resize_token_embeddings(20_000)  # 0.64M of its 0.66M parameters: the embeddings
     model.save_pretrained(path)
-    settings = ExperimentSettings(
+    settings = NerSettings(
         model=path, data="toy", max_length=64, batch_size=4, head_modules=("score",)
     )
-    experiment = Experiment(settings, toy_dataset(train=20, dev=6, test=6))
+    experiment = NerExperiment(settings, toy_dataset(train=20, dev=6, test=6))
     cell = Cell("extra_layers", "fe", shots=2, epochs=1, trial=0)
     plan, training = experiment.cache_plan([cell]), experiment.training_plan([cell])
     experiment.prefill_cache([cell])  # the encoder that filled the cache goes, as in a sweep
