@@ -1,4 +1,5 @@
-"""``layerfusion seq2seq``: sentence denoising on WikiText-2, vanilla vs EncoderFusion vs SurfaceFusion.
+"""``layerfusion seq2seq``: sentence denoising on WikiText-2, the plain model (``none``) vs EncoderFusion vs
+SurfaceFusion.
 
 The grammatical-error-correction setting of Liu et al. (ICLR 2021), built offline: the
 sentences of WikiText-2, cut into pieces of at most ``--max-words`` words, are corrupted
@@ -18,7 +19,7 @@ the task must beat it.
   sinusoidal positions, or BART; ``--width``, ``--layers``, ``--init-std``, ``--dropout``),
   identical initial weights for every method of a seed, every weight trained (the paper
   trains from scratch); AdamW with ``--warmup`` (fraction of the steps) then linear decay.
-* Methods: ``vanilla`` (the model alone), ``encoder_fusion`` (transparent attention, with
+* Methods: ``none`` (the model alone), ``encoder_fusion`` (transparent attention, with
   ``x_0``), ``surface_hard`` (λ = 0.8) and ``surface_soft`` (τ = 1), the last three
   through ``get_peft_model``.
 * Trials and learning rate: one model per method and ``--seeds`` value; with several
@@ -26,7 +27,7 @@ the task must beat it.
   chrF) with the first seed and used for all seeds.
 * Metrics on dev and test: exact match, chrF and BLEU (sacrebleu), decoding greedy or
   with ``--beams`` (the fused scores drive the search); per method the test mean ± 95% t
-  interval over seeds and the paired per-seed differences to vanilla.
+  interval over seeds and the paired per-seed differences to ``none``.
 
 Data: ``--data DIR`` with ``valid.txt`` (training sentences; the shared copy of
 WikiText-2 has no train split) and ``test.txt``, or any two text files via ``--train-file``
@@ -400,9 +401,9 @@ def run_one(data: DenoisingData, method: str, seed: int, learning_rate: float) -
         >>> data = DenoisingData.build(
         ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
         ... )
-        >>> record = run_one(data, "vanilla", seed=0, learning_rate=3e-3)
+        >>> record = run_one(data, "none", seed=0, learning_rate=3e-3)
         >>> record["method"], record["learning_rate"], sorted(record["dev"])  # test scores at the top level
-        ('vanilla', 0.003, ['bleu', 'chrf', 'exact_match'])
+        ('none', 0.003, ['bleu', 'chrf', 'exact_match'])
         >>> 0 <= record["exact_match"] <= 100
         True
     """
@@ -482,11 +483,11 @@ def run_comparison(
         >>> data = DenoisingData.build(
         ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
         ... )
-        >>> methods = ["vanilla", "surface_hard"]  # of METHOD_NAMES
+        >>> methods = ["none", "surface_hard"]  # of METHOD_NAMES
         >>> results = run_comparison(data, methods, seeds=(0, 1), learning_rates=(1e-3, 3e-3))
-        | vanilla | 0 | 0.001 | ...
-        | vanilla | 0 | 0.003 | ...
-        | vanilla | 1 | ...
+        | none | 0 | 0.001 | ...
+        | none | 0 | 0.003 | ...
+        | none | 1 | ...
         | surface_hard | 0 | 0.001 | ...
         | surface_hard | 0 | 0.003 | ...
         | surface_hard | 1 | ...
@@ -546,8 +547,8 @@ def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[str], reference:
 
     Example:
         >>> runs = [{"method": m, "seed": s, "exact_match": e, "chrf": e, "bleu": e}
-        ...         for m, s, e in [("vanilla", 0, 1.0), ("vanilla", 1, 3.0), ("x", 0, 2.0), ("x", 1, 5.0)]]
-        >>> summarize(runs, ["vanilla", "x"])[1]["vs_vanilla"]["exact_match"]  # diffs 1, 2
+        ...         for m, s, e in [("none", 0, 1.0), ("none", 1, 3.0), ("x", 0, 2.0), ("x", 1, 5.0)]]
+        >>> summarize(runs, ["none", "x"])[1]["vs_none"]["exact_match"]  # diffs 1, 2
         [1.5, 6.353...]
     """
     groups = summarize_groups(runs, SEQ2SEQ_LAYOUT)
@@ -577,10 +578,10 @@ def run_row(record: dict[str, Any]) -> str:
 
     Example:
         >>> scores = {"exact_match": 47.2, "chrf": 88.82, "bleu": 88.26}
-        >>> run = {"method": "vanilla", "seed": 0, "learning_rate": 3e-3, **scores, "seconds": 260.4,
+        >>> run = {"method": "none", "seed": 0, "learning_rate": 3e-3, **scores, "seconds": 260.4,
         ...        "dev": {"exact_match": 41.0, "chrf": 87.47}}
         >>> print(run_row(run))
-        | vanilla | 0 | 0.003 | 41.0 | 87.5 | 47.2 | 88.8 | 88.3 | 260 |
+        | none | 0 | 0.003 | 41.0 | 87.5 | 47.2 | 88.8 | 88.3 | 260 |
     """
     dev = record["dev"] or {"exact_match": float("nan"), "chrf": float("nan")}
     scores = [dev["exact_match"], dev["chrf"], *(record[metric] for metric in METRICS)]
@@ -594,25 +595,25 @@ def run_row(record: dict[str, Any]) -> str:
 
 
 def summary_table(results: dict[str, Any]) -> str:
-    """Markdown: the copy baseline, then each method's test mean ± 95% CI and paired difference to vanilla.
+    """Markdown: the copy baseline, then each method's test mean ± 95% CI and paired difference to ``none``.
 
     Example:
         >>> copy = {"exact_match": 25.4, "chrf": 88.8, "bleu": 81.0}
-        >>> row = {"method": "vanilla", "exact_match": [48.0, 1.8], "chrf": [88.9, 0.6], "bleu": [88.5, 1.2]}
+        >>> row = {"method": "none", "exact_match": [48.0, 1.8], "chrf": [88.9, 0.6], "bleu": [88.5, 1.2]}
         >>> results = {"copy_input": {"test": copy}, "summary": [row]}
-        >>> results["selected_learning_rate"] = {"vanilla": 3e-3}
+        >>> results["selected_learning_rate"] = {"none": 3e-3}
         >>> print(summary_table(results))  # results of run_comparison
-        | method | LR | exact match | chrF | BLEU | Δ EM vs vanilla | Δ chrF | Δ BLEU |
+        | method | LR | exact match | chrF | BLEU | Δ EM vs none | Δ chrF | Δ BLEU |
         |---|---|---|---|---|---|---|---|
         | copy the corrupted input | - | 25.4 | 88.8 | 81.0 | | | |
-        | vanilla | 0.003 | 48.0 ± 1.8 | 88.9 ± 0.6 | 88.5 ± 1.2 | - | - | - |
+        | none | 0.003 | 48.0 ± 1.8 | 88.9 ± 0.6 | 88.5 ± 1.2 | - | - | - |
     """
 
     def cell(value: list[float] | None, signed: bool = False) -> str:
         return "-" if value is None else f"{value[0]:{'+' if signed else ''}.1f} ± {value[1]:.1f}"
 
     lines = [
-        "| method | LR | exact match | chrF | BLEU | Δ EM vs vanilla | Δ chrF | Δ BLEU |",
+        "| method | LR | exact match | chrF | BLEU | Δ EM vs none | Δ chrF | Δ BLEU |",
         "|---|---|---|---|---|---|---|---|",
     ]
     copy = results["copy_input"]["test"]
@@ -620,7 +621,7 @@ def summary_table(results: dict[str, Any]) -> str:
         "| copy the corrupted input | - | " + " | ".join(f"{copy[m]:.1f}" for m in METRICS) + " | | | |"
     )
     for row in results["summary"]:
-        paired = row.get("vs_vanilla") or {}
+        paired = row.get("vs_none") or {}
         cells = [cell(row[m]) for m in METRICS] + [cell(paired.get(m), signed=True) for m in METRICS]
         lr = results["selected_learning_rate"][row["method"]]
         lines.append(f"| {row['method']} | {lr:g} | " + " | ".join(cells) + " |")

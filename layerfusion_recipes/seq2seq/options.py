@@ -11,10 +11,10 @@ from ..core.errors import DataSourceError, UserError
 from ..core.options.options import learning_rate, positive_int
 from .settings import DEFAULT_LEARNING_RATES, DEFAULT_SEEDS, Seq2SeqSettings
 
-HELP = "Sentence denoising: vanilla vs EncoderFusion vs SurfaceFusion (hard, soft)."
+HELP = "Sentence denoising: the plain model (none) vs EncoderFusion vs SurfaceFusion (hard, soft)."
 DESCRIPTION = (
     "Sentence denoising on WikiText-2 with a small encoder-decoder trained from scratch: "
-    "vanilla vs EncoderFusion vs SurfaceFusion (hard, soft), exact match / chrF / BLEU."
+    "the plain model (none) vs EncoderFusion vs SurfaceFusion (hard, soft), exact match / chrF / BLEU."
 )
 
 
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--methods",
         nargs="+",
-        help="Compared models: vanilla (the model alone) and the variants of the registry's seq2seq "
+        help="Compared models: none (the model alone) and the variants of the registry's seq2seq "
         "methods (encoder_fusion, surface_hard, surface_soft); default: all of them",
     )
     parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")

@@ -42,8 +42,8 @@ def run_key(method: str, seed: int, learning_rate: float, setup: str) -> str:
     (:func:`~layerfusion_recipes.seq2seq.variants.variant_key`; the plain model has none).
 
     Example:
-        >>> run_key("vanilla", 0, 3e-3, "3f2a9c0d1e4b"), run_key("surface_hard", 0, 3e-3, "3f2a9c0d1e4b")
-        ('vanilla|0|lr=0.003|3f2a9c0d1e4b', 'surface_hard|0|lr=0.003|3f2a9c0d1e4b|defaults=...')
+        >>> run_key("none", 0, 3e-3, "3f2a9c0d1e4b"), run_key("surface_hard", 0, 3e-3, "3f2a9c0d1e4b")
+        ('none|0|lr=0.003|3f2a9c0d1e4b', 'surface_hard|0|lr=0.003|3f2a9c0d1e4b|defaults=...')
     """
     return unit_key(f"{method}|{seed}", learning_rate, setup) + defaults_suffix(variant_key(method))
 

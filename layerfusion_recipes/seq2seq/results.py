@@ -4,7 +4,7 @@ as a summary of kind ``sweep`` (:mod:`~layerfusion_recipes.reporting.summaries`)
 One cell (the comparison's model, trained from scratch, all its training sentences), its trials the
 seeds, its scores in points: exact match (the first metric), chrF and BLEU on the test pieces, dev
 beside them; ``copy_input`` is the corrupted input copied (one value, no training); every method is
-paired per seed with ``vanilla``.
+paired per seed with ``none``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from ..core.options.grids import FULL_TRAIN
 from ..reporting.markdown import duration, memory
 from ..reporting.summaries import source_name
 from .experiment import METHOD_NAMES, METRICS
+from .variants import PLAIN_MODEL
 
-BASELINE = "vanilla"
+BASELINE = PLAIN_MODEL
 COPY = "copy_input"
 
 
@@ -48,11 +49,11 @@ def seq2seq_summary(
     """The summary of a finished comparison's ``results.json`` (module docstring).
 
     Example:
-        >>> run = {"method": "vanilla", "seed": 0, "learning_rate": 0.003, "exact_match": 47.2, "chrf": 88.8,
+        >>> run = {"method": "none", "seed": 0, "learning_rate": 0.003, "exact_match": 47.2, "chrf": 88.8,
         ...        "bleu": 88.3, "dev": {"exact_match": 41.0, "chrf": 87.5, "bleu": 87.6}}
         >>> results = {"runs": [run], "settings": {"epochs": 16}, "learning_rates": [0.003],
-        ...            "selected_learning_rate": {"vanilla": 0.003}, "train_file": "d/valid.txt"}
-        >>> seq2seq_summary(results, name="s", commands=[])["cells"][0]["methods"]["vanilla"]["test"]
+        ...            "selected_learning_rate": {"none": 0.003}, "train_file": "d/valid.txt"}
+        >>> seq2seq_summary(results, name="s", commands=[])["cells"][0]["methods"]["none"]["test"]
         [47.2]
     """
     if not results.get("complete", True):

@@ -17,7 +17,7 @@ from peft_layerfusion.registration import SEQ2SEQ_METHODS
 from ..core.results.cells import config_defaults
 from ..core.results.records import fingerprint
 
-PLAIN_MODEL = "vanilla"  # the model alone, no fusion method
+PLAIN_MODEL = "none"  # the model alone, no fusion method
 # The compared variants of a seq2seq method of the registry, by its config class: run name -> options.
 # A registered seq2seq method not named here is compared once, under its own name, with its defaults.
 VARIANTS: dict[type[LayerFusionConfig], dict[str, dict[str, Any]]] = {
@@ -35,7 +35,7 @@ def method_configs() -> dict[str, Callable[[], LayerFusionConfig] | None]:
 
     Example:
         >>> list(method_configs())
-        ['vanilla', 'encoder_fusion', 'surface_hard', 'surface_soft']
+        ['none', 'encoder_fusion', 'surface_hard', 'surface_soft']
     """
     declared = list(VARIANTS)
     rank = {cls: position for position, cls in enumerate(declared)}
@@ -52,7 +52,7 @@ def variant_options(name: str) -> dict[str, Any] | None:
     for the plain model or a name not compared.
 
     Example:
-        >>> variant_options("surface_hard")["fusion_lambda"], variant_options("vanilla")
+        >>> variant_options("surface_hard")["fusion_lambda"], variant_options("none")
         (0.8, None)
     """
     make = method_configs().get(name)
@@ -66,7 +66,7 @@ def variant_key(name: str) -> str | None:
     the plain model.
 
     Example:
-        >>> len(variant_key("surface_hard")), variant_key("vanilla") is None
+        >>> len(variant_key("surface_hard")), variant_key("none") is None
         (12, True)
     """
     options = variant_options(name)

@@ -15,7 +15,7 @@ record of a key (a file joined from two, or edited by hand, counts each cell onc
 Keys: every task keys a run the same way, :func:`unit_key`: its cell, its LR and the :func:`fingerprint`
 of the settings that change its result (never the grid it ran in), e.g.
 ``dwatt|fe|8|25|0|lr=0.001|3f2a9c0d1e4b`` (NER, classify), ``dwatt|fe|0|lr=0.001|...`` (the masked
-LM), ``vanilla|0|lr=0.003|...`` (seq2seq). Resuming (:func:`finished_records`, :func:`run_or_resume`)
+LM), ``none|0|lr=0.003|...`` (seq2seq). Resuming (:func:`finished_records`, :func:`run_or_resume`)
 reads the results file; a unit whose key is there is not run again.
 """
 

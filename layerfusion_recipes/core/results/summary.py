@@ -213,10 +213,10 @@ def paired_by_trial(
         >>> runs = [
         ...     {"method": m, "seed": s, "lr": 1e-3, "dev": 1.0, "exact_match": v}
         ...     for m, s, v in [("x", 0, 3.0), ("x", 1, 4.0), ("x", 2, 5.0)]
-        ...     + [("vanilla", s, 2.0) for s in range(3)]
+        ...     + [("none", s, 2.0) for s in range(3)]
         ... ]
         >>> groups = summarize_groups(runs, layout)
-        >>> paired_by_trial(groups, [("x", "vanilla")], "exact_match")[0].difference
+        >>> paired_by_trial(groups, [("x", "none")], "exact_match")[0].difference
         PairedDifference(mean=2.0, half_width=2.48..., n=3)
     """
     name = metric if callable(metric) else (lambda group: metric)
