@@ -172,18 +172,25 @@ def upward_imports(edges: dict[tuple[str, str], list[str]], level: str = "folder
     return [line for (a, b), lines in sorted(edges.items()) if rank[b] < rank[a] for line in lines]
 
 
-def folder_loops(edges: dict[tuple[str, str], list[str]], level: str = "folders") -> list[list[str]]:
-    """The folders that reach each other through imports (strongly connected, more than one folder)."""
-    rank = LEVELS[level][1]
-    reach = {folder: {b for (a, b) in edges if a == folder} for folder in rank}
+def reaches(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """What each node of ``graph`` reaches through its edges (the transitive closure: a few hundred
+    nodes at most)."""
+    reach = {node: set(targets) for node, targets in graph.items()}
     changed = True
-    while changed:  # transitive closure: a handful of folders
+    while changed:
         changed = False
         for targets in reach.values():
             more = set().union(*(reach[t] for t in targets)) - targets if targets else set()
             if more:
                 targets |= more
                 changed = True
+    return reach
+
+
+def folder_loops(edges: dict[tuple[str, str], list[str]], level: str = "folders") -> list[list[str]]:
+    """The folders that reach each other through imports (strongly connected, more than one folder)."""
+    rank = LEVELS[level][1]
+    reach = reaches({folder: {b for (a, b) in edges if a == folder} for folder in rank})
     loops = {frozenset({a} | {b for b in reach[a] if a in reach[b]}) for a in rank if a in reach[a]}
     return sorted(sorted(loop) for loop in loops)
 
@@ -208,16 +215,9 @@ def test_every_folder_has_a_layer():
 
 def module_loops(imports: dict[str, set[str]]) -> list[str]:
     """The modules that reach themselves through imports (a type-only import counts)."""
-    reach = {name: {module_of(imported, set(imports)) for imported in names} & set(imports) - {name}
-             for name, names in imports.items()}
-    changed = True
-    while changed:  # transitive closure: a hundred modules
-        changed = False
-        for targets in reach.values():
-            more = set().union(*(reach[t] for t in targets)) - targets if targets else set()
-            if more:
-                targets |= more
-                changed = True
+    modules = set(imports)
+    reach = reaches({name: {module_of(imported, modules) for imported in names} & modules - {name}
+                     for name, names in imports.items()})
     return sorted(name for name in reach if name in reach[name])
 
 
@@ -226,47 +226,31 @@ def test_no_two_modules_import_each_other():
 
 
 @pytest.mark.parametrize(
-    "importer, source, upward",
+    "level, importer, source, upward, loop",
     [
-        ("core/results/cells.py", "from ...arguments import FULL_TRAIN\n", True),
-        ("core/engine/runner.py", "from ...data.readers import collate\n", True),
-        ("reporting/plot.py", "from ..mlm.records import read_mlm_records\n", True),
-        ("ner/settings.py", "from ..core.options.options import default_output\n", False),
-        ("arguments.py", "from .core.options.grids import DEFAULT_LR_GRIDS\n", False),
+        ("folders", "core/results/cells.py", "from ...arguments import FULL_TRAIN\n", True, True),
+        ("folders", "core/engine/runner.py", "from ...data.readers import collate\n", True, True),
+        ("folders", "reporting/plot.py", "from ..mlm.records import read_mlm_records\n", True, True),
+        ("folders", "ner/settings.py", "from ..core.options.options import default_output\n", False, False),
+        ("folders", "arguments.py", "from .core.options.grids import DEFAULT_LR_GRIDS\n", False, False),
+        ("core", "core/options/grids.py", "from ..engine.experiment import TaskSettings\n", True, True),
+        ("core", "core/results/cells.py", "from ..probes.probes import PROBE_SETTINGS\n", True, True),
+        ("core", "core/sweeps/sweep.py", "from ..cache.feature_cache import FeatureCache\n", False, False),
+        ("core", "core/errors.py", "from .options.options import check_names\n", True, True),
     ],
 )
-def test_the_picture_sees_an_upward_import_and_its_loop(tmp_path, importer, source, upward):
+def test_the_picture_sees_an_upward_import_and_its_loop(tmp_path, level, importer, source, upward, loop):
+    """An import planted against the layers is upward, and a loop where the folder it reaches imports
+    the importer's (``arguments`` and ``data`` import core; mlm draws with the reporting)."""
     path = tmp_path / "module.py"
     path.write_text(source)
     name = module_name(RECIPES / importer)
     imports = recipe_imports()
-    before = folder_edges(imports)
+    before = folder_edges(imports, level)
     imports[name] = imports[name] | imported_modules(path, name.rpartition(".")[0])
-    edges = folder_edges(imports)
-    assert (len(upward_imports(edges)) > len(upward_imports(before))) is upward
-    if upward and importer.startswith("core/"):  # arguments and data import core: a loop
-        assert folder_loops(edges) != [] and folder_loops(before) == []
-
-
-@pytest.mark.parametrize(
-    "importer, source, upward",
-    [
-        ("core/options/grids.py", "from ..engine.experiment import TaskSettings\n", True),
-        ("core/results/cells.py", "from ..probes.probes import PROBE_SETTINGS\n", True),
-        ("core/sweeps/sweep.py", "from ..cache.feature_cache import FeatureCache\n", False),
-        ("core/errors.py", "from .options.options import check_names\n", True),
-    ],
-)
-def test_the_core_picture_sees_an_upward_import_and_its_loop(tmp_path, importer, source, upward):
-    path = tmp_path / "module.py"
-    path.write_text(source)
-    name = module_name(RECIPES / importer)
-    imports = recipe_imports()
-    before = folder_edges(imports, "core")
-    imports[name] = imports[name] | imported_modules(path, name.rpartition(".")[0])
-    edges = folder_edges(imports, "core")
-    assert (len(upward_imports(edges, "core")) > len(upward_imports(before, "core"))) is upward
-    assert (folder_loops(edges, "core") != []) is upward  # each room named imports the importer's
+    edges = folder_edges(imports, level)
+    assert (len(upward_imports(edges, level)) > len(upward_imports(before, level))) is upward
+    assert folder_loops(before, level) == [] and (folder_loops(edges, level) != []) is loop
 
 
 def print_picture() -> int:
