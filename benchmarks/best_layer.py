@@ -26,8 +26,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from layerfusion_recipes.core.probes import probes_path
-from layerfusion_recipes.core.tasks import read_task_probes, read_task_records
+from layerfusion_recipes.core.probes.probes import probes_path
+from layerfusion_recipes.core.sweeps.tasks import read_task_probes, read_task_records
 from layerfusion_recipes.reporting.best_layer import best_layer_markdown, union_probes
 
 

@@ -21,9 +21,9 @@ import argparse
 import sys
 from collections import defaultdict
 
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.selection import select_lr
-from layerfusion_recipes.core.stats import paired_mean_ci
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.results.selection import select_lr
+from layerfusion_recipes.core.results.stats import paired_mean_ci
 from layerfusion_recipes.reporting.benchmark_report import Report
 
 
@@ -47,7 +47,8 @@ def selected_scores(runs: dict[tuple[int, float], dict]) -> tuple[float, dict[in
 
 
 def described(difference) -> str:
-    """``mean ± half-width (pairs)`` of a :class:`~layerfusion_recipes.core.stats.PairedDifference`."""
+    """``mean ± half-width (pairs)`` of a
+    :class:`~layerfusion_recipes.core.results.stats.PairedDifference`."""
     return f"{difference.mean:+.2f} ± {difference.half_width:.2f} ({difference.n})"
 
 

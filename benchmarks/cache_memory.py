@@ -5,8 +5,9 @@ default FE LR grid, 1000 dev sentences and the full test split) with three encod
 (7 states x 384, real weights) and random encoders of MiniLM's architecture and tokenizer with 13 x 768
 (BERT-base) and 25 x 1024 (RoBERTa-large; ``--full-splits`` gives it the full dev split too) states,
 whose F1 means nothing (timing and memory only). Each sweep is one ``layerfusion sweep`` process, one
-after another, run by ``--today-code`` (a checkout of the commit before the change: its ``recipes/``
-and ``peft_layerfusion/`` are put first on ``PYTHONPATH``) and by this checkout.
+after another, run by ``--today-code`` (a checkout of the commit before the change: its recipes
+(``layerfusion_recipes/``, ``recipes/`` before the rename) and ``peft_layerfusion/`` are put first on
+``PYTHONPATH``) and by this checkout.
 
 Per shape and code it prints the peak RSS (``sweeps.jsonl``), the predicted bytes (the states the
 code keeps + the model), peak / predicted, the same without the process's own bytes (the peak less the
@@ -41,14 +42,15 @@ import tempfile
 from pathlib import Path
 
 from cache_speed import random_encoder_like
-from layerfusion_recipes.core.demo import demo_model_path
-from layerfusion_recipes.core.feature_cache import PROCESS_BYTES, available_memory, gigabytes
-from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log
-from layerfusion_recipes.ner.experiment import Experiment
+
+from layerfusion_recipes.core.cache.feature_cache import PROCESS_BYTES, available_memory, gigabytes
+from layerfusion_recipes.core.models.demo import demo_model_path
+from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
+from layerfusion_recipes.ner.command import grid_cells
+from layerfusion_recipes.ner.experiment import NerExperiment
 from layerfusion_recipes.ner.settings import resolve
-from layerfusion_recipes.ner.sweep import grid_cells
 from layerfusion_recipes.reporting.benchmark_report import Report
 
 METHODS = ("none", "average", "concat", "dwatt")  # the issue's sweep
@@ -96,7 +98,8 @@ def sweep_folder(args: argparse.Namespace, shape: str, code: str) -> Path:
 def today_path(checkout: Path, folder: Path) -> str:
     """A folder that puts ``checkout``'s packages first on ``PYTHONPATH``."""
     folder.mkdir(parents=True, exist_ok=True)
-    for package, source in (("layerfusion_recipes", "recipes"), ("peft_layerfusion", "peft_layerfusion")):
+    recipes = "layerfusion_recipes" if (checkout / "layerfusion_recipes").is_dir() else "recipes"  # older
+    for package, source in (("layerfusion_recipes", recipes), ("peft_layerfusion", "peft_layerfusion")):
         # absolute: a relative link would resolve from its own folder
         link, target = folder / package, (checkout / source).resolve()
         if link.is_symlink() and link.resolve() != target:  # another checkout's, or broken
@@ -111,7 +114,7 @@ def predictions(argv: list[str]) -> dict[str, dict[str, int]]:
     from layerfusion_recipes.cli import build_parser
 
     settings, grid = resolve(build_parser().parse_args(argv))
-    experiment = Experiment(settings)
+    experiment = NerExperiment(settings)
     cells = grid_cells(grid)
     plan = experiment.cache_plan(cells)
     features = [*experiment.dev, *experiment.test]

@@ -33,15 +33,16 @@ import time
 from pathlib import Path
 
 import torch
-from layerfusion_recipes.classify.experiment import ClassifySettings
-from layerfusion_recipes.core.cells import Cell
-from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, model_path
-from layerfusion_recipes.core.experiment import TaskSettings, cache_positions_for
-from layerfusion_recipes.core.models import BUDGET_METHOD_NAMES, PLAIN_HEAD
-from layerfusion_recipes.core.selection import dev_score
-from layerfusion_recipes.ner.experiment import ExperimentSettings
-from layerfusion_recipes.reporting.benchmark_report import Report
 from overhead import parse_shape
+
+from layerfusion_recipes.classify.experiment import ClassifySettings
+from layerfusion_recipes.core.engine.experiment import TaskSettings, cache_positions_for
+from layerfusion_recipes.core.models.demo import DEMO_DEV_LIMIT, demo_data_path, model_path
+from layerfusion_recipes.core.models.models import BUDGET_METHOD_NAMES, PLAIN_HEAD
+from layerfusion_recipes.core.results.cells import Cell
+from layerfusion_recipes.core.results.selection import dev_score
+from layerfusion_recipes.ner.experiment import NerSettings
+from layerfusion_recipes.reporting.benchmark_report import Report
 
 
 def random_encoder_like(model: str, blocks: int, width: int, directory: str | Path) -> str:
@@ -73,7 +74,7 @@ def task_settings(args: argparse.Namespace, model: str) -> TaskSettings:
     """The settings of ``--task`` with a cache that keeps what ``--methods`` read."""
     limits = {"dev_limit": args.dev_limit, "test_limit": args.test_limit}
     if args.task == "ner":
-        settings = ExperimentSettings(model=model, data=args.data or demo_data_path(), **limits)
+        settings = NerSettings(model=model, data=args.data or demo_data_path(), **limits)
     else:
         if not args.data or not args.model:
             raise SystemExit("--task classify needs --data and --model")

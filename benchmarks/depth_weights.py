@@ -22,8 +22,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from layerfusion_recipes.core.selection import select_lr  # noqa: E402
-from layerfusion_recipes.core.tasks import read_task_records  # noqa: E402
+
+from layerfusion_recipes.core.results.selection import select_lr  # noqa: E402
+from layerfusion_recipes.core.sweeps.tasks import read_task_records  # noqa: E402
 
 WEIGHT_FIELDS = ("depth_attention", "mix_weights")
 

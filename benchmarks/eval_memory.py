@@ -45,14 +45,14 @@ from pathlib import Path
 
 import torch
 from cache_speed import parse_shape, random_encoder_like
-from layerfusion_recipes.core import runner as runner_module
-from layerfusion_recipes.core.cells import Cell
-from layerfusion_recipes.core.demo import demo_model_path
-from layerfusion_recipes.core.feature_cache import FeatureCache
-from layerfusion_recipes.core.runner import predict_labelled
-from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
-from layerfusion_recipes.reporting.benchmark_report import Report
 
+from layerfusion_recipes.core.cache.feature_cache import FeatureCache
+from layerfusion_recipes.core.engine import runner as runner_module
+from layerfusion_recipes.core.engine.runner import predict_labelled
+from layerfusion_recipes.core.models.demo import demo_model_path
+from layerfusion_recipes.core.results.cells import Cell
+from layerfusion_recipes.ner.experiment import NerExperiment, NerSettings
+from layerfusion_recipes.reporting.benchmark_report import Report
 from peft_layerfusion.layer import fusion_layer_of
 
 SHOTS, EVAL_BATCH = 32, 64
@@ -92,16 +92,16 @@ def rss_bytes() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def experiment(args: argparse.Namespace) -> tuple[Experiment, Cell]:
+def experiment(args: argparse.Namespace) -> tuple[NerExperiment, Cell]:
     """The experiment whose dev split is the ``--sentences`` longest test sentences, cache filled."""
     blocks, width = args.shape
     model = args.work / f"random-{blocks}x{width}"
     if not (model / "config.json").exists():
         random_encoder_like(demo_model_path(), blocks - 1, width, model)
-    settings = ExperimentSettings(
+    settings = NerSettings(
         model=str(model), data=args.data, dev_limit=1, cache_positions="labelled", cache_dir=str(args.work)
     )
-    run = Experiment(settings)
+    run = NerExperiment(settings)
     run.dev, run.test = run.test[-args.sentences :], []  # sorted by length: the longest
     cell = Cell(args.method, "fe", SHOTS, 1, 0)
     run.prefill_cache([cell])

@@ -74,9 +74,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
-from layerfusion_recipes.core.gemma import resolve_model
-from layerfusion_recipes.core.models import peft_alias_quiet
-from layerfusion_recipes.reporting.benchmark_report import Report
 from overhead import (
     ALLOCATOR_HELP,
     ALLOCATORS,
@@ -99,6 +96,9 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from layerfusion_recipes.core.models.gemma import resolve_model
+from layerfusion_recipes.core.models.models import peft_alias_quiet
+from layerfusion_recipes.reporting.benchmark_report import Report
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module
 from peft_layerfusion.methods.extra_layers import fresh_copy, set_layer_index

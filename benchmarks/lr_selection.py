@@ -1,7 +1,7 @@
 """Cost of LR selection on the feature cache: K learning rates trained together vs one LR, in one run.
 
 For each method, the same cell (same seed, same sample) is trained once at the first LR alone
-(:meth:`Experiment.run`) and once with all the LRs together (:meth:`Experiment.run_lrs`, the
+(:meth:`NerExperiment.run`) and once with all the LRs together (:meth:`NerExperiment.run_lrs`, the
 candidates stacked in one pass), interleaved over ``--rounds`` rounds; the ratio of the medians
 is printed (target: at most 1.6x for four LRs on every token-wise method). With ``--check``, the
 other LRs are also run alone and every stacked record's dev/test F1 and best epoch are compared
@@ -21,9 +21,10 @@ import statistics
 import time
 
 import torch
-from layerfusion_recipes.core.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
-from layerfusion_recipes.core.models import METHOD_NAMES
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
+
+from layerfusion_recipes.core.models.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
+from layerfusion_recipes.core.models.models import METHOD_NAMES
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings
 
 
 def timed(function, *args, **kwargs) -> tuple[float, object]:
@@ -56,13 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    settings = ExperimentSettings(
+    settings = NerSettings(
         model=args.model or demo_model_path(),
         data=args.data or demo_data_path(),
         dev_limit=args.dev_limit,
         test_limit=args.test_limit,
     )
-    experiment = Experiment(settings)
+    experiment = NerExperiment(settings)
     experiment.cache().fill(experiment.train_sample(args.shots, 0))
     print(f"torch threads: {torch.get_num_threads()}, LRs {args.lrs}, N={args.shots}, {args.epochs} epochs")
     print(f"| method | 1 LR s/run | {len(args.lrs)} LRs s/run | ratio | same records as lone runs |")

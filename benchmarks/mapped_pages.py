@@ -24,8 +24,14 @@ import time
 from pathlib import Path
 
 import torch
-from layerfusion_recipes.core import feature_cache
-from layerfusion_recipes.core.cache_files import drop_mapped_pages, mapped_range, read_shard, write_shard
+
+from layerfusion_recipes.core.cache import feature_cache
+from layerfusion_recipes.core.cache.cache_files import (
+    drop_mapped_pages,
+    mapped_range,
+    read_shard,
+    write_shard,
+)
 from layerfusion_recipes.reporting.benchmark_report import Report
 
 KEY = "benchmark"

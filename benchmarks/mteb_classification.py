@@ -33,10 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from layerfusion_recipes.core.gemma import resolve_model
-from layerfusion_recipes.data.texts import TextColumns, TextExample, load_texts
 from sklearn.linear_model import LogisticRegression
 from transformers import AutoModel, AutoTokenizer
+
+from layerfusion_recipes.core.models.gemma import resolve_model
+from layerfusion_recipes.data.texts import TextColumns, TextExample, load_texts
 
 POOL_PER_CLASS, MAX_DEV, MAX_TEST = 64, 500, 1000
 COLUMNS = {"sst2": TextColumns(), "trec": TextColumns(label="coarse_label")}

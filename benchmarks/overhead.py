@@ -41,14 +41,14 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
-from layerfusion_recipes.core.loop import glibc
-from layerfusion_recipes.reporting.benchmark_report import Report
 from peft import get_peft_model
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertModel
 
+from layerfusion_recipes.core.memory import glibc
+from layerfusion_recipes.reporting.benchmark_report import Report
 from peft_layerfusion.registration import ENCODER_METHODS
 
 METHODS = {method.name: method for method in ENCODER_METHODS}  # every encoder method

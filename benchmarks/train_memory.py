@@ -4,7 +4,7 @@ The FE sweep's training peak (issue 25) without the sweep: one cell of ``--metho
 encoder of MiniLM's architecture and tokenizer with ``--shape`` states (13x768: BERT-base), the N = 32
 sample of trial 0, the ``--sentences`` longest CoNLL-2003 test sentences as dev and the longest half of
 them as test (the sweep's largest evaluation batches), ``--epochs`` epochs at the ``--candidates`` LRs
-of the FE grid (``Experiment.run_lrs``, as a sweep runs a unit). Each ``--passes`` value (candidates per
+of the FE grid (``NerExperiment.run_lrs``, as a sweep runs a unit). Each ``--passes`` value (candidates per
 pass; the ``--train-memory`` that gives it is set from the cell's trainable parameters) runs in its own
 process, ``--rounds`` times, interleaved: the process's peak RSS (``ru_maxrss``), the same above its RSS
 before the call, the seconds of the call, and whether the records are those of the first value, bitwise
@@ -37,9 +37,10 @@ from eval_memory import (
     ratio_rows,
     rss_bytes,
 )
-from layerfusion_recipes.core.experiment import trainable_count
-from layerfusion_recipes.core.feature_cache import TRAINING_BYTES_PER_PARAMETER
-from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
+
+from layerfusion_recipes.core.cache.feature_cache import TRAINING_BYTES_PER_PARAMETER
+from layerfusion_recipes.core.engine.experiment import trainable_count
+from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
 from layerfusion_recipes.reporting.benchmark_report import Report
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from layerfusion_recipes.data.readers import NerDataset, NerSentence
 from peft import PeftModel, get_peft_model
 from torch import nn
 from transformers import BertConfig, BertForTokenClassification
 
 import peft_layerfusion  # noqa: F401  (registers the PEFT types)
+from layerfusion_recipes.data.readers import NerDataset, NerSentence
 from peft_layerfusion import count_hooks
 from peft_layerfusion.config import LayerFusionConfig
 from peft_layerfusion.fusion import FusionModule

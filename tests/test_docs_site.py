@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from layerfusion_recipes.reporting.registry_names import summary_of
-
 from peft_layerfusion.registration import BASELINE_TYPES, METHODS
 
 ROOT = Path(__file__).resolve().parents[1]

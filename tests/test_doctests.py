@@ -37,7 +37,6 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-import layerfusion_recipes
 import pytest
 import torch
 from conftest import (
@@ -50,7 +49,6 @@ from conftest import (
     write_tiny_model,
     write_toy_data,
 )
-from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from peft import PeftModel, get_peft_model
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
@@ -64,7 +62,9 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+import layerfusion_recipes
 import peft_layerfusion
+from layerfusion_recipes.ner.experiment import NerExperiment, NerSettings
 from peft_layerfusion import DWAttConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,12 +149,12 @@ def write_paragraphs(directory: Path) -> str:
     return str(directory)
 
 
-def ner_experiment() -> Experiment:
+def ner_experiment() -> NerExperiment:
     """A few-shot NER experiment as a sweep builds it: the tiny BERT (``model_path``) on the toy NER splits
     (``ner_data``: 40 / 12 / 12 sentences, 3 entity types), each cell at LRs 1e-2 and 3e-2, batch 4."""
     model = write_tiny_model(Path.cwd() / "tiny-bert")
     data = write_toy_data(Path.cwd() / "toy-ner")
-    return Experiment(ExperimentSettings(model=model, data=data, lr=[1e-2, 3e-2], batch_size=4))
+    return NerExperiment(NerSettings(model=model, data=data, lr=[1e-2, 3e-2], batch_size=4))
 
 
 # A sweep's grid (as ``grid_options`` gives it): two methods of the FE regime, 2 shots, 2 epochs, 2 trials.

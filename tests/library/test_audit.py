@@ -6,9 +6,9 @@ import json
 
 import pytest
 from conftest import TINY
-from layerfusion_recipes.cli import main as cli_main
 from transformers import BertConfig, RobertaConfig
 
+from layerfusion_recipes.cli import main as cli_main
 from peft_layerfusion.comparison.audit import (
     audit,
     audit_totals,

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-from layerfusion_recipes.cli import main as cli_main
 
+from layerfusion_recipes.cli import main as cli_main
 from peft_layerfusion import ConcatConfig, DWAttConfig
 from peft_layerfusion.comparison.audit import (
     ATTENTION_PROJECTIONS,

@@ -9,11 +9,12 @@ import sys
 
 import pytest
 from conftest import write_tiny_model, write_toy_data
+
 from layerfusion_recipes.cli import COMMANDS, build_parser, main
-from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log
-from layerfusion_recipes.ner.experiment import Experiment
+from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
+from layerfusion_recipes.ner.experiment import NerExperiment
 
 RECIPES = tuple(COMMANDS)
 
@@ -112,7 +113,7 @@ def test_ner_smoke_run_writes_results_table_and_figures(tiny, tmp_path, capsys, 
     def no_cache(self):
         raise AssertionError("a finished sweep built the feature cache")
 
-    monkeypatch.setattr(Experiment, "_cache_object", no_cache)
+    monkeypatch.setattr(NerExperiment, "_cache_object", no_cache)
     assert main(argv) == 0  # resumed: nothing to run, no feature cache built
     assert len(read_records(tmp_path / "results.jsonl")) == 4
     assert main(["plot", str(tmp_path / "results.jsonl"), "--output", str(tmp_path / "again")]) == 0
@@ -166,7 +167,7 @@ def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, mon
     )
     argv = ["sweep", "--config", str(config), "--quiet"]
     monkeypatch.setattr(sys, "argv", ["layerfusion", *argv])
-    run = Experiment.run  # one LR per cell: each cell is one run
+    run = NerExperiment.run  # one LR per cell: each cell is one run
     calls = []
 
     def interrupted(self, *args, **kwargs):
@@ -175,10 +176,10 @@ def test_each_sweep_invocation_logs_one_line_however_it_ends(tiny, tmp_path, mon
             raise KeyboardInterrupt  # Ctrl-C during the second cell
         return run(self, *args, **kwargs)
 
-    monkeypatch.setattr(Experiment, "run", interrupted)
+    monkeypatch.setattr(NerExperiment, "run", interrupted)
     assert main(argv) == 130  # Ctrl-C: one line, 128 + SIGINT
     assert len(calls) == 2
-    monkeypatch.setattr(Experiment, "run", run)
+    monkeypatch.setattr(NerExperiment, "run", run)
     assert main(argv) == 0  # resumes: the second cell only
     results = tmp_path / "out" / "results.jsonl"
     assert len(read_records(results)) == 2
@@ -244,8 +245,8 @@ ARGVS = [
 
 
 def _grid_of(argv: list[str]) -> tuple[dict, int]:
+    from layerfusion_recipes.ner.command import grid_cells, planned_runs
     from layerfusion_recipes.ner.settings import resolve
-    from layerfusion_recipes.ner.sweep import grid_cells, planned_runs
 
     settings, grid = resolve(build_parser().parse_args(["ner", *argv]))
     axes = {name: grid[name] for name in ("methods", "regimes", "shots", "epochs", "trials")}
@@ -253,7 +254,7 @@ def _grid_of(argv: list[str]) -> tuple[dict, int]:
 
 
 def test_your_data_gets_a_small_default_grid_and_the_papers_is_behind_an_option(tiny, tmp_path, capsys):
-    from layerfusion_recipes.ner.experiment import ExperimentSettings, check_sample_sizes
+    from layerfusion_recipes.ner.experiment import NerSettings, check_sample_sizes
 
     model, data = tiny
     axes, runs = _grid_of(["--model", model, "--data", data])
@@ -268,7 +269,7 @@ def test_your_data_gets_a_small_default_grid_and_the_papers_is_behind_an_option(
     }
     assert axes == small
     assert runs == 4 * 2 * 1 * 3 * len(DEFAULT_LR_GRIDS["fe"]) == 168  # was the paper's 2,800
-    settings = ExperimentSettings(model=model, data=data)
+    settings = NerSettings(model=model, data=data)
     check_sample_sizes(settings, axes["shots"], 30, 3)  # a 30-sentence train split gives both (was: 32)
     axes, runs = _grid_of(["--model", model, "--data", data, "--paper-grid"])
     paper = ([8, 16, 32, 64, 128], [25, 50, 75, 100], 5, 1, 2800)

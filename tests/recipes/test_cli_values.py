@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import toy_dataset, write_tiny_model, write_toy_data
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.errors import UserError
-from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
+from layerfusion_recipes.ner.experiment import NerExperiment, NerSettings
 from layerfusion_recipes.ner.training import TrainSettings
 
 
@@ -122,7 +123,7 @@ def test_train_settings_and_samples_refuse_impossible_values(tiny):
     for field in ("epochs", "eval_every", "batch_size"):
         with pytest.raises(ValueError, match=f"TrainSettings.{field} must be an integer >= 1, got 0"):
             TrainSettings(**{field: 0})
-    experiment = Experiment(ExperimentSettings(model=tiny[0], data="toy"), toy_dataset(train=30))
+    experiment = NerExperiment(NerSettings(model=tiny[0], data="toy"), toy_dataset(train=30))
     assert len(experiment.train_sample(10, 0)) == 30
     with pytest.raises(ValueError, match="--shots 11 asks for 11 x 3 entity types = 33"):
         experiment.train_sample(11, 0)
@@ -131,5 +132,5 @@ def test_train_settings_and_samples_refuse_impossible_values(tiny):
 @pytest.mark.parametrize("bad", [0, True, 2.0, "2"])
 def test_settings_of_a_script_refuse_a_probe_fuse_that_is_no_count(bad):
     with pytest.raises(UserError, match=f"probe_fuse: {bad!r}; allowed: an integer >= 1"):
-        ExperimentSettings(model="m", data="d", probe_fuse=bad)
-    assert ExperimentSettings(model="m", data="d", probe_fuse=2).probe_fuse == 2
+        NerSettings(model="m", data="d", probe_fuse=bad)
+    assert NerSettings(model="m", data="d", probe_fuse=2).probe_fuse == 2

@@ -8,8 +8,8 @@ import types
 
 from layerfusion_recipes.cli import build_parser
 from layerfusion_recipes.commands import COMMANDS, task_command
-from layerfusion_recipes.core.task_options import add_few_shot_arguments
-from layerfusion_recipes.core.tasks import is_sweep_task
+from layerfusion_recipes.core.options.task_options import add_few_shot_arguments
+from layerfusion_recipes.core.sweeps.tasks import is_sweep_task
 from layerfusion_recipes.ner import options as ner_options
 
 TASKS = ("ner", "classify", "mlm", "seq2seq")

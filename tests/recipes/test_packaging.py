@@ -40,7 +40,7 @@ def imported_top_level_modules(folder: Path) -> set[str]:
 def test_every_third_party_import_is_a_declared_dependency():
     distributions_of = packages_distributions()
     declared = declared_distributions()
-    folders = (ROOT / "peft_layerfusion", ROOT / "recipes")
+    folders = (ROOT / "peft_layerfusion", ROOT / "layerfusion_recipes")
     modules = set().union(*(imported_top_level_modules(folder) for folder in folders))
     assert {"torch", "transformers", "peft"} <= modules  # the scan sees the imports
     undeclared = {
@@ -52,17 +52,17 @@ def test_every_third_party_import_is_a_declared_dependency():
 
 
 def test_every_package_folder_is_packaged_none_listed_by_hand():
-    """setup.py finds the packages (pyproject.toml lists none): each folder with an ``__init__.py`` of
-    the library and of the recipes, the recipes' under their installed name."""
-    import runpy
+    """pyproject.toml finds the packages (``[tool.setuptools.packages.find]``, no list, no folder
+    mapping, no setup.py): each folder with an ``__init__.py`` of the library and of the recipes."""
+    from setuptools import find_packages
 
     setuptools_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "packages" not in setuptools_config
-    assert setuptools_config["package-dir"] == {"layerfusion_recipes": "recipes"}
-    found = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")["packages"]()
+    assert setuptools_config == {"packages": {"find": setuptools_config["packages"]["find"]}}  # no list
+    assert not (ROOT / "setup.py").exists()
+    found = find_packages(str(ROOT), **setuptools_config["packages"]["find"])
     folders = {
-        ".".join(init.parent.relative_to(ROOT).parts).replace("recipes", "layerfusion_recipes", 1)
-        for top in ("peft_layerfusion", "recipes")
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("peft_layerfusion", "layerfusion_recipes")
         for init in (ROOT / top).rglob("__init__.py")
     }
     assert sorted(found) == sorted(folders)

@@ -11,13 +11,13 @@ from collections import Counter
 import pytest
 import torch
 from conftest import write_folders, write_text_data, write_tiny_decoder, write_tiny_model
+
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.scoring import ClassScorer
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.cells import FULL_TRAIN, Cell
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log, sweep_log_path
-
+from layerfusion_recipes.core.results.cells import FULL_TRAIN, Cell
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log, sweep_log_path
 from peft_layerfusion.discovery import EncoderBlocks
 
 SCORES = ("dev_accuracy", "dev_macro_f1", "test_accuracy", "test_macro_f1", "best_epoch", "curve")

@@ -9,13 +9,13 @@ from functools import partial
 import pytest
 import torch
 from conftest import write_folders, write_text_data, write_tiny_decoder, write_tiny_model
-from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
-from layerfusion_recipes.classify.models import new_modules
-from layerfusion_recipes.core.cells import Cell
-from layerfusion_recipes.core.experiment import cache_positions_for
-from layerfusion_recipes.core.runner import Runner
 from torch import nn
 
+from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
+from layerfusion_recipes.classify.models import new_modules
+from layerfusion_recipes.core.engine.experiment import cache_positions_for
+from layerfusion_recipes.core.engine.runner import Runner
+from layerfusion_recipes.core.results.cells import Cell
 from peft_layerfusion.discovery import EncoderBlocks
 from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import eval_mode

@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+
 from layerfusion_recipes.core.errors import DataSourceError
 from layerfusion_recipes.data.readers import DataFormatError
 from layerfusion_recipes.data.sampling import check_per_class, describe_short_classes, sample_per_class

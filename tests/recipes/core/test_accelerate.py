@@ -12,10 +12,11 @@ import sys
 import pytest
 import torch
 from conftest import write_text_data, write_tiny_model, write_toy_data
+
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.processes import check_workers, launched_processes, share
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log, sweep_log_path
+from layerfusion_recipes.core.engine.processes import check_workers, launched_processes, share
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log, sweep_log_path
 
 needs_launch = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch without torch.distributed: accelerate cannot launch"

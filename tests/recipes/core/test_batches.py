@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from layerfusion_recipes.core.batches import IGNORE_INDEX, collate
 
 

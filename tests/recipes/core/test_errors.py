@@ -6,6 +6,7 @@ import argparse
 import sys
 
 import pytest
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.errors import DataSourceError, Terminated, UserError, run_command
 
@@ -95,11 +96,11 @@ def test_user_error_message_is_one_line(capsys):
 
 
 def test_sweep_worker_with_bad_data_fails_its_cell_instead_of_respawning(tmp_path, monkeypatch):
-    from layerfusion_recipes.core import sweep
-    from layerfusion_recipes.ner.experiment import Cell, ExperimentSettings
+    from layerfusion_recipes.core.sweeps import sweep
+    from layerfusion_recipes.ner.experiment import Cell, NerSettings
 
     monkeypatch.setattr(sweep, "_WORKER", None)
-    sweep._init_worker(ExperimentSettings(model="m", data=str(tmp_path / "nope.jsonl")), threads=1)
+    sweep._init_worker(NerSettings(model="m", data=str(tmp_path / "nope.jsonl")), threads=1)
     with pytest.raises(DataSourceError, match="nope.jsonl'?: no such file"):
         sweep._run_in_worker(Cell("none", "fe", 1, 1, 0))
 
@@ -129,14 +130,14 @@ def test_a_command_stopped_by_sigterm_exits_143_with_one_line(capsys):
 CTRL_C_SCRIPT = """
 import signal, sys, time
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.ner.experiment import Experiment
+from layerfusion_recipes.ner.experiment import NerExperiment
 
 def slow(self, cell, lrs, use_cache=None):
     print("training", flush=True)
     time.sleep(120)  # Ctrl-C arrives here
     yield from ()
 
-Experiment.iter_lrs = slow
+NerExperiment.iter_lrs = slow
 # Python's own Ctrl-C handler, as in a terminal (a shell's background job inherits SIGINT ignored)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.exit(main(sys.argv[1:]))

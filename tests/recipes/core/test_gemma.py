@@ -1,4 +1,6 @@
-"""Offline GGUF models (recipes/core/gemma.py): parts assembled, checked and converted once, atomically.
+"""Offline GGUF models (layerfusion_recipes/core/models/gemma.py): parts assembled, checked and converted
+once,
+atomically.
 
 Fake part packages and a stand-in loader cover the plumbing; a tiny Llama GGUF written with the
 ``gguf`` writer covers the real conversion (skipped without ``gguf``); the real Gemma 3 270M only
@@ -17,10 +19,18 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import write_tiny_llama_gguf
-from layerfusion_recipes.core import gemma
-from layerfusion_recipes.core.demo import DEMO_MODEL_NAME, demo_model_path, model_path
-from layerfusion_recipes.core.gemma import NamedGGUF, assemble, cache_root, convert, part_paths, resolve_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from layerfusion_recipes.core.models import gemma
+from layerfusion_recipes.core.models.demo import DEMO_MODEL_NAME, demo_model_path, model_path
+from layerfusion_recipes.core.models.gemma import (
+    NamedGGUF,
+    assemble,
+    cache_root,
+    convert,
+    part_paths,
+    resolve_model,
+)
 
 PAYLOAD = [b"GGUF-part-zero|", b"part-one|", b"the last part"]  # three parts of a fake file
 WHOLE = b"".join(PAYLOAD)

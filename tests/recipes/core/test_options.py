@@ -5,18 +5,19 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from layerfusion_recipes.classify.experiment import ClassifySettings
 from layerfusion_recipes.cli import build_parser
-from layerfusion_recipes.core.experiment import TaskSettings
-from layerfusion_recipes.core.feature_cache import storage_dtype
-from layerfusion_recipes.core.options import CACHE_DTYPES, DEFAULT_CACHE_DTYPE, check_cache_dtype
-from layerfusion_recipes.ner.experiment import ExperimentSettings
+from layerfusion_recipes.core.cache.feature_cache import storage_dtype
+from layerfusion_recipes.core.engine.experiment import TaskSettings
+from layerfusion_recipes.core.options.options import CACHE_DTYPES, DEFAULT_CACHE_DTYPE, check_cache_dtype
+from layerfusion_recipes.ner.experiment import NerSettings
 from layerfusion_recipes.ner.settings import resolve
 
 BAD = r"^--cache-dtype 'half': allowed float32, bfloat16, float16$"
 
 
-@pytest.mark.parametrize("settings", [ExperimentSettings, ClassifySettings])
+@pytest.mark.parametrize("settings", [NerSettings, ClassifySettings])
 def test_a_bad_cache_dtype_stops_the_settings_of_every_task_in_one_line(settings):
     """Checked once, where the settings are made: a flag, a YAML value and a script all pass there."""
     with pytest.raises(ValueError, match=BAD):

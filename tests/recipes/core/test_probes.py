@@ -1,4 +1,5 @@
-"""Layer probes (core/probes.py): the probe of layer n is the library's cross-validated logistic probe on
+"""Layer probes (core/probes/probes.py): the probe of layer n is the library's cross-validated logistic probe
+on
 block n's output (``output_hidden_states[n]``, before the final norm on a pre-norm decoder; as it is, or
 divided by its RMS per position) at the positions the task reads (classify: its pooled token, on a
 post-norm encoder and a pre-norm decoder; NER: the labelled first sub-words, a sentence's words in one
@@ -10,15 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
-from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
-from layerfusion_recipes.core import probes
-from layerfusion_recipes.core.batches import IGNORE_INDEX
-from layerfusion_recipes.core.probes import probe_records, probes_path, run_probes
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from seqeval.metrics import f1_score
 from transformers import AutoModel
 
+from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
+from layerfusion_recipes.core.batches import IGNORE_INDEX
+from layerfusion_recipes.core.probes import probes
+from layerfusion_recipes.core.probes.probes import probe_records, probes_path, run_probes
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.ner.experiment import NerExperiment, NerSettings
 from peft_layerfusion import cross_validated_probe
 from peft_layerfusion.probing import FOLDS, probe_accuracy
 
@@ -50,8 +51,8 @@ def classify(paths, request) -> ClassifyExperiment:
 
 
 @pytest.fixture(scope="module")
-def ner(paths) -> Experiment:
-    return Experiment(ExperimentSettings(model=paths["model"], data=paths["ner"], batch_size=4, seed=3))
+def ner(paths) -> NerExperiment:
+    return NerExperiment(NerSettings(model=paths["model"], data=paths["ner"], batch_size=4, seed=3))
 
 
 @torch.no_grad()
@@ -238,7 +239,7 @@ def test_probes_on_a_prefilled_cache_of_the_head_positions_match_an_every_positi
         common = {"model": paths["model"], "batch_size": 4, "seed": 3, "cache_positions": positions}
         if task == "classify":
             return ClassifyExperiment(ClassifySettings(data=paths["texts"], **common))
-        return Experiment(ExperimentSettings(data=paths["ner"], **common))
+        return NerExperiment(NerSettings(data=paths["ner"], **common))
 
     grid = {"shots": [2], "epochs": [3], "trials": 2}
     prefilled, every = experiment("read"), experiment("all")

@@ -1,11 +1,11 @@
-"""The shared resume of every task (core.records): keys, the finished runs of a results file, and
+"""The shared resume of every task (core.results.records): keys, the finished runs of a results file, and
 run-or-resume appending each new run once."""
 
 from __future__ import annotations
 
 import json
 
-from layerfusion_recipes.core.records import (
+from layerfusion_recipes.core.results.records import (
     fingerprint,
     finished_records,
     read_records,

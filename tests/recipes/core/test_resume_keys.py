@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from layerfusion_recipes.core.cells import config_defaults, defaults_key
-from layerfusion_recipes.core.records import fingerprint
+
+from layerfusion_recipes.core.results.cells import config_defaults, defaults_key
+from layerfusion_recipes.core.results.records import fingerprint
 from layerfusion_recipes.mlm.options import add_arguments as add_mlm_arguments
 from layerfusion_recipes.mlm.records import run_key as mlm_run_key
 from layerfusion_recipes.mlm.settings import MlmSettings
@@ -17,7 +18,6 @@ from layerfusion_recipes.ner.options import add_arguments as add_experiment_argu
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.seq2seq import variants
 from layerfusion_recipes.seq2seq.records import run_key
-
 from peft_layerfusion.registration import METHODS, method_named
 
 NER_ARGV = ["--model", "hub-model/x", "--data", "hub/data", "--lr", "1e-3", "3e-2", "--shots", "8"]
@@ -91,7 +91,7 @@ def test_a_seq2seq_variant_s_key_carries_its_options_and_changes_with_them(monke
     assert options["fusion"] == "hard" and options["fusion_lambda"] == 0.8
     key = run_key("surface_hard", 0, 3e-3, "3f2a9c0d1e4b")
     assert key == f"surface_hard|0|lr=0.003|3f2a9c0d1e4b|defaults={fingerprint(options)}"
-    assert run_key("vanilla", 0, 3e-3, "3f2a9c0d1e4b") == "vanilla|0|lr=0.003|3f2a9c0d1e4b"
+    assert run_key("none", 0, 3e-3, "3f2a9c0d1e4b") == "none|0|lr=0.003|3f2a9c0d1e4b"
     config_cls = next(cls for cls, named in variants.VARIANTS.items() if "surface_hard" in named)
     changed = {**variants.VARIANTS, config_cls: {**variants.VARIANTS[config_cls]}}
     changed[config_cls]["surface_hard"] = {**changed[config_cls]["surface_hard"], "fusion_lambda": 0.5}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from layerfusion_recipes.core.selection import best_on_dev, select_lr, select_then_repeat
+
+from layerfusion_recipes.core.results.selection import best_on_dev, select_lr, select_then_repeat
 
 
 def test_the_best_dev_score_wins_ties_go_to_the_smaller_lr_and_nan_ranks_last():

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from layerfusion_recipes.core.stats import mean_ci, paired_mean_ci
+
+from layerfusion_recipes.core.results.stats import mean_ci, paired_mean_ci
 
 
 def test_the_paired_difference_is_over_the_keys_both_have():

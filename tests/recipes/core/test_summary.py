@@ -1,11 +1,13 @@
-"""The one summariser (core.summary): selection on dev, the edge flag, mean ± t-CI, paired differences."""
+"""The one summariser (core.results.summary): selection on dev, the edge flag, mean ± t-CI, paired
+differences."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from layerfusion_recipes.core.summary import Layout, MeanCI, fields, paired_by_trial, summarize_groups
+
+from layerfusion_recipes.core.results.summary import Layout, MeanCI, fields, paired_by_trial, summarize_groups
 
 T_975_1, T_975_2 = 12.706205, 4.302653  # Student t quantiles (0.975) at 1 and 2 degrees of freedom
 FEW_SHOT = Layout(setting=lambda r: r["shots"], dev=lambda r: r["dev"], metrics=fields("dev", "test"))

@@ -10,9 +10,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+
 from layerfusion_recipes.core.errors import Terminated
-from layerfusion_recipes.core.records import append_record, read_lines
-from layerfusion_recipes.core.sweep_log import (
+from layerfusion_recipes.core.results.records import append_record, read_lines
+from layerfusion_recipes.core.sweeps.sweep_log import (
     logged_sweep,
     peak_rss_mb,
     read_sweep_log,

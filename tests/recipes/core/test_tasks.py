@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from layerfusion_recipes.core.errors import UserError
-from layerfusion_recipes.core.tasks import CELL_RECORD_FIELDS, is_sweep_task, readable, sweep_task
+from layerfusion_recipes.core.sweeps.tasks import CELL_RECORD_FIELDS, is_sweep_task, readable, sweep_task
 
 
 def _cell(task: str, **extra) -> dict:

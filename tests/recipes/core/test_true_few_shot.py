@@ -1,4 +1,5 @@
-"""The true few-shot protocol (core/true_few_shot.py) end to end on tiny random models and toy data: the
+"""The true few-shot protocol (core/sweeps/true_few_shot.py) end to end on tiny random models and toy data:
+the
 rows every method reads equal a recomputation from ``output_hidden_states``, every choice comes from the
 sample (no dev split read), each trial's record and the summary, resume, and the recommended recipe saved
 as one adapter that reloads bitwise."""
@@ -10,13 +11,13 @@ import json
 import pytest
 import torch
 from conftest import write_folders, write_text_data, write_tiny_decoder, write_tiny_model, write_toy_data
-from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
-from layerfusion_recipes.cli import main
-from layerfusion_recipes.core import true_few_shot
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
 from peft import PeftModel
 
+from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
+from layerfusion_recipes.cli import main
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps import true_few_shot
+from layerfusion_recipes.ner.experiment import NerExperiment, NerSettings
 from peft_layerfusion import few_shot
 
 
@@ -54,7 +55,7 @@ def test_rows_are_the_pooled_head_states_of_output_hidden_states(paths):
 
 
 def test_token_rows_are_the_labelled_words_of_each_sentence(paths):
-    experiment = Experiment(ExperimentSettings(model=paths["model"], data=paths["ner"], batch_size=4))
+    experiment = NerExperiment(NerSettings(model=paths["model"], data=paths["ner"], batch_size=4))
     examples = experiment.test[:3]
     rows = true_few_shot.head_rows(experiment, experiment.load_model(seed=0), examples)
     labelled = [sum(label != -100 for label in example["labels"]) for example in examples]
@@ -69,7 +70,7 @@ def test_a_sweep_chooses_from_the_sample_writes_a_summary_and_resumes(paths, tmp
     elif task == "decoder":  # its own head reads the last token, after the final norm; no bias
         experiment = classify(paths, model="decoder", pooling="model")
     else:
-        experiment = Experiment(ExperimentSettings(model=paths["model"], data=paths["ner"], batch_size=4))
+        experiment = NerExperiment(NerSettings(model=paths["model"], data=paths["ner"], batch_size=4))
     experiment.dev = []  # the protocol reads no dev split: without one, it runs the same
     plan = true_few_shot.Plan(shots=(4,), trials=2, folds=2)
     summary = true_few_shot.run_true_few_shot(experiment, plan, tmp_path, command="layerfusion test")

@@ -5,16 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.core.batches import collate
-from layerfusion_recipes.core.runner import labelled_predictions
-from layerfusion_recipes.data.gold import gold_reach, spread_to_words, word_label_ids
-from layerfusion_recipes.data.readers import NerDataset, NerSentence, encode_ner
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
-from layerfusion_recipes.ner.scoring import SpanScorer
-from layerfusion_recipes.ner.training import TokenClassifierRunner, evaluate_f1
 from seqeval.metrics import f1_score
 from torch import nn
 from transformers import AutoTokenizer
+
+from layerfusion_recipes.core.batches import collate
+from layerfusion_recipes.core.engine.runner import labelled_predictions
+from layerfusion_recipes.data.gold import gold_reach, spread_to_words, word_label_ids
+from layerfusion_recipes.data.readers import NerDataset, NerSentence, encode_ner
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings
+from layerfusion_recipes.ner.scoring import SpanScorer
+from layerfusion_recipes.ner.training import TokenClassifierRunner, evaluate_f1
 
 LABELS = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
 LABEL2ID = {label: i for i, label in enumerate(LABELS)}
@@ -88,8 +89,8 @@ def _dataset(dev: list[NerSentence]) -> NerDataset:
 
 def test_experiment_says_how_many_dev_entities_are_out_of_reach_and_records_it(tokenizer, capsys):
     model = tokenizer.name_or_path
-    settings = ExperimentSettings(model=model, data="cut", max_length=5, lr=3e-2, batch_size=4)
-    experiment = Experiment(settings, _dataset(SENTENCES))
+    settings = NerSettings(model=model, data="cut", max_length=5, lr=3e-2, batch_size=4)
+    experiment = NerExperiment(settings, _dataset(SENTENCES))
     err = capsys.readouterr().err
     assert "dev: 3 of 7 gold entities (42.9%) are out of the model's reach" in err and "--max-length 5" in err
     record = experiment.run(Cell("none", "fe", shots=2, epochs=2, trial=0))
@@ -98,10 +99,10 @@ def test_experiment_says_how_many_dev_entities_are_out_of_reach_and_records_it(t
 
 
 def test_a_max_length_that_leaves_no_entity_in_reach_is_refused(tokenizer):
-    settings = ExperimentSettings(model=tokenizer.name_or_path, data="cut", max_length=2)
+    settings = NerSettings(model=tokenizer.name_or_path, data="cut", max_length=2)
     with pytest.raises(ValueError, match="--max-length 2 leaves no room for a word"):
-        Experiment(settings, _dataset(SENTENCES))
+        NerExperiment(settings, _dataset(SENTENCES))
     late = [NerSentence(("went", "to", "the", "paris"), ("O", "O", "O", "B-LOC"))]
-    settings = ExperimentSettings(model=tokenizer.name_or_path, data="cut", max_length=4)
+    settings = NerSettings(model=tokenizer.name_or_path, data="cut", max_length=4)
     with pytest.raises(ValueError, match="none of the 1 dev gold entities is within the model's reach"):
-        Experiment(settings, _dataset(late))
+        NerExperiment(settings, _dataset(late))

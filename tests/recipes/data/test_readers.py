@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import write_tiny_model
+
 from layerfusion_recipes.core.batches import IGNORE_INDEX, collate
 from layerfusion_recipes.data.readers import (
     DataFormatError,

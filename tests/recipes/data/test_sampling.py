@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+
 from layerfusion_recipes.data.sampling import sample_shots
 
 

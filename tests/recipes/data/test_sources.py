@@ -7,8 +7,9 @@ import re
 
 import datasets
 import pytest
+
 from layerfusion_recipes.core.errors import DataSourceError
-from layerfusion_recipes.core.locations import looks_like_hub_name
+from layerfusion_recipes.core.options.locations import looks_like_hub_name
 from layerfusion_recipes.data.readers import NerSentence
 from layerfusion_recipes.data.sources import (
     NerColumnError,
@@ -287,8 +288,9 @@ def test_unreadable_list_cell_names_file_and_row(tmp_path):
 
 def test_cli_reads_a_saved_dataset_with_named_columns(tmp_path, capsys):
     from conftest import toy_dataset, write_tiny_model
+
     from layerfusion_recipes.cli import main
-    from layerfusion_recipes.core.records import read_records
+    from layerfusion_recipes.core.results.records import read_records
 
     toy = toy_dataset(train=12, dev=4, test=0)
     names = sorted({tag for s in toy.train + toy.dev for tag in s.tags})

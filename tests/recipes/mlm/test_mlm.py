@@ -11,9 +11,10 @@ import os
 import pytest
 import torch
 from conftest import write_tiny_model
+
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.grids import DEFAULT_MLM_LR_GRIDS
-from layerfusion_recipes.core.records import read_records
+from layerfusion_recipes.core.options.grids import DEFAULT_MLM_LR_GRIDS
+from layerfusion_recipes.core.results.records import read_records
 from layerfusion_recipes.mlm import experiment as mlm
 from layerfusion_recipes.mlm.experiment import load_text_splits, make_blocks, mask_tokens
 from layerfusion_recipes.mlm.records import (
@@ -419,9 +420,10 @@ def test_help_shows_the_default_grids(capsys):
 
 @pytest.mark.parametrize("method", ["dwatt", "concat", "extra_layers", "none"])
 def test_masked_logits_equal_the_full_logits_at_the_predicted_positions(tiny, method):
-    from layerfusion_recipes.core.models import apply_regime
-    from layerfusion_recipes.mlm.experiment import masked_logits
     from transformers import AutoModelForMaskedLM
+
+    from layerfusion_recipes.core.models.models import apply_regime
+    from layerfusion_recipes.mlm.experiment import masked_logits
 
     torch.manual_seed(0)
     model = apply_regime(AutoModelForMaskedLM.from_pretrained(tiny[0]), method, "fe", head_modules=("cls",))

@@ -25,18 +25,19 @@ import signal
 import sys
 import traceback
 
-import layerfusion_recipes.core.cache_files as files_module
-import layerfusion_recipes.core.feature_cache as cache_module
 import safetensors.torch
 import torch
 from conftest import toy_dataset
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
+
+import layerfusion_recipes.core.cache.cache_files as files_module
+import layerfusion_recipes.core.cache.feature_cache as cache_module
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings
 
 CELL = Cell("dwatt", "fe", shots=2, epochs=2, trial=0)
 
 
-def crash_settings(model: str, cache_dir: str) -> ExperimentSettings:
-    return ExperimentSettings(model=model, data="toy", lr=3e-2, batch_size=4, cache_dir=cache_dir)
+def crash_settings(model: str, cache_dir: str) -> NerSettings:
+    return NerSettings(model=model, data="toy", lr=3e-2, batch_size=4, cache_dir=cache_dir)
 
 
 def crash_data():
@@ -93,7 +94,7 @@ def main(model: str, root: str, points: list[str]) -> dict[str, int]:
                 torch.set_num_threads(1)
                 _arm(point, int(nth))
                 settings = crash_settings(model, os.path.join(root, f"{point}-{nth}"))
-                Experiment(settings, crash_data()).run(CELL)
+                NerExperiment(settings, crash_data()).run(CELL)
             except BaseException:
                 traceback.print_exc()
                 code = 1

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
+from torch import nn
+
 from layerfusion_recipes.core.batches import collate
-from layerfusion_recipes.core.feature_cache import (
+from layerfusion_recipes.core.cache.feature_cache import (
     COMPUTED,
     NOTHING,
     FeatureCache,
@@ -14,22 +16,20 @@ from layerfusion_recipes.core.feature_cache import (
     learn_block_outputs,
     same_arguments,
 )
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings
 from layerfusion_recipes.ner.training import TokenClassifierRunner, TrainSettings, train_token_classifier
-from torch import nn
-
 from peft_layerfusion.discovery import EncoderBlocks, find_encoder_blocks
 
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    return Experiment(
-        ExperimentSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=40)
+    return NerExperiment(
+        NerSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=40)
     )
 
 
-def _train_one_epoch(experiment: Experiment, method: str, use_cache: bool):
+def _train_one_epoch(experiment: NerExperiment, method: str, use_cache: bool):
     cell = Cell(method, "fe", shots=4, epochs=1, trial=0)
     train = experiment.train_sample(cell.shots, cell.trial)
     model, located = experiment.build(cell)

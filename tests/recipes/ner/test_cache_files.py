@@ -15,12 +15,12 @@ import pytest
 import torch
 from cache_crash_driver import CELL, crash_data, crash_settings
 from conftest import WORDS, toy_dataset, wordpiece_tokenizer, write_tiny_model
-from layerfusion_recipes.core import cache_files
-from layerfusion_recipes.core.cache_files import feature_key, remove_stale_temp_files
-from layerfusion_recipes.core.feature_cache import FeatureCache
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
-from layerfusion_recipes.ner.models import load_token_classifier
 
+from layerfusion_recipes.core.cache import cache_files
+from layerfusion_recipes.core.cache.cache_files import feature_key, remove_stale_temp_files
+from layerfusion_recipes.core.cache.feature_cache import FeatureCache
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings
+from layerfusion_recipes.ner.models import load_token_classifier
 from peft_layerfusion.discovery import find_encoder_blocks
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,11 +32,11 @@ def model_path(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def experiment(model_path) -> Experiment:
-    return Experiment(ExperimentSettings(model=model_path, data="toy", batch_size=4), toy_dataset(dev=8))
+def experiment(model_path) -> NerExperiment:
+    return NerExperiment(NerSettings(model=model_path, data="toy", batch_size=4), toy_dataset(dev=8))
 
 
-def _cache(experiment: Experiment, directory) -> FeatureCache:
+def _cache(experiment: NerExperiment, directory) -> FeatureCache:
     base = load_token_classifier(experiment.settings.model, len(experiment.labels), seed=0)
     located = find_encoder_blocks(base)
     model = experiment.settings.model
@@ -56,12 +56,12 @@ def _uncached_states(model_path: str, input_ids: list[int]) -> torch.Tensor:
 
 def test_new_weights_saved_at_the_same_path_are_not_served_old_features(tmp_path):
     path = write_tiny_model(tmp_path / "model", seed=0)
-    settings = ExperimentSettings(model=path, data="toy", lr=3e-2, batch_size=4, cache_dir=str(tmp_path))
+    settings = NerSettings(model=path, data="toy", lr=3e-2, batch_size=4, cache_dir=str(tmp_path))
     data = toy_dataset(train=20, dev=6)
-    old = Experiment(settings, data)
+    old = NerExperiment(settings, data)
     old_states = dict(old.cache().states)
     write_tiny_model(tmp_path / "model", seed=1)  # fine-tuned weights saved over the old ones
-    new = Experiment(settings, data)
+    new = NerExperiment(settings, data)
     key = new.cache().key_of(new.dev[0])
     assert new.cache().key != old.cache().key
     fresh = _uncached_states(path, new.dev[0]["input_ids"])  # what --no-cache computes
@@ -244,7 +244,7 @@ KILL_POINTS = ("compute:1", "compute:2", "write:1", "write:2", "rename:2", "publ
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, model_path):
     directory = tmp_path_factory.mktemp("uninterrupted")
-    experiment = Experiment(crash_settings(model_path, str(directory)), crash_data())
+    experiment = NerExperiment(crash_settings(model_path, str(directory)), crash_data())
     return experiment.run(CELL), experiment.cache().states
 
 
@@ -272,7 +272,7 @@ def test_kill_9_while_filling_then_restart_gives_the_uninterrupted_features_and_
     assert [len(temps[p]) for p in KILL_POINTS] == [0, 0, 1, 1, 1, 0]
     assert [shards[p] for p in KILL_POINTS] == [0, 1, 0, 1, 1, 1]
     for point in KILL_POINTS:
-        restarted = Experiment(crash_settings(model_path, str(left[point])), crash_data())
+        restarted = NerExperiment(crash_settings(model_path, str(left[point])), crash_data())
         record = restarted.run(CELL)
         assert record["curve"] == reference_record["curve"], point
         assert record["depth_attention"] == reference_record["depth_attention"], point

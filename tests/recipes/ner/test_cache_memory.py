@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.core import experiment as experiment_module
-from layerfusion_recipes.core import fitting
-from layerfusion_recipes.core import runner as runner_module
-from layerfusion_recipes.core.feature_cache import (
+from torch.nn.utils.rnn import pad_sequence
+
+from layerfusion_recipes.core.cache.feature_cache import (
     ALL_POSITIONS,
     FIRST_POSITION,
     LAST_POSITION,
@@ -29,25 +28,26 @@ from layerfusion_recipes.core.feature_cache import (
     padded_inputs,
     resident_limit,
 )
-from layerfusion_recipes.core.loop import release_freed_memory, resident_above, resident_bytes
-from layerfusion_recipes.core.models import PLAIN_HEAD
-from layerfusion_recipes.core.runner import (
+from layerfusion_recipes.core.engine import experiment as experiment_module
+from layerfusion_recipes.core.engine import fitting
+from layerfusion_recipes.core.engine import runner as runner_module
+from layerfusion_recipes.core.engine.runner import (
     labelled_predictions,
     largest_first,
     padded_tokens,
     predict_labelled,
 )
+from layerfusion_recipes.core.memory import release_freed_memory, resident_above, resident_bytes
+from layerfusion_recipes.core.models.models import PLAIN_HEAD
 from layerfusion_recipes.ner.experiment import (
     LABELLED_POSITIONS,
     Cell,
-    Experiment,
-    ExperimentSettings,
+    NerExperiment,
+    NerSettings,
     cache_positions_for,
     reads_labelled_only,
 )
 from layerfusion_recipes.ner.models import load_token_classifier
-from torch.nn.utils.rnn import pad_sequence
-
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.hooks import BlockCapture
 from peft_layerfusion.layer import active_fusion_module
@@ -79,8 +79,8 @@ def model_path(tmp_path_factory) -> str:
 
 def _experiment(
     model_path: str, positions: str, dtype: str = "float32", reference: bool = False
-) -> Experiment:
-    settings = ExperimentSettings(
+) -> NerExperiment:
+    settings = NerSettings(
         model=model_path,
         data="toy",
         lr=[3e-3, 3e-2],
@@ -88,7 +88,7 @@ def _experiment(
         cache_positions=positions,
         cache_dtype=dtype,
     )
-    experiment = Experiment(settings, toy_dataset(train=40, dev=10, test=8))
+    experiment = NerExperiment(settings, toy_dataset(train=40, dev=10, test=8))
     if reference:
         base = load_token_classifier(model_path, len(experiment.labels), seed=0)
         experiment._cache = PaddedAsBefore(
@@ -97,7 +97,7 @@ def _experiment(
     return experiment
 
 
-def _records(experiment: Experiment, method: str) -> list[dict]:
+def _records(experiment: NerExperiment, method: str) -> list[dict]:
     """Two LRs of one cell (trained together where they can be), then one lone run."""
     records = experiment.run_lrs(Cell(method, "fe", shots=3, epochs=3, trial=1), [3e-3, 3e-2])
     records.append(experiment.run(Cell(method, "fe", shots=2, epochs=2, trial=0), lr=1e-2))
@@ -105,7 +105,7 @@ def _records(experiment: Experiment, method: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(model_path) -> Experiment:
+def reference(model_path) -> NerExperiment:
     return _experiment(model_path, "all", reference=True)
 
 
@@ -172,7 +172,7 @@ def test_half_precision_is_stored_in_two_bytes_cast_back_and_keyed(model_path, d
 
 
 def test_the_kept_positions_leave_the_setup_as_it_is_and_the_cache_dtype_is_part_of_it():
-    base = ExperimentSettings(model="m", data="d")
+    base = NerSettings(model="m", data="d")
     assert base.setup_fields()["cache_dtype"] == "float32"
     assert dataclasses.replace(base, cache_positions="labelled").setup() == base.setup()  # the same numbers
     assert dataclasses.replace(base, cache_dtype="float32").setup() == base.setup()
@@ -262,7 +262,7 @@ def test_with_a_directory_the_states_are_served_memory_mapped_from_the_shards(tm
 def test_with_a_directory_the_shards_pages_leave_the_process_every_mapped_bytes_held(
     tmp_path, model_path, monkeypatch
 ):
-    from layerfusion_recipes.core import feature_cache
+    from layerfusion_recipes.core.cache import feature_cache
 
     experiment = _experiment(model_path, "all")
     base = load_token_classifier(model_path, len(experiment.labels), seed=0)
@@ -285,7 +285,7 @@ def test_with_a_directory_the_shards_pages_leave_the_process_every_mapped_bytes_
 
 
 def test_a_fill_writes_a_shard_every_flush_bytes(tmp_path, model_path, monkeypatch):
-    from layerfusion_recipes.core import feature_cache
+    from layerfusion_recipes.core.cache import feature_cache
 
     experiment = _experiment(model_path, "all")
     base = load_token_classifier(model_path, len(experiment.labels), seed=0)
@@ -301,7 +301,7 @@ def test_a_fill_gives_the_heaps_freed_pages_back_after_every_batch(model_path, m
     """Each batch's activations are freed between the states the cache keeps, which pin the heap's
     pages: glibc returns them only when trimmed (13 x 768: the fill's peak RSS, 3.62-3.73 GB in three
     sweeps, 3.56-3.58 GB with the trims; the states 2.32 GB)."""
-    from layerfusion_recipes.core import feature_cache
+    from layerfusion_recipes.core.cache import feature_cache
 
     calls: list[int] = []
     monkeypatch.setattr(feature_cache, "release_freed_memory", lambda: calls.append(1) or True)
@@ -382,10 +382,10 @@ def test_the_memory_line_holds_what_an_r_n_run_on_a_decoder_holds(tmp_path, monk
     model = AutoModelForCausalLM.from_pretrained(path)
     model.resize_token_embeddings(20_000)  # 0.64M of its 0.66M parameters: the embeddings
     model.save_pretrained(path)
-    settings = ExperimentSettings(
+    settings = NerSettings(
         model=path, data="toy", max_length=64, batch_size=4, head_modules=("score",)
     )
-    experiment = Experiment(settings, toy_dataset(train=20, dev=6, test=6))
+    experiment = NerExperiment(settings, toy_dataset(train=20, dev=6, test=6))
     cell = Cell("extra_layers", "fe", shots=2, epochs=1, trial=0)
     plan, training = experiment.cache_plan([cell]), experiment.training_plan([cell])
     experiment.prefill_cache([cell])  # the encoder that filled the cache goes, as in a sweep
@@ -439,8 +439,8 @@ def test_a_sweep_prints_the_bytes_then_refuses_one_line_when_they_cannot_fit(
     tmp_path, cli_run, monkeypatch, capsys
 ):
     from layerfusion_recipes.cli import main
-    from layerfusion_recipes.core import sweep
-    from layerfusion_recipes.core.sweep_log import read_sweep_log
+    from layerfusion_recipes.core.sweeps import sweep
+    from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
 
     monkeypatch.setattr(sweep, "available_memory", lambda: 1000)
     assert main(cli_run) == 2

@@ -12,20 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_folders, write_tiny_decoder, write_tiny_model, write_toy_data
-from layerfusion_recipes.cli import main
-from layerfusion_recipes.core import gemma
-from layerfusion_recipes.core.batches import collate
-from layerfusion_recipes.core.gemma import NamedGGUF
-from layerfusion_recipes.core.models import eval_frozen_subtrees, head_module_names
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.data.readers import NerSentence, encode_ner, word_separator
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings
-from layerfusion_recipes.ner.models import (
-    DecoderTokenClassifier,
-    default_token_head,
-    load_token_classifier,
-    token_classifier_skeleton,
-)
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
     AutoModelForCausalLM,
@@ -35,6 +21,20 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from layerfusion_recipes.cli import main
+from layerfusion_recipes.core.batches import collate
+from layerfusion_recipes.core.models import gemma
+from layerfusion_recipes.core.models.gemma import NamedGGUF
+from layerfusion_recipes.core.models.models import eval_frozen_subtrees, head_module_names
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.data.readers import NerSentence, encode_ner, word_separator
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings
+from layerfusion_recipes.ner.models import (
+    DecoderTokenClassifier,
+    default_token_head,
+    load_token_classifier,
+    token_classifier_skeleton,
+)
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import fusion_layer_of
 
@@ -131,10 +131,10 @@ def test_each_token_is_labelled_from_its_left_context_only(folders, family):
 
 @pytest.mark.parametrize("family", GENERIC)
 def test_the_generic_head_trains_every_method_cached_equal_to_uncached(folders, family):
-    settings = ExperimentSettings(
+    settings = NerSettings(
         model=folders[family], data="toy", lr=3e-2, batch_size=4, max_length=64, eval_every=2
     )
-    experiment = Experiment(settings, toy_dataset(train=30, dev=8, test=8))
+    experiment = NerExperiment(settings, toy_dataset(train=30, dev=8, test=8))
     for method in METHODS:
         cell = Cell(method, "fe", shots=2, epochs=2, trial=0)
         cached, uncached = experiment.run(cell, use_cache=True), experiment.run(cell, use_cache=False)
@@ -148,12 +148,12 @@ def test_dwatt_on_unit_rms_states_trains_stacked_and_cached_as_alone_and_uncache
     give each lone uncached run's record, and the option reaches the model (another query)."""
     data = toy_dataset(train=30, dev=8, test=8)
     common = dict(model=folders[family], data="toy", batch_size=4, max_length=64, eval_every=2)
-    scaled = Experiment(ExperimentSettings(**common, method_options={"state_norm": "rms"}), data)
+    scaled = NerExperiment(NerSettings(**common, method_options={"state_norm": "rms"}), data)
     cell = Cell("dwatt", "fe", shots=2, epochs=2, trial=0)
     together = scaled.run_lrs(cell, [3e-3, 3e-2], use_cache=True)
     alone = [scaled.run(cell, use_cache=False, lr=lr) for lr in (3e-3, 3e-2)]
     assert [result_fields(r) for r in together] == [result_fields(r, approx=True) for r in alone]
-    paper = Experiment(ExperimentSettings(**common), data).run(cell, use_cache=True, lr=3e-2)
+    paper = NerExperiment(NerSettings(**common), data).run(cell, use_cache=True, lr=3e-2)
     assert paper["key"] != together[1]["key"]  # the option is part of the key
     assert paper["depth_attention"] != together[1]["depth_attention"]  # the query reads z_L / rms(z_L)
 
@@ -169,7 +169,7 @@ def test_fe_training_puts_a_dropout_beside_the_fused_blocks_in_eval_mode(folders
     forward without the cache gives the cached one's logits; the fusion layer and the head's dropout
     train."""
     data = toy_dataset(train=30, dev=8, test=8)
-    experiment = Experiment(ExperimentSettings(model=folders[family], data="toy", max_length=64), data)
+    experiment = NerExperiment(NerSettings(model=folders[family], data="toy", max_length=64), data)
     cell = Cell(method, "fe", shots=2, epochs=1, trial=0)
     model, located = experiment.build(cell)
     train = experiment.train_sample(cell.shots, cell.trial)[:4]
@@ -192,7 +192,7 @@ def test_r_plus_n_on_t5_gets_the_position_bias_from_a_replay_cached_equal_to_unc
     runs block 0 for it (its state still the cached one) and the replayed blocks hand it on, so R+n's
     extra block gets it as in a real forward (without it, other logits)."""
     data = toy_dataset(train=30, dev=8, test=8)
-    experiment = Experiment(ExperimentSettings(model=folders["t5"], data="toy", max_length=64), data)
+    experiment = NerExperiment(NerSettings(model=folders["t5"], data="toy", max_length=64), data)
     cell = Cell("extra_layers", "fe", shots=2, epochs=1, trial=0)
     model, located = experiment.build(cell)
     cache = experiment.filled_cache(experiment.dev, cell)
@@ -213,8 +213,8 @@ def test_r_plus_n_on_t5_gets_the_position_bias_from_a_replay_cached_equal_to_unc
 
 def test_r_plus_n_on_t5_trains_cached_as_uncached(folders):
     data = toy_dataset(train=30, dev=8, test=8)
-    settings = ExperimentSettings(model=folders["t5"], data="toy", lr=3e-2, batch_size=4, max_length=64)
-    experiment = Experiment(settings, data)
+    settings = NerSettings(model=folders["t5"], data="toy", lr=3e-2, batch_size=4, max_length=64)
+    experiment = NerExperiment(settings, data)
     cell = Cell("extra_layers", "fe", shots=2, epochs=2, trial=0)
     cached, uncached = experiment.run(cell, use_cache=True), experiment.run(cell, use_cache=False)
     assert cached["cached"] and not uncached["cached"]
@@ -226,8 +226,8 @@ def test_r_plus_n_trains_without_the_cache_where_a_replay_cannot_give_the_real_b
     so: ``exact_calls``) trains R+n without the cache, saying so in one line; the plain head, which reads
     no block call, still replays it."""
     data = toy_dataset(train=30, dev=8, test=8)
-    settings = ExperimentSettings(model=folders["t5"], data="toy", lr=3e-2, batch_size=4, max_length=64)
-    experiment = Experiment(settings, data)
+    settings = NerSettings(model=folders["t5"], data="toy", lr=3e-2, batch_size=4, max_length=64)
+    experiment = NerExperiment(settings, data)
     cache = experiment.cache()
     cache.block_outputs = dataclasses.replace(cache.block_outputs, exact_calls=False)
     cell = Cell("extra_layers", "fe", shots=2, epochs=2, trial=0)

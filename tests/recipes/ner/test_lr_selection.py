@@ -10,14 +10,15 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.core import experiment as experiment_module
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.selection import select_lr
+
+from layerfusion_recipes.core.engine import experiment as experiment_module
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.results.selection import select_lr
 from layerfusion_recipes.ner.candidates import StackedRunner
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
+from layerfusion_recipes.ner.command import grid_cells, run_cells
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings, record_key
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
-from layerfusion_recipes.ner.sweep import grid_cells, run_cells
 from layerfusion_recipes.ner.training import (
     TokenClassifierRunner,
     TrainSettings,
@@ -96,8 +97,8 @@ def test_f1_vs_lr_figure(tmp_path):
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    settings = ExperimentSettings(model=path, data="toy", lr=[1e-3, 3e-2], batch_size=4)
-    return Experiment(settings, toy_dataset(train=60))
+    settings = NerSettings(model=path, data="toy", lr=[1e-3, 3e-2], batch_size=4)
+    return NerExperiment(settings, toy_dataset(train=60))
 
 
 def test_the_lr_that_can_learn_is_selected_over_one_that_cannot(experiment, tmp_path):
@@ -219,7 +220,7 @@ def test_a_unit_stopped_between_passes_resumes_with_the_missing_lrs_only(experim
     lrs = [1e-3, 3e-3, 1e-2, 3e-2]
     budget = 2.5 * _per_candidate_bytes(experiment, cells[0]) / 1e9  # passes of 2
     settings = replace(experiment.settings, lr=lrs, train_memory=budget)
-    split = Experiment(settings, experiment.data)
+    split = NerExperiment(settings, experiment.data)
     results = tmp_path / "r.jsonl"
     passes = _passes(monkeypatch)
 
@@ -233,7 +234,7 @@ def test_a_unit_stopped_between_passes_resumes_with_the_missing_lrs_only(experim
     assert passes == [[1e-3, 3e-3]] and len(read_records(results)) == 2
     records = run_cells(cells, results, settings, progress=False, experiment=split)
     assert passes == [[1e-3, 3e-3], [1e-2, 3e-2]]  # the second pass only
-    one_pass = Experiment(replace(settings, train_memory=None), experiment.data).run_lrs(cells[0], lrs)
+    one_pass = NerExperiment(replace(settings, train_memory=None), experiment.data).run_lrs(cells[0], lrs)
     by_lr = sorted(records, key=lambda r: r["lr"])
     stored = [{k: r[k] for k in one_pass[0]} for r in by_lr]  # without the launch fields
     assert _without_timing(stored) == _without_timing(one_pass)
@@ -278,13 +279,13 @@ def test_record_keys_name_their_lr_and_every_setting(experiment, tmp_path):
     grid = {"methods": ["none"], "regimes": ["fe"], "shots": [2], "epochs": [1], "trials": 1}
     cells = grid_cells(grid)
     lone = replace(experiment.settings, lr=3e-2)
-    run_cells(cells, results, lone, progress=False, experiment=Experiment(lone, experiment.data))
+    run_cells(cells, results, lone, progress=False, experiment=NerExperiment(lone, experiment.data))
     assert [r["key"] for r in read_records(results)] == [record_key(cells[0], 3e-2, lone.setup())]
     # a selection run on the same output reuses the 3e-2 record and runs only 1e-3
     selecting = replace(lone, lr=[1e-3, 3e-2])
     assert selecting.setup() == lone.setup()
     records = run_cells(
-        cells, results, selecting, progress=False, experiment=Experiment(selecting, experiment.data)
+        cells, results, selecting, progress=False, experiment=NerExperiment(selecting, experiment.data)
     )
     assert sorted(r["lr"] for r in records) == [1e-3, 3e-2] and len(read_records(results)) == 2
     # a setting that changes results makes new records
@@ -294,7 +295,7 @@ def test_record_keys_name_their_lr_and_every_setting(experiment, tmp_path):
         replace(lone, data="other").setup(),
     }
     reseeded = replace(lone, seed=1)
-    run_cells(cells, results, reseeded, progress=False, experiment=Experiment(reseeded, experiment.data))
+    run_cells(cells, results, reseeded, progress=False, experiment=NerExperiment(reseeded, experiment.data))
     assert len(read_records(results)) == 3
     assert {replace(lone, max_length=64).setup(), replace(lone, dev_limit=5).setup(),
             replace(lone, method_options={"lora_r": 2}).setup(), replace(lone, eval_every=2).setup(),
@@ -341,7 +342,7 @@ def test_lr_flags_and_yaml(tmp_path):
         with pytest.raises(ValueError, match="lr must be one or more finite numbers > 0"):
             resolve(parser.parse_args(["--config", str(config)]))
     with pytest.raises(ValueError, match="pick one"):
-        ExperimentSettings("m", "d", lr=[1e-3, 1e-2]).lr_for("fe")
+        NerSettings("m", "d", lr=[1e-3, 1e-2]).lr_for("fe")
     settings, _ = resolve(parser.parse_args(["--model", "m", "--data", "d", "--train-memory", "1.5"]))
     assert settings.train_memory == 1.5 and settings.setup() == replace(settings, train_memory=None).setup()
     for bad in ("0", "-1", "nan", "x"):

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.core.cells import defaults_key
-from layerfusion_recipes.core.demo import demo_data_path
+
+from layerfusion_recipes.core.models.demo import demo_data_path
+from layerfusion_recipes.core.results.cells import defaults_key
 from layerfusion_recipes.data.readers import NerSentence
 from layerfusion_recipes.data.sources import load_ner
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, sample_seed
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings, sample_seed
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.training import (
@@ -20,15 +21,14 @@ from layerfusion_recipes.ner.training import (
     TrainSettings,
     train_token_classifier,
 )
-
 from peft_layerfusion.registration import ENCODER_METHODS
 
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    return Experiment(
-        ExperimentSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=60)
+    return NerExperiment(
+        NerSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=60)
     )
 
 
@@ -104,8 +104,8 @@ def test_other_regimes_train_the_encoder_without_cache(experiment, regime):
 
 
 def test_train_sentences_fixes_the_sample_size_instead_of_n_times_c(experiment):
-    fixed = Experiment(
-        ExperimentSettings(model=experiment.settings.model, data="toy", train_sentences=10), experiment.data
+    fixed = NerExperiment(
+        NerSettings(model=experiment.settings.model, data="toy", train_sentences=10), experiment.data
     )
     assert len(experiment.train_sample(4, 0)) == 4 * experiment.num_types
     assert len(fixed.train_sample(4, 0)) == 10 and len(fixed.train_sample(4, 1)) == 10
@@ -113,8 +113,8 @@ def test_train_sentences_fixes_the_sample_size_instead_of_n_times_c(experiment):
 
 
 def test_fixed_sample_reuses_trial_zeros_sentences_in_every_trial(experiment):
-    fixed = Experiment(
-        ExperimentSettings(
+    fixed = NerExperiment(
+        NerSettings(
             model=experiment.settings.model, data="toy", train_sentences=10, fixed_sample=True
         ),
         experiment.data,
@@ -138,7 +138,7 @@ def test_method_options_reach_the_model_and_the_record(experiment):
 
     from peft_layerfusion.comparison.regimes import trainable_parameter_names
 
-    options = Experiment(replace(experiment.settings, method_options={"lora_r": 3}), experiment.data)
+    options = NerExperiment(replace(experiment.settings, method_options={"lora_r": 3}), experiment.data)
     model, _ = options.build(Cell("none", "lora", 4, 1, 0))
     ranks = {p.shape[0] for n, p in model.named_parameters() if "lora_A" in n}
     assert ranks == {3} and any("lora_A" in n for n in trainable_parameter_names(model))
@@ -153,7 +153,7 @@ def test_the_n_shot_sample_counts_entity_types_on_train_only(experiment):
     for split in ("test", "dev"):
         extended = toy_dataset(train=60)
         getattr(extended, split).append(rare)
-        other = Experiment(experiment.settings, extended)
+        other = NerExperiment(experiment.settings, extended)
         assert "B-MISC" in other.labels and other.data.entity_types == ["LOC", "MISC", "ORG", "PER"]
         assert other.num_types == experiment.num_types == 3
         for shots, trial in ((2, 0), (4, 1)):  # N x 3 sentences, the very sentences of the plain data
@@ -167,7 +167,7 @@ def test_the_n_shot_sample_counts_entity_types_on_train_only(experiment):
 def test_a_train_split_without_entities_is_refused_in_one_line(experiment):
     data = toy_dataset(train=60)
     data.train = [NerSentence(s.tokens, tuple("O" for _ in s.tags)) for s in data.train]
-    other = Experiment(experiment.settings, data)
+    other = NerExperiment(experiment.settings, data)
     with pytest.raises(ValueError, match=r"^the train split has no entity \(every tag is O\)"):
         other.train_sample(2, 0)
 

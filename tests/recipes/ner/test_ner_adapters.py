@@ -14,16 +14,16 @@ import pytest
 import torch
 import yaml
 from conftest import toy_dataset, write_tiny_model, write_toy_data
+
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.grids import DEFAULT_LR_GRIDS
-from layerfusion_recipes.core.models import regime_options
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
+from layerfusion_recipes.core.models.models import regime_options
+from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings, record_key
 from layerfusion_recipes.ner.models import NER_REGIME_NAMES
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.ner.training import TokenClassifierRunner, train_token_classifier
-
 from peft_layerfusion.comparison.budget import bottleneck_params
 from peft_layerfusion.comparison.regimes import trainable_parameter_names
 
@@ -107,7 +107,7 @@ def test_one_grid_sizes_lora_and_the_adapters_side_by_side():
 def test_the_reduction_factor_is_part_of_the_record_key():
     cell = Cell("none", "adapter_seqbn", 8, 25, 0)
     setups = [
-        ExperimentSettings("m", "d", method_options={"adapter_reduction_factor": f}).setup() for f in (4, 8)
+        NerSettings("m", "d", method_options={"adapter_reduction_factor": f}).setup() for f in (4, 8)
     ]
     assert len({record_key(cell, 1e-3, setup) for setup in setups}) == 2
 
@@ -149,8 +149,8 @@ def test_sweep_trains_bottleneck_adapters_and_resumes_per_reduction_factor(tmp_p
 
 def test_the_adapters_train_in_the_recipe_and_the_encoder_does_not(tmp_path):
     pytest.importorskip("adapters")
-    settings = ExperimentSettings(write_tiny_model(tmp_path / "model"), "toy", batch_size=4)
-    experiment = Experiment(settings, toy_dataset())
+    settings = NerSettings(write_tiny_model(tmp_path / "model"), "toy", batch_size=4)
+    experiment = NerExperiment(settings, toy_dataset())
     cell = Cell("none", "adapter_seqbn", 4, 2, 0)
     model, located = experiment.build(cell)
     before = {name: param.detach().clone() for name, param in model.named_parameters()}

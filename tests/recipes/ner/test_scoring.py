@@ -6,11 +6,12 @@ import random
 
 import pytest
 import torch
-from layerfusion_recipes.core.runner import labelled_predictions
-from layerfusion_recipes.data.gold import spread_to_words
-from layerfusion_recipes.ner.scoring import SentenceSpanCounts, SpanScorer, TagTable, f1_from_counts
 from seqeval.metrics import f1_score
 from seqeval.metrics.sequence_labeling import get_entities
+
+from layerfusion_recipes.core.engine.runner import labelled_predictions
+from layerfusion_recipes.data.gold import spread_to_words
+from layerfusion_recipes.ner.scoring import SentenceSpanCounts, SpanScorer, TagTable, f1_from_counts
 
 IOB2 = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
 ID2LABEL = dict(enumerate(IOB2))

@@ -9,12 +9,13 @@ import os
 import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
-from layerfusion_recipes.core.records import append_record, finished_keys, read_records
-from layerfusion_recipes.core.sweep import runs_left
-from layerfusion_recipes.ner.experiment import Cell, Experiment, ExperimentSettings, record_key
+
+from layerfusion_recipes.core.results.records import append_record, finished_keys, read_records
+from layerfusion_recipes.core.sweeps.sweep import runs_left
+from layerfusion_recipes.ner.command import _UnitRunner, grid_cells, longest_first, run_cells
+from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings, record_key
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
-from layerfusion_recipes.ner.sweep import _UnitRunner, grid_cells, longest_first, run_cells
 
 GRID = {"methods": ["none", "concat"], "regimes": ["fe"], "shots": [2, 4], "epochs": [2], "trials": 2}
 
@@ -35,7 +36,7 @@ def test_torn_last_line_is_ignored_and_not_glued(tmp_path):
     assert finished_keys(tmp_path / "missing.jsonl") == set()
 
 
-class CountingExperiment(Experiment):
+class CountingExperiment(NerExperiment):
     def __init__(self, *args, stop_after: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.ran: list[str] = []
@@ -50,7 +51,7 @@ class CountingExperiment(Experiment):
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory):
-    return ExperimentSettings(
+    return NerSettings(
         model=write_tiny_model(tmp_path_factory.mktemp("tiny") / "m"), data="toy", lr=3e-2
     )
 
@@ -75,7 +76,7 @@ def test_interrupt_then_resume_loses_and_redoes_nothing(tmp_path, settings):
     assert len(results.read_text().splitlines()) == 8
 
 
-class StopOnRun(Experiment):
+class StopOnRun(NerExperiment):
     """Interrupted while its ``stop_at``-th lone run trains."""
 
     def __init__(self, *args, stop_at: int, **kwargs):
@@ -93,7 +94,7 @@ class StopOnRun(Experiment):
 def test_lrs_run_one_after_another_are_stored_one_by_one(tmp_path, settings, method, regime):
     """R+n and the uncached regimes train their LRs one after another: an interrupted cell keeps
     the LRs it finished, and the resumed sweep runs only the rest."""
-    lr_settings = ExperimentSettings(**{**settings.__dict__, "lr": [1e-3, 1e-2, 3e-2]})
+    lr_settings = NerSettings(**{**settings.__dict__, "lr": [1e-3, 1e-2, 3e-2]})
     cells = [Cell(method, regime, 2, 1, 0)]
     results = tmp_path / "results.jsonl"
     first = StopOnRun(lr_settings, toy_dataset(), stop_at=3)
@@ -149,9 +150,9 @@ def test_the_demo_gives_each_method_lrs_on_both_sides_of_its_best():
     """The demo (no --model/--data) trains each method at its own LRs, each grid around that method's
     known best LR, so the LR it selects is not at an edge of its grid; ``--lr`` gives every method the
     same LRs."""
-    from layerfusion_recipes.core.demo import GRID_METHODS
-    from layerfusion_recipes.core.grids import DEMO_AXES
-    from layerfusion_recipes.ner.sweep import planned_runs
+    from layerfusion_recipes.core.models.demo import GRID_METHODS
+    from layerfusion_recipes.core.options.grids import DEMO_AXES
+    from layerfusion_recipes.ner.command import planned_runs
 
     parser = argparse.ArgumentParser()
     add_experiment_arguments(parser)
@@ -173,7 +174,7 @@ def test_lrs_by_method_name_known_methods_and_need_the_method(tmp_path):
     add_experiment_arguments(parser)
     with pytest.raises(ValueError, match=r"--lr: unknown \['dwat'\]; allowed: none"):
         resolve(parser.parse_args(["--config", str(config)]))
-    by_method = ExperimentSettings(model="m", data="d", lr={"dwatt": [3e-3, 1e-3]})
+    by_method = NerSettings(model="m", data="d", lr={"dwatt": [3e-3, 1e-3]})
     assert by_method.lr_grid("fe", "dwatt") == (1e-3, 3e-3) and by_method.lr_for("fe", "concat") == 1e-3
     assert by_method.lr_grid("lora", "none") == (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # not given: the regime's
     with pytest.raises(ValueError, match="lr gives each method its LRs"):
@@ -183,7 +184,7 @@ def test_lrs_by_method_name_known_methods_and_need_the_method(tmp_path):
 def test_workers_run_cells_in_other_processes(tmp_path, settings):
     from conftest import write_toy_data
 
-    worker_settings = ExperimentSettings(**{**settings.__dict__, "data": write_toy_data(tmp_path / "data")})
+    worker_settings = NerSettings(**{**settings.__dict__, "data": write_toy_data(tmp_path / "data")})
     cells = grid_cells({**GRID, "methods": ["none"], "shots": [2], "trials": 2})
     records = run_cells(cells, tmp_path / "r.jsonl", worker_settings, workers=2, progress=False)
     setup = worker_settings.setup()
@@ -227,8 +228,9 @@ def test_a_resumed_sweep_runs_again_what_new_data_or_weights_at_the_same_path_ch
     test labels are flipped in place, or new weights are saved into the model folder, the same command
     trains again (another key) instead of serving the earlier record; an unchanged re-run trains nothing."""
     from conftest import write_toy_data
-    from layerfusion_recipes.cli import main
     from transformers import AutoModel
+
+    from layerfusion_recipes.cli import main
 
     model, data = (
         write_tiny_model(tmp_path / "model"),
@@ -265,7 +267,7 @@ def test_the_content_fingerprint_reads_bytes_not_times(tmp_path):
     from conftest import write_toy_data
 
     data = write_toy_data(tmp_path / "data", train=20, dev=6, test=6)
-    settings = ExperimentSettings(model="hub/model", data=data)
+    settings = NerSettings(model="hub/model", data=data)
     setup = settings.setup()
     assert set(settings.content_fingerprints()) == {"data"}
     train = tmp_path / "data" / "train.txt"
@@ -273,16 +275,16 @@ def test_the_content_fingerprint_reads_bytes_not_times(tmp_path):
     train.write_text(text)
     os.utime(train, ns=(1, 1))
     (tmp_path / "data" / ".lock").write_text("x")
-    assert ExperimentSettings(model="hub/model", data=data).setup() == setup
+    assert NerSettings(model="hub/model", data=data).setup() == setup
     train.write_text(text.replace("alice", "alicf", 1))
-    assert ExperimentSettings(model="hub/model", data=data).setup() != setup
+    assert NerSettings(model="hub/model", data=data).setup() != setup
     assert settings.setup() != setup  # the same settings object notices too (its paths' content)
-    assert "content" not in ExperimentSettings(model="hub/model", data="hub/data").setup_fields()
+    assert "content" not in NerSettings(model="hub/model", data="hub/data").setup_fields()
 
 
 def test_runs_left_reads_each_method_s_own_lrs(tmp_path):
     """A grid whose ``lr`` maps methods to LRs (the demo's): the finished-runs check asks each cell's
     method for its LRs (it raised "name the method" before, so `layerfusion ner` stopped at once)."""
-    settings = ExperimentSettings(model="m", data="d", lr={"none": [1e-2, 3e-2], "dwatt": [1e-3]})
+    settings = NerSettings(model="m", data="d", lr={"none": [1e-2, 3e-2], "dwatt": [1e-3]})
     grid = {"methods": ["none", "dwatt"], "regimes": ["fe"], "shots": [2], "epochs": [2], "trials": 1}
     assert runs_left(grid_cells(grid), tmp_path / "results.jsonl", settings, None) is True

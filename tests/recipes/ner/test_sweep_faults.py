@@ -14,10 +14,11 @@ import time
 
 import pytest
 from conftest import write_tiny_model, write_toy_data
-from layerfusion_recipes.core.records import append_record, read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log
-from layerfusion_recipes.ner.experiment import ExperimentSettings
-from layerfusion_recipes.ner.sweep import grid_cells, run_cells
+
+from layerfusion_recipes.core.results.records import append_record, read_records
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
+from layerfusion_recipes.ner.command import grid_cells, run_cells
+from layerfusion_recipes.ner.experiment import NerSettings
 from layerfusion_recipes.reporting.plot import summarize
 
 GRID = {"methods": ["none", "concat"], "regimes": ["fe"], "shots": [2, 3], "epochs": [2], "trials": 2}
@@ -27,12 +28,12 @@ VOLATILE = ("seconds", "pid")  # wall time and process id: the only fields allow
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    return ExperimentSettings(
+    return NerSettings(
         model=write_tiny_model(root / "model"), data=write_toy_data(root / "data"), lr=[1e-2, 3e-2]
     )
 
 
-def _sweep(settings: ExperimentSettings, results: str) -> None:
+def _sweep(settings: NerSettings, results: str) -> None:
     import torch
 
     torch.set_num_threads(1)

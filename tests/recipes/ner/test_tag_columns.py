@@ -10,17 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_dataset, write_folders, write_tiny_model
+from seqeval.metrics import f1_score
+
 from layerfusion_recipes.cli import build_parser
-from layerfusion_recipes.core import true_few_shot
-from layerfusion_recipes.core.cells import Cell
 from layerfusion_recipes.core.errors import DataSourceError
+from layerfusion_recipes.core.results.cells import Cell
+from layerfusion_recipes.core.sweeps import true_few_shot
 from layerfusion_recipes.data.gold import spread_to_words
 from layerfusion_recipes.data.readers import DataFormatError, read_ner_file
 from layerfusion_recipes.data.sources import NerColumnError, NerColumns, load_ner
-from layerfusion_recipes.ner.experiment import Experiment, ExperimentSettings
+from layerfusion_recipes.ner.experiment import NerExperiment, NerSettings
 from layerfusion_recipes.ner.scoring import SentenceTokenCounts, TokenAccuracyScorer
 from layerfusion_recipes.ner.settings import resolve
-from seqeval.metrics import f1_score
 
 # the part of speech of each toy word (conftest.WORDS); every other word is a noun
 POS = {"went": "VBD", "met": "VBD", "visited": "VBD", "works": "VBZ", "walks": "VBZ", "to": "TO", "the": "DT"}
@@ -58,10 +59,10 @@ def paths(tmp_path_factory):
     return write_folders(tmp_path_factory, model=write_tiny_model, conll=write_conll)
 
 
-def experiment(paths, column: int | None, **options) -> Experiment:
+def experiment(paths, column: int | None, **options) -> NerExperiment:
     data = paths["conll"]
-    return Experiment(
-        ExperimentSettings(model=paths["model"], data=data, tag_column=column, batch_size=4, **options)
+    return NerExperiment(
+        NerSettings(model=paths["model"], data=data, tag_column=column, batch_size=4, **options)
     )
 
 
@@ -189,7 +190,7 @@ def test_a_bad_column_number_is_a_usage_error(value, capsys):
 
 def test_settings_refuse_a_bad_column_in_one_line():
     with pytest.raises(ValueError, match=r"^--tag-column '1': a column number, 0 or more \(0-based\)$"):
-        ExperimentSettings(model="m", data="d", tag_column="1")
+        NerSettings(model="m", data="d", tag_column="1")
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -210,12 +211,12 @@ def test_token_accuracy_is_a_hand_count_with_unseen_words_wrong():
     assert float(units.score(units.stats(predicted[0])[1])) == 1 / 2  # any subset of sentences
 
 
-def random_predictions(experiment: Experiment, seed: int) -> torch.Tensor:
+def random_predictions(experiment: NerExperiment, seed: int) -> torch.Tensor:
     positions = sum(label != -100 for feature in experiment.test for label in feature["labels"])
     return torch.randint(len(experiment.labels), (positions,), generator=torch.Generator().manual_seed(seed))
 
 
-def predicted_words(experiment: Experiment, predicted: torch.Tensor, outside: str) -> list[list[str]]:
+def predicted_words(experiment: NerExperiment, predicted: torch.Tensor, outside: str) -> list[list[str]]:
     """The predicted tag of every word of every test sentence (an unseen word gets ``outside``)."""
     tags, start = [], 0
     for feature in experiment.test:
@@ -226,7 +227,7 @@ def predicted_words(experiment: Experiment, predicted: torch.Tensor, outside: st
     return tags
 
 
-def gold_words(experiment: Experiment) -> list[list[str]]:
+def gold_words(experiment: NerExperiment) -> list[list[str]]:
     return [[experiment.id2label[i] for i in feature["word_labels"]] for feature in experiment.test]
 
 

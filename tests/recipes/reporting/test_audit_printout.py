@@ -7,10 +7,10 @@ import json
 
 import pytest
 from conftest import TINY, write_tiny_decoder
-from layerfusion_recipes.cli import main
-from layerfusion_recipes.reporting.audit import budget_lines
 from transformers import AutoModel, BertConfig
 
+from layerfusion_recipes.cli import main
+from layerfusion_recipes.reporting.audit import budget_lines
 from peft_layerfusion.discovery import find_encoder_blocks
 
 
@@ -77,7 +77,8 @@ def test_audit_of_a_gguf_file_reads_its_header_and_no_weight(tmp_path, capsys, m
     """`layerfusion audit FILE.gguf` counts from the config in the GGUF header: no tensor is read nor
     de-quantised, no float32 copy written; the counts are those of the converted copy."""
     from conftest import write_tiny_llama_gguf
-    from layerfusion_recipes.core import gemma
+
+    from layerfusion_recipes.core.models import gemma
 
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
     monkeypatch.setenv("LAYERFUSION_CACHE", str(tmp_path / "cache"))

@@ -1,10 +1,12 @@
-"""recipes/reporting/benchmark_report.py: a benchmark's printed report, saved as JSON and read back."""
+"""layerfusion_recipes/reporting/benchmark_report.py: a benchmark's printed report, saved as JSON and read
+back."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+
 from layerfusion_recipes.reporting.benchmark_report import REPORT_KEYS, Report, read_report
 
 

@@ -4,7 +4,8 @@ the guard on planted records, by hand; the section a sweep with probes writes in
 from __future__ import annotations
 
 import pytest
-from layerfusion_recipes.core.probes import guarded
+
+from layerfusion_recipes.core.probes.probes import guarded
 from layerfusion_recipes.reporting.best_layer import (
     BEST_LAYER,
     best_layer_markdown,

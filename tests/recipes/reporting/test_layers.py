@@ -13,16 +13,20 @@ from functools import partial
 import pytest
 import torch
 from conftest import tiny_bert, write_folders, write_text_data, write_tiny_model, write_toy_data
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_hex
+from peft import get_peft_model
+
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.settings import resolve
 from layerfusion_recipes.cli import build_parser, main
-from layerfusion_recipes.core import probes as core_probes
-from layerfusion_recipes.core import sweep
-from layerfusion_recipes.core.cells import Cell
-from layerfusion_recipes.core.probes import probe_records
-from layerfusion_recipes.core.records import read_records
-from layerfusion_recipes.core.sweep_log import read_sweep_log
-from layerfusion_recipes.core.tasks import read_task_records
+from layerfusion_recipes.core.probes import probes as core_probes
+from layerfusion_recipes.core.probes.probes import probe_records
+from layerfusion_recipes.core.results.cells import Cell
+from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.core.sweeps import sweep
+from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
+from layerfusion_recipes.core.sweeps.tasks import read_task_records
 from layerfusion_recipes.reporting import layers as layers_module
 from layerfusion_recipes.reporting.layers import (
     best_layers,
@@ -35,10 +39,6 @@ from layerfusion_recipes.reporting.layers import (
     plot_layers,
     probe_rows,
 )
-from matplotlib.collections import PolyCollection
-from matplotlib.colors import to_hex
-from peft import get_peft_model
-
 from peft_layerfusion.layer import fusion_layer_of
 from peft_layerfusion.registration import ENCODER_METHODS
 

@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from layerfusion_recipes.core import names
+from layerfusion_recipes.core.options import names
 from layerfusion_recipes.reporting.registry_names import names_source
-
 from peft_layerfusion.comparison.regimes import METHOD_NAMES, REGIME_NAMES
 from peft_layerfusion.registration import METHODS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.records import append_record
+from layerfusion_recipes.core.results.records import append_record
 
 SETTINGS = {"data": "/d", "seed": 0, "dev_limit": 500, "method_options": {}}
 

@@ -7,7 +7,8 @@ import stat
 from types import SimpleNamespace
 
 import pytest
-from layerfusion_recipes.core.stats import excludes_zero, mean_ci
+
+from layerfusion_recipes.core.results.stats import excludes_zero, mean_ci
 from layerfusion_recipes.reporting import plot
 from layerfusion_recipes.reporting.plot import (
     cell_text,
@@ -18,7 +19,6 @@ from layerfusion_recipes.reporting.plot import (
     summarize,
     write_report,
 )
-
 from peft_layerfusion.registration import ENCODER_METHODS
 
 

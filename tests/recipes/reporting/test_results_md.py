@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.reporting import results_md
 from layerfusion_recipes.reporting.summaries import SUMMARIES, write_summary

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from layerfusion_recipes.reporting import summaries
 from layerfusion_recipes.reporting.plot import markdown_table, paired_differences, paired_table, summarize
 from layerfusion_recipes.reporting.summaries import (

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from layerfusion_recipes.cli import main
-from layerfusion_recipes.core.records import fingerprint, read_records
+from layerfusion_recipes.core.results.records import fingerprint, read_records
 from layerfusion_recipes.seq2seq import experiment as seq2seq
 from layerfusion_recipes.seq2seq import variants
 from layerfusion_recipes.seq2seq.experiment import (
@@ -33,7 +34,6 @@ from layerfusion_recipes.seq2seq.experiment import (
 )
 from layerfusion_recipes.seq2seq.records import comparison_setup, run_key
 from layerfusion_recipes.seq2seq.results import seq2seq_summary
-
 from peft_layerfusion import SurfaceFusionConfig
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
@@ -155,17 +155,17 @@ def test_learning_rate_selection_uses_dev_only():
 
 
 def test_summary_means_and_paired_differences():
-    table = {("vanilla", 0): 10.0, ("vanilla", 1): 20.0, ("vanilla", 2): 30.0, ("x", 0): 12.0, ("x", 1): 21.0}
+    table = {("none", 0): 10.0, ("none", 1): 20.0, ("none", 2): 30.0, ("x", 0): 12.0, ("x", 1): 21.0}
     table[("x", 2)] = 33.0
     runs = [
         {"method": m, "seed": s, "exact_match": v, "chrf": 2 * v, "bleu": v} for (m, s), v in table.items()
     ]
-    vanilla, x = summarize(runs, ["vanilla", "x"])
-    assert vanilla["exact_match"] == [20.0, pytest.approx(24.8414, abs=1e-3)]  # t(0.975, 2) * 10 / sqrt(3)
-    assert "vs_vanilla" not in vanilla and x["seeds"] == [0, 1, 2]
+    none, x = summarize(runs, ["none", "x"])
+    assert none["exact_match"] == [20.0, pytest.approx(24.8414, abs=1e-3)]  # t(0.975, 2) * 10 / sqrt(3)
+    assert "vs_none" not in none and x["seeds"] == [0, 1, 2]
     # differences 2, 1, 3: mean 2, sd 1
-    assert x["vs_vanilla"]["exact_match"] == [2.0, pytest.approx(4.302653 / 3**0.5, abs=1e-5)]
-    assert x["vs_vanilla"]["chrf"][0] == 4.0
+    assert x["vs_none"]["exact_match"] == [2.0, pytest.approx(4.302653 / 3**0.5, abs=1e-5)]
+    assert x["vs_none"]["chrf"][0] == 4.0
 
 
 def test_end_to_end_run_writes_records_and_resumes(tmp_path, monkeypatch):
@@ -176,7 +176,7 @@ def end_to_end(tmp_path, monkeypatch):
     (tmp_path / "valid.txt").write_text(synthetic_text(60, 0))
     (tmp_path / "test.txt").write_text(synthetic_text(8, 1))
     output = tmp_path / "out"
-    methods = ["vanilla", "surface_soft", "encoder_fusion"]
+    methods = ["none", "surface_soft", "encoder_fusion"]
     small = "--train-sentences 64 --dev-sentences 10 --test-sentences 12 --epochs 2 --width 16 --layers 1"
     grid = ["--seeds", "0", "1", "--learning-rates", "1e-3", "3e-3", "--beams", "2", "--threads", "1"]
     paths = ["--data", str(tmp_path), "--output", str(output)]
@@ -193,7 +193,7 @@ def end_to_end(tmp_path, monkeypatch):
     for record in results["runs"]:
         assert 0.0 <= record["exact_match"] <= 100.0 and 0.0 <= record["dev"]["chrf"] <= 100.0
     rows = {row["method"]: row for row in results["summary"]}
-    assert rows["vanilla"]["seeds"] == [0, 1] and set(rows["encoder_fusion"]["vs_vanilla"]) == {
+    assert rows["none"]["seeds"] == [0, 1] and set(rows["encoder_fusion"]["vs_none"]) == {
         "exact_match",
         "chrf",
         "bleu",
@@ -214,7 +214,7 @@ def end_to_end(tmp_path, monkeypatch):
     assert [r["key"] for r in records] == [
         run_key(r["method"], r["seed"], r["learning_rate"], setup) for r in results["runs"]
     ]
-    assert records[0]["key"] == f"vanilla|0|lr=0.001|{setup}"
+    assert records[0]["key"] == f"none|0|lr=0.001|{setup}"
 
     # Resuming: the saved runs are reused, only the new seed is trained
     trained = []
@@ -236,7 +236,7 @@ def test_a_killed_comparison_resumes_only_the_missing_runs(tmp_path, monkeypatch
     (tmp_path / "test.txt").write_text(synthetic_text(8, 1))
     small = "--train-sentences 32 --dev-sentences 8 --test-sentences 8 --epochs 1 --width 16 --layers 1"
     argv = ["seq2seq", "--data", str(tmp_path), "--output", str(tmp_path / "out"), *small.split()]
-    argv += ["--methods", "vanilla", "surface_hard", "--seeds", "0", "1", "--threads", "1"]
+    argv += ["--methods", "none", "surface_hard", "--seeds", "0", "1", "--threads", "1"]
     started, real_run_one = [], seq2seq.run_one
 
     def killed_at_the_third(*args):
@@ -248,7 +248,7 @@ def test_a_killed_comparison_resumes_only_the_missing_runs(tmp_path, monkeypatch
     monkeypatch.setattr(seq2seq, "run_one", killed_at_the_third)
     assert main(argv) == 130  # Ctrl-C: one line, 128 + SIGINT
     done = read_records(tmp_path / "out" / "results.jsonl")
-    assert [(r["method"], r["seed"]) for r in done] == [("vanilla", 0), ("vanilla", 1)]
+    assert [(r["method"], r["seed"]) for r in done] == [("none", 0), ("none", 1)]
     assert not (tmp_path / "out" / "results.json").exists()  # written when the comparison completes
     started.clear()
     assert main(argv) == 0
@@ -271,8 +271,8 @@ def test_the_compared_models_derive_from_the_registry(monkeypatch):
     """The plain model, then every seq2seq method of the registry in its declared variants; a newly
     registered seq2seq method joins the comparison under its own name, with its defaults."""
     configs = seq2seq.method_configs()
-    assert list(configs) == ["vanilla", "encoder_fusion", "surface_hard", "surface_soft"]
-    assert configs["vanilla"] is None
+    assert list(configs) == ["none", "encoder_fusion", "surface_hard", "surface_soft"]
+    assert configs["none"] is None
     assert {type(make()) for make in configs.values() if make} == {m.config_cls for m in SEQ2SEQ_METHODS}
     assert configs["surface_hard"]().fusion == "hard" and configs["surface_soft"]().fusion == "soft"
     new = SimpleNamespace(name="new_fusion", config_cls=type("NewConfig", (), {}))
@@ -286,7 +286,7 @@ def test_a_variant_whose_options_change_gets_another_key(monkeypatch):
     before = {name: run_key(name, 0, 3e-3, "s") for name in seq2seq.METHOD_NAMES}
     hard = fingerprint(variants.variant_options("surface_hard"))
     assert before["surface_hard"] == f"surface_hard|0|lr=0.003|s|defaults={hard}"
-    assert before["vanilla"] == "vanilla|0|lr=0.003|s"
+    assert before["none"] == "none|0|lr=0.003|s"
     hard = {**variants.VARIANTS[SurfaceFusionConfig]["surface_hard"], "fusion_lambda": 0.5}
     changed = {**variants.VARIANTS[SurfaceFusionConfig], "surface_hard": hard}
     monkeypatch.setattr(variants, "VARIANTS", {**variants.VARIANTS, SurfaceFusionConfig: changed})
@@ -301,9 +301,9 @@ def test_a_variant_whose_options_change_gets_another_key(monkeypatch):
 
 
 def test_an_unknown_method_is_one_line_before_any_data_is_read(tmp_path, capsys):
-    assert main(["seq2seq", "--data", str(tmp_path), "--methods", "vanilla", "surface"]) == 2  # no valid.txt
+    assert main(["seq2seq", "--data", str(tmp_path), "--methods", "none", "surface"]) == 2  # no valid.txt
     error = capsys.readouterr().err
-    assert error.startswith("layerfusion seq2seq: error: --methods: unknown ['surface']; allowed: vanilla, ")
+    assert error.startswith("layerfusion seq2seq: error: --methods: unknown ['surface']; allowed: none, ")
 
 
 @pytest.mark.parametrize(
@@ -330,7 +330,7 @@ def test_a_zero_learning_rate_or_thread_count_is_refused_at_parse_time(tmp_path,
     assert exit_info.value.code == 2 and f"argument {option}: must be" in capsys.readouterr().err
 
 
-def test_the_summary_holds_each_seed_s_scores_and_pairs_every_method_with_vanilla():
+def test_the_summary_holds_each_seed_s_scores_and_pairs_every_method_with_none():
     def run(method, seed, em):
         scores = {"exact_match": em, "chrf": 80.0 + seed, "bleu": 70.0}
         return {"method": method, "seed": seed, "learning_rate": 0.003, **scores, "dev": scores}
@@ -340,19 +340,19 @@ def test_the_summary_holds_each_seed_s_scores_and_pairs_every_method_with_vanill
         "settings": {"epochs": 16, "architecture": "marian"},
         "train_file": "/d/wikitext-2/valid.txt",
         "learning_rates": [0.003],
-        "selected_learning_rate": {"vanilla": 0.003, "surface_hard": 0.003},
+        "selected_learning_rate": {"none": 0.003, "surface_hard": 0.003},
         "copy_input": {
             "test": dict(zip(METRICS, (25.0, 88.0, 81.0), strict=True)),
             "dev": dict.fromkeys(METRICS, 1.0),
         },
-        "runs": [run(m, s, em + s) for m, em in (("vanilla", 40.0), ("surface_hard", 42.0)) for s in (1, 0)],
+        "runs": [run(m, s, em + s) for m, em in (("none", 40.0), ("surface_hard", 42.0)) for s in (1, 0)],
     }
     summary = seq2seq_summary(results, name="seq2seq", commands=["layerfusion seq2seq"])
     methods = summary["cells"][0]["methods"]
-    assert list(methods) == ["copy_input", *[m for m in METHOD_NAMES if m in ("vanilla", "surface_hard")]]
+    assert list(methods) == ["copy_input", *[m for m in METHOD_NAMES if m in ("none", "surface_hard")]]
     assert methods["surface_hard"]["trials"] == [0, 1] and methods["surface_hard"]["test"] == [42.0, 43.0]
-    assert methods["vanilla"]["scores"]["chrf"]["test"] == [80.0, 81.0]
+    assert methods["none"]["scores"]["chrf"]["test"] == [80.0, 81.0]
     assert methods["copy_input"]["test"] == [25.0] and "lr" not in methods["copy_input"]
-    assert summary["pairs"] == [["surface_hard", "vanilla"]] and summary["data"]["name"] == "wikitext-2"
+    assert summary["pairs"] == [["surface_hard", "none"]] and summary["data"]["name"] == "wikitext-2"
     with pytest.raises(ValueError, match="has not finished"):
         seq2seq_summary({**results, "complete": False}, name="seq2seq", commands=[])

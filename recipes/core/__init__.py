@@ -1,1 +1,0 @@
-"""What every task shares."""
