@@ -37,7 +37,7 @@ METHOD_ROWS = (
     ("average", "AVERAGE", "True", "False", "Average: the plain mean of the fused layers' outputs (no parameters)"),
     ("scalar_mix", "SCALAR_MIX", "True", "False", "ScalarMix: a softmax-normalised, scaled mix of the layers (ELMo; Bapna et al. 2018)"),
     ("scaled_dwatt", "DWATT", "True", "False", "Scaled DWAtt: depth-wise attention that keeps its spread over depth"),
-    ("layer_mix", "SCALAR_MIX", "True", "False", "recommended: LayerMix: a ScalarMix of unit-RMS states, the method we recommend"),
+    ("layer_mix", "SCALAR_MIX", "True", "False", "recommended: LayerMix: a ScalarMix of unit-RMS states, its blend kept in [0, 1], the method we recommend"),
     ("extra_layers", "EXTRA_LAYERS", "False", "False", "R+n, the \"deeper baseline\": n extra blocks of the base model's own kind on top"),
     ("surface_fusion", "SURFACE_FUSION", "False", "True", "SurfaceFusion: the source embeddings fused into the decoder's output distribution"),
     ("encoder_fusion", "ENCODER_FUSION", "False", "True", "EncoderFusion: transparent attention from every decoder layer to all encoder layers"),
