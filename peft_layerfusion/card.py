@@ -57,8 +57,8 @@ def method_description(config: PeftConfig) -> str:
         >>> from peft_layerfusion import DWAttConfig, ScalarMixConfig
         >>> method_description(DWAttConfig())
         'DWAtt (depth-wise attention). Paper defaults throughout.'
-        >>> method_description(ScalarMixConfig.from_preset("layer_mix"))[:62]
-        'LayerMix: a ScalarMix of unit-RMS states, the method we recomm'
+        >>> method_description(ScalarMixConfig.from_preset("layer_mix"))[:41]
+        'LayerMix: a ScalarMix of unit-RMS states,'
     """
     first_line = (type(config).__doc__ or type(config).__name__).strip().splitlines()[0]
     described = first_line.removeprefix("Configuration of ").replace("``", "`")

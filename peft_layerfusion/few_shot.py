@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -107,11 +107,14 @@ class LinearReadout:
         blocks: The hidden states read, indices into ``z_0 .. z_L``.
         weight: ``(C, |B|, d)``.
         bias: ``(C,)``.
+        method: The method of :data:`METHODS` it is (set by :func:`choose`); :func:`deploy` saves a
+            ``probe_ensemble`` or ``stacked`` read-out as the Concat preset of that name.
     """
 
     blocks: tuple[int, ...]
     weight: torch.Tensor
     bias: torch.Tensor
+    method: str | None = None
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """``(n, C)`` logits of rows ``(n, L + 1, d)``."""
@@ -498,6 +501,7 @@ def choose(
             average.bias,
         ),
     }
+    readouts = {name: replace(readout, method=name) for name, readout in readouts.items()}
     readouts["guarded_ensemble"] = readouts[verdict.deploy]
     scores = {"none": probes[-1].cv_score, "best_layer": ranked[0].cv_score, "average": average.cv_score}
     return Trial(probes, ranked[0].block, top_k, alpha_s.tolist(), verdict, readouts, scores)
@@ -511,7 +515,8 @@ def readout_config(
     One block ``b``: ``AverageConfig(layers=[b], state_norm="rms_after_norm")``, the head reading
     ``x_b`` (its weights are the probe's). Several, or a head without a bias: a Concat map of rank ``C``
     over them, ``A_s = W_s`` and ``B`` summing the ``C`` codes (plus the bias) into the first ``C``
-    channels, the head reading those.
+    channels, the head reading those: the Concat preset named by ``readout.method`` (``probe_ensemble``,
+    ``stacked``: the saved config says how it was fitted), else a plain Concat with the same options.
 
     Args:
         readout: What to deploy.
@@ -523,11 +528,17 @@ def readout_config(
         >>> one = LinearReadout((2,), torch.zeros(3, 1, 8), torch.zeros(3))
         >>> type(readout_config(one, "classifier")).__name__, readout_config(one, "classifier").layers
         ('AverageConfig', [2])
+        >>> two = LinearReadout((1, 3), torch.zeros(3, 2, 8), torch.zeros(3), method="stacked")
+        >>> readout_config(two, "classifier").readout_fit, readout_config(two, "classifier").map_rank
+        ('stacked', 3)
     """
     common = {"layers": list(readout.blocks), "state_norm": "rms_after_norm", "modules_to_save": [head]}
     if len(readout.blocks) == 1 and head_bias:
         return AverageConfig(**common, **options)
-    return ConcatConfig(**common, map_rank=readout.weight.shape[0], fusion_init="paper", **options)
+    fields = {**common, "map_rank": readout.weight.shape[0], "fusion_init": "paper", **options}
+    if readout.method in ConcatConfig.PRESETS:  # the preset sets readout_fit: how the weights were fitted
+        return ConcatConfig.from_preset(readout.method, **fields)
+    return ConcatConfig(**fields)
 
 
 def _trained_copy(model: nn.Module, head: str) -> nn.Linear:

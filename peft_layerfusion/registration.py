@@ -3,8 +3,9 @@
 :data:`METHODS` is the one place that names the fusion methods; everything else (regimes,
 the audit, the command line, benchmarks, tests) derives its lists from it. Adding a method
 is one file in ``methods/`` (its config, its module, its ``XxxModel``) and one line here. A
-variant of a method (LayerMix of ScalarMix, Scaled DWAtt of DWAtt) is a preset of its config
-(``PRESETS``), listed here under its own name but registered with peft as its method's type, as
+variant of a method (LayerMix of ScalarMix, Scaled DWAtt of DWAtt, the few-shot probe ensemble and
+stacked combiner of Concat) is a preset of its config (``PRESETS``), listed here under its own
+name but registered with peft as its method's type, as
 peft makes DoRA an option of LoRA: ``method_named("layer_mix").make_config(start_layer=4)`` is
 ``ScalarMixConfig.from_preset("layer_mix", start_layer=4)``, saved as ``SCALAR_MIX``.
 
@@ -128,6 +129,8 @@ METHODS: tuple[Method, ...] = (
     Method("scaled_dwatt", DWAttConfig, DWAttModel, "Scaled DWAtt", preset="scaled_dwatt"),
     Method("layer_mix", ScalarMixConfig, ScalarMixModel, "LayerMix", recommended=True, preset="layer_mix"),
     Method("extra_layers", ExtraLayersConfig, ExtraLayersModel, "R+n"),
+    Method("probe_ensemble", ConcatConfig, ConcatModel, "Probe ensemble", preset="probe_ensemble"),
+    Method("stacked", ConcatConfig, ConcatModel, "Stacked combiner", preset="stacked"),
     Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel, "SurfaceFusion"),
     Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel, "EncoderFusion"),
 )

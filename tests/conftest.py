@@ -106,12 +106,16 @@ def fusion_of(model: nn.Module, adapter: str = "default") -> FusionModule:
 
 
 def perturb_(module: nn.Module, scale: float = 0.3, seed: int = 123) -> None:
-    """Add noise to every parameter so no test relies on a special init (ones, zeros)."""
+    """Add noise to every parameter so no test relies on a special init (ones, zeros). A bounded blend
+    (LayerMix's ``β = clamp(ρ, 0, 1)``) lands inside ``(0, 1)``: below 0 it reads as its start, ``e_b``."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in module.parameters():
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
             param.add_(scale * noise.to(param.dtype))
+        for inner in module.modules():
+            if getattr(inner, "bounded_blend", False) and "blend" in inner._parameters:
+                inner.blend.abs_().clamp_(max=1.0)
 
 
 class ToyBlock(nn.Module):

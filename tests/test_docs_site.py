@@ -58,6 +58,16 @@ def test_the_home_page_shows_every_registered_method():
     assert index.count(marker) == 1 and "| `DWAttConfig` |" not in index  # the table is written, not kept
 
 
+def test_the_methods_page_has_a_section_for_every_preset_naming_its_call():
+    """A preset has no module of its own to render: its section names its label and how to make it."""
+    page = (DOCS / "concepts" / "methods.md").read_text(encoding="utf-8")
+    presets = [m for m in METHODS if m.preset is not None]
+    assert {m.name for m in presets} >= {"layer_mix", "scaled_dwatt", "probe_ensemble", "stacked"}
+    for method in presets:
+        assert f"\n## {method.label}\n" in page, method.name
+        assert f'`{method.config_cls.__name__}.from_preset("{method.preset}"' in page, method.name
+
+
 def test_the_site_loads_nothing_from_another_host():
     """Formulas, fonts and scripts are shipped in docs/ (KaTeX with its license): nothing from a CDN."""
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")

@@ -83,7 +83,7 @@ def budget_lines(rows: dict[str, dict[str, Any]], match: str, tolerance: float) 
         >>> for line in budget_lines(match_report(base_model.config, "fe", "dwatt")["rows"], "dwatt", 0.05):
         ...     print(line)
         FLAG: +extra_layers (n=1) is +38.8% from dwatt's budget (> 5%): R+n cannot reach it (...)
-        note: shown at their own default size, not sized here: concat -42.6%, extra_layers +38.8% from ...
+        note: shown at their own default size, not sized here: concat -42.6%, extra_layers +38.8%... from ...
     """
     lines = []
     for name, row in rows.items():

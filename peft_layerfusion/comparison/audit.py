@@ -238,7 +238,7 @@ def audit_totals(config_or_path: str | os.PathLike | PretrainedConfig) -> dict[s
     Example:
         >>> audit_totals(base_model.config)  # a tiny BERT: 3 blocks of width 32
         {'dwatt': 5408, 'concat': 3104, 'average': 0, 'scalar_mix': 4, 'scaled_dwatt': 5408, 'layer_mix': 4,
-         'extra_layers': 7504}
+         'extra_layers': 7504, 'probe_ensemble': 3104, 'stacked': 3104}
     """
     return {method: entry["total"] for method, entry in audit(config_or_path).items()}
 

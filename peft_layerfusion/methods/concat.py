@@ -43,18 +43,45 @@ low-rank identity start's fixed term), and ``F`` does not run again:
 
     h_{head} = W [\hat z_1; \dots; \hat z_{L-1}; F(z_L)] + b
         \;\;(+\, F(z_L) \text{ at a low-rank identity start})
+
+Two presets are read-outs fitted in closed form on a few-shot training sample, no dev set and no
+gradient step (:func:`peft_layerfusion.few_shot.choose`, then :func:`~peft_layerfusion.few_shot.deploy`
+writes the weights): ``"probe_ensemble"`` and ``"stacked"``. Both are a Concat of rank ``C`` (the head's
+classes) where the head reads, over the blocks ``B`` the read-out uses (``deploy`` sets
+``map_rank=C``, ``layers=B``, ``state_norm="rms_after_norm"`` and ``fusion_init="paper"``), with one
+ridge probe ``(W_s, b_s)`` per block fitted on ``x_s`` (``ẑ_s``, and ``F(z_L)`` for the last) and
+cross-validated on the sample:
+
+.. math::
+
+    A_s = a_s W_s, \quad B = \begin{bmatrix} I_C & \cdots & I_C \\ 0 & \cdots & 0 \end{bmatrix}, \quad
+    b = \begin{bmatrix} \sum_s a_s b_s + c \\ 0 \end{bmatrix}, \quad \text{head} = [I_C\ 0]:
+    \qquad \mathrm{logits} = \textstyle\sum_{s \in B} a_s (W_s x_s + b_s) + c
+
+* ``probe_ensemble``: ``a_s = 1/k`` over the ``k`` blocks whose probes score best out of fold, ``k``
+  chosen by cross-validation, ``c = 0``: the mean of the top-k blocks' probe scores.
+* ``stacked``: every block, ``a`` and ``c`` a balanced least-squares fit of the one-hot labels on the
+  blocks' out-of-fold probe scores (cross-fitted), pulled towards ``a_s = 1/L``.
+
+The saved ``adapter_config.json`` says which (``readout_fit``); the forward is Concat's, so the deployed
+adapter trains further like any other (the Trainer, ``save_pretrained``). A read-out of one block deploys
+as an ``AverageConfig(layers=[b], state_norm="rms_after_norm")`` instead (the head is that probe). A
+preset sets ``readout_fit`` alone: ``get_peft_model(model, ConcatConfig.from_preset("stacked"))`` is
+Concat with the options given (the read-out's are ``state_norm="rms_after_norm", map_rank=C``), trained
+from scratch from Concat's init (the paper's random maps on an encoder, the base model's output on a
+decoder): no probe in it, nothing of an ensemble; the closed-form fit is what makes it one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 import torch
 from torch import nn
 
-from ..config import DepthMixConfig, invalid, require_number
+from ..config import DepthMixConfig, Preset, invalid, require_number
 from ..fusion import DepthMix, FusionContext, linear_init_, matrix_vector_step
 from ..hooks import Capture
 from ..model import LayerFusionModel
@@ -67,6 +94,10 @@ class ConcatConfig(DepthMixConfig):
     Args:
         map_rank: Rank ``r`` of each per-layer map ``W_n = B_n A_n`` (``2 K d r + d``
             parameters); ``None`` (default) keeps the paper's full maps (``K d^2 + d``).
+        readout_fit: How the map's weights were fitted: ``None`` (default; trained, from the init), or
+            the few-shot read-out :func:`peft_layerfusion.few_shot.deploy` wrote in closed form,
+            ``"probe_ensemble"`` or ``"stacked"`` (set by the presets of those names). A record of the
+            fit: the forward is the same.
         (``state_norm`` and ``mixing_lr_multiplier`` of :class:`DepthMixConfig`, every option of
         :class:`LayerFusionConfig` and of LoRA)
 
@@ -76,10 +107,26 @@ class ConcatConfig(DepthMixConfig):
         >>> llm = get_peft_model(causal_lm, ConcatConfig(map_rank=4, fusion_init="identity"))
         >>> llm.print_trainable_parameters()  # 3 low-rank maps: 2 K d r + d = 2 * 3 * 32 * 4 + 32
         trainable params: 800 || all params: ... || trainable%: ...
+        >>> ConcatConfig.from_preset("stacked", map_rank=5).readout_fit  # fitted by few_shot.deploy
+        'stacked'
     """
 
     PEFT_TYPE: ClassVar[str] = "CONCAT"
     IDENTITY_INIT: ClassVar[bool] = True
+    # the few-shot read-outs few_shot.deploy writes, each its weights fitted in closed form
+    PRESETS: ClassVar[Mapping[str, Preset]] = {
+        "probe_ensemble": Preset(
+            "Probe ensemble: the mean of the top-k blocks' probe scores, fitted in closed form on the "
+            "training sample (few_shot.choose + deploy); trained from scratch, a Concat",
+            {"readout_fit": "probe_ensemble"},
+        ),
+        "stacked": Preset(
+            "Stacked combiner: the blocks' probe scores combined by least squares on their out-of-fold "
+            "scores, fitted in closed form on the training sample (few_shot.choose + deploy); trained "
+            "from scratch, a Concat",
+            {"readout_fit": "stacked"},
+        ),
+    }
 
     map_rank: Optional[int] = field(
         default=None,
@@ -89,10 +136,22 @@ class ConcatConfig(DepthMixConfig):
         },
     )
 
+    readout_fit: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "How the map's weights were fitted: None (trained, from the init), or in closed form "
+            "on a few-shot sample by peft_layerfusion.few_shot.deploy: 'probe_ensemble' (the mean of the "
+            "top-k blocks' ridge probes) or 'stacked' (their least-squares combination). Set by the presets "
+            "of those names; the forward is the same."
+        },
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.map_rank is not None:
             require_number("map_rank", self.map_rank, low=1, integer=True)
+        if self.readout_fit is not None and self.readout_fit not in self.PRESETS:
+            raise invalid("readout_fit", self.readout_fit, f"None or one of {list(self.PRESETS)}")
 
     def num_parameters(self, num_fused: int, hidden_size: int) -> int:
         """New parameters for ``K = num_fused`` and ``d = hidden_size``: ``K d^2 + d``, or ``2 K d r + d``.

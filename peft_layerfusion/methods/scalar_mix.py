@@ -27,6 +27,28 @@ A chosen start (``start_layer=b``, e.g. the block whose linear probe scores best
 blend starts one-hot on ``z_b`` instead, ``s = e_b + β (softmax(w) - e_b)``, so the model starts as
 the head on block ``b`` alone and the mix moves from there.
 
+Bounded blend (``bounded_blend=True``, the default of LayerMix): ``β`` above is unbounded, and a ``β``
+below 0 or above 1 puts ``s`` outside the simplex (negative weights; seen on CoNLL-2003, where ``β``
+went below 0). With the bound the parameter ``ρ`` (stored as ``blend``, init 0) enters through a clamp
+whose gradient is projected:
+
+.. math::
+
+    \beta = \mathrm{clamp}(\rho, 0, 1), \qquad
+    \frac{\partial L}{\partial \rho} = \frac{\partial L}{\partial \beta} \cdot
+    \mathbb{1}\Big[0 \le \rho \le 1 \;\lor\; \big(\rho < 0 \land \tfrac{\partial L}{\partial \beta} < 0\big)
+    \;\lor\; \big(\rho > 1 \land \tfrac{\partial L}{\partial \beta} > 0\big)\Big]
+
+so ``s = e_b + β (softmax(w) - e_b)`` stays a convex combination (``s_n >= 0``, ``Σ s_n = 1``) whatever
+``ρ`` an optimizer step leaves. At init ``ρ = 0``: ``β = 0`` exactly (``h = z_b``, or ``z_L``, bitwise)
+and ``∂L/∂ρ = ∂L/∂β``, the unbounded blend's gradient (the indicator includes the boundary). Outside
+``[0, 1]`` the model reads the boundary's ``β``, and ``ρ`` gets the gradient only when a descent step
+(``ρ - lr ∂L/∂ρ``) moves it back towards ``[0, 1]``: it never drifts further out on its own gradient, and
+comes back as soon as the data pull ``β`` inside. Why not ``β = σ(ρ)`` or ``sin^2 ρ``: neither is
+exactly 0 with a non-zero gradient at the same point (a bitwise start needs one, a start that trains
+needs the other); a plain ``torch.clamp`` has both at init, but a ``ρ`` that steps outside gets a zero
+gradient there for good. Saved adapters without the field load unbounded (``False``), as they computed.
+
 With ``state_norm="rms"`` the weights mix unit-RMS states and the mix is put back on ``z_L``'s scale
 (:class:`~peft_layerfusion.config.DepthMixConfig`):
 
@@ -49,11 +71,12 @@ run again:
 ``ẑ_b`` reads).
 
 LayerMix, the method we recommend, is the preset ``"layer_mix"``: ``state_norm="rms"``, a mix of
-unit-RMS states put back on the last state's scale, started one-hot on block ``b``:
+unit-RMS states put back on the last state's scale, started one-hot on block ``b``, its blend bounded
+(``bounded_blend=True``: ``β = clamp(ρ, 0, 1)`` as above):
 
 .. math::
 
-    s = e_b + \beta \, (\mathrm{softmax}(w) - e_b) \qquad (\beta = 0,\ w = 0 \text{ at init}), \qquad
+    s = e_b + \beta \, (\mathrm{softmax}(w) - e_b) \qquad (\beta = \rho = 0,\ w = 0 \text{ at init}), \qquad
     h = \gamma \Big( z_L + \mathrm{rms}(z_L) \big(\textstyle\sum_n s_n \hat z_n - \hat z_L\big) \Big)
 
 ``b`` is ``start_layer`` when given (the block whose linear probe scores best on dev:
@@ -67,8 +90,8 @@ How it compares: the documentation's methods page and Results.
 
 Example:
     >>> layer_mix = ScalarMixConfig.from_preset("layer_mix", start_layer=2, modules_to_save=["classifier"])
-    >>> layer_mix.state_norm, layer_mix.start_layer, layer_mix.peft_type.value  # a ScalarMix, as saved
-    ('rms', 2, 'SCALAR_MIX')
+    >>> layer_mix.state_norm, layer_mix.bounded_blend, layer_mix.peft_type.value  # a ScalarMix, as saved
+    ('rms', True, 'SCALAR_MIX')
     >>> model = get_peft_model(base_model, layer_mix)
 """
 
@@ -98,6 +121,10 @@ class ScalarMixConfig(DepthMixConfig):
         start_layer: Start the weights one-hot on this hidden state (an index into ``z_0 .. z_L`` as
             ``layers`` takes, among the fused ones), e.g. the block whose linear probe scores best on
             dev; ``None`` (default): ``fusion_init`` decides.
+        bounded_blend: Keep the blend ``β`` of a one-hot start in ``[0, 1]`` (``β = clamp(ρ, 0, 1)`` with a
+            projected gradient, see the module), so the weights stay on the simplex; ``False`` (default of
+            ScalarMix, and of adapters saved without the field): ``β`` unbounded. LayerMix sets ``True``.
+            No effect where the weights start at ``softmax(0)`` (no ``β``).
         (``state_norm`` and ``mixing_lr_multiplier`` of :class:`DepthMixConfig`, every other option of
         :class:`LayerFusionConfig` and of LoRA)
 
@@ -112,7 +139,8 @@ class ScalarMixConfig(DepthMixConfig):
     IDENTITY_INIT: ClassVar[bool] = True
     PRESETS: ClassVar[Mapping[str, Preset]] = {
         "layer_mix": Preset(
-            "LayerMix: a ScalarMix of unit-RMS states, the method we recommend", {"state_norm": "rms"}
+            "LayerMix: a ScalarMix of unit-RMS states, its blend kept in [0, 1], the method we recommend",
+            {"state_norm": "rms", "bounded_blend": True},
         ),
     }
     FORMER_PEFT_TYPES: ClassVar[tuple[str, ...]] = ("LAYER_MIX",)  # layer_mix was a type of its own once
@@ -125,8 +153,19 @@ class ScalarMixConfig(DepthMixConfig):
         },
     )
 
+    bounded_blend: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the blend beta of a one-hot start (identity init or start_layer) in [0, 1]: beta = "
+            "clamp(rho, 0, 1) with a projected gradient, so the layer weights stay on the simplex. False "
+            "(default; adapters saved without it): beta unbounded. The layer_mix preset sets True."
+        },
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.bounded_blend, bool):
+            raise invalid("bounded_blend", self.bounded_blend, "True or False")
         if self.start_layer is not None:
             require_number("start_layer", self.start_layer, integer=True)
             if self.fusion_init == "paper":
@@ -155,6 +194,36 @@ class ScalarMixConfig(DepthMixConfig):
         return list(layers).index(block)
 
 
+class ProjectedClamp(torch.autograd.Function):
+    """``clamp(ρ, 0, 1)`` whose gradient passes where ``ρ`` is in ``[0, 1]``, or where a descent step moves
+    it back towards ``[0, 1]`` (a projected gradient; the module docstring has the formula).
+
+    Example:
+        >>> rho = torch.tensor(-0.5, requires_grad=True)
+        >>> beta = ProjectedClamp.apply(rho)
+        >>> (beta * 2.0).backward()  # dL/dbeta = 2 > 0 would push rho further out: blocked
+        >>> beta.item(), rho.grad.item()
+        (0.0, 0.0)
+    """
+
+    generate_vmap_rule = True  # elementwise: vmap (the recipes' stacked LR candidates) batches it as is
+
+    @staticmethod
+    def forward(rho: torch.Tensor) -> torch.Tensor:
+        return rho.clamp(0.0, 1.0)
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        (rho,) = ctx.saved_tensors
+        inside = (rho >= 0.0) & (rho <= 1.0)
+        returns = ((rho < 0.0) & (grad < 0.0)) | ((rho > 1.0) & (grad > 0.0))  # ρ - lr g moves back in
+        return torch.where(inside | returns, grad, torch.zeros_like(grad))
+
+
 class ScalarMix(DepthMix):
     """``h = γ Σ_n softmax(w)_n z_n`` (identity init: ``softmax(w)`` blended with ``e_L`` by ``β``)."""
 
@@ -167,8 +236,9 @@ class ScalarMix(DepthMix):
         self.gamma = nn.Parameter(torch.ones(()))
         # position among the fused states of the one-hot start (z_L: the identity init; or start_layer)
         self.start_index = config.start_position(context.layers, context.located.num_blocks, context.model)
+        self.bounded_blend = config.bounded_blend
         if self.start_index is not None:
-            self.blend = nn.Parameter(torch.zeros(()))  # β
+            self.blend = nn.Parameter(torch.zeros(()))  # β, or ρ of β = clamp(ρ, 0, 1) (bounded_blend)
 
     @classmethod
     def check_supported(cls, config: ScalarMixConfig, context: FusionContext) -> None:
@@ -178,6 +248,10 @@ class ScalarMix(DepthMix):
     def mixing_parameters(self) -> list[nn.Parameter]:
         """``w``, ``γ`` and ``β``: every parameter of the mix."""
         return list(self.parameters())
+
+    def blend_weight(self) -> torch.Tensor:
+        """``β`` ``()``: the parameter, or ``clamp(ρ, 0, 1)`` with ``bounded_blend`` (one-hot starts only)."""
+        return ProjectedClamp.apply(self.blend) if self.bounded_blend else self.blend
 
     def mix_weights(self) -> torch.Tensor:
         """The weights ``s`` ``(K,)``: ``softmax(w)``, or ``e_b + β (softmax(w) - e_b)`` (a one-hot start
@@ -189,7 +263,7 @@ class ScalarMix(DepthMix):
         # index's range on the host) and no copy of the index to the device, at every forward
         one_hot = torch.zeros(weights.shape[-1], dtype=weights.dtype, device=weights.device)
         one_hot[self.start_index].fill_(1.0)
-        return torch.lerp(one_hot, weights, self.blend)  # exactly e_b while β = 0
+        return torch.lerp(one_hot, weights, self.blend_weight())  # exactly e_b while β = 0
 
     def forward(self, states: list[torch.Tensor], capture: Capture) -> torch.Tensor:
         weights = self.mix_weights()  # (K,)

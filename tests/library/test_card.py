@@ -174,7 +174,10 @@ def test_a_named_adapter_s_own_folder_says_to_import_the_package_first(tmp_path)
     model.save_pretrained(tmp_path / "adapter")
     own = ModelCard.load(tmp_path / "adapter" / "mix" / "README.md").text
     assert own.count(SECTION_BEGIN) == 1 and own.startswith("# mix\n\n" + SECTION_BEGIN)
-    layer_mix = "LayerMix: a ScalarMix of unit-RMS states, the method we recommend (the preset `layer_mix`)."
+    layer_mix = (
+        "LayerMix: a ScalarMix of unit-RMS states, its blend kept in [0, 1], the method we recommend "
+        "(the preset `layer_mix`)."
+    )
     assert f"| `mix` | `SCALAR_MIX` | {layer_mix} ScalarMix" in own
     import_first = "before the load (without it peft fails with `KeyError: 'SCALAR_MIX'`)"
     assert f"`import peft_layerfusion` {import_first}" in own

@@ -102,7 +102,12 @@ def test_method_names():
     methods = [m for m in METHODS if m.preset is None]
     assert all(m.peft_type == m.peft_type.upper() and m.name == m.peft_type.lower() for m in methods)
     presets = {m.name: (m.peft_type, m.variant_of) for m in METHODS if m.preset is not None}
-    assert presets == {"scaled_dwatt": ("DWATT", "dwatt"), "layer_mix": ("SCALAR_MIX", "scalar_mix")}
+    assert presets == {
+        "scaled_dwatt": ("DWATT", "dwatt"),
+        "layer_mix": ("SCALAR_MIX", "scalar_mix"),
+        "probe_ensemble": ("CONCAT", "concat"),
+        "stacked": ("CONCAT", "concat"),
+    }
     assert not {"SCALED_DWATT", "LAYER_MIX"} & set(PeftType.__members__)  # presets are no PEFT types
 
 

@@ -39,6 +39,8 @@ STEP_1_GRADIENTS = {
     "scalar_mix": {"gamma", "blend"},
     "scaled_dwatt": {"value_norm_weight", "value_norm_bias"},
     "layer_mix": {"gamma", "blend"},
+    "probe_ensemble": {"proj.weight", "proj.bias"},  # Concat's full maps, under an identity start
+    "stacked": {"proj.weight", "proj.bias"},
 }
 # The parameters whose first non-zero gradient comes at step 3, not 2: Scaled DWAtt's query MLP, gated by
 # W_K = 0 (every k_n = 0) until W_K's first update at step 2 (its own gradient gated by v_n = 0 at step 1).
@@ -51,7 +53,7 @@ def logits(model, inputs: dict) -> torch.Tensor:
 
 
 def test_identity_methods_come_from_the_registry():
-    names = {"dwatt", "concat", "scalar_mix", "scaled_dwatt", "layer_mix"}
+    names = {"dwatt", "concat", "scalar_mix", "scaled_dwatt", "layer_mix", "probe_ensemble", "stacked"}
     assert {m.name for m in IDENTITY_METHODS} == names
     assert set(STEP_1_GRADIENTS) == set(VARIANTS)
 

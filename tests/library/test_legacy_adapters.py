@@ -39,7 +39,10 @@ def legacy_base() -> LlamaForCausalLM:
 
 # what each loads as: its config class and the fields the saved adapter_config.json set
 LOADS_AS = {
-    "layer_mix": (ScalarMixConfig, {"state_norm": "rms", "start_layer": 2, "mixing_lr_multiplier": 10.0}),
+    "layer_mix": (  # saved before bounded_blend: the unbounded blend it computed then
+        ScalarMixConfig,
+        {"state_norm": "rms", "start_layer": 2, "mixing_lr_multiplier": 10.0, "bounded_blend": False},
+    ),
     "scaled_dwatt": (DWAttConfig, {"state_norm": "rms", "score_scale": "sqrt_d", "query_init": "uniform"}),
     "dwatt": (DWAttConfig, {"state_norm": "none", "d_pos": 4, "fusion_init": "paper"}),
 }

@@ -113,10 +113,12 @@ def test_every_method_sized_to_lora_r16(name):
         assert abs(row["vs_target"]) < 0.01  # within 1% of the LoRA
     extra = rows["extra_layers (num_extra_layers=1)"]  # one block is the least R+n can add
     assert extra["total"] == extra["formula"] == shape["block"] > 3 * target
-    sized_rows = [row for row in rows if abs(rows[row]["vs_target"]) < 0.01]  # LoRA, Concat, the DWAtts
-    assert len(sized_rows) == 4 and rows[sized_rows[-1]]["total"] == sized["dwatt"]  # Scaled DWAtt: DWAtt
-    assert {pair[:2] for pair in report["flagged"]} == {
-        (first, "extra_layers (num_extra_layers=1)") for first in sized_rows
+    sized_rows = [row for row in rows if abs(rows[row]["vs_target"]) < 0.01]  # LoRA, the Concats, the DWAtts
+    assert len(sized_rows) == 6 and rows[sized_rows[3]]["total"] == sized["dwatt"]  # Scaled DWAtt: DWAtt
+    for preset in ("probe_ensemble", "stacked"):  # Concat's presets: Concat's parameters
+        assert rows[f"{preset} (map_rank={sized['rank']})"]["total"] == sized["concat"]
+    assert {frozenset(pair[:2]) for pair in report["flagged"]} == {
+        frozenset((first, "extra_layers (num_extra_layers=1)")) for first in sized_rows
     }  # only R+n is off budget
     assert rows["average"]["total"] == 0
     assert rows["scalar_mix"]["components"] == {

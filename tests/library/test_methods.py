@@ -99,7 +99,8 @@ def scalar_mix_ref(z, layers, module) -> torch.Tensor:
     weights = [e / sum(exp) for e in exp]  # softmax(w)
     if "blend" in module._parameters:  # one-hot start: s = e_b + β (softmax(w) - e_b)
         start = module.start_index  # where z_b (z_L under the identity init) sits among the fused states
-        weights = [module.blend * w + (1 - module.blend) * (n == start) for n, w in enumerate(weights)]
+        beta = module.blend.clamp(0.0, 1.0) if module.bounded_blend else module.blend  # LayerMix: bounded
+        weights = [beta * w + (1 - beta) * (n == start) for n, w in enumerate(weights)]
     states = unit(z, module)
     mixed = sum(w * states[index] for w, index in zip(weights, layers, strict=True))
     return module.gamma * on_stream_scale(mixed, z, module)
@@ -287,7 +288,7 @@ def test_feature_extraction_trains_only_fusion_and_head(method, input_ids, atten
     # one R+1 block of BERT: q, k, v, attention output + LN, intermediate, output + LN (weights and biases)
     expected_count = {
         "dwatt": 16, "concat": 2, "scalar_mix": 2, "average": 0, "extra_layers": 16, "scaled_dwatt": 16,
-        "layer_mix": 2,
+        "layer_mix": 2, "probe_ensemble": 2, "stacked": 2,  # the presets of Concat: proj (full maps)
     }  # fmt: skip
     assert len(fusion_params) == expected_count[method.name]
 
