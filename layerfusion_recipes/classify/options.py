@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+from peft_layerfusion.names import REGIME_NAMES
+
 from ..core.errors import UserError
 from ..core.options.grids import DEFAULT_EVAL_EVERY
-from ..core.options.names import REGIME_NAMES
 from ..core.options.options import shots_value
 from ..core.options.task_options import (
     REGIMES_HELP,

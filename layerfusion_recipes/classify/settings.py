@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from peft_layerfusion.names import METHOD_NAMES, REGIME_NAMES
+
 from ..core.engine.settings import (
     asks_for_training,
     field_defaults,
@@ -15,7 +17,6 @@ from ..core.engine.settings import (
     task_fields,
 )
 from ..core.models.demo import model_path
-from ..core.models.models import METHOD_NAMES, REGIME_NAMES
 from ..core.options.grids import DEFAULT_EVAL_EVERY
 from ..core.options.options import default_output
 from .experiment import ClassifySettings

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 
+from peft_layerfusion.names import ADAPTER_REGIME_NAMES, REGIME_NAMES
+
 from ..core.options.grids import describe_default
-from ..core.options.names import ADAPTER_REGIME_NAMES, REGIME_NAMES
 from ..core.options.options import positive_int
 from ..core.options.task_options import (
     TaskWords,

@@ -52,6 +52,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from peft_layerfusion.names import PLAIN_HEAD, RECOMMENDED, entry_named
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.cache.cache_files import path_fingerprint
@@ -705,7 +706,7 @@ def _mean_text(scores: Mapping[Any, float]) -> str:
 def guard_row(title: str, cell: Mapping[str, Any], fresh_only: bool, average: bool = False) -> str | None:
     """One line of :func:`guard_table` (``None`` where the cell has no best layer or no fresh trial)."""
     methods = cell["methods"]
-    if BEST not in methods or "none" not in methods:
+    if BEST not in methods or PLAIN_HEAD not in methods:
         return None
     best = methods[BEST]
     start = cell.get("fresh", 0) if fresh_only else 0
@@ -713,7 +714,7 @@ def guard_row(title: str, cell: Mapping[str, Any], fresh_only: bool, average: bo
     if not trials:
         return None
     best_test = _by_trial(best, best["test"], trials)
-    plain = _by_trial(methods["none"], methods["none"]["test"], trials)
+    plain = _by_trial(methods[PLAIN_HEAD], methods[PLAIN_HEAD]["test"], trials)
 
     def guarded(method: str) -> tuple[dict, str]:
         entry = methods.get(method)
@@ -725,9 +726,9 @@ def guard_row(title: str, cell: Mapping[str, Any], fresh_only: bool, average: bo
         scores = {t: own[t] for t in shown}
         return scores, f"{difference(scores, best_test)} ({len(kept)}/{len(shown)})"
 
-    mix, mix_text = guarded("layer_mix")
-    _, scalar_text = guarded("scalar_mix")
-    layer_mix = methods.get("layer_mix")
+    mix, mix_text = guarded(RECOMMENDED)
+    _, scalar_text = guarded(entry_named(RECOMMENDED).variant_of)  # the method it is a preset of
+    layer_mix = methods.get(RECOMMENDED)
     unguarded = _by_trial(layer_mix, layer_mix["test"], trials) if layer_mix else {}
     columns = [
         title, shots_text(cell["shots"]), _trial_span(sorted(trials)), _mean_text(plain),

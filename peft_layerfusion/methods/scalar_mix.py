@@ -111,9 +111,7 @@ class ScalarMixConfig(DepthMixConfig):
     PEFT_TYPE: ClassVar[str] = "SCALAR_MIX"
     IDENTITY_INIT: ClassVar[bool] = True
     PRESETS: ClassVar[Mapping[str, Preset]] = {
-        "layer_mix": Preset(
-            "LayerMix: a ScalarMix of unit-RMS states, the method we recommend", {"state_norm": "rms"}
-        ),
+        "layer_mix": Preset({"state_norm": "rms"}),
     }
     FORMER_PEFT_TYPES: ClassVar[tuple[str, ...]] = ("LAYER_MIX",)  # layer_mix was a type of its own once
 

@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
-from ..models.models import METHOD_NAMES, check_adapter_grid
+from peft_layerfusion.names import METHOD_NAMES
+
+from ..models.models import check_adapter_grid
 from ..options.grids import FULL_TRAIN
 from ..options.options import DEFAULT_CACHE_DTYPE, PROBE_TOP, check_names, check_positive_ints
 from .experiment import cache_positions_for

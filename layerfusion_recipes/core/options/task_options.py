@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from peft_layerfusion.names import METHOD_NAMES
+
 from ..errors import DataSourceError
 from .grids import DEFAULT_LR_GRIDS, describe_demo_lrs, describe_lr_grids
 from .locations import check_model, check_source
-from .names import METHOD_NAMES
 from .options import (
     CACHE_DTYPES,
     PROBE_TOP,
