@@ -46,9 +46,9 @@ from cache_speed import random_encoder_like
 from layerfusion_recipes.core.cache.feature_cache import PROCESS_BYTES, available_memory, gigabytes
 from layerfusion_recipes.core.models.demo import demo_model_path
 from layerfusion_recipes.core.options.grids import DEFAULT_LR_GRIDS
+from layerfusion_recipes.core.results.cells import grid_cells
 from layerfusion_recipes.core.results.records import read_records
 from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
-from layerfusion_recipes.ner.command import grid_cells
 from layerfusion_recipes.ner.experiment import NerExperiment
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.reporting.benchmark_report import Report

@@ -38,11 +38,12 @@ from overhead import parse_shape
 from layerfusion_recipes.classify.experiment import ClassifySettings
 from layerfusion_recipes.core.engine.experiment import TaskSettings, cache_positions_for
 from layerfusion_recipes.core.models.demo import DEMO_DEV_LIMIT, demo_data_path, model_path
-from layerfusion_recipes.core.models.models import BUDGET_METHOD_NAMES, PLAIN_HEAD
+from layerfusion_recipes.core.models.models import BUDGET_METHOD_NAMES
 from layerfusion_recipes.core.results.cells import Cell
 from layerfusion_recipes.core.results.selection import dev_score
 from layerfusion_recipes.ner.experiment import NerSettings
 from layerfusion_recipes.reporting.benchmark_report import Report
+from peft_layerfusion.names import PLAIN_HEAD
 
 
 def random_encoder_like(model: str, blocks: int, width: int, directory: str | Path) -> str:

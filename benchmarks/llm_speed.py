@@ -69,16 +69,14 @@ import argparse
 import copy
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 from overhead import (
-    ALLOCATOR_HELP,
-    ALLOCATORS,
     CONTROL,
     FLOP_MARGIN,
+    add_run_arguments,
     count_call_flops,
     count_call_ops,
     count_flops,
@@ -87,9 +85,9 @@ from overhead import (
     parse_shape,
     peak_allocated,
     ratios,
+    start,
     synchronize,
     time_forward,
-    use_allocator,
     verdict,
 )
 from peft import LoraConfig, get_peft_model
@@ -527,7 +525,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--train-seq", type=int, default=128)
     parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (timings wait for the GPU's kernels)")
     parser.add_argument(
         "--dtype", default="float32", choices=sorted(DTYPES), help="the base model's weights (bfloat16: GPUs)"
@@ -537,13 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="forward and generate: run the fusion modules in the model's dtype (bfloat16), not float32",
     )
-    parser.add_argument("--allocator", default="glibc", choices=ALLOCATORS, help=ALLOCATOR_HELP)
-    parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    report = Report("benchmarks/llm_speed.py", argv)
-    torch.set_num_threads(args.threads)
-    use_allocator(args.allocator)
+    add_run_arguments(parser)
+    args, report = start(parser, argv, "benchmarks/llm_speed.py")
     if args.random_decoder:
         base, tokenizer = random_decoder(*args.random_decoder, grouped_kv=args.device == "cpu"), None
     else:

@@ -23,8 +23,8 @@ import time
 import torch
 
 from layerfusion_recipes.core.models.demo import DEMO_DEV_LIMIT, demo_data_path, demo_model_path
-from layerfusion_recipes.core.models.models import METHOD_NAMES
 from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings
+from peft_layerfusion.names import METHOD_NAMES
 
 
 def timed(function, *args, **kwargs) -> tuple[float, object]:

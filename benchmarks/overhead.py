@@ -173,6 +173,26 @@ def use_allocator(name: str) -> None:
         steady_allocator()
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--threads``, ``--allocator``, ``--output``: what every timing benchmark takes (:func:`start`)."""
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--allocator", default="glibc", choices=ALLOCATORS, help=ALLOCATOR_HELP)
+    parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
+
+
+def start(
+    parser: argparse.ArgumentParser, argv: list[str] | None, script: str
+) -> tuple[argparse.Namespace, Report]:
+    """The parsed ``argv`` (default: the command line's) and the run's :class:`Report`, the torch threads
+    and the allocator set as they say (:func:`add_run_arguments`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    report = Report(script, argv)
+    torch.set_num_threads(args.threads)
+    use_allocator(args.allocator)
+    return args, report
+
+
 def time_forward(model: torch.nn.Module, ids: torch.Tensor) -> float:
     with torch.no_grad():
         start = time.perf_counter()
@@ -312,15 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--allocator", default="glibc", choices=ALLOCATORS, help=ALLOCATOR_HELP)
-    parser.add_argument("--output", help="Also save the printed report here (JSON, for RESULTS.md).")
-    argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
-    report = Report("benchmarks/overhead.py", argv)
-    torch.set_num_threads(args.threads)
-    use_allocator(args.allocator)
+    add_run_arguments(parser)
+    args, report = start(parser, argv, "benchmarks/overhead.py")
     names = ["base", CONTROL, *args.methods]
     models = {name: build(name) for name in names}
     ids = inputs(args.batch, args.seq)

@@ -1,23 +1,25 @@
-"""The registry's methods as a Markdown table, read from the source without importing it (standard
-library only).
+"""The registry's methods as a Markdown table, read without importing the package (standard library
+only).
 
 The site is built where torch and peft are not installed (``.ci/run`` builds it with the ``docs``
-extra alone), so ``peft_layerfusion.registration`` cannot be imported there. Its ``METHODS`` (and
-``BASELINE_TYPES``) are read from ``registration.py`` as written: each ``Method(...)``'s fields by
-the order and names of the ``Method`` dataclass, each config class found through the module's
-imports, its description the first line of its module's docstring (as ``layerfusion methods``
-prints it). ``tests/test_docs_site.py`` checks these rows against the imported registry.
+extra alone), so ``peft_layerfusion`` cannot be imported there. Its names are plain data in
+``peft_layerfusion/names.py`` (standard library only), loaded here from its file; each PEFT type's config
+class is found in the source as the class that sets ``PEFT_TYPE`` to it. ``tests/test_docs_site.py``
+checks these rows against the imported registry.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "peft_layerfusion"
-REGISTRATION = ROOT / PACKAGE / "registration.py"
+NAMES_MODULE = f"{PACKAGE}.names"
 
 
 @dataclass(frozen=True)
@@ -28,11 +30,9 @@ class MethodRow:
         name: The registry's name (``"dwatt"``).
         label: Its name in tables and figures (``"DWAtt"``).
         config: Its config class's name (``"DWAttConfig"``).
-        summary: The first line of the config's module docstring, without the period; a preset's: its
-            ``Preset`` summary (as ``Method.summary`` reads them).
+        summary: Its one line, without its label (``names.py``'s summary).
         recommended: Marked ``recommended`` in the registry.
-        peft_type: The PEFT type its adapters are saved as: its config class's ``PEFT_TYPE`` (a preset's
-            is its method's); by default ``name.upper()``.
+        peft_type: The PEFT type its adapters are saved as (a preset's is its method's).
         preset: The preset of ``config`` it is (``ScalarMixConfig.from_preset("layer_mix")``), if any.
     """
 
@@ -49,94 +49,47 @@ class MethodRow:
             object.__setattr__(self, "peft_type", self.name.upper())
 
 
-def _assigned(tree: ast.Module, name: str) -> ast.expr:
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if any(isinstance(target, ast.Name) and target.id == name for target in targets) and node.value:
-            return node.value
-    raise ValueError(f"{REGISTRATION}: no assignment to {name}")
+def library_names() -> ModuleType:
+    """``peft_layerfusion/names.py`` of this checkout (the imported one where the package is loaded)."""
+    if NAMES_MODULE not in sys.modules:
+        spec = importlib.util.spec_from_file_location(NAMES_MODULE, ROOT / PACKAGE / "names.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[NAMES_MODULE] = module
+        spec.loader.exec_module(module)
+    return sys.modules[NAMES_MODULE]
 
 
-def _fields(tree: ast.Module, class_name: str) -> list[str]:
-    """The dataclass fields of ``class_name`` in their order (its annotated class attributes)."""
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            return [item.target.id for item in node.body if isinstance(item, ast.AnnAssign)]
-    raise ValueError(f"{REGISTRATION}: no class {class_name}")
-
-
-def _imports(tree: ast.Module) -> dict[str, str]:
-    """Imported name -> the module it comes from (relative imports resolved against the package)."""
-    modules = {}
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            module = f"{PACKAGE}.{node.module}" if node.level == 1 else node.module
-            modules.update({alias.asname or alias.name: module for alias in node.names})
-    return modules
-
-
-def _summary(module: str) -> str:
-    """The first line of ``module``'s docstring (a module of this repository), without its period."""
-    path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
-    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    first = doc.strip().splitlines()[0] if doc.strip() else ""
-    return first.rstrip(".").replace("``", "`")
-
-
-def _literal(node: ast.expr) -> object:
-    return node.id if isinstance(node, ast.Name) else ast.literal_eval(node)
-
-
-def _class_attribute(module: str, class_name: str, attribute: str) -> ast.expr:
-    """The value assigned to ``attribute`` in the body of ``class_name`` of ``module`` (a module of this
-    repository)."""
-    path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
+def config_classes() -> dict[str, str]:
+    """PEFT type -> the name of the config class that sets ``PEFT_TYPE`` to it, from the source."""
+    found = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
             for item in node.body:
                 target = item.target if isinstance(item, ast.AnnAssign) else None
-                if isinstance(target, ast.Name) and target.id == attribute and item.value is not None:
-                    return item.value
-    raise ValueError(f"{path}: no {class_name}.{attribute}")
-
-
-def _preset_summary(module: str, config: str, preset: str) -> str:
-    """The summary of ``config``'s preset ``preset``: the first argument of its ``Preset(...)``."""
-    presets = _class_attribute(module, config, "PRESETS")
-    for key, value in zip(presets.keys, presets.values, strict=True):
-        if _literal(key) == preset:
-            return str(_literal(value.args[0]))
-    raise ValueError(f"{module}: {config} has no preset {preset!r}")
+                if isinstance(target, ast.Name) and target.id == "PEFT_TYPE" and item.value is not None:
+                    value = ast.literal_eval(item.value)
+                    if value:
+                        found[value] = node.name
+    return found
 
 
 def registry_rows() -> list[MethodRow]:
-    """The fusion methods (``METHODS``), then the baseline types (``BASELINE_TYPES``), in registry order."""
-    tree = ast.parse(REGISTRATION.read_text(encoding="utf-8"))
-    fields, imports = _fields(tree, "Method"), _imports(tree)
-    rows = []
-    for call in _assigned(tree, "METHODS").elts:
-        values = dict(zip(fields, map(_literal, call.args), strict=False))
-        values.update({keyword.arg: _literal(keyword.value) for keyword in call.keywords})
-        config, preset = values["config_cls"], values.get("preset")
-        module = imports[config]
-        summary = _preset_summary(module, config, preset) if preset else _summary(module)
-        label_first = f"{values['label']}: "
-        rows.append(MethodRow(
-            values["name"],
-            values["label"],
-            config,
-            summary.removeprefix(label_first),
-            bool(values.get("recommended", False)),
-            str(_literal(_class_attribute(module, config, "PEFT_TYPE"))),
-            preset,
-        ))  # fmt: skip
-    for entry in _assigned(tree, "BASELINE_TYPES").elts:
-        name, config = _literal(entry.elts[0]), _literal(entry.elts[1])
-        module = imports[config]
-        peft_type = str(_literal(_class_attribute(module, config, "PEFT_TYPE")))
-        label = config.removesuffix("Config")
-        rows.append(MethodRow(name, label, config, _summary(module), False, peft_type))
-    return rows
+    """The fusion methods, then the baseline types, in registry order."""
+    names, configs = library_names(), config_classes()
+    return [
+        MethodRow(
+            entry.name,
+            entry.label,
+            configs[entry.peft_type],
+            entry.summary.removeprefix(f"{entry.label}: "),
+            entry.recommended,
+            entry.peft_type,
+            entry.preset,
+        )
+        for entry in names.ENTRIES + names.BASELINE_ENTRIES
+    ]
 
 
 def methods_table(rows: list[MethodRow] | None = None) -> str:

@@ -8,10 +8,12 @@ Importing the package registers every method with peft::
 
 The house: plumbing at the top (``discovery`` finds the blocks, ``hooks`` captures their
 states, ``fusion`` is the method interface, ``layer`` the tuner layer, ``model`` the tuner,
-``registration`` THE list of methods), one file per method in ``methods/``, the
-sequence-to-sequence methods in ``seq2seq/``, fair comparisons in ``comparison/``.
+``names`` THE list of names, ``registration`` the methods with their classes), one file per
+method in ``methods/``, the sequence-to-sequence methods in ``seq2seq/``, fair comparisons in
+``comparison/``.
 """
 
+from . import names  # a module attribute even when names.py was loaded alone first (layerfusion_recipes)
 from .bitfit import BitFitConfig, BitFitModel
 from .config import DepthMixConfig, LayerFusionConfig
 from .discovery import EncoderBlocks, find_encoder_blocks
@@ -87,6 +89,7 @@ __all__ = [
     "layer_probe_scores",
     "layer_probes",
     "method_named",
+    "names",
     "mixing_multipliers",
     "parameter_groups",
     "register_all",

@@ -35,6 +35,7 @@ from peft import PeftConfig, PeftModel
 
 from .bitfit import BitFitConfig
 from .config import LayerFusionConfig
+from .names import entry_named
 from .utils import atomic_write_text
 
 LIBRARY_TAG = "peft_layerfusion"
@@ -64,7 +65,7 @@ def method_description(config: PeftConfig) -> str:
     described = first_line.removeprefix("Configuration of ").replace("``", "`")
     for name, preset in getattr(config, "PRESETS", {}).items():
         if all(getattr(config, field) == value for field, value in preset.values.items()):
-            return f"{preset.summary} (the preset `{name}`). {described}"
+            return f"{entry_named(name).summary} (the preset `{name}`). {described}"
     return described
 
 

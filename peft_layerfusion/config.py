@@ -83,14 +83,13 @@ def require_number(
 
 @dataclass(frozen=True)
 class Preset:
-    """A named variant of a method: values for some fields of its config (not a PEFT type of its own).
+    """A named variant of a method: values for some fields of its config (not a PEFT type of its own;
+    its name, label and summary are an entry of :mod:`peft_layerfusion.names`).
 
     Args:
-        summary: One line on what the variant is, e.g. ``"LayerMix: a ScalarMix of unit-RMS states"``.
         values: The field values it sets, e.g. ``{"state_norm": "rms"}``.
     """
 
-    summary: str
     values: Mapping[str, Any]
 
 

@@ -1,13 +1,15 @@
-"""THE list of methods, and their registration as PEFT types.
+"""The registry: every method as a :class:`Method` (its names and its classes), and their
+registration as PEFT types.
 
-:data:`METHODS` is the one place that names the fusion methods; everything else (regimes,
-the audit, the command line, benchmarks, tests) derives its lists from it. Adding a method
-is one file in ``methods/`` (its config, its module, its ``XxxModel``) and one line here. A
-variant of a method (LayerMix of ScalarMix, Scaled DWAtt of DWAtt, the few-shot probe ensemble and
-stacked combiner of Concat) is a preset of its config (``PRESETS``), listed here under its own
-name but registered with peft as its method's type, as
-peft makes DoRA an option of LoRA: ``method_named("layer_mix").make_config(start_layer=4)`` is
-``ScalarMixConfig.from_preset("layer_mix", start_layer=4)``, saved as ``SCALAR_MIX``.
+The names (each method's and preset's name, label, PEFT type, summary) are plain data in
+:mod:`.names`, the one list; :data:`METHODS` pairs each entry with its config and tuner classes
+(:data:`TYPES`, by PEFT type), and everything else (regimes, the audit, the command line,
+benchmarks, tests) derives its lists from these. Adding a method is one file in ``methods/`` (its
+config, its module, its ``XxxModel``), one entry in ``names.py`` and its classes in :data:`TYPES`.
+A variant of a method (LayerMix of ScalarMix, Scaled DWAtt of DWAtt) is a preset of its config
+(``PRESETS``), an entry of ``names.py`` under its own name but registered with peft as its method's
+type, as peft makes DoRA an option of LoRA: ``method_named("layer_mix").make_config(start_layer=4)``
+is ``ScalarMixConfig.from_preset("layer_mix", start_layer=4)``, saved as ``SCALAR_MIX``.
 
 peft keeps its method types in the closed str-Enum ``PeftType`` and refuses to register a
 name that is not a member. :func:`register_all` adds the members (``DWATT``, ``CONCAT``,
@@ -19,7 +21,6 @@ library imports this module back (only ``__init__`` and ``comparison/``, which s
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -39,35 +40,60 @@ from .methods.dwatt import DWAttConfig, DWAttModel
 from .methods.extra_layers import ExtraLayersConfig, ExtraLayersModel
 from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
 from .model import LayerFusionModel
+from .names import BASELINE_ENTRIES, ENTRIES, Entry
 from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
 from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
 
 
 @dataclass(frozen=True)
 class Method:
-    """One registered fusion method, or a preset of one.
+    """One registered fusion method, or a preset of one: its entry of :mod:`.names` and its classes.
 
     Args:
-        name: Lower case, e.g. ``"dwatt"``; a method's PEFT type is ``name.upper()``.
+        entry: Its names (:class:`~.names.Entry`): name, label, summary, the method it is a preset of.
         config_cls: Its PEFT config.
         model_cls: Its PEFT tuner (a :class:`LayerFusionModel` naming its fusion module).
-        label: Its name in figures and tables, e.g. ``"R+n"`` for ``extra_layers``.
-        recommended: The one method the project recommends (:data:`RECOMMENDED`).
-        preset: The name of a preset of ``config_cls`` (one of its ``PRESETS``): this entry is that
-            variant of the method, its configs of the method's PEFT type.
     """
 
-    name: str
+    entry: Entry
     config_cls: type[LayerFusionConfig]
     model_cls: type[LayerFusionModel]
-    label: str
-    recommended: bool = False
-    preset: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in self.config_cls.PRESETS:
             allowed = f"one of {list(self.config_cls.PRESETS)} of {self.config_cls.__name__}"
             raise ValueError(f"{self.name}: `preset`={self.preset!r} is not allowed: expected {allowed}.")
+
+    @property
+    def name(self) -> str:
+        """Lower case, e.g. ``"dwatt"``."""
+        return self.entry.name
+
+    @property
+    def label(self) -> str:
+        """Its name in figures and tables, e.g. ``"R+n"`` for ``extra_layers``."""
+        return self.entry.label
+
+    @property
+    def summary(self) -> str:
+        """One line on what it is."""
+        return self.entry.summary
+
+    @property
+    def recommended(self) -> bool:
+        """The one method the project recommends (:data:`RECOMMENDED`)."""
+        return self.entry.recommended
+
+    @property
+    def preset(self) -> Optional[str]:
+        """The preset of ``config_cls`` (one of its ``PRESETS``) this entry is, else ``None``."""
+        return self.entry.preset
+
+    @property
+    def variant_of(self) -> Optional[str]:
+        """The method this entry is a preset of (``scaled_dwatt`` of ``dwatt``, ``layer_mix`` of
+        ``scalar_mix``), else ``None``."""
+        return self.entry.variant_of
 
     @property
     def peft_type(self) -> str:
@@ -81,22 +107,6 @@ class Method:
     @property
     def module_cls(self) -> type[FusionModule]:
         return self.model_cls.fusion_module_cls
-
-    @property
-    def variant_of(self) -> Optional[str]:
-        """The method this entry is a preset of (``scaled_dwatt`` of ``dwatt``, ``layer_mix`` of
-        ``scalar_mix``), else ``None``."""
-        if self.preset is None:
-            return None
-        return next(m.name for m in METHODS if m.config_cls is self.config_cls and m.preset is None)
-
-    @property
-    def summary(self) -> str:
-        """One line on it: its preset's summary, or the first line of its method module's docstring."""
-        if self.preset is not None:
-            return self.config_cls.PRESETS[self.preset].summary
-        doc = (sys.modules[self.config_cls.__module__].__doc__ or "").strip()
-        return doc.splitlines()[0].rstrip(".").replace("``", "") if doc else ""
 
     def make_config(self, **fields: Any) -> LayerFusionConfig:
         """Its config, ``fields`` set (over the preset's values, for a preset).
@@ -121,26 +131,30 @@ class Method:
         return self.module_cls.seq2seq
 
 
-METHODS: tuple[Method, ...] = (
-    Method("dwatt", DWAttConfig, DWAttModel, "DWAtt"),
-    Method("concat", ConcatConfig, ConcatModel, "Concat"),
-    Method("average", AverageConfig, AverageModel, "Average"),
-    Method("scalar_mix", ScalarMixConfig, ScalarMixModel, "ScalarMix"),
-    Method("scaled_dwatt", DWAttConfig, DWAttModel, "Scaled DWAtt", preset="scaled_dwatt"),
-    Method("layer_mix", ScalarMixConfig, ScalarMixModel, "LayerMix", recommended=True, preset="layer_mix"),
-    Method("extra_layers", ExtraLayersConfig, ExtraLayersModel, "R+n"),
-    Method("probe_ensemble", ConcatConfig, ConcatModel, "Probe ensemble", preset="probe_ensemble"),
-    Method("stacked", ConcatConfig, ConcatModel, "Stacked combiner", preset="stacked"),
-    Method("surface_fusion", SurfaceFusionConfig, SurfaceFusionModel, "SurfaceFusion"),
-    Method("encoder_fusion", EncoderFusionConfig, EncoderFusionModel, "EncoderFusion"),
-)
+# Each PEFT type's config and tuner class, for the entries of names.py (a preset has its method's).
+TYPES: dict[str, tuple[type, type]] = {
+    config_cls.PEFT_TYPE: (config_cls, model_cls)
+    for config_cls, model_cls in (
+        (DWAttConfig, DWAttModel),
+        (ConcatConfig, ConcatModel),
+        (AverageConfig, AverageModel),
+        (ScalarMixConfig, ScalarMixModel),
+        (ExtraLayersConfig, ExtraLayersModel),
+        (SurfaceFusionConfig, SurfaceFusionModel),
+        (EncoderFusionConfig, EncoderFusionModel),
+        (BitFitConfig, BitFitModel),
+    )
+}
+METHODS: tuple[Method, ...] = tuple(Method(entry, *TYPES[entry.peft_type]) for entry in ENTRIES)
 
 RECOMMENDED: Method = next(m for m in METHODS if m.recommended)  # the one method we recommend
 ENCODER_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if not m.seq2seq)  # any encoder
 SEQ2SEQ_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if m.seq2seq)  # encoder-decoder only
 
 # PEFT types that are not fusion methods (no fusion module): (name, config class, tuner class).
-BASELINE_TYPES: tuple[tuple[str, type, type], ...] = (("bitfit", BitFitConfig, BitFitModel),)
+BASELINE_TYPES: tuple[tuple[str, type, type], ...] = tuple(
+    (entry.name, *TYPES[entry.peft_type]) for entry in BASELINE_ENTRIES
+)
 
 
 def method_named(name: str) -> Method:

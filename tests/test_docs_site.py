@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
-from layerfusion_recipes.reporting.registry_names import summary_of
+from peft_layerfusion.names import entry_named
 from peft_layerfusion.registration import BASELINE_TYPES, METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,22 +27,36 @@ registry_table = _docs_module("registry_table")
 
 
 def test_the_table_read_from_the_source_is_the_imported_registry():
-    """``docs/registry_table.py`` reads ``registration.py`` without importing it (the docs build has no
-    torch): every registered type, in order, with the name, label, config and summary the registry has."""
+    """``docs/registry_table.py`` reads ``names.py`` and the config classes without importing the package
+    (the docs build has no torch): every registered type, in order, with the registry's name, label,
+    config and summary."""
     expected = [
         (m.name, m.label, m.config_cls.__name__, m.summary.removeprefix(f"{m.label}: "), m.recommended)
         for m in METHODS
     ]  # fmt: skip
     expected += [
-        (name, config.__name__.removesuffix("Config"), config.__name__, summary_of(config), False)
+        (name, config.__name__.removesuffix("Config"), config.__name__, entry_named(name).summary, False)
         for name, config, _ in BASELINE_TYPES
     ]
     rows = registry_table.registry_rows()
-    assert [(r.name, r.label, r.config, r.summary.replace("`", ""), r.recommended) for r in rows] == expected
+    assert [(r.name, r.label, r.config, r.summary, r.recommended) for r in rows] == expected
     # the type an adapter is saved as: a preset's is its method's (LayerMix saves as SCALAR_MIX)
     types = [m.peft_type for m in METHODS] + [config.PEFT_TYPE for _, config, _ in BASELINE_TYPES]
     assert [r.peft_type for r in rows] == types
     assert {r.name: r.peft_type for r in rows}["layer_mix"] == "SCALAR_MIX"
+
+
+def test_the_table_is_built_without_torch():
+    script = (
+        "import importlib.util, sys\n"
+        f"path = {str(DOCS / 'registry_table.py')!r}\n"
+        "spec = importlib.util.spec_from_file_location('registry_table', path)\n"
+        "module = sys.modules['registry_table'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print(len(module.methods_table().splitlines()), sorted({'torch', 'peft'} & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(2 + len(METHODS) + len(BASELINE_TYPES)), "[]"]
 
 
 def test_the_home_page_shows_every_registered_method():

@@ -12,7 +12,8 @@ stand-ins for what a user loads with ``from_pretrained``: ``base_model`` (a BERT
 ``classifier`` trained) and a batch for them: ``ids``, ``attention`` and ``labels`` (2 sentences of
 8 tokens, -100 at the last 2 of the second). What a user has on disk is written on demand in the
 example's working folder: ``model_path`` (a tiny BERT and its WordPiece ``tokenizer``, as
-``save_pretrained`` writes them), ``ner_data`` (toy NER splits, ``token<TAB>tag``) and ``text_data``
+``save_pretrained`` writes them), ``ner_data`` (toy NER splits, ``token<TAB>tag``; ``ner_train`` and
+``ner_dev``: two of them encoded by ``tokenizer``, with ``id2label``, their 5 tags) and ``text_data``
 (toy 3-class CSV splits), ``decoder_path`` and ``gemma_path`` (a tiny Llama and a tiny Gemma 3 text
 decoder, 2 blocks of width 32, with a tokenizer) and ``text_path`` (WikiText-2's three files in
 small). For the recipes' few-shot machinery: ``sweep_records`` and ``probe_records`` (a small NER
@@ -64,6 +65,7 @@ from transformers import (
 
 import layerfusion_recipes
 import peft_layerfusion
+from layerfusion_recipes.data.readers import encode_ner, read_ner_file
 from layerfusion_recipes.ner.experiment import NerExperiment, NerSettings
 from peft_layerfusion import DWAttConfig
 
@@ -157,6 +159,8 @@ def ner_experiment() -> NerExperiment:
     return NerExperiment(NerSettings(model=model, data=data, lr=[1e-2, 3e-2], batch_size=4))
 
 
+NER_LABELS = ("O", "B-LOC", "B-ORG", "B-PER", "I-ORG")  # the toy NER splits' tags, in id order (id2label)
+
 # A sweep's grid (as ``grid_options`` gives it): two methods of the FE regime, 2 shots, 2 epochs, 2 trials.
 GRID = {
     "methods": ["none", "dwatt"],
@@ -204,8 +208,15 @@ def stand_ins(source: str) -> dict:
         names["probe_records"] = probe_records()
     if "sweep_results" in words:
         names["sweep_results"] = write_sweep(Path.cwd() / "sweep")
-    if "tokenizer" in words:
+    if "tokenizer" in words or words & {"ner_train", "ner_dev"}:
         names["tokenizer"] = AutoTokenizer.from_pretrained(write_tiny_model(Path.cwd() / "tiny-bert"))
+    if words & {"ner_train", "ner_dev"}:  # the toy NER splits encoded for the tiny BERT, and their labels
+        names["id2label"] = dict(enumerate(NER_LABELS))
+        label2id = {tag: i for i, tag in names["id2label"].items()}
+        data = write_toy_data(Path.cwd() / "toy-ner")
+        for split in ("train", "dev"):
+            sentences = read_ner_file(f"{data}/{split}.txt")
+            names[f"ner_{split}"] = encode_ner(names["tokenizer"], sentences, label2id)
     if words & {"experiment", "cache"}:
         names["experiment"] = ner_experiment()
     if "cache" in words:

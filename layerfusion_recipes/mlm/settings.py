@@ -13,8 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from peft_layerfusion.names import METHOD_NAMES, REGIME_NAMES
+
 from ..core.models.demo import demo_model_path
-from ..core.models.models import METHOD_NAMES, REGIME_NAMES
 from ..core.options.grids import DEFAULT_MLM_LR_GRIDS, lr_grid
 from ..core.options.options import check_names, default_output
 from .options import DEFAULTS

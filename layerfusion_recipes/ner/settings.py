@@ -8,14 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.engine.settings import (
-    asks_for_training,
-    field_defaults,
-    grid_options,
-    load_config,
-    option,
-    task_fields,
-)
+from ..core.engine.settings import Picker, field_defaults
 from ..core.models.demo import (
     DEMO_DEV_LIMIT,
     DEMO_GRID,
@@ -62,16 +55,11 @@ def resolve(args: argparse.Namespace) -> tuple[NerSettings, dict[str, Any]]:
         >>> settings.data, grid["shots"], grid["methods"]
         ('conll/', [8], ['none', 'extra_layers', 'concat', 'dwatt'])
     """
-    loaded = load_config(args)
-    defaults = dict(DEFAULTS)
-
-    def pick(name: str) -> Any:
-        return option(args, loaded, name, defaults.get(name))
-
+    pick = Picker(args, DEFAULTS)
     demo = pick("model") is None and pick("data") is None
-    defaults.update(PAPER_GRID if pick("paper_grid") else DEMO_GRID if demo else USER_GRID)
+    pick.defaults.update(PAPER_GRID if pick("paper_grid") else DEMO_GRID if demo else USER_GRID)
     model = model_path(pick("model"))
-    fields = task_fields(pick, loaded)
+    fields = pick.task_fields()
     settings = NerSettings(
         **{
             **fields,
@@ -88,10 +76,10 @@ def resolve(args: argparse.Namespace) -> tuple[NerSettings, dict[str, Any]]:
         tag_scheme=pick("tag_scheme") or "auto",
         train_sentences=pick("train_sentences"),
     )
-    grid = grid_options(pick, settings, NER_REGIME_NAMES, asks_for_training(args, loaded))
+    grid = pick.grid(settings, NER_REGIME_NAMES)
     if demo and grid["selection"] == "cv":  # the demo of the recommendation: its own shots and trials
-        grid["shots"] = [int(n) for n in option(args, loaded, "shots", DEMO_TRUE_FEW_SHOT["shots"])]
-        grid["trials"] = option(args, loaded, "trials", DEMO_TRUE_FEW_SHOT["trials"])
+        pick.defaults.update(DEMO_TRUE_FEW_SHOT)
+        grid["shots"], grid["trials"] = [int(n) for n in pick("shots")], pick("trials")
     if FULL_TRAIN in grid["shots"]:
         raise ValueError(
             "--shots all: NER samples N*C sentences per trial; for a fixed number of sentences use "

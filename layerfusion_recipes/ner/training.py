@@ -92,12 +92,7 @@ def evaluate(
     here if omitted).
 
     Example:
-        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
-        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
-        >>> id2label = dict(enumerate(labels))
-        >>> label2id = {tag: i for i, tag in id2label.items()}
-        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
-        >>> f1s = evaluate(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu"))
+        >>> f1s = evaluate(TokenClassifierRunner(model), ner_dev, id2label, 64, torch.device("cpu"))
         >>> len(f1s)  # one micro-F1 per candidate: here the one model
         1
     """
@@ -111,12 +106,8 @@ def evaluate_f1(
     """Micro-F1 of a lone runner's model (:func:`evaluate`'s one score).
 
     Example:
-        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
-        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
-        >>> id2label = dict(enumerate(labels))
-        >>> label2id = {tag: i for i, tag in id2label.items()}
-        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
-        >>> 0.0 <= evaluate_f1(TokenClassifierRunner(model), dev, id2label, 64, torch.device("cpu")) <= 100.0
+        >>> f1 = evaluate_f1(TokenClassifierRunner(model), ner_dev, id2label, 64, torch.device("cpu"))
+        >>> 0.0 <= f1 <= 100.0
         True
     """
     (f1,) = evaluate(runner, features, id2label, batch_size, device)
@@ -149,15 +140,9 @@ def train_token_classifier(
         test: Encoded test sentences, scored at the best dev epoch (``None``: no test score).
 
     Example:
-        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
-        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
-        >>> id2label = dict(enumerate(labels))
-        >>> label2id = {tag: i for i, tag in id2label.items()}
-        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
         >>> from layerfusion_recipes.core.engine.fitting import TrainSettings
-        >>> train = encode_ner(tokenizer, read_ner_file(f"{ner_data}/train.txt"), label2id)
-        >>> runner = TokenClassifierRunner(model)
-        >>> result = train_token_classifier(runner, train, dev, id2label, TrainSettings(epochs=2), 1e-2)
+        >>> runner, settings = TokenClassifierRunner(model), TrainSettings(epochs=2)
+        >>> result = train_token_classifier(runner, ner_train, ner_dev, id2label, settings, 1e-2)
         >>> len(result.curve), result.best_f1 >= 0.0
         (2, True)
     """
@@ -182,14 +167,9 @@ def fit(
         One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
 
     Example:
-        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
-        >>> labels = ["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"]
-        >>> id2label = dict(enumerate(labels))
-        >>> label2id = {tag: i for i, tag in id2label.items()}
-        >>> dev = encode_ner(tokenizer, read_ner_file(f"{ner_data}/dev.txt"), label2id)
         >>> from layerfusion_recipes.core.engine.fitting import TrainSettings
-        >>> train = encode_ner(tokenizer, read_ner_file(f"{ner_data}/train.txt"), label2id)
-        >>> results = fit(TokenClassifierRunner(model), train, dev, id2label, TrainSettings(epochs=2), [1e-2])
+        >>> settings = TrainSettings(epochs=2)
+        >>> results = fit(TokenClassifierRunner(model), ner_train, ner_dev, id2label, settings, [1e-2])
         >>> len(results), len(results[0].curve)  # one result per LR (a StackedRunner trains several)
         (1, 2)
     """

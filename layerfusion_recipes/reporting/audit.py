@@ -25,7 +25,7 @@ from peft_layerfusion.comparison.audit import (
     match_report,
 )
 from peft_layerfusion.comparison.budget import DEFAULT_TOLERANCE
-from peft_layerfusion.comparison.regimes import REGIME_NAMES
+from peft_layerfusion.names import REGIME_NAMES
 
 from ..core.models.gemma import resolve_config
 from ..core.models.models import peft_alias_quiet

@@ -30,13 +30,15 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from peft_layerfusion.names import PLAIN_HEAD
+
 from ..core.probes.probes import UNIT_RMS, best_per_trial, guarded, probe_trials
 from ..core.results.selection import dev_score, dev_size, select_lr, test_score
 from ..core.results.stats import mean_ci, paired_mean_ci
 from .plot import setup_label, variant_text
 
 BEST_LAYER = "best layer (dev)"
-PLAIN = "none"
+PLAIN = PLAIN_HEAD
 Scores = dict[int, float]  # {trial: score in points}
 
 

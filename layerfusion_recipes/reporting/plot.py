@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from peft_layerfusion.names import METHOD_LABELS, METHOD_NAMES, PLAIN_HEAD, REGIME_LABELS
 from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
-from ..core.models.models import METHOD_NAMES, PLAIN_HEAD
-from ..core.options.names import METHOD_LABELS, REGIME_LABELS
 from ..core.results.cells import FULL_TRAIN, shots_size
 from ..core.results.selection import cell_of, dev_score, record_metric, test_score
 from ..core.results.stats import excludes_zero
@@ -117,7 +116,7 @@ def method_rank(method: str) -> tuple[int, str]:
 
 
 def method_label(method: str) -> str:
-    """The name of a method in figures (:data:`~layerfusion_recipes.core.options.names.METHOD_LABELS`, from
+    """The name of a method in figures (:data:`~peft_layerfusion.names.METHOD_LABELS`, from
     the
     registry); an unknown one as it is.
 
@@ -129,7 +128,7 @@ def method_label(method: str) -> str:
 
 
 def regime_label(regime: str) -> str:
-    """The name of a regime in figures (:data:`~layerfusion_recipes.core.options.names.REGIME_LABELS`).
+    """The name of a regime in figures (:data:`~peft_layerfusion.names.REGIME_LABELS`).
 
     Example:
         >>> regime_label("fe")

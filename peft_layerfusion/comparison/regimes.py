@@ -36,25 +36,11 @@ from torch import nn
 
 from ..bitfit import BitFitConfig
 from ..config import invalid
-from ..registration import ENCODER_METHODS, method_named
+from ..names import ADAPTER_REGIME_NAMES, METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
+from ..registration import method_named
 from .adapters_baseline import apply_bottleneck_adapters
 
-# "none" = the plain last-layer head; then every encoder method of the registry.
-METHOD_NAMES: tuple[str, ...] = ("none", *(method.name for method in ENCODER_METHODS))
-REGIME_NAMES = ("fe", "ft", "lora", "bitfit")
 DEFAULT_LORA_R = 8  # LoRA rank of the regime `lora`
-ADAPTER_REGIME_NAMES = ("adapter_seqbn", "adapter_double_seqbn")  # AdapterHub, method "none" only
-# names in figures and tables: the plain head's (the methods' are the registry's `Method.label`) and
-# every regime's
-PLAIN_HEAD_LABEL = "last layer (plain head)"
-REGIME_LABELS: dict[str, str] = {
-    "fe": "frozen encoder",
-    "ft": "full fine-tuning",
-    "lora": "LoRA",
-    "bitfit": "BitFit",
-    "adapter_seqbn": "bottleneck adapter (Pfeiffer)",
-    "adapter_double_seqbn": "bottleneck adapters (Houlsby)",
-}
 
 # Query/value linears of encoder types peft's own mapping does not list.
 EXTRA_LORA_TARGETS: dict[str, list[str]] = {
@@ -80,7 +66,7 @@ def _check_names(method: str, regime: str, *, adapters_ok: bool = False) -> None
         )
     if regime not in regimes:
         raise invalid("regime", regime, f"one of {list(regimes)}")
-    if regime in ADAPTER_REGIME_NAMES and method != "none":
+    if regime in ADAPTER_REGIME_NAMES and method != PLAIN_HEAD:
         raise invalid("method", method, f"'none' with the AdapterHub regime {regime!r}")
 
 
@@ -118,8 +104,8 @@ def make_config(
     """The PEFT config of a method under a regime (``None`` for plain fine-tuning).
 
     Args:
-        method: One of :data:`METHOD_NAMES`.
-        regime: One of :data:`REGIME_NAMES`.
+        method: One of :data:`~peft_layerfusion.names.METHOD_NAMES`.
+        regime: One of :data:`~peft_layerfusion.names.REGIME_NAMES`.
         head_modules: The task head's module names (trained and saved in full).
         lora_r, lora_alpha, lora_dropout: LoRA's options (regime ``lora`` only).
         lora_target_modules: LoRA targets; ``None`` means the query/value linears (a name
@@ -143,7 +129,7 @@ def make_config(
     heads = list(head_modules) or None
     targets = list(lora_target_modules) if lora_target_modules else ANY_QUERY_VALUE_PATTERN
     lora = dict(target_modules=targets, r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout)
-    if method == "none":
+    if method == PLAIN_HEAD:
         if method_options:
             raise invalid("method_options", method_options, "no options for method 'none'")
         if regime == "ft":
@@ -164,8 +150,9 @@ def apply_regime(model: nn.Module, method: str, regime: str, **kwargs: Any) -> n
 
     Args:
         model: A transformers model with its task head.
-        method: One of :data:`METHOD_NAMES`.
-        regime: One of :data:`REGIME_NAMES` or (method ``"none"``) :data:`ADAPTER_REGIME_NAMES`.
+        method: One of :data:`~peft_layerfusion.names.METHOD_NAMES`.
+        regime: One of :data:`~peft_layerfusion.names.REGIME_NAMES` or (method ``"none"``)
+            :data:`~peft_layerfusion.names.ADAPTER_REGIME_NAMES`.
         **kwargs: As :func:`make_config`; AdapterHub regimes take ``reduction_factor``.
 
     Returns:

@@ -115,17 +115,8 @@ class ConcatConfig(DepthMixConfig):
     IDENTITY_INIT: ClassVar[bool] = True
     # the few-shot read-outs few_shot.deploy writes, each its weights fitted in closed form
     PRESETS: ClassVar[Mapping[str, Preset]] = {
-        "probe_ensemble": Preset(
-            "Probe ensemble: the mean of the top-k blocks' probe scores, fitted in closed form on the "
-            "training sample (few_shot.choose + deploy); trained from scratch, a Concat",
-            {"readout_fit": "probe_ensemble"},
-        ),
-        "stacked": Preset(
-            "Stacked combiner: the blocks' probe scores combined by least squares on their out-of-fold "
-            "scores, fitted in closed form on the training sample (few_shot.choose + deploy); trained "
-            "from scratch, a Concat",
-            {"readout_fit": "stacked"},
-        ),
+        "probe_ensemble": Preset({"readout_fit": "probe_ensemble"}),
+        "stacked": Preset({"readout_fit": "stacked"}),
     }
 
     map_rank: Optional[int] = field(

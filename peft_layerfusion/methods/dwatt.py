@@ -128,10 +128,7 @@ class DWAttConfig(DepthMixConfig):
     PEFT_TYPE: ClassVar[str] = "DWATT"
     IDENTITY_INIT: ClassVar[bool] = True
     PRESETS: ClassVar[Mapping[str, Preset]] = {
-        "scaled_dwatt": Preset(
-            "Scaled DWAtt: depth-wise attention that keeps its spread over depth",
-            {"state_norm": "rms", "score_scale": "sqrt_d", "query_init": "uniform"},
-        ),
+        "scaled_dwatt": Preset({"state_norm": "rms", "score_scale": "sqrt_d", "query_init": "uniform"}),
     }
     FORMER_PEFT_TYPES: ClassVar[tuple[str, ...]] = ("SCALED_DWATT",)  # a type of its own once
     RETIRED_FIELDS: ClassVar[Mapping[str, object]] = {

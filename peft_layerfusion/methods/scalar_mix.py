@@ -138,10 +138,7 @@ class ScalarMixConfig(DepthMixConfig):
     PEFT_TYPE: ClassVar[str] = "SCALAR_MIX"
     IDENTITY_INIT: ClassVar[bool] = True
     PRESETS: ClassVar[Mapping[str, Preset]] = {
-        "layer_mix": Preset(
-            "LayerMix: a ScalarMix of unit-RMS states, its blend kept in [0, 1], the method we recommend",
-            {"state_norm": "rms", "bounded_blend": True},
-        ),
+        "layer_mix": Preset({"state_norm": "rms", "bounded_blend": True}),
     }
     FORMER_PEFT_TYPES: ClassVar[tuple[str, ...]] = ("LAYER_MIX",)  # layer_mix was a type of its own once
 

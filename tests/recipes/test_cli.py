@@ -246,7 +246,7 @@ ARGVS = [
 
 
 def _grid_of(argv: list[str]) -> tuple[dict, int]:
-    from layerfusion_recipes.ner.command import grid_cells, planned_runs
+    from layerfusion_recipes.core.results.cells import grid_cells, planned_runs
     from layerfusion_recipes.ner.settings import resolve
 
     settings, grid = resolve(build_parser().parse_args(["ner", *argv]))

@@ -147,13 +147,9 @@ def evaluate(
     one forward pass (eval mode during the call); ``release_above``: see :func:`predict_labelled`.
 
     Example:
-        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
         >>> from layerfusion_recipes.ner.training import TokenClassifierRunner, span_scorer
-        >>> label2id = {tag: i for i, tag in enumerate(["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"])}
-        >>> train, dev = (encode_ner(tokenizer, read_ner_file(f"{ner_data}/{split}.txt"), label2id)
-        ...               for split in ("train", "dev"))
-        >>> scorer_of = span_scorer({i: tag for tag, i in label2id.items()})
-        >>> evaluate(TokenClassifierRunner(model), dev, scorer_of(dev), 64, torch.device("cpu"))
+        >>> scorer = span_scorer(id2label)(ner_dev)  # micro-F1 of the toy NER dev set
+        >>> evaluate(TokenClassifierRunner(model), ner_dev, scorer, 64, torch.device("cpu"))
         [{'f1': ...}]
     """
     return runner.scores(scorer, predict_labelled(runner, features, batch_size, device, release_above))
@@ -192,14 +188,9 @@ def fit(
         One :class:`RunResult` per candidate; ``seconds`` is the time of the whole pass.
 
     Example:
-        >>> from layerfusion_recipes.data.readers import encode_ner, read_ner_file
         >>> from layerfusion_recipes.ner.training import TokenClassifierRunner, span_scorer
-        >>> label2id = {tag: i for i, tag in enumerate(["O", "B-LOC", "B-ORG", "B-PER", "I-ORG"])}
-        >>> train, dev = (encode_ner(tokenizer, read_ner_file(f"{ner_data}/{split}.txt"), label2id)
-        ...               for split in ("train", "dev"))
-        >>> scorer_of = span_scorer({i: tag for tag, i in label2id.items()})
         >>> runner = TokenClassifierRunner(model)
-        >>> [result] = fit(runner, train, dev, TrainSettings(epochs=2), scorer_of, [1e-2])
+        >>> [result] = fit(runner, ner_train, ner_dev, TrainSettings(epochs=2), span_scorer(id2label), [1e-2])
         >>> len(result.curve), result.best_score >= 0.0
         (2, True)
     """

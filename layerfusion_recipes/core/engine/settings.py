@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
-from ..models.models import METHOD_NAMES, check_adapter_grid
+from peft_layerfusion.names import METHOD_NAMES
+
+from ..models.models import check_adapter_grid
 from ..options.grids import FULL_TRAIN
 from ..options.options import DEFAULT_CACHE_DTYPE, PROBE_TOP, check_names, check_positive_ints
 from .experiment import cache_positions_for
@@ -98,6 +100,35 @@ def results_path(output: str | os.PathLike, results: str | os.PathLike | None = 
         'benchmarks/results/conll_fe_lr/results.jsonl'
     """
     return str(results) if results else str(Path(output) / "results.jsonl")
+
+
+class Picker:
+    """A task's options as the user gave them: ``picker(name)`` is the flag, else the YAML's (of
+    ``--config``: :func:`load_config`), else ``defaults[name]`` (:func:`option`).
+
+    Example:
+        >>> from argparse import Namespace
+        >>> pick = Picker(Namespace(config=None, workers=2, trials=None), {"trials": 3})
+        >>> pick("workers"), pick("trials")
+        (2, 3)
+    """
+
+    def __init__(self, args: argparse.Namespace, defaults: dict[str, Any]) -> None:
+        self.args = args
+        self.defaults = dict(defaults)  # a task may fill in more before it picks (NER: its grid's)
+        self.loaded = load_config(args)
+
+    def __call__(self, name: str) -> Any:
+        return option(self.args, self.loaded, name, self.defaults.get(name))
+
+    def task_fields(self) -> dict[str, Any]:
+        """:func:`task_fields` of these options."""
+        return task_fields(self, self.loaded)
+
+    def grid(self, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any]:
+        """:func:`grid_options` of these options for ``settings`` (trained methods named or not:
+        :func:`asks_for_training`)."""
+        return grid_options(self, settings, regimes, asks_for_training(self.args, self.loaded))
 
 
 def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from peft_layerfusion.names import PLAIN_HEAD
+
 from ..options.grids import DEMO_AXES
 from ..options.model_names import DEMO_MODEL_NAME
 from .gemma import resolve_model
-from .models import BUDGET_METHOD_NAMES, PLAIN_HEAD
+from .models import BUDGET_METHOD_NAMES
 
 # the last-layer head and every method sized to the same budget (R+n, Concat, DWAtt): every grid's default
 GRID_METHODS: list[str] = [PLAIN_HEAD, *reversed(BUDGET_METHOD_NAMES)]

@@ -28,15 +28,13 @@ from peft_layerfusion.comparison.adapters_baseline import (
     adapter_parameter_count,
     require_adapters,
 )
-from peft_layerfusion.comparison.regimes import ADAPTER_REGIME_NAMES, METHOD_NAMES, REGIME_NAMES
 from peft_layerfusion.layer import LayerFusionLayer
+from peft_layerfusion.names import ADAPTER_REGIME_NAMES, METHOD_NAMES, PLAIN_HEAD, REGIME_NAMES
 from peft_layerfusion.registration import ENCODER_METHODS
 
 from ..errors import UserError
 from ..options.locations import check_model_path
 
-# The plain last-layer head ("none"): no fusion method, the baseline every table pairs with.
-PLAIN_HEAD: str = METHOD_NAMES[0]
 # The methods sized to a parameter budget (DWAtt, Concat, R+n: the paper's comparison; no variant of
 # them, such as Scaled DWAtt), registry order.
 BUDGET_METHOD_NAMES: tuple[str, ...] = tuple(

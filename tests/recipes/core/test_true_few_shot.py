@@ -158,7 +158,7 @@ def test_a_published_summary_renders_its_paired_table_and_command():
             },
         ],
     }
-    text = true_few_shot.summary_markdown(summary)
+    text = true_few_shot.summaries_markdown([summary])
     row, same = text.splitlines()[2:4]
     assert row.startswith("| toy, tiny | 8 | 3 | 55.0 | 65.3 | 75.0 | 76.7 | **+9.7 ± ")
     assert row.endswith("| **+20.0 ± 0.0** | 3/3 |")  # the same +20 in every trial: resolved

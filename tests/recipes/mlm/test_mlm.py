@@ -456,5 +456,5 @@ def test_the_summary_pairs_each_seed_at_the_lr_its_grid_selected():
     (cell,) = summary["cells"]
     assert cell["methods"]["none"]["trials"] == [0, 1] and cell["methods"]["none"]["test"] == [31.0, 29.0]
     assert cell["methods"]["dwatt"]["trials"] == [0] and cell["methods"]["dwatt"]["dev_by_lr"] == [20.0, 25.0]
-    assert summary["pairs"] == [["dwatt", "none"]] and summary["model"]["name"] == "m/model"
+    assert summary["pairs"] == [["dwatt", "none"]] and summary["model"]["name"] == "m"
     assert summary["lower_is_better"] and summary["metric"] == "ppl"

@@ -38,7 +38,6 @@ from layerfusion_recipes.core.engine.runner import (
     predict_labelled,
 )
 from layerfusion_recipes.core.memory import release_freed_memory, resident_above, resident_bytes
-from layerfusion_recipes.core.models.models import PLAIN_HEAD
 from layerfusion_recipes.ner.experiment import (
     LABELLED_POSITIONS,
     Cell,
@@ -51,6 +50,7 @@ from layerfusion_recipes.ner.models import load_token_classifier
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.hooks import BlockCapture
 from peft_layerfusion.layer import active_fusion_module
+from peft_layerfusion.names import PLAIN_HEAD
 from peft_layerfusion.registration import ENCODER_METHODS
 from peft_layerfusion.utils import eval_mode
 

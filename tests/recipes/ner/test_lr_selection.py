@@ -12,10 +12,11 @@ import torch
 from conftest import toy_dataset, write_tiny_model
 
 from layerfusion_recipes.core.engine import experiment as experiment_module
+from layerfusion_recipes.core.results.cells import grid_cells
 from layerfusion_recipes.core.results.records import read_records
 from layerfusion_recipes.core.results.selection import select_lr
+from layerfusion_recipes.core.sweeps.sweep import run_cells
 from layerfusion_recipes.ner.candidates import StackedRunner
-from layerfusion_recipes.ner.command import grid_cells, run_cells
 from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings, record_key
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve

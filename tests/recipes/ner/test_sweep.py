@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 
+from layerfusion_recipes.core.results.cells import grid_cells, longest_first
 from layerfusion_recipes.core.results.records import append_record, finished_keys, read_records
-from layerfusion_recipes.core.sweeps.sweep import runs_left
-from layerfusion_recipes.ner.command import _UnitRunner, grid_cells, longest_first, run_cells
+from layerfusion_recipes.core.sweeps.sweep import _UnitRunner, run_cells, runs_left
 from layerfusion_recipes.ner.experiment import Cell, NerExperiment, NerSettings, record_key
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
@@ -152,7 +152,7 @@ def test_the_demo_gives_each_method_lrs_on_both_sides_of_its_best():
     same LRs."""
     from layerfusion_recipes.core.models.demo import GRID_METHODS
     from layerfusion_recipes.core.options.grids import DEMO_AXES
-    from layerfusion_recipes.ner.command import planned_runs
+    from layerfusion_recipes.core.results.cells import planned_runs
 
     parser = argparse.ArgumentParser()
     add_experiment_arguments(parser)

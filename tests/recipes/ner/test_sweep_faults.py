@@ -15,9 +15,10 @@ import time
 import pytest
 from conftest import write_tiny_model, write_toy_data
 
+from layerfusion_recipes.core.results.cells import grid_cells
 from layerfusion_recipes.core.results.records import append_record, read_records
+from layerfusion_recipes.core.sweeps.sweep import run_cells
 from layerfusion_recipes.core.sweeps.sweep_log import read_sweep_log
-from layerfusion_recipes.ner.command import grid_cells, run_cells
 from layerfusion_recipes.ner.experiment import NerSettings
 from layerfusion_recipes.reporting.plot import summarize
 

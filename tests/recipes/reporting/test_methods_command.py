@@ -1,32 +1,24 @@
-"""`layerfusion methods` and the registry's names on the command line: generated from the registry,
-current, and read without torch."""
+"""`layerfusion methods` and the registry's names on the command line: read from the library's
+``names.py`` (no copy), without torch."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-from layerfusion_recipes.core.options import names
-from layerfusion_recipes.reporting.registry_names import names_source
-from peft_layerfusion.comparison.regimes import METHOD_NAMES, REGIME_NAMES
-from peft_layerfusion.registration import METHODS
+from layerfusion_recipes.reporting.methods import method_rows
+from peft_layerfusion.registration import BASELINE_TYPES, METHODS
 
 
-def test_the_names_module_is_the_registry_s_current_list():
-    """Adding a method to the registry fails here until names.py is regenerated
-    (python -m layerfusion_recipes.reporting.registry_names)."""
-    assert Path(names.__file__).read_text(encoding="utf-8") == names_source()
-    assert names.METHOD_NAMES == METHOD_NAMES and names.REGIME_NAMES == REGIME_NAMES
-    assert [row[0] for row in names.METHOD_ROWS] == [m.name for m in METHODS] + ["bitfit", "none"]
-    assert names.METHOD_LABELS["extra_layers"] == "R+n" and names.REGIME_LABELS["fe"] == "frozen encoder"
-
-
-def test_the_generator_sees_a_changed_registry(monkeypatch):
-    from layerfusion_recipes.reporting import registry_names
-
-    monkeypatch.setattr(registry_names, "METHOD_NAMES", (*METHOD_NAMES, "new_method"))
-    assert '"new_method"' in names_source() and names_source() != Path(names.__file__).read_text()
+def test_the_rows_are_the_registry_s():
+    rows = method_rows()
+    assert [row[0] for row in rows] == [m.name for m in METHODS] + ["bitfit", "none"]
+    assert [row[1:4] for row in rows[: len(METHODS)]] == [
+        (m.peft_type, str(m.token_wise), str(m.seq2seq)) for m in METHODS
+    ]
+    assert rows[len(METHODS)][:4] == ("bitfit", BASELINE_TYPES[0][1].PEFT_TYPE, "-", "False")
+    marked = [row[4].startswith("recommended: ") for row in rows[: len(METHODS)]]
+    assert marked == [m.recommended for m in METHODS]
 
 
 HEAVY = "sorted({'torch', 'transformers', 'peft', 'peft_layerfusion'} & set(sys.modules))"
@@ -43,6 +35,7 @@ def test_methods_prints_its_table_without_importing_torch():
     assert lines[-1] == "0 []"
     assert lines[1].split()[:2] == ["dwatt", "DWATT"] and lines[-2].startswith("none")
     assert "depth-wise attention over every block's output" in lines[1]
+    assert len(lines) == 1 + len(METHODS) + len(BASELINE_TYPES) + 1 + 1
 
 
 def test_unknown_method_and_regime_names_are_refused_before_torch_loads(tmp_path):

@@ -76,7 +76,7 @@ def test_a_sweep_summary_holds_each_trial_s_test_score_at_the_selected_lr():
 
 def test_a_summary_names_model_and_data_by_name_and_fingerprint_never_by_machine_path(tmp_path):
     summary = sweep_summary(_records(), name="demo", commands=[])
-    assert summary["model"] == {"name": "tiny_model/model", "fingerprints": ["aaaa1111bbbb2222"]}
+    assert summary["model"] == {"name": "tiny-model", "fingerprints": ["aaaa1111bbbb2222"]}
     assert summary["data"] == {"name": "conll", "fingerprints": ["cccc3333dddd4444"]}
     assert summary["setup"] == {"seed": 0} and summary["setups"]["s1"]["model"] == "aaaa1111bbbb2222"
     text = write_summary(tmp_path / "summary.json", summary).read_text()
