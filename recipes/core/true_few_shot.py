@@ -250,6 +250,7 @@ def run_trial(
     }
     if plan.save_adapters:
         folder = output / ADAPTERS_FOLDER / f"{shots}-shot" / f"trial-{trial}"
+        store.model()  # the head's name needs the model (none is loaded where every state was kept)
         head = experiment.head_modules()[0]
         record["adapter"] = str(folder.relative_to(output))
         record["adapter_reloaded_bitwise"] = save_adapter(

@@ -89,6 +89,12 @@ def test_a_sweep_chooses_from_the_sample_writes_a_summary_and_resumes(paths, tmp
     # resumed: nothing runs again, the same summary
     assert true_few_shot.run_true_few_shot(experiment, plan, tmp_path, command="layerfusion test") == summary
     assert len(read_records(tmp_path / "results.jsonl")) == 2
+    if task == "classify":  # a fresh run that finds every state kept loads the model to save its adapters
+        fresh = classify(paths)
+        again = true_few_shot.run_true_few_shot(
+            fresh, plan, tmp_path, "layerfusion test", True, tmp_path / "b.jsonl"
+        )
+        assert again["cells"] == summary["cells"]
 
 
 def test_the_states_are_kept_under_a_name_of_the_setup_and_examples(paths, tmp_path):
