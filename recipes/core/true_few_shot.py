@@ -426,14 +426,14 @@ def paired_table(summary: dict[str, Any], title: str = "") -> str:
 
 def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     """Several published true few-shot summaries as one paired table (a row per task, model and N),
-    then each one's command."""
+    then their commands in one paragraph (a page has a line budget; the table has the rows)."""
     tables = [paired_table(s, f"{s['data']['name']}, {s['model']['name']}").splitlines() for s in summaries]
     lines = tables[0][:2] + [row for table in tables for row in table[2:]]
+    commands = "; ".join(f"`{command}`" for s in summaries for command in s["commands"] if command)
     lines += [
         "",
-        "Commands (`$DATA`: the folder of the data sets; model and data fingerprints in each summary):",
+        f"Commands (`$DATA`: the folder of the data sets; fingerprints in each summary): {commands}.",
     ]
-    lines += [f"`{command}`  " for s in summaries for command in s["commands"] if command]
     return "\n".join(lines)
 
 

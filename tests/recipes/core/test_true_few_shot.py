@@ -169,3 +169,28 @@ def test_a_published_summary_renders_its_paired_table_and_command():
     assert row.endswith("| **+20.0 ± 0.0** |")  # the same +20 in every trial: resolved
     assert same.endswith("| +0.0 ± 0.0 | **+10.3 ± 1.4** |")  # the block against itself: never bold
     assert text.splitlines()[-1] == "`layerfusion classify --data $DATA/toy`"
+
+
+def test_several_summaries_render_as_one_table_and_one_line_of_commands():
+    methods = {
+        name: {"trials": [0, 1], "test": test}
+        for name, test in {
+            "none": [0.5, 0.6],
+            "best_layer": [0.6, 0.7],
+            true_few_shot.RECOMMENDED: [0.7, 0.7],
+            true_few_shot.CEILING: [0.7, 0.8],
+        }.items()
+    }
+    summaries = [
+        {
+            "model": {"name": model},
+            "data": {"name": "toy"},
+            "commands": [f"layerfusion classify --model {model}"],
+            "cells": [{"shots": 8, "methods": methods}],
+        }
+        for model in ("a", "b")
+    ]
+    lines = true_few_shot.summaries_markdown(summaries).splitlines()
+    assert len(lines) == 6 and lines[2].startswith("| toy, a | 8 | 2 | 55.0 | 65.0 | 70.0 | 75.0 | +5.0 ± ")
+    assert lines[3].startswith("| toy, b | 8 |") and lines[4] == ""
+    assert lines[5].endswith(": `layerfusion classify --model a`; `layerfusion classify --model b`.")
