@@ -371,13 +371,13 @@ NAMES = {  # how the tables name a method of few_shot.METHODS (default: its name
     "none": "last-layer head",
     "best_layer": "selected block",
     "average": "average (unit RMS)",
-    "joint_ensemble": "joint ensemble",
+    "guarded_ensemble": "guarded probe ensemble",
 }
 LABELS = {
     **{name: NAMES.get(name, name.replace("_", " ")) for name in few_shot.METHODS},
     CEILING: "block chosen on test (ceiling)",
 }
-LABELS[RECOMMENDED] += " (recommended)"
+LABELS[RECOMMENDED] = "recommended"
 
 
 def table(summary: dict[str, Any]) -> str:

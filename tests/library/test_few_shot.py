@@ -193,7 +193,7 @@ def test_the_joint_probe_is_the_ridge_fit_of_the_scaled_concatenation():
 def test_the_joint_ensemble_is_the_mean_of_the_joint_probe_and_the_ensemble():
     states, labels = planted((2, 3), rows=48, seed=7)
     trial = few_shot.choose(states, labels, folds=4, seed=1)
-    assert few_shot.RECOMMENDED == "joint_ensemble" and few_shot.RECOMMENDED in few_shot.METHODS
+    assert few_shot.RECOMMENDED == "guarded_ensemble" and "joint_ensemble" in few_shot.METHODS
     joint, ensemble = (trial.readouts[name].logits(states) for name in ("joint_probe", "probe_ensemble"))
     assert trial.readouts["joint_ensemble"].blocks == (1, 2, 3, 4)
     assert torch.allclose(trial.readouts["joint_ensemble"].logits(states), (joint + ensemble) / 2, atol=1e-10)

@@ -115,7 +115,7 @@ def test_the_states_are_kept_under_a_name_of_the_setup_and_examples(paths, tmp_p
 
 def test_the_verdict_says_what_won_and_gives_no_interval_for_one_trial():
     methods = {
-        "joint_ensemble": {"trials": [0, 1, 2], "test": [0.7, 0.8, 0.75]},
+        "guarded_ensemble": {"trials": [0, 1, 2], "test": [0.7, 0.8, 0.75]},
         "best_layer": {"trials": [0, 1, 2], "test": [0.6, 0.7, 0.66]},
     }
     line = true_few_shot.verdict({"cells": [{"shots": 8, "methods": methods}]})
@@ -132,7 +132,7 @@ def test_the_command_runs_the_protocol_by_default_and_prints_the_verdict_first(p
     argv += ["--shots", "4", "--trials", "2", "--folds", "2", "--output", str(tmp_path), "--quiet"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("The recommended recipe (joint ensemble) against the block chosen")
+    assert printed.startswith("The recommended recipe (guarded probe ensemble) against the block chosen")
     assert "| N | last-layer head | selected block |" in printed and "no dev split was read" in printed
     assert (tmp_path / "table.md").read_text().strip() == printed.strip()
     assert json.loads((tmp_path / "summary.json").read_text())["cells"][0]["shots"] == 4
@@ -144,7 +144,7 @@ def test_a_published_summary_renders_its_paired_table_and_command():
     methods = {
         "none": {"trials": [0, 1, 2], "test": [0.5, 0.6, 0.55]},
         "best_layer": {"trials": [0, 1, 2], "test": [0.6, 0.7, 0.66]},
-        "joint_ensemble": {"trials": [0, 1, 2], "test": [0.7, 0.8, 0.75]},
+        "guarded_ensemble": {"trials": [0, 1, 2], "test": [0.7, 0.8, 0.75]},
         "test_best_block": {"trials": [0, 1, 2], "test": [0.7, 0.8, 0.8]},
     }
     summary = {
@@ -159,7 +159,7 @@ def test_a_published_summary_renders_its_paired_table_and_command():
             {
                 "shots": 32,
                 "ensemble_kept": "0/3",
-                "methods": {**methods, "joint_ensemble": methods["best_layer"]},
+                "methods": {**methods, "guarded_ensemble": methods["best_layer"]},
             },
         ],
     }
