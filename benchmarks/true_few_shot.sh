@@ -3,7 +3,8 @@
 # sample alone (4-fold cross-validation), no dev split read. Each cell writes its records, states and
 # summary.json under $OUT/<name>/; the summary is copied to benchmarks/summaries/true_few_shot_<name>.json.
 #   DATA=<folder with sst2/ trec/ conll2003/> bash benchmarks/true_few_shot.sh [name ...]
-# Names: sst2_minilm trec_minilm conll_minilm sst2_gemma3 trec_gemma3 conll_gemma3 (default: the MiniLM ones).
+# Names: sst2_minilm trec_minilm conll_minilm pos_minilm trec_fine_minilm sst2_gemma3 trec_gemma3 conll_gemma3
+# (default: the first three MiniLM ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:?set DATA to the folder holding sst2/, trec/ and conll2003/}
@@ -32,6 +33,8 @@ for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
             sst2_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/sst2" --pooling mean ;;
             trec_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean ;;
             conll_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --test-limit 1000 ;;
+            pos_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 1 --test-limit 1000 ;;
+            trec_fine_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column fine_label --pooling mean ;;
             sst2_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/sst2" ;;
             trec_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/trec" --label-column coarse_label ;;
             conll_gemma3) run "$one" ner "${gemma[@]}" --data "$DATA/conll2003" ;;

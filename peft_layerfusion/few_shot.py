@@ -29,7 +29,15 @@ Per trial, from the sample's rows only (:func:`choose`):
      least-squares fit to the labels on the out-of-fold scores (cross-fitted), pulled towards
      :math:`\alpha_s = 1/L`;
    * ``average``: one probe on the mean of the states, :math:`\bar x = \frac1L \sum_s x_s`;
-   * ``guarded_ensemble``, the recommended recipe: the ensemble, unless the guard deploys the block.
+   * ``joint_probe``: one probe on the concatenation of every block's state, each block scaled by a
+     constant to unit mean square over the sample (:func:`joint_probe`), its penalty chosen by the same
+     cross-validation: a Concat read-out fitted in closed form (the dual form where rows are fewer than
+     the ``L d`` features), which can use what no single block holds;
+   * ``guarded_ensemble``, the recommended recipe (:data:`RECOMMENDED`): the ensemble, unless the guard
+     deploys the block;
+   * ``joint_ensemble``: the mean of the joint probe's and the probe ensemble's scores,
+     :math:`f(x) = \tfrac12 f_{\mathrm{joint}}(x) + \tfrac12 f_{\mathrm{ensemble}}(x)` (chosen on
+     MiniLM's SST-2 and TREC samples, it did not hold up on Gemma 3's TREC: not the recommendation).
 
 4. The guard (:func:`guard`): the ensemble against the block, on per-row out-of-fold predictions, each
    fold's block ranking and ``k`` chosen on the *other* folds (no winner's curse), compared by a paired
@@ -77,7 +85,17 @@ from .probing import (
 )
 
 # what :func:`choose` deploys: the plain head, the chosen block, the fusions, and the guarded ensemble
-METHODS: tuple[str, ...] = ("none", "best_layer", "probe_ensemble", "stacked", "average", "guarded_ensemble")
+METHODS: tuple[str, ...] = (
+    "none",
+    "best_layer",
+    "probe_ensemble",
+    "stacked",
+    "average",
+    "joint_probe",
+    "guarded_ensemble",
+    "joint_ensemble",
+)
+RECOMMENDED = "guarded_ensemble"  # the recipe this protocol recommends
 
 
 def head_states(hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -317,7 +335,9 @@ class Trial:
         stack_weights: ``alpha_s`` of the stacked combiner, one per block.
         guard: The guard's verdict (:class:`GuardResult`).
         readouts: What each method of :data:`METHODS` deploys.
-        cv_scores: The out-of-fold score of the probes behind ``none``, ``best_layer`` and ``average``.
+        cv_scores: The out-of-fold score of ``none``, ``best_layer``, ``average``, ``joint_probe`` and
+            ``joint_ensemble`` (the last with the ensemble's blocks chosen on every fold: optimistic).
+        joint: The joint probe (:func:`joint_probe`).
     """
 
     probes: list[BlockProbe]
@@ -327,6 +347,7 @@ class Trial:
     guard: GuardResult
     readouts: dict[str, LinearReadout]
     cv_scores: dict[str, float] = field(default_factory=dict)
+    joint: BlockProbe | None = None
 
     def choices(self) -> dict[str, object]:
         """What the trial chose, as a record's fields (JSON types)."""
@@ -337,6 +358,7 @@ class Trial:
             "penalties": {str(p.block): p.penalty for p in self.probes},
             "block_cv": {str(p.block): round(p.cv_score, 6) for p in self.probes},
             "stack_weights": [round(a, 6) for a in self.stack_weights],
+            "joint_penalty": None if self.joint is None else self.joint.penalty,
             "guard": self.guard.deploy,
             "guard_block_wins": self.guard.block_wins,
             "guard_blocks": list(self.guard.blocks),
@@ -350,6 +372,51 @@ def _readout(
     weight = torch.stack([a * p.weight for a, p in zip(weights, probes, strict=True)], dim=1)  # (C, |B|, d)
     bias = torch.stack([a * p.bias for a, p in zip(weights, probes, strict=True)]).sum(0)
     return LinearReadout(tuple(p.block for p in probes), weight, bias if offset is None else bias + offset)
+
+
+def _combine(readouts: Sequence[LinearReadout], weights: Sequence[float]) -> LinearReadout:
+    """``sum_i a_i f_i(x)`` of read-outs as one read-out over the union of their blocks."""
+    blocks = sorted({b for readout in readouts for b in readout.blocks})
+    classes, _, width = readouts[0].weight.shape
+    weight = torch.zeros(classes, len(blocks), width, dtype=torch.float64)  # (C, |B|, d)
+    bias = torch.zeros(classes, dtype=torch.float64)
+    for readout, a in zip(readouts, weights, strict=True):
+        where = [blocks.index(b) for b in readout.blocks]
+        weight[:, where] += a * readout.weight.double()
+        bias += a * readout.bias.double()
+    return LinearReadout(tuple(blocks), weight, bias)
+
+
+def joint_probe(
+    states: torch.Tensor, labels: torch.Tensor, classes: int, folds: Folds, grid: Sequence[float]
+) -> tuple[BlockProbe, LinearReadout]:
+    r"""One ridge probe on every block at once: :math:`f(x) = \sum_s W_s x_s / c_s + b`, fitted on the
+    concatenated rows :math:`[x_1 / c_1, \dots, x_L / c_L]`, its penalty chosen by cross-validation on
+    ``folds``.
+
+    ``c_s`` is block ``s``'s root mean square over the sample's rows, a constant (so the read-out stays
+    linear in the states): every block enters at the same scale, the last one (read after a final norm)
+    included, and one penalty serves them all. The solver works in the dual (the rows' Gram matrix)
+    where rows are fewer than the ``L d`` features.
+
+    Args:
+        states: ``(n, L + 1, d)`` float64 rows (:func:`head_states`).
+        labels: ``(n,)``.
+        classes: ``C``.
+        folds: The trial's :class:`Folds`.
+        grid: The penalties to try (grown at an edge).
+
+    Returns:
+        The probe (``block`` ``-2``: every block) with its out-of-fold scores, and its read-out over
+        blocks ``1 .. L``.
+    """
+    blocks = list(range(1, states.shape[1]))
+    parts = states[:, blocks]  # (n, L, d)
+    scale = parts.pow(2).mean((0, 2)).sqrt().clamp_min(torch.finfo(torch.float64).tiny)  # (L,): c_s
+    features = (parts / scale[None, :, None]).flatten(1)  # (n, L d)
+    probe = block_probe(cross_validate(features, labels, classes, folds.of_row, list(grid)), folds, -2)
+    weight = probe.weight.view(classes, len(blocks), -1) / scale[None, :, None]  # (C, L, d)
+    return probe, LinearReadout(tuple(blocks), weight, probe.bias)
 
 
 def _stack(oofs: torch.Tensor, labels: torch.Tensor, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -486,6 +553,7 @@ def choose(
     with single_thread():  # small products: a second thread costs more than it brings
         probes = [probe(x[:, s], s) for s in range(1, last + 1)]
         average = probe(x[:, 1:].mean(1), -1)
+        joint, joint_readout = joint_probe(x, labels, classes, cv, grid)
     ranked = sorted(probes, key=BlockProbe.key, reverse=True)
     top_k = _top_k(ranked, cv)
     alpha_s, offset = _stack(torch.stack([p.oof for p in probes], dim=1), labels, stack_penalty)
@@ -500,11 +568,21 @@ def choose(
             (average.weight / last)[:, None].expand(-1, last, -1).clone(),
             average.bias,
         ),
+        "joint_probe": joint_readout,
     }
     readouts = {name: replace(readout, method=name) for name, readout in readouts.items()}
     readouts["guarded_ensemble"] = readouts[verdict.deploy]
-    scores = {"none": probes[-1].cv_score, "best_layer": ranked[0].cv_score, "average": average.cv_score}
-    return Trial(probes, ranked[0].block, top_k, alpha_s.tolist(), verdict, readouts, scores)
+    joint_ensemble = _combine([readouts["joint_probe"], readouts["probe_ensemble"]], [0.5, 0.5])
+    readouts["joint_ensemble"] = replace(joint_ensemble, method="joint_ensemble")
+    ensemble_oof = torch.stack([p.oof for p in ranked[:top_k]], 1).mean(1)  # (n, C)
+    scores = {
+        "none": probes[-1].cv_score,
+        "best_layer": ranked[0].cv_score,
+        "average": average.cv_score,
+        "joint_probe": joint.cv_score,
+        "joint_ensemble": cv.score((0.5 * joint.oof + 0.5 * ensemble_oof).argmax(-1)),
+    }
+    return Trial(probes, ranked[0].block, top_k, alpha_s.tolist(), verdict, readouts, scores, joint)
 
 
 def readout_config(

@@ -121,6 +121,24 @@ ENTRIES: tuple[Entry, ...] = (
         fitted=True,
     ),
     Entry(
+        "joint_probe",
+        "Joint probe",
+        "Joint probe: one ridge probe on every block's state (each scaled to unit mean square), fitted "
+        "in closed form on the training sample (few_shot.choose + deploy); trained from scratch, a Concat",
+        token_wise=True,
+        variant_of="concat",
+        fitted=True,
+    ),
+    Entry(
+        "joint_ensemble",
+        "Joint ensemble",
+        "Joint ensemble: the mean of the joint probe's and the probe ensemble's scores, fitted in closed "
+        "form on the training sample (few_shot.choose + deploy); trained from scratch, a Concat",
+        token_wise=True,
+        variant_of="concat",
+        fitted=True,
+    ),
+    Entry(
         "surface_fusion",
         "SurfaceFusion",
         "SurfaceFusion: the source embeddings fused into the decoder's output distribution",

@@ -85,6 +85,11 @@ class Method:
         return self.entry.recommended
 
     @property
+    def fitted(self) -> bool:
+        """Its weights are fitted in closed form by ``few_shot`` (``probe_ensemble``, ...), not trained."""
+        return self.entry.fitted
+
+    @property
     def preset(self) -> Optional[str]:
         """The preset of ``config_cls`` (one of its ``PRESETS``) this entry is, else ``None``."""
         return self.entry.preset
@@ -149,6 +154,8 @@ METHODS: tuple[Method, ...] = tuple(Method(entry, *TYPES[entry.peft_type]) for e
 
 RECOMMENDED: Method = next(m for m in METHODS if m.recommended)  # the one method we recommend
 ENCODER_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if not m.seq2seq)  # any encoder
+# what a trained comparison runs, audits and pairs: every encoder method but those fitted in closed form
+TRAINED_METHODS: tuple[Method, ...] = tuple(m for m in ENCODER_METHODS if not m.fitted)
 SEQ2SEQ_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if m.seq2seq)  # encoder-decoder only
 
 # PEFT types that are not fusion methods (no fusion module): (name, config class, tuner class).

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peft_layerfusion.names import METHOD_LABELS, METHOD_NAMES, PLAIN_HEAD, REGIME_LABELS
-from peft_layerfusion.registration import ENCODER_METHODS
+from peft_layerfusion.names import METHOD_LABELS, PLAIN_HEAD, REGIME_LABELS, TRAINED_NAMES
+from peft_layerfusion.registration import TRAINED_METHODS
 from peft_layerfusion.utils import atomic_write, atomic_write_text
 
 from ..core.results.cells import FULL_TRAIN, shots_size
@@ -111,7 +111,7 @@ def shots_text(shots: int) -> str:
 def method_rank(method: str) -> tuple[int, str]:
     """Columns in one order whatever order the records were written in: the registry's
     (``none`` first), then any other method by name."""
-    known = METHOD_NAMES.index(method) if method in METHOD_NAMES else len(METHOD_NAMES)
+    known = TRAINED_NAMES.index(method) if method in TRAINED_NAMES else len(TRAINED_NAMES)
     return known, method
 
 
@@ -381,7 +381,7 @@ def method_color(method: str) -> str:
         ('C0', 'C1')
     """
     rank = method_rank(method)[0]
-    if rank == len(METHOD_NAMES):  # not a registered method (an old record): a stable colour of its name
+    if rank == len(TRAINED_NAMES):  # not a registered method (an old record): a stable colour of its name
         rank = zlib.crc32(method.encode())
     return f"C{rank % 10}"
 
@@ -707,11 +707,11 @@ def method_pairs() -> tuple[tuple[str, str], ...]:
         >>> method_pairs()[:3]
         (('dwatt', 'extra_layers'), ('concat', 'extra_layers'), ('scaled_dwatt', 'extra_layers'))
     """
-    budget = [m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget and m.token_wise]
-    depth = [m.name for m in ENCODER_METHODS if not m.token_wise]
-    light = [m.name for m in ENCODER_METHODS if not m.module_cls.sized_to_budget]
+    budget = [m.name for m in TRAINED_METHODS if m.module_cls.sized_to_budget and m.token_wise]
+    depth = [m.name for m in TRAINED_METHODS if not m.token_wise]
+    light = [m.name for m in TRAINED_METHODS if not m.module_cls.sized_to_budget]
     recommended = [
-        m.name for m in ENCODER_METHODS if getattr(m, "recommended", False) and m.name not in budget
+        m.name for m in TRAINED_METHODS if getattr(m, "recommended", False) and m.name not in budget
     ]
     return (
         *itertools.product(budget, depth),

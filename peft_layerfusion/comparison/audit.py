@@ -37,7 +37,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 from ..layer import FUSION_SUFFIX, LAYER_NAME
 from ..names import ADAPTER_REGIME_NAMES, PLAIN_HEAD
-from ..registration import ENCODER_METHODS
+from ..registration import TRAINED_METHODS
 from .budget import (
     DEFAULT_TOLERANCE,
     METHOD_SIZERS,
@@ -51,11 +51,11 @@ from .budget import (
 from .regimes import DEFAULT_LORA_R, apply_regime, default_lora_targets
 from .shapes import LLM_SHAPES, llm_shape
 
-AUDITED_METHODS: tuple[str, ...] = tuple(method.name for method in ENCODER_METHODS)
+AUDITED_METHODS: tuple[str, ...] = tuple(method.name for method in TRAINED_METHODS)
 # Not sized to a budget, never flagged: the plain head and the methods (nearly) without parameters.
 REFERENCE_METHODS: tuple[str, ...] = (
     PLAIN_HEAD,
-    *(method.name for method in ENCODER_METHODS if not method.module_cls.sized_to_budget),
+    *(method.name for method in TRAINED_METHODS if not method.module_cls.sized_to_budget),
 )
 HEAD_MARKERS = (".modules_to_save.", ".original_module.")
 # The LoRA that LLM methods are sized to by default: rank 16 on the attention projections.
@@ -239,7 +239,7 @@ def audit_totals(config_or_path: str | os.PathLike | PretrainedConfig) -> dict[s
     Example:
         >>> audit_totals(base_model.config)  # a tiny BERT: 3 blocks of width 32
         {'dwatt': 5408, 'concat': 3104, 'average': 0, 'scalar_mix': 4, 'scaled_dwatt': 5408, 'layer_mix': 4,
-         'extra_layers': 7504, 'probe_ensemble': 3104, 'stacked': 3104}
+         'extra_layers': 7504}
     """
     return {method: entry["total"] for method, entry in audit(config_or_path).items()}
 

@@ -217,8 +217,6 @@ METHOD_SIZERS: dict[str, Callable[..., BudgetMatch]] = {
     "dwatt": match_dwatt_width,
     "scaled_dwatt": match_dwatt_width,  # DWAtt's parameters (other options, the same count)
     "concat": match_concat_rank,
-    "probe_ensemble": match_concat_rank,  # presets of Concat: its parameters (deployed, map_rank = C)
-    "stacked": match_concat_rank,
     "extra_layers": match_extra_layers,
 }
 

@@ -44,13 +44,13 @@ low-rank identity start's fixed term), and ``F`` does not run again:
     h_{head} = W [\hat z_1; \dots; \hat z_{L-1}; F(z_L)] + b
         \;\;(+\, F(z_L) \text{ at a low-rank identity start})
 
-Two presets are read-outs fitted in closed form on a few-shot training sample, no dev set and no
+Four presets are read-outs fitted in closed form on a few-shot training sample, no dev set and no
 gradient step (:func:`peft_layerfusion.few_shot.choose`, then :func:`~peft_layerfusion.few_shot.deploy`
-writes the weights): ``"probe_ensemble"`` and ``"stacked"``. Both are a Concat of rank ``C`` (the head's
-classes) where the head reads, over the blocks ``B`` the read-out uses (``deploy`` sets
-``map_rank=C``, ``layers=B``, ``state_norm="rms_after_norm"`` and ``fusion_init="paper"``), with one
-ridge probe ``(W_s, b_s)`` per block fitted on ``x_s`` (``ẑ_s``, and ``F(z_L)`` for the last) and
-cross-validated on the sample:
+writes the weights): ``"probe_ensemble"``, ``"stacked"``, ``"joint_probe"`` and ``"joint_ensemble"``.
+Each is a Concat of rank ``C`` (the head's classes) where the head reads, over the blocks ``B`` the
+read-out uses (``deploy`` sets ``map_rank=C``, ``layers=B``, ``state_norm="rms_after_norm"`` and
+``fusion_init="paper"``), with one ridge probe ``(W_s, b_s)`` per block fitted on ``x_s`` (``ẑ_s``,
+and ``F(z_L)`` for the last) and cross-validated on the sample:
 
 .. math::
 
@@ -62,6 +62,11 @@ cross-validated on the sample:
   chosen by cross-validation, ``c = 0``: the mean of the top-k blocks' probe scores.
 * ``stacked``: every block, ``a`` and ``c`` a balanced least-squares fit of the one-hot labels on the
   blocks' out-of-fold probe scores (cross-fitted), pulled towards ``a_s = 1/L``.
+* ``joint_probe``: not one probe per block but one ridge probe on the concatenation of every block's
+  ``x_s / r_s`` (``r_s`` the RMS of block ``s`` over the sample, a constant), its penalty chosen by
+  the same cross-validation: ``A_s = W_s / r_s``, ``a_s = 1``, ``b`` its bias.
+* ``joint_ensemble``: the mean of the two read-outs, ``joint_probe`` and ``probe_ensemble``, each
+  weighted ``1/2``.
 
 The saved ``adapter_config.json`` says which (``readout_fit``); the forward is Concat's, so the deployed
 adapter trains further like any other (the Trainer, ``save_pretrained``). A read-out of one block deploys
@@ -96,8 +101,8 @@ class ConcatConfig(DepthMixConfig):
             parameters); ``None`` (default) keeps the paper's full maps (``K d^2 + d``).
         readout_fit: How the map's weights were fitted: ``None`` (default; trained, from the init), or
             the few-shot read-out :func:`peft_layerfusion.few_shot.deploy` wrote in closed form,
-            ``"probe_ensemble"`` or ``"stacked"`` (set by the presets of those names). A record of the
-            fit: the forward is the same.
+            ``"probe_ensemble"``, ``"stacked"``, ``"joint_probe"`` or ``"joint_ensemble"`` (set by the
+            presets of those names). A record of the fit: the forward is the same.
         (``state_norm`` and ``mixing_lr_multiplier`` of :class:`DepthMixConfig`, every option of
         :class:`LayerFusionConfig` and of LoRA)
 
@@ -117,6 +122,8 @@ class ConcatConfig(DepthMixConfig):
     PRESETS: ClassVar[Mapping[str, Preset]] = {
         "probe_ensemble": Preset({"readout_fit": "probe_ensemble"}),
         "stacked": Preset({"readout_fit": "stacked"}),
+        "joint_probe": Preset({"readout_fit": "joint_probe"}),
+        "joint_ensemble": Preset({"readout_fit": "joint_ensemble"}),
     }
 
     map_rank: Optional[int] = field(
@@ -132,8 +139,9 @@ class ConcatConfig(DepthMixConfig):
         metadata={
             "help": "How the map's weights were fitted: None (trained, from the init), or in closed form "
             "on a few-shot sample by peft_layerfusion.few_shot.deploy: 'probe_ensemble' (the mean of the "
-            "top-k blocks' ridge probes) or 'stacked' (their least-squares combination). Set by the presets "
-            "of those names; the forward is the same."
+            "top-k blocks' ridge probes), 'stacked' (their least-squares combination), 'joint_probe' (one "
+            "ridge probe on every block's scaled state) or 'joint_ensemble' (the mean of the last and the "
+            "probe ensemble). Set by the presets of those names; the forward is the same."
         },
     )
 

@@ -85,9 +85,7 @@ def test_cli_json_is_one_object_of_integers(tiny_config, tmp_path, capsys):
         "scalar_mix": 4,
         "scaled_dwatt": 5408,  # DWAtt's parameters, other options
         "layer_mix": 4,  # ScalarMix's
-        "probe_ensemble": TINY_CONCAT,  # Concat's (full maps: map_rank unset)
-        "stacked": TINY_CONCAT,
-    }
+    }  # not the presets fitted in closed form (probe_ensemble, ...): nothing trains them
 
 
 def test_cli_table_and_match(tiny_config, tmp_path, capsys):

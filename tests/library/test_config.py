@@ -107,6 +107,8 @@ def test_method_names():
         "layer_mix": ("SCALAR_MIX", "scalar_mix"),
         "probe_ensemble": ("CONCAT", "concat"),
         "stacked": ("CONCAT", "concat"),
+        "joint_probe": ("CONCAT", "concat"),
+        "joint_ensemble": ("CONCAT", "concat"),
     }
     assert not {"SCALED_DWATT", "LAYER_MIX"} & set(PeftType.__members__)  # presets are no PEFT types
 

@@ -167,3 +167,65 @@ def test_a_sample_without_some_class_gives_readouts_of_every_class_of_the_head()
     for name, readout in trial.readouts.items():
         assert readout.weight.shape[0] == 5 and readout.bias.shape == (5,), name
         assert set(readout.predict(states).tolist()) <= {0, 1}, name  # never a class it has not seen
+
+
+def test_the_joint_probe_is_the_ridge_fit_of_the_scaled_concatenation():
+    states, labels = planted((1, 3), rows=64, seed=6)  # the label needs two blocks at once
+    assert labels.bincount().tolist() == [32, 32]
+    trial = few_shot.choose(states, labels, folds=4, seed=0)
+    readout, penalty = trial.readouts["joint_probe"], trial.joint.penalty
+    assert readout.blocks == (1, 2, 3, 4) and trial.choices()["joint_penalty"] == penalty
+    # recomputed independently: the normal equations of the scaled concatenation at the chosen penalty
+    parts = states[:, 1:]  # (n, L, d)
+    scale = parts.pow(2).mean((0, 2)).sqrt()
+    x = (parts / scale[None, :, None]).flatten(1)  # (n, L d)
+    targets = torch.nn.functional.one_hot(labels, 2).double()
+    centred, mean_t = x - x.mean(0), targets.mean(0)  # a stratified sample: every row weighs 1
+    system = centred.T @ centred + penalty * x.pow(2).mean() * len(x) * torch.eye(x.shape[1], dtype=x.dtype)
+    weight = torch.linalg.solve(system, centred.T @ (targets - mean_t))  # (L d, C)
+    expected = (x - x.mean(0)) @ weight + mean_t
+    assert torch.allclose(readout.logits(states), expected, atol=1e-8)
+    # the concatenation sees what no single block holds: its out-of-fold score tops every block's
+    assert trial.cv_scores["joint_probe"] == 51 / 64  # 0.797
+    assert [p.cv_score for p in trial.probes] == [39 / 64, 32 / 64, 42 / 64, 42 / 64]  # 0.656 at most
+
+
+def test_the_joint_ensemble_is_the_mean_of_the_joint_probe_and_the_ensemble():
+    states, labels = planted((2, 3), rows=48, seed=7)
+    trial = few_shot.choose(states, labels, folds=4, seed=1)
+    assert few_shot.RECOMMENDED == "guarded_ensemble" and "joint_ensemble" in few_shot.METHODS
+    joint, ensemble = (trial.readouts[name].logits(states) for name in ("joint_probe", "probe_ensemble"))
+    assert trial.readouts["joint_ensemble"].blocks == (1, 2, 3, 4)
+    assert torch.allclose(trial.readouts["joint_ensemble"].logits(states), (joint + ensemble) / 2, atol=1e-10)
+
+
+def test_the_joint_probe_reads_the_sample_alone():
+    states, labels = planted((1, 3), rows=40, seed=6)
+    first = few_shot.choose(states, labels, folds=4, seed=0)
+    # rows outside the sample (a test set) cannot move it; the sample's own rows do
+    again = few_shot.choose(states.clone(), labels.clone(), folds=4, seed=0)
+    assert torch.equal(first.readouts["joint_probe"].weight, again.readouts["joint_probe"].weight)
+    fewer = few_shot.choose(states[:36], labels[:36], folds=4, seed=0)
+    assert not torch.allclose(fewer.readouts["joint_probe"].weight, first.readouts["joint_probe"].weight)
+
+
+@pytest.mark.parametrize("name", ["joint_probe", "joint_ensemble"])
+def test_the_joint_readouts_deploy_as_one_adapter_exactly(name, tmp_path):
+    base = tiny_bert(num_labels=3, **NO_DROPOUT)
+    ids = torch.randint(1, 50, (6, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        states = few_shot.head_states(base(input_ids=ids, output_hidden_states=True).hidden_states).flatten(
+            0, 1
+        )  # (42 tokens, 4, 32)
+    labels = torch.arange(len(states)) % 3
+    readout = few_shot.choose(states, labels, folds=3, seed=0).readouts[name]
+    assert readout.blocks == (1, 2, 3)
+    model = few_shot.deploy(copy.deepcopy(base), readout, "classifier").eval()
+    assert type(model.peft_config["default"]).__name__ == "ConcatConfig"
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.flatten(0, 1)
+    assert torch.allclose(logits.double(), readout.logits(states), atol=1e-5)
+    model.save_pretrained(tmp_path)
+    reloaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits.flatten(0, 1), logits)

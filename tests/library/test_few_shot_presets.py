@@ -17,7 +17,7 @@ from transformers import Trainer
 from peft_layerfusion import ConcatConfig, few_shot
 from peft_layerfusion.registration import method_named
 
-PRESETS = ("probe_ensemble", "stacked")
+PRESETS = ("probe_ensemble", "stacked", "joint_probe", "joint_ensemble")
 
 
 def sample_trial(base: torch.nn.Module) -> tuple[few_shot.Trial, list[dict[str, torch.Tensor]], torch.Tensor]:
@@ -54,9 +54,8 @@ def test_the_registry_lists_them_as_presets_of_concat():
         assert (config.readout_fit, config.state_norm, config.map_rank) == (name, "none", 5)  # Concat's
     with pytest.raises(ValueError) as error:
         ConcatConfig(readout_fit="ensemble")
-    assert str(error.value) == (
-        "`readout_fit`='ensemble' is not allowed: expected None or one of ['probe_ensemble', 'stacked']."
-    )
+    allowed = "['probe_ensemble', 'stacked', 'joint_probe', 'joint_ensemble']"
+    assert str(error.value) == f"`readout_fit`='ensemble' is not allowed: expected None or one of {allowed}."
 
 
 def test_choose_names_each_readout_and_the_guarded_one_by_what_it_deploys():

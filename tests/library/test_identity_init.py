@@ -41,6 +41,8 @@ STEP_1_GRADIENTS = {
     "layer_mix": {"gamma", "blend"},
     "probe_ensemble": {"proj.weight", "proj.bias"},  # Concat's full maps, under an identity start
     "stacked": {"proj.weight", "proj.bias"},
+    "joint_probe": {"proj.weight", "proj.bias"},
+    "joint_ensemble": {"proj.weight", "proj.bias"},
 }
 # The parameters whose first non-zero gradient comes at step 3, not 2: Scaled DWAtt's query MLP, gated by
 # W_K = 0 (every k_n = 0) until W_K's first update at step 2 (its own gradient gated by v_n = 0 at step 1).
@@ -52,8 +54,11 @@ def logits(model, inputs: dict) -> torch.Tensor:
         return model(**inputs).logits
 
 
+FITTED = ("probe_ensemble", "stacked", "joint_probe", "joint_ensemble")  # Concat's presets fitted by few_shot
+
+
 def test_identity_methods_come_from_the_registry():
-    names = {"dwatt", "concat", "scalar_mix", "scaled_dwatt", "layer_mix", "probe_ensemble", "stacked"}
+    names = {"dwatt", "concat", "scalar_mix", "scaled_dwatt", "layer_mix", *FITTED}
     assert {m.name for m in IDENTITY_METHODS} == names
     assert set(STEP_1_GRADIENTS) == set(VARIANTS)
 

@@ -123,6 +123,8 @@ FORWARD_CHECKS: dict[str, Callable[[Case], tuple[torch.Tensor, torch.Tensor]]] =
     "layer_mix": token_wise_check,
     "probe_ensemble": token_wise_check,
     "stacked": token_wise_check,
+    "joint_probe": token_wise_check,
+    "joint_ensemble": token_wise_check,
     "extra_layers": extra_layers_check,
     "surface_fusion": surface_fusion_check,
     "encoder_fusion": encoder_fusion_check,

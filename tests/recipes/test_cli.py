@@ -56,7 +56,7 @@ def test_unknown_method_is_one_line_with_the_allowed_names(capsys):
         "layerfusion ner: error: --methods: unknown ['dwat']; allowed: "
         + ", ".join(
             ["none", "dwatt", "concat", "average", "scalar_mix", "scaled_dwatt", "layer_mix", "extra_layers"]
-            + ["probe_ensemble", "stacked"]  # the few-shot read-outs, presets of Concat
+            + ["probe_ensemble", "stacked", "joint_probe", "joint_ensemble"]  # few-shot read-outs (Concat)
         )
     ]
 

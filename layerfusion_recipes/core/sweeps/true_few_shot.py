@@ -2,10 +2,10 @@
 
 Per trial of a shot size (the same N-per-class sample every method sees), from that sample alone
 (:func:`peft_layerfusion.few_shot.choose`, k-fold cross-validation): one probe per block, the plain
-last-layer head (``none``), the block the same selection picks (``best_layer``), the probe ensemble, the
-stacked combiner, the unit-RMS average, and the recommended recipe (the guarded ensemble). No dev split
-is read. Each is then scored once on test; beside them, as a ceiling no user could deploy, the block
-chosen on test (``test_best_block``).
+last-layer head (``none``), the block the same selection picks (``best_layer``), every fusion of
+:data:`peft_layerfusion.few_shot.METHODS`, and the recommended recipe
+(:data:`peft_layerfusion.few_shot.RECOMMENDED`). No dev split is read. Each is then scored once on
+test; beside them, as a ceiling no user could deploy, the block chosen on test (``test_best_block``).
 
 The states every method reads come from one forward per example with ``output_hidden_states``
 (:func:`head_rows`): the sample's and the test set's, kept in ``OUTPUT/states/`` under a name that
@@ -45,7 +45,7 @@ from ..results.records import append_record, read_records
 from ..results.stats import mean_ci, paired_mean_ci
 from .tasks import check_task
 
-RECOMMENDED = "guarded_ensemble"  # the recipe the project recommends, under its method name
+RECOMMENDED = few_shot.RECOMMENDED  # the recipe the project recommends, under its method name
 BASELINE = "best_layer"  # the bar: the block chosen by the same selection
 CEILING = "test_best_block"  # the block chosen on test: a reference, never deployable
 STATES_FOLDER = "states"
@@ -252,6 +252,7 @@ def run_trial(
     }
     if plan.save_adapters:
         folder = output / ADAPTERS_FOLDER / f"{shots}-shot" / f"trial-{trial}"
+        store.model()  # the head's name needs the model (none is loaded where every state was kept)
         head = experiment.head_modules()[0]
         record["adapter"] = str(folder.relative_to(output))
         record["adapter_reloaded_bitwise"] = save_adapter(
@@ -345,20 +346,22 @@ def verdict(summary: dict[str, Any]) -> str:
             interval = f"{_points(diff.mean):+.1f} ± {diff.half_width:.1f} points over {diff.n} trials"
             lines.append(f"N={cell['shots']}: {interval} ({sure})")
     return (
-        "The recommended recipe (guarded probe ensemble) against the block chosen the same way: "
+        f"The recommended recipe ({NAMES[RECOMMENDED]}) against the block chosen the same way: "
         + "; ".join(lines)
     )
 
 
-LABELS = {
+NAMES = {  # how the tables name a method of few_shot.METHODS (default: its name in words)
     "none": "last-layer head",
     "best_layer": "selected block",
-    "probe_ensemble": "probe ensemble",
-    "stacked": "stacked",
     "average": "average (unit RMS)",
-    RECOMMENDED: "recommended",
+    "guarded_ensemble": "guarded probe ensemble",
+}
+LABELS = {
+    **{name: NAMES.get(name, name.replace("_", " ")) for name in few_shot.METHODS},
     CEILING: "block chosen on test (ceiling)",
 }
+LABELS[RECOMMENDED] = "recommended"
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -384,8 +387,8 @@ def paired_table(summary: dict[str, Any], title: str = "") -> str:
     the ceiling. ``title`` names the rows' task and model."""
     lines = [
         "| task, model | N | trials | last-layer head | selected block | recommended | ceiling "
-        "| recommended − block | recommended − head | guard kept the ensemble |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| recommended − block | recommended − head |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in summary["cells"]:
         methods = cell["methods"]
@@ -397,18 +400,18 @@ def paired_table(summary: dict[str, Any], title: str = "") -> str:
         }
         means = {name: mean_ci(list(values.values()))[0] for name, values in by_trial.items()}
         diffs = [paired_mean_ci(by_trial[RECOMMENDED], by_trial[other]) for other in (BASELINE, "none")]
-        kept = cell.get("ensemble_kept")
         lines.append(
             f"| {title} | {cell['shots']} | {len(by_trial[RECOMMENDED])} | {means['none']:.1f} "
             f"| {means[BASELINE]:.1f} | {means[RECOMMENDED]:.1f} | {means.get(CEILING, float('nan')):.1f} "
-            f"| {_difference(diffs[0])} | {_difference(diffs[1])} | {'' if kept is None else kept} |"
+            f"| {_difference(diffs[0])} | {_difference(diffs[1])} |"
         )
     return "\n".join(lines)
 
 
 def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     """Published true few-shot summaries on the results page (one is a list of one): their paired table
-    (a row per task, model and N), what each ran on, the commands that make them again."""
+    (a row per task, model and N), then what each ran on and the commands that make them again, in one
+    paragraph (a page has a line budget; the table has the rows)."""
     tables = [paired_table(s, f"{s['data']['name']}, {s['model']['name']}").splitlines() for s in summaries]
     lines = tables[0][:2] + [row for table in tables for row in table[2:]]
     ran_on = [
@@ -417,8 +420,9 @@ def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
         f"{s['folds']}-fold cross-validation on each trial's sample, no dev split read."
         for s in summaries
     ]
-    commands = [f"`{command}`" for s in summaries for command in s["commands"] if command]
-    return "\n".join([*lines, "", "  \n".join([" ".join(ran_on), *commands])])  # "  \n": a line break
+    commands = "; ".join(f"`{command}`" for s in summaries for command in s["commands"] if command)
+    paragraph = " ".join([*ran_on, f"Commands (`$DATA`: the folder of the data sets): {commands}."])
+    return "\n".join([*lines, "", paragraph])
 
 
 def _points(value: float) -> float:

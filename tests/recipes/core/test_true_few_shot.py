@@ -90,6 +90,12 @@ def test_a_sweep_chooses_from_the_sample_writes_a_summary_and_resumes(paths, tmp
     # resumed: nothing runs again, the same summary
     assert true_few_shot.run_true_few_shot(experiment, plan, tmp_path, command="layerfusion test") == summary
     assert len(read_records(tmp_path / "results.jsonl")) == 2
+    if task == "classify":  # a fresh run that finds every state kept loads the model to save its adapters
+        fresh = classify(paths)
+        again = true_few_shot.run_true_few_shot(
+            fresh, plan, tmp_path, "layerfusion test", True, tmp_path / "b.jsonl"
+        )
+        assert again["cells"] == summary["cells"]
 
 
 def test_the_states_are_kept_under_a_name_of_the_setup_and_examples(paths, tmp_path):
@@ -161,6 +167,38 @@ def test_a_published_summary_renders_its_paired_table_and_command():
     text = true_few_shot.summaries_markdown([summary])
     row, same = text.splitlines()[2:4]
     assert row.startswith("| toy, tiny | 8 | 3 | 55.0 | 65.3 | 75.0 | 76.7 | **+9.7 ± ")
-    assert row.endswith("| **+20.0 ± 0.0** | 3/3 |")  # the same +20 in every trial: resolved
-    assert "| +0.0 ± 0.0 |" in same and same.endswith("| 0/3 |")  # the block itself: never bold
-    assert text.splitlines()[-1] == "`layerfusion classify --data $DATA/toy`"
+    assert row.endswith("| **+20.0 ± 0.0** |")  # the same +20 in every trial: resolved
+    assert same.endswith("| +0.0 ± 0.0 | **+10.3 ± 1.4** |")  # the block against itself: never bold
+    assert text.splitlines()[-1] == (
+        "Model `tiny` (ab), data `toy` (cd), test accuracy, 4-fold cross-validation on each trial's sample, "
+        "no dev split read. Commands (`$DATA`: the folder of the data sets): "
+        "`layerfusion classify --data $DATA/toy`."
+    )
+
+
+def test_several_summaries_render_as_one_table_and_one_line_of_commands():
+    methods = {
+        name: {"trials": [0, 1], "test": test}
+        for name, test in {
+            "none": [0.5, 0.6],
+            "best_layer": [0.6, 0.7],
+            true_few_shot.RECOMMENDED: [0.7, 0.7],
+            true_few_shot.CEILING: [0.7, 0.8],
+        }.items()
+    }
+    summaries = [
+        {
+            "model": {"name": model, "fingerprint": None},
+            "data": {"name": "toy", "fingerprint": "cd"},
+            "metric": "accuracy",
+            "folds": 4,
+            "commands": [f"layerfusion classify --model {model}"],
+            "cells": [{"shots": 8, "methods": methods}],
+        }
+        for model in ("a", "b")
+    ]
+    lines = true_few_shot.summaries_markdown(summaries).splitlines()
+    assert len(lines) == 6 and lines[2].startswith("| toy, a | 8 | 2 | 55.0 | 65.0 | 70.0 | 75.0 | +5.0 ± ")
+    assert lines[3].startswith("| toy, b | 8 |") and lines[4] == ""
+    assert lines[5].startswith("Model `a` (no fingerprint), data `toy` (cd), test accuracy, 4-fold ")
+    assert lines[5].endswith(": `layerfusion classify --model a`; `layerfusion classify --model b`.")

@@ -24,8 +24,8 @@ def test_match_flags_only_the_rows_it_sized_and_says_r_plus_n_cannot_reach_the_b
         "R+n cannot reach it (one extra block is its smallest size)"
     ]
     assert lines[-1] == (
-        "note: shown at their own default size, not sized here: concat -42.6%, extra_layers +38.8%, "
-        "probe_ensemble -42.6%, stacked -42.6% from dwatt's budget"  # Concat's presets: Concat's size
+        "note: shown at their own default size, not sized here: concat -42.6%, extra_layers +38.8% "
+        "from dwatt's budget"  # the presets fitted in closed form are not audited: nothing trains them
     )
 
 

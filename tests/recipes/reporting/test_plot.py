@@ -19,7 +19,7 @@ from layerfusion_recipes.reporting.plot import (
     summarize,
     write_report,
 )
-from peft_layerfusion.registration import ENCODER_METHODS
+from peft_layerfusion.registration import TRAINED_METHODS
 
 
 def test_mean_ci_uses_student_t():
@@ -41,23 +41,12 @@ def test_the_paired_methods_derive_from_the_registry(monkeypatch):
         ("dwatt", "extra_layers"),
         ("concat", "extra_layers"),
         ("scaled_dwatt", "extra_layers"),
-        ("probe_ensemble", "extra_layers"),  # Concat's presets: sized to a budget as Concat is
-        ("stacked", "extra_layers"),
         ("dwatt", "concat"),
         ("dwatt", "scaled_dwatt"),
-        ("dwatt", "probe_ensemble"),
-        ("dwatt", "stacked"),
         ("concat", "scaled_dwatt"),
-        ("concat", "probe_ensemble"),
-        ("concat", "stacked"),
-        ("scaled_dwatt", "probe_ensemble"),
-        ("scaled_dwatt", "stacked"),
-        ("probe_ensemble", "stacked"),
         ("dwatt", "none"),
         ("concat", "none"),
         ("scaled_dwatt", "none"),
-        ("probe_ensemble", "none"),
-        ("stacked", "none"),
         ("average", "extra_layers"),
         ("scalar_mix", "extra_layers"),
         ("layer_mix", "extra_layers"),
@@ -65,7 +54,7 @@ def test_the_paired_methods_derive_from_the_registry(monkeypatch):
     )
     # a newly registered method sized to the budget is paired without touching plot.py
     new = SimpleNamespace(name="new", token_wise=True, module_cls=SimpleNamespace(sized_to_budget=True))
-    monkeypatch.setattr(plot, "ENCODER_METHODS", (*ENCODER_METHODS, new))
+    monkeypatch.setattr(plot, "TRAINED_METHODS", (*TRAINED_METHODS, new))
     pairs = plot.method_pairs()
     assert {("new", "extra_layers"), ("dwatt", "new"), ("concat", "new"), ("new", "none")} <= set(pairs)
 
@@ -227,8 +216,8 @@ def test_every_figure_draws_a_method_in_its_one_registry_colour(figures):
     methods = ("none", "dwatt", "concat", "extra_layers")  # each under its registry label
     assert colours == {plot.method_label(m): {to_hex(plot.method_color(m))} for m in methods}
     assert set(colours) == {"last layer (plain head)", "DWAtt", "Concat", "R+n"}
-    assert [plot.method_color(m) for m in plot.METHOD_NAMES] == [
-        f"C{i}" for i in range(len(plot.METHOD_NAMES))
+    assert [plot.method_color(m) for m in plot.TRAINED_NAMES] == [
+        f"C{i}" for i in range(len(plot.TRAINED_NAMES))
     ]
 
 
