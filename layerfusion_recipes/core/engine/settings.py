@@ -21,7 +21,6 @@ from peft_layerfusion.names import METHOD_NAMES
 from ..models.models import check_adapter_grid
 from ..options.grids import FULL_TRAIN
 from ..options.options import DEFAULT_CACHE_DTYPE, PROBE_TOP, check_names, check_positive_ints
-from .experiment import cache_positions_for
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 RUN_KEYS = (
@@ -221,6 +220,4 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
     for regime in grid["regimes"] or ():
         for method in grid["methods"] or ():
             settings.lr_grid(regime, method)  # a bad --lr / lr: stops here, naming the values
-    # what every method reads: the cache keeps the head's positions only where no method reads others
-    settings.cache_positions = cache_positions_for(grid["methods"] or (), settings.READ_POSITIONS)
     return grid

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.results.cells import grid_cells, longest_first
 from layerfusion_recipes.core.results.records import append_record, finished_keys, read_records
 from layerfusion_recipes.core.sweeps.sweep import _UnitRunner, run_cells, runs_left
@@ -109,7 +110,7 @@ def test_lrs_run_one_after_another_are_stored_one_by_one(tmp_path, settings, met
 
 
 def test_pool_tasks_split_only_the_lrs_that_run_one_after_another(settings):
-    runner = _UnitRunner("unused.jsonl", settings, 2, None, None, None, {})
+    runner = _UnitRunner("unused.jsonl", settings, SweepPlan(), 2, None, None, None, {})
     lrs = (1e-3, 1e-2)
     stacked = (Cell("dwatt", "fe", 2, 1, 0), lrs)
     assert runner._pieces(stacked) == [stacked]
