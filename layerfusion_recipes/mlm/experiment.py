@@ -389,7 +389,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
         progress: Called with one line per LR as it finishes (e.g. ``print``).
 
     Example:
-        >>> settings = MlmSettings(text_path, model_path, lrs=(1e-3, 3e-3), epochs=1, block_size=16)
+        >>> settings = MlmSettings(text_path, model_path, lr=[1e-3, 3e-3], epochs=1, block_size=16)
         >>> summary = run_mlm(settings)
         >>> summary["selected_lr"] in (1e-3, 3e-3), summary["test_ppl"] > 1
         (True, True)
@@ -414,7 +414,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
             progress(run_line(record, path, skipped=not trained))
         return record
 
-    _, records = select_then_repeat(settings.lrs, [settings.seed], run, lambda r: r["dev_ppl"], True)
+    _, records = select_then_repeat(settings.lr_grid(), [settings.seed], run, lambda r: r["dev_ppl"], True)
     return summarize(records)
 
 

@@ -23,7 +23,7 @@ the task must beat it.
   ``x_0``), ``surface_hard`` (λ = 0.8) and ``surface_soft`` (τ = 1), the last three
   through ``get_peft_model``.
 * Trials and learning rate: one model per method and ``--seeds`` value; with several
-  ``--learning-rates``, each method's is selected on the dev pieces (exact match, then
+  ``--lr`` values, each method's is selected on the dev pieces (exact match, then
   chrF) with the first seed and used for all seeds.
 * Metrics on dev and test: exact match, chrF and BLEU (sacrebleu), decoding greedy or
   with ``--beams`` (the fused scores drive the search); per method the test mean ± 95% t
@@ -59,6 +59,7 @@ from peft_layerfusion.utils import atomic_write_json
 
 from ..core.engine.loop import TrainingLoop
 from ..core.models.models import peft_alias_quiet
+from ..core.options.grids import LrGrids, lrs_by_method
 from ..core.options.options import check_names
 from ..core.results.records import finished_records, run_or_resume
 from ..core.results.selection import best_on_dev, select_then_repeat
@@ -449,7 +450,7 @@ def run_comparison(
     data: DenoisingData,
     methods: Sequence[str],
     seeds: Sequence[int] = (0,),
-    learning_rates: Sequence[float] | None = None,
+    lr: LrGrids | None = None,
     results: Path | None = None,
     setup: str = "",
     finished: dict[str, dict[str, Any]] | None = None,
@@ -467,7 +468,9 @@ def run_comparison(
         data: The split, tokenized and corrupted sentences.
         methods: Names from :data:`METHOD_NAMES`.
         seeds: The trials (model initialisation, training corruption and order).
-        learning_rates: The grid; ``None`` uses ``data.settings.learning_rate``.
+        lr: Each method's learning rates, as every task holds them
+            (:data:`~layerfusion_recipes.core.options.grids.LrGrids`: ``{method: (LR, ...)}``); a
+            method it leaves out (all of them with ``None``) trains at ``data.settings.learning_rate``.
         results: The results file each new run is appended to (``None``: kept in memory only).
         setup: The comparison's fingerprint (:func:`~layerfusion_recipes.seq2seq.records.comparison_setup`).
         finished: The runs finished earlier by key
@@ -484,7 +487,8 @@ def run_comparison(
         ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
         ... )
         >>> methods = ["none", "surface_hard"]  # of METHOD_NAMES
-        >>> results = run_comparison(data, methods, seeds=(0, 1), learning_rates=(1e-3, 3e-3))
+        >>> lr = dict.fromkeys(methods, (1e-3, 3e-3))
+        >>> results = run_comparison(data, methods, seeds=(0, 1), lr=lr)
         | none | 0 | 0.001 | ...
         | none | 0 | 0.003 | ...
         | none | 1 | ...
@@ -499,7 +503,8 @@ def run_comparison(
         raise ValueError(
             f"methods={list(methods)}, seeds={list(seeds)}: methods from {METHOD_NAMES}, seeds >= 1"
         )
-    grid = list(learning_rates or [data.settings.learning_rate])
+    given = lr or {}
+    grids = {method: tuple(given.get(method) or (data.settings.learning_rate,)) for method in methods}
     finished = {} if finished is None else finished
     runs: dict[str, dict[str, Any]] = {}  # the comparison's, by key, in the order it asked for them
 
@@ -519,7 +524,8 @@ def run_comparison(
         return record
 
     selected = {
-        method: select_then_repeat(grid, seeds, partial(run, method), dev_score)[0] for method in methods
+        method: select_then_repeat(grids[method], seeds, partial(run, method), dev_score)[0]
+        for method in methods
     }
     chosen = [r for r in runs.values() if r["learning_rate"] == selected[r["method"]]]
     return {
@@ -632,7 +638,8 @@ def summary_table(results: dict[str, Any]) -> str:
 def comparison_header(args: argparse.Namespace) -> dict[str, Any]:
     """What a ``layerfusion seq2seq`` comparison is, as ``results.json`` stores it: its ``settings`` (every
     option but the seed and the learning rate), ``train_file`` and ``test_file`` (``--data DIR``'s
-    ``valid.txt`` and ``test.txt`` unless given), ``methods``, ``seeds`` and ``learning_rates``.
+    ``valid.txt`` and ``test.txt`` unless given), ``methods``, ``seeds`` and ``lr`` (each method's
+    learning rates, :func:`~layerfusion_recipes.core.options.grids.lrs_by_method`).
 
     Raises:
         SystemExit: Neither ``--data`` nor both files.
@@ -656,7 +663,8 @@ def comparison_header(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "settings": {k: v for k, v in asdict(settings).items() if k not in ("seed", "learning_rate")},
         "train_file": str(train_file), "test_file": str(test_file),
-        "methods": methods, "seeds": list(args.seeds), "learning_rates": list(args.learning_rates),
+        "methods": methods, "seeds": list(args.seeds),
+        "lr": {method: list(lrs) for method, lrs in lrs_by_method(args.lr, methods).items()},
     }  # fmt: skip
 
 
@@ -678,7 +686,8 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     (output / SUMMARY_FILE).unlink(missing_ok=True)  # it describes another comparison; back at the end
     started = time.perf_counter()
     print(RUN_TABLE_HEADER, flush=True)
-    results = run_comparison(data, methods, args.seeds, args.learning_rates, results_path, setup, finished)
+    lr = lrs_by_method(header["lr"], methods)
+    results = run_comparison(data, methods, args.seeds, lr, results_path, setup, finished)
     # ru_maxrss is in KiB on Linux
     resources = {
         "seconds_this_invocation": time.perf_counter() - started,

@@ -35,6 +35,7 @@ from transformers import AutoTokenizer
 from peft_layerfusion.config import DepthMixConfig
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
+from peft_layerfusion.names import METHOD_NAMES
 from peft_layerfusion.registration import METHODS
 
 from ..cache.cache_files import path_fingerprint
@@ -57,7 +58,14 @@ from ..models.models import (
     regime_options,
     trainable_parameters,
 )
-from ..options.grids import DEFAULT_LR_GRIDS, EVERY_EPOCH, FE_DEFAULT_LR, FT_DEFAULT_LR, lr_grid
+from ..options.grids import (
+    DEFAULT_LR_GRIDS,
+    EVERY_EPOCH,
+    FE_DEFAULT_LR,
+    FT_DEFAULT_LR,
+    LrGrids,
+    lrs_by_method,
+)
 from ..options.locations import check_model
 from ..options.options import DEFAULT_CACHE_DTYPE, check_cache_dtype
 from ..probes.probes import PROBE_SETTINGS
@@ -97,10 +105,12 @@ class TaskSettings:
         model: Model name or path.
         data: Dataset directory, file, or Hub name.
         max_length: Tokenizer max length.
-        lr: Max LR, or several (LR selection on dev), or a mapping ``{method: LRs}`` giving each method
-            its own (the demo's, :data:`~layerfusion_recipes.core.options.grids.DEMO_AXES`; a method it leaves
-            out: the regime's default grid); ``None``: the regime's :data:`DEFAULT_LR_GRIDS` in a
-            sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
+        lr: Each method's max LRs (LR selection on dev), held as
+            :data:`~layerfusion_recipes.core.options.grids.LrGrids` ``{method: (LR, ...)}``, ascending;
+            given as one LR or several (every method's) or as a mapping ``{method: LRs}`` (the demo's,
+            :data:`~layerfusion_recipes.core.options.grids.DEMO_AXES`), made into that by
+            :func:`~layerfusion_recipes.core.options.grids.lrs_by_method`. A method it leaves out: the
+            regime's :data:`DEFAULT_LR_GRIDS` in a sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
         batch_size: Training batch size.
         eval_every: Dev evaluation every k epochs.
         seed: Base seed.
@@ -144,7 +154,7 @@ class TaskSettings:
     model: str
     data: str
     max_length: int = 128
-    lr: float | Sequence[float] | Mapping[str, Sequence[float]] | None = None
+    lr: LrGrids = field(default_factory=dict)
     batch_size: int = 16
     eval_every: int = EVERY_EPOCH
     seed: int = 0
@@ -162,45 +172,33 @@ class TaskSettings:
 
     def __post_init__(self) -> None:
         check_cache_dtype(self.cache_dtype)  # a bad value (flag, YAML or script) stops here, in one line
+        self.lr = lrs_by_method(self.lr, METHOD_NAMES)  # one type, whatever form it was given in
         fuse = self.probe_fuse
         if fuse is not None and (isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1):
             raise UserError(f"probe_fuse: {fuse!r}; allowed: an integer >= 1 (the best blocks to fuse)")
 
-    def lr_for(self, regime: str, method: str | None = None) -> float:
+    def lr_for(self, regime: str, method: str) -> float:
         """The LR of a lone run: the only LR of ``method``'s grid (:meth:`lr_grid`), else 1e-3 (FE) /
         5e-5 (other regimes) where ``lr`` gives it none."""
-        if self.lr_values(method) is None:
+        if method not in self.lr:
             return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
         grid = self.lr_grid(regime, method)
         if len(grid) != 1:
             raise ValueError(f"lr has {len(grid)} values {list(grid)}: pick one for a lone run")
         return grid[0]
 
-    def lr_grid(self, regime: str, method: str | None = None) -> tuple[float, ...]:
-        """The LR candidates of ``method`` under ``regime``: its ``lr`` values (sorted, unique) or the
+    def lr_grid(self, regime: str, method: str) -> tuple[float, ...]:
+        """The LR candidates of ``method`` under ``regime``: its ``lr`` values (ascending, unique) or the
         regime's default grid.
 
         Example:
             >>> from layerfusion_recipes.ner.experiment import NerSettings
-            >>> NerSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
+            >>> NerSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe", "dwatt")
             (0.001, 0.003)
             >>> NerSettings(model="m", data="d", lr={"none": [3e-2, 1e-2]}).lr_grid("fe", "none")
             (0.01, 0.03)
         """
-        values = self.lr_values(method)
-        try:
-            return lr_grid(values, DEFAULT_LR_GRIDS, regime, "lr")
-        except ValueError as error:  # the whole value, as the YAML file or caller gave it
-            raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}") from error
-
-    def lr_values(self, method: str | None = None) -> float | Sequence[float] | None:
-        """The ``lr`` values of ``method``: ``lr`` itself, or its entry for ``method`` where ``lr`` is
-        a mapping by method (``None`` where it has none: the regime's default grid)."""
-        if not isinstance(self.lr, Mapping):
-            return self.lr
-        if method is None:
-            raise ValueError(f"lr gives each method its LRs ({', '.join(self.lr)}): name the method")
-        return self.lr.get(method)
+        return self.lr.get(method) or DEFAULT_LR_GRIDS[regime]
 
     def start_layer(self, cell: Cell, plan: SweepPlan) -> int | None:
         """The block ``cell``'s fusion starts one-hot on (``--probe-start``: its trial's best probe on
@@ -635,7 +633,7 @@ class FewShotExperiment:
         ):
             raise ValueError(
                 f"method {cell.method} reads every position but the feature cache keeps the "
-                f"{self.plan.cache_positions} ones only; use cache_positions='all'"
+                f"{self.plan.cache_positions} ones only; give it a plan with cache_positions='all'"
             )
         cache = self.cache()
         cache.fill(train)

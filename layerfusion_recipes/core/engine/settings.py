@@ -184,7 +184,7 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
 
     Args:
         pick: ``name -> value``: the flag, else the YAML's, else the task's default (:func:`option`).
-        settings: The task's settings (their ``lr_grid`` refuses a bad ``--lr`` for each regime).
+        settings: The task's settings (their method options are checked against the regimes).
         regimes: The regimes the task trains.
 
     Returns:
@@ -195,7 +195,8 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
         is ``None`` (no probes) or the K of ``--probe-layers``.
 
     Raises:
-        ValueError: An unknown method or regime, an AdapterHub regime with a fusion method, a bad LR.
+        ValueError: An unknown method or regime, an AdapterHub regime with a fusion method (a bad LR
+            stops the settings themselves: :class:`~layerfusion_recipes.core.engine.experiment.TaskSettings`).
 
     Example:
         >>> from layerfusion_recipes.ner.experiment import NerSettings
@@ -215,9 +216,4 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
     check_names("methods", grid["methods"], METHOD_NAMES)
     check_names("regimes", grid["regimes"], regimes)
     check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
-    if isinstance(settings.lr, dict):  # each method its LRs
-        check_names("lr", list(settings.lr), METHOD_NAMES)
-    for regime in grid["regimes"] or ():
-        for method in grid["methods"] or ():
-            settings.lr_grid(regime, method)  # a bad --lr / lr: stops here, naming the values
     return grid

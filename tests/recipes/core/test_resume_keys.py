@@ -136,6 +136,6 @@ def test_the_keys_of_a_representative_setup_are_those_before_the_plan_and_the_on
         + ["--epochs", "2", "--regime", "fe"]
     ))  # fmt: skip
     assert mlm_run_key(mlm.run_settings(3e-3)) == KEYS_BEFORE["mlm"]
-    argv = ["seq2seq", "--data", "wt2", "--epochs", "3", "--learning-rates", "1e-3", "3e-3"]
+    argv = ["seq2seq", "--data", "wt2", "--epochs", "3", "--lr", "1e-3", "3e-3"]
     header = comparison_header(build_parser().parse_args(argv))
     assert run_key("surface_hard", 1, 3e-3, comparison_setup(header)) == KEYS_BEFORE["seq2seq"]
