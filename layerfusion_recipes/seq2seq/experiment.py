@@ -40,13 +40,11 @@ written atomically when the comparison completes, summarises it.
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
-import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
@@ -55,17 +53,13 @@ import torch
 from peft import get_peft_model
 from torch import nn
 
-from peft_layerfusion.utils import atomic_write_json
-
 from ..core.engine.loop import TrainingLoop
 from ..core.models.models import peft_alias_quiet
-from ..core.options.grids import LrGrids, lrs_by_method
-from ..core.options.options import check_names
-from ..core.results.records import finished_records, run_or_resume
+from ..core.options.grids import LrGrids
+from ..core.results.records import run_or_resume
 from ..core.results.selection import best_on_dev, select_then_repeat
 from ..core.results.summary import Layout, fields, paired_by_trial, summarize_groups
-from ..data.readers import read_text
-from .records import RESULTS_FILE, SUMMARY_FILE, comparison_setup, run_key
+from .records import run_key
 from .settings import Seq2SeqSettings
 from .variants import PLAIN_MODEL, method_configs
 
@@ -346,6 +340,7 @@ class DenoisingData:
 
         Example:
             >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+            >>> from layerfusion_recipes.data.readers import read_text
             >>> data = DenoisingData.build(
             ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
             ... )
@@ -399,6 +394,7 @@ def run_one(data: DenoisingData, method: str, seed: int, learning_rate: float) -
 
     Example:
         >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+        >>> from layerfusion_recipes.data.readers import read_text
         >>> data = DenoisingData.build(
         ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
         ... )
@@ -483,6 +479,7 @@ def run_comparison(
 
     Example:
         >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+        >>> from layerfusion_recipes.data.readers import read_text
         >>> data = DenoisingData.build(
         ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
         ... )
@@ -632,71 +629,3 @@ def summary_table(results: dict[str, Any]) -> str:
         lr = results["selected_learning_rate"][row["method"]]
         lines.append(f"| {row['method']} | {lr:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- command line
-def comparison_header(args: argparse.Namespace) -> dict[str, Any]:
-    """What a ``layerfusion seq2seq`` comparison is, as ``results.json`` stores it: its ``settings`` (every
-    option but the seed and the learning rate), ``train_file`` and ``test_file`` (``--data DIR``'s
-    ``valid.txt`` and ``test.txt`` unless given), ``methods``, ``seeds`` and ``lr`` (each method's
-    learning rates, :func:`~layerfusion_recipes.core.options.grids.lrs_by_method`).
-
-    Raises:
-        SystemExit: Neither ``--data`` nor both files.
-        ValueError: An unknown method or a setting out of range, naming its option.
-
-    Example:
-        >>> from layerfusion_recipes.cli import build_parser
-        >>> comparison_header(build_parser().parse_args(["seq2seq", "--data", "wt2"]))["train_file"]
-        'wt2/valid.txt'
-    """
-    data_dir = Path(args.data) if args.data else None
-    train_file = Path(args.train_file) if args.train_file else (data_dir / "valid.txt" if data_dir else None)
-    test_file = Path(args.test_file) if args.test_file else (data_dir / "test.txt" if data_dir else None)
-    if train_file is None or test_file is None:
-        raise SystemExit(
-            "layerfusion seq2seq: give --data DIR (valid.txt, test.txt) or --train-file and --test-file"
-        )
-    methods = list(args.methods or METHOD_NAMES)
-    check_names("methods", methods, METHOD_NAMES)
-    settings = Seq2SeqSettings.from_args(args)
-    return {
-        "settings": {k: v for k, v in asdict(settings).items() if k not in ("seed", "learning_rate")},
-        "train_file": str(train_file), "test_file": str(test_file),
-        "methods": methods, "seeds": list(args.seeds),
-        "lr": {method: list(lrs) for method, lrs in lrs_by_method(args.lr, methods).items()},
-    }  # fmt: skip
-
-
-def seq2seq_main(args: argparse.Namespace) -> int:
-    """``layerfusion seq2seq``: run the comparison (resuming its finished runs), write ``results.json``,
-    print every new run, then the summary table; returns the exit code, 0."""
-    header = comparison_header(args)
-    settings, methods = Seq2SeqSettings.from_args(args), header["methods"]
-    train_file, test_file = Path(header["train_file"]), Path(header["test_file"])
-    torch.set_num_threads(args.threads)
-    output = Path(args.output)
-    setup = comparison_setup(header)
-    results_path = output / RESULTS_FILE
-    finished = finished_records(output / RESULTS_FILE)
-    previous = sum(key.endswith(f"|{setup}") for key in finished)
-    if previous:
-        print(f"resuming: {previous} runs found in {results_path}")
-    data = DenoisingData.build(read_text(train_file), read_text(test_file), settings)
-    (output / SUMMARY_FILE).unlink(missing_ok=True)  # it describes another comparison; back at the end
-    started = time.perf_counter()
-    print(RUN_TABLE_HEADER, flush=True)
-    lr = lrs_by_method(header["lr"], methods)
-    results = run_comparison(data, methods, args.seeds, lr, results_path, setup, finished)
-    # ru_maxrss is in KiB on Linux
-    resources = {
-        "seconds_this_invocation": time.perf_counter() - started,
-        "seconds_all_runs": sum(r["seconds"] for r in results["runs"]),
-        "cpu_seconds_all_runs": sum(r["cpu_seconds"] for r in results["runs"]),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
-    atomic_write_json(output / SUMMARY_FILE, {**header, "complete": True, **results, "resources": resources})
-    print(summary_table(results))
-    print(f"results: {output / SUMMARY_FILE} (runs: {results_path})")
-    return 0
-

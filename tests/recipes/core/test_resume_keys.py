@@ -20,7 +20,7 @@ from layerfusion_recipes.ner.experiment import Cell, NerSettings, record_key
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.seq2seq import variants
-from layerfusion_recipes.seq2seq.experiment import comparison_header
+from layerfusion_recipes.seq2seq.command import comparison_header
 from layerfusion_recipes.seq2seq.records import comparison_setup, run_key
 from peft_layerfusion.registration import METHODS, method_named
 

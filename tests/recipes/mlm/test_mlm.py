@@ -15,6 +15,7 @@ from conftest import write_tiny_model
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.options.grids import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.mlm import command as mlm_command
 from layerfusion_recipes.mlm import experiment as mlm
 from layerfusion_recipes.mlm.experiment import load_text_splits, make_blocks, mask_tokens
 from layerfusion_recipes.mlm.records import (
@@ -158,7 +159,7 @@ def summaries(monkeypatch):
         found.append(run_mlm(*args, **kwargs))
         return found[-1]
 
-    monkeypatch.setattr(mlm, "run_mlm", recorded)
+    monkeypatch.setattr(mlm_command, "run_mlm", recorded)
     return found
 
 
