@@ -26,7 +26,6 @@ encoder's F1 means nothing, though both paths must still agree on it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from overhead import parse_shape
 
 from layerfusion_recipes.classify.experiment import ClassifySettings
 from layerfusion_recipes.core.engine.experiment import TaskSettings, cache_positions_for
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.models.demo import DEMO_DEV_LIMIT, demo_data_path, model_path
 from layerfusion_recipes.core.models.models import BUDGET_METHOD_NAMES
 from layerfusion_recipes.core.results.cells import Cell
@@ -72,7 +72,7 @@ def random_encoder_like(model: str, blocks: int, width: int, directory: str | Pa
 
 
 def task_settings(args: argparse.Namespace, model: str) -> TaskSettings:
-    """The settings of ``--task`` with a cache that keeps what ``--methods`` read."""
+    """The settings of ``--task``."""
     limits = {"dev_limit": args.dev_limit, "test_limit": args.test_limit}
     if args.task == "ner":
         settings = NerSettings(model=model, data=args.data or demo_data_path(), **limits)
@@ -80,8 +80,7 @@ def task_settings(args: argparse.Namespace, model: str) -> TaskSettings:
         if not args.data or not args.model:
             raise SystemExit("--task classify needs --data and --model")
         settings = ClassifySettings(model=model, data=args.data, label_column=args.label_column, **limits)
-    positions = cache_positions_for(args.methods, type(settings).READ_POSITIONS)
-    return dataclasses.replace(settings, cache_positions=positions)
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         blocks, width = args.random_shape
         model = random_encoder_like(model, blocks, width, tempfile.mkdtemp(prefix="lf-random-"))
         report.print(f"random encoder of {blocks} blocks of width {width}")
-    experiment = task_settings(args, model).make_experiment()
+    settings = task_settings(args, model)
+    # a cache that keeps what --methods read
+    plan = SweepPlan(cache_positions=cache_positions_for(args.methods, settings.READ_POSITIONS))
+    experiment = settings.make_experiment(plan)
     start = time.perf_counter()
     experiment.cache().fill(experiment.train_sample(args.shots, 0))
     fill = time.perf_counter() - start

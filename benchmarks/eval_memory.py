@@ -48,6 +48,7 @@ from cache_speed import parse_shape, random_encoder_like
 
 from layerfusion_recipes.core.cache.feature_cache import FeatureCache
 from layerfusion_recipes.core.engine import runner as runner_module
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.engine.runner import predict_labelled
 from layerfusion_recipes.core.models.demo import demo_model_path
 from layerfusion_recipes.core.results.cells import Cell
@@ -98,10 +99,8 @@ def experiment(args: argparse.Namespace) -> tuple[NerExperiment, Cell]:
     model = args.work / f"random-{blocks}x{width}"
     if not (model / "config.json").exists():
         random_encoder_like(demo_model_path(), blocks - 1, width, model)
-    settings = NerSettings(
-        model=str(model), data=args.data, dev_limit=1, cache_positions="labelled", cache_dir=str(args.work)
-    )
-    run = NerExperiment(settings)
+    settings = NerSettings(model=str(model), data=args.data, dev_limit=1, cache_dir=str(args.work))
+    run = NerExperiment(settings, plan=SweepPlan(cache_positions="labelled"))
     run.dev, run.test = run.test[-args.sentences :], []  # sorted by length: the longest
     cell = Cell(args.method, "fe", SHOTS, 1, 0)
     run.prefill_cache([cell])

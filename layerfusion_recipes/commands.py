@@ -101,8 +101,8 @@ COMMANDS: dict[str, Command] = {
         arguments.add_paired_arguments,
         "layerfusion_recipes.reporting.paired:paired_main",
     ),
-    "mlm": task_command(mlm_options, "experiment:mlm_main"),
-    "seq2seq": task_command(seq2seq_options, "experiment:seq2seq_main"),
+    "mlm": task_command(mlm_options, "command:mlm_main"),
+    "seq2seq": task_command(seq2seq_options, "command:seq2seq_main"),
     "audit": Command(
         "Count each method's new trainable parameters (meta device, no weights).",
         "Each method's new trainable parameters by component, on the meta device (no weights): "

@@ -28,6 +28,7 @@ from torch import nn
 from ..core.cache.feature_cache import ALL_POSITIONS, FIRST_POSITION, LAST_POSITION, KeptPositions
 from ..core.engine.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
 from ..core.engine.fitting import RunResult
+from ..core.engine.plan import SweepPlan
 from ..core.engine.runner import Runner, StackedRunner
 from ..core.probes.probes import states_at
 from ..core.results.cells import FULL_TRAIN, sample_seed
@@ -94,9 +95,10 @@ class ClassifySettings(TaskSettings):
         if self.metric not in METRICS:
             raise ValueError(f"--metric {self.metric!r}: allowed {', '.join(METRICS)}")
 
-    def make_experiment(self) -> ClassifyExperiment:
-        """The :class:`ClassifyExperiment` of these settings (what a sweep's workers build)."""
-        return ClassifyExperiment(self)
+    def make_experiment(self, plan: SweepPlan | None = None) -> ClassifyExperiment:
+        """The :class:`ClassifyExperiment` of these settings under a sweep's ``plan`` (what its workers
+        build)."""
+        return ClassifyExperiment(self, plan=plan)
 
 
 @dataclass(frozen=True)
@@ -181,14 +183,16 @@ class ClassifyExperiment(FewShotExperiment):
         (True, 0.01)
     """
 
-    def __init__(self, settings: ClassifySettings, dataset: TextDataset | None = None) -> None:
+    def __init__(
+        self, settings: ClassifySettings, dataset: TextDataset | None = None, plan: SweepPlan | None = None
+    ) -> None:
         columns = TextColumns(settings.text_column, settings.text_pair_column, settings.label_column)
         data = dataset if dataset is not None else load_texts(settings.data, columns)
         if len(data.labels) < 2:
             raise ValueError(
                 f"{data.name}: train has one class only ({list(data.labels)}); nothing to classify"
             )
-        self._prepare(settings, data, data.labels)
+        self._prepare(settings, data, data.labels, plan)
         self.pad_id = set_pad_token(self.tokenizer)
         skeleton = classifier_skeleton(settings.model, len(self.labels), settings.pooling)
         self._check_model(skeleton, settings.head_modules or ())

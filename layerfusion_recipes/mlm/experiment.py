@@ -28,10 +28,8 @@ on ``test.txt`` and says so in its output and files. Scales with ``accelerate la
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -389,7 +387,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
         progress: Called with one line per LR as it finishes (e.g. ``print``).
 
     Example:
-        >>> settings = MlmSettings(text_path, model_path, lrs=(1e-3, 3e-3), epochs=1, block_size=16)
+        >>> settings = MlmSettings(text_path, model_path, lr=[1e-3, 3e-3], epochs=1, block_size=16)
         >>> summary = run_mlm(settings)
         >>> summary["selected_lr"] in (1e-3, 3e-3), summary["test_ppl"] > 1
         (True, True)
@@ -414,7 +412,7 @@ def run_mlm(settings: MlmSettings, progress: Callable[[str], None] | None = None
             progress(run_line(record, path, skipped=not trained))
         return record
 
-    _, records = select_then_repeat(settings.lrs, [settings.seed], run, lambda r: r["dev_ppl"], True)
+    _, records = select_then_repeat(settings.lr_grid(), [settings.seed], run, lambda r: r["dev_ppl"], True)
     return summarize(records)
 
 
@@ -508,31 +506,3 @@ def edge_warning(summary: dict[str, Any]) -> str | None:
         f"warning: the selected lr {lr_label(summary['selected_lr'])} is the {side} of the grid: "
         f"the best LR may lie {beyond} it; widen --lr"
     )
-
-
-def mlm_main(args: argparse.Namespace) -> int:
-    """``layerfusion mlm``: run the grid, print a line per LR, the data caveat and the summary.
-
-    Args:
-        args: The parsed ``layerfusion mlm`` options.
-
-    Returns:
-        The exit code, 0.
-
-    Example:
-        >>> from layerfusion_recipes.cli import build_parser
-        >>> args = ["mlm", "--data", text_path, "--model", model_path, "--lr", "1e-3", "--epochs", "1",
-        ...         "--block-size", "16", "--output", "mlm-out"]
-        >>> mlm_main(build_parser().parse_args(args))
-        lr 0.001: ...
-        ...
-        0
-    """
-    settings = MlmSettings.from_args(args)
-    summary = run_mlm(settings, progress=lambda line: print(line, flush=True))  # runs take minutes
-    print(f"data: {summary['data']}")
-    print(summary_line(summary, results_file(settings.output)))
-    warning = edge_warning(summary)
-    if warning is not None:
-        print(f"layerfusion mlm: {warning}", file=sys.stderr)
-    return 0

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from peft_layerfusion.names import METHOD_NAMES, REGIME_NAMES
 
 from ..core.models.demo import demo_model_path
-from ..core.options.grids import DEFAULT_MLM_LR_GRIDS, lr_grid
+from ..core.options.grids import DEFAULT_MLM_LR_GRIDS, LrGrids, lrs_by_method
 from ..core.options.options import check_names, default_output
 from .options import DEFAULTS
 
@@ -39,14 +39,17 @@ RESULT_SETTINGS = (
 
 @dataclass(frozen=True)
 class MlmSettings:
-    """One ``layerfusion mlm`` grid: a method and a regime at every LR of ``lrs``.
+    """One ``layerfusion mlm`` grid: a method and a regime at every LR of its grid (:meth:`lr_grid`).
 
     Args:
         data: Folder of ``train.txt``/``valid.txt``/``test.txt`` or a Hub name.
         model: Masked-LM model name or path.
         method: Fusion method (``none``: the plain last layer).
         regime: Training regime (``fe``, ``ft``, ``lora``, ``bitfit``).
-        lrs: The max LRs of the grid, ascending (:func:`mlm_lr_grid`).
+        lr: Each method's max LRs, as every task holds them
+            (:data:`~layerfusion_recipes.core.options.grids.LrGrids`; given as one LR, several or
+            ``{method: LRs}``: :func:`~layerfusion_recipes.core.options.grids.lrs_by_method`); ``method``
+            left out: the regime's :data:`DEFAULT_MLM_LR_GRIDS`.
         epochs, batch_size, block_size, mlm_probability, holdout, max_train_blocks,
         max_eval_blocks, head_modules, seed: As the options of the same names.
         output: Folder of the results file (``results.jsonl``, one record per run).
@@ -56,7 +59,7 @@ class MlmSettings:
     model: str
     method: str = DEFAULTS["method"]
     regime: str = DEFAULTS["regime"]
-    lrs: tuple[float, ...] = DEFAULT_MLM_LR_GRIDS["fe"]
+    lr: LrGrids = field(default_factory=dict)
     epochs: int = DEFAULTS["epochs"]
     batch_size: int = DEFAULTS["batch_size"]
     block_size: int = DEFAULTS["block_size"]
@@ -69,6 +72,7 @@ class MlmSettings:
     output: str = default_output("mlm")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", lrs_by_method(self.lr, METHOD_NAMES))  # one type, as every task's
         if self.block_size < 3:  # [CLS] + at least one token + [SEP]
             raise ValueError(f"--block-size {self.block_size}: must be >= 3 ([CLS] token [SEP]), e.g. 128")
         # 0 predicts no token (perplexity exp(0 / 1) = 1.000, on which an LR would be selected)
@@ -89,7 +93,8 @@ class MlmSettings:
 
         Example:
             >>> from layerfusion_recipes.cli import build_parser
-            >>> MlmSettings.from_args(build_parser().parse_args(["mlm", "--data", "wt2", "--lr", "1e-3"])).lrs
+            >>> args = build_parser().parse_args(["mlm", "--data", "wt2", "--lr", "1e-3"])
+            >>> MlmSettings.from_args(args).lr_grid()
             (0.001,)
         """
         check_names("method", [args.method], METHOD_NAMES)
@@ -99,7 +104,7 @@ class MlmSettings:
             model=args.model or demo_model_path(),
             method=args.method,
             regime=args.regime,
-            lrs=mlm_lr_grid(args.lr, args.regime),
+            lr=args.lr,
             epochs=args.epochs,
             batch_size=args.batch_size,
             block_size=args.block_size,
@@ -111,6 +116,17 @@ class MlmSettings:
             seed=args.seed,
             output=args.output,
         )
+
+    def lr_grid(self) -> tuple[float, ...]:
+        """The LRs to run, ascending: ``lr``'s for ``method``, else the regime's default grid.
+
+        Example:
+            >>> MlmSettings("wt2", "bert-base-cased", regime="ft").lr_grid() == DEFAULT_MLM_LR_GRIDS["ft"]
+            True
+            >>> MlmSettings("wt2", "bert-base-cased", lr=[3e-3, 1e-3, 1e-3]).lr_grid()
+            (0.001, 0.003)
+        """
+        return self.lr.get(self.method) or DEFAULT_MLM_LR_GRIDS[self.regime]
 
     def run_settings(self, lr: float) -> dict[str, Any]:
         """The settings that change a run's result (:data:`RESULT_SETTINGS`, the model and the LR).
@@ -131,25 +147,6 @@ class MlmSettings:
             stored["head_modules"] = list(stored["head_modules"])
         stored["lr"] = float(lr)
         return stored
-
-
-def mlm_lr_grid(lr: float | tuple[float, ...] | list[float] | None, regime: str) -> tuple[float, ...]:
-    """The LRs to run, ascending and unique: the ``--lr`` values, else the regime's default grid.
-
-    Args:
-        lr: The ``--lr`` values (or one value); ``None``: :data:`DEFAULT_MLM_LR_GRIDS` of ``regime``.
-        regime: The training regime.
-
-    Raises:
-        ValueError: naming ``--lr`` and the value when one is not a finite number > 0.
-
-    Example:
-        >>> mlm_lr_grid([3e-3, 1e-3, 1e-3], "fe")
-        (0.001, 0.003)
-        >>> mlm_lr_grid(None, "ft") == DEFAULT_MLM_LR_GRIDS["ft"]
-        True
-    """
-    return lr_grid(lr, DEFAULT_MLM_LR_GRIDS, regime)
 
 
 def check_share(option: str, value: float, what: str, one_allowed: bool = True) -> None:

@@ -32,6 +32,7 @@ from ..core.cache.feature_cache import KeptPositions
 from ..core.engine import experiment as core_experiment
 from ..core.engine.experiment import SHARED_SETUP_FIELDS, FewShotExperiment, TaskSettings
 from ..core.engine.fitting import RunResult
+from ..core.engine.plan import SweepPlan
 from ..core.engine.runner import Runner, labelled_positions
 from ..core.probes.probes import states_at
 from ..core.results.cells import Cell, lrs_train_together, reads_head_positions_only, record_key, sample_seed
@@ -106,7 +107,7 @@ class NerSettings(TaskSettings):
         train_sentences: Sample exactly this many training sentences per trial instead of
             ``N * C`` (e.g. a fixed 100-sentence budget); ``None``: the N-shot protocol.
 
-    ``cache_positions`` is ``all`` or ``labelled`` (:data:`LABELLED_POSITIONS`).
+    A sweep plan's ``cache_positions`` is ``all`` or ``labelled`` (:data:`LABELLED_POSITIONS`).
     """
 
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = SETUP_FIELDS
@@ -138,9 +139,9 @@ class NerSettings(TaskSettings):
                 fields[name] = list(value) if isinstance(value, tuple) else value
         return fields
 
-    def make_experiment(self) -> NerExperiment:
-        """The :class:`NerExperiment` of these settings (what a sweep's workers build)."""
-        return NerExperiment(self)
+    def make_experiment(self, plan: SweepPlan | None = None) -> NerExperiment:
+        """The :class:`NerExperiment` of these settings under a sweep's ``plan`` (what its workers build)."""
+        return NerExperiment(self, plan=plan)
 
 
 def reads_labelled_only(method: str) -> bool:
@@ -222,7 +223,9 @@ class NerExperiment(FewShotExperiment):
         ('dwatt|fe|2|2|0|lr=0.01|...', True)
     """
 
-    def __init__(self, settings: NerSettings, dataset: NerDataset | None = None) -> None:
+    def __init__(
+        self, settings: NerSettings, dataset: NerDataset | None = None, plan: SweepPlan | None = None
+    ) -> None:
         columns = NerColumns(
             settings.tokens_column,
             settings.tags_column,
@@ -232,7 +235,7 @@ class NerExperiment(FewShotExperiment):
         )
         data = dataset if dataset is not None else load_ner(settings.data, settings.language, 0, columns)
         self.spans = data.tag_kind == SPANS  # else a plain tag set (part of speech): token accuracy
-        self._prepare(settings, data, data.labels)
+        self._prepare(settings, data, data.labels, plan)
         self.id2label = dict(enumerate(self.labels))
         special = self.tokenizer.num_special_tokens_to_add()
         if settings.max_length <= special:

@@ -23,7 +23,7 @@ the task must beat it.
   ``x_0``), ``surface_hard`` (λ = 0.8) and ``surface_soft`` (τ = 1), the last three
   through ``get_peft_model``.
 * Trials and learning rate: one model per method and ``--seeds`` value; with several
-  ``--learning-rates``, each method's is selected on the dev pieces (exact match, then
+  ``--lr`` values, each method's is selected on the dev pieces (exact match, then
   chrF) with the first seed and used for all seeds.
 * Metrics on dev and test: exact match, chrF and BLEU (sacrebleu), decoding greedy or
   with ``--beams`` (the fused scores drive the search); per method the test mean ± 95% t
@@ -40,13 +40,11 @@ written atomically when the comparison completes, summarises it.
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
-import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
@@ -55,16 +53,13 @@ import torch
 from peft import get_peft_model
 from torch import nn
 
-from peft_layerfusion.utils import atomic_write_json
-
 from ..core.engine.loop import TrainingLoop
 from ..core.models.models import peft_alias_quiet
-from ..core.options.options import check_names
-from ..core.results.records import finished_records, run_or_resume
+from ..core.options.grids import LrGrids
+from ..core.results.records import run_or_resume
 from ..core.results.selection import best_on_dev, select_then_repeat
 from ..core.results.summary import Layout, fields, paired_by_trial, summarize_groups
-from ..data.readers import read_text
-from .records import RESULTS_FILE, SUMMARY_FILE, comparison_setup, run_key
+from .records import run_key
 from .settings import Seq2SeqSettings
 from .variants import PLAIN_MODEL, method_configs
 
@@ -345,6 +340,7 @@ class DenoisingData:
 
         Example:
             >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+            >>> from layerfusion_recipes.data.readers import read_text
             >>> data = DenoisingData.build(
             ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
             ... )
@@ -398,6 +394,7 @@ def run_one(data: DenoisingData, method: str, seed: int, learning_rate: float) -
 
     Example:
         >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+        >>> from layerfusion_recipes.data.readers import read_text
         >>> data = DenoisingData.build(
         ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
         ... )
@@ -449,7 +446,7 @@ def run_comparison(
     data: DenoisingData,
     methods: Sequence[str],
     seeds: Sequence[int] = (0,),
-    learning_rates: Sequence[float] | None = None,
+    lr: LrGrids | None = None,
     results: Path | None = None,
     setup: str = "",
     finished: dict[str, dict[str, Any]] | None = None,
@@ -467,7 +464,9 @@ def run_comparison(
         data: The split, tokenized and corrupted sentences.
         methods: Names from :data:`METHOD_NAMES`.
         seeds: The trials (model initialisation, training corruption and order).
-        learning_rates: The grid; ``None`` uses ``data.settings.learning_rate``.
+        lr: Each method's learning rates, as every task holds them
+            (:data:`~layerfusion_recipes.core.options.grids.LrGrids`: ``{method: (LR, ...)}``); a
+            method it leaves out (all of them with ``None``) trains at ``data.settings.learning_rate``.
         results: The results file each new run is appended to (``None``: kept in memory only).
         setup: The comparison's fingerprint (:func:`~layerfusion_recipes.seq2seq.records.comparison_setup`).
         finished: The runs finished earlier by key
@@ -480,11 +479,13 @@ def run_comparison(
 
     Example:
         >>> settings = Seq2SeqSettings(dev_sentences=4, width=16, layers=1, epochs=2, batch_size=8)
+        >>> from layerfusion_recipes.data.readers import read_text
         >>> data = DenoisingData.build(
         ...     read_text(f"{text_path}/valid.txt"), read_text(f"{text_path}/test.txt"), settings
         ... )
         >>> methods = ["none", "surface_hard"]  # of METHOD_NAMES
-        >>> results = run_comparison(data, methods, seeds=(0, 1), learning_rates=(1e-3, 3e-3))
+        >>> lr = dict.fromkeys(methods, (1e-3, 3e-3))
+        >>> results = run_comparison(data, methods, seeds=(0, 1), lr=lr)
         | none | 0 | 0.001 | ...
         | none | 0 | 0.003 | ...
         | none | 1 | ...
@@ -499,7 +500,8 @@ def run_comparison(
         raise ValueError(
             f"methods={list(methods)}, seeds={list(seeds)}: methods from {METHOD_NAMES}, seeds >= 1"
         )
-    grid = list(learning_rates or [data.settings.learning_rate])
+    given = lr or {}
+    grids = {method: tuple(given.get(method) or (data.settings.learning_rate,)) for method in methods}
     finished = {} if finished is None else finished
     runs: dict[str, dict[str, Any]] = {}  # the comparison's, by key, in the order it asked for them
 
@@ -519,7 +521,8 @@ def run_comparison(
         return record
 
     selected = {
-        method: select_then_repeat(grid, seeds, partial(run, method), dev_score)[0] for method in methods
+        method: select_then_repeat(grids[method], seeds, partial(run, method), dev_score)[0]
+        for method in methods
     }
     chosen = [r for r in runs.values() if r["learning_rate"] == selected[r["method"]]]
     return {
@@ -626,68 +629,3 @@ def summary_table(results: dict[str, Any]) -> str:
         lr = results["selected_learning_rate"][row["method"]]
         lines.append(f"| {row['method']} | {lr:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- command line
-def comparison_header(args: argparse.Namespace) -> dict[str, Any]:
-    """What a ``layerfusion seq2seq`` comparison is, as ``results.json`` stores it: its ``settings`` (every
-    option but the seed and the learning rate), ``train_file`` and ``test_file`` (``--data DIR``'s
-    ``valid.txt`` and ``test.txt`` unless given), ``methods``, ``seeds`` and ``learning_rates``.
-
-    Raises:
-        SystemExit: Neither ``--data`` nor both files.
-        ValueError: An unknown method or a setting out of range, naming its option.
-
-    Example:
-        >>> from layerfusion_recipes.cli import build_parser
-        >>> comparison_header(build_parser().parse_args(["seq2seq", "--data", "wt2"]))["train_file"]
-        'wt2/valid.txt'
-    """
-    data_dir = Path(args.data) if args.data else None
-    train_file = Path(args.train_file) if args.train_file else (data_dir / "valid.txt" if data_dir else None)
-    test_file = Path(args.test_file) if args.test_file else (data_dir / "test.txt" if data_dir else None)
-    if train_file is None or test_file is None:
-        raise SystemExit(
-            "layerfusion seq2seq: give --data DIR (valid.txt, test.txt) or --train-file and --test-file"
-        )
-    methods = list(args.methods or METHOD_NAMES)
-    check_names("methods", methods, METHOD_NAMES)
-    settings = Seq2SeqSettings.from_args(args)
-    return {
-        "settings": {k: v for k, v in asdict(settings).items() if k not in ("seed", "learning_rate")},
-        "train_file": str(train_file), "test_file": str(test_file),
-        "methods": methods, "seeds": list(args.seeds), "learning_rates": list(args.learning_rates),
-    }  # fmt: skip
-
-
-def seq2seq_main(args: argparse.Namespace) -> int:
-    """``layerfusion seq2seq``: run the comparison (resuming its finished runs), write ``results.json``,
-    print every new run, then the summary table; returns the exit code, 0."""
-    header = comparison_header(args)
-    settings, methods = Seq2SeqSettings.from_args(args), header["methods"]
-    train_file, test_file = Path(header["train_file"]), Path(header["test_file"])
-    torch.set_num_threads(args.threads)
-    output = Path(args.output)
-    setup = comparison_setup(header)
-    results_path = output / RESULTS_FILE
-    finished = finished_records(output / RESULTS_FILE)
-    previous = sum(key.endswith(f"|{setup}") for key in finished)
-    if previous:
-        print(f"resuming: {previous} runs found in {results_path}")
-    data = DenoisingData.build(read_text(train_file), read_text(test_file), settings)
-    (output / SUMMARY_FILE).unlink(missing_ok=True)  # it describes another comparison; back at the end
-    started = time.perf_counter()
-    print(RUN_TABLE_HEADER, flush=True)
-    results = run_comparison(data, methods, args.seeds, args.learning_rates, results_path, setup, finished)
-    # ru_maxrss is in KiB on Linux
-    resources = {
-        "seconds_this_invocation": time.perf_counter() - started,
-        "seconds_all_runs": sum(r["seconds"] for r in results["runs"]),
-        "cpu_seconds_all_runs": sum(r["cpu_seconds"] for r in results["runs"]),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
-    atomic_write_json(output / SUMMARY_FILE, {**header, "complete": True, **results, "resources": resources})
-    print(summary_table(results))
-    print(f"results: {output / SUMMARY_FILE} (runs: {results_path})")
-    return 0
-

@@ -48,11 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Trials (one model per method and seed)",
     )
     parser.add_argument(
-        "--learning-rates", nargs="+", type=learning_rate, default=list(DEFAULT_LEARNING_RATES),
-        help="AdamW learning rates; with several, each method's is selected on dev with the first seed",
+        "--lr", nargs="+", type=learning_rate, default=list(DEFAULT_LEARNING_RATES),
+        help="AdamW max learning rates of every method; with several, each method's is selected on dev "
+        "with the first seed",
     )  # fmt: skip
     for name, value in asdict(Seq2SeqSettings()).items():
-        if name in ("seed", "learning_rate"):  # given by --seeds and --learning-rates
+        if name in ("seed", "learning_rate"):  # each run's: given by --seeds and --lr
             continue
         option = f"--{name.replace('_', '-')}"
         parser.add_argument(option, type=type(value), default=value, dest=name, help=f"(default: {value})")

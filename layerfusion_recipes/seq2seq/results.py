@@ -51,7 +51,7 @@ def seq2seq_summary(
     Example:
         >>> run = {"method": "none", "seed": 0, "learning_rate": 0.003, "exact_match": 47.2, "chrf": 88.8,
         ...        "bleu": 88.3, "dev": {"exact_match": 41.0, "chrf": 87.5, "bleu": 87.6}}
-        >>> results = {"runs": [run], "settings": {"epochs": 16}, "learning_rates": [0.003],
+        >>> results = {"runs": [run], "settings": {"epochs": 16}, "lr": {"none": [0.003]},
         ...            "selected_learning_rate": {"none": 0.003}, "train_file": "d/valid.txt"}
         >>> seq2seq_summary(results, name="s", commands=[])["cells"][0]["methods"]["none"]["test"]
         [47.2]
@@ -82,7 +82,7 @@ def seq2seq_summary(
             "test": [round(run[METRICS[0]], 4) for run in runs],
             "dev": [round(run["dev"][METRICS[0]], 4) for run in runs],
             "lr": lr,
-            "lrs": sorted(results["learning_rates"]),
+            "lrs": sorted(results["lr"][method]),
             "scores": {
                 m: {
                     "test": [round(run[m], 4) for run in runs],

@@ -54,7 +54,7 @@ class Seq2SeqSettings:
             above = value > low or (low_ok and value == low)
             below = value < high or (high_ok and value == high)
             if not (above and below):  # NaN fails both
-                option = "--learning-rates" if name == "learning_rate" else f"--{name.replace('_', '-')}"
+                option = "--lr" if name == "learning_rate" else f"--{name.replace('_', '-')}"
                 if high == INF:
                     allowed = f"{'>=' if low_ok else '>'} {low:g}"
                 else:
@@ -71,7 +71,7 @@ class Seq2SeqSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Seq2SeqSettings:
         """The settings of the parsed ``layerfusion seq2seq`` options (one flag per field; ``seed`` and
-        ``learning_rate`` come from ``--seeds`` and ``--learning-rates``, per run).
+        ``learning_rate``, each run's, come from ``--seeds`` and ``--lr``).
 
         Example:
             >>> from layerfusion_recipes.cli import build_parser

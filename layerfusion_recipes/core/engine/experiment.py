@@ -35,6 +35,7 @@ from transformers import AutoTokenizer
 from peft_layerfusion.config import DepthMixConfig
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module, fusion_layer_of
+from peft_layerfusion.names import METHOD_NAMES
 from peft_layerfusion.registration import METHODS
 
 from ..cache.cache_files import path_fingerprint
@@ -57,7 +58,14 @@ from ..models.models import (
     regime_options,
     trainable_parameters,
 )
-from ..options.grids import DEFAULT_LR_GRIDS, EVERY_EPOCH, FE_DEFAULT_LR, FT_DEFAULT_LR, lr_grid
+from ..options.grids import (
+    DEFAULT_LR_GRIDS,
+    EVERY_EPOCH,
+    FE_DEFAULT_LR,
+    FT_DEFAULT_LR,
+    LrGrids,
+    lrs_by_method,
+)
 from ..options.locations import check_model
 from ..options.options import DEFAULT_CACHE_DTYPE, check_cache_dtype
 from ..probes.probes import PROBE_SETTINGS
@@ -65,6 +73,7 @@ from ..results.cells import Cell, lrs_train_together, reads_head_positions_only,
 from ..results.records import fingerprint
 from .fitting import RunResult, TrainSettings, fit
 from .loop import restore, snapshot
+from .plan import SweepPlan
 from .runner import (
     Runner,
     Scorer,
@@ -96,10 +105,12 @@ class TaskSettings:
         model: Model name or path.
         data: Dataset directory, file, or Hub name.
         max_length: Tokenizer max length.
-        lr: Max LR, or several (LR selection on dev), or a mapping ``{method: LRs}`` giving each method
-            its own (the demo's, :data:`~layerfusion_recipes.core.options.grids.DEMO_AXES`; a method it leaves
-            out: the regime's default grid); ``None``: the regime's :data:`DEFAULT_LR_GRIDS` in a
-            sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
+        lr: Each method's max LRs (LR selection on dev), held as
+            :data:`~layerfusion_recipes.core.options.grids.LrGrids` ``{method: (LR, ...)}``, ascending;
+            given as one LR or several (every method's) or as a mapping ``{method: LRs}`` (the demo's,
+            :data:`~layerfusion_recipes.core.options.grids.DEMO_AXES`), made into that by
+            :func:`~layerfusion_recipes.core.options.grids.lrs_by_method`. A method it leaves out: the
+            regime's :data:`DEFAULT_LR_GRIDS` in a sweep, 1e-3 (FE) / 5e-5 (others) for a lone run.
         batch_size: Training batch size.
         eval_every: Dev evaluation every k epochs.
         seed: Base seed.
@@ -115,35 +126,27 @@ class TaskSettings:
         cache_dtype: Storage dtype of the feature cache (``float32``: exact; ``bfloat16`` or
             ``float16``: half the memory, cast back to float32 on use, results change a little);
             part of the setup (:meth:`setup_fields`) when not float32.
-        cache_positions: Positions the feature cache keeps: ``all``, or :attr:`READ_POSITIONS` (only
-            those the task's head reads, :meth:`FewShotExperiment.head_positions`; every cached method
-            must read no other: :func:`cache_positions_for`). The same records either way.
         train_memory: GB the training state of a cell's stacked LR candidates may hold (20 B per
             trainable parameter of each:
             :func:`~layerfusion_recipes.core.cache.feature_cache.candidates_per_pass`);
             the LRs train in several passes of fewer candidates when all of them would hold more.
             ``None``: one pass of all. The same records either way (not part of the setup). With
             it, the heap's freed pages are given back after every training step and evaluation batch.
-        resident_limit: Resident bytes above which a run gives the heap's freed pages back after a
-            training step or evaluation batch (:class:`~layerfusion_recipes.core.engine.fitting.TrainSettings`
-            ``release_above``): set by a sweep to what its memory line says one process holds
-            (:func:`~layerfusion_recipes.core.cache.feature_cache.resident_limit`); ``None``: only after every
-            epoch and evaluation. The same records either way (not part of the setup).
         probe_start: Start each trial's fusion of a method with a ``start_layer`` option one-hot on the
             block whose probe scored best on dev in that trial (``--probe-start``); part of the setup
             with the probes' settings (:data:`~layerfusion_recipes.core.probes.probes.PROBE_SETTINGS`).
-        probe_starts: ``{(shots, epochs, trial): block}``, set by a sweep from its probes
-            (:func:`~layerfusion_recipes.core.probes.probes.probe_starts`) before the runs; ``None`` before.
         probe_fuse: Fuse each trial's ``K`` best probed blocks (``--probe-fuse K``: the blocks whose
             probes scored best on dev in that trial, as ``layers``) in every method with a ``layers``
             option; part of the setup with the probes' settings. ``None``: the method's own layers.
-        probe_ranks: ``{(shots, epochs, trial): blocks}``, best first, set by a sweep from its probes
-            (:func:`~layerfusion_recipes.core.probes.probes.probe_ranks`) before the runs; ``None`` before.
+
+    These are the options as the user gave them (flags, YAML, defaults); what a sweep learns at run
+    time (the cache's positions, the resident limit, the probes' choices) is its
+    :class:`~layerfusion_recipes.core.engine.plan.SweepPlan`, passed beside them.
     """
 
     # the fields that change a result, hence part of every record key (each task names its own)
     SETUP_FIELDS: ClassVar[tuple[str, ...]] = ()
-    # the name of ``cache_positions`` that keeps only the positions the task's head reads
+    # the name of a plan's ``cache_positions`` that keeps only the positions the task's head reads
     READ_POSITIONS: ClassVar[str] = "read"
     # the task's name: its records say it (a results file holds one task's: core.sweeps.tasks.check_task)
     TASK: ClassVar[str] = ""
@@ -151,7 +154,7 @@ class TaskSettings:
     model: str
     data: str
     max_length: int = 128
-    lr: float | Sequence[float] | Mapping[str, Sequence[float]] | None = None
+    lr: LrGrids = field(default_factory=dict)
     batch_size: int = 16
     eval_every: int = EVERY_EPOCH
     seed: int = 0
@@ -163,105 +166,92 @@ class TaskSettings:
     test_limit: int | None = None
     fixed_sample: bool = False
     cache_dtype: str = DEFAULT_CACHE_DTYPE
-    cache_positions: str = "all"
     train_memory: float | None = None
-    resident_limit: int | None = None
     probe_start: bool = False
-    probe_starts: dict[tuple[int, int, int], int] | None = None
     probe_fuse: int | None = None
-    probe_ranks: dict[tuple[int, int, int], list[int]] | None = None
 
     def __post_init__(self) -> None:
         check_cache_dtype(self.cache_dtype)  # a bad value (flag, YAML or script) stops here, in one line
+        self.lr = lrs_by_method(self.lr, METHOD_NAMES)  # one type, whatever form it was given in
         fuse = self.probe_fuse
         if fuse is not None and (isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1):
             raise UserError(f"probe_fuse: {fuse!r}; allowed: an integer >= 1 (the best blocks to fuse)")
 
-    def lr_for(self, regime: str, method: str | None = None) -> float:
+    def lr_for(self, regime: str, method: str) -> float:
         """The LR of a lone run: the only LR of ``method``'s grid (:meth:`lr_grid`), else 1e-3 (FE) /
         5e-5 (other regimes) where ``lr`` gives it none."""
-        if self.lr_values(method) is None:
+        if method not in self.lr:
             return FE_DEFAULT_LR if regime == "fe" else FT_DEFAULT_LR
         grid = self.lr_grid(regime, method)
         if len(grid) != 1:
             raise ValueError(f"lr has {len(grid)} values {list(grid)}: pick one for a lone run")
         return grid[0]
 
-    def lr_grid(self, regime: str, method: str | None = None) -> tuple[float, ...]:
-        """The LR candidates of ``method`` under ``regime``: its ``lr`` values (sorted, unique) or the
+    def lr_grid(self, regime: str, method: str) -> tuple[float, ...]:
+        """The LR candidates of ``method`` under ``regime``: its ``lr`` values (ascending, unique) or the
         regime's default grid.
 
         Example:
             >>> from layerfusion_recipes.ner.experiment import NerSettings
-            >>> NerSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe")
+            >>> NerSettings(model="m", data="d", lr=[3e-3, 1e-3]).lr_grid("fe", "dwatt")
             (0.001, 0.003)
             >>> NerSettings(model="m", data="d", lr={"none": [3e-2, 1e-2]}).lr_grid("fe", "none")
             (0.01, 0.03)
         """
-        values = self.lr_values(method)
-        try:
-            return lr_grid(values, DEFAULT_LR_GRIDS, regime, "lr")
-        except ValueError as error:  # the whole value, as the YAML file or caller gave it
-            raise ValueError(f"lr must be one or more finite numbers > 0, got {self.lr!r}") from error
+        return self.lr.get(method) or DEFAULT_LR_GRIDS[regime]
 
-    def lr_values(self, method: str | None = None) -> float | Sequence[float] | None:
-        """The ``lr`` values of ``method``: ``lr`` itself, or its entry for ``method`` where ``lr`` is
-        a mapping by method (``None`` where it has none: the regime's default grid)."""
-        if not isinstance(self.lr, Mapping):
-            return self.lr
-        if method is None:
-            raise ValueError(f"lr gives each method its LRs ({', '.join(self.lr)}): name the method")
-        return self.lr.get(method)
-
-    def start_layer(self, cell: Cell) -> int | None:
+    def start_layer(self, cell: Cell, plan: SweepPlan) -> int | None:
         """The block ``cell``'s fusion starts one-hot on (``--probe-start``: its trial's best probe on
-        dev), or ``None``: no probe start, a method without ``start_layer``, not FE, or the probes not
-        yet run (a memory plan builds the model before them).
+        dev, ``plan.probe_starts``), or ``None``: no probe start, a method without ``start_layer``, not
+        FE, or the probes not yet run (a memory plan builds the model before them).
 
         Raises:
             UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
 
         Example:
             >>> from layerfusion_recipes.ner.experiment import NerSettings
-            >>> settings = NerSettings("m", "d", probe_start=True, probe_starts={(8, 25, 0): 4})
-            >>> [settings.start_layer(Cell(method, "fe", 8, 25, 0)) for method in ("layer_mix", "dwatt")]
+            >>> settings = NerSettings("m", "d", probe_start=True)
+            >>> plan = SweepPlan(probe_starts={(8, 25, 0): 4})
+            >>> [settings.start_layer(Cell(m, "fe", 8, 25, 0), plan) for m in ("layer_mix", "dwatt")]
             [4, None]
         """
         if not self.probe_start or not takes_option(cell.method, "start_layer"):
             return None
-        return probed(self.probe_starts, cell, "--probe-start")
+        return probed(plan.probe_starts, cell, "--probe-start")
 
-    def probe_layers(self, cell: Cell) -> list[int] | None:
+    def probe_layers(self, cell: Cell, plan: SweepPlan) -> list[int] | None:
         """The blocks ``cell``'s fusion fuses (``--probe-fuse K``: its trial's ``K`` best probes on dev,
-        ascending), or ``None``: no probe fuse, a method without ``layers``, not FE, or the probes not
-        yet run.
+        ``plan.probe_ranks``, ascending), or ``None``: no probe fuse, a method without ``layers``, not
+        FE, or the probes not yet run.
 
         Raises:
             UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
 
         Example:
             >>> from layerfusion_recipes.ner.experiment import NerSettings
-            >>> settings = NerSettings("m", "d", probe_fuse=2, probe_ranks={(8, 25, 0): [4, 2, 3]})
-            >>> [settings.probe_layers(Cell(method, "fe", 8, 25, 0)) for method in ("average", "none")]
+            >>> settings = NerSettings("m", "d", probe_fuse=2)
+            >>> plan = SweepPlan(probe_ranks={(8, 25, 0): [4, 2, 3]})
+            >>> [settings.probe_layers(Cell(method, "fe", 8, 25, 0), plan) for method in ("average", "none")]
             [[2, 4], None]
         """
         if self.probe_fuse is None or not is_depth_mix(cell.method):
             return None
-        ranked = probed(self.probe_ranks, cell, "--probe-fuse")
+        ranked = probed(plan.probe_ranks, cell, "--probe-fuse")
         return None if ranked is None else sorted(ranked[: self.probe_fuse])
 
-    def run_key(self, cell: Cell, lr: float, setup: str) -> str:
+    def run_key(self, cell: Cell, lr: float, setup: str, plan: SweepPlan) -> str:
         """The key of ``cell``'s run at ``lr`` under ``setup`` (:meth:`setup`), with the block it starts
         on where it has one (:meth:`start_layer`) and the blocks it fuses where the probes chose them
-        (:meth:`probe_layers`): new probes that move either make another run.
+        (:meth:`probe_layers`; both from ``plan``): new probes that move either make another run.
 
         Example:
             >>> from layerfusion_recipes.ner.experiment import NerSettings
-            >>> settings = NerSettings("m", "d", probe_start=True, probe_starts={(8, 25, 0): 4})
-            >>> settings.run_key(Cell("layer_mix", "fe", 8, 25, 0), 0.01, "3f2a9c0d1e4b")
+            >>> settings = NerSettings("m", "d", probe_start=True)
+            >>> plan = SweepPlan(probe_starts={(8, 25, 0): 4})
+            >>> settings.run_key(Cell("layer_mix", "fe", 8, 25, 0), 0.01, "3f2a9c0d1e4b", plan)
             'layer_mix|fe|8|25|0|lr=0.01|3f2a9c0d1e4b|...start=4'
         """
-        return record_key(cell, lr, setup, self.start_layer(cell), self.probe_layers(cell))
+        return record_key(cell, lr, setup, self.start_layer(cell, plan), self.probe_layers(cell, plan))
 
     def setup(self) -> str:
         """Fingerprint (12 hex digits) of the settings that change a result (:attr:`SETUP_FIELDS`).
@@ -309,8 +299,9 @@ class TaskSettings:
         paths = {name: getattr(self, name) for name in ("model", "data")}
         return {name: path_fingerprint(path) or "" for name, path in paths.items() if os.path.exists(path)}
 
-    def make_experiment(self) -> FewShotExperiment:
-        """The experiment of these settings (each task's settings build their own)."""
+    def make_experiment(self, plan: SweepPlan | None = None) -> FewShotExperiment:
+        """The experiment of these settings under ``plan`` (``None``: the empty plan of a lone run; each
+        task's settings build their own)."""
         raise NotImplementedError
 
 
@@ -320,12 +311,15 @@ class FewShotExperiment:
     A task's ``__init__(settings, dataset=None)`` takes its settings and, optionally, its data
     already loaded (otherwise it loads ``settings.data``), then sets ``settings``, ``tokenizer``,
     ``dev``, ``test`` (encoded, possibly empty), ``labels`` (the label names, ids ``0..C-1``),
-    ``data_name`` and ``setup`` (``settings.setup()``); the task implements :meth:`load_model`,
+    ``data_name`` and ``setup`` (``settings.setup()``), and ``plan``, what a sweep learned
+    (:class:`~layerfusion_recipes.core.engine.plan.SweepPlan`; the empty one by default, a sweep gives it
+    anew as it learns more); the task implements :meth:`load_model`,
     :meth:`train_sample`, :meth:`check_shots`, :meth:`scorer_of`, :meth:`runner`,
     :meth:`record_fields` and :meth:`probe_inputs`.
     """
 
     settings: TaskSettings
+    plan: SweepPlan
     tokenizer: Any
     dev: list[dict]
     test: list[dict]
@@ -336,12 +330,15 @@ class FewShotExperiment:
     _cache_filled: bool = False
 
     # --------------------------------------------------------------- set up by every task's __init__
-    def _prepare(self, settings: TaskSettings, data: Any, labels: Sequence[str]) -> None:
-        """What a task's ``__init__`` sets first: the settings, the data (with its ``name``), the
-        label names and their ids ``0..C-1``, the tokenizer (a model that cannot load, e.g. a grid
-        file's, is said in one line first:
+    def _prepare(
+        self, settings: TaskSettings, data: Any, labels: Sequence[str], plan: SweepPlan | None = None
+    ) -> None:
+        """What a task's ``__init__`` sets first: the settings, the sweep's plan (``None``: the empty
+        one), the data (with its ``name``), the label names and their ids ``0..C-1``, the tokenizer (a
+        model that cannot load, e.g. a grid file's, is said in one line first:
         :func:`~layerfusion_recipes.core.options.locations.check_model`)."""
         self.settings, self.data, self.data_name = settings, data, data.name
+        self.plan = SweepPlan() if plan is None else plan
         self.labels = list(labels)
         self.label2id = {label: i for i, label in enumerate(self.labels)}
         check_model(settings.model)
@@ -413,8 +410,8 @@ class FewShotExperiment:
 
     # --------------------------------------------------------------- shared
     def kept_positions(self) -> KeptPositions:
-        """The positions the feature cache keeps (``settings.cache_positions``)."""
-        return ALL_POSITIONS if self.settings.cache_positions == "all" else self.head_positions()
+        """The positions the feature cache keeps (``plan.cache_positions``)."""
+        return ALL_POSITIONS if self.plan.cache_positions == "all" else self.head_positions()
 
     def cache(self) -> FeatureCache:
         """The feature cache (built on first use, dev and test examples filled)."""
@@ -498,10 +495,10 @@ class FewShotExperiment:
         located = find_encoder_blocks(base)
         torch.manual_seed(self.settings.seed + cell.trial)
         options = regime_options(cell.regime, self.settings.method_options)
-        start = self.settings.start_layer(cell)
+        start = self.settings.start_layer(cell, self.plan)
         if start is not None:
             options["start_layer"] = start
-        layers = self.settings.probe_layers(cell)
+        layers = self.settings.probe_layers(cell, self.plan)
         if layers is not None:
             options["layers"] = layers
         model = apply_regime(base, cell.method, cell.regime, head_modules=self.head_modules(), **options)
@@ -614,7 +611,7 @@ class FewShotExperiment:
             eval_every=self.settings.eval_every,
             seed=self.settings.seed + cell.trial,
             # a memory budget: the peak first (after every step); else above the sweep's memory line
-            release_above=0 if self.settings.train_memory is not None else self.settings.resident_limit,
+            release_above=0 if self.settings.train_memory is not None else self.plan.resident_limit,
         )
 
     def filled_cache(self, train: Sequence[dict], cell: Cell | None = None) -> FeatureCache:
@@ -623,7 +620,7 @@ class FewShotExperiment:
         Args:
             train: The examples to fill (those already cached are not computed again).
             cell: The run that reads it: its method must read no position the cache leaves out
-                (``settings.cache_positions``). ``None``: a reader of the head's positions only
+                (``plan.cache_positions``). ``None``: a reader of the head's positions only
                 (the layer probes, :mod:`~layerfusion_recipes.core.probes.probes`).
 
         Raises:
@@ -631,12 +628,12 @@ class FewShotExperiment:
         """
         if (
             cell is not None
-            and self.settings.cache_positions != "all"
+            and self.plan.cache_positions != "all"
             and not reads_head_positions_only(cell.method)
         ):
             raise ValueError(
                 f"method {cell.method} reads every position but the feature cache keeps the "
-                f"{self.settings.cache_positions} ones only; use cache_positions='all'"
+                f"{self.plan.cache_positions} ones only; give it a plan with cache_positions='all'"
             )
         cache = self.cache()
         cache.fill(train)
@@ -670,7 +667,7 @@ class FewShotExperiment:
         (:meth:`record_fields`), what ran it and the settings its key hashes; DWAtt's mean depth
         attention on dev where the method shows it."""
         record = {
-            "key": self.settings.run_key(cell, lr, self.setup),
+            "key": self.settings.run_key(cell, lr, self.setup, self.plan),
             **asdict(cell),
             **self.record_fields(result, train),
             "lr": lr,
@@ -678,10 +675,10 @@ class FewShotExperiment:
             "selection": "dev",  # the large-dev protocol: LR and epoch chosen on the dev split
             **self.provenance(),
         }
-        start = self.settings.start_layer(cell)
+        start = self.settings.start_layer(cell, self.plan)
         if start is not None:  # --probe-start: the block this run's mix started on
             record["start_layer"] = start
-        layers = self.settings.probe_layers(cell)
+        layers = self.settings.probe_layers(cell, self.plan)
         if layers is not None:  # --probe-fuse: the blocks this run fuses
             record["probe_layers"] = layers
         adapter = adapter_summary(runner.model)
@@ -717,8 +714,8 @@ ScorerFactory = Callable[[Sequence[dict]], Scorer]
 
 
 def probed(choices: Mapping[tuple[int, int, int], Any] | None, cell: Cell, flag: str) -> Any:
-    """What the probes chose for ``cell``'s trial (``choices``: by ``(shots, epochs, trial)``, set by a
-    sweep), or ``None``: not FE, or the probes not yet run (a memory plan builds the model before them).
+    """What the probes chose for ``cell``'s trial (``choices``: by ``(shots, epochs, trial)``, a sweep's
+    plan's), or ``None``: not FE, or the probes not yet run (a memory plan builds the model before them).
 
     Raises:
         UserError: when the sweep's probes have no trial of ``cell``'s shots, epochs and trial.
@@ -770,8 +767,8 @@ def trainable_count(model: nn.Module) -> int:
 
 
 def cache_positions_for(methods: Iterable[str], read: str = TaskSettings.READ_POSITIONS) -> str:
-    """The ``cache_positions`` of a feature cache shared by ``methods``: ``read`` (the task's
-    :attr:`TaskSettings.READ_POSITIONS`) when every one of them reads no other position than the
+    """The ``cache_positions`` of a feature cache shared by ``methods`` (a sweep's plan's): ``read``
+    (the task's :attr:`TaskSettings.READ_POSITIONS`) when every one of them reads no other position than the
     head's, else ``all``.
 
     Example:

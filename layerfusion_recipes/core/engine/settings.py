@@ -21,7 +21,6 @@ from peft_layerfusion.names import METHOD_NAMES
 from ..models.models import check_adapter_grid
 from ..options.grids import FULL_TRAIN
 from ..options.options import DEFAULT_CACHE_DTYPE, PROBE_TOP, check_names, check_positive_ints
-from .experiment import cache_positions_for
 
 GRID_KEYS = ("methods", "regimes", "shots", "epochs", "trials")
 RUN_KEYS = (
@@ -185,7 +184,7 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
 
     Args:
         pick: ``name -> value``: the flag, else the YAML's, else the task's default (:func:`option`).
-        settings: The task's settings (their ``lr_grid`` refuses a bad ``--lr`` for each regime).
+        settings: The task's settings (their method options are checked against the regimes).
         regimes: The regimes the task trains.
 
     Returns:
@@ -196,7 +195,8 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
         is ``None`` (no probes) or the K of ``--probe-layers``.
 
     Raises:
-        ValueError: An unknown method or regime, an AdapterHub regime with a fusion method, a bad LR.
+        ValueError: An unknown method or regime, an AdapterHub regime with a fusion method (a bad LR
+            stops the settings themselves: :class:`~layerfusion_recipes.core.engine.experiment.TaskSettings`).
 
     Example:
         >>> from layerfusion_recipes.ner.experiment import NerSettings
@@ -216,11 +216,4 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
     check_names("methods", grid["methods"], METHOD_NAMES)
     check_names("regimes", grid["regimes"], regimes)
     check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
-    if isinstance(settings.lr, dict):  # each method its LRs
-        check_names("lr", list(settings.lr), METHOD_NAMES)
-    for regime in grid["regimes"] or ():
-        for method in grid["methods"] or ():
-            settings.lr_grid(regime, method)  # a bad --lr / lr: stops here, naming the values
-    # what every method reads: the cache keeps the head's positions only where no method reads others
-    settings.cache_positions = cache_positions_for(grid["methods"] or (), settings.READ_POSITIONS)
     return grid

@@ -154,6 +154,49 @@ def lr_grid(
     return tuple(sorted({check_lr(value, option) for value in values}))
 
 
+# The one type of a task's ``lr`` (ner, classify, mlm, seq2seq): each method's max LRs, ascending and
+# unique; a method it leaves out trains its regime's default grid
+LrGrids = Mapping[str, tuple[float, ...]]
+
+
+def lrs_by_method(
+    lr: float | Sequence[float] | Mapping[str, float | Sequence[float]] | None,
+    methods: Sequence[str],
+    option: str = "--lr",
+) -> dict[str, tuple[float, ...]]:
+    """``lr`` as given (flags, YAML, a script) as :data:`LrGrids`: one LR or several give every one
+    of ``methods`` the same grid, a mapping gives each method its own; ``None``: none (each method
+    the regime's default grid).
+
+    Args:
+        lr: One LR, several, or ``{method: LRs}``.
+        methods: Every method name (the registry's): what a grid for all of them covers.
+        option: Where the values came from, for the messages.
+
+    Raises:
+        ValueError: naming ``option`` and the whole value when one is not a finite number > 0, a
+            method's grid is empty, or a method is unknown.
+
+    Example:
+        >>> lrs_by_method([3e-3, 1e-3], ("none", "dwatt"))
+        {'none': (0.001, 0.003), 'dwatt': (0.001, 0.003)}
+        >>> lrs_by_method({"dwatt": 1e-3}, ("none", "dwatt")), lrs_by_method(None, ("none",))
+        ({'dwatt': (0.001,)}, {})
+    """
+    if lr is None:
+        return {}
+    given = lr if isinstance(lr, Mapping) else dict.fromkeys(methods, lr)
+    unknown = [method for method in given if method not in methods]
+    if unknown:
+        raise ValueError(f"{option}: unknown {unknown}; allowed: {', '.join(methods)}")
+    try:
+        given = {method: values for method, values in given.items() if values is not None}
+        return {method: lr_grid(values, {}, "", option) for method, values in given.items()}
+    except (ValueError, TypeError) as error:  # the whole value, as the YAML file or caller gave it
+        name = option.lstrip("-")
+        raise ValueError(f"{name} must be one or more finite numbers > 0, got {lr!r}") from error
+
+
 def describe_lr_grids(grids: dict[str, tuple[float, ...]]) -> str:
     """The LR grids per regime in one line, for help texts.
 

@@ -55,9 +55,9 @@ class GridSettings(Protocol):
 
     def setup(self) -> str: ...
 
-    def lr_grid(self, regime: str, method: str | None = None) -> tuple[float, ...]: ...
+    def lr_grid(self, regime: str, method: str) -> tuple[float, ...]: ...
 
-    def run_key(self, cell: Cell, lr: float, setup: str) -> str: ...
+    def run_key(self, cell: Cell, lr: float, setup: str, plan: Any) -> str: ...
 
 
 def record_key(
@@ -187,20 +187,22 @@ def grid_cells(grid: dict[str, Any]) -> list[Cell]:
     ]
 
 
-def grid_keys(cells: Iterable[Cell], settings: GridSettings) -> set[str]:
-    """Every key the runs of ``cells`` can have: each cell at each LR of its grid (its method's
-    under its regime).
+def grid_keys(cells: Iterable[Cell], settings: GridSettings, plan: Any) -> set[str]:
+    """Every key the runs of ``cells`` can have under a sweep's ``plan``
+    (:class:`~layerfusion_recipes.core.engine.plan.SweepPlan`; the empty one leaves the probes' choices
+    out): each cell at each LR of its grid (its method's under its regime).
 
     Example:
         >>> from layerfusion_recipes.ner.experiment import NerSettings
         >>> settings = NerSettings(model="m", data="d", lr=[1e-3, 3e-3, 1e-2, 3e-2, 1e-1])
         >>> grid = {"methods": ["dwatt"], "regimes": ["fe"], "shots": [8, 16], "epochs": [25], "trials": 5}
-        >>> len(grid_keys(grid_cells(grid), settings))  # 10 cells x 5 LRs
+        >>> from layerfusion_recipes.core.engine.plan import SweepPlan
+        >>> len(grid_keys(grid_cells(grid), settings, SweepPlan()))  # 10 cells x 5 LRs
         50
     """
     setup = settings.setup()
     return {
-        settings.run_key(cell, lr, setup)
+        settings.run_key(cell, lr, setup, plan)
         for cell in cells
         for lr in settings.lr_grid(cell.regime, cell.method)
     }

@@ -39,8 +39,11 @@ With ``probe_layers`` the main process trains the layer probes
 (:func:`~layerfusion_recipes.core.probes.probes.run_probes`) on that cache before the runs; ``dry_run``
 trains none.
 
-A task's settings build its experiment (``settings.make_experiment()``, also in each worker) and the
-experiment checks the shot sizes (``check_shots``) before any run.
+A task's settings build its experiment (``settings.make_experiment(plan)``, also in each worker) and the
+experiment checks the shot sizes (``check_shots``) before any run. The settings are the options as the
+user gave them; what the sweep learns (the positions its cache keeps, from the grid's methods; its
+resident limit; its probes' choices) is its :class:`~layerfusion_recipes.core.engine.plan.SweepPlan`
+(:func:`sweep_plan`, then filled in), passed beside them.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ from typing import Any
 import torch
 
 from ..cache.feature_cache import CachePlan, TrainingPlan, available_memory, memory_check, resident_limit
-from ..engine.experiment import FewShotExperiment, TaskSettings
+from ..engine.experiment import FewShotExperiment, TaskSettings, cache_positions_for
+from ..engine.plan import SweepPlan
 from ..engine.processes import check_workers, process_state, share
 from ..errors import UserError
 from ..probes.probes import missing_probes, probe_cells, probe_ranks, probe_starts, run_probes, saved_probes
@@ -82,13 +86,13 @@ _WORKER: FewShotExperiment | Exception | None = None
 SweepReport = Callable[[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], bool], None]
 
 
-def _init_worker(settings: TaskSettings, threads: int) -> None:
+def _init_worker(settings: TaskSettings, plan: SweepPlan, threads: int) -> None:
     global _WORKER
     # Ctrl-C reaches the whole process group: the parent stops the pool, a worker says nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     try:
-        _WORKER = settings.make_experiment()
+        _WORKER = settings.make_experiment(plan)
     except Exception as error:  # a failing initializer is respawned forever: fail the first cell instead
         _WORKER = error
 
@@ -109,6 +113,7 @@ def run_cells(
     experiment: FewShotExperiment | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     select_trials: int | None = None,
+    plan: SweepPlan | None = None,
 ) -> list[dict[str, Any]]:
     """Run every cell at each LR of its grid (its method's under its regime), skipping the runs
     already in ``results``.
@@ -119,10 +124,13 @@ def run_cells(
         settings: The task's settings (each worker builds its own experiment from them).
         workers: Processes on this machine; 1 runs in this process.
         progress: Show a tqdm bar with ETA.
-        experiment: A prepared experiment to use in-process (``workers == 1``).
+        experiment: A prepared experiment to use in-process (``workers == 1``), of ``plan``.
         on_record: Called after each record is safely on disk.
         select_trials: Select the LR on trials ``< select_trials`` (all LRs run there), then run
             the other trials at the selected LR only. ``None``: every trial runs every LR.
+        plan: What the sweep learned (:class:`~layerfusion_recipes.core.engine.plan.SweepPlan`: each run's
+            probe choices are in its key; each worker builds its experiment with it). ``None``:
+            ``experiment``'s, else the empty plan.
 
     Under ``accelerate launch`` each process runs its :func:`~layerfusion_recipes.core.engine.processes.share`
     of the units (longest first) and all wait for each other before the LR selection and the end.
@@ -143,26 +151,28 @@ def run_cells(
     cells = list(cells)
     if select_trials is not None and select_trials < 1:
         raise ValueError(f"select_trials must be >= 1 (None: every trial runs every LR), got {select_trials}")
+    if plan is None:
+        plan = experiment.plan if experiment is not None else SweepPlan()
     setup = settings.setup()
     state = process_state()
     check_workers(workers, state.num_processes)
     grids = {(cell.regime, cell.method): settings.lr_grid(cell.regime, cell.method) for cell in cells}
     first, later = split_trials(cells, select_trials)
-    wanted = {settings.run_key(c, lr, setup) for c in first for lr in grids[c.regime, c.method]}
+    wanted = {settings.run_key(c, lr, setup, plan) for c in first for lr in grids[c.regime, c.method]}
     mine = _share_of(state)
     first_units = mine([(cell, grids[cell.regime, cell.method]) for cell in first])
-    own_keys = {settings.run_key(cell, lr, setup) for cell, lrs in first_units for lr in lrs}
+    own_keys = {settings.run_key(cell, lr, setup, plan) for cell, lrs in first_units for lr in lrs}
     total = len(own_keys) + len(mine([(cell, ()) for cell in later]))
     bar = _progress_bar(total, len(own_keys & finished_keys(results)), state, progress)
     # added to each record, not to its key: which process ran it, and the task (one per results file)
     launch = {"num_processes": state.num_processes, "process_index": state.process_index}
     launch["task"] = settings.TASK
-    runner = _UnitRunner(results, settings, workers, experiment, bar, on_record, launch)
+    runner = _UnitRunner(results, settings, plan, workers, experiment, bar, on_record, launch)
     try:
         runner.run(first_units)
         state.wait_for_everyone()  # the LR selection and the caller read every process's records
         if later:
-            wanted |= _run_at_selected_lrs(later, wanted, runner, mine, settings, bar)
+            wanted |= _run_at_selected_lrs(later, wanted, runner, mine, bar)
             state.wait_for_everyone()
     finally:
         runner.close()
@@ -184,26 +194,28 @@ def _progress_bar(total: int, done: int, state, progress: bool):
     )
 
 
-def _run_at_selected_lrs(
-    later: list[Cell], wanted: set[str], runner, mine, settings: TaskSettings, bar
-) -> set[str]:
+def _run_at_selected_lrs(later: list[Cell], wanted: set[str], runner, mine, bar) -> set[str]:
     """Run the ``later`` trials at the LR selected on the selection runs (``wanted``); their keys."""
     results = runner.results
     chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted)
     units = [(cell, (chosen[_group(cell)],)) for cell in later]
-    setup = settings.setup()
-    keys = {settings.run_key(cell, lrs[0], setup) for cell, lrs in units}
+    keys = {runner.key(cell, lrs[0]) for cell, lrs in units}
     units = mine(units)
-    bar.update(len({settings.run_key(cell, lrs[0], setup) for cell, lrs in units} & finished_keys(results)))
+    bar.update(len({runner.key(cell, lrs[0]) for cell, lrs in units} & finished_keys(results)))
     runner.run(units)
     return keys
 
 
 def runs_left(
-    cells: list[Cell], results: str | os.PathLike, settings: TaskSettings, select_trials: int | None
+    cells: list[Cell],
+    results: str | os.PathLike,
+    settings: TaskSettings,
+    select_trials: int | None,
+    plan: SweepPlan | None = None,
 ) -> bool:
     """Whether a run of ``cells`` is missing from ``results``: one of the selection trials at any LR of
-    its grid, or one of the later trials at the LR selected on them (``select_trials``).
+    its grid, or one of the later trials at the LR selected on them (``select_trials``); the keys
+    under ``plan`` (``None``: the empty plan, no probe choices).
 
     Example:
         >>> from layerfusion_recipes.core.results.cells import grid_cells
@@ -214,16 +226,17 @@ def runs_left(
         True
     """
     done, setup = finished_keys(results), settings.setup()
+    plan = SweepPlan() if plan is None else plan
     first, later = split_trials(cells, select_trials)
     wanted = {
-        settings.run_key(cell, lr, setup)
+        settings.run_key(cell, lr, setup, plan)
         for cell in first
         for lr in settings.lr_grid(cell.regime, cell.method)
     }
     if not wanted <= done:
         return True
     chosen = selected_lrs(r for r in read_records(results) if r["key"] in wanted) if later else {}
-    return any(settings.run_key(cell, chosen[_group(cell)], setup) not in done for cell in later)
+    return any(settings.run_key(cell, chosen[_group(cell)], setup, plan) not in done for cell in later)
 
 
 def split_trials(cells: list[Cell], select_trials: int | None) -> tuple[list[Cell], list[Cell]]:
@@ -267,16 +280,20 @@ def selected_lrs(records: Iterable[dict[str, Any]]) -> dict[tuple, float]:
 class _UnitRunner:
     """Runs units (a cell and its LRs) in this process or a pool; appends and reports each record."""
 
-    def __init__(self, results, settings, workers, experiment, bar, on_record, launch) -> None:
-        self.results, self.settings, self.workers = results, settings, workers
+    def __init__(self, results, settings, plan, workers, experiment, bar, on_record, launch) -> None:
+        self.results, self.settings, self.plan, self.workers = results, settings, plan, workers
         self.experiment, self.bar, self.on_record = experiment, bar, on_record
         self.launch = launch  # {"num_processes", "process_index", "task"}: in each record, not its key
         self.setup = settings.setup()
         self.pool = None
 
+    def key(self, cell: Cell, lr: float) -> str:
+        """The key of ``cell``'s run at ``lr`` (under the sweep's settings and plan)."""
+        return self.settings.run_key(cell, lr, self.setup, self.plan)
+
     def _missing(self, unit: Unit, done: set[str]) -> Unit:
         cell, lrs = unit
-        return cell, tuple(lr for lr in lrs if self.settings.run_key(cell, lr, self.setup) not in done)
+        return cell, tuple(lr for lr in lrs if self.key(cell, lr) not in done)
 
     def _pieces(self, unit: Unit) -> list[Unit]:
         """What one pool task runs: the whole unit where its LRs train together, else one LR each
@@ -293,13 +310,13 @@ class _UnitRunner:
             if self.pool is None:
                 threads = max(1, torch.get_num_threads() // self.workers)
                 context = multiprocessing.get_context("spawn")
-                self.pool = context.Pool(self.workers, _init_worker, (self.settings, threads))
+                self.pool = context.Pool(self.workers, _init_worker, (self.settings, self.plan, threads))
             pieces = [piece for unit in longest_first_units(todo) for piece in self._pieces(unit)]
             for records in self.pool.imap_unordered(_run_in_worker, pieces):
                 for record in records:
                     _finish(self.results, {**record, **self.launch}, self.bar, self.on_record)
         elif todo:
-            self.experiment = self.experiment or self.settings.make_experiment()
+            self.experiment = self.experiment or self.settings.make_experiment(self.plan)
             for unit in todo:
                 # another sweep on this results file may have finished some of it meanwhile
                 cell, lrs = self._missing(unit, finished_keys(self.results))
@@ -377,9 +394,23 @@ def run_sweep(
     }
     if grid.get("dry_run"):
         return dry_run(settings, grid, cells, state)
-    keys = grid_keys(cells, settings)
+    keys = grid_keys(cells, settings, SweepPlan())  # probe choices left out (sweep_log)
     with logged_sweep(grid["results"], keys, fields, state.is_main_process, checks_first=True) as start:
         return _sweep(settings, grid, cells, state, report, figures, start, fields)
+
+
+def sweep_plan(settings: TaskSettings, grid: dict[str, Any]) -> SweepPlan:
+    """What a sweep of ``grid`` knows before it starts: the positions its feature cache keeps, the
+    head's only where every method of the grid reads no other
+    (:func:`~layerfusion_recipes.core.engine.experiment.cache_positions_for`); the sweep adds its
+    resident limit and its probes' choices as it learns them.
+
+    Example:
+        >>> from layerfusion_recipes.ner.experiment import NerSettings
+        >>> sweep_plan(NerSettings(model="m", data="d"), {"methods": ["none", "dwatt"]}).cache_positions
+        'labelled'
+    """
+    return SweepPlan(cache_positions=cache_positions_for(grid["methods"] or (), settings.READ_POSITIONS))
 
 
 def cache_memory(
@@ -407,11 +438,11 @@ def probed_cells(grid: dict[str, Any]) -> list[Cell]:
 
 def dry_run(settings: TaskSettings, grid: dict[str, Any], cells: list[Cell], state) -> int:
     """``--dry-run``: print the runs and the feature cache's bytes (and whether it fits), run nothing."""
-    experiment = settings.make_experiment()
+    experiment = settings.make_experiment(sweep_plan(settings, grid))
     experiment.check_shots(grid["shots"])
-    plan, _, line, refusal = cache_memory(experiment, cells, grid, state)
+    cached, _, line, refusal = cache_memory(experiment, cells, grid, state)
     print(f"runs planned: {planned_runs(cells, settings, grid['select_trials'])}")
-    print(line if plan is not None else "feature cache: none (no FE cell on the cache)")
+    print(line if cached is not None else "feature cache: none (no FE cell on the cache)")
     if grid.get("probe_layers"):
         print(f"layer probes planned: {len(probed_cells(grid))} trials (not run by a dry run)")
     if refusal:
@@ -429,14 +460,15 @@ def _sweep(
     start: SweepStart,
     fields: dict[str, Any],
 ) -> int:
-    experiment = settings.make_experiment()  # loads and checks the data and the tokenizer
+    # loads and checks the data and the tokenizer; the cache keeps what every method of the grid reads
+    experiment = settings.make_experiment(sweep_plan(settings, grid))
     experiment.check_shots(grid["shots"])
-    plan, training, line, refusal = cache_memory(experiment, cells, grid, state)
-    if plan is not None:
-        fields.update(cache_bytes=plan.nbytes, cache_model_bytes=plan.model_bytes)
+    cached, training, line, refusal = cache_memory(experiment, cells, grid, state)
+    if cached is not None:
+        fields.update(cache_bytes=cached.nbytes, cache_model_bytes=cached.model_bytes)
         # the runs keep their resident memory near the line (trims after the steps above it)
-        limit = resident_limit(plan, training, mapped=settings.cache_dir is not None)
-        settings = experiment.settings = dataclasses.replace(settings, resident_limit=limit)
+        limit = resident_limit(cached, training, mapped=settings.cache_dir is not None)
+        experiment.plan = dataclasses.replace(experiment.plan, resident_limit=limit)
         if state.is_main_process:
             print(f"layerfusion: {line}", file=sys.stderr)
     if refusal:
@@ -444,9 +476,9 @@ def _sweep(
     start.begin()  # refused before this line: no sweeps.jsonl line (nor output folder)
     if grid["threads"]:
         torch.set_num_threads(grid["threads"])
-    left = runs_left(cells, grid["results"], settings, grid["select_trials"])
+    left = runs_left(cells, grid["results"], settings, grid["select_trials"], experiment.plan)
     probes_left = bool(grid.get("probe_layers")) and bool(missing_probes(experiment, grid))
-    if plan is not None and grid["workers"] == 1 and state.num_processes == 1 and (left or probes_left):
+    if cached is not None and grid["workers"] == 1 and state.num_processes == 1 and (left or probes_left):
         # everything the runs and the probes read, in the order the runs read it (the probes' samples
         # are the FE cells' where the grid has some); then the encoder that computes it goes. A grid
         # whose runs are all in the results file builds no cache: it only reports them
@@ -459,9 +491,9 @@ def _sweep(
         state.wait_for_everyone()
         probes = probes if state.is_main_process else saved_probes(experiment, grid)
     if settings.probe_start:  # each trial's fusion starts on its best probed block (dev only)
-        settings = experiment.settings = dataclasses.replace(settings, probe_starts=probe_starts(probes))
+        experiment.plan = dataclasses.replace(experiment.plan, probe_starts=probe_starts(probes))
     if settings.probe_fuse:  # each trial's fusion reads its best probed blocks (dev only)
-        settings = experiment.settings = dataclasses.replace(settings, probe_ranks=probe_ranks(probes))
+        experiment.plan = dataclasses.replace(experiment.plan, probe_ranks=probe_ranks(probes))
     records = run_cells(
         cells,
         grid["results"],
@@ -470,6 +502,7 @@ def _sweep(
         progress=not grid["quiet"],
         experiment=experiment,
         select_trials=grid["select_trials"],
+        plan=experiment.plan,
     )
     if not state.is_main_process:
         return 0  # the main process writes the table and figures, once

@@ -14,6 +14,7 @@ from torch import nn
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.classify.models import new_modules
 from layerfusion_recipes.core.engine.experiment import cache_positions_for
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.engine.runner import Runner
 from layerfusion_recipes.core.results.cells import Cell
 from peft_layerfusion.discovery import EncoderBlocks
@@ -43,8 +44,8 @@ def paths(tmp_path_factory):
     )
 
 
-def experiment(paths, model="encoder", data="data", **options) -> ClassifyExperiment:
-    return ClassifyExperiment(ClassifySettings(model=paths[model], data=paths[data], **options))
+def experiment(paths, model="encoder", data="data", plan=None, **options) -> ClassifyExperiment:
+    return ClassifyExperiment(ClassifySettings(model=paths[model], data=paths[data], **options), plan=plan)
 
 
 def batch_of(exp: ClassifyExperiment, count: int = 6) -> list[dict]:
@@ -160,7 +161,7 @@ def test_cached_logits_equal_the_model(paths, model, pooling, data, method):
 def test_a_cache_of_the_pooled_position_alone_gives_the_logits_of_the_model(
     paths, model, pooling, data, kept, method
 ):
-    exp = experiment(paths, model=model, pooling=pooling, data=data, cache_positions="read")
+    exp = experiment(paths, model=model, pooling=pooling, data=data, plan=SweepPlan(cache_positions="read"))
     features = batch_of(exp)
     cache = exp.cache()
     assert cache.positions.name == kept

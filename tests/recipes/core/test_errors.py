@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from layerfusion_recipes.cli import main
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.errors import DataSourceError, Terminated, UserError, run_command
 
 
@@ -100,7 +101,7 @@ def test_sweep_worker_with_bad_data_fails_its_cell_instead_of_respawning(tmp_pat
     from layerfusion_recipes.ner.experiment import Cell, NerSettings
 
     monkeypatch.setattr(sweep, "_WORKER", None)
-    sweep._init_worker(NerSettings(model="m", data=str(tmp_path / "nope.jsonl")), threads=1)
+    sweep._init_worker(NerSettings(model="m", data=str(tmp_path / "nope.jsonl")), SweepPlan(), threads=1)
     with pytest.raises(DataSourceError, match="nope.jsonl'?: no such file"):
         sweep._run_in_worker(Cell("none", "fe", 1, 1, 0))
 

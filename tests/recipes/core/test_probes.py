@@ -16,6 +16,7 @@ from transformers import AutoModel
 
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.core.batches import IGNORE_INDEX
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.probes import probes
 from layerfusion_recipes.core.probes.probes import probe_records, probes_path, run_probes
 from layerfusion_recipes.core.results.records import read_records
@@ -236,10 +237,11 @@ def test_probes_on_a_prefilled_cache_of_the_head_positions_match_an_every_positi
     a cache that keeps every position, filled as they come with the encoder alive."""
 
     def experiment(positions: str):
-        common = {"model": paths["model"], "batch_size": 4, "seed": 3, "cache_positions": positions}
+        common = {"model": paths["model"], "batch_size": 4, "seed": 3}
+        plan = SweepPlan(cache_positions=positions)
         if task == "classify":
-            return ClassifyExperiment(ClassifySettings(data=paths["texts"], **common))
-        return NerExperiment(NerSettings(data=paths["ner"], **common))
+            return ClassifyExperiment(ClassifySettings(data=paths["texts"], **common), plan=plan)
+        return NerExperiment(NerSettings(data=paths["ner"], **common), plan=plan)
 
     grid = {"shots": [2], "epochs": [3], "trials": 2}
     prefilled, every = experiment("read"), experiment("all")

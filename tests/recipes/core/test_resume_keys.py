@@ -8,16 +8,20 @@ import argparse
 
 import pytest
 
+from layerfusion_recipes.classify.experiment import ClassifySettings
+from layerfusion_recipes.cli import build_parser
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.results.cells import config_defaults, defaults_key
 from layerfusion_recipes.core.results.records import fingerprint
 from layerfusion_recipes.mlm.options import add_arguments as add_mlm_arguments
 from layerfusion_recipes.mlm.records import run_key as mlm_run_key
 from layerfusion_recipes.mlm.settings import MlmSettings
-from layerfusion_recipes.ner.experiment import Cell, record_key
+from layerfusion_recipes.ner.experiment import Cell, NerSettings, record_key
 from layerfusion_recipes.ner.options import add_arguments as add_experiment_arguments
 from layerfusion_recipes.ner.settings import resolve
 from layerfusion_recipes.seq2seq import variants
-from layerfusion_recipes.seq2seq.records import run_key
+from layerfusion_recipes.seq2seq.command import comparison_header
+from layerfusion_recipes.seq2seq.records import comparison_setup, run_key
 from peft_layerfusion.registration import METHODS, method_named
 
 NER_ARGV = ["--model", "hub-model/x", "--data", "hub/data", "--lr", "1e-3", "3e-2", "--shots", "8"]
@@ -98,3 +102,40 @@ def test_a_seq2seq_variant_s_key_carries_its_options_and_changes_with_them(monke
     monkeypatch.setattr(variants, "VARIANTS", changed)
     assert run_key("surface_hard", 0, 3e-3, "3f2a9c0d1e4b") != key
 
+
+
+# keys computed at 2ca4922, before the sweep's plan left the settings and `lr` took one type: the same
+# setup gives the same keys, so no stored record runs again
+KEYS_BEFORE = {
+    "layer_mix": "layer_mix|fe|8|25|0|lr=0.003|b7ef7ebde7dd|defaults=5f15925e06c6|start=4|layers=2,4",
+    "average": "average|fe|8|25|0|lr=0.01|b7ef7ebde7dd|defaults=9ec961ee75c2|layers=2,4",
+    "none": "none|fe|8|25|0|lr=0.0001|b7ef7ebde7dd",
+    "classify": "dwatt|lora|16|10|2|lr=0.003|a4636eee0077|defaults=3da63963ae43",
+    "mlm": "dwatt|fe|0|lr=0.003|87d803e8d675|defaults=3da63963ae43",
+    "seq2seq": "surface_hard|1|lr=0.003|4c254100e773|defaults=05eeeb02555a",
+}
+
+
+def test_the_keys_of_a_representative_setup_are_those_before_the_plan_and_the_one_lr_type():
+    """Probe starts and fused blocks from the sweep's plan, LRs by method, half-precision cache, method
+    options and a dev limit (NER); a flat LR grid (classify, mlm, seq2seq)."""
+    lr = {"layer_mix": [3e-3, 1e-2], "average": [1e-2]}
+    options = {"lr": lr, "batch_size": 4, "method_options": {"lora_r": 4}, "dev_limit": 50}
+    ner = NerSettings("tiny-bert", "conll2003", **options)
+    ner = NerSettings(**{**vars(ner), "cache_dtype": "bfloat16", "probe_start": True, "probe_fuse": 2})
+    plan = SweepPlan("labelled", 10**9, probe_starts={(8, 25, 0): 4}, probe_ranks={(8, 25, 0): [4, 2, 3]})
+    for method in ("layer_mix", "average", "none"):
+        cell = Cell(method, "fe", 8, 25, 0)
+        assert ner.run_key(cell, ner.lr_grid("fe", method)[0], ner.setup(), plan) == KEYS_BEFORE[method]
+    classify = ClassifySettings("tiny-bert", "sst2", lr=[1e-3, 3e-3], pooling="mean")
+    cell = Cell("dwatt", "lora", 16, 10, 2)
+    lr = classify.lr_grid("lora", "dwatt")[1]
+    assert classify.run_key(cell, lr, classify.setup(), SweepPlan()) == KEYS_BEFORE["classify"]
+    mlm = MlmSettings.from_args(build_parser().parse_args(
+        ["mlm", "--data", "wikitext-2", "--model", "tiny-bert", "--method", "dwatt", "--lr", "1e-3", "3e-3"]
+        + ["--epochs", "2", "--regime", "fe"]
+    ))  # fmt: skip
+    assert mlm_run_key(mlm.run_settings(3e-3)) == KEYS_BEFORE["mlm"]
+    argv = ["seq2seq", "--data", "wt2", "--epochs", "3", "--lr", "1e-3", "3e-3"]
+    header = comparison_header(build_parser().parse_args(argv))
+    assert run_key("surface_hard", 1, 3e-3, comparison_setup(header)) == KEYS_BEFORE["seq2seq"]

@@ -15,6 +15,7 @@ from conftest import write_tiny_model
 from layerfusion_recipes.cli import main
 from layerfusion_recipes.core.options.grids import DEFAULT_MLM_LR_GRIDS
 from layerfusion_recipes.core.results.records import read_records
+from layerfusion_recipes.mlm import command as mlm_command
 from layerfusion_recipes.mlm import experiment as mlm
 from layerfusion_recipes.mlm.experiment import load_text_splits, make_blocks, mask_tokens
 from layerfusion_recipes.mlm.records import (
@@ -25,7 +26,7 @@ from layerfusion_recipes.mlm.records import (
     summarize,
 )
 from layerfusion_recipes.mlm.results import mlm_summary
-from layerfusion_recipes.mlm.settings import mlm_lr_grid
+from layerfusion_recipes.mlm.settings import MlmSettings
 
 TEXT = " = Heading = \n\n" + "\n".join(
     "alice went to paris and bob met alice in london today ." for _ in range(60)
@@ -158,7 +159,7 @@ def summaries(monkeypatch):
         found.append(run_mlm(*args, **kwargs))
         return found[-1]
 
-    monkeypatch.setattr(mlm, "run_mlm", recorded)
+    monkeypatch.setattr(mlm_command, "run_mlm", recorded)
     return found
 
 
@@ -405,10 +406,10 @@ def test_block_limits_below_one_are_refused_at_parse_time(tiny, tmp_path, capsys
 
 @pytest.mark.parametrize("values", [[0.0], [1e-3, -1.0], [float("nan")], [float("inf")], [True], ["1e-3"]])
 def test_bad_lr_values_raise_naming_the_option_outside_the_cli(values):
-    with pytest.raises(ValueError, match=r"^--lr .*: must be a finite number > 0"):
-        mlm_lr_grid(values, "fe")
-    with pytest.raises(ValueError, match="--lr: give one or more"):
-        mlm_lr_grid([], "fe")
+    with pytest.raises(ValueError, match=r"^lr must be one or more finite numbers > 0, got \["):
+        MlmSettings("wt2", "m", lr=values)
+    with pytest.raises(ValueError, match=r"^lr must be one or more finite numbers > 0, got \[\]"):
+        MlmSettings("wt2", "m", lr=[])
 
 
 def test_help_shows_the_default_grids(capsys):

@@ -31,6 +31,7 @@ from layerfusion_recipes.core.cache.feature_cache import (
 from layerfusion_recipes.core.engine import experiment as experiment_module
 from layerfusion_recipes.core.engine import fitting
 from layerfusion_recipes.core.engine import runner as runner_module
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.engine.runner import (
     labelled_predictions,
     largest_first,
@@ -85,10 +86,10 @@ def _experiment(
         data="toy",
         lr=[3e-3, 3e-2],
         batch_size=4,
-        cache_positions=positions,
         cache_dtype=dtype,
     )
-    experiment = NerExperiment(settings, toy_dataset(train=40, dev=10, test=8))
+    plan = SweepPlan(cache_positions=positions)
+    experiment = NerExperiment(settings, toy_dataset(train=40, dev=10, test=8), plan)
     if reference:
         base = load_token_classifier(model_path, len(experiment.labels), seed=0)
         experiment._cache = PaddedAsBefore(
@@ -171,10 +172,9 @@ def test_half_precision_is_stored_in_two_bytes_cast_back_and_keyed(model_path, d
     assert record["settings"]["cache_dtype"] == dtype and record["setup"] == half.setup
 
 
-def test_the_kept_positions_leave_the_setup_as_it_is_and_the_cache_dtype_is_part_of_it():
+def test_the_cache_dtype_is_part_of_the_setup():
     base = NerSettings(model="m", data="d")
     assert base.setup_fields()["cache_dtype"] == "float32"
-    assert dataclasses.replace(base, cache_positions="labelled").setup() == base.setup()  # the same numbers
     assert dataclasses.replace(base, cache_dtype="float32").setup() == base.setup()
     assert dataclasses.replace(base, cache_dtype="bfloat16").setup() != base.setup()
 
@@ -558,8 +558,8 @@ def test_every_epoch_gives_the_heaps_freed_pages_back(model_path, monkeypatch):
         cases = {case: trims for case, trims in cases.items() if case[1] is None}
     for (budget, limit), step_trims in cases.items():
         calls.clear()
-        settings = dataclasses.replace(experiment.settings, train_memory=budget, resident_limit=limit)
-        experiment.settings = settings
+        experiment.settings = dataclasses.replace(experiment.settings, train_memory=budget)
+        experiment.plan = SweepPlan(cache_positions="labelled", resident_limit=limit)
         runs = experiment.run_lrs(cell, lrs)
         records[budget, limit] = [{k: v for k, v in r.items() if k not in TIMING} for r in runs]
         assert len(calls) == step_trims + 3 + 1, (budget, limit)

@@ -29,6 +29,7 @@ from layerfusion_recipes.ner.training import (
     train_token_classifier,
 )
 from layerfusion_recipes.reporting.plot import markdown_table, summarize, write_report
+from peft_layerfusion.names import METHOD_NAMES
 
 ALL_METHODS = ["none", "average", "scalar_mix", "concat", "dwatt", "extra_layers"]
 SCORES = ("dev_f1", "best_f1", "test_f1", "best_epoch", "curve", "key", "lr")
@@ -328,13 +329,16 @@ def test_lr_flags_and_yaml(tmp_path):
     parser = argparse.ArgumentParser()
     add_experiment_arguments(parser)
     settings, _ = resolve(parser.parse_args(["--model", "m", "--data", "d", "--lr", "3e-3", "1e-3"]))
-    assert settings.lr_grid("fe") == (1e-3, 3e-3)
+    assert settings.lr_grid("fe", "dwatt") == (1e-3, 3e-3)
+    assert settings.lr == {method: (1e-3, 3e-3) for method in METHOD_NAMES}  # one type: by method
     config = tmp_path / "grid.yaml"
     config.write_text("model: m\ndata: d\nlr: [0.01, 0.1]\nselect_trials: 1\n")
     settings, grid = resolve(parser.parse_args(["--config", str(config)]))
-    assert settings.lr_grid("lora") == (0.01, 0.1) and grid["select_trials"] == 1
+    assert settings.lr_grid("lora", "none") == (0.01, 0.1) and grid["select_trials"] == 1
     settings, _ = resolve(parser.parse_args(["--model", "m", "--data", "d"]))
-    assert settings.lr_grid("ft") == (3e-5, 1e-4, 3e-4, 1e-3) and settings.lr_for("ft") == 5e-5
+    assert settings.lr_grid("ft", "none") == (3e-5, 1e-4, 3e-4, 1e-3)
+    assert settings.lr_for("ft", "none") == 5e-5
+    assert settings.lr == {}
     for bad in ("0", "nan", "inf"):
         with pytest.raises(SystemExit):  # argparse names --lr and the value
             parser.parse_args(["--model", "m", "--data", "d", "--lr", "1e-3", bad])
@@ -343,7 +347,7 @@ def test_lr_flags_and_yaml(tmp_path):
         with pytest.raises(ValueError, match="lr must be one or more finite numbers > 0"):
             resolve(parser.parse_args(["--config", str(config)]))
     with pytest.raises(ValueError, match="pick one"):
-        NerSettings("m", "d", lr=[1e-3, 1e-2]).lr_for("fe")
+        NerSettings("m", "d", lr=[1e-3, 1e-2]).lr_for("fe", "none")
     settings, _ = resolve(parser.parse_args(["--model", "m", "--data", "d", "--train-memory", "1.5"]))
     assert settings.train_memory == 1.5 and settings.setup() == replace(settings, train_memory=None).setup()
     for bad in ("0", "-1", "nan", "x"):

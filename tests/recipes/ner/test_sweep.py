@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import toy_dataset, write_tiny_model
 
+from layerfusion_recipes.core.engine.plan import SweepPlan
 from layerfusion_recipes.core.results.cells import grid_cells, longest_first
 from layerfusion_recipes.core.results.records import append_record, finished_keys, read_records
 from layerfusion_recipes.core.sweeps.sweep import _UnitRunner, run_cells, runs_left
@@ -109,7 +110,7 @@ def test_lrs_run_one_after_another_are_stored_one_by_one(tmp_path, settings, met
 
 
 def test_pool_tasks_split_only_the_lrs_that_run_one_after_another(settings):
-    runner = _UnitRunner("unused.jsonl", settings, 2, None, None, None, {})
+    runner = _UnitRunner("unused.jsonl", settings, SweepPlan(), 2, None, None, None, {})
     lrs = (1e-3, 1e-2)
     stacked = (Cell("dwatt", "fe", 2, 1, 0), lrs)
     assert runner._pieces(stacked) == [stacked]
@@ -127,7 +128,8 @@ def test_yaml_config_and_flags(tmp_path):
     settings, grid = resolve(
         parser.parse_args(["--config", str(config), "--trials", "3", "--output", str(tmp_path)])
     )
-    assert (settings.model, settings.data, settings.lr) == ("some/model", "data/dir", 0.01)
+    assert (settings.model, settings.data) == ("some/model", "data/dir")
+    assert settings.lr_grid("fe", "dwatt") == (0.01,)
     assert settings.method_options == {"d_pos": 8} and settings.dev_limit is None
     assert grid["shots"] == [8, 16] and grid["trials"] == 3  # the flag wins
     assert grid["epochs"] == [25] and grid["results"] == str(tmp_path / "results.jsonl")  # USER_AXES
@@ -167,7 +169,7 @@ def test_the_demo_gives_each_method_lrs_on_both_sides_of_its_best():
     assert {flat.lr_grid("fe", method) for method in GRID_METHODS} == {(1e-3, 3e-3)}
 
 
-def test_lrs_by_method_name_known_methods_and_need_the_method(tmp_path):
+def test_lrs_by_method_name_known_methods(tmp_path):
     config = tmp_path / "grid.yaml"
     config.write_text("model: some/model\ndata: data/dir\nlr: {dwat: [0.001]}\n")
     parser = argparse.ArgumentParser()
@@ -177,8 +179,9 @@ def test_lrs_by_method_name_known_methods_and_need_the_method(tmp_path):
     by_method = NerSettings(model="m", data="d", lr={"dwatt": [3e-3, 1e-3]})
     assert by_method.lr_grid("fe", "dwatt") == (1e-3, 3e-3) and by_method.lr_for("fe", "concat") == 1e-3
     assert by_method.lr_grid("lora", "none") == (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # not given: the regime's
-    with pytest.raises(ValueError, match="lr gives each method its LRs"):
-        by_method.lr_grid("fe")
+    assert by_method.lr == {"dwatt": (1e-3, 3e-3)}  # one type: each method's grid, ascending
+    with pytest.raises(ValueError, match=r"--lr: unknown \['dwat'\]"):  # a script's typo, too
+        NerSettings(model="m", data="d", lr={"dwat": [1e-3]})
 
 
 def test_workers_run_cells_in_other_processes(tmp_path, settings):

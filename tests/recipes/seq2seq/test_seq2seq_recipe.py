@@ -178,7 +178,7 @@ def end_to_end(tmp_path, monkeypatch):
     output = tmp_path / "out"
     methods = ["none", "surface_soft", "encoder_fusion"]
     small = "--train-sentences 64 --dev-sentences 10 --test-sentences 12 --epochs 2 --width 16 --layers 1"
-    grid = ["--seeds", "0", "1", "--learning-rates", "1e-3", "3e-3", "--beams", "2", "--threads", "1"]
+    grid = ["--seeds", "0", "1", "--lr", "1e-3", "3e-3", "--beams", "2", "--threads", "1"]
     paths = ["--data", str(tmp_path), "--output", str(output)]
     code = main(["seq2seq", *paths, "--methods", *methods, *small.split(), *grid])
     assert code == 0
@@ -323,7 +323,7 @@ def test_degenerate_settings_are_one_line_before_any_data_is_read(tmp_path, caps
     assert capsys.readouterr().err.strip() == f"layerfusion seq2seq: error: {message}"
 
 
-@pytest.mark.parametrize("option, value", [("--learning-rates", "0"), ("--threads", "0")])
+@pytest.mark.parametrize("option, value", [("--lr", "0"), ("--threads", "0")])
 def test_a_zero_learning_rate_or_thread_count_is_refused_at_parse_time(tmp_path, capsys, option, value):
     with pytest.raises(SystemExit) as exit_info:
         main(["seq2seq", "--data", str(tmp_path), option, value])
@@ -339,7 +339,7 @@ def test_the_summary_holds_each_seed_s_scores_and_pairs_every_method_with_none()
         "complete": True,
         "settings": {"epochs": 16, "architecture": "marian"},
         "train_file": "/d/wikitext-2/valid.txt",
-        "learning_rates": [0.003],
+        "lr": {"none": [0.003], "surface_hard": [0.003]},
         "selected_learning_rate": {"none": 0.003, "surface_hard": 0.003},
         "copy_input": {
             "test": dict(zip(METRICS, (25.0, 88.0, 81.0), strict=True)),
