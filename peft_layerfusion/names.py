@@ -91,7 +91,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "layer_mix",
         "LayerMix",
-        "LayerMix: a ScalarMix of unit-RMS states, its blend kept in [0, 1], the method we recommend",
+        "LayerMix: a ScalarMix of unit-RMS states, its blend kept in [0, 1], the trained fusion we recommend",
         token_wise=True,
         variant_of="scalar_mix",
         recommended=True,

@@ -175,7 +175,7 @@ def test_a_named_adapter_s_own_folder_says_to_import_the_package_first(tmp_path)
     own = ModelCard.load(tmp_path / "adapter" / "mix" / "README.md").text
     assert own.count(SECTION_BEGIN) == 1 and own.startswith("# mix\n\n" + SECTION_BEGIN)
     layer_mix = (
-        "LayerMix: a ScalarMix of unit-RMS states, its blend kept in [0, 1], the method we recommend "
+        "LayerMix: a ScalarMix of unit-RMS states, its blend kept in [0, 1], the trained fusion we recommend "
         "(the preset `layer_mix`)."
     )
     assert f"| `mix` | `SCALAR_MIX` | {layer_mix} ScalarMix" in own
