@@ -40,6 +40,7 @@ from peft_layerfusion.utils import atomic_write, atomic_write_json, atomic_write
 
 from ..batches import collate
 from ..engine.experiment import FewShotExperiment
+from ..errors import UserError
 from ..options.locations import source_name
 from ..results.records import append_record, read_records
 from ..results.stats import mean_ci, paired_mean_ci
@@ -450,6 +451,25 @@ def report(summary: dict[str, Any]) -> str:
     return "\n\n".join([verdict(summary), table(summary), note])
 
 
+def check_linear_head(experiment: FewShotExperiment) -> None:
+    """Refuse, in one line, a head that reads the fused state through a nonlinear layer: the read-outs
+    are linear in the blocks' states and :func:`~peft_layerfusion.few_shot.deploy` writes them where
+    a linear head reads, so the saved adapter would not give the scored logits. A sequence-classification
+    head of an encoder that reads the first token (``positions == "first"``: BERT's pooler, RoBERTa's
+    dense + tanh, DistilBERT's pre-classifier) is one; a token head, a decoder's ``score`` and mean
+    pooling's ``classifier`` are linear.
+
+    Raises:
+        UserError: naming ``--pooling`` and what to use instead.
+    """
+    if getattr(experiment, "positions", None) == "first":
+        raise UserError(
+            "--pooling model: this encoder's classification head reads its first token through a "
+            "nonlinear layer (pooler or dense + tanh), which a read-out linear in the blocks' states "
+            "cannot deploy exactly; use --pooling mean (or --selection dev)"
+        )
+
+
 def protocol_main(settings: Any, grid: dict[str, Any]) -> int:
     """``--selection cv`` of a few-shot command: the trials of ``grid``'s shots, the report printed and
     written to ``OUTPUT/table.md``."""
@@ -462,6 +482,7 @@ def protocol_main(settings: Any, grid: dict[str, Any]) -> int:
     if grid.get("threads"):
         torch.set_num_threads(grid["threads"])
     experiment = settings.make_experiment()
+    check_linear_head(experiment)
     experiment.check_shots(grid["shots"])
     plan = Plan(tuple(grid["shots"]), grid["trials"], grid["folds"])
     command = shlex.join(["layerfusion", *sys.argv[1:]])

@@ -141,6 +141,18 @@ def test_the_command_runs_the_protocol_by_default_and_prints_the_verdict_first(p
     assert {r["selection"] for r in records} == {"cv"} and {r["task"] for r in records} == {"classify"}
 
 
+def test_a_head_behind_a_pooler_is_refused_in_one_line_before_any_state(paths, tmp_path, capsys):
+    # BERT's classifier reads [CLS] through its pooler (dense + tanh): no linear read-out deploys there
+    argv = ["classify", "--model", paths["model"], "--data", paths["texts"], "--pooling", "model"]
+    assert main([*argv, "--shots", "4", "--trials", "1", "--output", str(tmp_path), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "layerfusion classify: error: --pooling model: this encoder's classification head reads its first "
+        "token through a nonlinear layer (pooler or dense + tanh), which a read-out linear in the blocks' "
+        "states cannot deploy exactly; use --pooling mean (or --selection dev)"
+    ]
+    assert not (tmp_path / "states").exists() and not (tmp_path / "results.jsonl").exists()
+
+
 def test_a_published_summary_renders_its_paired_table_and_command():
     methods = {
         "none": {"trials": [0, 1, 2], "test": [0.5, 0.6, 0.55]},
