@@ -294,6 +294,26 @@ def run_true_few_shot(
     return summary
 
 
+def target_name(settings: Any) -> str | None:
+    """What a summary scores where the user named it: a classify ``--label-column``, an NER
+    ``--tag-column`` (two summaries of one data set then tell their labels apart), else ``None``.
+
+    Example:
+        >>> from types import SimpleNamespace as Settings
+        >>> target_name(Settings(label_column="fine_label")), target_name(Settings(tag_column=1))
+        ('fine_label', 'tag column 1')
+    """
+    label, tag = getattr(settings, "label_column", None), getattr(settings, "tag_column", None)
+    return label if label is not None else (f"tag column {tag}" if tag is not None else None)
+
+
+def title(summary: dict[str, Any]) -> str:
+    """A summary's row title: its data (and the labels it scores, where named), its model."""
+    data = summary["data"]
+    labels = f" ({data['labels']})" if data.get("labels") else ""
+    return f"{data['name']}{labels}, {summary['model']['name']}"
+
+
 def summarize(
     records: Sequence[dict[str, Any]], experiment: FewShotExperiment, plan: Plan, command: str
 ) -> dict[str, Any]:
@@ -318,7 +338,11 @@ def summarize(
             "name": source_name(experiment.settings.model),
             "fingerprint": fingerprints.get("model", ""),
         },
-        "data": {"name": source_name(experiment.data_name), "fingerprint": fingerprints.get("data", "")},
+        "data": {
+            "name": source_name(experiment.data_name),
+            "fingerprint": fingerprints.get("data", ""),
+            **({"labels": labels} if (labels := target_name(experiment.settings)) else {}),
+        },
         "setup": experiment.setup,
         "metric": experiment.metric_name,
         "folds": plan.folds,
@@ -413,7 +437,7 @@ def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     """Published true few-shot summaries on the results page (one is a list of one): their paired table
     (a row per task, model and N), then what each ran on and the commands that make them again, in one
     paragraph (a page has a line budget; the table has the rows)."""
-    tables = [paired_table(s, f"{s['data']['name']}, {s['model']['name']}").splitlines() for s in summaries]
+    tables = [paired_table(s, title(s)).splitlines() for s in summaries]
     lines = tables[0][:2] + [row for table in tables for row in table[2:]]
     ran_on = [
         f"Model `{s['model']['name']}` ({s['model']['fingerprint'] or 'no fingerprint'}), data "

@@ -214,3 +214,12 @@ def test_several_summaries_render_as_one_table_and_one_line_of_commands():
     assert lines[3].startswith("| toy, b | 8 |") and lines[4] == ""
     assert lines[5].startswith("Model `a` (no fingerprint), data `toy` (cd), test accuracy, 4-fold ")
     assert lines[5].endswith(": `layerfusion classify --model a`; `layerfusion classify --model b`.")
+
+
+def test_a_row_names_the_labels_it_scores_where_the_command_named_them():
+    summary = {"data": {"name": "trec", "labels": "fine_label"}, "model": {"name": "m"}}
+    assert true_few_shot.title(summary) == "trec (fine_label), m"
+    assert true_few_shot.title({"data": {"name": "sst2"}, "model": {"name": "m"}}) == "sst2, m"
+    settings = ClassifySettings(model="m", data="d", label_column="fine_label")
+    assert true_few_shot.target_name(settings) == "fine_label"
+    assert true_few_shot.target_name(ClassifySettings(model="m", data="d")) is None
