@@ -18,7 +18,7 @@ from peft_layerfusion.comparison.budget import (
     match_concat_rank,
     match_dwatt_width,
 )
-from peft_layerfusion.registration import ENCODER_METHODS
+from peft_layerfusion.registration import TRAINED_METHODS
 
 D = 32  # tiny_bert: width 32, 3 blocks
 
@@ -175,7 +175,7 @@ def test_bad_sizes_name_the_field(config_cls, field, value):
 
 # ----------------------------------------------------------------------------- budget knobs
 def test_every_sized_method_has_a_budget_knob():
-    assert set(METHOD_SIZERS) == {m.name for m in ENCODER_METHODS if m.module_cls.sized_to_budget}
+    assert set(METHOD_SIZERS) == {m.name for m in TRAINED_METHODS if m.module_cls.sized_to_budget}
 
 
 @pytest.mark.parametrize("target", [800, 1000, 1500, 5000])
