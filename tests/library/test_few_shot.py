@@ -113,6 +113,20 @@ def test_the_guard_keeps_the_ensemble_unless_the_block_clearly_wins():
     assert verdict.block_score >= verdict.ensemble_score
 
 
+def deployed_exactly(base, readout, ids, states, folder):
+    """``readout`` deployed on a copy of ``base``: its logits are the read-out's of ``states`` (float32
+    rounding), and the adapter saved to ``folder`` reloads to the same logits bitwise."""
+    model = few_shot.deploy(copy.deepcopy(base), readout, "classifier").eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.flatten(0, 1)
+    assert torch.allclose(logits.double(), readout.logits(states), atol=1e-5)
+    model.save_pretrained(folder)
+    reloaded = PeftModel.from_pretrained(copy.deepcopy(base), folder).eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits.flatten(0, 1), logits)
+    return model
+
+
 @pytest.mark.parametrize("blocks", [(2,), (1, 3)])
 def test_a_readout_deploys_as_one_adapter_exactly(blocks, tmp_path):
     base = tiny_bert(num_labels=3, **NO_DROPOUT)
@@ -124,14 +138,7 @@ def test_a_readout_deploys_as_one_adapter_exactly(blocks, tmp_path):
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(3, len(blocks), 32, generator=generator, dtype=torch.float64)
     readout = few_shot.LinearReadout(blocks, weight, torch.randn(3, generator=generator, dtype=torch.float64))
-    model = few_shot.deploy(copy.deepcopy(base), readout, "classifier").eval()
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits.flatten(0, 1)
-    assert torch.allclose(logits.double(), readout.logits(states), atol=1e-5)
-    model.save_pretrained(tmp_path)
-    reloaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path).eval()
-    with torch.no_grad():
-        assert torch.equal(reloaded(input_ids=ids).logits.flatten(0, 1), logits)
+    deployed_exactly(base, readout, ids, states, tmp_path)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt2"])
@@ -220,12 +227,5 @@ def test_the_joint_readouts_deploy_as_one_adapter_exactly(name, tmp_path):
     labels = torch.arange(len(states)) % 3
     readout = few_shot.choose(states, labels, folds=3, seed=0).readouts[name]
     assert readout.blocks == (1, 2, 3)
-    model = few_shot.deploy(copy.deepcopy(base), readout, "classifier").eval()
+    model = deployed_exactly(base, readout, ids, states, tmp_path)
     assert type(model.peft_config["default"]).__name__ == "ConcatConfig"
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits.flatten(0, 1)
-    assert torch.allclose(logits.double(), readout.logits(states), atol=1e-5)
-    model.save_pretrained(tmp_path)
-    reloaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path).eval()
-    with torch.no_grad():
-        assert torch.equal(reloaded(input_ids=ids).logits.flatten(0, 1), logits)
