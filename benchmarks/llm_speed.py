@@ -100,9 +100,9 @@ from layerfusion_recipes.reporting.benchmark_report import Report
 from peft_layerfusion.discovery import find_encoder_blocks
 from peft_layerfusion.layer import active_fusion_module
 from peft_layerfusion.methods.extra_layers import fresh_copy, set_layer_index
-from peft_layerfusion.registration import ENCODER_METHODS
+from peft_layerfusion.registration import TRAINED_METHODS
 
-METHODS = {method.name: method for method in ENCODER_METHODS}
+METHODS = {method.name: method for method in TRAINED_METHODS}  # the fitted presets are Concats
 PARTS = ("forward", "generate", "steps", "ops", "memory")
 PROMPT = "The history of the Roman Empire begins with the founding of the city of Rome, and"
 LORA_TARGETS = ("q_proj", "v_proj")

@@ -49,9 +49,9 @@ from transformers import BertConfig, BertModel
 
 from layerfusion_recipes.core.memory import glibc
 from layerfusion_recipes.reporting.benchmark_report import Report
-from peft_layerfusion.registration import ENCODER_METHODS
+from peft_layerfusion.registration import TRAINED_METHODS
 
-METHODS = {method.name: method for method in ENCODER_METHODS}  # every encoder method
+METHODS = {method.name: method for method in TRAINED_METHODS}  # every encoder method that trains
 CONTROL = "base again"  # a second copy of the base, timed like a method: the run's noise floor (A/A)
 FLOP_MARGIN = 1.03  # the target: a method's time at most 3% over its FLOP bound
 ALLOCATORS = ("glibc", "steady")  # --allocator: glibc's malloc as it comes, or held steady (steady_allocator)
