@@ -113,6 +113,16 @@ def test_the_guard_keeps_the_ensemble_unless_the_block_clearly_wins():
     assert verdict.block_score >= verdict.ensemble_score
 
 
+def bert_states(sentences: int, seed: int):
+    """A tiny 3-class BERT, ``sentences`` random 7-token inputs and the head states of their tokens,
+    ``(sentences * 7, 4, 32)``, from ``output_hidden_states``."""
+    base = tiny_bert(num_labels=3, **NO_DROPOUT)
+    ids = torch.randint(1, 50, (sentences, 7), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        hidden = base(input_ids=ids, output_hidden_states=True).hidden_states
+    return base, ids, few_shot.head_states(hidden).flatten(0, 1)
+
+
 def deployed_exactly(base, readout, ids, states, folder):
     """``readout`` deployed on a copy of ``base``: its logits are the read-out's of ``states`` (float32
     rounding), and the adapter saved to ``folder`` reloads to the same logits bitwise."""
@@ -129,12 +139,7 @@ def deployed_exactly(base, readout, ids, states, folder):
 
 @pytest.mark.parametrize("blocks", [(2,), (1, 3)])
 def test_a_readout_deploys_as_one_adapter_exactly(blocks, tmp_path):
-    base = tiny_bert(num_labels=3, **NO_DROPOUT)
-    ids = torch.randint(1, 50, (2, 7), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        states = few_shot.head_states(base(input_ids=ids, output_hidden_states=True).hidden_states).flatten(
-            0, 1
-        )
+    base, ids, states = bert_states(sentences=2, seed=1)
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(3, len(blocks), 32, generator=generator, dtype=torch.float64)
     readout = few_shot.LinearReadout(blocks, weight, torch.randn(3, generator=generator, dtype=torch.float64))
@@ -218,12 +223,7 @@ def test_the_joint_probe_reads_the_sample_alone():
 
 @pytest.mark.parametrize("name", ["joint_probe", "joint_ensemble"])
 def test_the_joint_readouts_deploy_as_one_adapter_exactly(name, tmp_path):
-    base = tiny_bert(num_labels=3, **NO_DROPOUT)
-    ids = torch.randint(1, 50, (6, 7), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        states = few_shot.head_states(base(input_ids=ids, output_hidden_states=True).hidden_states).flatten(
-            0, 1
-        )  # (42 tokens, 4, 32)
+    base, ids, states = bert_states(sentences=6, seed=3)  # states: (42 tokens, 4, 32)
     labels = torch.arange(len(states)) % 3
     readout = few_shot.choose(states, labels, folds=3, seed=0).readouts[name]
     assert readout.blocks == (1, 2, 3)
