@@ -40,7 +40,7 @@ from .methods.dwatt import DWAttConfig, DWAttModel
 from .methods.extra_layers import ExtraLayersConfig, ExtraLayersModel
 from .methods.scalar_mix import ScalarMixConfig, ScalarMixModel
 from .model import LayerFusionModel
-from .names import BASELINE_ENTRIES, ENTRIES, Entry
+from .names import BASELINE_ENTRIES, ENTRIES, TRAINED_NAMES, Entry
 from .seq2seq.encoder_fusion import EncoderFusionConfig, EncoderFusionModel
 from .seq2seq.surface_fusion import SurfaceFusionConfig, SurfaceFusionModel
 
@@ -83,11 +83,6 @@ class Method:
     def recommended(self) -> bool:
         """The one method the project recommends (:data:`RECOMMENDED`)."""
         return self.entry.recommended
-
-    @property
-    def fitted(self) -> bool:
-        """Its weights are fitted in closed form by ``few_shot`` (``probe_ensemble``, ...), not trained."""
-        return self.entry.fitted
 
     @property
     def preset(self) -> Optional[str]:
@@ -154,8 +149,9 @@ METHODS: tuple[Method, ...] = tuple(Method(entry, *TYPES[entry.peft_type]) for e
 
 RECOMMENDED: Method = next(m for m in METHODS if m.recommended)  # the one method we recommend
 ENCODER_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if not m.seq2seq)  # any encoder
-# what a trained comparison runs, audits and pairs: every encoder method but those fitted in closed form
-TRAINED_METHODS: tuple[Method, ...] = tuple(m for m in ENCODER_METHODS if not m.fitted)
+# what a trained comparison runs, audits and pairs: the encoder methods of names.TRAINED_NAMES (not those
+# fitted in closed form)
+TRAINED_METHODS: tuple[Method, ...] = tuple(m for m in ENCODER_METHODS if m.name in TRAINED_NAMES)
 SEQ2SEQ_METHODS: tuple[Method, ...] = tuple(m for m in METHODS if m.seq2seq)  # encoder-decoder only
 
 # PEFT types that are not fusion methods (no fusion module): (name, config class, tuner class).
