@@ -13,10 +13,13 @@ head (:func:`head_states`): ``x_s = z_s / rms(z_s)`` for ``s < L`` and ``x_L`` a
 Per trial, from the sample's rows only (:func:`choose`):
 
 1. ``k`` folds, stratified by label; token rows fold by sentence (``groups``), never split.
-2. One probe per block ``s = 1 .. L`` (:mod:`.probing`'s ridge probe: class scores
+2. Every coordinate of every state standardized over the sample's rows (:class:`Standardizer`), so that
+   one penalty weighs every coordinate alike; an affine map, so every read-out below is still linear in
+   the states themselves.
+3. One probe per block ``s = 1 .. L`` (:mod:`.probing`'s ridge probe: class scores
    :math:`f_s(x) = W_s x_s + b_s`, every class weighing the same), its penalty chosen by cross-validation,
    with out-of-fold scores for every row.
-3. What each method deploys, every one a linear read-out of the states (:class:`LinearReadout`):
+4. What each method deploys, every one a linear read-out of the states (:class:`LinearReadout`):
 
    * ``none``: the last block's probe (the plain last-layer head);
    * ``best_layer``: the probe of the block with the best cross-validated score (the task's metric of the
@@ -33,16 +36,15 @@ Per trial, from the sample's rows only (:func:`choose`):
      constant to unit mean square over the sample (:func:`joint_probe`), its penalty chosen by the same
      cross-validation: a Concat read-out fitted in closed form (the dual form where rows are fewer than
      the ``L d`` features), which can use what no single block holds;
-   * ``guarded_ensemble``, the recommended recipe (:data:`RECOMMENDED`): the ensemble, unless the guard
-     deploys the block;
    * ``joint_ensemble``: the mean of the joint probe's and the probe ensemble's scores,
-     :math:`f(x) = \tfrac12 f_{\mathrm{joint}}(x) + \tfrac12 f_{\mathrm{ensemble}}(x)` (chosen on
-     MiniLM's SST-2 and TREC samples, it did not hold up on Gemma 3's TREC: not the recommendation).
+     :math:`f(x) = \tfrac12 f_{\mathrm{joint}}(x) + \tfrac12 f_{\mathrm{ensemble}}(x)`;
+   * ``guarded_ensemble``, the recommended recipe (:data:`RECOMMENDED`): the joint ensemble, unless the
+     guard deploys the block.
 
-4. The guard (:func:`guard`): the ensemble against the block, on per-row out-of-fold predictions, each
-   fold's block ranking and ``k`` chosen on the *other* folds (no winner's curse), compared by a paired
-   bootstrap over units (sentences). The block is deployed only where it scores above the ensemble in
-   at least ``1 - alpha`` of the resamples.
+5. The guard (:func:`guard`): the joint ensemble against the block, on per-row out-of-fold predictions,
+   each fold's block ranking and ``k`` chosen on the *other* folds (no winner's curse), compared by a
+   paired bootstrap over units (sentences). The block is deployed only where it scores above the fusion
+   in at least ``1 - alpha`` of the resamples.
 
 Each read-out deploys as one adapter (the recipes save it with ``save_pretrained``): one block as
 ``AverageConfig(layers=[b], state_norm="rms_after_norm")``, several as a Concat map over them.
@@ -54,7 +56,7 @@ Example:
     >>> labels = (states[:, 2, :4].sum(-1) > 0).long()  # the label lives in z_2
     >>> trial = choose(states, labels, folds=4, seed=0)
     >>> trial.best_block, list(trial.readouts) == list(METHODS), trial.guard.deploy
-    (2, True, 'probe_ensemble')
+    (2, True, 'joint_ensemble')
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ from .probing import (
     probe_folds,
 )
 
-# what :func:`choose` deploys: the plain head, the chosen block, the fusions, and the guarded ensemble
+# what :func:`choose` deploys: the plain head, the chosen block, the fusions, and the guarded joint ensemble
 METHODS: tuple[str, ...] = (
     "none",
     "best_layer",
@@ -92,10 +94,13 @@ METHODS: tuple[str, ...] = (
     "stacked",
     "average",
     "joint_probe",
-    "guarded_ensemble",
     "joint_ensemble",
+    "guarded_ensemble",
 )
 RECOMMENDED = "guarded_ensemble"  # the recipe this protocol recommends
+# bumped whenever :func:`choose` would choose differently on the same rows: a saved trial keyed by an
+# older version is run again, never served
+SELECTION_VERSION = 3
 
 
 def head_states(hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -141,6 +146,60 @@ class LinearReadout:
 
     def predict(self, states: torch.Tensor) -> torch.Tensor:
         return self.logits(states).argmax(-1)
+
+
+@dataclass(frozen=True)
+class Standardizer:
+    r"""Every coordinate of every state at unit variance over the sample's rows,
+    :math:`x'_{s,j} = (x_{s,j} - m_{s,j}) / \sigma_{s,j}`, before any probe is fitted.
+
+    One ridge penalty then weighs every coordinate alike: without it, the few coordinates a pre-norm
+    stream carries at a far larger scale than the rest (the "massive activations" of decoder LLMs) fill
+    the probes' Gram matrices, and with few rows the probes read little else. The map is affine, so a
+    read-out of the standardized states is one of the states themselves (:meth:`raw`): what deploys is
+    unchanged. It reads the sample's states only, never its labels.
+
+    Args:
+        center: ``(L + 1, d)`` the rows' mean of each coordinate, :math:`m`.
+        scale: ``(L + 1, d)`` their standard deviation, :math:`\sigma`, floored at ``1e-6`` of the state's
+            median one (a coordinate constant over the sample gets no weight anyway).
+
+    Example:
+        >>> states = torch.tensor([[[1.0, 10.0]], [[3.0, 30.0]]], dtype=torch.float64)  # (rows, 1, d)
+        >>> standard = Standardizer.of(states)
+        >>> standard(states)[:, 0].tolist()
+        [[-1.0, -1.0], [1.0, 1.0]]
+        >>> raw = standard.raw(LinearReadout((0,), torch.ones(1, 1, 2), torch.zeros(1)))
+        >>> torch.allclose(raw.logits(states), standard(states)[:, 0].sum(-1, keepdim=True))
+        True
+    """
+
+    center: torch.Tensor
+    scale: torch.Tensor
+
+    @classmethod
+    def of(cls, states: torch.Tensor) -> Standardizer:
+        """The standardizer of the rows ``(n, L + 1, d)``."""
+        deviation = states.std(0, correction=0)  # (L + 1, d)
+        floor = 1e-6 * deviation.median(-1, keepdim=True).values  # (L + 1, 1)
+        return cls(states.mean(0), torch.maximum(deviation, floor).clamp_min(torch.finfo(states.dtype).tiny))
+
+    def __call__(self, states: torch.Tensor) -> torch.Tensor:
+        """``(n, L + 1, d)`` standardized."""
+        return (states - self.center) / self.scale
+
+    def raw(self, readout: LinearReadout) -> LinearReadout:
+        r"""``readout`` of standardized states as the same read-out of the states themselves:
+        :math:`W_s / \sigma_s` and :math:`b - \sum_s (W_s / \sigma_s) m_s`."""
+        blocks = list(readout.blocks)
+        weight = readout.weight / self.scale[blocks]  # (C, |B|, d)
+        bias = readout.bias - torch.einsum("cbd,bd->c", weight, self.center[blocks])
+        return replace(readout, weight=weight, bias=bias)
+
+    def raw_probe(self, probe: BlockProbe) -> BlockProbe:
+        """A block's probe of the standardized states as one of the states themselves."""
+        raw = self.raw(LinearReadout((probe.block,), probe.weight[:, None], probe.bias))
+        return replace(probe, weight=raw.weight[:, 0], bias=raw.bias)
 
 
 def _check_rows(states: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor | None) -> None:
@@ -451,22 +510,30 @@ def _bootstrap_counts(units: int, resamples: int, seed: int) -> torch.Tensor:
 
 
 def guard(
-    probes: Sequence[BlockProbe], folds: Folds, alpha: float = 0.05, resamples: int = 2000, seed: int = 0
+    probes: Sequence[BlockProbe],
+    folds: Folds,
+    alpha: float = 0.05,
+    resamples: int = 2000,
+    seed: int = 0,
+    joint: torch.Tensor | None = None,
 ) -> GuardResult:
-    """The probe ensemble against the best block, paired per unit, out of fold, no winner's curse.
+    """The fusion against the best block, paired per unit, out of fold, no winner's curse.
 
-    For each fold, the block ranking and the ensemble's ``top_k`` are chosen on the *other* folds' units
-    (from the probes' out-of-fold predictions), and both choices predict the fold's rows. A paired
-    bootstrap resamples units (sentences) ``resamples`` times; the block is deployed only where it scores
-    above the ensemble in at least ``1 - alpha`` of them: with few labels the ensemble is the robust
-    default, and the block must show that it is better.
+    The fusion is the probe ensemble, or with ``joint`` the joint ensemble (the mean of the ensemble's and
+    the joint probe's scores). For each fold, the block ranking and the ensemble's ``top_k`` are chosen on
+    the *other* folds' units (from the probes' out-of-fold scores), and both choices predict the fold's
+    rows. A paired bootstrap resamples units (sentences) ``resamples`` times; the block is deployed only
+    where it scores above the fusion in at least ``1 - alpha`` of them: with few labels the fusion is the
+    robust default, and the block must show that it is better.
 
     Args:
-        probes: The block probes of :func:`choose` (their out-of-fold log-probabilities).
+        probes: The block probes of :func:`choose` (their out-of-fold scores).
         folds: The trial's :class:`Folds`.
         alpha: The level: the block needs a bootstrap win rate of ``1 - alpha``.
         resamples: Bootstrap resamples.
         seed: Seeds the bootstrap.
+        joint: ``(n, C)`` the joint probe's out-of-fold scores (its penalty chosen on every fold), or
+            ``None`` to guard the probe ensemble alone.
     """
     if not 0.0 < alpha < 1.0:
         raise invalid("alpha", alpha, "a level in (0, 1)")
@@ -478,15 +545,17 @@ def guard(
         ranked = sorted(probes, key=lambda p: (folds.score(p.oof.argmax(-1), others), p.block), reverse=True)
         k = _top_k(ranked, folds, others)
         held = folds.of_row == fold
-        ensemble[held] = torch.stack([p.oof[held] for p in ranked[:k]], 1).mean(1).argmax(-1)
+        fused = torch.stack([p.oof[held] for p in ranked[:k]], 1).mean(1)  # (rows held, C)
+        ensemble[held] = (fused if joint is None else 0.5 * fused + 0.5 * joint[held]).argmax(-1)
         block[held] = ranked[0].oof[held].argmax(-1)
         chosen.append(ranked[0].block)
     counts = _bootstrap_counts(len(folds.of_unit), resamples, seed)  # (B, units)
     block_stats, ensemble_stats = folds.scorer.stats(block), folds.scorer.stats(ensemble)  # (units, m)
     wins = folds.scorer.score(counts @ block_stats) > folds.scorer.score(counts @ ensemble_stats)  # (B,)
     block_wins = float(wins.double().mean())
+    fusion = "probe_ensemble" if joint is None else "joint_ensemble"
     return GuardResult(
-        "best_layer" if block_wins >= 1.0 - alpha else "probe_ensemble",
+        "best_layer" if block_wins >= 1.0 - alpha else fusion,
         folds.score(ensemble),
         folds.score(block),
         block_wins,
@@ -502,9 +571,16 @@ def make_cv(
     scorer: Scorer | None = None,
 ) -> Folds:
     """A trial's :class:`Folds`: :func:`~peft_layerfusion.probing.probe_folds` (stratified by label, or by
-    whole groups), the units of ``groups`` (one per row without), and the scorer (default:
-    :class:`Accuracy`)."""
-    of_row = probe_folds(labels, folds, seed, groups)
+    whole groups where a group holds several rows), the units of ``groups`` (one per row without), and
+    the scorer (default: :class:`Accuracy`).
+
+    Example:
+        >>> labels = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+        >>> make_cv(labels, 2, seed=0, groups=torch.arange(8)).of_row[labels == 1].bincount().tolist()
+        [2, 2]
+    """
+    single = groups is None or len(torch.unique(groups)) == len(groups)  # a row per unit: stratify by label
+    of_row = probe_folds(labels, folds, seed, None if single else groups)
     unit_of_row = units_of(torch.arange(len(labels)) if groups is None else groups)
     of_unit = torch.zeros(int(unit_of_row.max()) + 1, dtype=torch.long).scatter_(0, unit_of_row, of_row)
     return Folds(of_row, of_unit, unit_of_row, labels, scorer or Accuracy(labels, unit_of_row))
@@ -545,35 +621,38 @@ def choose(
     classes = classes or int(labels.max()) + 1
     last = states.shape[1] - 1
     grid = check_penalties(penalties)
-    x = states.detach().double()
+    standard = Standardizer.of(states.detach().double())
+    z = standard(states.detach().double())  # (n, L + 1, d): every coordinate at unit variance
 
     def probe(features: torch.Tensor, block: int) -> BlockProbe:
         return block_probe(cross_validate(features, labels, classes, cv.of_row, grid), cv, block)
 
     with single_thread():  # small products: a second thread costs more than it brings
-        probes = [probe(x[:, s], s) for s in range(1, last + 1)]
-        average = probe(x[:, 1:].mean(1), -1)
-        joint, joint_readout = joint_probe(x, labels, classes, cv, grid)
+        probes = [standard.raw_probe(probe(z[:, s], s)) for s in range(1, last + 1)]
+        average = probe(z[:, 1:].mean(1), -1)
+        joint, joint_readout = joint_probe(z, labels, classes, cv, grid)
     ranked = sorted(probes, key=BlockProbe.key, reverse=True)
     top_k = _top_k(ranked, cv)
     alpha_s, offset = _stack(torch.stack([p.oof for p in probes], dim=1), labels, stack_penalty)
-    verdict = guard(probes, cv, alpha=alpha, seed=seed)
+    verdict = guard(probes, cv, alpha=alpha, seed=seed, joint=joint.oof)
     readouts = {
         "none": _readout([probes[-1]], [1.0]),
         "best_layer": _readout([ranked[0]], [1.0]),
         "probe_ensemble": _readout(ranked[:top_k], [1.0 / top_k] * top_k),
         "stacked": _readout(probes, alpha_s.tolist(), offset),
-        "average": LinearReadout(  # one probe on the mean of the L states: W / L on each
-            tuple(range(1, last + 1)),
-            (average.weight / last)[:, None].expand(-1, last, -1).clone(),
-            average.bias,
+        "average": standard.raw(  # one probe on the mean of the L states: W / L on each
+            LinearReadout(
+                tuple(range(1, last + 1)),
+                (average.weight / last)[:, None].expand(-1, last, -1).clone(),
+                average.bias,
+            )
         ),
-        "joint_probe": joint_readout,
+        "joint_probe": standard.raw(joint_readout),
     }
     readouts = {name: replace(readout, method=name) for name, readout in readouts.items()}
-    readouts["guarded_ensemble"] = readouts[verdict.deploy]
     joint_ensemble = _combine([readouts["joint_probe"], readouts["probe_ensemble"]], [0.5, 0.5])
     readouts["joint_ensemble"] = replace(joint_ensemble, method="joint_ensemble")
+    readouts["guarded_ensemble"] = readouts[verdict.deploy]
     ensemble_oof = torch.stack([p.oof for p in ranked[:top_k]], 1).mean(1)  # (n, C)
     scores = {
         "none": probes[-1].cv_score,

@@ -123,8 +123,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "joint_probe",
         "Joint probe",
-        "Joint probe: one ridge probe on every block's state (each scaled to unit mean square), fitted "
-        "in closed form on the training sample (few_shot.choose + deploy); trained from scratch, a Concat",
+        "Joint probe: one ridge probe on every block's state (every coordinate standardized over the "
+        "sample), fitted in closed form on the training sample (few_shot.choose + deploy); trained from "
+        "scratch, a Concat",
         token_wise=True,
         variant_of="concat",
         fitted=True,
@@ -133,7 +134,8 @@ ENTRIES: tuple[Entry, ...] = (
         "joint_ensemble",
         "Joint ensemble",
         "Joint ensemble: the mean of the joint probe's and the probe ensemble's scores, fitted in closed "
-        "form on the training sample (few_shot.choose + deploy); trained from scratch, a Concat",
+        "form on the training sample (few_shot.choose + deploy; the recommended recipe deploys it unless "
+        "its guard picks the block); trained from scratch, a Concat",
         token_wise=True,
         variant_of="concat",
         fitted=True,

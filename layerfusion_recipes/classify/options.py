@@ -31,7 +31,8 @@ By default (--selection cv) every choice is made from each trial's N-shot sample
 cross-validation (--folds): the last-layer head, the block that selection picks, each fusion fitted
 in closed form and the recommended recipe, scored on test; a verdict line, then one table, the
 per-trial records in OUTPUT/results.jsonl, OUTPUT/summary.json and each trial's adapter. No dev
-split is read.
+split is read. With --selection cv, trained fusions named by --methods (e.g. layer_mix dwatt) run
+beside them, each with its LR and epoch (up to --epochs) chosen by cross-validation on the sample.
 
 --selection dev (the default where --methods, --regimes, --lr, --epochs or --select-trials is given)
 runs the large-dev protocol, an easier setting than a few-shot user has: N examples of each class

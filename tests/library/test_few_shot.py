@@ -106,7 +106,10 @@ def test_a_probe_is_deterministic_and_its_penalty_off_the_grid_edge():
 
 def test_the_guard_keeps_the_ensemble_unless_the_block_clearly_wins():
     spread, labels = planted((1, 2, 3, 4), rows=64, seed=1)  # every block carries part of the label
-    assert few_shot.choose(spread, labels, folds=4).guard.deploy == "probe_ensemble"
+    trial = few_shot.choose(spread, labels, folds=4)
+    assert trial.guard.deploy == "joint_ensemble"  # what the recipe deploys: the joint ensemble
+    cv = few_shot.make_cv(labels, 4, seed=0)
+    assert few_shot.guard(trial.probes, cv).deploy == "probe_ensemble"  # without the joint probe
     alone, labels = planted((2,), rows=96, states=9, seed=2)  # one block of 8: the rest is noise
     verdict = few_shot.choose(alone, labels, folds=4).guard
     assert verdict.blocks == (2, 2, 2, 2)  # every fold, choosing on the others, finds it
@@ -187,8 +190,10 @@ def test_the_joint_probe_is_the_ridge_fit_of_the_scaled_concatenation():
     trial = few_shot.choose(states, labels, folds=4, seed=0)
     readout, penalty = trial.readouts["joint_probe"], trial.joint.penalty
     assert readout.blocks == (1, 2, 3, 4) and trial.choices()["joint_penalty"] == penalty
-    # recomputed independently: the normal equations of the scaled concatenation at the chosen penalty
+    # recomputed independently: the normal equations of the scaled concatenation at the chosen penalty,
+    # every coordinate standardized over the rows first
     parts = states[:, 1:]  # (n, L, d)
+    parts = (parts - parts.mean(0)) / parts.std(0, correction=0)
     scale = parts.pow(2).mean((0, 2)).sqrt()
     x = (parts / scale[None, :, None]).flatten(1)  # (n, L d)
     targets = torch.nn.functional.one_hot(labels, 2).double()
@@ -198,8 +203,22 @@ def test_the_joint_probe_is_the_ridge_fit_of_the_scaled_concatenation():
     expected = (x - x.mean(0)) @ weight + mean_t
     assert torch.allclose(readout.logits(states), expected, atol=1e-8)
     # the concatenation sees what no single block holds: its out-of-fold score tops every block's
-    assert trial.cv_scores["joint_probe"] == 51 / 64  # 0.797
-    assert [p.cv_score for p in trial.probes] == [39 / 64, 32 / 64, 42 / 64, 42 / 64]  # 0.656 at most
+    assert trial.cv_scores["joint_probe"] == 50 / 64  # 0.781
+    assert [p.cv_score for p in trial.probes] == [39 / 64, 31 / 64, 41 / 64, 41 / 64]  # 0.641 at most
+
+
+def test_every_choice_is_blind_to_the_scale_of_each_coordinate():
+    """The states are standardized before any fit: rescaling and shifting coordinates (as a pre-norm
+    stream's few huge ones) changes no choice, and every read-out's logits on the moved states are the
+    same (the read-outs absorb the map)."""
+    states, labels = planted((2, 3), rows=48, seed=8)
+    gain = torch.logspace(-2, 3, states.shape[-1], dtype=torch.float64)  # (d,): 1e-2 .. 1e3
+    moved = states * gain + 7.0
+    first, second = (few_shot.choose(x, labels, folds=4, seed=2) for x in (states, moved))
+    assert first.choices() == second.choices()
+    for name in few_shot.METHODS:
+        a, b = first.readouts[name].logits(states), second.readouts[name].logits(moved)
+        assert torch.allclose(a, b, atol=1e-6), name
 
 
 def test_the_joint_ensemble_is_the_mean_of_the_joint_probe_and_the_ensemble():

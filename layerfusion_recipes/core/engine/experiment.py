@@ -486,16 +486,24 @@ class FewShotExperiment:
             base, find_encoder_blocks(base), self.kept_positions(), self.settings.cache_dtype, features
         )
 
-    def build(self, cell: Cell) -> tuple[nn.Module, Any]:
+    def build(self, cell: Cell, start_layer: int | None = None) -> tuple[nn.Module, Any]:
         """The model of a cell (init seeded by the trial) and its encoder blocks. The models of the runs
         before are collected first (:func:`~layerfusion_recipes.core.memory.collect_garbage`: any reference
-        cycle would keep a whole model in memory until Python's collector ran)."""
+        cycle would keep a whole model in memory until Python's collector ran).
+
+        Args:
+            cell: The run.
+            start_layer: The block a method with ``start_layer`` starts on (the true few-shot protocol's
+                selected block); default: ``--probe-start``'s (:meth:`TaskSettings.start_layer`).
+        """
         collect_garbage()
         base = self.load_model(seed=self.settings.seed + cell.trial)
         located = find_encoder_blocks(base)
         torch.manual_seed(self.settings.seed + cell.trial)
         options = regime_options(cell.regime, self.settings.method_options)
         start = self.settings.start_layer(cell, self.plan)
+        if start_layer is not None and takes_option(cell.method, "start_layer"):
+            start = start_layer
         if start is not None:
             options["start_layer"] = start
         layers = self.settings.probe_layers(cell, self.plan)
@@ -575,6 +583,53 @@ class FewShotExperiment:
                 runner.load_candidate(index)  # the model as this candidate's lone run leaves it
                 yield self._record(cell, float(lr), result, runner, train)
             del runner, results  # this pass's candidates and optimizer go before the next pass's
+
+    def fit_sample(
+        self,
+        cell: Cell,
+        lrs: Sequence[float],
+        train: Sequence[dict],
+        dev: Sequence[dict],
+        test: Sequence[dict] | None = None,
+        start_layer: int | None = None,
+        eval_every: int | None = None,
+    ) -> list[RunResult]:
+        """``cell`` trained on ``train`` at each LR of ``lrs``, scored on ``dev`` every ``eval_every``
+        epochs (default: the settings') and, with ``test``, at its best ``dev`` epoch: the runs of the
+        true few-shot protocol, whose ``dev`` is a fold of the training sample. The feature cache holds
+        exactly these examples: the data's dev split is never read.
+
+        Args:
+            cell: The method, regime, max epochs and trial (its seed).
+            lrs: The max LRs (one candidate each; stacked in one pass where they train together).
+            train: Encoded training examples.
+            dev: Encoded examples scored during training.
+            test: Encoded examples scored at the best ``dev`` epoch (``None``: none).
+            start_layer: See :meth:`build`.
+            eval_every: Score ``dev`` every this many epochs (and after the last).
+
+        Returns:
+            One :class:`~layerfusion_recipes.core.engine.fitting.RunResult` per LR, in order.
+        """
+        settings = self.train_settings(cell)
+        if eval_every is not None:
+            settings = dataclasses.replace(settings, eval_every=eval_every)
+        model, located = self.build(cell, start_layer)
+        cache = None
+        if self.settings.use_cache and cell.regime == "fe":
+            cache = self._cache_object()
+            cache.fill([*train, *dev, *(test or [])])
+            cache = self.replayable(cache, model)
+        if len(lrs) > 1 and lrs_train_together(cell, cache is not None):
+            runner = self.runner(model, located, cache, count=len(lrs))
+            return fit(runner, train, dev, settings, self.scorer_of, list(lrs), test or None)
+        results: list[RunResult] = []
+        for lr in lrs:
+            if results:  # each LR from the built model's start
+                model, located = self.build(cell, start_layer)
+            runner = self.runner(model, located, cache)
+            results += fit(runner, train, dev, settings, self.scorer_of, [lr], test or None)
+        return results
 
     def pass_size(self, model: nn.Module, count: int) -> int:
         """How many of ``count`` stacked LR candidates of ``model`` (its trainable parameters, one copy

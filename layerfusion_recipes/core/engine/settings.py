@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from peft_layerfusion.names import METHOD_NAMES
+from peft_layerfusion.names import METHOD_NAMES, TRAINED_NAMES
 
 from ..models.models import check_adapter_grid
 from ..options.grids import FULL_TRAIN
@@ -126,8 +127,9 @@ class Picker:
 
     def grid(self, settings: Any, regimes: tuple[str, ...]) -> dict[str, Any]:
         """:func:`grid_options` of these options for ``settings`` (trained methods named or not:
-        :func:`asks_for_training`)."""
-        return grid_options(self, settings, regimes, asks_for_training(self.args, self.loaded))
+        :func:`asks_for_training`; the methods the user named, for ``--selection cv``)."""
+        named = option(self.args, self.loaded, "methods")
+        return grid_options(self, settings, regimes, asks_for_training(self.args, self.loaded), named)
 
 
 def task_fields(pick, loaded: dict[str, Any]) -> dict[str, Any]:
@@ -179,13 +181,19 @@ def asks_for_training(args: argparse.Namespace, loaded: dict[str, Any]) -> bool:
     return any(option(args, loaded, name) is not None for name in TRAINED_OPTIONS)
 
 
-def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = False) -> dict[str, Any]:
+def grid_options(
+    pick, settings: Any, regimes: tuple[str, ...], trained: bool = False, named: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The grid and run options of a few-shot task (:data:`GRID_KEYS`, :data:`RUN_KEYS`), checked.
 
     Args:
         pick: ``name -> value``: the flag, else the YAML's, else the task's default (:func:`option`).
         settings: The task's settings (their method options are checked against the regimes).
         regimes: The regimes the task trains.
+        trained: Whether the user named trained methods or their grid (then ``--selection`` defaults to
+            ``dev``).
+        named: The methods the user named: under ``--selection cv`` those that train (all but ``none``)
+            run beside the read-outs, each chosen by cross-validation (``trained`` in the result).
 
     Returns:
         ``{methods, regimes, shots, epochs, trials, output, results, workers, quiet, threads,
@@ -214,6 +222,14 @@ def grid_options(pick, settings: Any, regimes: tuple[str, ...], trained: bool = 
     grid["folds"] = grid["folds"] or 4
     grid["shots"] = [FULL_TRAIN if value == "all" else value for value in grid["shots"] or ()]
     check_names("methods", grid["methods"], METHOD_NAMES)
+    grid["trained"] = [m for m in named or () if m != "none"] if grid["selection"] == "cv" else []
+    fitted = [m for m in grid["trained"] if m not in TRAINED_NAMES]
+    trainable = ", ".join(m for m in TRAINED_NAMES if m != "none")
+    if fitted:  # --selection cv: the read-outs always run; what is named trains beside them
+        raise ValueError(
+            f"--methods {' '.join(fitted)}: under --selection cv every read-out fitted in closed form runs "
+            f"anyway; name the trained fusions to run beside them: {trainable}"
+        )
     check_names("regimes", grid["regimes"], regimes)
     check_adapter_grid(grid["methods"] or (), grid["regimes"] or (), settings.method_options)
     return grid

@@ -171,7 +171,9 @@ def _add_grid_arguments(parser: argparse.ArgumentParser, words: TaskWords) -> No
         choices=SELECTIONS,
         help="How every choice is made. `cv` (the default): from each trial's own sample alone, by k-fold "
         "cross-validation (--folds): probes of every block, the block they pick, the probe ensemble, the "
-        "stacked combiner, the unit-RMS average and the recommended guarded ensemble; no dev split is read. "
+        "stacked combiner, the unit-RMS average, the joint probe and ensemble, and the recommended guarded "
+        "joint ensemble, and the trained fusions --methods names, each with its LR and epoch chosen by "
+        "cross-validation on the sample; no dev split is read. "
         "`dev`: the large-dev protocol, an easier setting than a few-shot user has: every method of "
         "--methods trains at each LR of its grid and the LR and epoch are chosen on the dev split (the "
         "default where --methods, --regimes, --lr, --epochs or --paper-grid is given).",

@@ -36,9 +36,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from peft_layerfusion import few_shot
+from peft_layerfusion.names import ENTRIES, TRAINED_NAMES
 from peft_layerfusion.utils import atomic_write, atomic_write_json, atomic_write_text
 
 from ..batches import collate
+from ..engine.cross_fit import cross_fit, example_folds
 from ..engine.experiment import FewShotExperiment
 from ..errors import UserError
 from ..options.locations import source_name
@@ -49,6 +51,7 @@ from .tasks import check_task
 RECOMMENDED = few_shot.RECOMMENDED  # the recipe the project recommends, under its method name
 BASELINE = "best_layer"  # the bar: the block chosen by the same selection
 CEILING = "test_best_block"  # the block chosen on test: a reference, never deployable
+TRAINED_PREFIX = "trained_"  # a trained fusion's name in a summary: `average` is also a fitted read-out's
 STATES_FOLDER = "states"
 ADAPTERS_FOLDER = "adapters"
 SUMMARY_FILE = "summary.json"
@@ -64,6 +67,9 @@ class Plan:
         folds: ``k`` of the cross-validation on each sample.
         alpha: The guard's level (:func:`peft_layerfusion.few_shot.guard`).
         save_adapters: Save the recommended recipe of every trial as one adapter.
+        trained: Trained fusions run beside the read-outs, each with its LR and epoch chosen by
+            cross-validation on the sample (:func:`~layerfusion_recipes.core.engine.cross_fit.cross_fit`).
+        epochs: The most epochs a trained fusion tries.
     """
 
     shots: tuple[int, ...]
@@ -71,6 +77,8 @@ class Plan:
     folds: int = 4
     alpha: float = 0.05
     save_adapters: bool = True
+    trained: tuple[str, ...] = ()
+    epochs: int = 20
 
 
 @dataclass(frozen=True)
@@ -164,8 +172,13 @@ class StateStore:
 
 
 def trial_key(experiment: FewShotExperiment, plan: Plan, shots: int, trial: int) -> str:
-    """A record's key: the whole resolved setup, the protocol's settings, the cell."""
-    return f"true_few_shot|{experiment.setup}|folds={plan.folds}|alpha={plan.alpha}|{shots}|{trial}"
+    """A record's key: the selection's version, the resolved setup, the protocol's settings, the cell."""
+    version = few_shot.SELECTION_VERSION
+    trained = f"|trained={','.join(plan.trained)}|epochs={plan.epochs}" if plan.trained else ""
+    return (
+        f"true_few_shot|v{version}|{experiment.setup}|folds={plan.folds}|alpha={plan.alpha}{trained}"
+        f"|{shots}|{trial}"
+    )
 
 
 def _predict(readout: few_shot.LinearReadout, states: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
@@ -237,6 +250,14 @@ def run_trial(
     )
     score = experiment.test_score
     methods, blocks = test_scores(choice, test, score)
+    trained = {}
+    if plan.trained:
+        folds_of = example_folds(rows.labels, rows.example, len(sample), plan.folds, trial)
+        for method in plan.trained:
+            trained[method] = cross_fit(
+                experiment, method, sample, folds_of, shots, trial, plan.epochs, choice.best_block
+            )
+            methods[TRAINED_PREFIX + method] = trained[method]["test"]
     record: dict[str, Any] = {
         "key": trial_key(experiment, plan, shots, trial),
         "task": experiment.settings.TASK,
@@ -250,6 +271,7 @@ def run_trial(
         "test": methods,
         "test_blocks": blocks,
         "metric": experiment.metric_name,
+        **({"trained": trained} if trained else {}),
     }
     if plan.save_adapters:
         folder = output / ADAPTERS_FOLDER / f"{shots}-shot" / f"trial-{trial}"
@@ -327,7 +349,7 @@ def summarize(
             name: {"trials": [r["trial"] for r in own], "test": [r["test"][name] for r in own]}
             for name in names
         }
-        kept = sum(r["choices"]["guard"] == "probe_ensemble" for r in own)
+        kept = sum(r["choices"]["guard"] != BASELINE for r in own)
         cell = {"shots": shots, "epochs": None, "regime": "fe", "selection": "cv", "methods": methods}
         cells_out.append({**cell, "ensemble_kept": f"{kept}/{len(own)}"})
     fingerprints = experiment.settings.content_fingerprints()
@@ -380,10 +402,11 @@ NAMES = {  # how the tables name a method of few_shot.METHODS (default: its name
     "none": "last-layer head",
     "best_layer": "selected block",
     "average": "average (unit RMS)",
-    "guarded_ensemble": "guarded probe ensemble",
+    "guarded_ensemble": "guarded joint ensemble",
 }
 LABELS = {
     **{name: NAMES.get(name, name.replace("_", " ")) for name in few_shot.METHODS},
+    **{TRAINED_PREFIX + e.name: f"{e.label} (trained)" for e in ENTRIES if e.name in TRAINED_NAMES[1:]},
     CEILING: "block chosen on test (ceiling)",
 }
 LABELS[RECOMMENDED] = "recommended"
@@ -508,7 +531,9 @@ def protocol_main(settings: Any, grid: dict[str, Any]) -> int:
     experiment = settings.make_experiment()
     check_linear_head(experiment)
     experiment.check_shots(grid["shots"])
-    plan = Plan(tuple(grid["shots"]), grid["trials"], grid["folds"])
+    trained = tuple(grid.get("trained") or ())
+    epochs = max(grid.get("epochs") or [Plan.epochs])
+    plan = Plan(tuple(grid["shots"]), grid["trials"], grid["folds"], trained=trained, epochs=epochs)
     command = shlex.join(["layerfusion", *sys.argv[1:]])
     quiet = bool(grid.get("quiet"))
     summary = run_true_few_shot(experiment, plan, grid["output"], command, quiet, grid["results"])

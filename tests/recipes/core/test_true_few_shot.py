@@ -133,7 +133,7 @@ def test_the_command_runs_the_protocol_by_default_and_prints_the_verdict_first(p
     argv += ["--shots", "4", "--trials", "2", "--folds", "2", "--output", str(tmp_path), "--quiet"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("The recommended recipe (guarded probe ensemble) against the block chosen")
+    assert printed.startswith("The recommended recipe (guarded joint ensemble) against the block chosen")
     assert "| N | last-layer head | selected block |" in printed and "no dev split was read" in printed
     assert (tmp_path / "table.md").read_text().strip() == printed.strip()
     assert json.loads((tmp_path / "summary.json").read_text())["cells"][0]["shots"] == 4
