@@ -4,7 +4,7 @@
 # summary.json under $OUT/<name>/; the summary is copied to benchmarks/summaries/true_few_shot_<name>.json.
 #   DATA=<folder with sst2/ trec/ conll2003/> bash benchmarks/true_few_shot.sh [name ...]
 # Names: sst2_minilm trec_minilm conll_minilm pos_minilm chunk_minilm trec_fine_minilm wikiann_de_minilm
-#        wikiann_nl_minilm sst2_gemma3 trec_gemma3 conll_gemma3
+#        wikiann_nl_minilm sst2_gemma3 trec_gemma3 conll_gemma3 trec_trained_minilm (the trained fusions too)
 # (default: the first three MiniLM ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +38,7 @@ for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
             chunk_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 2 --test-limit 1000 ;;
             wikiann_de_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/wikiann/de" --test-limit 1000 ;;
             wikiann_nl_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/wikiann/nl" --test-limit 1000 ;;
+            trec_trained_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean --selection cv --methods layer_mix dwatt concat ;;
             trec_fine_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column fine_label --pooling mean ;;
             sst2_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/sst2" ;;
             trec_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/trec" --label-column coarse_label ;;

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import write_folders, write_text_data, write_tiny_model
+from conftest import write_folders, write_text_data, write_tiny_model, write_toy_data
 
 from layerfusion_recipes.classify.experiment import ClassifyExperiment, ClassifySettings
 from layerfusion_recipes.cli import main
@@ -22,7 +22,7 @@ from peft_layerfusion import few_shot
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    return write_folders(tmp_path_factory, model=write_tiny_model, texts=write_text_data)
+    return write_folders(tmp_path_factory, model=write_tiny_model, texts=write_text_data, ner=write_toy_data)
 
 
 def experiment_of(paths) -> ClassifyExperiment:
@@ -97,6 +97,16 @@ def test_the_command_trains_the_named_fusions_beside_the_readouts(paths, tmp_pat
         true_few_shot.CEILING,
         "trained_layer_mix",
     }
+
+
+def test_a_token_task_trains_its_fusion_on_folds_of_whole_sentences(paths, tmp_path):
+    argv = ["ner", "--model", paths["model"], "--data", paths["ner"], "--selection", "cv"]
+    argv += ["--methods", "dwatt", "--epochs", "2", "--eval-every", "1", "--shots", "2", "--trials", "1"]
+    assert main([*argv, "--folds", "2", "--output", str(tmp_path), "--quiet"]) == 0
+    [record] = read_records(tmp_path / "results.jsonl")
+    trained = record["trained"]["dwatt"]
+    assert trained["epoch"] in (1, 2) and 0.0 <= trained["test"] <= 1.0
+    assert record["test"]["trained_dwatt"] == trained["test"]
 
 
 def test_a_fitted_readout_named_as_a_trained_method_is_one_line(paths, tmp_path, capsys):
