@@ -51,6 +51,7 @@ def write_sweep_summary(
     )
     return write_summary(output / SUMMARY_FILE, summary)
 
+
 LARGE_DEV = (
     "Large-dev protocol: every LR and epoch chosen on the dev split, an easier setting than a few-shot "
     "user has (--selection cv: every choice from each trial's sample alone)."

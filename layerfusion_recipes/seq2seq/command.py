@@ -88,4 +88,3 @@ def seq2seq_main(args: argparse.Namespace) -> int:
     print(summary_table(results))
     print(f"results: {output / SUMMARY_FILE} (runs: {results_path})")
     return 0
-

@@ -46,4 +46,3 @@ def run_key(method: str, seed: int, learning_rate: float, setup: str) -> str:
         ('none|0|lr=0.003|3f2a9c0d1e4b', 'surface_hard|0|lr=0.003|3f2a9c0d1e4b|defaults=...')
     """
     return unit_key(f"{method}|{seed}", learning_rate, setup) + defaults_suffix(variant_key(method))
-

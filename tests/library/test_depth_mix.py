@@ -132,9 +132,7 @@ def grown_llama() -> torch.nn.Module:
     return reference
 
 
-@pytest.mark.parametrize(
-    "method", [*PAPER_METHODS, SCALED_DWATT, LAYER_MIX], ids=lambda m: m.name
-)
+@pytest.mark.parametrize("method", [*PAPER_METHODS, SCALED_DWATT, LAYER_MIX], ids=lambda m: m.name)
 def test_a_mix_after_the_final_norm_equals_the_recomputation(method):
     reference = grown_llama()
     config = method.make_config(state_norm="rms_after_norm", fusion_init="paper")
@@ -166,9 +164,7 @@ def test_a_mix_after_the_final_norm_started_on_a_block_reads_that_block_at_unit_
     assert (through_norm - expected).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize(
-    "method", [*PAPER_METHODS, SCALED_DWATT, LAYER_MIX], ids=lambda m: m.name
-)
+@pytest.mark.parametrize("method", [*PAPER_METHODS, SCALED_DWATT, LAYER_MIX], ids=lambda m: m.name)
 def test_a_mix_where_the_head_reads_on_a_post_norm_encoder_equals_the_recomputation(
     method, input_ids, attention_mask
 ):

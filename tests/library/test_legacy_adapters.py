@@ -110,8 +110,11 @@ def test_an_adapter_saved_before_is_saved_again_as_its_method(name, tmp_path):
     "name, what",
     [
         ("layer_mix", "PEFT type 'LAYER_MIX'"),
-        ("dwatt", "tensors ['base_model.model.model.layer_fusion.dwatt_fusion.query_mlp.down_bias', "
-         "'base_model.model.model.layer_fusion.dwatt_fusion.query_mlp.down_weight']"),
+        (
+            "dwatt",
+            "tensors ['base_model.model.model.layer_fusion.dwatt_fusion.query_mlp.down_bias', "
+            "'base_model.model.model.layer_fusion.dwatt_fusion.query_mlp.down_weight']",
+        ),
     ],
 )
 def test_transformers_load_adapter_refuses_an_earlier_form_in_one_line(name, what):

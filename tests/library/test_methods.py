@@ -287,8 +287,17 @@ def test_feature_extraction_trains_only_fusion_and_head(method, input_ids, atten
     assert len(head_params) == 2
     # one R+1 block of BERT: q, k, v, attention output + LN, intermediate, output + LN (weights and biases)
     expected_count = {
-        "dwatt": 16, "concat": 2, "scalar_mix": 2, "average": 0, "extra_layers": 16, "scaled_dwatt": 16,
-        "layer_mix": 2, "probe_ensemble": 2, "stacked": 2, "joint_probe": 2, "joint_ensemble": 2,
+        "dwatt": 16,
+        "concat": 2,
+        "scalar_mix": 2,
+        "average": 0,
+        "extra_layers": 16,
+        "scaled_dwatt": 16,
+        "layer_mix": 2,
+        "probe_ensemble": 2,
+        "stacked": 2,
+        "joint_probe": 2,
+        "joint_ensemble": 2,
     }  # fmt: skip (the presets of Concat: proj, its full maps)
     assert len(fusion_params) == expected_count[method.name]
 

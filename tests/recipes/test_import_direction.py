@@ -216,8 +216,12 @@ def test_every_folder_has_a_layer():
 def module_loops(imports: dict[str, set[str]]) -> list[str]:
     """The modules that reach themselves through imports (a type-only import counts)."""
     modules = set(imports)
-    reach = reaches({name: {module_of(imported, modules) for imported in names} & modules - {name}
-                     for name, names in imports.items()})
+    reach = reaches(
+        {
+            name: {module_of(imported, modules) for imported in names} & modules - {name}
+            for name, names in imports.items()
+        }
+    )
     return sorted(name for name in reach if name in reach[name])
 
 

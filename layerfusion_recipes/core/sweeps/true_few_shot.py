@@ -456,12 +456,49 @@ def paired_table(summary: dict[str, Any], title: str = "") -> str:
     return "\n".join(lines)
 
 
+def trained_table(summary: dict[str, Any], title: str = "") -> str:
+    """The trained fusions of a summary (``--selection cv --methods ...``) against the selected block and
+    the recommended recipe, paired per trial, a row per method and N; empty where none trained.
+
+    Example:
+        >>> methods = {name: {"trials": [0, 1], "test": test} for name, test in
+        ...            {"best_layer": [0.6, 0.7], "guarded_ensemble": [0.7, 0.8],
+        ...             "trained_dwatt": [0.5, 0.62]}.items()}
+        >>> print(trained_table({"cells": [{"shots": 8, "methods": methods}]}, "sst2"))
+        | task, model | N | trained fusion | test | − selected block | − recommended |
+        |---|---|---|---|---|---|
+        | sst2 | 8 | DWAtt (trained) | 56.0 | -9.0 ± 12.7 | **-19.0 ± 12.7** |
+    """
+    lines = []
+    for cell in summary["cells"]:
+        by_trial = {
+            name: dict(zip(m["trials"], (100 * v for v in m["test"]), strict=True))
+            for name, m in cell["methods"].items()
+        }
+        for name in (n for n in LABELS if n.startswith(TRAINED_PREFIX) and n in by_trial):
+            diffs = [paired_mean_ci(by_trial[name], by_trial[other]) for other in (BASELINE, RECOMMENDED)]
+            mean = mean_ci(list(by_trial[name].values()))[0]
+            lines.append(
+                f"| {title} | {cell['shots']} | {LABELS[name]} | {mean:.1f} "
+                f"| {_difference(diffs[0])} | {_difference(diffs[1])} |"
+            )
+    if not lines:
+        return ""
+    header = "| task, model | N | trained fusion | test | − selected block | − recommended |"
+    return "\n".join([header, "|---|---|---|---|---|---|", *lines])
+
+
 def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     """Published true few-shot summaries on the results page (one is a list of one): their paired table
-    (a row per task, model and N), then what each ran on and the commands that make them again, in one
-    paragraph (a page has a line budget; the table has the rows)."""
+    (a row per task, model and N), the trained fusions of those that ran some (:func:`trained_table`),
+    then what each ran on and the commands that make them again, in one paragraph (a page has a line
+    budget; the tables have the rows)."""
     tables = [paired_table(s, title(s)).splitlines() for s in summaries]
     lines = tables[0][:2] + [row for table in tables for row in table[2:]]
+    trained = [table for s in summaries if (table := trained_table(s, title(s)))]
+    if trained:
+        rows = [row for table in trained for row in table.splitlines()[2:]]
+        lines += ["", *trained[0].splitlines()[:2], *rows]
     ran_on = [
         f"Model `{s['model']['name']}` ({s['model']['fingerprint'] or 'no fingerprint'}), data "
         f"`{s['data']['name']}` ({s['data']['fingerprint'] or 'no fingerprint'}), test {s['metric']}, "

@@ -103,7 +103,6 @@ def test_a_seq2seq_variant_s_key_carries_its_options_and_changes_with_them(monke
     assert run_key("surface_hard", 0, 3e-3, "3f2a9c0d1e4b") != key
 
 
-
 # keys computed at 2ca4922, before the sweep's plan left the settings and `lr` took one type: the same
 # setup gives the same keys, so no stored record runs again
 KEYS_BEFORE = {

@@ -24,9 +24,7 @@ from peft_layerfusion.discovery import EncoderBlocks, find_encoder_blocks
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    return NerExperiment(
-        NerSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=40)
-    )
+    return NerExperiment(NerSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=40))
 
 
 def _train_one_epoch(experiment: NerExperiment, method: str, use_cache: bool):

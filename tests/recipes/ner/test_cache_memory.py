@@ -382,9 +382,7 @@ def test_the_memory_line_holds_what_an_r_n_run_on_a_decoder_holds(tmp_path, monk
     model = AutoModelForCausalLM.from_pretrained(path)
     model.resize_token_embeddings(20_000)  # 0.64M of its 0.66M parameters: the embeddings
     model.save_pretrained(path)
-    settings = NerSettings(
-        model=path, data="toy", max_length=64, batch_size=4, head_modules=("score",)
-    )
+    settings = NerSettings(model=path, data="toy", max_length=64, batch_size=4, head_modules=("score",))
     experiment = NerExperiment(settings, toy_dataset(train=20, dev=6, test=6))
     cell = Cell("extra_layers", "fe", shots=2, epochs=1, trial=0)
     plan, training = experiment.cache_plan([cell]), experiment.training_plan([cell])

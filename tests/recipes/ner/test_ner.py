@@ -27,9 +27,7 @@ from peft_layerfusion.registration import ENCODER_METHODS
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     path = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    return NerExperiment(
-        NerSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=60)
-    )
+    return NerExperiment(NerSettings(model=path, data="toy", lr=3e-2, batch_size=4), toy_dataset(train=60))
 
 
 def test_lr_decays_linearly_to_zero_and_curve_every_k_epochs(experiment):
@@ -114,9 +112,7 @@ def test_train_sentences_fixes_the_sample_size_instead_of_n_times_c(experiment):
 
 def test_fixed_sample_reuses_trial_zeros_sentences_in_every_trial(experiment):
     fixed = NerExperiment(
-        NerSettings(
-            model=experiment.settings.model, data="toy", train_sentences=10, fixed_sample=True
-        ),
+        NerSettings(model=experiment.settings.model, data="toy", train_sentences=10, fixed_sample=True),
         experiment.data,
     )
     assert fixed.train_sample(4, 0) == fixed.train_sample(4, 1) == fixed.train_sample(4, 2)

@@ -106,9 +106,7 @@ def test_one_grid_sizes_lora_and_the_adapters_side_by_side():
 
 def test_the_reduction_factor_is_part_of_the_record_key():
     cell = Cell("none", "adapter_seqbn", 8, 25, 0)
-    setups = [
-        NerSettings("m", "d", method_options={"adapter_reduction_factor": f}).setup() for f in (4, 8)
-    ]
+    setups = [NerSettings("m", "d", method_options={"adapter_reduction_factor": f}).setup() for f in (4, 8)]
     assert len({record_key(cell, 1e-3, setup) for setup in setups}) == 2
 
 

@@ -52,9 +52,7 @@ class CountingExperiment(NerExperiment):
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory):
-    return NerSettings(
-        model=write_tiny_model(tmp_path_factory.mktemp("tiny") / "m"), data="toy", lr=3e-2
-    )
+    return NerSettings(model=write_tiny_model(tmp_path_factory.mktemp("tiny") / "m"), data="toy", lr=3e-2)
 
 
 def test_interrupt_then_resume_loses_and_redoes_nothing(tmp_path, settings):

@@ -109,8 +109,7 @@ def test_a_summary_is_written_atomically_and_a_file_that_is_not_one_is_refused_i
 
 
 def _probes(setup: str = "s1") -> list[dict]:
-    """Per trial, probes of blocks 1 and 2 on the states as they are: block 2 best on dev (0.75), test 0.65
-    """
+    """Per trial, probes of blocks 1 and 2 on the states as they are: block 2 best on dev (0.75), test 0.65"""
     return [
         {
             "shots": 8,
