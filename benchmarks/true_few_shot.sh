@@ -36,8 +36,8 @@ for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
             conll_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --test-limit 1000 ;;
             pos_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 1 --test-limit 1000 ;;
             chunk_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 2 --test-limit 1000 ;;
-            wikiann_de_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/wikiann/de" --test-limit 1000 ;;
-            wikiann_nl_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/wikiann/nl" --test-limit 1000 ;;
+            wikiann_??_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/wikiann/${one:8:2}" --test-limit 1000 ;;
+            wikiann_??_gemma3) run "$one" ner "${gemma[@]}" --data "$DATA/wikiann/${one:8:2}" ;;
             trec_trained_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean --selection cv --methods layer_mix dwatt concat ;;
             trec_fine_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column fine_label --pooling mean ;;
             sst2_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/sst2" ;;
