@@ -3,9 +3,11 @@
 # sample alone (4-fold cross-validation), no dev split read. Each cell writes its records, states and
 # summary.json under $OUT/<name>/; the summary is copied to benchmarks/summaries/true_few_shot_<name>.json.
 #   DATA=<folder with sst2/ trec/ conll2003/> bash benchmarks/true_few_shot.sh [name ...]
-# Names: sst2_minilm trec_minilm conll_minilm pos_minilm chunk_minilm trec_fine_minilm wikiann_de_minilm
-#        wikiann_nl_minilm sst2_gemma3 trec_gemma3 conll_gemma3 trec_trained_minilm (the trained fusions too)
-# (default: the first three MiniLM ones).
+# Names: sst2_minilm trec_minilm conll_minilm pos_minilm chunk_minilm trec_fine_minilm
+#        wikiann_{de,nl,en,fr,pt}_minilm sst2_gemma3 trec_gemma3 conll_gemma3 wikiann_{en,fr}_gemma3
+#        trec_trained_minilm (the trained fusions too); default: the first three MiniLM ones.
+# SHOTS (default "8 32 128") and TRIALS (10) as each published summary's command says: SHOTS="8 32" for
+# pos, chunk and the Gemma 3 NER cells; TRIALS=5 SHOTS="8 32" for trec_trained_minilm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:?set DATA to the folder holding sst2/, trec/, conll2003/ and wikiann/}
@@ -17,12 +19,14 @@ run() {  # name, then the command's options
     layerfusion "$@" --shots $SHOTS --trials "$TRIALS" --output "$OUT/$name" --threads 1
     mkdir -p benchmarks/summaries
     # the published copy names the data and output folders as this script's variables, not this machine's paths
-    python3 - "$OUT/$name/summary.json" "benchmarks/summaries/true_few_shot_$name.json" "$DATA" "$OUT" <<'PY'
+    python3 - "$OUT/$name/summary.json" "benchmarks/summaries/true_few_shot_$name.json" "$DATA" "$OUT" "${LABELS:-}" <<'PY'
 import json, sys
-source, target, data, out = sys.argv[1:]
+source, target, data, out, labels = sys.argv[1:]
 summary = json.load(open(source))
 summary["commands"] = [c.replace(data, "$DATA").replace(out, "$OUT") for c in summary["commands"]]
 summary["name"] = target.rsplit("/", 1)[-1].removesuffix(".json")
+if labels:  # what the tag column holds, for the row titles (the command names only its number)
+    summary["data"]["labels"] = labels
 json.dump(summary, open(target, "w"), indent=1)
 PY
 }
@@ -34,8 +38,8 @@ for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
             sst2_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/sst2" --pooling mean ;;
             trec_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean ;;
             conll_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --test-limit 1000 ;;
-            pos_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 1 --test-limit 1000 ;;
-            chunk_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 2 --test-limit 1000 ;;
+            pos_minilm) LABELS="POS tags" run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 1 --test-limit 1000 ;;
+            chunk_minilm) LABELS="chunk tags" run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 2 --test-limit 1000 ;;
             wikiann_??_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/wikiann/${one:8:2}" --test-limit 1000 ;;
             wikiann_??_gemma3) run "$one" ner "${gemma[@]}" --data "$DATA/wikiann/${one:8:2}" ;;
             trec_trained_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean --selection cv --methods layer_mix dwatt concat ;;

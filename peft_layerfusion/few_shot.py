@@ -100,7 +100,7 @@ METHODS: tuple[str, ...] = (
 RECOMMENDED = "guarded_ensemble"  # the recipe this protocol recommends
 # bumped whenever :func:`choose` would choose differently on the same rows: a saved trial keyed by an
 # older version is run again, never served
-SELECTION_VERSION = 3
+SELECTION_VERSION = 4
 
 
 def head_states(hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:

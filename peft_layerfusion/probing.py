@@ -23,10 +23,11 @@ renormalised they are the probe's probabilities (:func:`probabilities`). Rows la
 **Its penalty** is chosen by k-fold cross-validation on the training rows alone
 (:func:`cross_validated_probe`): folds stratified by label (or whole groups, e.g. a sentence's tokens)
 and dealt from a seed; the penalty of :data:`PENALTIES` (grown past an end where the best sits on it,
-:data:`GROW_STEPS` steps at most, and flagged where it still does) with the smallest out-of-fold
-Brier score (the squared error of the scores against the one-hot labels, a proper scoring rule). The
-out-of-fold probabilities of every row are kept: what a probe ensemble, a stacked combiner or a paired
-test builds on.
+:data:`GROW_STEPS` steps at most, and flagged where it still does) with the smallest out-of-fold Brier
+score (the squared error of the scores against the one-hot labels, a proper scoring rule); where that
+loss sits on a flat stretch at an end, having met its limit there, the least extreme penalty that scores
+as well (:func:`inward`). The out-of-fold probabilities of every row are kept: what a probe ensemble, a
+stacked combiner or a paired test builds on.
 
 **Per block** (:func:`layer_probes`): one cross-validated probe on each state of ``(n, K, d)``, e.g. the
 pooled token of every ``output_hidden_states`` entry: ``torch.stack(out.hidden_states, 1)[rows, position]``,
@@ -70,7 +71,8 @@ IGNORE_INDEX = -100  # a row with this label is ignored, in training and in scor
 PROBED_STATE_NORMS: tuple[str, ...] = ("none", "rms")
 PENALTIES: tuple[float, ...] = tuple(10.0 ** (k / 2) for k in range(-8, 5))  # 1e-4 .. 1e2, half decades
 FOLDS = 4  # cross-validation folds
-GROW_STEPS = 4  # penalties a grid may grow past each of its ends (a step: the ratio of its two end values)
+GROW_STEPS = 8  # penalties a grid may grow past each of its ends (a step: the ratio of its two end values)
+FLAT = 1e-3  # out-of-fold losses within this fraction of the best one are a tie (a flat stretch of the curve)
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,8 @@ class CrossValidatedProbe:
 
     Args:
         probe: Fitted on every labelled row at the chosen penalty.
-        penalty: The chosen penalty: the smallest out-of-fold Brier score (ties to the larger penalty).
+        penalty: The chosen penalty: the smallest out-of-fold Brier score (ties to the larger penalty),
+            moved inwards across a flat stretch at an end of the grid (:func:`inward`).
         penalties: Every penalty tried, ascending (the grid, grown past an end where the best sat on it).
         losses: The out-of-fold Brier score at each of ``penalties``.
         accuracies: The out-of-fold accuracy at each of ``penalties``.
@@ -118,7 +121,7 @@ class CrossValidatedProbe:
         out_of_fold: ``(n, C)``: each row's probabilities from the probe fitted on the other folds at the
             chosen penalty; ``NaN`` on rows labelled ``-100``.
         on_edge: Whether the chosen penalty is still an end of ``penalties`` (grown as far as allowed):
-            the best may lie beyond it.
+            the loss still fell there, and the best may lie beyond it.
     """
 
     probe: Probe
@@ -234,9 +237,10 @@ def cross_validated_probe(
     """A ridge probe whose penalty is chosen by ``folds``-fold cross-validation on these rows alone.
 
     Each penalty's probes are fitted on all folds but one and predict the one left out; the penalty with
-    the smallest out-of-fold Brier score wins (ties to the larger). Where it is the smallest or largest
-    tried, the grid grows one step past that end (the ratio of its two end values), :data:`GROW_STEPS`
-    times at most; ``on_edge`` says where it still sits on an end.
+    the smallest out-of-fold Brier score wins (ties to the larger), moved inwards where it sits on a
+    flat stretch at an end that has met its limit (:func:`inward`). Where the choice is the smallest or
+    largest tried, the grid grows one step past that end (the ratio of its two end values),
+    :data:`GROW_STEPS` times at most; ``on_edge`` says where it still sits on an end.
 
     Args:
         features: ``(n, d)``.
@@ -635,23 +639,32 @@ def cross_validate(
     kept = labels != IGNORE_INDEX
     targets = torch.nn.functional.one_hot(labels.clamp_min(0), classes).to(torch.float64)  # (n, C)
     weights = balanced_weights(labels[kept], classes)  # every class weighs the same in the Brier score
-    scored: dict[
-        float, tuple[float, float, torch.Tensor, torch.Tensor]
-    ] = {}  # (loss, accuracy, proba, scores)
 
-    def score(penalties: Sequence[float]) -> None:
+    def out_of_fold(penalties: Sequence[float]) -> torch.Tensor:  # (P, n, C): each row's scores
         out = torch.full((len(penalties), len(labels), classes), math.nan, dtype=torch.float64)
         for problem, held_out in splits:
             out[:, held_out] = problem.scores(features[held_out], penalties)
-        for penalty, scores in zip(penalties, out, strict=True):
-            loss = (weights * (scores[kept] - targets[kept]).pow(2).sum(-1)).mean().item()  # the Brier score
+        return out
+
+    def brier(scores: torch.Tensor) -> float:
+        return (weights * (scores[kept] - targets[kept]).pow(2).sum(-1)).mean().item()
+
+    # each penalty's (loss, accuracy, proba, scores)
+    scored: dict[float, tuple[float, float, torch.Tensor, torch.Tensor]] = {}
+
+    def score(penalties: Sequence[float]) -> None:
+        for penalty, scores in zip(penalties, out_of_fold(penalties), strict=True):
+            loss = brier(scores)
             proba = probabilities(scores)
             proba[~kept] = math.nan  # a row labelled -100 is predicted by no fold
             scores[~kept] = math.nan
             scored[penalty] = (loss, probe_accuracy(proba, labels), proba, scores)
 
+    limits = tuple(brier(scores) for scores in out_of_fold([0.0, math.inf]))  # least-norm fits; frequencies
+
     def best() -> float:
-        return min(scored, key=lambda penalty: (scored[penalty][0], -penalty))
+        penalties = sorted(scored)
+        return inward(penalties, [scored[p][0] for p in penalties], limits)
 
     score(grid)
     grown = {"low": 0, "high": 0}
@@ -679,6 +692,42 @@ def cross_validate(
         out_of_fold_scores=scored[chosen][3],
         on_edge=on_edge,
     )
+
+
+def inward(penalties: Sequence[float], losses: Sequence[float], limits: tuple[float, float]) -> float:
+    """The penalty of the smallest out-of-fold loss (ties: the larger penalty); where that is an end of
+    the grid and the loss there has reached its limit, moved inwards across the flat stretch.
+
+    Ridge's loss flattens towards two limits: the least-norm fit as the penalty goes to 0, the class
+    frequencies as it grows without bound (``limits``: the loss of each, on the same folds). On a few
+    rows the smallest loss often sits at an end of the grid within float noise of that end's limit (or
+    still creeping towards it): no penalty beyond would score better, and the end is only where the
+    search stopped. The choice is then moved inwards while the next penalty scores within :data:`FLAT`
+    of the best loss (never past the middle of the grid): the least extreme penalty that scores as well.
+    An end whose loss has not reached its limit is kept, and the grid grows past it.
+
+    Args:
+        penalties: Ascending.
+        losses: The out-of-fold loss at each.
+        limits: The loss as the penalty goes to 0 and to infinity.
+
+    Example:
+        >>> losses = [0.5, 0.5004, 0.51, 0.6, 0.7]  # flat at the low end
+        >>> inward([1e-2, 1e-1, 1.0, 10.0, 100.0], losses, limits=(0.5, 0.75))
+        0.1
+        >>> inward([1e-2, 1e-1, 1.0, 10.0, 100.0], losses, limits=(0.45, 0.75))  # still falling below
+        0.01
+    """
+    at = min(range(len(losses)), key=lambda k: (losses[k], -penalties[k]))
+    end = {0: limits[0], len(losses) - 1: limits[1]}
+    if len(losses) < 2 or at not in end or abs(losses[at] - end[at]) > FLAT * losses[at]:
+        return penalties[at]
+    tie = losses[at] * (1 + FLAT)  # a Brier score is >= 0
+    step = 1 if at == 0 else -1
+    middle = (math.log(penalties[0]) + math.log(penalties[-1])) / 2
+    while losses[at + step] <= tie and (math.log(penalties[at + step]) - middle) * step <= 0:
+        at += step
+    return penalties[at]
 
 
 def balanced_weights(labels: torch.Tensor, classes: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from peft_layerfusion import (
     layer_probe_scores,
     layer_probes,
 )
-from peft_layerfusion.probing import GROW_STEPS, PENALTIES, probe_accuracy, probe_folds
+from peft_layerfusion.probing import FLAT, GROW_STEPS, PENALTIES, probe_accuracy, probe_folds
 
 
 def toy(label_state: int, scales=(1.0, 30.0, 900.0, 27000.0), rows: int = 60, seed: int = 0):
@@ -206,12 +206,39 @@ def test_a_penalty_on_an_end_grows_the_grid_and_is_flagged_where_it_still_sits_t
     below = cross_validated_probe(features, labels, penalties=[1e-3, 1e-2], folds=5)
     assert below.penalties == pytest.approx([1e-3, 1e-2, 1e-1, 1.0, 10.0])
     assert below.penalty == pytest.approx(1.0) and not below.on_edge
-    far_below = cross_validated_probe(features, labels, penalties=[1e-8, 1e-7], folds=5)
-    assert len(far_below.penalties) == 2 + GROW_STEPS and far_below.penalty == pytest.approx(1e-3)
+    from_below = cross_validated_probe(features, labels, penalties=[1e-8, 1e-7], folds=5)
+    assert len(from_below.penalties) == 10 and from_below.penalty == pytest.approx(1.0)  # 8 steps up
+    far_below = cross_validated_probe(features, labels, penalties=[1e-14, 1e-13], folds=5)
+    assert len(far_below.penalties) == 2 + GROW_STEPS and far_below.penalty == pytest.approx(1e-5)
     assert far_below.on_edge
-    far_above = cross_validated_probe(features, labels, penalties=[1e6, 1e7], folds=5)
+    far_above = cross_validated_probe(features, labels, penalties=[1e10, 1e11], folds=5)
     assert far_above.penalties[0] == pytest.approx(100.0) and far_above.penalty == pytest.approx(100.0)
     assert far_above.on_edge
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_on_rows_without_signal_the_penalty_stops_where_the_loss_meets_its_limit_inside_the_grid(seed):
+    """16 rows of noise: the loss falls towards the class frequencies' (0.5 on two balanced classes) as
+    the penalty grows. The grid grows until it flattens there, and the choice is the smallest penalty
+    within FLAT of the best loss: inside the grid, one step or more below its end."""
+    features, labels = planted(rows=16, width=200, classes=2, signal=0.0, seed=seed)
+    found = cross_validated_probe(features, labels, folds=4)
+    assert not found.on_edge and found.penalty < found.penalties[-1] and found.penalty > PENALTIES[-1]
+    assert found.loss <= min(found.losses) * (1 + FLAT) and found.loss == pytest.approx(0.5, abs=2e-3)
+    below = found.penalties[found.penalties.index(found.penalty) - 1]
+    assert found.losses[found.penalties.index(below)] > min(found.losses) * (1 + FLAT)  # the least such
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_where_the_loss_is_flat_towards_a_zero_penalty_the_choice_moves_inwards_off_the_end(seed):
+    """16 separable rows in 200 dimensions: every small penalty gives the least-norm fit's loss, the
+    smallest of them by float noise. The choice moves up the flat stretch: off the end, within FLAT."""
+    features, labels = planted(rows=16, width=200, classes=2, signal=6.0, seed=seed)
+    found = cross_validated_probe(features, labels, folds=4)
+    assert found.penalties[0] == PENALTIES[0] and not found.on_edge and found.penalty > PENALTIES[0]
+    assert found.loss <= min(found.losses) * (1 + FLAT)
+    above = found.penalties.index(found.penalty) + 1
+    assert found.losses[above] > min(found.losses) * (1 + FLAT)  # the largest such
 
 
 def test_the_out_of_fold_probabilities_come_from_probes_that_did_not_see_the_row():

@@ -38,6 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from peft_layerfusion.probing import (
+    FLAT,
     FOLDS,
     GROW_STEPS,
     PENALTIES,
@@ -67,6 +68,7 @@ PROBE_SETTINGS: dict[str, Any] = {
     "penalties": list(PENALTIES),
     "folds": FOLDS,
     "grow": GROW_STEPS,
+    "flat": FLAT,
     "probe": "ridge",
 }
 

@@ -491,23 +491,49 @@ def trained_table(summary: dict[str, Any], title: str = "") -> str:
 def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     """Published true few-shot summaries on the results page (one is a list of one): their paired table
     (a row per task, model and N), the trained fusions of those that ran some (:func:`trained_table`),
-    then what each ran on and the commands that make them again, in one paragraph (a page has a line
-    budget; the tables have the rows)."""
+    then, folded (a page has a line budget; the tables have the rows), what they ran on (each model and
+    data set once, with its fingerprint) and the commands that make them again."""
     tables = [paired_table(s, title(s)).splitlines() for s in summaries]
     lines = tables[0][:2] + [row for table in tables for row in table[2:]]
     trained = [table for s in summaries if (table := trained_table(s, title(s)))]
     if trained:
         rows = [row for table in trained for row in table.splitlines()[2:]]
         lines += ["", *trained[0].splitlines()[:2], *rows]
-    ran_on = [
-        f"Model `{s['model']['name']}` ({s['model']['fingerprint'] or 'no fingerprint'}), data "
-        f"`{s['data']['name']}` ({s['data']['fingerprint'] or 'no fingerprint'}), test {s['metric']}, "
-        f"{s['folds']}-fold cross-validation on each trial's sample, no dev split read."
-        for s in summaries
-    ]
-    commands = "; ".join(f"`{command}`" for s in summaries for command in s["commands"] if command)
-    paragraph = " ".join([*ran_on, f"Commands (`$DATA`: the folder of the data sets): {commands}."])
-    return "\n".join([*lines, "", paragraph])
+    return "\n".join([*lines, "", *provenance(summaries)])
+
+
+def provenance(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """What ``summaries`` ran on and their commands, as a folded block of the results page (an HTML
+    ``details`` element: GitHub and the docs site both fold it).
+
+    Example:
+        >>> one = {"model": {"name": "m", "fingerprint": "ab"}, "data": {"name": "d", "fingerprint": ""},
+        ...        "metric": "accuracy", "folds": 4, "commands": ["layerfusion classify --data $DATA/d"]}
+        >>> folded = provenance([one, one])
+        >>> folded[0], folded[-1]
+        ('<details markdown="1"><summary>What the rows ran on, and their commands</summary>', '</details>')
+        >>> folded[2][:70]  # each model and data set once
+        'Model `m` (ab); data `d` (no fingerprint); test accuracy; 4-fold cross'
+        >>> folded[2][-45:]
+        'sets): `layerfusion classify --data $DATA/d`.'
+    """
+
+    def named(kind: str) -> str:
+        found = {(s[kind]["name"], s[kind]["fingerprint"] or "no fingerprint"): None for s in summaries}
+        return ", ".join(f"`{name}` ({fingerprint})" for name, fingerprint in found)
+
+    def listed(field: str) -> str:
+        return " or ".join(str(value) for value in dict.fromkeys(s[field] for s in summaries))
+
+    commands = dict.fromkeys(command for s in summaries for command in s["commands"] if command)
+    models, data = named("model"), named("data")
+    line = (
+        f"Model{'s' * (', ' in models)} {models}; data {data}; test {listed('metric')}; "
+        f"{listed('folds')}-fold cross-validation on each trial's sample, no dev split read. Commands "
+        f"(`$DATA`: the folder of the data sets): {'; '.join(f'`{command}`' for command in commands)}."
+    )
+    summary = '<details markdown="1"><summary>What the rows ran on, and their commands</summary>'
+    return [summary, "", line, "", "</details>"]
 
 
 def _points(value: float) -> float:

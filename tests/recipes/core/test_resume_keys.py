@@ -11,6 +11,7 @@ import pytest
 from layerfusion_recipes.classify.experiment import ClassifySettings
 from layerfusion_recipes.cli import build_parser
 from layerfusion_recipes.core.engine.plan import SweepPlan
+from layerfusion_recipes.core.probes.probes import PROBE_SETTINGS
 from layerfusion_recipes.core.results.cells import config_defaults, defaults_key
 from layerfusion_recipes.core.results.records import fingerprint
 from layerfusion_recipes.mlm.options import add_arguments as add_mlm_arguments
@@ -115,17 +116,24 @@ KEYS_BEFORE = {
 }
 
 
-def test_the_keys_of_a_representative_setup_are_those_before_the_plan_and_the_one_lr_type():
+def test_the_keys_of_a_representative_setup_are_those_before_the_plan_and_the_one_lr_type(monkeypatch):
     """Probe starts and fused blocks from the sweep's plan, LRs by method, half-precision cache, method
-    options and a dev limit (NER); a flat LR grid (classify, mlm, seq2seq)."""
+    options and a dev limit (NER); a flat LR grid (classify, mlm, seq2seq). The NER setup reads the
+    probes' settings: under those of 2ca4922 (no flat-limit rule, 4 growth steps) its keys are the same
+    as then; under today's they differ, so no record of the older probes is served as a new one."""
     lr = {"layer_mix": [3e-3, 1e-2], "average": [1e-2]}
     options = {"lr": lr, "batch_size": 4, "method_options": {"lora_r": 4}, "dev_limit": 50}
     ner = NerSettings("tiny-bert", "conll2003", **options)
     ner = NerSettings(**{**vars(ner), "cache_dtype": "bfloat16", "probe_start": True, "probe_fuse": 2})
     plan = SweepPlan("labelled", 10**9, probe_starts={(8, 25, 0): 4}, probe_ranks={(8, 25, 0): [4, 2, 3]})
-    for method in ("layer_mix", "average", "none"):
-        cell = Cell(method, "fe", 8, 25, 0)
+    cells = {method: Cell(method, "fe", 8, 25, 0) for method in ("layer_mix", "average", "none")}
+    today = {m: ner.run_key(cell, ner.lr_grid("fe", m)[0], ner.setup(), plan) for m, cell in cells.items()}
+    monkeypatch.setitem(PROBE_SETTINGS, "grow", 4)
+    monkeypatch.delitem(PROBE_SETTINGS, "flat")
+    for method, cell in cells.items():
         assert ner.run_key(cell, ner.lr_grid("fe", method)[0], ner.setup(), plan) == KEYS_BEFORE[method]
+        assert today[method] != KEYS_BEFORE[method]
+    monkeypatch.undo()
     classify = ClassifySettings("tiny-bert", "sst2", lr=[1e-3, 3e-3], pooling="mean")
     cell = Cell("dwatt", "lora", 16, 10, 2)
     lr = classify.lr_grid("lora", "dwatt")[1]

@@ -181,14 +181,18 @@ def test_a_published_summary_renders_its_paired_table_and_command():
     assert row.startswith("| toy, tiny | 8 | 3 | 55.0 | 65.3 | 75.0 | 76.7 | **+9.7 ± ")
     assert row.endswith("| **+20.0 ± 0.0** |")  # the same +20 in every trial: resolved
     assert same.endswith("| +0.0 ± 0.0 | **+10.3 ± 1.4** |")  # the block against itself: never bold
-    assert text.splitlines()[-1] == (
-        "Model `tiny` (ab), data `toy` (cd), test accuracy, 4-fold cross-validation on each trial's sample, "
+    assert text.splitlines()[-5:] == [
+        '<details markdown="1"><summary>What the rows ran on, and their commands</summary>',
+        "",
+        "Model `tiny` (ab); data `toy` (cd); test accuracy; 4-fold cross-validation on each trial's sample, "
         "no dev split read. Commands (`$DATA`: the folder of the data sets): "
-        "`layerfusion classify --data $DATA/toy`."
-    )
+        "`layerfusion classify --data $DATA/toy`.",
+        "",
+        "</details>",
+    ]
 
 
-def test_several_summaries_render_as_one_table_and_one_line_of_commands():
+def test_several_summaries_render_as_one_table_and_one_folded_line_naming_each_model_once():
     methods = {
         name: {"trials": [0, 1], "test": test}
         for name, test in {
@@ -210,10 +214,10 @@ def test_several_summaries_render_as_one_table_and_one_line_of_commands():
         for model in ("a", "b")
     ]
     lines = true_few_shot.summaries_markdown(summaries).splitlines()
-    assert len(lines) == 6 and lines[2].startswith("| toy, a | 8 | 2 | 55.0 | 65.0 | 70.0 | 75.0 | +5.0 ± ")
-    assert lines[3].startswith("| toy, b | 8 |") and lines[4] == ""
-    assert lines[5].startswith("Model `a` (no fingerprint), data `toy` (cd), test accuracy, 4-fold ")
-    assert lines[5].endswith(": `layerfusion classify --model a`; `layerfusion classify --model b`.")
+    assert len(lines) == 10 and lines[2].startswith("| toy, a | 8 | 2 | 55.0 | 65.0 | 70.0 | 75.0 | +5.0 ± ")
+    assert lines[3].startswith("| toy, b | 8 |") and lines[4] == "" and lines[5].startswith("<details")
+    assert lines[7].startswith("Models `a` (no fingerprint), `b` (no fingerprint); data `toy` (cd); test ")
+    assert lines[7].endswith(": `layerfusion classify --model a`; `layerfusion classify --model b`.")
 
 
 def test_a_row_names_the_labels_it_scores_where_the_command_named_them():
