@@ -5,9 +5,11 @@
 #   DATA=<folder with sst2/ trec/ conll2003/> bash benchmarks/true_few_shot.sh [name ...]
 # Names: sst2_minilm trec_minilm conll_minilm pos_minilm chunk_minilm trec_fine_minilm
 #        wikiann_{de,nl,en,fr,pt}_minilm sst2_gemma3 trec_gemma3 conll_gemma3 wikiann_{en,fr}_gemma3
-#        trec_trained_minilm (the trained fusions too); default: the first three MiniLM ones.
+#        wnut_minilm wnut_gemma3 (WNUT-16 of the demo extra) trec_trained_minilm (the trained fusions
+#        too); default: the first three MiniLM ones.
 # SHOTS (default "8 32 128") and TRIALS (10) as each published summary's command says: SHOTS="8 32" for
-# pos, chunk and the Gemma 3 NER cells; TRIALS=5 SHOTS="8 32" for trec_trained_minilm.
+# pos, chunk and the Gemma 3 NER cells (SHOTS=8 for wnut_gemma3); TRIALS=5 SHOTS="8 32" for
+# trec_trained_minilm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:?set DATA to the folder holding sst2/, trec/, conll2003/ and wikiann/}
@@ -42,6 +44,8 @@ for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
             chunk_minilm) LABELS="chunk tags" run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 2 --test-limit 1000 ;;
             wikiann_??_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/wikiann/${one:8:2}" --test-limit 1000 ;;
             wikiann_??_gemma3) run "$one" ner "${gemma[@]}" --data "$DATA/wikiann/${one:8:2}" ;;
+            wnut_minilm) run "$one" ner "${minilm[@]}" --test-limit 1000 ;;  # no --data: the demo extra's WNUT-16
+            wnut_gemma3) run "$one" ner "${gemma[@]}" ;;
             trec_trained_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean --selection cv --methods layer_mix dwatt concat ;;
             trec_fine_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column fine_label --pooling mean ;;
             sst2_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/sst2" ;;

@@ -24,7 +24,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -429,10 +429,10 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def paired_table(summary: dict[str, Any], title: str = "") -> str:
+def paired_table(summary: dict[str, Any], title: str = "", shots: Container[int] | None = None) -> str:
     """The recommended recipe against the selected block and the last-layer head, per shot size: paired
     per trial (mean ± 95% t-interval, bold where it excludes 0), beside each one's mean test score and
-    the ceiling. ``title`` names the rows' task and model."""
+    the ceiling. ``title`` names the rows' task and model; ``shots``, where given, the rows to show."""
     lines = [
         "| task, model | N | trials | last-layer head | selected block | recommended | ceiling "
         "| recommended − block | recommended − head |",
@@ -440,7 +440,7 @@ def paired_table(summary: dict[str, Any], title: str = "") -> str:
     ]
     for cell in summary["cells"]:
         methods = cell["methods"]
-        if RECOMMENDED not in methods:
+        if RECOMMENDED not in methods or (shots is not None and cell["shots"] not in shots):
             continue
         by_trial = {
             name: dict(zip(m["trials"], (100 * v for v in m["test"]), strict=True))
@@ -493,13 +493,37 @@ def summaries_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     (a row per task, model and N), the trained fusions of those that ran some (:func:`trained_table`),
     then, folded (a page has a line budget; the tables have the rows), what they ran on (each model and
     data set once, with its fingerprint) and the commands that make them again."""
-    tables = [paired_table(s, title(s)).splitlines() for s in summaries]
+    shown = shown_rows(summaries)
+    tables = [paired_table(s, title(s), shown[i]).splitlines() for i, s in enumerate(summaries)]
     lines = tables[0][:2] + [row for table in tables for row in table[2:]]
     trained = [table for s in summaries if (table := trained_table(s, title(s)))]
     if trained:
         rows = [row for table in trained for row in table.splitlines()[2:]]
         lines += ["", *trained[0].splitlines()[:2], *rows]
     return "\n".join([*lines, "", *provenance(summaries)])
+
+
+def shown_rows(summaries: Sequence[dict[str, Any]]) -> list[set[int]]:
+    """The shot sizes each summary shows in the paired table: one row per setup and N, that of the
+    summary with the most trials there (the same setup draws the same sample for a trial, so a subset
+    run, e.g. one that also trains fusions, repeats its twin's first trials). Summaries without a setup
+    are each their own.
+
+    Example:
+        >>> cell = lambda n, trials: {"shots": n, "methods": {"none": {"trials": list(range(trials))}}}
+        >>> full = {"setup": "ab", "cells": [cell(8, 10), cell(32, 10)]}
+        >>> subset = {"setup": "ab", "cells": [cell(8, 5), cell(128, 5)]}
+        >>> shown_rows([full, subset])
+        [{8, 32}, {128}]
+    """
+    best: dict[tuple[object, int], tuple[int, int]] = {}  # (setup, N) -> (summary, its trials)
+    for index, summary in enumerate(summaries):
+        for cell in summary["cells"]:
+            trials = max((len(m["trials"]) for m in cell["methods"].values()), default=0)
+            key = (summary.get("setup") or f"#{index}", cell["shots"])
+            if key not in best or trials > best[key][1]:
+                best[key] = (index, trials)
+    return [{n for (_, n), (i, _) in best.items() if i == index} for index in range(len(summaries))]
 
 
 def provenance(summaries: Sequence[dict[str, Any]]) -> list[str]:

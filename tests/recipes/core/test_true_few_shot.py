@@ -227,3 +227,30 @@ def test_a_row_names_the_labels_it_scores_where_the_command_named_them():
     settings = ClassifySettings(model="m", data="d", label_column="fine_label")
     assert true_few_shot.target_name(settings) == "fine_label"
     assert true_few_shot.target_name(ClassifySettings(model="m", data="d")) is None
+
+
+def test_a_subset_run_of_the_same_setup_adds_no_row_its_twin_already_has():
+    """The published trained-fusion cell reruns the first 5 trials of a 10-trial setup: the paired table
+    shows that setup's row once (the 10 trials); the subset keeps its own N and its trained table."""
+
+    def summary(trials: int, shots: list[int]) -> dict:
+        methods = {
+            name: {"trials": list(range(trials)), "test": [0.5 + 0.01 * t for t in range(trials)]}
+            for name in ("none", "best_layer", true_few_shot.RECOMMENDED, true_few_shot.CEILING)
+        }
+        return {
+            "setup": "ab",
+            "model": {"name": "m", "fingerprint": "x"},
+            "data": {"name": "toy", "fingerprint": "y"},
+            "metric": "accuracy",
+            "folds": 4,
+            "commands": [f"layerfusion classify --trials {trials}"],
+            "cells": [{"shots": n, "methods": methods} for n in shots],
+        }
+
+    lines = true_few_shot.summaries_markdown([summary(10, [8, 32]), summary(5, [8, 128])]).splitlines()
+    rows = [line for line in lines if line.startswith("| toy, m |")]
+    assert [row.split(" | ")[1:3] for row in rows] == [["8", "10"], ["32", "10"], ["128", "5"]]
+    other = dict(summary(10, [8]), setup="cd")  # another setup: its own row
+    lines = true_few_shot.summaries_markdown([summary(10, [8]), other]).splitlines()
+    assert sum(line.startswith("| toy, m | 8 | 10 |") for line in lines) == 2
