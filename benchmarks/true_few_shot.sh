@@ -21,14 +21,16 @@ run() {  # name, then the command's options
     layerfusion "$@" --shots $SHOTS --trials "$TRIALS" --output "$OUT/$name" --threads 1
     mkdir -p benchmarks/summaries
     # the published copy names the data and output folders as this script's variables, not this machine's paths
-    python3 - "$OUT/$name/summary.json" "benchmarks/summaries/true_few_shot_$name.json" "$DATA" "$OUT" "${LABELS:-}" <<'PY'
+    python3 - "$OUT/$name/summary.json" "benchmarks/summaries/true_few_shot_$name.json" "$DATA" "$OUT" "${LABELS:-}" "${NAME:-}" <<'PY'
 import json, sys
-source, target, data, out, labels = sys.argv[1:]
+source, target, data, out, labels, name = sys.argv[1:]
 summary = json.load(open(source))
 summary["commands"] = [c.replace(data, "$DATA").replace(out, "$OUT") for c in summary["commands"]]
 summary["name"] = target.rsplit("/", 1)[-1].removesuffix(".json")
 if labels:  # what the tag column holds, for the row titles (the command names only its number)
     summary["data"]["labels"] = labels
+if name:  # the data set's name where its file's location does not say it (a package's data file)
+    summary["data"]["name"] = name
 json.dump(summary, open(target, "w"), indent=1)
 PY
 }
@@ -44,8 +46,8 @@ for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
             chunk_minilm) LABELS="chunk tags" run "$one" ner "${minilm[@]}" --data "$DATA/conll2003" --tag-column 2 --test-limit 1000 ;;
             wikiann_??_minilm) run "$one" ner "${minilm[@]}" --data "$DATA/wikiann/${one:8:2}" --test-limit 1000 ;;
             wikiann_??_gemma3) run "$one" ner "${gemma[@]}" --data "$DATA/wikiann/${one:8:2}" ;;
-            wnut_minilm) run "$one" ner "${minilm[@]}" --test-limit 1000 ;;  # no --data: the demo extra's WNUT-16
-            wnut_gemma3) run "$one" ner "${gemma[@]}" ;;
+            wnut_minilm) NAME=wnut16 run "$one" ner "${minilm[@]}" --test-limit 1000 ;;  # no --data: the demo's WNUT-16
+            wnut_gemma3) NAME=wnut16 run "$one" ner "${gemma[@]}" ;;
             trec_trained_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean --selection cv --methods layer_mix dwatt concat ;;
             trec_fine_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column fine_label --pooling mean ;;
             sst2_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/sst2" ;;
