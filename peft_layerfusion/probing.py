@@ -609,9 +609,12 @@ class Reduced:
         """``s / (s^2 + a m n)``: ``(r,)``."""
         return self.singular / (self.singular.pow(2) + penalty * self.scale)
 
-    def scores(self, features: torch.Tensor, penalties: Sequence[float]) -> torch.Tensor:
-        """``(P, m, C)``: the probes at each of ``penalties`` on ``features`` ``(m, d)``."""
-        coded = (features.to(torch.float64) - self.mean) @ self.basis  # (m, r)
+    def code(self, features: torch.Tensor) -> torch.Tensor:
+        """``(m, r)``: ``features`` ``(m, d)`` centred and in the basis, what every penalty's scores share."""
+        return (features.to(torch.float64) - self.mean) @ self.basis
+
+    def scores(self, coded: torch.Tensor, penalties: Sequence[float]) -> torch.Tensor:
+        """``(P, m, C)``: the probes at each of ``penalties`` on rows ``coded`` by :meth:`code`."""
         shrink = torch.stack([self.shrink(p) for p in penalties])  # (P, r)
         return torch.einsum("mr,pr,rc->pmc", coded, shrink, self.projected) + self.target_mean
 
@@ -632,9 +635,12 @@ def cross_validate(
 ) -> CrossValidatedProbe:
     """:func:`cross_validated_probe` on checked rows and given folds (``fold_of``: :func:`probe_folds`)."""
     folds = int(fold_of.max()) + 1
+    problems = [
+        Reduced.of(features, torch.where(fold_of == k, IGNORE_INDEX, labels), classes) for k in range(folds)
+    ]
+    # each fold's problem, its held-out rows and their coding: computed once, shared by every penalty tried
     splits = [
-        (Reduced.of(features, torch.where(fold_of == k, IGNORE_INDEX, labels), classes), fold_of == k)
-        for k in range(folds)
+        (problem, fold_of == k, problem.code(features[fold_of == k])) for k, problem in enumerate(problems)
     ]
     kept = labels != IGNORE_INDEX
     targets = torch.nn.functional.one_hot(labels.clamp_min(0), classes).to(torch.float64)  # (n, C)
@@ -642,8 +648,8 @@ def cross_validate(
 
     def out_of_fold(penalties: Sequence[float]) -> torch.Tensor:  # (P, n, C): each row's scores
         out = torch.full((len(penalties), len(labels), classes), math.nan, dtype=torch.float64)
-        for problem, held_out in splits:
-            out[:, held_out] = problem.scores(features[held_out], penalties)
+        for problem, held_out, coded in splits:
+            out[:, held_out] = problem.scores(coded, penalties)
         return out
 
     def brier(scores: torch.Tensor) -> float:
