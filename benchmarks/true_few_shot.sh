@@ -6,7 +6,8 @@
 # Names: sst2_minilm trec_minilm conll_minilm pos_minilm chunk_minilm trec_fine_minilm
 #        wikiann_{de,nl,en,fr,pt}_minilm sst2_gemma3 trec_gemma3 conll_gemma3 wikiann_{en,fr}_gemma3
 #        wnut_minilm wnut_gemma3 (WNUT-16 of the demo extra) trec_trained_minilm (the trained fusions
-#        too); default: the first three MiniLM ones.
+#        too); {spam,sotu}_{minilm,gemma3} (FRESH: the folder benchmarks/npm_data.py wrote); default: the
+#        first three MiniLM ones.
 # SHOTS (default "8 32 128") and TRIALS (10) as each published summary's command says: SHOTS="8 32" for
 # pos, chunk and the Gemma 3 NER cells (SHOTS=8 for wnut_gemma3); TRIALS=5 SHOTS="8 32" for
 # trec_trained_minilm.
@@ -14,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:?set DATA to the folder holding sst2/, trec/, conll2003/ and wikiann/}
 OUT=${OUT:-benchmarks/results/true_few_shot}
+FRESH=${FRESH:-}  # spam_subjects/ and sotu_periods/, from: python benchmarks/npm_data.py "$FRESH"
 SHOTS=${SHOTS:-8 32 128}
 TRIALS=${TRIALS:-10}
 run() {  # name, then the command's options
@@ -21,11 +23,13 @@ run() {  # name, then the command's options
     layerfusion "$@" --shots $SHOTS --trials "$TRIALS" --output "$OUT/$name" --threads 1
     mkdir -p benchmarks/summaries
     # the published copy names the data and output folders as this script's variables, not this machine's paths
-    python3 - "$OUT/$name/summary.json" "benchmarks/summaries/true_few_shot_$name.json" "$DATA" "$OUT" "${LABELS:-}" "${NAME:-}" <<'PY'
+    python3 - "$OUT/$name/summary.json" "benchmarks/summaries/true_few_shot_$name.json" "$DATA" "$OUT" "${LABELS:-}" "${NAME:-}" "$FRESH" <<'PY'
 import json, sys
-source, target, data, out, labels, name = sys.argv[1:]
+source, target, data, out, labels, name, fresh = sys.argv[1:]
 summary = json.load(open(source))
 summary["commands"] = [c.replace(data, "$DATA").replace(out, "$OUT") for c in summary["commands"]]
+if fresh:
+    summary["commands"] = [c.replace(fresh, "$FRESH") for c in summary["commands"]]
 summary["name"] = target.rsplit("/", 1)[-1].removesuffix(".json")
 if labels:  # what the tag column holds, for the row titles (the command names only its number)
     summary["data"]["labels"] = labels
@@ -48,6 +52,10 @@ for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
             wikiann_??_gemma3) run "$one" ner "${gemma[@]}" --data "$DATA/wikiann/${one:8:2}" ;;
             wnut_minilm) NAME=wnut16 run "$one" ner "${minilm[@]}" --test-limit 1000 ;;  # no --data: the demo's WNUT-16
             wnut_gemma3) NAME=wnut16 run "$one" ner "${gemma[@]}" ;;
+            spam_minilm) run "$one" classify "${minilm[@]}" --data "${FRESH:?}/spam_subjects" --pooling mean ;;
+            sotu_minilm) run "$one" classify "${minilm[@]}" --data "${FRESH:?}/sotu_periods" --pooling mean --test-limit 1000 ;;
+            spam_gemma3) run "$one" classify "${gemma[@]}" --data "${FRESH:?}/spam_subjects" ;;
+            sotu_gemma3) run "$one" classify "${gemma[@]}" --data "${FRESH:?}/sotu_periods" ;;
             trec_trained_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column coarse_label --pooling mean --selection cv --methods layer_mix dwatt concat ;;
             trec_fine_minilm) run "$one" classify "${minilm[@]}" --data "$DATA/trec" --label-column fine_label --pooling mean ;;
             sst2_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/sst2" ;;
