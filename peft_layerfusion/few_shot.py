@@ -81,6 +81,7 @@ from .probing import (
     PENALTIES,
     CrossValidatedProbe,
     balanced_weights,
+    brier_errors,
     check_penalties,
     cross_validate,
     probe_folds,
@@ -337,9 +338,8 @@ class Folds:
 
     def brier(self, scores: torch.Tensor, rows: torch.Tensor | None = None) -> float:
         """The Brier score of ``scores`` ``(n, C)`` over ``rows`` (a boolean mask; default: all), every class
-        weighing the same (:func:`~peft_layerfusion.probing.balanced_weights`)."""
-        targets = F.one_hot(self.labels, scores.shape[-1]).to(scores.dtype)
-        errors = balanced_weights(self.labels, scores.shape[-1]) * (scores - targets).pow(2).sum(-1)
+        weighing the same (:func:`~peft_layerfusion.probing.brier_errors`)."""
+        errors = brier_errors(scores, self.labels)  # (n,)
         return float(errors.mean() if rows is None else errors[rows].mean())
 
 

@@ -643,8 +643,6 @@ def cross_validate(
         (problem, fold_of == k, problem.code(features[fold_of == k])) for k, problem in enumerate(problems)
     ]
     kept = labels != IGNORE_INDEX
-    targets = torch.nn.functional.one_hot(labels.clamp_min(0), classes).to(torch.float64)  # (n, C)
-    weights = balanced_weights(labels[kept], classes)  # every class weighs the same in the Brier score
 
     def out_of_fold(penalties: Sequence[float]) -> torch.Tensor:  # (P, n, C): each row's scores
         out = torch.full((len(penalties), len(labels), classes), math.nan, dtype=torch.float64)
@@ -652,8 +650,8 @@ def cross_validate(
             out[:, held_out] = problem.scores(coded, penalties)
         return out
 
-    def brier(scores: torch.Tensor) -> float:
-        return (weights * (scores[kept] - targets[kept]).pow(2).sum(-1)).mean().item()
+    def brier(scores: torch.Tensor) -> float:  # every class weighs the same
+        return brier_errors(scores[kept], labels[kept]).mean().item()
 
     # each penalty's (loss, accuracy, proba, scores)
     scored: dict[float, tuple[float, float, torch.Tensor, torch.Tensor]] = {}
@@ -748,6 +746,19 @@ def balanced_weights(labels: torch.Tensor, classes: int) -> torch.Tensor:
     counts = torch.bincount(labels, minlength=classes).to(torch.float64)
     present = int((counts > 0).sum())
     return len(labels) / (present * counts[labels])
+
+
+def brier_errors(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each row's squared error ``w_i ||scores_i - onehot(y_i)||^2`` ``(n,)``, weighted by
+    :func:`balanced_weights` (every class weighs the same); the Brier score is their mean.
+
+    Example:
+        >>> scores = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0], [0.0, 1.0]], dtype=torch.float64)
+        >>> brier_errors(scores, torch.tensor([0, 0, 0, 1])).tolist()
+        [0.0, 0.3333333333333333, 1.3333333333333333, 0.0]
+    """
+    targets = torch.nn.functional.one_hot(labels, scores.shape[-1]).to(scores.dtype)  # (n, C)
+    return balanced_weights(labels, scores.shape[-1]) * (scores - targets).pow(2).sum(-1)
 
 
 def probabilities(scores: torch.Tensor) -> torch.Tensor:
