@@ -15,8 +15,10 @@ stratified sample, and a token task's ``O`` rows no longer drown its entity tags
 and the same scores, so one grid of penalties fits every depth however large its stream has grown
 (states read at unit RMS have ``m = 1``). The objective is strictly convex in ``W`` (``b`` unpenalised);
 its optimum has a closed form, computed from one symmetric eigendecomposition of the centred rows for
-every penalty at once: no iterations, no random start, no shuffling, the same numbers on every run, and on
-another machine up to float rounding. The scores estimate the class probabilities; clipped at 0 and
+every penalty at once (of their ``(n, n)`` inner products where the rows are fewer than the features, read
+from one Gram matrix that every fold of a cross-validation shares, :class:`Gram`): no iterations, no
+random start, no shuffling, the same numbers on every run, and on another machine up to float rounding.
+The scores estimate the class probabilities; clipped at 0 and
 renormalised they are the probe's probabilities (:func:`probabilities`). Rows labelled ``-100``
 (:data:`IGNORE_INDEX`) are ignored, in training and in every score.
 
@@ -59,6 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -222,7 +225,7 @@ def fit_probe(
     """
     check_penalty(penalty)
     features, labels, classes = check_rows("features", features, labels, classes)
-    return solve(Reduced.of(features, labels, classes), penalty)
+    return solve(reduce(Gram(features), labels, classes), penalty)
 
 
 def cross_validated_probe(
@@ -562,61 +565,96 @@ def read_states(states: torch.Tensor, state_norm: str) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------- solver
 @dataclass(frozen=True)
-class Reduced:
-    """One probe problem, solved for every penalty at once.
+class Spectrum:
+    """One probe problem's scores at every penalty, in the singular basis of its centred rows.
 
-    The labelled rows, centred, are ``X_c = U S V^T`` (thin, rank ``r``, from the symmetric eigenproblem of
-    ``X_c X_c^T`` or ``X_c^T X_c``, whichever is smaller), the one-hot targets centred ``Y_c``. The ridge
-    solution at penalty ``a`` is ``W^T = V diag(s / (s^2 + a m n)) U^T Y_c`` and ``b = y_mean - W x_mean``:
-    one decomposition, then each penalty in ``O(d r C)``.
+    The labelled rows, weighted and centred, are ``X_c = U S V^T`` (thin, rank ``r``), the one-hot targets
+    centred ``Y_c``. The ridge solution at penalty ``a`` is ``W^T = V diag(s / (s^2 + a m n)) U^T Y_c`` and
+    ``b = y_mean - W x_mean``: a row coded as ``(x - x_mean) V`` scores ``coded diag(shrink) U^T Y_c +
+    y_mean`` at each penalty in ``O(r C)``.
     """
 
-    basis: torch.Tensor  # (d, r): V
     singular: torch.Tensor  # (r,): s
     projected: torch.Tensor  # (r, C): U^T Y_c
-    mean: torch.Tensor  # (d,): the rows' mean
     target_mean: torch.Tensor  # (C,): the one-hot targets' mean (the class frequencies)
     scale: float  # m n: the penalty's multiplier
-
-    @classmethod
-    def of(cls, features: torch.Tensor, labels: torch.Tensor, classes: int) -> Reduced:
-        """The problem of the rows of ``features`` ``(n, d)`` whose label is not ``-100``."""
-        kept = labels != IGNORE_INDEX
-        features = features[kept].to(torch.float64)
-        targets = torch.nn.functional.one_hot(labels[kept], classes).to(torch.float64)  # (n, C)
-        count, width = features.shape
-        weights = balanced_weights(labels[kept], classes)[:, None]  # (n, 1), mean 1
-        mean = (weights * features).sum(0) / count
-        target_mean = (weights * targets).sum(0) / count
-        root = weights.sqrt()
-        centred = root * (features - mean)  # (n, d): the weighted rows, centred
-        if count <= width:  # X_c X_c^T = U S^2 U^T
-            values, left = torch.linalg.eigh(centred @ centred.T)
-        else:  # X_c^T X_c = V S^2 V^T
-            values, right = torch.linalg.eigh(centred.T @ centred)
-        keep = values > values.max().clamp_min(0) * max(count, width) * torch.finfo(torch.float64).eps
-        singular = values[keep].sqrt()
-        if count <= width:
-            left = left[:, keep]
-            basis = centred.T @ left / singular  # (d, r)
-        else:
-            basis = right[:, keep]
-            left = centred @ basis / singular  # (n, r)
-        scale = features.pow(2).mean().item() * count or 1.0
-        return cls(basis, singular, left.T @ (root * (targets - target_mean)), mean, target_mean, scale)
 
     def shrink(self, penalty: float) -> torch.Tensor:
         """``s / (s^2 + a m n)``: ``(r,)``."""
         return self.singular / (self.singular.pow(2) + penalty * self.scale)
 
-    def code(self, features: torch.Tensor) -> torch.Tensor:
-        """``(m, r)``: ``features`` ``(m, d)`` centred and in the basis, what every penalty's scores share."""
-        return (features.to(torch.float64) - self.mean) @ self.basis
-
     def scores(self, coded: torch.Tensor, penalties: Sequence[float]) -> torch.Tensor:
-        """``(P, m, C)``: the probes at each of ``penalties`` on rows ``coded`` by :meth:`code`."""
+        """``(P, m, C)``: the probes at each of ``penalties`` on rows already coded ``(m, r)``."""
         shrink = torch.stack([self.shrink(p) for p in penalties])  # (P, r)
         return torch.einsum("mr,pr,rc->pmc", coded, shrink, self.projected) + self.target_mean
+
+
+@dataclass(frozen=True)
+class Weighted:
+    """The labelled rows of a problem: which rows, their class-balancing weights and the targets."""
+
+    rows: torch.Tensor  # (n,): indices of the rows whose label is not -100
+    weights: torch.Tensor  # (n,): balanced_weights, mean 1
+    targets: torch.Tensor  # (n, C): one-hot, float64
+    target_mean: torch.Tensor  # (C,): the weighted targets' mean
+
+    @classmethod
+    def of(cls, labels: torch.Tensor, classes: int) -> Weighted:
+        rows = (labels != IGNORE_INDEX).nonzero().squeeze(1)
+        weights = balanced_weights(labels[rows], classes)
+        targets = torch.nn.functional.one_hot(labels[rows], classes).to(torch.float64)
+        return cls(rows, weights, targets, (weights[:, None] * targets).sum(0) / len(rows))
+
+    @property
+    def root(self) -> torch.Tensor:
+        """``(n, 1)``: the weights' square roots, what multiplies each centred row."""
+        return self.weights.sqrt()[:, None]
+
+    def centred_targets(self) -> torch.Tensor:
+        """``Y_c``: ``(n, C)``."""
+        return self.root * (self.targets - self.target_mean)
+
+    def scale(self, features: torch.Tensor) -> float:
+        """``m n``: the mean square of the rows' features times their number (1 where that is 0)."""
+        return features[self.rows].to(torch.float64).pow(2).mean().item() * len(self.rows) or 1.0
+
+
+def eigen(symmetric: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, vectors)`` of a centred Gram matrix ``(k, k)``: singular values ``sqrt`` of its eigenvalues
+    above rounding (relative to the largest, ``max(k, width)`` ulps) and their eigenvectors ``(k, r)``."""
+    values, vectors = torch.linalg.eigh(symmetric)
+    keep = values > values.max().clamp_min(0) * max(len(symmetric), width) * torch.finfo(torch.float64).eps
+    return values[keep].sqrt(), vectors[:, keep]
+
+
+@dataclass(frozen=True)
+class Reduced(Spectrum):
+    """A problem with more rows than features: the basis ``V`` from the ``(d, d)`` eigenproblem of
+    ``X_c^T X_c``; rows are coded from their features."""
+
+    gram: Gram  # the rows it was made from
+    basis: torch.Tensor  # (d, r): V
+    mean: torch.Tensor  # (d,): the rows' weighted mean
+
+    @classmethod
+    def of(cls, gram: Gram, labels: torch.Tensor, classes: int) -> Reduced:
+        """The problem of the rows of ``gram`` whose label is not ``-100``."""
+        rows = Weighted.of(labels, classes)
+        kept = gram.features[rows.rows]  # (n, d)
+        mean = (rows.weights[:, None] * kept).sum(0) / len(kept)
+        centred = rows.root * (kept - mean)  # (n, d): X_c
+        singular, basis = eigen(centred.T @ centred, len(kept))
+        left = centred @ basis / singular  # (n, r): U
+        projected = left.T @ rows.centred_targets()
+        return cls(singular, projected, rows.target_mean, rows.scale(gram.features), gram, basis, mean)
+
+    def code(self, features: torch.Tensor) -> torch.Tensor:
+        """``(m, r)``: ``features`` ``(m, d)`` centred and in the basis."""
+        return (features.to(torch.float64) - self.mean) @ self.basis
+
+    def code_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """``(m, r)``: the rows of index ``index`` ``(m,)``, coded from their features."""
+        return self.code(self.gram.features[index])
 
     def probe(self, penalty: float) -> Probe:
         """The :class:`Probe` at ``penalty``, in the original features."""
@@ -624,8 +662,78 @@ class Reduced:
         return Probe(weight.T.contiguous(), self.target_mean - self.mean @ weight, penalty)
 
 
-def solve(problem: Reduced, penalty: float) -> Probe:
-    """The ridge probe of ``problem`` at ``penalty`` (closed form: :meth:`Reduced.probe`)."""
+class Gram:
+    """The inner products of all rows, ``K = X X^T`` ``(n, n)`` (``X``: the features less their overall
+    mean, float64), computed once: every problem on a subset of the rows (a fold's training rows) is
+    centred, decomposed and scores its held-out rows from ``K`` alone, in ``O(n^2)`` memory and no further
+    ``(n, d) x (d, n)`` product.
+
+    Centring in ``K``: rows ``T`` with weights ``w`` (``k`` of them) have the weighted mean ``mu``; with
+    ``a = K_TT w / k`` (each row's ``x . mu``) and ``c = w^T K_TT w / k^2`` (``mu . mu``), the centred inner
+    products are ``K_TT - a 1^T - 1 a^T + c``, and a held-out row's against them ``K_HT - b 1^T - 1 a^T + c``
+    with ``b = K_HT w / k``.
+    """
+
+    def __init__(self, features: torch.Tensor) -> None:
+        self.features = features.to(torch.float64)  # (n, d)
+
+    @cached_property
+    def inner(self) -> torch.Tensor:
+        """``K``: ``(n, n)``, made at the first problem that needs it."""
+        shifted = self.features - self.features.mean(0)
+        return shifted @ shifted.T
+
+    def problem(self, labels: torch.Tensor, classes: int) -> DualReduced:
+        """The problem of the rows whose label is not ``-100``."""
+        rows = Weighted.of(labels, classes)
+        block = self.inner[rows.rows][:, rows.rows]  # (k, k): K_TT
+        count = len(rows.rows)
+        along = block @ rows.weights / count  # (k,): a
+        square = (rows.weights @ along / count).item()  # c
+        root = rows.root  # (k, 1)
+        centred = root * (block - along[:, None] - along[None, :] + square) * root.T  # (k, k): X_c X_c^T
+        singular, left = eigen(centred, self.features.shape[1])
+        loading = root * left / singular  # (k, r): R U / s, what turns centred inner products into codes
+        projected = left.T @ rows.centred_targets()
+        scale = rows.scale(self.features)
+        return DualReduced(singular, projected, rows.target_mean, scale, self, rows, along, loading)
+
+
+@dataclass(frozen=True)
+class DualReduced(Spectrum):
+    """A problem with at most as many rows as features, from a :class:`Gram`: ``U`` from the ``(k, k)``
+    eigenproblem of ``X_c X_c^T``; ``V = X_c^T U / s`` is never formed (rows are coded from ``K``)."""
+
+    gram: Gram  # the rows it was made from
+    rows: Weighted
+    along: torch.Tensor  # (k,): a, each training row's inner product with the weighted mean
+    loading: torch.Tensor  # (k, r): R U / s
+
+    def code_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """``(m, r)``: the rows of index ``index`` ``(m,)``, centred and in the basis, from ``K``."""
+        cross = self.gram.inner[index][:, self.rows.rows]  # (m, k): K_HT
+        # the centred K_HT - b 1^T - 1 a^T + c, less the terms constant along each row (b, c): the loading's
+        # columns are orthogonal to sqrt(w), the null direction of the weighted, centred rows
+        return (cross - self.along[None, :]) @ self.loading
+
+    def probe(self, penalty: float) -> Probe:
+        """The :class:`Probe` at ``penalty``: ``W = (X_T - mu)^T R U diag(1 / (s^2 + a m n)) U^T Y_c``."""
+        kept = self.gram.features[self.rows.rows]  # (k, d)
+        mean = (self.rows.weights[:, None] * kept).sum(0) / len(kept)  # (d,)
+        weight = (kept - mean).T @ ((self.loading * self.shrink(penalty)) @ self.projected)  # (d, C)
+        return Probe(weight.T.contiguous(), self.target_mean - mean @ weight, penalty)
+
+
+def reduce(gram: Gram, labels: torch.Tensor, classes: int) -> Reduced | DualReduced:
+    """The problem of the rows of ``gram`` whose label is not ``-100``: from ``K`` where they are no more
+    than the features (:class:`DualReduced`), else from the ``(d, d)`` eigenproblem (:class:`Reduced`)."""
+    if int((labels != IGNORE_INDEX).sum()) > gram.features.shape[1]:
+        return Reduced.of(gram, labels, classes)
+    return gram.problem(labels, classes)
+
+
+def solve(problem: Reduced | DualReduced, penalty: float) -> Probe:
+    """The ridge probe of ``problem`` at ``penalty`` (closed form: its ``probe``)."""
     return problem.probe(penalty)
 
 
@@ -635,14 +743,14 @@ def cross_validate(
 ) -> CrossValidatedProbe:
     """:func:`cross_validated_probe` on checked rows and given folds (``fold_of``: :func:`probe_folds`)."""
     folds = int(fold_of.max()) + 1
-    problems = [
-        Reduced.of(features, torch.where(fold_of == k, IGNORE_INDEX, labels), classes) for k in range(folds)
-    ]
-    # each fold's problem, its held-out rows and their coding: computed once, shared by every penalty tried
-    splits = [
-        (problem, fold_of == k, problem.code(features[fold_of == k])) for k, problem in enumerate(problems)
-    ]
     kept = labels != IGNORE_INDEX
+    gram = Gram(features)  # the rows' inner products, shared by every fold's problem that reads them
+    # each fold's problem, its held-out rows and their coding: computed once, shared by every penalty tried
+    splits = []
+    for k in range(folds):
+        problem = reduce(gram, torch.where(fold_of == k, IGNORE_INDEX, labels), classes)
+        held_out = (fold_of == k).nonzero().squeeze(1)
+        splits.append((problem, held_out, problem.code_rows(held_out)))
 
     def out_of_fold(penalties: Sequence[float]) -> torch.Tensor:  # (P, n, C): each row's scores
         out = torch.full((len(penalties), len(labels), classes), math.nan, dtype=torch.float64)
@@ -687,7 +795,7 @@ def cross_validate(
     chosen = best()
     on_edge = len(penalties) > 1 and chosen in (penalties[0], penalties[-1])
     return CrossValidatedProbe(
-        probe=solve(Reduced.of(features, labels, classes), chosen),
+        probe=solve(reduce(gram, labels, classes), chosen),
         penalty=chosen,
         penalties=penalties,
         losses=tuple(scored[p][0] for p in penalties),

@@ -7,7 +7,6 @@ import them the same way: with ``benchmarks/`` on the path.
 from __future__ import annotations
 
 import doctest
-import importlib
 import platform
 import subprocess
 import sys
@@ -20,10 +19,9 @@ BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
 @pytest.fixture
-def scripts(monkeypatch):
+def scripts(script):
     """The two scripts as modules (``llm_speed``, ``overhead``), imported as they run."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("llm_speed"), importlib.import_module("overhead")
+    return script("llm_speed"), script("overhead")
 
 
 def test_every_other_round_runs_in_reverse_order(scripts):

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def npm(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("npm_data")
+def npm(script):
+    return script("npm_data")
 
 
 def test_subject_is_decoded_on_one_line_without_reply_prefixes(npm):

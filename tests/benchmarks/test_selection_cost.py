@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def cost(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("selection_cost")
+def cost(script):
+    return script("selection_cost")
 
 
 def test_both_protocols_share_every_option_but_the_selection(cost):

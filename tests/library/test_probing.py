@@ -20,7 +20,15 @@ from peft_layerfusion import (
     layer_probe_scores,
     layer_probes,
 )
-from peft_layerfusion.probing import FLAT, GROW_STEPS, PENALTIES, probe_accuracy, probe_folds
+from peft_layerfusion.probing import (
+    FLAT,
+    GROW_STEPS,
+    PENALTIES,
+    Gram,
+    Reduced,
+    probe_accuracy,
+    probe_folds,
+)
 
 
 def toy(label_state: int, scales=(1.0, 30.0, 900.0, 27000.0), rows: int = 60, seed: int = 0):
@@ -241,8 +249,11 @@ def test_where_the_loss_is_flat_towards_a_zero_penalty_the_choice_moves_inwards_
     assert found.losses[above] > min(found.losses) * (1 + FLAT)  # the largest such
 
 
-def test_the_out_of_fold_probabilities_come_from_probes_that_did_not_see_the_row():
-    features, labels = planted(rows=24, width=6, classes=2, seed=9)
+@pytest.mark.parametrize(
+    "width", [6, 20, 40]
+)  # folds and all rows: both wider than tall, folds only, neither
+def test_the_out_of_fold_probabilities_come_from_probes_that_did_not_see_the_row(width):
+    features, labels = planted(rows=24, width=width, classes=2, seed=9)
     found = cross_validated_probe(features, labels, penalties=[0.1], folds=3, seed=4)
     folds = probe_folds(labels, 3, seed=4)
     for fold in range(3):
@@ -252,6 +263,32 @@ def test_the_out_of_fold_probabilities_come_from_probes_that_did_not_see_the_row
             found.out_of_fold[held], own.predict_proba(features[held]), rtol=0, atol=1e-12
         )
     assert found.accuracy == probe_accuracy(found.out_of_fold, labels)
+
+
+@pytest.mark.parametrize(("rows", "width"), [(30, 80), (30, 12)])
+def test_the_problem_from_the_rows_inner_products_equals_the_one_from_their_features(rows, width):
+    # the same weighted ridge problem two ways: from K = X X^T (never forming V) and from X^T X, on rows far
+    # from the origin (a stream's mean), unbalanced classes and a row labelled -100
+    features, labels = planted(rows=rows, width=width, classes=3, seed=2)
+    features = features + 40.0 * torch.arange(width, dtype=torch.float64)
+    labels[:7] = 0
+    labels[9] = -100
+    held_out = torch.tensor([1, 5, 9, 17])
+    train = labels.clone()
+    train[held_out] = -100
+    gram = Gram(features)
+    dual, primal = gram.problem(train, 3), Reduced.of(gram, train, 3)
+    torch.testing.assert_close(dual.singular, primal.singular, rtol=1e-9, atol=0)
+    for penalty in (1e-4, 0.3, 30.0):
+        torch.testing.assert_close(
+            dual.scores(dual.code_rows(held_out), [penalty]),
+            primal.scores(primal.code_rows(held_out), [penalty]),
+            rtol=0,
+            atol=1e-9,
+        )
+        one, two = dual.probe(penalty), primal.probe(penalty)
+        torch.testing.assert_close(one.weight, two.weight, rtol=0, atol=1e-12)
+        torch.testing.assert_close(one.bias, two.bias, rtol=0, atol=1e-9)
 
 
 # ------------------------------------------------------------------------------------------ per block
