@@ -28,8 +28,9 @@ import json, sys
 source, target, data, out, labels, name, fresh = sys.argv[1:]
 summary = json.load(open(source))
 summary["commands"] = [c.replace(data, "$DATA").replace(out, "$OUT") for c in summary["commands"]]
-if fresh:
+if fresh and any(fresh in c for c in summary["commands"]):
     summary["commands"] = [c.replace(fresh, "$FRESH") for c in summary["commands"]]
+    summary["folders"] = {"$FRESH": "the folder `python benchmarks/npm_data.py $FRESH` writes"}
 summary["name"] = target.rsplit("/", 1)[-1].removesuffix(".json")
 if labels:  # what the tag column holds, for the row titles (the command names only its number)
     summary["data"]["labels"] = labels

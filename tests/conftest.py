@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import json
 import os
 import random
@@ -13,6 +14,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -503,6 +505,14 @@ def write_folders(tmp_path_factory, **writers: Callable[[Path], str]) -> dict[st
     """
     root = tmp_path_factory.mktemp("folders")
     return {name: write(root / name) for name, write in writers.items()}
+
+
+@pytest.fixture
+def script(monkeypatch) -> Callable[[str], ModuleType]:
+    """``script("name")``: the module of ``benchmarks/name.py``, imported as running it imports it (the
+    benchmarks are scripts run from their folder: ``benchmarks/`` first on the path)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    return importlib.import_module
 
 
 @pytest.fixture

@@ -540,6 +540,9 @@ def provenance(summaries: Sequence[dict[str, Any]]) -> list[str]:
         'Model `m` (ab); data `d` (no fingerprint); test accuracy; 4-fold cross'
         >>> folded[2][-45:]
         'sets): `layerfusion classify --data $DATA/d`.'
+        >>> other = {**one, "commands": ["layerfusion ner --data $NEW/e"], "folders": {"$NEW": "made by x"}}
+        >>> provenance([one, other])[2].split("Commands ")[1][:57]  # a summary's own folder, said where used
+        '(`$DATA`: the folder of the data sets; `$NEW`: made by x)'
     """
 
     def named(kind: str) -> str:
@@ -551,10 +554,16 @@ def provenance(summaries: Sequence[dict[str, Any]]) -> list[str]:
 
     commands = dict.fromkeys(command for s in summaries for command in s["commands"] if command)
     models, data = named("model"), named("data")
+    folders = {"$DATA": "the folder of the data sets"}  # and what a summary says of its own folders
+    for s in summaries:
+        folders.update(s.get("folders", {}))
+    said = "; ".join(
+        f"`{name}`: {what}" for name, what in folders.items() if any(name in c for c in commands)
+    )
     line = (
         f"Model{'s' * (', ' in models)} {models}; data {data}; test {listed('metric')}; "
         f"{listed('folds')}-fold cross-validation on each trial's sample, no dev split read. Commands "
-        f"(`$DATA`: the folder of the data sets): {'; '.join(f'`{command}`' for command in commands)}."
+        f"({said}): {'; '.join(f'`{command}`' for command in commands)}."
     )
     summary = '<details markdown="1"><summary>What the rows ran on, and their commands</summary>'
     return [summary, "", line, "", "</details>"]
