@@ -9,7 +9,7 @@
 #        too); {spam,sotu}_{minilm,gemma3} (FRESH: the folder benchmarks/npm_data.py wrote); default: the
 #        first three MiniLM ones.
 # SHOTS (default "8 32 128") and TRIALS (10) as each published summary's command says: SHOTS="8 32" for
-# pos, chunk and the Gemma 3 NER cells (SHOTS=8 for wnut_gemma3); TRIALS=5 SHOTS="8 32" for
+# pos, chunk and the Gemma 3 NER cells (wnut_gemma3 too); TRIALS=5 SHOTS="8 32" for
 # trec_trained_minilm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
