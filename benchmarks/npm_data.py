@@ -42,7 +42,8 @@ def unpack(package: str, into: Path) -> Path:
     ).stdout.split()[-1]
     folder = into / name.removesuffix(".tgz")
     with tarfile.open(into / name) as archive:
-        archive.extractall(folder, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.11.4
+        archive.extractall(folder, **safe)
     return folder / "package" / "data"
 
 
