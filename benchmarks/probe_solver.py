@@ -65,7 +65,8 @@ def measure(code: Path, shape: str, args: argparse.Namespace, scores: Path) -> d
     """A child process running :func:`child` with ``code``'s packages first on ``PYTHONPATH``."""
     command = [sys.executable, __file__, "--child", shape, "--classes", str(args.classes)]
     command += ["--threads", str(args.threads), "--scores", str(scores)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
+    paths = [str(code), *filter(None, [os.environ.get("PYTHONPATH")])]  # no empty entry (the cwd)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -225,7 +225,7 @@ def fit_probe(
     """
     check_penalty(penalty)
     features, labels, classes = check_rows("features", features, labels, classes)
-    return solve(reduce(Gram(features), labels, classes), penalty)
+    return reduce(Gram(features), labels, classes).probe(penalty)
 
 
 def cross_validated_probe(
@@ -614,9 +614,13 @@ class Weighted:
         """``Y_c``: ``(n, C)``."""
         return self.root * (self.targets - self.target_mean)
 
-    def scale(self, features: torch.Tensor) -> float:
-        """``m n``: the mean square of the rows' features times their number (1 where that is 0)."""
-        return features[self.rows].to(torch.float64).pow(2).mean().item() * len(self.rows) or 1.0
+    def mean(self, kept: torch.Tensor) -> torch.Tensor:
+        """``(d,)``: the weighted mean of the rows ``kept`` ``(n, d)`` (the features at :attr:`rows`)."""
+        return (self.weights[:, None] * kept).sum(0) / len(kept)
+
+    def scale(self, kept: torch.Tensor) -> float:
+        """``m n``: the mean square of the rows ``kept`` ``(n, d)`` times their number (1 where that is 0)."""
+        return kept.pow(2).mean().item() * len(kept) or 1.0
 
 
 def eigen(symmetric: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -641,20 +645,16 @@ class Reduced(Spectrum):
         """The problem of the rows of ``gram`` whose label is not ``-100``."""
         rows = Weighted.of(labels, classes)
         kept = gram.features[rows.rows]  # (n, d)
-        mean = (rows.weights[:, None] * kept).sum(0) / len(kept)
+        mean = rows.mean(kept)
         centred = rows.root * (kept - mean)  # (n, d): X_c
         singular, basis = eigen(centred.T @ centred, len(kept))
         left = centred @ basis / singular  # (n, r): U
         projected = left.T @ rows.centred_targets()
-        return cls(singular, projected, rows.target_mean, rows.scale(gram.features), gram, basis, mean)
-
-    def code(self, features: torch.Tensor) -> torch.Tensor:
-        """``(m, r)``: ``features`` ``(m, d)`` centred and in the basis."""
-        return (features.to(torch.float64) - self.mean) @ self.basis
+        return cls(singular, projected, rows.target_mean, rows.scale(kept), gram, basis, mean)
 
     def code_rows(self, index: torch.Tensor) -> torch.Tensor:
-        """``(m, r)``: the rows of index ``index`` ``(m,)``, coded from their features."""
-        return self.code(self.gram.features[index])
+        """``(m, r)``: the rows of index ``index`` ``(m,)``, centred and in the basis."""
+        return (self.gram.features[index] - self.mean) @ self.basis
 
     def probe(self, penalty: float) -> Probe:
         """The :class:`Probe` at ``penalty``, in the original features."""
@@ -695,7 +695,7 @@ class Gram:
         singular, left = eigen(centred, self.features.shape[1])
         loading = root * left / singular  # (k, r): R U / s, what turns centred inner products into codes
         projected = left.T @ rows.centred_targets()
-        scale = rows.scale(self.features)
+        scale = rows.scale(self.features[rows.rows])
         return DualReduced(singular, projected, rows.target_mean, scale, self, rows, along, loading)
 
 
@@ -719,7 +719,7 @@ class DualReduced(Spectrum):
     def probe(self, penalty: float) -> Probe:
         """The :class:`Probe` at ``penalty``: ``W = (X_T - mu)^T R U diag(1 / (s^2 + a m n)) U^T Y_c``."""
         kept = self.gram.features[self.rows.rows]  # (k, d)
-        mean = (self.rows.weights[:, None] * kept).sum(0) / len(kept)  # (d,)
+        mean = self.rows.mean(kept)  # (d,)
         weight = (kept - mean).T @ ((self.loading * self.shrink(penalty)) @ self.projected)  # (d, C)
         return Probe(weight.T.contiguous(), self.target_mean - mean @ weight, penalty)
 
@@ -730,11 +730,6 @@ def reduce(gram: Gram, labels: torch.Tensor, classes: int) -> Reduced | DualRedu
     if int((labels != IGNORE_INDEX).sum()) > gram.features.shape[1]:
         return Reduced.of(gram, labels, classes)
     return gram.problem(labels, classes)
-
-
-def solve(problem: Reduced | DualReduced, penalty: float) -> Probe:
-    """The ridge probe of ``problem`` at ``penalty`` (closed form: its ``probe``)."""
-    return problem.probe(penalty)
 
 
 # ----------------------------------------------------------------------------------------- cross-validation
@@ -795,7 +790,7 @@ def cross_validate(
     chosen = best()
     on_edge = len(penalties) > 1 and chosen in (penalties[0], penalties[-1])
     return CrossValidatedProbe(
-        probe=solve(reduce(gram, labels, classes), chosen),
+        probe=reduce(gram, labels, classes).probe(chosen),
         penalty=chosen,
         penalties=penalties,
         losses=tuple(scored[p][0] for p in penalties),
