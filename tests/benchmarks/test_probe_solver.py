@@ -40,3 +40,12 @@ def test_the_same_code_on_both_sides_agrees_exactly(solver, capsys):
     (row,) = report["rows"]
     assert row["largest_score_gap"] == 0.0 and row["agree"]
     assert capsys.readouterr().out.splitlines()[2].startswith("| 40x60 |")
+
+
+def test_a_before_code_without_the_library_stops_in_one_line(solver, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["probe_solver.py", "--before-code", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        solver.main()
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"probe_solver.py: error: --before-code={tmp_path}: expected a checkout holding peft_layerfusion/"
+    )
