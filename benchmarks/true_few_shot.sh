@@ -4,12 +4,13 @@
 # summary.json under $OUT/<name>/; the summary is copied to benchmarks/summaries/true_few_shot_<name>.json.
 #   DATA=<folder with sst2/ trec/ conll2003/> bash benchmarks/true_few_shot.sh [name ...]
 # Names: sst2_minilm trec_minilm conll_minilm pos_minilm chunk_minilm trec_fine_minilm
-#        wikiann_{de,nl,en,fr,pt}_minilm sst2_gemma3 trec_gemma3 conll_gemma3 wikiann_{en,fr}_gemma3
+#        wikiann_{de,nl,en,fr,pt}_minilm sst2_gemma3 trec_gemma3 trec_fine_gemma3 conll_gemma3 pos_gemma3
+#        chunk_gemma3 wikiann_{de,nl,en,fr}_gemma3
 #        wnut_minilm wnut_gemma3 (WNUT-16 of the demo extra) trec_trained_minilm (the trained fusions
 #        too); {spam,sotu}_{minilm,gemma3} (FRESH: the folder benchmarks/npm_data.py wrote); default: the
 #        first three MiniLM ones.
 # SHOTS (default "8 32 128") and TRIALS (10) as each published summary's command says: SHOTS="8 32" for
-# pos, chunk and the Gemma 3 NER cells (wnut_gemma3 too); TRIALS=5 SHOTS="8 32" for
+# pos, chunk and the Gemma 3 token cells (wnut_gemma3 too); TRIALS=5 SHOTS="8 32" for
 # trec_trained_minilm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,9 @@ for name in "${@:-sst2_minilm trec_minilm conll_minilm}"; do
             sst2_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/sst2" ;;
             trec_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/trec" --label-column coarse_label ;;
             conll_gemma3) run "$one" ner "${gemma[@]}" --data "$DATA/conll2003" ;;
+            trec_fine_gemma3) run "$one" classify "${gemma[@]}" --data "$DATA/trec" --label-column fine_label ;;
+            pos_gemma3) LABELS="POS tags" run "$one" ner "${gemma[@]}" --data "$DATA/conll2003" --tag-column 1 ;;
+            chunk_gemma3) LABELS="chunk tags" run "$one" ner "${gemma[@]}" --data "$DATA/conll2003" --tag-column 2 ;;
             *) echo "unknown cell: $one" >&2; exit 2 ;;
         esac
     done
