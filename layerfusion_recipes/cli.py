@@ -12,6 +12,7 @@ once. A user error (missing path, unreadable data, bad value) prints one line an
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from .commands import COMMANDS, Command
@@ -19,6 +20,9 @@ from .core.errors import run_command
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
+# a warning bitsandbytes (the `integrations` extra) logs at `import peft` on CPUs with AVX512-BF16: it
+# asks for the `kernels` package, which downloads from the Hub; its 4-bit CPU path works without it
+QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
 DEBUG_HELP = "Show the full traceback of a user error (bad path, data or value) instead of one line."
 
 
@@ -43,8 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_third_party_warnings() -> None:
+    """Raise :data:`QUIET_LOGGERS` to errors only: a command's output starts with its own lines."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_third_party_warnings()  # before the command imports peft
     command = COMMANDS[args.command]
     return run_command(command.run, args, debug=args.debug, prog=f"layerfusion {args.command}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 
@@ -296,3 +297,19 @@ def test_help_gives_each_grid_default(capsys):
         "3e-05 0.0001 0.0003 0.001; adapter_seqbn" in text
         and "the demo: none 0.003 0.01 0.03 0.1 0.3; extra_layers 0.0003 0.001 0.003;" in text
     )
+
+
+def test_a_command_does_not_print_the_bitsandbytes_kernels_warning(caplog):
+    """bitsandbytes logs a warning at `import peft` on CPUs with AVX512-BF16 (it asks for `kernels`, a Hub
+    download); a command raises that logger to errors, and no other."""
+    quiet, other = logging.getLogger("bitsandbytes.backends.cpu.ops"), logging.getLogger("bitsandbytes.other")
+    before = quiet.level
+    try:
+        quiet.setLevel(logging.NOTSET)
+        assert main(["methods"]) == 0
+        with caplog.at_level(logging.WARNING):
+            quiet.warning("Failed to load CPU gemm_4bit_forward from kernels-community")
+            other.warning("still shown")
+        assert [r.getMessage() for r in caplog.records] == ["still shown"]
+    finally:
+        quiet.setLevel(before)
