@@ -10,7 +10,7 @@
 #        too); {spam,sotu}_{minilm,gemma3} (FRESH: the folder benchmarks/npm_data.py wrote); default: the
 #        first three MiniLM ones.
 # SHOTS (default "8 32 128") and TRIALS (10) as each published summary's command says: SHOTS="8 32" for
-# pos_minilm, chunk_minilm, conll_gemma3, wikiann_en_gemma3 and wnut_gemma3; SHOTS=8 for pos_gemma3 and
+# pos_minilm, conll_gemma3 and wnut_gemma3; SHOTS=8 for pos_gemma3 and
 # chunk_gemma3; TRIALS=5 SHOTS="8 32" for trec_trained_minilm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
